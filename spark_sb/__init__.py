@@ -1,0 +1,1 @@
+"""spark-servicebus: a Structured Streaming sink for Azure Service Bus with paired-namespace failover."""
