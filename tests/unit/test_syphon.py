@@ -1,0 +1,63 @@
+"""The syphon's per-message decision (B9): remaining TTL, scheduled time, expiry, non-backlog messages."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from spark_sb.mapping import OutboundMessage, to_backlog
+from spark_sb.syphon import EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, SyphonOutcome, restore_for_primary
+
+pytestmark = pytest.mark.unit
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+
+
+def _backlogged(msg: OutboundMessage, entity: str = "orders", at: datetime = T0) -> OutboundMessage:
+    return to_backlog(msg, entity, at)
+
+
+def test_restores_entity_and_properties() -> None:
+    original = OutboundMessage(
+        body=b"x", message_id="m1", session_id="s1", partition_key="s1", properties={"k": 1}, subject="sub"
+    )
+    restored, reason = restore_for_primary(_backlogged(original), T0 + timedelta(seconds=5))
+    assert reason is None and restored is not None
+    assert restored.entity == "orders"
+    assert (restored.session_id, restored.partition_key, restored.message_id) == ("s1", "s1", "m1")
+    assert dict(restored.properties) == {"k": 1}
+
+
+def test_remaining_ttl_is_original_minus_time_in_backlog() -> None:
+    original = OutboundMessage(body="x", time_to_live=timedelta(minutes=10))
+    restored, _ = restore_for_primary(_backlogged(original), T0 + timedelta(minutes=4))
+    assert restored is not None and restored.time_to_live == timedelta(minutes=6)
+
+
+@pytest.mark.parametrize("spent", [timedelta(minutes=10), timedelta(minutes=11)])
+def test_expired_in_backlog_is_dead_lettered_not_forwarded(spent: timedelta) -> None:
+    original = OutboundMessage(body="x", time_to_live=timedelta(minutes=10))
+    restored, reason = restore_for_primary(_backlogged(original), T0 + spent)
+    assert restored is None and reason == EXPIRED_IN_BACKLOG
+
+
+def test_future_schedule_kept_past_schedule_cleared() -> None:
+    future = OutboundMessage(body="x", scheduled_enqueue_time=T0 + timedelta(hours=1))
+    restored, _ = restore_for_primary(_backlogged(future), T0 + timedelta(minutes=1))
+    assert restored is not None and restored.scheduled_enqueue_time == T0 + timedelta(hours=1)
+    restored, _ = restore_for_primary(_backlogged(future), T0 + timedelta(hours=2))
+    assert restored is not None and restored.scheduled_enqueue_time is None
+
+
+def test_message_without_backlog_path_is_rejected() -> None:
+    restored, reason = restore_for_primary(OutboundMessage(body="stray"), T0)
+    assert restored is None and reason == NOT_A_BACKLOG_MESSAGE
+
+
+def test_outcome_merge_adds_counts_per_entity() -> None:
+    a = SyphonOutcome(received=3, forwarded={"a": 2}, expired=1)
+    b = SyphonOutcome(received=2, forwarded={"a": 1, "b": 1}, abandoned=1, errors=["e"])
+    m = a.merge(b)
+    assert (m.received, m.forwarded, m.expired, m.abandoned, m.errors) == (5, {"a": 3, "b": 1}, 1, 1, ["e"])
+    assert m.forwarded_total == 4
