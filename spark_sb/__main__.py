@@ -1,0 +1,220 @@
+"""``python -m spark_sb <command>``: the command-line tools of spark-servicebus.
+
+Runs on a workstation, a CI runner or the Spark driver node, never on executors. Commands:
+
+* ``provision --config conf/<env>.yaml [--dry-run] [--json] [--tries N] [--retry-pause SECONDS]``: make sure
+  the backlog queues exist in the secondary namespace (SPEC B1) and print a table (queue, status, detail).
+  Exit 0 when at least one backlog queue is usable, 1 otherwise, 2 on a bad configuration or bad arguments.
+
+More commands (``demo``, ``syphon``, ...) plug in by adding a ``_add_<name>(subparsers)`` function to
+:data:`COMMANDS`; each sets ``func`` (``(args) -> int``) as the parser default.
+
+Output never contains a secret: namespaces are shown by host and SAS key name only, and log records pass
+through :class:`spark_sb.redact.RedactingFilter`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_CONFIG = 2
+
+_LOG = logging.getLogger("spark_sb")
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------------------------
+# provision
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _add_provision(subparsers: Any) -> None:
+    from spark_sb.provisioning import DEFAULT_RETRY_PAUSE, DEFAULT_TRIES
+
+    p = subparsers.add_parser(
+        "provision",
+        help="create the backlog queues in the secondary namespace (never modifies or deletes a queue)",
+        description=(
+            "Make sure the backlog queues <primary-namespace>/x-servicebus-transfer/<i>, i in "
+            "[0, backlog_queue_count), exist in the secondary namespace. Missing queues are created; existing "
+            "queues are never modified (differences are reported as 'drifted'); queues with a higher index are "
+            "left alone ('extra'). Exit 0 if at least one backlog queue is usable, 1 if none is, 2 on a bad "
+            "configuration. For a local namespace with a self-signed certificate set REQUESTS_CA_BUNDLE."
+        ),
+    )
+    p.add_argument("--config", required=True, help="YAML configuration file (conf/<env>.yaml)")
+    p.add_argument("--dry-run", action="store_true", help="change nothing; print the plan")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.add_argument(
+        "--tries",
+        type=_positive_int,
+        default=DEFAULT_TRIES,
+        help=f"creation attempts per missing queue (default {DEFAULT_TRIES})",
+    )
+    p.add_argument(
+        "--retry-pause",
+        type=_non_negative_float,
+        default=DEFAULT_RETRY_PAUSE,
+        metavar="SECONDS",
+        help=f"pause between attempts (default {DEFAULT_RETRY_PAUSE:g})",
+    )
+    p.set_defaults(func=run_provision)
+
+
+def run_provision(
+    args: argparse.Namespace,
+    *,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    **provision_kwargs: Any,
+) -> int:
+    """The ``provision`` command. ``provision_kwargs`` go to
+    :func:`spark_sb.provisioning.provision_backlog_queues` (tests inject a clock or admin clients)."""
+    from spark_sb.config import ConfigError, load_config
+    from spark_sb.provisioning import ProvisioningError, provision_backlog_queues
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        config = load_config(args.config)
+    except (ConfigError, OSError) as exc:
+        return _bad_config(err, args, f"bad configuration {args.config}: {exc}")
+    if config.secondary is None and "admin_client" not in provision_kwargs:
+        return _bad_config(
+            err,
+            args,
+            f"bad configuration {args.config}: backlog queues live in the secondary namespace; set "
+            "secondary.connection_string or secondary.fully_qualified_namespace",
+        )
+    try:
+        report = provision_backlog_queues(
+            config,
+            tries=args.tries,
+            retry_pause=args.retry_pause,
+            dry_run=args.dry_run,
+            check=False,
+            **provision_kwargs,
+        )
+    except ConfigError as exc:
+        return _bad_config(err, args, f"bad configuration {args.config}: {exc}")
+    except ProvisioningError as exc:
+        if args.json:
+            _print_json(out, {"ok": False, "namespace": exc.namespace, "tried": exc.tried, "error": str(exc)})
+        print(f"error: {exc}", file=err)
+        return EXIT_FAILED
+
+    if args.json:
+        payload = report.to_dict()
+        if not report.ok:
+            payload["error"] = _unusable_message(report)
+        _print_json(out, payload)
+    else:
+        print(report.format_table(), file=out)
+    if not report.ok:
+        print(f"error: {_unusable_message(report)}", file=err)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _unusable_message(report: Any) -> str:
+    from spark_sb.provisioning import ProvisioningError
+
+    try:
+        report.raise_if_unusable()
+    except ProvisioningError as exc:
+        return str(exc)
+    return ""
+
+
+def _bad_config(err: TextIO, args: argparse.Namespace, message: str) -> int:
+    print(f"error: {message}", file=err)
+    return EXIT_BAD_CONFIG
+
+
+def _print_json(out: TextIO, payload: Any) -> None:
+    json.dump(payload, out, indent=2, default=str)
+    out.write("\n")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# wiring
+# --------------------------------------------------------------------------------------------------------------
+
+#: Subcommand registrars, in the order ``--help`` lists them.
+COMMANDS: list[Callable[[Any], None]] = [_add_provision]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m spark_sb",
+        description="spark-servicebus tools (Azure Service Bus sink with paired-namespace failover)",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more log output (-v info, -vv debug)"
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for register in COMMANDS:
+        register(subparsers)
+    return parser
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    try:
+        from spark_sb.redact import RedactingFilter, redact
+
+        redact("")  # the filter must work before it guards every record
+        handler.addFilter(RedactingFilter())
+    except NotImplementedError:
+        pass
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    _LOG.setLevel(level)
+    # azure-core logs every HTTP request at INFO; keep it out unless asked for debug.
+    logging.getLogger("azure").setLevel(logging.DEBUG if verbose >= 3 else logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m spark_sb``; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: 2 on bad usage, 0 on --help
+        return int(exc.code) if isinstance(exc.code, int) else EXIT_BAD_CONFIG
+    _setup_logging(args.verbose)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

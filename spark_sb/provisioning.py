@@ -1,0 +1,873 @@
+"""Backlog-queue provisioning in the secondary namespace (SPEC B1).
+
+For ``i`` in ``[0, backlog_queue_count)`` the queue ``<primary-namespace>/x-servicebus-transfer/<i>`` must exist in
+the *secondary* namespace. A missing queue is created with :data:`BACKLOG_QUEUE_SPEC`; an existing queue is never
+modified or deleted (a queue whose properties differ is used and reported as *drifted*); queues with an index
+``>= count`` are left alone and reported as *extra*. Creation is retried in rounds (``tries``, ``retry_pause`` on
+an injected :class:`~spark_sb.clock.Clock`); a queue that cannot be created is reported and left out, and if no
+backlog queue is usable :class:`ProvisioningError` names the namespace, the queues tried and the last error.
+
+Where it runs: on the driver, in the ``python -m spark_sb provision`` command, or in the paired sender at start
+(which reads :attr:`ProvisioningReport.usable_queues`). It only talks HTTPS to the namespaces through the SDK's
+``ServiceBusAdministrationClient``; it never runs on Spark executors and never opens an AMQP connection.
+
+Nothing here logs or formats a connection string or key: namespaces are shown by their host (or
+``NamespaceConfig.redacted()``) and service error texts pass through :func:`spark_sb.redact.redact`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from spark_sb.clock import Clock, SystemClock
+
+if TYPE_CHECKING:
+    from azure.servicebus.management import ServiceBusAdministrationClient
+
+    from spark_sb.config import NamespaceConfig, ServiceBusConfig
+
+_LOG = logging.getLogger(__name__)
+
+#: The infix of every backlog queue name: ``<primary-namespace>/x-servicebus-transfer/<i>``.
+BACKLOG_INFIX = "x-servicebus-transfer"
+
+#: The largest duration the service accepts through this SDK: .NET ``TimeSpan.MaxValue``
+#: (``P10675199DT2H48M5.4775807S``) less the sub-microsecond rest that Python's ``timedelta`` would round *up*
+#: (the SDK itself trims values read back the same way, ``_model_workaround.avoid_timedelta_overflow``).
+MAX_DURATION = timedelta(days=10675199, seconds=10085, microseconds=477580)
+
+#: A duration at least this large counts as "the maximum" when an existing queue is checked (the service may
+#: answer ``...5.4775807S``, which Python reads as ``...5.477581``, or round otherwise).
+_MAX_DURATION_TOLERANCE = timedelta(seconds=1)
+
+DEFAULT_TRIES = 3
+DEFAULT_RETRY_PAUSE = 30.0
+
+# HTTP statuses on which trying again cannot help (bad request, unauthorized, forbidden).
+_NOT_RETRYABLE_STATUS = frozenset({400, 401, 403})
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Naming
+# --------------------------------------------------------------------------------------------------------------
+
+
+def backlog_queue_name(primary_namespace_name: str, index: int) -> str:
+    """``<primary-namespace>/x-servicebus-transfer/<index>``."""
+    return f"{primary_namespace_name}/{BACKLOG_INFIX}/{index}"
+
+
+def backlog_queue_names(primary_namespace_name: str, count: int) -> list[str]:
+    """The names of backlog queues ``0 .. count-1``."""
+    return [backlog_queue_name(primary_namespace_name, i) for i in range(count)]
+
+
+def parse_backlog_queue_name(name: str, primary_namespace_name: str) -> str | None:
+    """The part after ``<primary-namespace>/x-servicebus-transfer/`` (case-insensitive), or ``None``.
+
+    Returns the suffix as written (normally a decimal index; anything else is an extra queue too).
+    """
+    prefix = f"{primary_namespace_name}/{BACKLOG_INFIX}/".casefold()
+    if name.casefold().startswith(prefix) and len(name) > len(prefix):
+        return name[len(prefix) :]
+    return None
+
+
+def _split_host_port(endpoint_host: str) -> str:
+    """The host of ``host[:port]`` / ``[v6]:port`` / ``sb://host:port/`` (pure)."""
+    host = endpoint_host.strip()
+    host = re.sub(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", "", host)  # sb://, amqps://, https://
+    host = host.split("/", 1)[0]
+    if host.startswith("["):  # [::1]:5671
+        return host[1 : host.index("]")] if "]" in host else host[1:]
+    if host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return host
+
+
+def is_address_host(endpoint_host: str) -> bool:
+    """True for an IP literal or ``localhost`` (a name that says nothing about the namespace)."""
+    host = _split_host_port(endpoint_host).rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def derive_namespace_name(
+    endpoint_host: str,
+    *,
+    override: str | None = None,
+    lookup: Callable[[], str] | None = None,
+) -> str:
+    """The primary's namespace name, as used in backlog queue names (pure apart from ``lookup``).
+
+    * ``override`` (config key ``primary.namespace_name``) wins;
+    * an FQDN gives its first label (``contoso`` for ``contoso.servicebus.windows.net``);
+    * an IP literal or ``localhost`` asks the namespace itself: ``lookup()`` (normally
+      ``admin_client.get_namespace_properties().name``).
+    """
+    if override is not None and override.strip():
+        return override.strip()
+    host = _split_host_port(endpoint_host).rstrip(".")
+    if not host:
+        raise ValueError("cannot derive a namespace name from an empty endpoint host")
+    if is_address_host(host):
+        if lookup is None:
+            raise ValueError(
+                f"the endpoint {host!r} is an address, not a namespace host name: set primary.namespace_name "
+                "or let provisioning ask the namespace (get_namespace_properties)"
+            )
+        name = lookup()
+        if not name:
+            raise ValueError(f"the namespace at {host!r} did not report its name: set primary.namespace_name")
+        return name
+    return host.split(".", 1)[0]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The expected properties and the drift check (pure)
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PropertyDifference:
+    """One property of an existing backlog queue that differs from :data:`BACKLOG_QUEUE_SPEC`."""
+
+    name: str
+    expected: object
+    actual: object
+
+    def describe(self) -> str:
+        return f"{self.name}: expected {format_value(self.expected)}, actual {format_value(self.actual)}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "property": self.name,
+            "expected": _json_value(self.expected),
+            "actual": _json_value(self.actual),
+        }
+
+
+@dataclass(frozen=True)
+class BacklogQueueSpec:
+    """The properties a backlog queue is created with (SPEC B1; the seed's ``QueueDescription``).
+
+    ``default_message_time_to_live`` and ``auto_delete_on_idle`` are "the maximum the service accepts".
+    """
+
+    max_size_in_megabytes: int = 5120
+    max_delivery_count: int = 2147483647
+    default_message_time_to_live: timedelta = MAX_DURATION
+    auto_delete_on_idle: timedelta = MAX_DURATION
+    lock_duration: timedelta = timedelta(minutes=1)
+    dead_lettering_on_message_expiration: bool = True
+    enable_batched_operations: bool = True
+
+    def create_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``ServiceBusAdministrationClient.create_queue``."""
+        return {
+            "max_size_in_megabytes": self.max_size_in_megabytes,
+            "max_delivery_count": self.max_delivery_count,
+            "default_message_time_to_live": self.default_message_time_to_live,
+            "auto_delete_on_idle": self.auto_delete_on_idle,
+            "lock_duration": self.lock_duration,
+            "dead_lettering_on_message_expiration": self.dead_lettering_on_message_expiration,
+            "enable_batched_operations": self.enable_batched_operations,
+        }
+
+    def differences(self, queue: Any) -> tuple[PropertyDifference, ...]:
+        """How ``queue`` (a ``QueueProperties`` or anything with the same attributes) differs from this spec.
+
+        A maximum duration matches any duration within a second of it (the service's and Python's rounding of
+        ``TimeSpan.MaxValue`` differ); a property the service did not report counts as a difference.
+        """
+        diffs: list[PropertyDifference] = []
+        for prop, expected in self.create_kwargs().items():
+            actual = getattr(queue, prop, None)
+            if not _matches(expected, actual):
+                diffs.append(PropertyDifference(prop, expected, actual))
+        return tuple(diffs)
+
+
+def _matches(expected: object, actual: object) -> bool:
+    if actual is None:
+        return False
+    if isinstance(expected, timedelta):
+        if not isinstance(actual, timedelta):
+            return False
+        if expected >= MAX_DURATION - _MAX_DURATION_TOLERANCE:
+            return actual >= MAX_DURATION - _MAX_DURATION_TOLERANCE
+        return actual == expected
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return isinstance(actual, bool) and actual is expected
+    return actual == expected
+
+
+#: What provisioning creates (SPEC B1).
+BACKLOG_QUEUE_SPEC = BacklogQueueSpec()
+
+
+def format_duration(value: timedelta) -> str:
+    """ISO-8601 duration (``PT1M``, ``P14D``); "max" for the maximum."""
+    if value >= MAX_DURATION - _MAX_DURATION_TOLERANCE:
+        return "max"
+    sign = "-" if value < timedelta(0) else ""
+    value = abs(value)
+    days = value.days
+    seconds = value.seconds
+    hours, rem = divmod(seconds, 3600)
+    minutes, secs = divmod(rem, 60)
+    out = f"{sign}P"
+    if days:
+        out += f"{days}D"
+    time = ""
+    if hours:
+        time += f"{hours}H"
+    if minutes:
+        time += f"{minutes}M"
+    if secs or value.microseconds:
+        time += f"{secs}.{value.microseconds:06d}".rstrip("0").rstrip(".") + "S"
+    if time:
+        out += "T" + time
+    if out in ("P", "-P"):
+        out = "PT0S"
+    return out
+
+
+def format_value(value: object) -> str:
+    if value is None:
+        return "(not reported)"
+    if isinstance(value, timedelta):
+        return format_duration(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _json_value(value: object) -> object:
+    if isinstance(value, timedelta):
+        return format_duration(value)
+    return value
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------------------------------
+
+
+class QueueStatus(str, Enum):
+    """What provisioning found or did for one queue."""
+
+    CREATED = "created"  # did not exist; created with the spec
+    PRESENT = "present"  # existed with the spec's properties
+    DRIFTED = "drifted"  # existed with other properties: used, reported
+    EXTRA = "extra"  # index >= count (or not an index): left alone, unused
+    FAILED = "failed"  # could not be created (or read): left out
+    MISSING = "missing"  # dry run: would be created
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_USABLE = frozenset({QueueStatus.CREATED, QueueStatus.PRESENT, QueueStatus.DRIFTED})
+
+
+@dataclass(frozen=True)
+class QueueOutcome:
+    """One row of the report."""
+
+    name: str
+    status: QueueStatus
+    index: int | None = None
+    differences: tuple[PropertyDifference, ...] = ()
+    attempts: int = 0
+    error: str | None = None
+
+    @property
+    def usable(self) -> bool:
+        return self.status in _USABLE
+
+    @property
+    def detail(self) -> str:
+        if self.status is QueueStatus.DRIFTED:
+            return "; ".join(d.describe() for d in self.differences)
+        if self.status is QueueStatus.FAILED:
+            tries = (
+                f" after {self.attempts} tr{'y' if self.attempts == 1 else 'ies'}" if self.attempts else ""
+            )
+            return f"not created{tries}: {self.error}"
+        if self.status is QueueStatus.EXTRA:
+            return "index outside [0, count): left alone, not used"
+        if self.status is QueueStatus.MISSING:
+            return "would be created (dry run)"
+        if self.status is QueueStatus.CREATED and self.attempts > 1:
+            return f"created on try {self.attempts}"
+        return ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "queue": self.name,
+            "index": self.index,
+            "status": self.status.value,
+            "usable": self.usable,
+            "detail": self.detail,
+            "differences": [d.to_dict() for d in self.differences],
+            "attempts": self.attempts,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class ProvisioningReport:
+    """What :func:`provision_backlog_queues` found and did; ``queues`` holds the backlog queues by index, then
+    the extras."""
+
+    namespace: str  # the secondary namespace, redacted (host, key name at most)
+    primary_namespace_name: str
+    count: int
+    queues: tuple[QueueOutcome, ...]
+    dry_run: bool = False
+    last_error: str | None = None
+
+    @property
+    def backlog(self) -> tuple[QueueOutcome, ...]:
+        """The rows for indexes ``0 .. count-1``, in order."""
+        return tuple(q for q in self.queues if q.index is not None and q.status is not QueueStatus.EXTRA)
+
+    def by_status(self, status: QueueStatus) -> list[str]:
+        return [q.name for q in self.queues if q.status is status]
+
+    @property
+    def usable_queues(self) -> list[str]:
+        """Names of the backlog queues a sender may use (created, present or drifted), by index."""
+        return [q.name for q in self.backlog if q.usable]
+
+    @property
+    def created(self) -> list[str]:
+        return self.by_status(QueueStatus.CREATED)
+
+    @property
+    def present(self) -> list[str]:
+        return self.by_status(QueueStatus.PRESENT)
+
+    @property
+    def drifted(self) -> list[str]:
+        return self.by_status(QueueStatus.DRIFTED)
+
+    @property
+    def extras(self) -> list[str]:
+        return self.by_status(QueueStatus.EXTRA)
+
+    @property
+    def failed(self) -> list[str]:
+        return self.by_status(QueueStatus.FAILED)
+
+    @property
+    def missing(self) -> list[str]:
+        return self.by_status(QueueStatus.MISSING)
+
+    @property
+    def ok(self) -> bool:
+        """At least one backlog queue is usable (a dry run: the plan could be read)."""
+        if self.dry_run:
+            return any(q.usable or q.status is QueueStatus.MISSING for q in self.backlog)
+        return bool(self.usable_queues)
+
+    def summary(self) -> str:
+        n = self.count
+        if not self.dry_run and len(self.present) == n and not self.failed:
+            text = f"all {n} present"
+        else:
+            parts = []
+            for label, names in (
+                ("created", self.created),
+                ("present", self.present),
+                ("drifted", self.drifted),
+                ("failed", self.failed),
+                ("to create", self.missing),
+            ):
+                if names:
+                    parts.append(f"{len(names)} {label}")
+            usable = len(self.usable_queues)
+            head = f"dry run: {usable}/{n} present" if self.dry_run else f"{usable}/{n} usable"
+            text = f"{head} ({', '.join(parts)})" if parts else head
+        if self.extras:
+            text += f"; {len(self.extras)} extra left alone"
+        return text
+
+    def format_table(self) -> str:
+        """A plain-text table: queue, status, detail, then a summary line."""
+        rows = [(q.name, q.status.value, q.detail) for q in self.queues]
+        w_name = max([len("QUEUE")] + [len(r[0]) for r in rows])
+        w_status = max([len("STATUS")] + [len(r[1]) for r in rows])
+        lines = [
+            f"Backlog queues in {self.namespace} for primary namespace '{self.primary_namespace_name}' "
+            f"(count {self.count}){' - DRY RUN, nothing changed' if self.dry_run else ''}",
+            f"{'QUEUE':<{w_name}}  {'STATUS':<{w_status}}  DETAIL",
+        ]
+        lines += [f"{n:<{w_name}}  {s:<{w_status}}  {d}".rstrip() for n, s, d in rows]
+        lines.append(self.summary())
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "namespace": self.namespace,
+            "primary_namespace_name": self.primary_namespace_name,
+            "count": self.count,
+            "dry_run": self.dry_run,
+            "ok": self.ok,
+            "summary": self.summary(),
+            "usable_queues": self.usable_queues,
+            "queues": [q.to_dict() for q in self.queues],
+            "last_error": self.last_error,
+        }
+
+    def raise_if_unusable(self) -> None:
+        """Raise :class:`ProvisioningError` when no backlog queue is usable."""
+        if not self.ok:
+            raise ProvisioningError(
+                self.namespace,
+                [q.name for q in self.backlog],
+                self.last_error or "no backlog queue is usable",
+                report=self,
+            )
+
+
+class ProvisioningError(RuntimeError):
+    """No backlog queue is usable: names the namespace, the queues tried and the last error."""
+
+    def __init__(
+        self,
+        namespace: str,
+        tried: Sequence[str],
+        last_error: str,
+        *,
+        report: ProvisioningReport | None = None,
+    ) -> None:
+        self.namespace = namespace
+        self.tried = list(tried)
+        self.last_error = last_error
+        self.report = report
+        shown = ", ".join(self.tried[:5]) + (
+            f", ... ({len(self.tried)} in all)" if len(self.tried) > 5 else ""
+        )
+        super().__init__(
+            f"no usable backlog queue in namespace {namespace}: tried {shown or '(none)'}; last error: {last_error}"
+        )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Error classification (pure)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _status_code(exc: BaseException) -> int | None:
+    code = getattr(exc, "status_code", None)
+    if isinstance(code, int):
+        return code
+    response = getattr(exc, "response", None)
+    code = getattr(response, "status_code", None)
+    return code if isinstance(code, int) else None
+
+
+def is_unauthorized(exc: BaseException) -> bool:
+    """401/403 or ``ClientAuthenticationError``."""
+    from azure.core.exceptions import ClientAuthenticationError
+
+    return isinstance(exc, ClientAuthenticationError) or _status_code(exc) in (401, 403)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether trying the same admin call again may help: not for 400/401/403, yes for the rest (5xx, 429,
+    timeouts, connection errors)."""
+    return not is_unauthorized(exc) and _status_code(exc) not in _NOT_RETRYABLE_STATUS
+
+
+def describe_error(exc: BaseException, namespace: str) -> str:
+    """One line, free of secrets, saying what went wrong; for 401/403 which right is missing."""
+    from spark_sb.redact import redact
+
+    message = str(getattr(exc, "message", None) or exc).strip().splitlines()
+    first = message[0].strip() if message else ""
+    status = _status_code(exc)
+    status_text = f" (HTTP {status})" if status is not None else ""
+    text = f"{type(exc).__name__}{status_text}: {first}" if first else f"{type(exc).__name__}{status_text}"
+    if is_unauthorized(exc):
+        text = (
+            f"not authorized to manage queues in {namespace}: the 'Manage' right is missing "
+            "(use a SAS policy with Manage, such as RootManageSharedAccessKey - Send/Listen are not enough - "
+            "or, with Azure AD, a role such as 'Azure Service Bus Data Owner'); service said: " + text
+        )
+    return _safe_redact(redact, text)
+
+
+def _safe_redact(redact: Callable[[str], str], text: str) -> str:
+    try:
+        return redact(text)
+    except NotImplementedError:  # redaction not available (skeleton): the texts above carry no secrets
+        return text
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Provisioning
+# --------------------------------------------------------------------------------------------------------------
+
+# Our own rounds of tries are the only retry layer (predictable timing on an injected clock): every admin call is
+# made with azure-core's retries off.
+_NO_SDK_RETRY: Mapping[str, Any] = {"retry_total": 0}
+
+
+@dataclass
+class _Attempt:
+    index: int
+    name: str
+    attempts: int = 0
+    error: str | None = None
+    outcome: QueueOutcome | None = None
+    retry: bool = True
+
+
+@dataclass
+class _Resolved:
+    admin: ServiceBusAdministrationClient
+    namespace: str
+    primary_name: str
+    owned: list[Any] = field(default_factory=list)
+
+
+def provision_backlog_queues(
+    config: ServiceBusConfig | None = None,
+    *,
+    admin_client: ServiceBusAdministrationClient | None = None,
+    primary_namespace_name: str | None = None,
+    primary_admin_client: ServiceBusAdministrationClient | None = None,
+    count: int | None = None,
+    tries: int = DEFAULT_TRIES,
+    retry_pause: float = DEFAULT_RETRY_PAUSE,
+    clock: Clock | None = None,
+    dry_run: bool = False,
+    check: bool = True,
+    spec: BacklogQueueSpec = BACKLOG_QUEUE_SPEC,
+) -> ProvisioningReport:
+    """Make sure the backlog queues exist in the secondary namespace; return what was found and done.
+
+    Runs on the driver (or in the CLI / the paired sender at start), never on executors.
+
+    :param config: the connector config; gives the secondary namespace (admin client), the primary's namespace
+        name (``primary.namespace_name`` or derived from its endpoint) and ``backlog_queue_count``.
+    :param admin_client: an already built admin client for the *secondary* namespace (dependency injection;
+        not closed here). Required without ``config``.
+    :param primary_namespace_name: the primary's namespace name; overrides ``config``.
+    :param primary_admin_client: admin client of the primary, used only when its endpoint is an IP or
+        ``localhost`` and no name is configured (``get_namespace_properties().name``).
+    :param count: number of backlog queues; default ``config.backlog_queue_count`` (10 without config).
+    :param tries: rounds of creation attempts per missing queue (>= 1); the pause between rounds is
+        ``retry_pause`` seconds on ``clock``.
+    :param dry_run: change nothing; missing queues are reported as ``missing``.
+    :param check: raise :class:`ProvisioningError` when no backlog queue is usable (else just return the report).
+    """
+    if tries < 1:
+        raise ValueError("tries must be >= 1")
+    if retry_pause < 0:
+        raise ValueError("retry_pause must be >= 0")
+    if count is None:
+        count = config.backlog_queue_count if config is not None else 10
+    if count < 1:
+        raise ValueError("backlog_queue_count must be > 0")
+    clock = clock or SystemClock()
+
+    resolved = _resolve(config, admin_client, primary_namespace_name, primary_admin_client)
+    try:
+        report = _provision(
+            resolved.admin,
+            resolved.namespace,
+            resolved.primary_name,
+            count,
+            tries,
+            retry_pause,
+            clock,
+            dry_run,
+            spec,
+        )
+    finally:
+        for client in resolved.owned:
+            _close_quietly(client)
+    _log_report(report)
+    if check:
+        report.raise_if_unusable()
+    return report
+
+
+def usable_backlog_queues(config: ServiceBusConfig, **kwargs: Any) -> list[str]:
+    """Provision (creating what is missing) and return the usable backlog queue names; raises
+    :class:`ProvisioningError` when there is none. For the paired sender at start (driver side)."""
+    kwargs.setdefault("check", True)
+    return provision_backlog_queues(config, **kwargs).usable_queues
+
+
+def resolve_primary_namespace_name(
+    primary: NamespaceConfig,
+    *,
+    admin_client: ServiceBusAdministrationClient | None = None,
+) -> str:
+    """The primary's namespace name from its config: ``namespace_name``, else the FQDN's first label, else (IP /
+    localhost) what the namespace reports about itself (``admin_client`` or one built from ``primary``)."""
+
+    def lookup() -> str:
+        if admin_client is not None:
+            return _namespace_properties_name(admin_client, primary.endpoint_host())
+        client = primary.admin_client()
+        try:
+            return _namespace_properties_name(client, primary.endpoint_host())
+        finally:
+            _close_quietly(client)
+
+    if primary.namespace_name:
+        return primary.namespace_name.strip()
+    return derive_namespace_name(primary.endpoint_host(), lookup=lookup)
+
+
+def _namespace_properties_name(admin: ServiceBusAdministrationClient, shown: str) -> str:
+    try:
+        name = admin.get_namespace_properties(**_NO_SDK_RETRY).name
+    except Exception as exc:
+        raise ProvisioningError(
+            shown, [], "could not ask the primary namespace for its name: " + describe_error(exc, shown)
+        ) from None
+    return str(name or "")
+
+
+def _resolve(
+    config: ServiceBusConfig | None,
+    admin_client: ServiceBusAdministrationClient | None,
+    primary_namespace_name: str | None,
+    primary_admin_client: ServiceBusAdministrationClient | None,
+) -> _Resolved:
+    owned: list[Any] = []
+    if primary_namespace_name is None:
+        if config is None:
+            raise ValueError("provision_backlog_queues needs a config or primary_namespace_name")
+        primary_namespace_name = resolve_primary_namespace_name(
+            config.primary, admin_client=primary_admin_client
+        )
+    if admin_client is None:
+        if config is None or config.secondary is None:
+            raise ValueError(
+                "backlog queues live in the secondary namespace: configure secondary.connection_string or "
+                "secondary.fully_qualified_namespace (or pass admin_client)"
+            )
+        admin_client = config.secondary.admin_client()
+        owned.append(admin_client)
+        namespace = _safe_redacted(config.secondary, admin_client)
+    elif config is not None and config.secondary is not None:
+        namespace = _safe_redacted(config.secondary, admin_client)
+    else:
+        namespace = _admin_host(admin_client)
+    return _Resolved(admin_client, namespace, primary_namespace_name, owned)
+
+
+def _admin_host(admin: Any) -> str:
+    return str(getattr(admin, "fully_qualified_namespace", None) or "the secondary namespace")
+
+
+def _safe_redacted(ns: NamespaceConfig, admin: Any) -> str:
+    try:
+        return ns.redacted()
+    except NotImplementedError:
+        return _admin_host(admin)
+
+
+def _close_quietly(client: Any) -> None:
+    try:
+        client.close()
+    except Exception:  # closing is best effort; the report is what matters
+        _LOG.debug("closing an admin client failed", exc_info=True)
+
+
+def _list_backlog_like(
+    admin: ServiceBusAdministrationClient,
+    namespace: str,
+    primary_name: str,
+    tries: int,
+    retry_pause: float,
+    clock: Clock,
+) -> dict[str, Any]:
+    """All queues whose name starts with ``<primary>/x-servicebus-transfer/``, keyed by casefolded name."""
+    last: str = ""
+    for attempt in range(1, tries + 1):
+        try:
+            found: dict[str, Any] = {}
+            for q in admin.list_queues(**_NO_SDK_RETRY):
+                if parse_backlog_queue_name(q.name, primary_name) is not None:
+                    found[q.name.casefold()] = q
+            return found
+        except Exception as exc:
+            last = describe_error(exc, namespace)
+            if not is_retryable(exc) or attempt == tries:
+                break
+            _LOG.warning("listing queues in %s failed (try %d of %d): %s", namespace, attempt, tries, last)
+            clock.sleep(retry_pause)
+    raise ProvisioningError(
+        namespace,
+        backlog_queue_names(primary_name, 0),
+        f"could not list the queues of the namespace after {tries} tr{'y' if tries == 1 else 'ies'}: {last}",
+    )
+
+
+def _provision(
+    admin: ServiceBusAdministrationClient,
+    namespace: str,
+    primary_name: str,
+    count: int,
+    tries: int,
+    retry_pause: float,
+    clock: Clock,
+    dry_run: bool,
+    spec: BacklogQueueSpec,
+) -> ProvisioningReport:
+    names = backlog_queue_names(primary_name, count)
+    try:
+        existing = _list_backlog_like(admin, namespace, primary_name, tries, retry_pause, clock)
+    except ProvisioningError as exc:
+        raise ProvisioningError(namespace, names, exc.last_error) from None
+
+    rows: dict[int, QueueOutcome] = {}
+    todo: list[_Attempt] = []
+    for i, name in enumerate(names):
+        props = existing.pop(name.casefold(), None)
+        if props is not None:
+            rows[i] = _existing_outcome(name, i, props, spec)
+        elif dry_run:
+            rows[i] = QueueOutcome(name, QueueStatus.MISSING, i)
+        else:
+            todo.append(_Attempt(i, name))
+
+    last_error: str | None = None
+    for round_no in range(1, tries + 1):
+        pending = [a for a in todo if a.outcome is None and a.retry]
+        if not pending:
+            break
+        if round_no > 1:
+            _LOG.warning(
+                "creating %d backlog queue(s) in %s failed; trying again in %.0f s (try %d of %d)",
+                len(pending),
+                namespace,
+                retry_pause,
+                round_no,
+                tries,
+            )
+            clock.sleep(retry_pause)
+        for a in pending:
+            a.attempts += 1
+            a.outcome, a.error, a.retry = _create_one(admin, namespace, a, spec)
+            if a.error is not None:
+                last_error = a.error
+    for a in todo:
+        rows[a.index] = a.outcome or QueueOutcome(
+            a.name, QueueStatus.FAILED, a.index, attempts=a.attempts, error=a.error
+        )
+
+    extras = sorted(existing.values(), key=lambda q: _extra_sort_key(q.name, primary_name))
+    outcomes = [rows[i] for i in range(count)]
+    for q in extras:
+        suffix = parse_backlog_queue_name(q.name, primary_name) or ""
+        outcomes.append(QueueOutcome(q.name, QueueStatus.EXTRA, int(suffix) if suffix.isdigit() else None))
+    return ProvisioningReport(
+        namespace=namespace,
+        primary_namespace_name=primary_name,
+        count=count,
+        queues=tuple(outcomes),
+        dry_run=dry_run,
+        last_error=last_error,
+    )
+
+
+def _extra_sort_key(name: str, primary_name: str) -> tuple[int, str]:
+    suffix = parse_backlog_queue_name(name, primary_name) or ""
+    return (int(suffix) if suffix.isdigit() else 1 << 62, name)
+
+
+def _existing_outcome(name: str, index: int, props: Any, spec: BacklogQueueSpec) -> QueueOutcome:
+    diffs = spec.differences(props)
+    if diffs:
+        return QueueOutcome(name, QueueStatus.DRIFTED, index, differences=diffs)
+    return QueueOutcome(name, QueueStatus.PRESENT, index)
+
+
+def _create_one(
+    admin: ServiceBusAdministrationClient, namespace: str, a: _Attempt, spec: BacklogQueueSpec
+) -> tuple[QueueOutcome | None, str | None, bool]:
+    """One creation attempt: (outcome or None, error or None, worth retrying)."""
+    from azure.core.exceptions import ResourceExistsError
+
+    try:
+        admin.create_queue(a.name, **spec.create_kwargs(), **_NO_SDK_RETRY)
+    except ResourceExistsError:
+        # Created meanwhile by someone else (another provisioning run): use it as found.
+        try:
+            props = admin.get_queue(a.name, **_NO_SDK_RETRY)
+        except Exception as exc:
+            return None, describe_error(exc, namespace), is_retryable(exc)
+        return _existing_outcome(a.name, a.index, props, spec), None, False
+    except Exception as exc:
+        return None, describe_error(exc, namespace), is_retryable(exc)
+    return QueueOutcome(a.name, QueueStatus.CREATED, a.index, attempts=a.attempts), None, False
+
+
+def _log_report(report: ProvisioningReport) -> None:
+    for q in report.queues:
+        if q.status is QueueStatus.DRIFTED:
+            _LOG.warning(
+                "backlog queue %s in %s differs from the backlog spec (used anyway): %s",
+                q.name,
+                report.namespace,
+                q.detail,
+            )
+        elif q.status is QueueStatus.FAILED:
+            _LOG.warning("backlog queue %s in %s is left out: %s", q.name, report.namespace, q.detail)
+        elif q.status is QueueStatus.CREATED:
+            _LOG.info("created backlog queue %s in %s", q.name, report.namespace)
+    _LOG.info("backlog queues in %s: %s", report.namespace, report.summary())
+
+
+def outcomes_by_name(report: ProvisioningReport) -> dict[str, QueueOutcome]:
+    """Rows keyed by queue name (convenience for callers and tests)."""
+    return {q.name: q for q in report.queues}
+
+
+__all__ = [
+    "BACKLOG_INFIX",
+    "BACKLOG_QUEUE_SPEC",
+    "DEFAULT_RETRY_PAUSE",
+    "DEFAULT_TRIES",
+    "MAX_DURATION",
+    "BacklogQueueSpec",
+    "ProvisioningError",
+    "ProvisioningReport",
+    "PropertyDifference",
+    "QueueOutcome",
+    "QueueStatus",
+    "backlog_queue_name",
+    "backlog_queue_names",
+    "derive_namespace_name",
+    "describe_error",
+    "is_address_host",
+    "is_retryable",
+    "is_unauthorized",
+    "outcomes_by_name",
+    "parse_backlog_queue_name",
+    "provision_backlog_queues",
+    "resolve_primary_namespace_name",
+    "usable_backlog_queues",
+]

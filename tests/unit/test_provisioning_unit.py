@@ -1,0 +1,525 @@
+"""Unit tests of backlog-queue provisioning (SPEC B1) with a small in-memory admin client; no network."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ResourceExistsError
+
+import spark_sb.config as config_module
+from spark_sb import __main__ as cli
+from spark_sb.clock import FakeClock
+from spark_sb.config import ConfigError, NamespaceConfig, ServiceBusConfig
+from spark_sb.provisioning import (
+    BACKLOG_QUEUE_SPEC,
+    MAX_DURATION,
+    ProvisioningError,
+    QueueStatus,
+    backlog_queue_names,
+    derive_namespace_name,
+    format_duration,
+    is_address_host,
+    is_retryable,
+    outcomes_by_name,
+    parse_backlog_queue_name,
+    provision_backlog_queues,
+    resolve_primary_namespace_name,
+)
+
+pytestmark = pytest.mark.unit
+
+NS = "contoso"
+
+
+def http_error(status: int, message: str = "boom") -> HttpResponseError:
+    exc = HttpResponseError(message=message)
+    exc.status_code = status
+    return exc
+
+
+def spec_props(name: str, **overrides: Any) -> SimpleNamespace:
+    values = dict(BACKLOG_QUEUE_SPEC.create_kwargs())
+    values.update(overrides)
+    return SimpleNamespace(name=name, **values)
+
+
+@dataclass
+class FakeAdmin:
+    """The part of ServiceBusAdministrationClient provisioning uses, in memory."""
+
+    fully_qualified_namespace: str = "secondary.servicebus.windows.net"
+    namespace_name: str = "reported-name"
+    queues: dict[str, SimpleNamespace] = field(default_factory=dict)
+    # queue name -> list of exceptions raised by successive create calls (then success)
+    create_failures: dict[str, list[BaseException]] = field(default_factory=dict)
+    fail_all_creates: BaseException | None = None
+    list_failures: list[BaseException] = field(default_factory=list)
+    exists_race: set[str] = field(default_factory=set)
+    creates: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+    closed: bool = False
+
+    def list_queues(self, **kwargs: Any) -> Iterator[SimpleNamespace]:
+        self.calls.append("list")
+        assert kwargs.get("retry_total") == 0
+        if self.list_failures:
+            raise self.list_failures.pop(0)
+        return iter(list(self.queues.values()))
+
+    def create_queue(self, name: str, **kwargs: Any) -> SimpleNamespace:
+        self.calls.append(f"create {name}")
+        assert kwargs.pop("retry_total") == 0
+        if name in self.exists_race:
+            self.queues[name] = spec_props(name, lock_duration=timedelta(seconds=30))
+            raise ResourceExistsError("exists")
+        if self.fail_all_creates is not None:
+            raise self.fail_all_creates
+        plan = self.create_failures.get(name)
+        if plan:
+            raise plan.pop(0)
+        if name in self.queues:
+            raise ResourceExistsError("exists")
+        self.creates.append((name, kwargs))
+        self.queues[name] = SimpleNamespace(name=name, **kwargs)
+        return self.queues[name]
+
+    def get_queue(self, name: str, **kwargs: Any) -> SimpleNamespace:
+        self.calls.append(f"get {name}")
+        return self.queues[name]
+
+    def get_namespace_properties(self, **kwargs: Any) -> SimpleNamespace:
+        self.calls.append("namespace")
+        return SimpleNamespace(name=self.namespace_name)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def run(admin: FakeAdmin, clock: FakeClock | None = None, **kwargs: Any) -> Any:
+    kwargs.setdefault("count", 4)
+    return provision_backlog_queues(
+        admin_client=admin,  # type: ignore[arg-type]
+        primary_namespace_name=NS,
+        clock=clock or FakeClock(),
+        **kwargs,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------- names
+
+
+def test_backlog_queue_names_follow_the_seed() -> None:
+    assert backlog_queue_names("contoso", 3) == [
+        "contoso/x-servicebus-transfer/0",
+        "contoso/x-servicebus-transfer/1",
+        "contoso/x-servicebus-transfer/2",
+    ]
+    assert parse_backlog_queue_name("Contoso/X-ServiceBus-Transfer/7", "contoso") == "7"
+    assert parse_backlog_queue_name("other/x-servicebus-transfer/1", "contoso") is None
+    assert parse_backlog_queue_name("contoso/x-servicebus-transfer/", "contoso") is None
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("contoso.servicebus.windows.net", "contoso"),
+        ("contoso.servicebus.windows.net:5671", "contoso"),
+        ("sb://contoso.servicebus.windows.net/", "contoso"),
+        ("fabrikam.servicebus.chinacloudapi.cn.", "fabrikam"),
+    ],
+)
+def test_namespace_name_from_fqdn_is_the_first_label(host: str, expected: str) -> None:
+    def lookup() -> str:
+        raise AssertionError("an FQDN must not be looked up")
+
+    assert derive_namespace_name(host, lookup=lookup) == expected
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:5671", "localhost:5672", "localhost", "[::1]:5671", "10.1.2.3"])
+def test_namespace_name_of_an_address_is_asked_from_the_namespace(host: str) -> None:
+    assert is_address_host(host)
+    assert derive_namespace_name(host, lookup=lambda: "local-primary") == "local-primary"
+    with pytest.raises(ValueError, match="namespace_name"):
+        derive_namespace_name(host)
+
+
+def test_namespace_name_override_wins() -> None:
+    def lookup() -> str:
+        raise AssertionError("an override must not be looked up")
+
+    assert derive_namespace_name("contoso.servicebus.windows.net", override="prod-eu") == "prod-eu"
+    assert derive_namespace_name("127.0.0.1:5671", override="prod-eu", lookup=lookup) == "prod-eu"
+
+
+def test_resolve_primary_namespace_name_from_namespace_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = FakeAdmin(namespace_name="primary-local")
+    monkeypatch.setattr(NamespaceConfig, "endpoint_host", lambda self: "127.0.0.1:40001")
+    cfg = NamespaceConfig()
+    assert resolve_primary_namespace_name(cfg, admin_client=admin) == "primary-local"  # type: ignore[arg-type]
+    assert admin.calls == ["namespace"]
+    assert resolve_primary_namespace_name(replace(cfg, namespace_name="given")) == "given"
+    monkeypatch.setattr(NamespaceConfig, "endpoint_host", lambda self: "contoso.servicebus.windows.net")
+    assert resolve_primary_namespace_name(cfg) == "contoso"
+
+
+# ----------------------------------------------------------------------------------------------------- spec, drift
+
+
+def test_spec_matches_the_seed() -> None:
+    kwargs = BACKLOG_QUEUE_SPEC.create_kwargs()
+    assert kwargs == {
+        "max_size_in_megabytes": 5120,
+        "max_delivery_count": 2147483647,
+        "default_message_time_to_live": MAX_DURATION,
+        "auto_delete_on_idle": MAX_DURATION,
+        "lock_duration": timedelta(minutes=1),
+        "dead_lettering_on_message_expiration": True,
+        "enable_batched_operations": True,
+    }
+    # TimeSpan.MaxValue, trimmed so that the SDK's ISO serialization never exceeds it
+    assert timedelta(days=10675199, hours=2, minutes=48, seconds=5, microseconds=477580) == MAX_DURATION
+
+
+def test_differences_tolerate_the_service_rounding_of_the_maximum() -> None:
+    rounded_up = timedelta(
+        days=10675199, seconds=10085, microseconds=477581
+    )  # "...5.4775807S" read by Python
+    props = spec_props("q", default_message_time_to_live=rounded_up, auto_delete_on_idle=rounded_up)
+    assert BACKLOG_QUEUE_SPEC.differences(props) == ()
+
+
+def test_differences_name_property_expected_and_actual() -> None:
+    props = spec_props(
+        "q",
+        lock_duration=timedelta(seconds=30),
+        default_message_time_to_live=timedelta(days=14),
+        enable_batched_operations=False,
+        max_delivery_count=None,
+    )
+    diffs = {d.name: d for d in BACKLOG_QUEUE_SPEC.differences(props)}
+    assert set(diffs) == {
+        "lock_duration",
+        "default_message_time_to_live",
+        "enable_batched_operations",
+        "max_delivery_count",
+    }
+    assert diffs["lock_duration"].describe() == "lock_duration: expected PT1M, actual PT30S"
+    assert (
+        diffs["default_message_time_to_live"].describe()
+        == "default_message_time_to_live: expected max, actual P14D"
+    )
+    assert (
+        diffs["enable_batched_operations"].describe()
+        == "enable_batched_operations: expected true, actual false"
+    )
+    assert (
+        diffs["max_delivery_count"].describe()
+        == "max_delivery_count: expected 2147483647, actual (not reported)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (timedelta(minutes=1), "PT1M"),
+        (timedelta(seconds=90), "PT1M30S"),
+        (timedelta(days=1, hours=2), "P1DT2H"),
+        (timedelta(seconds=1.5), "PT1.5S"),
+        (timedelta(0), "PT0S"),
+        (MAX_DURATION, "max"),
+    ],
+)
+def test_format_duration(value: timedelta, text: str) -> None:
+    assert format_duration(value) == text
+
+
+def test_retry_classification() -> None:
+    assert is_retryable(http_error(500))
+    assert is_retryable(http_error(503))
+    assert is_retryable(http_error(429))
+    assert is_retryable(ConnectionError("refused"))
+    assert not is_retryable(http_error(400))
+    assert not is_retryable(http_error(403))
+    assert not is_retryable(ClientAuthenticationError("401"))
+
+
+# ---------------------------------------------------------------------------------------------------- provisioning
+
+
+def test_first_run_creates_all_with_the_spec_then_second_run_changes_nothing() -> None:
+    admin = FakeAdmin()
+    report = run(admin)
+    names = backlog_queue_names(NS, 4)
+    assert report.created == names
+    assert report.usable_queues == names
+    assert report.ok
+    assert [c[0] for c in admin.creates] == names
+    for _, kwargs in admin.creates:
+        assert kwargs == BACKLOG_QUEUE_SPEC.create_kwargs()
+
+    admin.creates.clear()
+    admin.calls.clear()
+    again = run(admin)
+    assert admin.creates == []
+    assert admin.calls == ["list"]
+    assert again.present == names
+    assert again.summary() == "all 4 present"
+    assert again.usable_queues == names
+
+
+def test_drifted_queue_is_used_reported_and_not_modified() -> None:
+    admin = FakeAdmin()
+    drifted = spec_props(f"{NS}/x-servicebus-transfer/1", lock_duration=timedelta(seconds=30))
+    admin.queues[drifted.name] = drifted
+    report = run(admin)
+    row = outcomes_by_name(report)[drifted.name]
+    assert row.status is QueueStatus.DRIFTED
+    assert row.usable
+    assert [(d.name, d.expected, d.actual) for d in row.differences] == [
+        ("lock_duration", timedelta(minutes=1), timedelta(seconds=30))
+    ]
+    assert "lock_duration: expected PT1M, actual PT30S" in report.format_table()
+    assert drifted.name in report.usable_queues
+    assert drifted.name not in [c[0] for c in admin.creates]
+    assert admin.queues[drifted.name].lock_duration == timedelta(seconds=30)
+    assert "1 drifted" in report.summary()
+
+
+def test_extra_queues_are_left_alone_and_reported() -> None:
+    admin = FakeAdmin()
+    for name in (
+        f"{NS}/x-servicebus-transfer/7",
+        f"{NS}/x-servicebus-transfer/4",
+        f"{NS}/x-servicebus-transfer/old",
+    ):
+        admin.queues[name] = spec_props(name)
+    admin.queues["unrelated"] = spec_props("unrelated")
+    report = run(admin)
+    assert report.extras == [
+        f"{NS}/x-servicebus-transfer/4",
+        f"{NS}/x-servicebus-transfer/7",
+        f"{NS}/x-servicebus-transfer/old",
+    ]
+    assert not set(report.extras) & set(report.usable_queues)
+    assert "unrelated" not in outcomes_by_name(report)
+    assert report.usable_queues == backlog_queue_names(NS, 4)
+    assert "3 extra left alone" in report.summary()
+
+
+def test_create_failure_is_retried_after_the_pause_and_then_succeeds() -> None:
+    admin = FakeAdmin()
+    flaky = f"{NS}/x-servicebus-transfer/2"
+    admin.create_failures[flaky] = [http_error(500), http_error(503)]
+    clock = FakeClock()
+    report = run(admin, clock, retry_pause=30.0)
+    row = outcomes_by_name(report)[flaky]
+    assert row.status is QueueStatus.CREATED
+    assert row.attempts == 3
+    assert row.detail == "created on try 3"
+    assert clock.sleeps == [30.0, 30.0]
+    assert report.usable_queues == backlog_queue_names(NS, 4)
+
+
+def test_queue_that_cannot_be_created_is_reported_and_left_out() -> None:
+    admin = FakeAdmin()
+    bad = f"{NS}/x-servicebus-transfer/0"
+    admin.create_failures[bad] = [http_error(500, "internal error") for _ in range(5)]
+    clock = FakeClock()
+    report = run(admin, clock, tries=3, retry_pause=2.0)
+    row = outcomes_by_name(report)[bad]
+    assert row.status is QueueStatus.FAILED
+    assert row.attempts == 3
+    assert "after 3 tries" in row.detail and "HTTP 500" in row.detail and "internal error" in row.detail
+    assert bad not in report.usable_queues
+    assert report.usable_queues == backlog_queue_names(NS, 4)[1:]
+    assert report.ok
+    assert clock.sleeps == [2.0, 2.0]  # rounds: one pause per round, not per queue
+    assert admin.calls.count(f"create {bad}") == 3
+
+
+def test_all_failing_raises_a_clear_error() -> None:
+    admin = FakeAdmin(fail_all_creates=http_error(500, "the disk is on fire"))
+    with pytest.raises(ProvisioningError) as caught:
+        run(admin, tries=2, retry_pause=1.0)
+    text = str(caught.value)
+    assert "secondary.servicebus.windows.net" in text
+    for name in backlog_queue_names(NS, 4):
+        assert name in text
+    assert "the disk is on fire" in text
+    assert caught.value.report is not None and caught.value.report.failed == backlog_queue_names(NS, 4)
+
+    report = run(FakeAdmin(fail_all_creates=http_error(500)), check=False, tries=1)
+    assert not report.ok and report.usable_queues == []
+
+
+def test_unauthorized_is_not_retried_and_names_the_missing_right() -> None:
+    admin = FakeAdmin(
+        fail_all_creates=http_error(403, "Unauthorized access. 'Manage' claim(s) are required.")
+    )
+    clock = FakeClock()
+    with pytest.raises(ProvisioningError, match="'Manage' right is missing"):
+        run(admin, clock, tries=3)
+    assert clock.sleeps == []
+    assert sum(c.startswith("create") for c in admin.calls) == 4
+
+
+def test_queue_created_concurrently_is_used_as_found() -> None:
+    admin = FakeAdmin()
+    racy = f"{NS}/x-servicebus-transfer/3"
+    admin.exists_race.add(racy)
+    report = run(admin)
+    row = outcomes_by_name(report)[racy]
+    assert row.status is QueueStatus.DRIFTED  # the racer created it with other properties
+    assert racy in report.usable_queues
+
+
+def test_dry_run_changes_nothing_and_prints_the_plan() -> None:
+    admin = FakeAdmin()
+    present = f"{NS}/x-servicebus-transfer/0"
+    admin.queues[present] = spec_props(present)
+    report = run(admin, dry_run=True)
+    assert admin.creates == [] and not any(c.startswith("create") for c in admin.calls)
+    assert report.present == [present]
+    assert report.missing == backlog_queue_names(NS, 4)[1:]
+    assert report.ok
+    table = report.format_table()
+    assert "DRY RUN" in table and "would be created" in table
+
+
+def test_listing_failure_is_retried_then_reported() -> None:
+    admin = FakeAdmin(list_failures=[http_error(503)])
+    clock = FakeClock()
+    assert run(admin, clock, retry_pause=5.0).ok
+    assert clock.sleeps == [5.0]
+
+    admin = FakeAdmin(list_failures=[ClientAuthenticationError("no") for _ in range(3)])
+    with pytest.raises(ProvisioningError, match="could not list") as caught:
+        run(admin)
+    assert "Manage" in str(caught.value)
+    assert f"{NS}/x-servicebus-transfer/0" in str(caught.value)
+
+
+def test_arguments_are_validated() -> None:
+    with pytest.raises(ValueError):
+        run(FakeAdmin(), tries=0)
+    with pytest.raises(ValueError):
+        run(FakeAdmin(), count=0)
+    with pytest.raises(ValueError, match="secondary"):
+        provision_backlog_queues(ServiceBusConfig(primary=NamespaceConfig(namespace_name="x")))
+
+
+def test_report_json_round_trips() -> None:
+    admin = FakeAdmin()
+    name = f"{NS}/x-servicebus-transfer/1"
+    admin.queues[name] = spec_props(name, max_size_in_megabytes=1024)
+    data = json.loads(json.dumps(run(admin).to_dict()))
+    assert data["ok"] is True
+    assert data["count"] == 4
+    row = next(q for q in data["queues"] if q["queue"] == name)
+    assert row["status"] == "drifted"
+    assert row["differences"] == [{"property": "max_size_in_megabytes", "expected": 5120, "actual": 1024}]
+
+
+def test_config_drives_count_name_and_closes_the_admin_client_it_builds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built: list[FakeAdmin] = []
+
+    def admin_client(self: NamespaceConfig, **kwargs: Any) -> FakeAdmin:
+        built.append(FakeAdmin())
+        return built[-1]
+
+    monkeypatch.setattr(NamespaceConfig, "admin_client", admin_client)
+    monkeypatch.setattr(NamespaceConfig, "redacted", lambda self: "sb://secondary.example (SAS key name k)")
+    config = ServiceBusConfig(
+        primary=NamespaceConfig(namespace_name="prim"), secondary=NamespaceConfig(), backlog_queue_count=2
+    )
+    report = provision_backlog_queues(config, clock=FakeClock())
+    assert report.created == ["prim/x-servicebus-transfer/0", "prim/x-servicebus-transfer/1"]
+    assert report.namespace == "sb://secondary.example (SAS key name k)"
+    assert len(built) == 1 and built[0].closed
+
+
+# ------------------------------------------------------------------------------------------------------------- CLI
+
+
+def cli_run(argv: list[str], admin: FakeAdmin, **kwargs: Any) -> tuple[int, str, str]:
+    args = cli.build_parser().parse_args(argv)
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.run_provision(
+        args, out=out, err=err, admin_client=admin, primary_namespace_name=NS, clock=FakeClock(), **kwargs
+    )
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def fake_config(monkeypatch: pytest.MonkeyPatch) -> ServiceBusConfig:
+    config = ServiceBusConfig(primary=NamespaceConfig(namespace_name=NS), backlog_queue_count=3)
+
+    def load(source: Any) -> ServiceBusConfig:
+        if str(source).endswith("bad.yaml"):
+            raise ConfigError("backlog_queue_count: must be > 0")
+        return config
+
+    monkeypatch.setattr(config_module, "load_config", load)
+    return config
+
+
+def test_cli_prints_a_table_and_exits_0(fake_config: ServiceBusConfig) -> None:
+    admin = FakeAdmin()
+    code, out, _ = cli_run(["provision", "--config", "conf/x.yaml"], admin)
+    assert code == 0
+    assert out.splitlines()[1].split() == ["QUEUE", "STATUS", "DETAIL"]
+    assert f"{NS}/x-servicebus-transfer/2  created" in out
+    assert "3/3 usable (3 created)" in out
+    code, out, _ = cli_run(["provision", "--config", "conf/x.yaml"], admin)
+    assert code == 0 and out.rstrip().endswith("all 3 present")
+
+
+def test_cli_json_and_dry_run(fake_config: ServiceBusConfig) -> None:
+    admin = FakeAdmin()
+    code, out, _ = cli_run(["provision", "--config", "conf/x.yaml", "--dry-run", "--json"], admin)
+    assert code == 0
+    data = json.loads(out)
+    assert data["dry_run"] is True
+    assert [q["status"] for q in data["queues"]] == ["missing"] * 3
+    assert admin.queues == {}
+
+
+def test_cli_exits_1_when_no_queue_is_usable(fake_config: ServiceBusConfig) -> None:
+    admin = FakeAdmin(fail_all_creates=http_error(500, "nope"))
+    code, out, err = cli_run(
+        ["provision", "--config", "conf/x.yaml", "--tries", "2", "--retry-pause", "0"], admin
+    )
+    assert code == 1
+    assert "failed" in out
+    assert "no usable backlog queue in namespace secondary.servicebus.windows.net" in err
+    assert "nope" in err
+
+
+def test_cli_exits_2_on_bad_config(fake_config: ServiceBusConfig) -> None:
+    code, _, err = cli_run(["provision", "--config", "conf/bad.yaml"], FakeAdmin())
+    assert code == 2
+    assert "backlog_queue_count" in err
+
+
+def test_cli_exits_2_without_secondary(fake_config: ServiceBusConfig) -> None:
+    args = cli.build_parser().parse_args(["provision", "--config", "conf/x.yaml"])
+    err = io.StringIO()
+    assert cli.run_provision(args, out=io.StringIO(), err=err) == 2
+    assert "secondary.connection_string" in err.getvalue()
+
+
+def test_cli_bad_arguments_exit_2() -> None:
+    assert cli.main(["provision"]) == 2  # --config missing
+    assert cli.main(["provision", "--config", "x.yaml", "--tries", "0"]) == 2
+    assert cli.main(["nosuchcommand"]) == 2
+    assert isinstance(cli.build_parser(), argparse.ArgumentParser)
