@@ -505,9 +505,9 @@ def describe_error(exc: BaseException, namespace: str) -> str:
     text = f"{type(exc).__name__}{status_text}: {first}" if first else f"{type(exc).__name__}{status_text}"
     if is_unauthorized(exc):
         text = (
-            f"not authorized to manage queues in {namespace}: the 'Manage' right is missing "
-            "(use a SAS policy with Manage, such as RootManageSharedAccessKey - Send/Listen are not enough - "
-            "or, with Azure AD, a role such as 'Azure Service Bus Data Owner'); service said: " + text
+            f"not authorized to manage queues in {namespace}: the 'Manage' right is required (a SAS policy "
+            "with Manage such as RootManageSharedAccessKey - Send/Listen are not enough - or, with Azure AD, "
+            "the role 'Azure Service Bus Data Owner'), or the key/token was rejected; service said: " + text
         )
     return _safe_redact(redact, text)
 
@@ -655,9 +655,15 @@ def _resolve(
     primary_admin_client: ServiceBusAdministrationClient | None,
 ) -> _Resolved:
     owned: list[Any] = []
+    if primary_namespace_name is None and config is None and primary_admin_client is not None:
+        primary_namespace_name = _namespace_properties_name(
+            primary_admin_client, _admin_host(primary_admin_client)
+        )
     if primary_namespace_name is None:
         if config is None:
-            raise ValueError("provision_backlog_queues needs a config or primary_namespace_name")
+            raise ValueError(
+                "provision_backlog_queues needs a config, primary_namespace_name or primary_admin_client"
+            )
         primary_namespace_name = resolve_primary_namespace_name(
             config.primary, admin_client=primary_admin_client
         )

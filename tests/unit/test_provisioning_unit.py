@@ -365,7 +365,7 @@ def test_unauthorized_is_not_retried_and_names_the_missing_right() -> None:
         fail_all_creates=http_error(403, "Unauthorized access. 'Manage' claim(s) are required.")
     )
     clock = FakeClock()
-    with pytest.raises(ProvisioningError, match="'Manage' right is missing"):
+    with pytest.raises(ProvisioningError, match="'Manage' right is required"):
         run(admin, clock, tries=3)
     assert clock.sleeps == []
     assert sum(c.startswith("create") for c in admin.calls) == 4
@@ -523,3 +523,16 @@ def test_cli_bad_arguments_exit_2() -> None:
     assert cli.main(["provision", "--config", "x.yaml", "--tries", "0"]) == 2
     assert cli.main(["nosuchcommand"]) == 2
     assert isinstance(cli.build_parser(), argparse.ArgumentParser)
+
+
+def test_primary_name_asked_from_the_primary_admin_client_without_config() -> None:
+    primary = FakeAdmin(namespace_name="local-primary")
+    secondary = FakeAdmin()
+    report = provision_backlog_queues(
+        admin_client=secondary,  # type: ignore[arg-type]
+        primary_admin_client=primary,  # type: ignore[arg-type]
+        count=1,
+        clock=FakeClock(),
+    )
+    assert report.created == ["local-primary/x-servicebus-transfer/0"]
+    assert primary.calls == ["namespace"] and not primary.closed
