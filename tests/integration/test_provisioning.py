@@ -170,11 +170,13 @@ def test_unauthorized_names_the_missing_right(namespace_pair: Any, primary_name:
 
     secondary = namespace_pair.secondary
     wrong = secondary.connection_string.replace("SharedAccessKey=", "SharedAccessKey=wrong", 1)
-    with ServiceBusAdministrationClient.from_connection_string(
-        wrong, connection_verify=secondary.ca_file
-    ) as bad:
-        with pytest.raises(ProvisioningError) as caught:
-            provision(bad, primary_name)
+    with (
+        ServiceBusAdministrationClient.from_connection_string(
+            wrong, connection_verify=secondary.ca_file
+        ) as bad,
+        pytest.raises(ProvisioningError) as caught,
+    ):
+        provision(bad, primary_name)
     assert "'Manage' right is required" in str(caught.value)
     assert sas_key(wrong) not in str(caught.value)
 
