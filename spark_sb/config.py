@@ -1,33 +1,98 @@
 """Configuration of the Service Bus sink: one frozen, validated, picklable object (SPEC S8).
 
 Built on the driver (from YAML, a dict or Spark options) and shipped to executors by pickling; nothing here
-opens a connection. Live clients are built where they are used (``NamespaceConfig.client()`` on the executor).
+opens a connection. Live clients are built where they are used (``NamespaceConfig.client()`` on the
+executor). Secrets are referenced (``${env:NAME}``, Databricks ``{{secrets/scope/key}}``), resolved once at
+load time, and kept only inside :class:`Secret`, whose repr is ``Secret('***')``; every resolved secret is
+registered with :mod:`spark_sb.redact` so log filters scrub it too.
+
+Keys (nested in YAML/dicts, or flat and dotted as Spark options)::
+
+    primary.connection_string | primary.fully_qualified_namespace + primary.credential.{kind,tenant_id,
+    client_id,client_secret}, primary.namespace_name, secondary.* likewise, entity, backlog_queue_count,
+    failover_interval, ping_primary_interval, probe_mode, backlog_retry_interval, backlog_selection,
+    send_timeout, retry.{total,backoff_factor,backoff_max,mode}, max_message_size, on_reject, state_location,
+    columns.<logical>, syphon.{max_wait,batch_size,prefetch}, idle_timeout, client_cache, x-* (kept in extra)
 """
 
 from __future__ import annotations
 
+import difflib
+import math
+import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
+from datetime import timedelta
 from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
+
+from spark_sb.mapping import LOGICAL_COLUMNS, FrozenMap
+from spark_sb.redact import redact, register_secret
 
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential
     from azure.servicebus import ServiceBusClient
     from azure.servicebus.management import ServiceBusAdministrationClient
 
+__all__ = [
+    "ConfigError",
+    "ConnectionStringInfo",
+    "CredentialConfig",
+    "NamespaceConfig",
+    "RetryConfig",
+    "Secret",
+    "ServiceBusConfig",
+    "load_config",
+    "parse_connection_string",
+    "parse_duration",
+]
+
+PROBE_MODES = ("schedule-cancel", "ping")
+BACKLOG_SELECTIONS = ("random", "session-affine")
+ON_REJECT = ("record", "fail")
+RETRY_MODES = ("exponential", "fixed")
+CREDENTIAL_KINDS = ("default", "client_secret", "managed_identity")
+
 
 class ConfigError(ValueError):
-    """An invalid setting; the message names the dotted key and, where there is a set, the valid values."""
+    """An invalid setting. The message names the dotted key and, where there is a set, the valid values.
+
+    ``errors`` holds every problem found (``(key, message)``); ``str()`` joins them.
+    """
+
+    def __init__(self, message: str, errors: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.errors = errors if errors is not None else []
 
 
+def _err(key: str, message: str) -> ConfigError:
+    return ConfigError(f"{key}: {message}", [(key, message)])
+
+
+def _one_of(key: str, value: Any, valid: tuple[str, ...]) -> ConfigError:
+    return _err(key, f"{value!r} is not one of {', '.join(repr(v) for v in valid)}")
+
+
+# ---------------------------------------------------------------------------------------------- secrets
 @dataclass(frozen=True)
 class Secret:
-    """A secret string; never shown by repr/str. ``reveal()`` returns it."""
+    """A secret string. ``repr``/``str`` give ``Secret('***')``; :meth:`reveal` returns the value.
+
+    ``reference`` is the text it was resolved from (e.g. ``${env:SB_PRIMARY}``), or ``None`` for a literal.
+    Picklable (the value travels to executors); on creation and unpickling the value is registered with
+    :func:`spark_sb.redact.register_secret`.
+    """
 
     value: str = field(repr=False)
     reference: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, str):
+            raise TypeError("Secret value must be a str")
+        register_secret(self.value)
+        for part in re.findall(r"(?:SharedAccessKey|SharedAccessSignature)=([^;]+)", self.value):
+            register_secret(part)
 
     def reveal(self) -> str:
         return self.value
@@ -37,54 +102,469 @@ class Secret:
 
     __str__ = __repr__
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Secret, (self.value, self.reference))
 
+
+_ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+_DBX_REF = re.compile(r"\{\{secrets/([^/{}]+)/([^/{}]+)\}\}")
+
+
+def _find_dbutils() -> Any:
+    """``dbutils`` on a Databricks runtime, else ``None``. Runs on the driver."""
+    if not os.environ.get("DATABRICKS_RUNTIME_VERSION"):
+        return None
+    try:  # notebooks
+        import IPython  # type: ignore[import-not-found]
+
+        ip = IPython.get_ipython()
+        if ip is not None and "dbutils" in ip.user_ns:
+            return ip.user_ns["dbutils"]
+    except Exception:  # noqa: BLE001 - fall through to the job path
+        pass
+    try:  # jobs
+        from pyspark.dbutils import DBUtils  # type: ignore[import-not-found]
+        from pyspark.sql import SparkSession
+
+        return DBUtils(SparkSession.getActiveSession())
+    except Exception:  # noqa: BLE001
+        return None
+
+
+@dataclass
+class _Resolver:
+    env: Mapping[str, str]
+    dbutils: Any = None
+    _dbutils_looked: bool = False
+
+    def resolve(self, key: str, raw: str) -> tuple[str, bool]:
+        """Substitute references in ``raw``; returns (value, had_reference)."""
+        had = False
+
+        def env_sub(m: re.Match[str]) -> str:
+            nonlocal had
+            had = True
+            name = m.group(1)
+            if name not in self.env:
+                raise _err(key, f"environment variable {name!r} (referenced as ${{env:{name}}}) is not set")
+            return self.env[name]
+
+        def dbx_sub(m: re.Match[str]) -> str:
+            nonlocal had
+            had = True
+            if self.dbutils is None and not self._dbutils_looked:
+                self.dbutils = _find_dbutils()
+                self._dbutils_looked = True
+            if self.dbutils is None:
+                raise _err(
+                    key,
+                    f"secret reference {m.group(0)} needs Databricks (dbutils.secrets) and this is not a "
+                    "Databricks runtime; use ${env:NAME} instead",
+                )
+            try:
+                return str(self.dbutils.secrets.get(scope=m.group(1), key=m.group(2)))
+            except Exception as exc:  # noqa: BLE001 - report, never with the value
+                raise _err(key, f"cannot read Databricks secret {m.group(0)}: {type(exc).__name__}") from None
+
+        value = _ENV_REF.sub(env_sub, raw)
+        value = _DBX_REF.sub(dbx_sub, value)
+        return value, had
+
+
+# ----------------------------------------------------------------------------------- connection strings
+@dataclass(frozen=True)
+class ConnectionStringInfo:
+    """The non-secret parts of a Service Bus connection string."""
+
+    endpoint: str  # e.g. "sb://contoso.servicebus.windows.net/"
+    host: str  # host[:port]
+    shared_access_key_name: str | None
+    has_shared_access_key: bool
+    has_shared_access_signature: bool
+    entity_path: str | None
+    use_development_emulator: bool
+
+
+_CS_KEYS = {
+    "endpoint": "Endpoint",
+    "sharedaccesskeyname": "SharedAccessKeyName",
+    "sharedaccesskey": "SharedAccessKey",
+    "sharedaccesssignature": "SharedAccessSignature",
+    "entitypath": "EntityPath",
+    "usedevelopmentemulator": "UseDevelopmentEmulator",
+}
+
+
+def parse_connection_string(conn: str, key: str = "connection_string") -> ConnectionStringInfo:
+    """Parse ``conn`` (Endpoint, SharedAccessKeyName, SharedAccessKey, SharedAccessSignature, EntityPath,
+    UseDevelopmentEmulator). Raises :class:`ConfigError` naming ``key``; never echoes the string."""
+    parts: dict[str, str] = {}
+    for segment in conn.strip().split(";"):
+        if not segment.strip():
+            continue
+        name, sep, value = segment.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise _err(key, "malformed connection string: every part must look like Name=value")
+        canon = _CS_KEYS.get(name.lower())
+        if canon is None:
+            raise _err(
+                key,
+                f"malformed connection string: unknown part {name[:40]!r} "
+                f"(valid: {', '.join(_CS_KEYS.values())})",
+            )
+        if canon in parts:
+            raise _err(key, f"malformed connection string: {canon} given twice")
+        parts[canon] = value.strip()
+    endpoint = parts.get("Endpoint")
+    if not endpoint:
+        raise _err(key, "malformed connection string: Endpoint is missing")
+    m = re.fullmatch(r"(?:(sb|amqps?|https?)://)?([^/\s]+?)/?", endpoint)
+    if not m:
+        raise _err(key, "malformed connection string: Endpoint must look like sb://<host>[:port]/")
+    host = m.group(2)
+    key_name = parts.get("SharedAccessKeyName")
+    has_key = bool(parts.get("SharedAccessKey"))
+    has_sas = bool(parts.get("SharedAccessSignature"))
+    if has_sas and (key_name or has_key):
+        raise _err(
+            key, "malformed connection string: give SharedAccessSignature or a key name and key, not both"
+        )
+    if not has_sas and not (key_name and has_key):
+        raise _err(
+            key,
+            "malformed connection string: needs SharedAccessKeyName and SharedAccessKey, or SharedAccessSignature",
+        )
+    emulator_raw = parts.get("UseDevelopmentEmulator", "false").lower()
+    if emulator_raw not in ("true", "false"):
+        raise _err(key, "malformed connection string: UseDevelopmentEmulator must be true or false")
+    return ConnectionStringInfo(
+        endpoint=f"sb://{host}/",
+        host=host,
+        shared_access_key_name=key_name,
+        has_shared_access_key=has_key,
+        has_shared_access_signature=has_sas,
+        entity_path=parts.get("EntityPath") or None,
+        use_development_emulator=emulator_raw == "true",
+    )
+
+
+# ------------------------------------------------------------------------------------------ durations
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
+_ISO = re.compile(
+    r"^P(?:(?P<d>\d+(?:\.\d+)?)D)?(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?"
+    r"(?:(?P<s>\d+(?:\.\d+)?)S)?)?$",
+    re.IGNORECASE,
+)
+_UNIT = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: Any, key: str = "duration") -> float:
+    """Seconds from ``30``, ``30.5``, ``"30s"``, ``"5m"``, ``"1h"``, ``"250ms"``, ``"2d"``, ISO-8601 ``"PT1M"``
+    or a ``timedelta``. Raises :class:`ConfigError` naming ``key``."""
+    if isinstance(value, bool):
+        raise _err(key, f"expected a duration, found {value!r}")
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        m = _DURATION.match(text)
+        if m:
+            seconds = float(m.group(1)) * _UNIT[(m.group(2) or "s").lower()]
+        else:
+            iso = _ISO.match(text)
+            if not iso or text.upper() in ("P", "PT") or text.upper().endswith("T"):
+                raise _err(
+                    key,
+                    f"{value!r} is not a duration (examples: 30, 30.5, '30s', '5m', '1h', '250ms', 'PT1M')",
+                )
+            seconds = (
+                float(iso.group("d") or 0) * 86400
+                + float(iso.group("h") or 0) * 3600
+                + float(iso.group("m") or 0) * 60
+                + float(iso.group("s") or 0)
+            )
+    else:
+        raise _err(key, f"expected a duration, found {type(value).__name__}")
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise _err(key, f"{value!r} is not a finite duration")
+    return seconds
+
+
+def _parse_int(value: Any, key: str) -> int:
+    if isinstance(value, bool):
+        raise _err(key, f"expected an integer, found {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise _err(key, f"expected an integer, found {value!r}")
+
+
+def _parse_float(value: Any, key: str) -> float:
+    if isinstance(value, bool):
+        raise _err(key, f"expected a number, found {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            pass
+    raise _err(key, f"expected a number, found {value!r}")
+
+
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def _parse_bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise _err(key, f"{value!r} is not one of true, false")
+
+
+def _parse_str(value: Any, key: str) -> str:
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    raise _err(key, f"expected a non-empty string, found {value!r}")
+
+
+# ----------------------------------------------------------------------------------------- dataclasses
 @dataclass(frozen=True)
 class CredentialConfig:
+    """Azure AD credential settings (azure-identity). Built into a live credential on the executor."""
+
     kind: str = "default"
     tenant_id: str | None = None
     client_id: str | None = None
     client_secret: Secret | None = None
 
+    def check(self, prefix: str) -> None:
+        """Raise :class:`ConfigError` (keys under ``prefix``) if the settings do not fit ``kind``."""
+        if self.kind not in CREDENTIAL_KINDS:
+            raise _one_of(f"{prefix}.kind", self.kind, CREDENTIAL_KINDS)
+        if self.client_secret is not None and not isinstance(self.client_secret, Secret):
+            raise _err(f"{prefix}.client_secret", "must be a Secret")
+        if self.kind == "client_secret":
+            for name in ("tenant_id", "client_id", "client_secret"):
+                if not getattr(self, name):
+                    raise _err(f"{prefix}.{name}", "required when kind is 'client_secret'")
+        elif self.client_secret is not None:
+            raise _err(
+                f"{prefix}.client_secret", f"only used when kind is 'client_secret' (kind is {self.kind!r})"
+            )
+
     def build(self) -> TokenCredential:
-        raise NotImplementedError
+        """A live azure-identity credential. Call where the client is built (executor), never pickle it."""
+        import azure.identity as identity
+
+        if self.kind == "client_secret":
+            assert self.tenant_id and self.client_id and self.client_secret
+            return identity.ClientSecretCredential(
+                self.tenant_id, self.client_id, self.client_secret.reveal()
+            )
+        if self.kind == "managed_identity":
+            if self.client_id:
+                return identity.ManagedIdentityCredential(client_id=self.client_id)
+            return identity.ManagedIdentityCredential()
+        kwargs: dict[str, Any] = {}
+        if self.client_id:
+            kwargs["managed_identity_client_id"] = self.client_id
+        if self.tenant_id:
+            kwargs["additionally_allowed_tenants"] = [self.tenant_id]
+        return identity.DefaultAzureCredential(**kwargs)
 
 
 @dataclass(frozen=True)
 class RetryConfig:
+    """SDK retry settings, stated explicitly (these are the azure-servicebus 7.15 defaults)."""
+
     total: int = 3
     backoff_factor: float = 0.8
     backoff_max: float = 120.0
     mode: str = "exponential"
 
+    def check(self, prefix: str = "retry") -> None:
+        if isinstance(self.total, bool) or not isinstance(self.total, int) or self.total < 0:
+            raise _err(f"{prefix}.total", f"must be an integer >= 0, found {self.total!r}")
+        if self.backoff_factor < 0:
+            raise _err(f"{prefix}.backoff_factor", f"must be >= 0, found {self.backoff_factor!r}")
+        if self.backoff_max < 0:
+            raise _err(f"{prefix}.backoff_max", f"must be >= 0, found {self.backoff_max!r}")
+        if self.mode not in RETRY_MODES:
+            raise _one_of(f"{prefix}.mode", self.mode, RETRY_MODES)
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``ServiceBusClient`` / ``ServiceBusAdministrationClient`` constructors."""
+        return {
+            "retry_total": self.total,
+            "retry_backoff_factor": self.backoff_factor,
+            "retry_backoff_max": self.backoff_max,
+            "retry_mode": self.mode,
+        }
+
+
+_NOT_NS_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+
 
 @dataclass(frozen=True)
 class NamespaceConfig:
+    """One Service Bus namespace: a connection string, or a fully qualified namespace plus an AAD credential.
+
+    Picklable settings only; :meth:`client` / :meth:`admin_client` build live clients (on the executor or
+    wherever they are used; they are neither thread-safe nor picklable). When a connection string is given
+    and ``fully_qualified_namespace`` is not, it is derived from the Endpoint.
+    """
+
     connection_string: Secret | None = None
     fully_qualified_namespace: str | None = None
     credential: CredentialConfig | None = None
     namespace_name: str | None = None
 
+    def check(self, prefix: str) -> None:
+        """Raise :class:`ConfigError` with keys under ``prefix`` (``primary``/``secondary``) if invalid."""
+        if self.connection_string is not None:
+            if not isinstance(self.connection_string, Secret):
+                raise _err(f"{prefix}.connection_string", "must be a Secret")
+            if self.credential is not None:
+                raise _err(
+                    prefix,
+                    "give exactly one of connection_string or fully_qualified_namespace + credential, not both",
+                )
+            info = parse_connection_string(self.connection_string.reveal(), f"{prefix}.connection_string")
+            if self.fully_qualified_namespace is not None and self.fully_qualified_namespace != info.host:
+                raise _err(
+                    prefix,
+                    "give exactly one of connection_string or fully_qualified_namespace + credential "
+                    "(fully_qualified_namespace differs from the connection string's Endpoint)",
+                )
+        else:
+            if not self.fully_qualified_namespace:
+                raise _err(
+                    prefix,
+                    "give exactly one of connection_string or fully_qualified_namespace + credential "
+                    "(neither is set)",
+                )
+            if self.credential is None:
+                raise _err(f"{prefix}.credential", "required with fully_qualified_namespace")
+            self.credential.check(f"{prefix}.credential")
+            if not re.fullmatch(r"[A-Za-z0-9.-]+(:\d+)?", self._bare_fqns()):
+                raise _err(
+                    f"{prefix}.fully_qualified_namespace",
+                    "must look like <name>.servicebus.windows.net (host[:port])",
+                )
+        if self.namespace_name is not None and (
+            not self.namespace_name or _NOT_NS_CHARS.search(self.namespace_name)
+        ):
+            raise _err(f"{prefix}.namespace_name", "must be non-empty letters, digits, '.', '-', '_'")
+
+    def __post_init__(self) -> None:
+        if self.connection_string is not None and self.fully_qualified_namespace is None:
+            try:
+                info = parse_connection_string(self.connection_string.reveal())
+            except ConfigError:
+                return  # reported with the right key by check()
+            object.__setattr__(self, "fully_qualified_namespace", info.host)
+
+    def _bare_fqns(self) -> str:
+        fq = self.fully_qualified_namespace or ""
+        fq = re.sub(r"^[a-z]+://", "", fq.strip(), flags=re.IGNORECASE)
+        return fq.rstrip("/")
+
+    def connection_info(self) -> ConnectionStringInfo | None:
+        """The non-secret parts of the connection string, or ``None`` for credential auth."""
+        if self.connection_string is None:
+            return None
+        return parse_connection_string(self.connection_string.reveal())
+
     def endpoint_host(self) -> str:
-        raise NotImplementedError
+        """``host[:port]`` from the connection string's Endpoint, or from the fully qualified namespace."""
+        info = self.connection_info()
+        return info.host if info is not None else self._bare_fqns()
 
-    def client(self, **kwargs: Any) -> ServiceBusClient:
-        raise NotImplementedError
+    def effective_namespace_name(self) -> str:
+        """``namespace_name`` if set; else the first DNS label of the host (``contoso`` for
+        ``contoso.servicebus.windows.net``); for IP addresses and single-label hosts, ``host[-port]``."""
+        if self.namespace_name:
+            return self.namespace_name
+        host = self.endpoint_host()
+        name, _, port = host.partition(":")
+        if re.fullmatch(r"[0-9.]+", name) or "." not in name:
+            return _NOT_NS_CHARS.sub("-", f"{name}-{port}" if port else name)
+        return name.split(".", 1)[0]
 
-    def admin_client(self, **kwargs: Any) -> ServiceBusAdministrationClient:
-        raise NotImplementedError
+    def client(self, retry: RetryConfig | None = None, **kwargs: Any) -> ServiceBusClient:
+        """A new ``ServiceBusClient`` with the retry settings of ``retry`` (``kwargs`` win)."""
+        from azure.servicebus import ServiceBusClient
+
+        options = {**(retry or RetryConfig()).client_kwargs(), **kwargs}
+        if self.connection_string is not None:
+            return ServiceBusClient.from_connection_string(self.connection_string.reveal(), **options)
+        assert self.credential is not None
+        return ServiceBusClient(self._bare_fqns(), self.credential.build(), **options)
+
+    def admin_client(self, retry: RetryConfig | None = None, **kwargs: Any) -> ServiceBusAdministrationClient:
+        """A new ``ServiceBusAdministrationClient`` (HTTPS). Pass ``connection_verify=<ca.pem>`` for the local
+        namespace."""
+        from azure.servicebus.management import ServiceBusAdministrationClient
+
+        options = {**kwargs}
+        if retry is not None:
+            options = {"retry_total": retry.total, "retry_backoff_factor": retry.backoff_factor,
+                       "retry_backoff_max": retry.backoff_max, **options}  # fmt: skip
+        if self.connection_string is not None:
+            return ServiceBusAdministrationClient.from_connection_string(
+                self.connection_string.reveal(), **options
+            )
+        assert self.credential is not None
+        return ServiceBusAdministrationClient(self._bare_fqns(), self.credential.build(), **options)
 
     def redacted(self) -> str:
-        raise NotImplementedError
+        """A log-safe description, e.g. ``sb://127.0.0.1:5671 (SAS key name RootManageSharedAccessKey)``."""
+        host = self.endpoint_host()
+        try:
+            info = self.connection_info()
+        except ConfigError:
+            return f"sb://{host} (invalid connection string)"
+        if info is not None:
+            auth = (
+                "SAS token"
+                if info.has_shared_access_signature
+                else f"SAS key name {info.shared_access_key_name}"
+            )
+            if info.use_development_emulator:
+                auth += ", development emulator"
+        else:
+            cred = self.credential
+            auth = f"credential {cred.kind if cred else '?'}"
+            if cred and cred.client_id:
+                auth += f", client id {cred.client_id}"
+        return f"sb://{host} ({auth})"
 
 
-def _frozen(d: Mapping[str, str] | None = None) -> Mapping[str, str]:
-    return MappingProxyType(dict(d or {}))
+def _default_columns() -> Mapping[str, str]:
+    return FrozenMap({c: c for c in LOGICAL_COLUMNS})
 
 
 @dataclass(frozen=True)
 class ServiceBusConfig:
+    """Everything the sink, the paired sender and the syphon need (SPEC S8). Frozen, validated, picklable,
+    hashable (usable as a cache key on executors). Built on the driver; validated on construction."""
+
     primary: NamespaceConfig
-    secondary: NamespaceConfig | None = None
+    secondary: NamespaceConfig | None = None  # required for failover; absent -> plain sender, no backlog
     entity: str | None = None
     backlog_queue_count: int = 10
     failover_interval: float = 60.0
@@ -97,32 +577,411 @@ class ServiceBusConfig:
     max_message_size: int = 262144
     on_reject: str = "record"
     state_location: str | None = None
-    columns: Mapping[str, str] = field(default_factory=_frozen)
+    columns: Mapping[str, str] = field(default_factory=_default_columns)
     syphon_max_wait: float = 900.0
     syphon_batch_size: int = 100
     syphon_prefetch: int = 0
     idle_timeout: float = 600.0
     client_cache: bool = True
-    extra: Mapping[str, str] = field(default_factory=_frozen)
+    extra: Mapping[str, str] = field(default_factory=FrozenMap)
+
+    def __post_init__(self) -> None:
+        cols = dict(self.columns or {})
+        unknown = [k for k in cols if k not in LOGICAL_COLUMNS]
+        if unknown:
+            raise _err(
+                f"columns.{unknown[0]}",
+                f"unknown column {unknown[0]!r}{_did_you_mean(unknown[0], LOGICAL_COLUMNS)}; "
+                f"valid: {', '.join(LOGICAL_COLUMNS)}",
+            )
+        for k, v in cols.items():
+            if not isinstance(v, str) or not v:
+                raise _err(f"columns.{k}", f"expected a non-empty column name, found {v!r}")
+        object.__setattr__(self, "columns", FrozenMap({c: cols.get(c, c) for c in LOGICAL_COLUMNS}))
+        extra = dict(self.extra or {})
+        for k, v in extra.items():
+            if not _is_extra_key(k):
+                raise _err(k, "extra keys must start with 'x-'")
+            if not isinstance(v, str):
+                extra[k] = str(v)
+        object.__setattr__(self, "extra", FrozenMap(extra))
+        self._check()
+
+    def _check(self) -> None:
+        if not isinstance(self.primary, NamespaceConfig):
+            raise _err("primary", "required (connection_string or fully_qualified_namespace + credential)")
+        self.primary.check("primary")
+        if self.secondary is not None:
+            self.secondary.check("secondary")
+            if self.secondary.endpoint_host() == self.primary.endpoint_host():
+                raise _err("secondary", "must be a different namespace than primary")
+        if self.entity is not None and (not isinstance(self.entity, str) or not self.entity):
+            raise _err("entity", f"expected a non-empty string, found {self.entity!r}")
+        if not _is_int(self.backlog_queue_count) or self.backlog_queue_count <= 0:
+            raise _err("backlog_queue_count", f"must be an integer > 0, found {self.backlog_queue_count!r}")
+        for name, minimum, strict in (
+            ("failover_interval", 0, False),
+            ("ping_primary_interval", 0, True),
+            ("backlog_retry_interval", 0, False),
+            ("send_timeout", 0, True),
+            ("syphon_max_wait", 0, True),
+            ("idle_timeout", 0, True),
+        ):
+            v = getattr(self, name)
+            key = _FIELD_TO_KEY.get(name, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+                raise _err(key, f"expected seconds, found {v!r}")
+            if (v <= minimum) if strict else (v < minimum):
+                raise _err(key, f"must be {'>' if strict else '>='} {minimum} seconds, found {v!r}")
+        if self.probe_mode not in PROBE_MODES:
+            raise _one_of("probe_mode", self.probe_mode, PROBE_MODES)
+        if self.backlog_selection not in BACKLOG_SELECTIONS:
+            raise _one_of("backlog_selection", self.backlog_selection, BACKLOG_SELECTIONS)
+        if self.on_reject not in ON_REJECT:
+            raise _one_of("on_reject", self.on_reject, ON_REJECT)
+        self.retry.check("retry")
+        if not _is_int(self.max_message_size) or self.max_message_size <= 0:
+            raise _err("max_message_size", f"must be an integer > 0 (bytes), found {self.max_message_size!r}")
+        if not _is_int(self.syphon_batch_size) or self.syphon_batch_size <= 0:
+            raise _err("syphon.batch_size", f"must be an integer > 0, found {self.syphon_batch_size!r}")
+        if not _is_int(self.syphon_prefetch) or self.syphon_prefetch < 0:
+            raise _err("syphon.prefetch", f"must be an integer >= 0, found {self.syphon_prefetch!r}")
+        if not isinstance(self.client_cache, bool):
+            raise _err("client_cache", f"{self.client_cache!r} is not one of true, false")
+        if self.state_location is not None and (
+            not isinstance(self.state_location, str) or not self.state_location
+        ):
+            raise _err("state_location", f"expected a non-empty path, found {self.state_location!r}")
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+        return redact(f"ServiceBusConfig({parts})")
+
+    __str__ = __repr__
+
+    # ----------------------------------------------------------------- derived values
+    @property
+    def failover_enabled(self) -> bool:
+        """True when a secondary namespace is configured (backlog queues + syphon)."""
+        return self.secondary is not None
+
+    def primary_namespace_name(self) -> str:
+        """The primary's namespace name used in backlog queue names (SPEC B1)."""
+        return self.primary.effective_namespace_name()
+
+    def backlog_queue_names(self, primary_namespace_name: str | None = None) -> list[str]:
+        """``<ns>/x-servicebus-transfer/<i>`` for i in [0, backlog_queue_count) (SPEC B1)."""
+        ns = primary_namespace_name or self.primary_namespace_name()
+        return [f"{ns}/x-servicebus-transfer/{i}" for i in range(self.backlog_queue_count)]
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Retry keyword arguments for SDK clients (``NamespaceConfig.client(**cfg.client_kwargs())``)."""
+        return self.retry.client_kwargs()
+
+    def with_overrides(self, **changes: Any) -> ServiceBusConfig:
+        """A validated copy with ``changes`` applied (dataclass field names)."""
+        return replace(self, **changes)
+
+    # ----------------------------------------------------------------- loading
+    @classmethod
+    def from_yaml(
+        cls, path: str | Path, *, env: Mapping[str, str] | None = None, dbutils: Any = None
+    ) -> ServiceBusConfig:
+        """Load a YAML file (nested or flat dotted keys). Secret references are resolved now."""
+        import yaml
+
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {str(p)!r}: {exc.strerror}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{str(p)!r} is not valid YAML{where}") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{str(p)!r}: the top level must be a mapping of settings")
+        return cls.from_dict(data, env=env, dbutils=dbutils)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> ServiceBusConfig:
-        raise NotImplementedError
+    def from_dict(
+        cls, d: Mapping[str, Any], *, env: Mapping[str, str] | None = None, dbutils: Any = None
+    ) -> ServiceBusConfig:
+        """Build from a nested dict, a flat dotted dict, or a mix. Secret references are resolved now."""
+        flat: dict[str, Any] = {}
+        _flatten(d, "", flat)
+        return _build(flat, _Resolver(env if env is not None else os.environ, dbutils))
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ServiceBusConfig:
-        raise NotImplementedError
-
-    @classmethod
-    def from_options(cls, flat: Mapping[str, str]) -> ServiceBusConfig:
-        raise NotImplementedError
+    def from_options(
+        cls, flat: Mapping[str, str], *, env: Mapping[str, str] | None = None, dbutils: Any = None
+    ) -> ServiceBusConfig:
+        """Build from flat Spark options (keys case-insensitive, values strings)."""
+        lowered: dict[str, Any] = {}
+        for k, v in flat.items():
+            key = str(k).strip().lower()
+            if key in lowered:
+                raise _err(key, "given twice (option keys are case-insensitive)")
+            lowered[key] = v
+        return _build(lowered, _Resolver(env if env is not None else os.environ, dbutils))
 
     def to_options(self, include_secrets: bool = False) -> dict[str, str]:
-        raise NotImplementedError
+        """Flat Spark-options form; ``from_options(cfg.to_options())`` equals ``cfg``.
 
-    def backlog_queue_names(self, primary_namespace_name: str) -> list[str]:
-        return [f"{primary_namespace_name}/x-servicebus-transfer/{i}" for i in range(self.backlog_queue_count)]
+        Secrets loaded from references are written as their references. A literal secret (no reference) is
+        written only with ``include_secrets=True``; otherwise :class:`ConfigError` names its key.
+        """
+        out: dict[str, str] = {}
+
+        def secret(key: str, s: Secret) -> str:
+            if s.reference is not None:
+                return s.reference
+            if include_secrets:
+                return s.reveal()
+            raise _err(
+                key, "is a literal secret: pass include_secrets=True or load it from a ${env:...} reference"
+            )
+
+        for prefix, ns in (("primary", self.primary), ("secondary", self.secondary)):
+            if ns is None:
+                continue
+            if ns.connection_string is not None:
+                out[f"{prefix}.connection_string"] = secret(
+                    f"{prefix}.connection_string", ns.connection_string
+                )
+            elif ns.fully_qualified_namespace is not None:
+                out[f"{prefix}.fully_qualified_namespace"] = ns.fully_qualified_namespace
+            if ns.credential is not None:
+                c = ns.credential
+                out[f"{prefix}.credential.kind"] = c.kind
+                if c.tenant_id is not None:
+                    out[f"{prefix}.credential.tenant_id"] = c.tenant_id
+                if c.client_id is not None:
+                    out[f"{prefix}.credential.client_id"] = c.client_id
+                if c.client_secret is not None:
+                    out[f"{prefix}.credential.client_secret"] = secret(
+                        f"{prefix}.credential.client_secret", c.client_secret
+                    )
+            if ns.namespace_name is not None:
+                out[f"{prefix}.namespace_name"] = ns.namespace_name
+        for f in fields(self):
+            if f.name in ("primary", "secondary", "retry", "columns", "extra"):
+                continue
+            v = getattr(self, f.name)
+            if v is None:
+                continue
+            out[_FIELD_TO_KEY.get(f.name, f.name)] = _fmt(v)
+        for rf in fields(self.retry):
+            out[f"retry.{rf.name}"] = _fmt(getattr(self.retry, rf.name))
+        for logical, actual in self.columns.items():
+            if logical != actual:
+                out[f"columns.{logical}"] = actual
+        out.update(self.extra)
+        return out
 
 
-def load_config(source: str | Path | Mapping[str, Any]) -> ServiceBusConfig:
-    raise NotImplementedError
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_extra_key(key: str) -> bool:
+    return key.split(".", 1)[0].startswith("x-")
+
+
+def _did_you_mean(key: str, candidates: tuple[str, ...] | list[str]) -> str:
+    match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+# --------------------------------------------------------------------------------------- building
+_FIELD_TO_KEY = {
+    "syphon_max_wait": "syphon.max_wait",
+    "syphon_batch_size": "syphon.batch_size",
+    "syphon_prefetch": "syphon.prefetch",
+}
+_KEY_TO_FIELD = {v: k for k, v in _FIELD_TO_KEY.items()}
+
+_DURATION_KEYS = (
+    "failover_interval",
+    "ping_primary_interval",
+    "backlog_retry_interval",
+    "send_timeout",
+    "syphon.max_wait",
+    "idle_timeout",
+)
+_INT_KEYS = ("backlog_queue_count", "max_message_size", "syphon.batch_size", "syphon.prefetch")
+_CHOICE_KEYS = {
+    "probe_mode": PROBE_MODES,
+    "backlog_selection": BACKLOG_SELECTIONS,
+    "on_reject": ON_REJECT,
+}
+_STR_KEYS = ("entity", "state_location")
+_NS_KEYS = (
+    "connection_string",
+    "fully_qualified_namespace",
+    "namespace_name",
+    "credential.kind",
+    "credential.tenant_id",
+    "credential.client_id",
+    "credential.client_secret",
+)
+_RETRY_KEYS = ("retry.total", "retry.backoff_factor", "retry.backoff_max", "retry.mode")
+KNOWN_KEYS: tuple[str, ...] = (
+    *(f"{p}.{k}" for p in ("primary", "secondary") for k in _NS_KEYS),
+    *_STR_KEYS,
+    *_DURATION_KEYS,
+    *_INT_KEYS,
+    *_CHOICE_KEYS,
+    *_RETRY_KEYS,
+    "client_cache",
+    *(f"columns.{c}" for c in LOGICAL_COLUMNS),
+)
+
+
+def _flatten(d: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if not isinstance(k, str):
+            raise _err(key, "keys must be strings")
+        if isinstance(v, Mapping):
+            if not v:
+                continue
+            _flatten(v, f"{key}.", out)
+        else:
+            if key in out:
+                raise _err(key, "given twice (nested and dotted)")
+            out[key] = v
+
+
+def _build(flat: Mapping[str, Any], resolver: _Resolver) -> ServiceBusConfig:
+    errors: list[tuple[str, str]] = []
+    values: dict[str, Any] = {}
+    extra: dict[str, str] = {}
+    references: dict[str, str] = {}
+
+    for key, raw in flat.items():
+        if _is_extra_key(key):
+            extra[key] = "" if raw is None else str(raw)
+            continue
+        if key not in KNOWN_KEYS:
+            if key.startswith("columns."):
+                logical = key[len("columns.") :]
+                msg = (
+                    f"unknown column {logical!r}{_did_you_mean(logical, LOGICAL_COLUMNS)}; "
+                    f"valid: {', '.join(LOGICAL_COLUMNS)}"
+                )
+            else:
+                msg = f"unknown key{_did_you_mean(key, list(KNOWN_KEYS))}"
+            errors.append((key, msg))
+            continue
+        if raw is None:
+            continue
+        try:
+            if isinstance(raw, str):
+                resolved, had_ref = resolver.resolve(key, raw)
+                if had_ref:
+                    references[key] = raw
+                raw = resolved
+            values[key] = _convert(key, raw)
+        except ConfigError as exc:
+            errors.extend(exc.errors or [(key, str(exc))])
+
+    def namespace(prefix: str) -> NamespaceConfig | None:
+        keys = {k[len(prefix) + 1 :]: v for k, v in values.items() if k.startswith(prefix + ".")}
+        if not keys:
+            return None
+        secret_cs = None
+        if "connection_string" in keys:
+            secret_cs = Secret(keys["connection_string"], references.get(f"{prefix}.connection_string"))
+        cred = None
+        if any(k.startswith("credential.") for k in keys):
+            cs = keys.get("credential.client_secret")
+            cred = CredentialConfig(
+                kind=keys.get("credential.kind", "default"),
+                tenant_id=keys.get("credential.tenant_id"),
+                client_id=keys.get("credential.client_id"),
+                client_secret=(
+                    Secret(cs, references.get(f"{prefix}.credential.client_secret"))
+                    if cs is not None
+                    else None
+                ),
+            )
+        return NamespaceConfig(
+            connection_string=secret_cs,
+            fully_qualified_namespace=keys.get("fully_qualified_namespace"),
+            credential=cred,
+            namespace_name=keys.get("namespace_name"),
+        )
+
+    primary = namespace("primary")
+    if primary is None and not any(k == "primary" or k.startswith("primary.") for k, _ in errors):
+        errors.append(
+            ("primary", "required (primary.connection_string or primary.fully_qualified_namespace)")
+        )
+    if errors:
+        raise ConfigError("; ".join(f"{k}: {m}" for k, m in errors), errors)
+    assert primary is not None
+
+    kwargs: dict[str, Any] = {}
+    for key, v in values.items():
+        if key.startswith(("primary.", "secondary.", "retry.", "columns.")):
+            continue
+        kwargs[_KEY_TO_FIELD.get(key, key)] = v
+    retry_kwargs = {k[len("retry.") :]: v for k, v in values.items() if k.startswith("retry.")}
+    columns = {k[len("columns.") :]: v for k, v in values.items() if k.startswith("columns.")}
+    return ServiceBusConfig(
+        primary=primary,
+        secondary=namespace("secondary"),
+        retry=RetryConfig(**retry_kwargs),
+        columns=columns,
+        extra=extra,
+        **kwargs,
+    )
+
+
+def _convert(key: str, raw: Any) -> Any:
+    if key in _DURATION_KEYS:
+        return parse_duration(raw, key)
+    if key in _INT_KEYS:
+        return _parse_int(raw, key)
+    if key == "retry.total":
+        return _parse_int(raw, key)
+    if key in ("retry.backoff_factor", "retry.backoff_max"):
+        return _parse_float(raw, key)
+    if key == "client_cache":
+        return _parse_bool(raw, key)
+    choices: tuple[str, ...] | None = _CHOICE_KEYS.get(key) or (RETRY_MODES if key == "retry.mode" else None)
+    if key.endswith("credential.kind"):
+        choices = CREDENTIAL_KINDS
+    if choices is not None:
+        if not isinstance(raw, str) or raw.strip() not in choices:
+            raise _one_of(key, raw, choices)
+        return raw.strip()
+    if key.endswith(("connection_string", "client_secret")):
+        if not isinstance(raw, str) or not raw.strip():
+            raise _err(key, "expected a non-empty string")
+        return raw.strip()
+    return _parse_str(raw, key)
+
+
+def load_config(
+    source: str | Path | Mapping[str, Any], *, env: Mapping[str, str] | None = None, dbutils: Any = None
+) -> ServiceBusConfig:
+    """A path (str or Path) -> YAML file; a mapping -> nested or flat settings (Spark options included)."""
+    if isinstance(source, Mapping):
+        if all(isinstance(v, str) for v in source.values()) and any("." in str(k) for k in source):
+            return ServiceBusConfig.from_options(source, env=env, dbutils=dbutils)
+        return ServiceBusConfig.from_dict(source, env=env, dbutils=dbutils)
+    return ServiceBusConfig.from_yaml(source, env=env, dbutils=dbutils)
