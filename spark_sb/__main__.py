@@ -197,6 +197,9 @@ def _setup_logging(verbose: int) -> None:
     except NotImplementedError:
         pass
     root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_spark_sb_cli", False)]:
+        root.removeHandler(old)  # main() called again in the same process (tests)
+    handler._spark_sb_cli = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
     _LOG.setLevel(level)

@@ -339,6 +339,7 @@ class ProvisioningReport:
     queues: tuple[QueueOutcome, ...]
     dry_run: bool = False
     last_error: str | None = None
+    unauthorized: bool = False  # the last error was a missing right (401/403)
 
     @property
     def backlog(self) -> tuple[QueueOutcome, ...]:
@@ -386,7 +387,7 @@ class ProvisioningReport:
 
     def summary(self) -> str:
         n = self.count
-        if not self.dry_run and len(self.present) == n and not self.failed:
+        if len(self.present) == n and not self.failed:
             text = f"all {n} present"
         else:
             parts = []
@@ -431,6 +432,7 @@ class ProvisioningReport:
             "usable_queues": self.usable_queues,
             "queues": [q.to_dict() for q in self.queues],
             "last_error": self.last_error,
+            "unauthorized": self.unauthorized,
         }
 
     def raise_if_unusable(self) -> None:
@@ -441,6 +443,7 @@ class ProvisioningReport:
                 [q.name for q in self.backlog],
                 self.last_error or "no backlog queue is usable",
                 report=self,
+                unauthorized=self.unauthorized,
             )
 
 
@@ -454,8 +457,10 @@ class ProvisioningError(RuntimeError):
         last_error: str,
         *,
         report: ProvisioningReport | None = None,
+        unauthorized: bool = False,
     ) -> None:
         self.namespace = namespace
+        self.unauthorized = unauthorized
         self.tried = list(tried)
         self.last_error = last_error
         self.report = report
@@ -536,6 +541,7 @@ class _Attempt:
     error: str | None = None
     outcome: QueueOutcome | None = None
     retry: bool = True
+    unauthorized: bool = False
 
 
 @dataclass
@@ -609,11 +615,37 @@ def provision_backlog_queues(
     return report
 
 
-def usable_backlog_queues(config: ServiceBusConfig, **kwargs: Any) -> list[str]:
-    """Provision (creating what is missing) and return the usable backlog queue names; raises
-    :class:`ProvisioningError` when there is none. For the paired sender at start (driver side)."""
-    kwargs.setdefault("check", True)
-    return provision_backlog_queues(config, **kwargs).usable_queues
+def usable_backlog_queues(
+    config: ServiceBusConfig,
+    *,
+    assume_present_if_unauthorized: bool = False,
+    primary_namespace_name: str | None = None,
+    **kwargs: Any,
+) -> list[str]:
+    """Provision (creating what is missing) and return the usable backlog queue names, by index; raises
+    :class:`ProvisioningError` when there is none. For the paired sender at start (driver side).
+
+    A producer often holds a Send-only key, which can neither list nor create queues. With
+    ``assume_present_if_unauthorized`` such a refusal is logged as a warning and all ``backlog_queue_count``
+    names are returned as if present (a missing one then fails its first send and leaves the rotation, B5).
+    """
+    kwargs["check"] = True
+    try:
+        return provision_backlog_queues(
+            config, primary_namespace_name=primary_namespace_name, **kwargs
+        ).usable_queues
+    except ProvisioningError as exc:
+        if not (assume_present_if_unauthorized and exc.unauthorized):
+            raise
+        name = primary_namespace_name or resolve_primary_namespace_name(config.primary)
+        names = backlog_queue_names(name, kwargs.get("count") or config.backlog_queue_count)
+        _LOG.warning(
+            "cannot check the backlog queues in %s (%s); assuming %d backlog queue(s) exist",
+            exc.namespace,
+            exc.last_error,
+            len(names),
+        )
+        return names
 
 
 def resolve_primary_namespace_name(
@@ -643,7 +675,11 @@ def _namespace_properties_name(admin: ServiceBusAdministrationClient, shown: str
         name = admin.get_namespace_properties(**_NO_SDK_RETRY).name
     except Exception as exc:
         raise ProvisioningError(
-            shown, [], "could not ask the primary namespace for its name: " + describe_error(exc, shown)
+            shown,
+            [],
+            "could not ask the primary namespace for its name (set primary.namespace_name to skip this): "
+            + describe_error(exc, shown),
+            unauthorized=is_unauthorized(exc),
         ) from None
     return str(name or "")
 
@@ -711,6 +747,7 @@ def _list_backlog_like(
 ) -> dict[str, Any]:
     """All queues whose name starts with ``<primary>/x-servicebus-transfer/``, keyed by casefolded name."""
     last: str = ""
+    unauthorized = False
     for attempt in range(1, tries + 1):
         try:
             found: dict[str, Any] = {}
@@ -720,6 +757,7 @@ def _list_backlog_like(
             return found
         except Exception as exc:
             last = describe_error(exc, namespace)
+            unauthorized = is_unauthorized(exc)
             if not is_retryable(exc) or attempt == tries:
                 break
             _LOG.warning("listing queues in %s failed (try %d of %d): %s", namespace, attempt, tries, last)
@@ -727,7 +765,8 @@ def _list_backlog_like(
     raise ProvisioningError(
         namespace,
         backlog_queue_names(primary_name, 0),
-        f"could not list the queues of the namespace after {tries} tr{'y' if tries == 1 else 'ies'}: {last}",
+        f"could not list the queues of the namespace ({attempt} tr{'y' if attempt == 1 else 'ies'}): {last}",
+        unauthorized=unauthorized,
     )
 
 
@@ -746,7 +785,7 @@ def _provision(
     try:
         existing = _list_backlog_like(admin, namespace, primary_name, tries, retry_pause, clock)
     except ProvisioningError as exc:
-        raise ProvisioningError(namespace, names, exc.last_error) from None
+        raise ProvisioningError(namespace, names, exc.last_error, unauthorized=exc.unauthorized) from None
 
     rows: dict[int, QueueOutcome] = {}
     todo: list[_Attempt] = []
@@ -760,6 +799,7 @@ def _provision(
             todo.append(_Attempt(i, name))
 
     last_error: str | None = None
+    unauthorized = False
     for round_no in range(1, tries + 1):
         pending = [a for a in todo if a.outcome is None and a.retry]
         if not pending:
@@ -776,9 +816,10 @@ def _provision(
             clock.sleep(retry_pause)
         for a in pending:
             a.attempts += 1
-            a.outcome, a.error, a.retry = _create_one(admin, namespace, a, spec)
+            a.outcome, a.error, a.retry, a.unauthorized = _create_one(admin, namespace, a, spec)
             if a.error is not None:
                 last_error = a.error
+                unauthorized = a.unauthorized
     for a in todo:
         rows[a.index] = a.outcome or QueueOutcome(
             a.name, QueueStatus.FAILED, a.index, attempts=a.attempts, error=a.error
@@ -796,6 +837,7 @@ def _provision(
         queues=tuple(outcomes),
         dry_run=dry_run,
         last_error=last_error,
+        unauthorized=unauthorized,
     )
 
 
@@ -813,8 +855,8 @@ def _existing_outcome(name: str, index: int, props: Any, spec: BacklogQueueSpec)
 
 def _create_one(
     admin: ServiceBusAdministrationClient, namespace: str, a: _Attempt, spec: BacklogQueueSpec
-) -> tuple[QueueOutcome | None, str | None, bool]:
-    """One creation attempt: (outcome or None, error or None, worth retrying)."""
+) -> tuple[QueueOutcome | None, str | None, bool, bool]:
+    """One creation attempt: (outcome or None, error or None, worth retrying, unauthorized)."""
     from azure.core.exceptions import ResourceExistsError
 
     try:
@@ -824,11 +866,11 @@ def _create_one(
         try:
             props = admin.get_queue(a.name, **_NO_SDK_RETRY)
         except Exception as exc:
-            return None, describe_error(exc, namespace), is_retryable(exc)
-        return _existing_outcome(a.name, a.index, props, spec), None, False
+            return None, describe_error(exc, namespace), is_retryable(exc), is_unauthorized(exc)
+        return _existing_outcome(a.name, a.index, props, spec), None, False, False
     except Exception as exc:
-        return None, describe_error(exc, namespace), is_retryable(exc)
-    return QueueOutcome(a.name, QueueStatus.CREATED, a.index, attempts=a.attempts), None, False
+        return None, describe_error(exc, namespace), is_retryable(exc), is_unauthorized(exc)
+    return QueueOutcome(a.name, QueueStatus.CREATED, a.index, attempts=a.attempts), None, False, False
 
 
 def _log_report(report: ProvisioningReport) -> None:

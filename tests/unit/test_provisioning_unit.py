@@ -17,7 +17,7 @@ from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, 
 import spark_sb.config as config_module
 from spark_sb import __main__ as cli
 from spark_sb.clock import FakeClock
-from spark_sb.config import ConfigError, NamespaceConfig, ServiceBusConfig
+from spark_sb.config import ConfigError, NamespaceConfig, Secret, ServiceBusConfig
 from spark_sb.provisioning import (
     BACKLOG_QUEUE_SPEC,
     MAX_DURATION,
@@ -32,6 +32,7 @@ from spark_sb.provisioning import (
     parse_backlog_queue_name,
     provision_backlog_queues,
     resolve_primary_namespace_name,
+    usable_backlog_queues,
 )
 
 pytestmark = pytest.mark.unit
@@ -43,6 +44,12 @@ def http_error(status: int, message: str = "boom") -> HttpResponseError:
     exc = HttpResponseError(message=message)
     exc.status_code = status
     return exc
+
+
+def ns_config(host: str, name: str | None = None) -> NamespaceConfig:
+    """A namespace config with a (fake, never used) SAS key."""
+    cs = f"Endpoint=sb://{host}/;SharedAccessKeyName=k;SharedAccessKey=c2VjcmV0LWtleQ=="
+    return NamespaceConfig(connection_string=Secret(cs), namespace_name=name)
 
 
 def spec_props(name: str, **overrides: Any) -> SimpleNamespace:
@@ -413,7 +420,7 @@ def test_arguments_are_validated() -> None:
     with pytest.raises(ValueError):
         run(FakeAdmin(), count=0)
     with pytest.raises(ValueError, match="secondary"):
-        provision_backlog_queues(ServiceBusConfig(primary=NamespaceConfig(namespace_name="x")))
+        provision_backlog_queues(ServiceBusConfig(primary=ns_config("prim.example.net", "x")))
 
 
 def test_report_json_round_trips() -> None:
@@ -440,7 +447,7 @@ def test_config_drives_count_name_and_closes_the_admin_client_it_builds(
     monkeypatch.setattr(NamespaceConfig, "admin_client", admin_client)
     monkeypatch.setattr(NamespaceConfig, "redacted", lambda self: "sb://secondary.example (SAS key name k)")
     config = ServiceBusConfig(
-        primary=NamespaceConfig(namespace_name="prim"), secondary=NamespaceConfig(), backlog_queue_count=2
+        primary=ns_config("prim.example.net"), secondary=ns_config("sec.example.net"), backlog_queue_count=2
     )
     report = provision_backlog_queues(config, clock=FakeClock())
     assert report.created == ["prim/x-servicebus-transfer/0", "prim/x-servicebus-transfer/1"]
@@ -462,7 +469,7 @@ def cli_run(argv: list[str], admin: FakeAdmin, **kwargs: Any) -> tuple[int, str,
 
 @pytest.fixture
 def fake_config(monkeypatch: pytest.MonkeyPatch) -> ServiceBusConfig:
-    config = ServiceBusConfig(primary=NamespaceConfig(namespace_name=NS), backlog_queue_count=3)
+    config = ServiceBusConfig(primary=ns_config("10.0.0.1:5671", NS), backlog_queue_count=3)
 
     def load(source: Any) -> ServiceBusConfig:
         if str(source).endswith("bad.yaml"):
@@ -536,3 +543,62 @@ def test_primary_name_asked_from_the_primary_admin_client_without_config() -> No
     )
     assert report.created == ["local-primary/x-servicebus-transfer/0"]
     assert primary.calls == ["namespace"] and not primary.closed
+
+
+def test_send_only_sender_may_assume_the_backlog_queues(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        NamespaceConfig,
+        "admin_client",
+        lambda self, **kw: FakeAdmin(fail_all_creates=http_error(401, "claims")),
+    )
+    monkeypatch.setattr(
+        NamespaceConfig, "redacted", lambda self: "sb://secondary.example (SAS key name send)"
+    )
+    config = ServiceBusConfig(
+        primary=ns_config("prim.example.net"), secondary=ns_config("sec.example.net"), backlog_queue_count=2
+    )
+    with pytest.raises(ProvisioningError) as caught:
+        usable_backlog_queues(config, clock=FakeClock())
+    assert caught.value.unauthorized
+    assert usable_backlog_queues(config, clock=FakeClock(), assume_present_if_unauthorized=True) == [
+        "prim/x-servicebus-transfer/0",
+        "prim/x-servicebus-transfer/1",
+    ]
+    # other failures are never assumed away
+    monkeypatch.setattr(
+        NamespaceConfig, "admin_client", lambda self, **kw: FakeAdmin(fail_all_creates=http_error(500))
+    )
+    with pytest.raises(ProvisioningError) as caught:
+        usable_backlog_queues(config, clock=FakeClock(), tries=1, assume_present_if_unauthorized=True)
+    assert not caught.value.unauthorized
+
+
+def test_dry_run_with_everything_present_says_so() -> None:
+    admin = FakeAdmin()
+    run(admin)
+    report = run(admin, dry_run=True)
+    assert report.summary() == "all 4 present"
+    assert report.dry_run and report.ok
+
+
+def test_error_text_never_carries_a_key() -> None:
+    leaky = http_error(
+        500, "Endpoint=sb://x.example.net/;SharedAccessKeyName=k;SharedAccessKey=dG9wLXNlY3JldA=="
+    )
+    admin = FakeAdmin(fail_all_creates=leaky)
+    with pytest.raises(ProvisioningError) as caught:
+        run(admin, tries=1)
+    assert "dG9wLXNlY3JldA==" not in str(caught.value)
+    assert "dG9wLXNlY3JldA==" not in caught.value.report.format_table()  # type: ignore[union-attr]
+
+
+def test_cli_real_config_loading_errors_exit_2(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "primary:\n  connection_string: Endpoint=sb://a.example.net/;SharedAccessKeyName=k;SharedAccessKey=eA==\n"
+        "secondary:\n  connection_string: ${env:SB_TEST_UNSET_VARIABLE_XYZ}\n"
+    )
+    assert cli.main(["provision", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "secondary.connection_string" in err and "SB_TEST_UNSET_VARIABLE_XYZ" in err
+    assert cli.main(["provision", "--config", str(tmp_path / "missing.yaml")]) == 2
