@@ -1,0 +1,497 @@
+"""Per-entity failover state machine, backlog rotation and backlog choice (SPEC B3, B4, B5, B8).
+
+States per destination entity (queue or topic) of the primary namespace::
+
+    HEALTHY --fail_over-class error--> FAILING --failover_interval without a success--> FAILED_OVER
+       ^                                  |                                                   |
+       +------- successful send ----------+                 (probe every ping_primary_interval)
+       +----------------------------------------- successful probe --------------------------+
+
+* ``failover_interval == 0`` fails over on the first such failure.
+* While FAILED_OVER, sends to the primary stop and a probe is due every ``ping_primary_interval``;
+  a good probe returns the entity to HEALTHY at once.
+
+Everything reads time through an injected :class:`~spark_sb.clock.Clock` (monotonic for timers, UTC wall time
+for what is recorded). Decisions are small pure functions (:func:`failover_due`, :func:`probe_due`,
+:func:`backoff_delay`, :func:`choose_random`, :func:`choose_session_affine`) tested directly.
+
+State is shared per process (SPEC B4/B5: every sender in the executor process learns at once): the
+:class:`FailoverRegistry` holds the entity states (keyed by primary namespace + entity) and the
+:class:`BacklogRotation` (keyed by secondary namespace + queue). :func:`process_registry` is the process-level
+one; tests inject a fresh registry.
+
+Runs in executors' Python workers (one registry per worker process); thread-safe; the records
+(:class:`StateTransition`, :class:`EntityStatus`, :class:`BacklogPull`) are small and picklable so that they
+travel back to the driver in the send outcome.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+
+from spark_sb.clock import Clock, SystemClock
+from spark_sb.errors import ErrorClass
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class EntityState(str, Enum):
+    """Failover state of one primary entity."""
+
+    HEALTHY = "healthy"
+    FAILING = "failing"
+    FAILED_OVER = "failed_over"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class StateTransition:
+    """One state change of a primary entity; goes to the listener, the send outcome and the Delta event log."""
+
+    entity: str
+    from_state: EntityState
+    to_state: EntityState
+    at: datetime
+    error_class: str | None = None
+    detail: str = ""
+    namespace: str | None = None
+
+
+@dataclass(frozen=True)
+class EntityStatus:
+    """The current state of one entity (for the Delta current-state table, SPEC S4)."""
+
+    namespace: str
+    entity: str
+    state: EntityState
+    since: datetime
+    first_failure: datetime | None = None
+    last_error_class: str | None = None
+
+
+@dataclass(frozen=True)
+class BacklogPull:
+    """A backlog queue pulled from the rotation until ``until`` (UTC)."""
+
+    namespace: str
+    queue: str
+    at: datetime
+    until: datetime
+    error_class: str | None = None
+    detail: str = ""
+
+
+Listener = Callable[[StateTransition], None]
+
+
+def log_transition(transition: StateTransition) -> None:
+    """The default listener: WARNING when an entity leaves HEALTHY, INFO when it comes back."""
+    level = logging.INFO if transition.to_state is EntityState.HEALTHY else logging.WARNING
+    _LOGGER.log(
+        level,
+        "entity %r: %s -> %s (%s%s)",
+        transition.entity,
+        transition.from_state.value,
+        transition.to_state.value,
+        transition.error_class or "ok",
+        f": {_safe(transition.detail)}" if transition.detail else "",
+    )
+
+
+def _safe(text: str) -> str:
+    """Redact secrets from free text before it is logged or recorded."""
+    try:
+        from spark_sb.redact import redact
+
+        return redact(text)
+    except NotImplementedError:  # pragma: no cover - redact lands with the config helper
+        return text
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Pure decisions
+
+
+def failover_due(first_failure: float, now: float, interval: float) -> bool:
+    """True when ``interval`` seconds have passed since the first failure (0 -> at once)."""
+    return now - first_failure >= interval
+
+
+def probe_due(last_probe: float, now: float, interval: float) -> bool:
+    """True when ``interval`` seconds have passed since the last probe (or since the failover)."""
+    return now - last_probe >= interval
+
+
+def backoff_delay(attempt: int, base: float, cap: float) -> float:
+    """Exponential back-off before retry number ``attempt`` (1, 2, ...): ``base * 2**(attempt-1)``, capped.
+
+    Never overflows (the exponent is clamped) and never negative.
+    """
+    if attempt < 1 or base <= 0 or cap <= 0:
+        return 0.0
+    return float(min(cap, base * (2.0 ** min(attempt - 1, 60))))
+
+
+def choose_random(available: Sequence[str], rng: random.Random) -> str | None:
+    """A backlog queue picked uniformly at random (None if none is available)."""
+    if not available:
+        return None
+    return available[rng.randrange(len(available))]
+
+
+def choose_session_affine(available: Sequence[str], session_id: str) -> str | None:
+    """Rendezvous (highest-random-weight) hashing: the same session id maps to the same queue while that
+    queue is available; when it is pulled only its sessions move."""
+    if not available:
+        return None
+
+    def weight(queue: str) -> int:
+        digest = hashlib.blake2b(f"{queue}\x00{session_id}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big")
+
+    return max(available, key=lambda q: (weight(q), q))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-entity state machine
+
+
+class EntityFailover:
+    """The failover state of one primary entity, shared by every sender of the process. Thread-safe.
+
+    Methods return the transitions they caused (possibly none); the caller hands them to its listener and
+    its send outcome.
+    """
+
+    def __init__(
+        self,
+        entity: str,
+        *,
+        failover_interval: float,
+        ping_interval: float,
+        clock: Clock,
+        namespace: str = "",
+    ) -> None:
+        if failover_interval < 0:
+            raise ValueError("failover_interval must be >= 0")
+        if ping_interval <= 0:
+            raise ValueError("ping_primary_interval must be > 0")
+        self.entity = entity
+        self.namespace = namespace
+        self.failover_interval = failover_interval
+        self.ping_interval = ping_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._state = EntityState.HEALTHY
+        self._since_wall = clock.now()
+        self._first_failure: float | None = None
+        self._first_failure_wall: datetime | None = None
+        self._last_probe: float = 0.0
+        self._last_error_class: str | None = None
+
+    # -- reading
+    @property
+    def state(self) -> EntityState:
+        with self._lock:
+            return self._state
+
+    def status(self) -> EntityStatus:
+        with self._lock:
+            return EntityStatus(
+                namespace=self.namespace,
+                entity=self.entity,
+                state=self._state,
+                since=self._since_wall,
+                first_failure=self._first_failure_wall,
+                last_error_class=self._last_error_class,
+            )
+
+    def time_until_failover(self) -> float | None:
+        """Seconds left on the failover timer (None unless FAILING)."""
+        with self._lock:
+            if self._state is not EntityState.FAILING or self._first_failure is None:
+                return None
+            return max(0.0, self._first_failure + self.failover_interval - self._clock.monotonic())
+
+    # -- events
+    def record_failure(self, error_class: ErrorClass | str, detail: str = "") -> list[StateTransition]:
+        """A fail_over-class error on a send to the primary entity (B3)."""
+        name = error_class if isinstance(error_class, str) else error_class.name
+        with self._lock:
+            self._last_error_class = name
+            out: list[StateTransition] = []
+            if self._state is EntityState.HEALTHY:
+                self._first_failure = self._clock.monotonic()
+                self._first_failure_wall = self._clock.now()
+                out.append(self._move(EntityState.FAILING, name, detail))
+            out.extend(self._check_locked(name, detail))
+            return out
+
+    def record_success(self, detail: str = "send succeeded") -> list[StateTransition]:
+        """A successful send to the primary entity: back to HEALTHY (resets the timer)."""
+        with self._lock:
+            if self._state is EntityState.HEALTHY:
+                return []
+            return [self._back_to_healthy(detail)]
+
+    def check(self) -> list[StateTransition]:
+        """Apply the timer: FAILING for ``failover_interval`` without a success -> FAILED_OVER."""
+        with self._lock:
+            return self._check_locked(self._last_error_class, "failover interval passed without a success")
+
+    def claim_probe(self) -> bool:
+        """True (once per ``ping_primary_interval`` for the whole process) when this caller should probe now."""
+        with self._lock:
+            if self._state is not EntityState.FAILED_OVER:
+                return False
+            now = self._clock.monotonic()
+            if not probe_due(self._last_probe, now, self.ping_interval):
+                return False
+            self._last_probe = now
+            return True
+
+    def next_probe_in(self) -> float | None:
+        """Seconds until the next probe is due (None unless FAILED_OVER)."""
+        with self._lock:
+            if self._state is not EntityState.FAILED_OVER:
+                return None
+            return max(0.0, self._last_probe + self.ping_interval - self._clock.monotonic())
+
+    def record_probe(
+        self, ok: bool, error_class: str | None = None, detail: str = ""
+    ) -> list[StateTransition]:
+        """The result of a probe: a good one returns the entity to HEALTHY (B8)."""
+        with self._lock:
+            if ok and self._state is not EntityState.HEALTHY:
+                return [self._back_to_healthy(detail or "probe succeeded")]
+            if not ok:
+                self._last_error_class = error_class
+            return []
+
+    def restore(
+        self, state: EntityState, detail: str = "restored from the state table"
+    ) -> list[StateTransition]:
+        """Start in ``state`` (e.g. FAILED_OVER known from the Delta state table, S4): no second wait."""
+        with self._lock:
+            if state is self._state:
+                return []
+            if state is EntityState.HEALTHY:
+                return [self._back_to_healthy(detail)]
+            if state is EntityState.FAILING:
+                self._first_failure = self._clock.monotonic()
+                self._first_failure_wall = self._clock.now()
+                return [self._move(EntityState.FAILING, self._last_error_class, detail)]
+            return [self._enter_failed_over(self._last_error_class, detail)]
+
+    # -- internals (lock held)
+    def _check_locked(self, error_class: str | None, detail: str) -> list[StateTransition]:
+        if (
+            self._state is EntityState.FAILING
+            and self._first_failure is not None
+            and failover_due(self._first_failure, self._clock.monotonic(), self.failover_interval)
+        ):
+            return [self._enter_failed_over(error_class, detail)]
+        return []
+
+    def _enter_failed_over(self, error_class: str | None, detail: str) -> StateTransition:
+        self._last_probe = self._clock.monotonic()  # first probe one ping interval after the failover
+        return self._move(EntityState.FAILED_OVER, error_class, detail)
+
+    def _back_to_healthy(self, detail: str) -> StateTransition:
+        self._first_failure = None
+        self._first_failure_wall = None
+        return self._move(EntityState.HEALTHY, None, detail)
+
+    def _move(self, to: EntityState, error_class: str | None, detail: str) -> StateTransition:
+        transition = StateTransition(
+            entity=self.entity,
+            from_state=self._state,
+            to_state=to,
+            at=self._clock.now(),
+            error_class=error_class,
+            detail=_safe(detail),
+            namespace=self.namespace or None,
+        )
+        self._state = to
+        self._since_wall = transition.at
+        return transition
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Backlog rotation
+
+
+class BacklogRotation:
+    """Which backlog queues are pulled from the rotation, shared by every sender of the process (B5).
+
+    Keyed by (secondary namespace, queue). A pulled queue returns after its ``until`` (monotonic seconds) or
+    when :meth:`mark_good` is called. Thread-safe.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._pulled: dict[tuple[str, str], tuple[float, BacklogPull]] = {}
+
+    def pull(
+        self, namespace: str, queue: str, until: float, error_class: str | None = None, detail: str = ""
+    ) -> BacklogPull:
+        """Pull ``queue`` until the monotonic time ``until``; returns the record."""
+        now = self._clock.monotonic()
+        wall = self._clock.now()
+        record = BacklogPull(
+            namespace=namespace,
+            queue=queue,
+            at=wall,
+            until=wall + timedelta(seconds=max(0.0, until - now)),
+            error_class=error_class,
+            detail=_safe(detail),
+        )
+        with self._lock:
+            self._pulled[(namespace, queue)] = (until, record)
+        _LOGGER.warning(
+            "backlog queue %r pulled from the rotation until %s (%s)",
+            queue,
+            record.until.isoformat(),
+            error_class or "error",
+        )
+        return record
+
+    def mark_good(self, namespace: str, queue: str) -> None:
+        """Return ``queue`` to the rotation now."""
+        with self._lock:
+            self._pulled.pop((namespace, queue), None)
+
+    def is_available(self, namespace: str, queue: str) -> bool:
+        with self._lock:
+            return self._available_locked(namespace, queue, self._clock.monotonic())
+
+    def available(self, namespace: str, queues: Sequence[str]) -> list[str]:
+        """The queues of ``queues`` in the rotation, in their given order."""
+        now = self._clock.monotonic()
+        with self._lock:
+            return [q for q in queues if self._available_locked(namespace, q, now)]
+
+    def pulled(self, namespace: str | None = None) -> list[BacklogPull]:
+        """The currently pulled queues (expired pulls are dropped)."""
+        now = self._clock.monotonic()
+        with self._lock:
+            for key in [k for k, (until, _) in self._pulled.items() if until <= now]:
+                del self._pulled[key]
+            return [rec for (ns, _), (_, rec) in self._pulled.items() if namespace is None or ns == namespace]
+
+    def _available_locked(self, namespace: str, queue: str, now: float) -> bool:
+        entry = self._pulled.get((namespace, queue))
+        if entry is None:
+            return True
+        if entry[0] <= now:
+            del self._pulled[(namespace, queue)]
+            return True
+        return False
+
+
+class BacklogChooser:
+    """The backlog queue choice of ONE sender (B4/B5): random and sticky per entity until the queue is pulled,
+    or session-affine (same session id -> same queue while it is in the rotation). Not shared."""
+
+    def __init__(
+        self,
+        queues: Sequence[str],
+        rotation: BacklogRotation,
+        namespace: str,
+        *,
+        selection: str = "random",
+        rng: random.Random | None = None,
+    ) -> None:
+        if selection not in ("random", "session-affine"):
+            raise ValueError(
+                f"backlog_selection must be one of 'random', 'session-affine', not {selection!r}"
+            )
+        self.queues = list(queues)
+        self.rotation = rotation
+        self.namespace = namespace
+        self.selection = selection
+        self._rng = rng or random.Random()
+        self._sticky: dict[str, str] = {}
+
+    def choose(self, entity: str, session_id: str | None = None) -> str | None:
+        """The queue to divert a message of ``entity`` to, or None when every queue is pulled."""
+        available = self.rotation.available(self.namespace, self.queues)
+        if not available:
+            return None
+        if self.selection == "session-affine" and session_id is not None:
+            return choose_session_affine(available, session_id)
+        current = self._sticky.get(entity)
+        if current is not None and current in available:
+            return current
+        chosen = choose_random(available, self._rng)
+        assert chosen is not None
+        self._sticky[entity] = chosen
+        return chosen
+
+    def available(self) -> list[str]:
+        return self.rotation.available(self.namespace, self.queues)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The process-level registry
+
+
+class FailoverRegistry:
+    """Entity states and the backlog rotation shared by every sender of one process (B4, B5)."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self.rotation = BacklogRotation(self.clock)
+        self._lock = threading.Lock()
+        self._entities: dict[tuple[str, str], EntityFailover] = {}
+
+    def entity(
+        self, namespace: str, entity: str, *, failover_interval: float, ping_interval: float
+    ) -> EntityFailover:
+        """The shared state of ``entity`` in the primary ``namespace`` (created HEALTHY on first use)."""
+        key = (namespace, entity)
+        with self._lock:
+            found = self._entities.get(key)
+            if found is None:
+                found = EntityFailover(
+                    entity,
+                    failover_interval=failover_interval,
+                    ping_interval=ping_interval,
+                    clock=self.clock,
+                    namespace=namespace,
+                )
+                self._entities[key] = found
+            return found
+
+    def statuses(self) -> list[EntityStatus]:
+        with self._lock:
+            entities = list(self._entities.values())
+        return [e.status() for e in entities]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entities.clear()
+        self.rotation = BacklogRotation(self.clock)
+
+
+_PROCESS_REGISTRY: FailoverRegistry | None = None
+_PROCESS_LOCK = threading.Lock()
+
+
+def process_registry() -> FailoverRegistry:
+    """The registry of this process (an executor's Python worker), created on first use with the system clock."""
+    global _PROCESS_REGISTRY
+    with _PROCESS_LOCK:
+        if _PROCESS_REGISTRY is None:
+            _PROCESS_REGISTRY = FailoverRegistry(SystemClock())
+        return _PROCESS_REGISTRY
