@@ -1,0 +1,161 @@
+"""A fake :class:`spark_sb.transport.Transport` with scripted failures, for unit tests (no network, no SDK I/O).
+
+Sizes are a simple deterministic estimate (:func:`fake_size`), so batch boundaries are predictable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from spark_sb.clock import FakeClock
+from spark_sb.mapping import OutboundMessage
+from spark_sb.transport import Target
+
+BATCH_BASE = 10
+
+
+def fake_size(m: OutboundMessage) -> int:
+    """Deterministic stand-in for the encoded size: body + ids + properties + a fixed overhead."""
+    body = m.body.encode() if isinstance(m.body, str) else m.body
+    size = 20 + len(body)
+    for v in (m.message_id, m.session_id, m.partition_key, m.correlation_id, m.content_type, m.subject):
+        size += len(v) if v else 0
+    for k, v in m.properties.items():
+        size += len(k) + len(str(v))
+    return size
+
+
+class FakeBatch:
+    def __init__(self, target: Target, limit: int) -> None:
+        self.target = target
+        self.limit = limit
+        self.size = BATCH_BASE
+        self._messages: list[OutboundMessage] = []
+
+    @property
+    def messages(self) -> list[OutboundMessage]:
+        return self._messages
+
+    def try_add(self, message: OutboundMessage) -> bool:
+        cost = fake_size(message)
+        if self.size + cost > self.limit:
+            return False
+        self.size += cost
+        self._messages.append(message)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+
+@dataclass
+class Rule:
+    """Fail operation ``op`` on targets matching ``namespace``/``entity`` (None = any) with ``make()``;
+    ``count`` times (None = until removed)."""
+
+    op: str
+    namespace: str | None
+    entity: str | None
+    make: Callable[[], BaseException]
+    count: int | None = None
+
+    def matches(self, op: str, target: Target) -> bool:
+        return (
+            op == self.op
+            and (self.namespace is None or self.namespace == target.namespace)
+            and (self.entity is None or self.entity == target.entity)
+        )
+
+
+class FakeTransport:
+    """Records what was accepted per target; fails as scripted; ``op_seconds`` advances the fake clock per call
+    (a failing call to a real namespace takes time too)."""
+
+    def __init__(
+        self, clock: FakeClock | None = None, max_batch: int = 1000, op_seconds: float = 0.0
+    ) -> None:
+        self.clock = clock
+        self.max_batch = max_batch
+        self.op_seconds = op_seconds
+        self.rules: list[Rule] = []
+        self.delivered: dict[Target, list[OutboundMessage]] = {}
+        self.calls: list[tuple[str, Target, int, str]] = []  # (op, target, n messages, "ok" | error name)
+        self.scheduled: dict[Target, dict[int, tuple[OutboundMessage, datetime]]] = {}
+        self.cancelled: list[tuple[Target, int]] = []
+        self.faults: list[str] = []
+        self.closed = 0
+        self._seq = 0
+
+    # -- scripting
+    def fail(
+        self,
+        make: Callable[[], BaseException],
+        *,
+        op: str = "send",
+        namespace: str | None = None,
+        entity: str | None = None,
+        count: int | None = None,
+    ) -> Rule:
+        rule = Rule(op, namespace, entity, make, count)
+        self.rules.append(rule)
+        return rule
+
+    def heal(self, rule: Rule | None = None) -> None:
+        if rule is None:
+            self.rules.clear()
+        elif rule in self.rules:
+            self.rules.remove(rule)
+
+    def _check(self, op: str, target: Target, n: int) -> None:
+        if self.clock is not None and self.op_seconds:
+            self.clock.advance(self.op_seconds)
+        for rule in self.rules:
+            if rule.matches(op, target) and (rule.count is None or rule.count > 0):
+                if rule.count is not None:
+                    rule.count -= 1
+                exc = rule.make()
+                self.calls.append((op, target, n, type(exc).__name__))
+                raise exc
+        self.calls.append((op, target, n, "ok"))
+
+    # -- views
+    def at(self, namespace: str, entity: str) -> list[OutboundMessage]:
+        return self.delivered.get(Target(namespace, entity), [])
+
+    def ids(self, namespace: str, entity: str) -> list[str | None]:
+        return [m.message_id for m in self.at(namespace, entity)]
+
+    def sends(self, namespace: str | None = None) -> list[tuple[str, Target, int, str]]:
+        return [
+            c for c in self.calls if c[0] == "send" and (namespace is None or c[1].namespace == namespace)
+        ]
+
+    # -- Transport
+    def max_batch_size(self, target: Target) -> int:
+        return self.max_batch
+
+    def new_batch(self, target: Target) -> FakeBatch:
+        return FakeBatch(target, self.max_batch)
+
+    def send(self, batch: FakeBatch) -> None:  # type: ignore[override]
+        self._check("send", batch.target, len(batch))
+        self.delivered.setdefault(batch.target, []).extend(batch.messages)
+
+    def schedule(self, target: Target, message: OutboundMessage, at: datetime) -> int:
+        self._check("schedule", target, 1)
+        self._seq += 1
+        self.scheduled.setdefault(target, {})[self._seq] = (message, at)
+        return self._seq
+
+    def cancel_scheduled(self, target: Target, sequence_number: int) -> None:
+        self._check("cancel", target, 1)
+        self.scheduled.get(target, {}).pop(sequence_number, None)
+        self.cancelled.append((target, sequence_number))
+
+    def fault(self, namespace: str) -> None:
+        self.faults.append(namespace)
+
+    def close(self) -> None:
+        self.closed += 1

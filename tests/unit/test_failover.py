@@ -1,0 +1,239 @@
+"""The failover state machine, backlog rotation and choice, tested with a fake clock (SPEC B3-B5, B8)."""
+
+from __future__ import annotations
+
+import pickle
+import random
+from collections import Counter
+
+import pytest
+
+from spark_sb.clock import FakeClock
+from spark_sb.errors import CONNECTION, QUOTA_EXCEEDED
+from spark_sb.failover import (
+    BacklogChooser,
+    BacklogRotation,
+    EntityFailover,
+    EntityState,
+    FailoverRegistry,
+    backoff_delay,
+    choose_random,
+    choose_session_affine,
+    failover_due,
+    probe_due,
+    process_registry,
+)
+
+pytestmark = pytest.mark.unit
+
+H, F, FO = EntityState.HEALTHY, EntityState.FAILING, EntityState.FAILED_OVER
+
+
+def machine(clock: FakeClock, interval: float = 60.0, ping: float = 30.0) -> EntityFailover:
+    return EntityFailover(
+        "orders", failover_interval=interval, ping_interval=ping, clock=clock, namespace="ns"
+    )
+
+
+# -- pure decisions
+
+
+def test_failover_due_boundaries() -> None:
+    assert not failover_due(100.0, 159.999, 60.0)
+    assert failover_due(100.0, 160.0, 60.0)
+    assert failover_due(100.0, 100.0, 0.0)
+
+
+def test_probe_due_boundaries() -> None:
+    assert not probe_due(10.0, 39.99, 30.0)
+    assert probe_due(10.0, 40.0, 30.0)
+
+
+def test_backoff_delay() -> None:
+    assert [backoff_delay(i, 0.5, 3.0) for i in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert backoff_delay(0, 0.5, 3.0) == 0.0
+    assert backoff_delay(10_000, 0.5, 3.0) == 3.0  # no overflow
+
+
+# -- the state machine at the exact boundaries
+
+
+def test_first_failure_starts_timer_and_failover_exactly_at_interval() -> None:
+    clock = FakeClock()
+    m = machine(clock)
+    t = m.record_failure(CONNECTION, "refused")
+    assert [(x.from_state, x.to_state) for x in t] == [(H, F)]
+    assert t[0].error_class == "connection" and t[0].at == clock.now() and t[0].entity == "orders"
+    clock.advance(59.999)
+    assert m.record_failure(CONNECTION) == [] and m.state is F
+    assert m.check() == []
+    assert m.time_until_failover() == pytest.approx(0.001)
+    clock.advance(0.001)
+    t = m.check()
+    assert [(x.from_state, x.to_state) for x in t] == [(F, FO)]
+    assert m.state is FO
+
+
+def test_failure_after_interval_fails_over_in_the_same_call() -> None:
+    clock = FakeClock()
+    m = machine(clock)
+    m.record_failure(QUOTA_EXCEEDED)
+    clock.advance(60.0)
+    t = m.record_failure(QUOTA_EXCEEDED)
+    assert [(x.from_state, x.to_state) for x in t] == [(F, FO)]
+
+
+def test_interval_zero_fails_over_on_first_failure() -> None:
+    m = machine(FakeClock(), interval=0.0)
+    t = m.record_failure(CONNECTION)
+    assert [(x.from_state, x.to_state) for x in t] == [(H, F), (F, FO)]
+    assert m.state is FO
+
+
+def test_success_resets_the_timer() -> None:
+    clock = FakeClock()
+    m = machine(clock)
+    m.record_failure(CONNECTION)
+    clock.advance(59.0)
+    t = m.record_success()
+    assert [(x.from_state, x.to_state) for x in t] == [(F, H)]
+    assert m.record_success() == []
+    clock.advance(30.0)
+    m.record_failure(CONNECTION)  # a new timer starts here
+    clock.advance(59.0)
+    assert m.check() == [] and m.state is F
+    clock.advance(1.0)
+    assert m.check() and m.state is FO
+
+
+def test_probe_due_every_ping_interval_and_good_probe_heals() -> None:
+    clock = FakeClock()
+    m = machine(clock, interval=0.0, ping=30.0)
+    assert not m.claim_probe()  # healthy: nothing to probe
+    m.record_failure(CONNECTION)
+    assert not m.claim_probe()  # first probe one ping interval after the failover
+    clock.advance(29.999)
+    assert not m.claim_probe()
+    clock.advance(0.001)
+    assert m.claim_probe()
+    assert not m.claim_probe()  # claimed once per interval (shared by every sender)
+    assert m.record_probe(False, "connection") == [] and m.state is FO
+    clock.advance(30.0)
+    assert m.next_probe_in() == 0.0
+    assert m.claim_probe()
+    t = m.record_probe(True)
+    assert [(x.from_state, x.to_state) for x in t] == [(FO, H)]
+    assert m.state is H and not m.claim_probe()
+
+
+def test_restore_failed_over_from_state_table() -> None:
+    clock = FakeClock()
+    m = machine(clock)
+    t = m.restore(FO)
+    assert [(x.from_state, x.to_state) for x in t] == [(H, FO)] and m.state is FO
+    status = m.status()
+    assert status.state is FO and status.entity == "orders"
+
+
+def test_records_are_picklable() -> None:
+    clock = FakeClock()
+    m = machine(clock, interval=0.0)
+    t = m.record_failure(CONNECTION, "x")
+    assert pickle.loads(pickle.dumps(t)) == t
+    assert pickle.loads(pickle.dumps(m.status())) == m.status()
+
+
+# -- rotation and choice
+
+
+def test_pull_returns_after_backlog_retry_interval() -> None:
+    clock = FakeClock()
+    rot = BacklogRotation(clock)
+    queues = ["p/x-servicebus-transfer/0", "p/x-servicebus-transfer/1"]
+    rec = rot.pull("sec", queues[0], until=clock.monotonic() + 300.0, error_class="connection")
+    assert rec.until == clock.now() + (rec.until - rec.at) and (rec.until - rec.at).total_seconds() == 300.0
+    assert rot.available("sec", queues) == [queues[1]]
+    assert rot.available("other-namespace", queues) == queues
+    clock.advance(299.999)
+    assert not rot.is_available("sec", queues[0])
+    assert [p.queue for p in rot.pulled("sec")] == [queues[0]]
+    clock.advance(0.001)
+    assert rot.available("sec", queues) == queues
+    assert rot.pulled() == []
+
+
+def test_mark_good_returns_queue_at_once() -> None:
+    clock = FakeClock()
+    rot = BacklogRotation(clock)
+    rot.pull("sec", "q0", until=clock.monotonic() + 300)
+    rot.mark_good("sec", "q0")
+    assert rot.is_available("sec", "q0")
+
+
+def test_choose_random_and_empty() -> None:
+    assert choose_random([], random.Random(1)) is None
+    counts = Counter(choose_random(["a", "b", "c"], random.Random(i)) for i in range(300))
+    assert set(counts) == {"a", "b", "c"}
+
+
+def test_session_affine_is_stable_and_moves_only_pulled_sessions() -> None:
+    queues = [f"q{i}" for i in range(10)]
+    sessions = [f"session-{i}" for i in range(200)]
+    before = {s: choose_session_affine(queues, s) for s in sessions}
+    assert before == {s: choose_session_affine(list(reversed(queues)), s) for s in sessions}
+    assert len(set(before.values())) >= 8  # spread
+    remaining = [q for q in queues if q != "q3"]
+    after = {s: choose_session_affine(remaining, s) for s in sessions}
+    for s in sessions:
+        if before[s] != "q3":
+            assert after[s] == before[s]
+        else:
+            assert after[s] != "q3"
+    assert choose_session_affine([], "s") is None
+
+
+def test_chooser_sticky_until_pulled() -> None:
+    clock = FakeClock()
+    rot = BacklogRotation(clock)
+    queues = [f"q{i}" for i in range(5)]
+    chooser = BacklogChooser(queues, rot, "sec", rng=random.Random(7))
+    first = chooser.choose("orders")
+    assert all(chooser.choose("orders") == first for _ in range(20))
+    rot.pull("sec", first, until=clock.monotonic() + 10)  # type: ignore[arg-type]
+    second = chooser.choose("orders")
+    assert second != first and second in queues
+    assert all(chooser.choose("orders") == second for _ in range(20))
+    for q in queues:
+        rot.pull("sec", q, until=clock.monotonic() + 10)
+    assert chooser.choose("orders") is None
+    clock.advance(10)
+    assert chooser.choose("orders") in queues
+
+
+def test_chooser_session_affine() -> None:
+    rot = BacklogRotation(FakeClock())
+    queues = [f"q{i}" for i in range(5)]
+    chooser = BacklogChooser(queues, rot, "sec", selection="session-affine", rng=random.Random(1))
+    assert chooser.choose("e", "s1") == choose_session_affine(queues, "s1")
+    assert chooser.choose("e", None) in queues  # no session: sticky random
+    with pytest.raises(ValueError, match="session-affine"):
+        BacklogChooser(queues, rot, "sec", selection="round-robin")
+
+
+def test_registry_shares_entity_state_and_rotation() -> None:
+    reg = FailoverRegistry(FakeClock())
+    a = reg.entity("ns", "orders", failover_interval=0, ping_interval=30)
+    b = reg.entity("ns", "orders", failover_interval=0, ping_interval=30)
+    assert a is b
+    assert reg.entity("ns", "other", failover_interval=0, ping_interval=30) is not a
+    assert reg.entity("ns2", "orders", failover_interval=0, ping_interval=30) is not a
+    a.record_failure(CONNECTION)
+    assert {(s.entity, s.state) for s in reg.statuses()} == {("orders", FO), ("other", H), ("orders", H)}
+    assert process_registry() is process_registry()
+
+
+def test_invalid_intervals() -> None:
+    with pytest.raises(ValueError):
+        machine(FakeClock(), interval=-1)
+    with pytest.raises(ValueError):
+        machine(FakeClock(), ping=0)
