@@ -377,10 +377,10 @@ _STR_FIELDS = ("correlation_id", "content_type", "subject", "to", "reply_to")
 _ID_FIELDS = ("message_id", "session_id", "partition_key", "reply_to_session_id")
 
 
-def _check_property(name: Any, value: Any) -> None:
+def _check_property(name: Any, value: Any, allow_reserved: bool = False) -> None:
     if not isinstance(name, str) or not name:
         raise RejectError(f"property names must be non-empty strings, found {name!r}", "properties")
-    if name in RESERVED_PROPERTIES:
+    if name in RESERVED_PROPERTIES and not allow_reserved:
         raise RejectError(
             f"property name {name!r} is reserved for the backlog translation", f"properties.{name}"
         )
@@ -442,8 +442,9 @@ def _check_fields(m: OutboundMessage) -> None:
         raise RejectError(f"expected datetime, found {_type_name(st)}", "scheduled_enqueue_time")
     if not isinstance(m.properties, Mapping):
         raise RejectError(f"expected a map, found {_type_name(m.properties)}", "properties")
+    backlog_form = BACKLOG_PATH in m.properties  # reserved names are fine in a translated message
     for k, v in m.properties.items():
-        _check_property(k, v)
+        _check_property(k, v, backlog_form)
 
 
 # ---------------------------------------------------------------------- encoded size
@@ -758,9 +759,14 @@ def to_backlog(msg: OutboundMessage, entity: str, now: datetime) -> OutboundMess
 
     Session id, TTL, scheduled time and partition key are cleared and recorded as application properties,
     with the destination (``x-ms-path``) and ``now`` (``x-ms-backlog-enqueued-utc``, UTC). Everything else
-    passes unchanged. The result has ``entity=None`` (the caller picks the backlog queue).
+    passes unchanged. The result has ``entity=None`` (the caller picks the backlog queue). Raises
+    :class:`RejectError` if ``msg`` already carries a reserved backlog property (not reversible).
     """
     props: dict[str, Scalar] = dict(msg.properties)
+    for name in sorted(RESERVED_PROPERTIES.intersection(props)):
+        raise RejectError(
+            f"property name {name!r} is reserved for the backlog translation", f"properties.{name}"
+        )
     timestamps = sorted(k for k, v in props.items() if isinstance(v, datetime))
     source = replace(msg, entity=entity)
     cleared: dict[str, Any] = {}
