@@ -1,0 +1,1328 @@
+"""The in-memory Service Bus broker of one local namespace: entities, messages, locks, time (SPEC E1).
+
+No sockets here. The AMQP server (``spark_sb.local.server``) turns wire operations into calls on
+:class:`Broker`; the HTTPS admin endpoint (``spark_sb.local.admin``) uses it as its
+:class:`~spark_sb.local.model.AdminStore`; tests may call it directly. Every public method is thread-safe
+(one re-entrant lock) and reads time from the injected :class:`~spark_sb.clock.Clock`, so lock expiry, TTL,
+scheduled messages and duplicate detection are unit-tested with a ``FakeClock`` (time-driven changes are
+applied lazily, at the start of each operation on the entity, and by :meth:`Broker.tick`).
+
+Semantics follow the service:
+
+* sequence numbers per queue / topic, from 1, increasing; a topic's copies share the topic's number;
+* peek-lock: a lock token (16 random bytes, the AMQP delivery tag; ``UUID(bytes_le=tag)`` is the SDK's lock
+  token) valid for the entity's lock duration; expiry or abandon -> available again with delivery count + 1;
+  delivery count reaching ``max_delivery_count`` -> dead-letter ``MaxDeliveryCountExceeded``; release (the SDK
+  returning unprocessed prefetched messages) -> available again, count unchanged;
+* TTL = min(message TTL, entity default TTL) from enqueue time; an expired message is dead-lettered
+  (``TTLExpiredException``) when ``dead_lettering_on_message_expiration``, else dropped; a locked message
+  expires only when its lock ends; deferred messages do not expire; the dead-letter queue has no TTL;
+* scheduled messages (sent with ``x-opt-scheduled-enqueue-time`` or through schedule-message) are invisible
+  until due, then enqueued (fanned out for topics);
+* duplicate detection by message id within the window: the duplicate is accepted and dropped;
+* size limits: ``max_message_size_in_kilobytes`` per message, ``max_size_in_megabytes`` per entity;
+* status ``Disabled`` / ``SendDisabled`` / ``ReceiveDisabled`` -> ``com.microsoft:entity-disabled``;
+* sessions: a session entity needs a session id on every message; a session receiver holds the session lock
+  (the entity's lock duration), gets that session's messages in order, renews the lock, keeps session state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from spark_sb.clock import Clock, SystemClock
+from spark_sb.local.amqp import Long, MessageParts, Timestamp, parse_message
+from spark_sb.local.faults import FaultController
+from spark_sb.local.model import (
+    AdminFault,
+    EntityExists,
+    EntityNotFound,
+    QueueInfo,
+    QueueSettings,
+    RuntimeCounts,
+    SubscriptionInfo,
+    SubscriptionSettings,
+    TopicInfo,
+    TopicSettings,
+)
+
+__all__ = [
+    "Broker",
+    "BrokerError",
+    "Delivered",
+    "EntityAddress",
+    "Message",
+    "Outcome",
+]
+
+# AMQP error conditions, as the SDK maps them (azure/servicebus/_transport/_pyamqp_transport.py).
+NOT_FOUND = "amqp:not-found"
+NOT_ALLOWED = "amqp:not-allowed"
+QUOTA_EXCEEDED = "amqp:resource-limit-exceeded"
+MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
+UNAUTHORIZED = "amqp:unauthorized-access"
+ENTITY_DISABLED = "com.microsoft:entity-disabled"
+SERVER_BUSY = "com.microsoft:server-busy"
+TIMEOUT = "com.microsoft:timeout"
+MESSAGE_LOCK_LOST = "com.microsoft:message-lock-lost"
+MESSAGE_NOT_FOUND = "com.microsoft:message-not-found"
+SESSION_LOCK_LOST = "com.microsoft:session-lock-lost"
+SESSION_CANNOT_BE_LOCKED = "com.microsoft:session-cannot-be-locked"
+ARGUMENT_ERROR = "com.microsoft:argument-error"
+
+DEAD_LETTER_REASON = "DeadLetterReason"
+DEAD_LETTER_DESCRIPTION = "DeadLetterErrorDescription"
+
+_MAX_MS = 2**62
+
+
+class BrokerError(Exception):
+    """A Service Bus error: ``condition`` is the AMQP error condition the SDK maps to its exception."""
+
+    def __init__(self, condition: str, description: str) -> None:
+        super().__init__(f"{condition}: {description}")
+        self.condition = condition
+        self.description = description
+
+
+class Outcome:
+    """Settlement outcomes."""
+
+    COMPLETE = "complete"
+    ABANDON = "abandon"
+    RELEASE = "release"
+    DEAD_LETTER = "dead-letter"
+    DEFER = "defer"
+
+
+# Message states.
+READY, LOCKED, DEFERRED, GONE = 0, 1, 2, 3
+
+
+def _ms(td: timedelta) -> int:
+    try:
+        return min(_MAX_MS, int(td.total_seconds() * 1000))
+    except OverflowError:
+        return _MAX_MS
+
+
+class Message:
+    """A message held by the broker: the encoded parts as sent plus the broker's bookkeeping."""
+
+    __slots__ = (
+        "parts",
+        "seq",
+        "enqueued_ms",
+        "expires_ms",
+        "ttl_ms",
+        "delivery_count",
+        "state",
+        "lock",
+        "locked_until_ms",
+        "deferred",
+        "session_id",
+        "scheduled_ms",
+    )
+
+    def __init__(self, parts: MessageParts, seq: int) -> None:
+        self.parts = parts
+        self.seq = seq
+        self.enqueued_ms = 0
+        self.expires_ms: int | None = None
+        self.ttl_ms: int | None = None
+        self.delivery_count = 0
+        self.state = READY
+        self.lock: bytes | None = None
+        self.locked_until_ms = 0
+        self.deferred = False
+        self.session_id = parts.session_id
+        self.scheduled_ms = parts.scheduled_ms
+
+    @property
+    def size(self) -> int:
+        return self.parts.size
+
+    def copy(self) -> Message:
+        m = Message(self.parts, self.seq)
+        m.enqueued_ms = self.enqueued_ms
+        m.scheduled_ms = self.scheduled_ms
+        return m
+
+    def annotations(self, *, locked: bool, state: int | None = None) -> dict[str, Any]:
+        """The broker annotations of a delivery of this message."""
+        ann: dict[str, Any] = {
+            "x-opt-sequence-number": Long(self.seq),
+            "x-opt-enqueued-time": Timestamp(self.enqueued_ms),
+        }
+        if locked:
+            ann["x-opt-locked-until"] = Timestamp(self.locked_until_ms)
+        if state is not None:
+            ann["x-opt-message-state"] = Long(state)
+        return ann
+
+    def render(self, *, locked: bool, state: int | None = None) -> bytes:
+        """The encoded message as the client receives it."""
+        return self.parts.render(
+            delivery_count=self.delivery_count,
+            annotations=self.annotations(locked=locked, state=state),
+            ttl_ms=self.ttl_ms,
+        )
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """A message handed to a receiver: its bytes and, in peek-lock mode, its lock (tag) and expiry."""
+
+    message: Message
+    lock_token: bytes | None
+    locked_until_ms: int
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class EntityAddress:
+    """A resolved link address."""
+
+    kind: str  # queue | topic | subscription
+    path: str  # canonical display path (queue name, topic name, or topic/Subscriptions/sub)
+    dead_letter: bool = False
+    management: bool = False
+
+    @property
+    def entity_key(self) -> str:
+        return self.path.lower()
+
+
+class _Session:
+    __slots__ = ("session_id", "state", "owner", "locked_until_ms")
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.state: bytes | None = None
+        self.owner: object | None = None
+        self.locked_until_ms = 0
+
+
+class _Store:
+    """The messages of a queue, a subscription, or one of their dead-letter sub-queues."""
+
+    def __init__(self, dead_letter: bool) -> None:
+        self.dead_letter = dead_letter
+        self.msgs: dict[int, Message] = {}
+        self.ready: dict[str | None, list[int]] = {}
+        self.expiry_heap: list[tuple[int, int]] = []
+        self.size = 0
+
+    def add_ready(self, m: Message) -> None:
+        m.state = READY
+        heap = self.ready.get(m.session_id)
+        if heap is None:
+            heap = self.ready[m.session_id] = []
+        heapq.heappush(heap, m.seq)
+
+    def insert(self, m: Message) -> None:
+        self.msgs[m.seq] = m
+        self.size += m.size
+        self.add_ready(m)
+        if m.expires_ms is not None and not self.dead_letter:
+            heapq.heappush(self.expiry_heap, (m.expires_ms, m.seq))
+
+    def remove(self, m: Message) -> None:
+        if self.msgs.pop(m.seq, None) is not None:
+            self.size -= m.size
+        m.state = GONE
+
+    def has_ready(self, session_id: str | None) -> bool:
+        heap = self.ready.get(session_id)
+        if not heap:
+            return False
+        msgs = self.msgs
+        while heap:
+            m = msgs.get(heap[0])
+            if m is not None and m.state == READY:
+                return True
+            heapq.heappop(heap)
+        return False
+
+
+class _Entity:
+    def __init__(self, name: str, now: datetime) -> None:
+        self.name = name
+        self.created_at = now
+        self.updated_at = now
+        self.accessed_at = now
+
+
+class _Sendable(_Entity):
+    """Queue or topic: where messages are sent (sequence numbers, scheduling, duplicate detection)."""
+
+    settings: QueueSettings | TopicSettings
+
+    def __init__(self, name: str, now: datetime) -> None:
+        super().__init__(name, now)
+        self.next_seq = 1
+        self.scheduled: dict[int, Message] = {}
+        self.scheduled_heap: list[tuple[int, int]] = []
+        self.scheduled_size = 0
+        self.dedupe: OrderedDict[str, int] = OrderedDict()
+
+
+class _Receivable(_Entity):
+    """Queue or subscription: where messages are received (stores, locks, sessions)."""
+
+    settings: QueueSettings | SubscriptionSettings
+
+    def __init__(self, name: str, now: datetime) -> None:
+        super().__init__(name, now)
+        self.store = _Store(False)
+        self.dlq = _Store(True)
+        self.locks: dict[bytes, tuple[_Store, Message]] = {}
+        self.lock_heap: list[tuple[int, bytes]] = []
+        self.sessions: dict[str, _Session] = {}
+
+
+class _Queue(_Sendable, _Receivable):
+    def __init__(self, name: str, settings: QueueSettings, now: datetime) -> None:
+        _Sendable.__init__(self, name, now)
+        _Receivable.__init__(self, name, now)
+        self.settings: QueueSettings = settings
+
+
+class _Topic(_Sendable):
+    def __init__(self, name: str, settings: TopicSettings, now: datetime) -> None:
+        super().__init__(name, now)
+        self.settings: TopicSettings = settings
+        self.subs: dict[str, _Subscription] = {}
+
+
+class _Subscription(_Receivable):
+    def __init__(self, topic: _Topic, name: str, settings: SubscriptionSettings, now: datetime) -> None:
+        super().__init__(name, now)
+        self.topic = topic
+        self.settings: SubscriptionSettings = settings
+
+
+def _strip_address(address: str) -> str:
+    a = address.strip()
+    if "://" in a:
+        a = a.split("://", 1)[1]
+        a = a.split("/", 1)[1] if "/" in a else ""
+    return a.strip("/")
+
+
+class Broker:
+    """One namespace's entities and messages. Implements :class:`~spark_sb.local.model.AdminStore`.
+
+    Thread-safe; runs in the server thread, the admin endpoint's threads and test threads alike.
+    """
+
+    def __init__(
+        self,
+        name: str = "local",
+        *,
+        clock: Clock | None = None,
+        faults: FaultController | None = None,
+    ) -> None:
+        self._name = name
+        self._clock: Clock = clock or SystemClock()
+        self.faults = faults or FaultController()
+        self._lock = threading.RLock()
+        self._queues: dict[str, _Queue] = {}
+        self._topics: dict[str, _Topic] = {}
+        self._created_at = self._clock.now()
+        self._listeners: list[Callable[[], None]] = []
+
+    # ------------------------------------------------------------------ basics
+
+    @property
+    def namespace_name(self) -> str:
+        return self._name
+
+    @property
+    def created_at(self) -> datetime:
+        return self._created_at
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    def admin_fault(self, method: str, path: str) -> AdminFault | None:
+        return self.faults.admin_fault(method, path)
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """``callback()`` is called (outside the lock) whenever messages may have become available."""
+        with self._lock:
+            self._listeners.append(callback)
+
+    def remove_listener(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if callback in self._listeners:
+                self._listeners.remove(callback)
+
+    def _notify(self) -> None:
+        for cb in list(self._listeners):
+            with contextlib.suppress(Exception):  # a listener must not break the broker
+                cb()
+
+    def now_ms(self) -> int:
+        return int(self._clock.now().timestamp() * 1000)
+
+    # ------------------------------------------------------------------ addresses
+
+    def resolve(self, address: str) -> EntityAddress:
+        """Resolve a link address (``amqps://host:port/<path>``, ``<path>``, with ``/$management`` or
+        ``/$deadletterqueue``); paths are case-insensitive and may contain ``/``."""
+        path = _strip_address(address)
+        lower = path.lower()
+        management = False
+        dead_letter = False
+        if lower.endswith("/$management"):
+            management = True
+            path, lower = path[: -len("/$management")], lower[: -len("/$management")]
+        if lower.endswith("/$deadletterqueue"):
+            dead_letter = True
+            path, lower = path[: -len("/$deadletterqueue")], lower[: -len("/$deadletterqueue")]
+        with self._lock:
+            q = self._queues.get(lower)
+            if q is not None:
+                return EntityAddress("queue", q.name, dead_letter, management)
+            t = self._topics.get(lower)
+            if t is not None:
+                if dead_letter:
+                    raise BrokerError(
+                        NOT_FOUND, f"The messaging entity '{path}/$DeadLetterQueue' could not be found."
+                    )
+                return EntityAddress("topic", t.name, False, management)
+            head, sep, sub = lower.rpartition("/subscriptions/")
+            if sep:
+                t = self._topics.get(head)
+                if t is not None:
+                    s = t.subs.get(sub)
+                    if s is not None:
+                        return EntityAddress(
+                            "subscription", f"{t.name}/Subscriptions/{s.name}", dead_letter, management
+                        )
+        raise BrokerError(
+            NOT_FOUND,
+            f"The messaging entity '{self._name}:{path}' could not be found. To know more visit "
+            "https://aka.ms/sbResourceMgrExceptions.",
+        )
+
+    def _receivable(self, address: str | EntityAddress) -> tuple[_Receivable, EntityAddress]:
+        addr = address if isinstance(address, EntityAddress) else self.resolve(address)
+        key = addr.entity_key
+        if addr.kind == "queue":
+            q = self._queues.get(key)
+            if q is not None:
+                return q, addr
+        elif addr.kind == "subscription":
+            topic, _, sub = key.rpartition("/subscriptions/")
+            t = self._topics.get(topic)
+            if t is not None and sub in t.subs:
+                return t.subs[sub], addr
+        elif addr.kind == "topic":
+            raise BrokerError(
+                NOT_ALLOWED, f"Cannot receive from topic '{addr.path}': receive from a subscription."
+            )
+        raise BrokerError(NOT_FOUND, f"The messaging entity '{self._name}:{addr.path}' could not be found.")
+
+    def _sendable(self, address: str | EntityAddress) -> tuple[_Sendable, EntityAddress]:
+        addr = address if isinstance(address, EntityAddress) else self.resolve(address)
+        key = addr.entity_key
+        if addr.kind == "queue" and not addr.dead_letter:
+            q = self._queues.get(key)
+            if q is not None:
+                return q, addr
+        elif addr.kind == "topic":
+            t = self._topics.get(key)
+            if t is not None:
+                return t, addr
+        elif addr.kind == "subscription" or addr.dead_letter:
+            raise BrokerError(NOT_ALLOWED, f"Cannot send to '{addr.path}': send to a queue or a topic.")
+        raise BrokerError(NOT_FOUND, f"The messaging entity '{self._name}:{addr.path}' could not be found.")
+
+    # ------------------------------------------------------------------ time
+
+    def tick(self) -> None:
+        """Apply every time-driven change (due scheduled messages, expired locks, expired messages)."""
+        with self._lock:
+            now = self.now_ms()
+            changed = False
+            for q in self._queues.values():
+                changed |= self._tick_sendable(q, now)
+                changed |= self._tick_receivable(q, now)
+            for t in self._topics.values():
+                changed |= self._tick_sendable(t, now)
+                for s in t.subs.values():
+                    changed |= self._tick_receivable(s, now)
+        if changed:
+            self._notify()
+
+    def next_due_ms(self) -> int | None:
+        """Earliest wall time (ms) at which a time-driven change may happen (None = none pending)."""
+        with self._lock:
+            best: int | None = None
+
+            def consider(heap: list[Any]) -> None:
+                nonlocal best
+                if heap and (best is None or heap[0][0] < best):
+                    best = heap[0][0]
+
+            for q in self._queues.values():
+                consider(q.scheduled_heap)
+                consider(q.lock_heap)
+                consider(q.store.expiry_heap)
+            for t in self._topics.values():
+                consider(t.scheduled_heap)
+                for s in t.subs.values():
+                    consider(s.lock_heap)
+                    consider(s.store.expiry_heap)
+            return best
+
+    def _tick_sendable(self, e: _Sendable, now: int) -> bool:
+        heap = e.scheduled_heap
+        changed = False
+        while heap and heap[0][0] <= now:
+            due, seq = heapq.heappop(heap)
+            sm = e.scheduled.pop(seq, None)
+            if sm is None:
+                continue
+            e.scheduled_size -= sm.size
+            sm.enqueued_ms = due
+            self._enqueue(e, [sm], now)
+            changed = True
+        return changed
+
+    def _tick_receivable(self, e: _Receivable, now: int) -> bool:
+        changed = False
+        heap = e.lock_heap
+        while heap and heap[0][0] <= now:
+            until, tag = heapq.heappop(heap)
+            entry = e.locks.get(tag)
+            if entry is None:
+                continue
+            store, m = entry
+            if m.locked_until_ms != until:
+                continue  # renewed; a later heap entry holds the new expiry
+            if m.session_id is not None and m.session_id in e.sessions and e.settings.requires_session:
+                continue  # session messages are held by the session lock
+            self._unlock(e, store, m, now, count_delivery=True)
+            changed = True
+        if e.sessions:
+            for sess in list(e.sessions.values()):
+                if sess.owner is not None and sess.locked_until_ms <= now:
+                    self._release_session(e, sess, now, count_delivery=True)
+                    changed = True
+        store = e.store
+        eheap = store.expiry_heap
+        while eheap and eheap[0][0] <= now:
+            _, seq = heapq.heappop(eheap)
+            em = store.msgs.get(seq)
+            if em is None or em.state != READY:
+                continue  # settled, locked (expires when unlocked) or deferred (never expires)
+            self._expire(e, store, em, now)
+        return changed
+
+    # ------------------------------------------------------------------ sending
+
+    def send(self, address: str | EntityAddress, payloads: Sequence[bytes | MessageParts]) -> list[int]:
+        """Send encoded messages (one transfer, or the messages of one batched transfer) atomically.
+
+        Returns the sequence numbers assigned (a duplicate gets none). Raises :class:`BrokerError`."""
+        parts = [p if isinstance(p, MessageParts) else parse_message(p) for p in payloads]
+        with self._lock:
+            e, addr = self._sendable(address)
+            now = self.now_ms()
+            self._tick_sendable(e, now)
+            seqs = self._admit(e, addr, parts, now, schedule=False)
+        self._notify()
+        return seqs
+
+    def schedule(self, address: str | EntityAddress, payloads: Sequence[bytes | MessageParts]) -> list[int]:
+        """schedule-message: every message is held until its ``x-opt-scheduled-enqueue-time``.
+        Returns one sequence number per message (a duplicate still gets one, as the service answers)."""
+        parts = [p if isinstance(p, MessageParts) else parse_message(p) for p in payloads]
+        with self._lock:
+            e, addr = self._sendable(address)
+            now = self.now_ms()
+            self._tick_sendable(e, now)
+            return self._admit(e, addr, parts, now, schedule=True)
+
+    def cancel_scheduled(self, address: str | EntityAddress, sequence_numbers: Iterable[int]) -> None:
+        """cancel-scheduled-message. Unknown numbers -> ``com.microsoft:message-not-found``."""
+        with self._lock:
+            e, _ = self._sendable(address)
+            self._tick_sendable(e, self.now_ms())
+            seqs = list(sequence_numbers)
+            missing = [s for s in seqs if s not in e.scheduled]
+            if missing:
+                raise BrokerError(
+                    MESSAGE_NOT_FOUND,
+                    f"The scheduled message with sequence number {missing[0]} could not be found in '{e.name}'.",
+                )
+            for s in seqs:
+                m = e.scheduled.pop(s)
+                e.scheduled_size -= m.size
+
+    def _entity_size(self, e: _Sendable) -> int:
+        if isinstance(e, _Queue):
+            return e.store.size + e.dlq.size + e.scheduled_size
+        assert isinstance(e, _Topic)
+        subs = [s.store.size + s.dlq.size for s in e.subs.values()]
+        return (max(subs) if subs else 0) + e.scheduled_size
+
+    def _admit(
+        self,
+        e: _Sendable,
+        addr: EntityAddress,
+        parts: list[MessageParts],
+        now: int,
+        *,
+        schedule: bool,
+    ) -> list[int]:
+        settings = e.settings
+        if settings.status in ("Disabled", "SendDisabled"):
+            raise BrokerError(
+                ENTITY_DISABLED, f"Messaging entity '{self._name}:{e.name}' is currently disabled."
+            )
+        max_msg = settings.max_message_size_in_kilobytes * 1024
+        incoming = 0
+        for p in parts:
+            if p.size > max_msg:
+                raise BrokerError(
+                    MESSAGE_SIZE_EXCEEDED,
+                    f"The received message (size {p.size} bytes) exceeds the limit ({max_msg} bytes) "
+                    f"currently allowed on the link.",
+                )
+            incoming += p.size
+        if isinstance(e, _Queue) and e.settings.requires_session:
+            for p in parts:
+                if p.session_id is None:
+                    raise BrokerError(
+                        NOT_ALLOWED,
+                        "The SessionId was not set on a message, and it cannot be sent to the entity. Entities "
+                        "that have session support enabled can only receive messages that have the SessionId set "
+                        "to a valid value.",
+                    )
+        max_size = settings.max_size_in_megabytes * 1024 * 1024
+        size = self._entity_size(e)
+        if size + incoming > max_size:
+            raise BrokerError(
+                QUOTA_EXCEEDED,
+                f"The maximum entity size has been reached or exceeded for {'Queue' if isinstance(e, _Queue) else 'Topic'}: "
+                f"'{self._name}:{e.name}'. Size of entity in bytes:{size}, Max entity size in bytes:{max_size}.",
+            )
+        dedupe = settings.requires_duplicate_detection
+        if dedupe:
+            window = _ms(settings.duplicate_detection_history_time_window)
+            d = e.dedupe
+            while d:
+                first_key = next(iter(d))
+                if d[first_key] + window > now:
+                    break
+                del d[first_key]
+        seqs: list[int] = []
+        fresh: list[Message] = []
+        for p in parts:
+            if dedupe:
+                mid = p.message_id_str
+                if mid is not None:
+                    if mid in e.dedupe:
+                        if schedule:
+                            seqs.append(e.next_seq)
+                            e.next_seq += 1
+                        continue
+                    e.dedupe[mid] = now
+            m = Message(p, e.next_seq)
+            e.next_seq += 1
+            seqs.append(m.seq)
+            if schedule and m.scheduled_ms is None:
+                m.scheduled_ms = now
+            if m.scheduled_ms is not None and (schedule or m.scheduled_ms > now):
+                e.scheduled[m.seq] = m
+                e.scheduled_size += m.size
+                heapq.heappush(e.scheduled_heap, (m.scheduled_ms, m.seq))
+                continue
+            m.enqueued_ms = now
+            fresh.append(m)
+        if fresh:
+            self._enqueue(e, fresh, now)
+        e.updated_at = self._clock.now()
+        return seqs
+
+    def _enqueue(self, e: _Sendable, msgs: list[Message], now: int) -> None:
+        if isinstance(e, _Queue):
+            targets: list[_Receivable] = [e]
+        else:
+            assert isinstance(e, _Topic)
+            targets = list(e.subs.values())
+        entity_ttl = _ms(e.settings.default_message_time_to_live)
+        for target in targets:
+            ttl_default = min(entity_ttl, _ms(target.settings.default_message_time_to_live))
+            store = target.store
+            for orig in msgs:
+                m = orig if len(targets) == 1 else orig.copy()
+                if m is not orig:
+                    m.enqueued_ms = orig.enqueued_ms
+                ttl = m.parts.ttl_ms
+                ttl = ttl_default if ttl is None else min(ttl, ttl_default)
+                m.ttl_ms = ttl if ttl < _MAX_MS else None
+                m.expires_ms = m.enqueued_ms + ttl if ttl < _MAX_MS else None
+                store.insert(m)
+
+    # ------------------------------------------------------------------ receiving
+
+    def check_receiver(self, address: str | EntityAddress, *, session: bool) -> EntityAddress:
+        """Validate a receiver attach: a session entity needs a session receiver and vice versa."""
+        with self._lock:
+            e, addr = self._receivable(address)
+            requires = bool(e.settings.requires_session) and not addr.dead_letter
+            if requires and not session:
+                raise BrokerError(
+                    NOT_ALLOWED,
+                    f"It is not possible for an entity that requires sessions to create a non-sessionful message "
+                    f"receiver. TrackingId:{os.urandom(4).hex()}, Entity:{e.name}",
+                )
+            if session and not requires:
+                raise BrokerError(
+                    NOT_ALLOWED,
+                    f"It is not possible for an entity that does not require sessions to create a sessionful "
+                    f"message receiver. Entity:{e.name}",
+                )
+            return addr
+
+    def receive(
+        self,
+        address: str | EntityAddress,
+        max_count: int,
+        *,
+        peek_lock: bool = True,
+        session_id: str | None = None,
+        owner: object | None = None,
+    ) -> list[Delivered]:
+        """Take up to ``max_count`` available messages, oldest first (session receivers: that session's)."""
+        if max_count <= 0:
+            return []
+        with self._lock:
+            e, addr = self._receivable(address)
+            if e.settings.status in ("Disabled", "ReceiveDisabled"):
+                raise BrokerError(
+                    ENTITY_DISABLED, f"Messaging entity '{self._name}:{e.name}' is currently disabled."
+                )
+            now = self.now_ms()
+            self._tick_all_for(e, now)
+            if session_id is not None:
+                sess = e.sessions.get(session_id)
+                if sess is None or sess.owner is not owner or sess.locked_until_ms <= now:
+                    raise BrokerError(
+                        SESSION_LOCK_LOST, f"The session lock has expired on the session '{session_id}'."
+                    )
+            store = e.dlq if addr.dead_letter else e.store
+            heap = store.ready.get(session_id)
+            out: list[Delivered] = []
+            if not heap:
+                return out
+            msgs = store.msgs
+            lock_ms = _ms(e.settings.lock_duration)
+            until = now + lock_ms
+            heappop = heapq.heappop
+            while heap and len(out) < max_count:
+                seq = heappop(heap)
+                m = msgs.get(seq)
+                if m is None or m.state != READY:
+                    continue
+                if m.expires_ms is not None and m.expires_ms <= now and not store.dead_letter:
+                    self._expire(e, store, m, now)
+                    continue
+                if peek_lock:
+                    tag = os.urandom(16)
+                    m.state = LOCKED
+                    m.lock = tag
+                    m.locked_until_ms = until
+                    e.locks[tag] = (store, m)
+                    heapq.heappush(e.lock_heap, (until, tag))
+                    out.append(Delivered(m, tag, until, m.render(locked=True)))
+                else:
+                    store.remove(m)
+                    out.append(Delivered(m, None, 0, m.render(locked=False)))
+            e.accessed_at = self._clock.now()
+            return out
+
+    def has_available(self, address: str | EntityAddress, session_id: str | None = None) -> bool:
+        """Whether a receive would return something now (after applying time-driven changes)."""
+        with self._lock:
+            try:
+                e, addr = self._receivable(address)
+            except BrokerError:
+                return False
+            now = self.now_ms()
+            changed = self._tick_all_for(e, now)
+            store = e.dlq if addr.dead_letter else e.store
+            result = store.has_ready(session_id)
+        if changed:
+            self._notify()
+        return result
+
+    def _tick_all_for(self, e: _Receivable, now: int) -> bool:
+        changed = False
+        if isinstance(e, _Queue):
+            changed |= self._tick_sendable(e, now)
+        elif isinstance(e, _Subscription):
+            changed |= self._tick_sendable(e.topic, now)
+        changed |= self._tick_receivable(e, now)
+        return changed
+
+    def settle(
+        self,
+        address: str | EntityAddress,
+        lock_token: bytes,
+        outcome: str,
+        *,
+        reason: str | None = None,
+        description: str | None = None,
+        owner: object | None = None,
+    ) -> None:
+        """Settle a peek-locked message by lock token (the 16-byte tag). Raises message-lock-lost."""
+        with self._lock:
+            e, _ = self._receivable(address)
+            now = self.now_ms()
+            entry = e.locks.get(lock_token)
+            if entry is not None:
+                store, m = entry
+                if (
+                    m.session_id is not None
+                    and e.settings.requires_session
+                    and not store.dead_letter
+                    and m.session_id in e.sessions
+                ):
+                    sess = e.sessions[m.session_id]
+                    if sess.locked_until_ms <= now:
+                        self._release_session(e, sess, now, count_delivery=True)
+                        entry = None
+                elif m.locked_until_ms <= now:
+                    self._tick_receivable(e, now)
+                    entry = None
+            if entry is None:
+                if e.settings.requires_session:
+                    raise BrokerError(SESSION_LOCK_LOST, "The session lock has expired or was lost.")
+                raise BrokerError(
+                    MESSAGE_LOCK_LOST,
+                    "The lock supplied is invalid. Either the lock expired, or the message has already been removed "
+                    "from the queue, or was received by a different receiver instance.",
+                )
+            store, m = entry
+            if outcome == Outcome.COMPLETE:
+                del e.locks[lock_token]
+                m.lock = None
+                store.remove(m)
+            elif outcome == Outcome.ABANDON:
+                self._unlock(e, store, m, now, count_delivery=True)
+            elif outcome == Outcome.RELEASE:
+                self._unlock(e, store, m, now, count_delivery=False)
+            elif outcome == Outcome.DEFER:
+                del e.locks[lock_token]
+                m.lock = None
+                m.deferred = True
+                m.state = DEFERRED
+            elif outcome == Outcome.DEAD_LETTER:
+                if store.dead_letter:
+                    raise BrokerError(
+                        NOT_ALLOWED, "A message in a dead-letter queue cannot be dead-lettered again."
+                    )
+                del e.locks[lock_token]
+                m.lock = None
+                self._dead_letter(e, store, m, reason, description)
+            else:
+                raise ValueError(f"unknown outcome {outcome!r}")
+        if outcome in (Outcome.ABANDON, Outcome.RELEASE):
+            self._notify()
+
+    def renew_lock(self, address: str | EntityAddress, lock_tokens: Iterable[bytes]) -> list[int]:
+        """renew-lock: new expiry (ms) per token. Raises message-lock-lost for an unknown/expired one."""
+        with self._lock:
+            e, _ = self._receivable(address)
+            now = self.now_ms()
+            self._tick_receivable(e, now)
+            until = now + _ms(e.settings.lock_duration)
+            out = []
+            for tag in lock_tokens:
+                entry = e.locks.get(tag)
+                if entry is None:
+                    raise BrokerError(
+                        MESSAGE_LOCK_LOST,
+                        "The lock supplied is invalid. Either the lock expired, or the message has already been "
+                        "removed from the queue.",
+                    )
+                m = entry[1]
+                m.locked_until_ms = until
+                heapq.heappush(e.lock_heap, (until, tag))
+                out.append(until)
+            return out
+
+    def peek(
+        self,
+        address: str | EntityAddress,
+        from_sequence: int,
+        count: int,
+        *,
+        session_id: str | None = None,
+    ) -> list[bytes]:
+        """peek-message: encoded messages with sequence number >= ``from_sequence`` (active, locked,
+        deferred and scheduled; not locked by the peek)."""
+        with self._lock:
+            e, addr = self._receivable(address)
+            now = self.now_ms()
+            self._tick_all_for(e, now)
+            store = e.dlq if addr.dead_letter else e.store
+            candidates: list[tuple[int, Message, int]] = []
+            for seq, m in store.msgs.items():
+                if seq >= from_sequence and (session_id is None or m.session_id == session_id):
+                    candidates.append((seq, m, 1 if m.state == DEFERRED else 0))
+            if not addr.dead_letter:
+                sendable = e if isinstance(e, _Queue) else e.topic if isinstance(e, _Subscription) else None
+                if sendable is not None:
+                    for seq, m in sendable.scheduled.items():
+                        if seq >= from_sequence and (session_id is None or m.session_id == session_id):
+                            candidates.append((seq, m, 2))
+            candidates.sort(key=lambda c: c[0])
+            return [m.render(locked=False, state=state) for _, m, state in candidates[: max(0, count)]]
+
+    def receive_deferred(
+        self,
+        address: str | EntityAddress,
+        sequence_numbers: Iterable[int],
+        *,
+        peek_lock: bool = True,
+        session_id: str | None = None,
+    ) -> list[Delivered]:
+        """receive-by-sequence-number: deferred messages by number (locked, or removed in
+        receive-and-delete mode). Unknown or not deferred -> ``com.microsoft:message-not-found``."""
+        with self._lock:
+            e, addr = self._receivable(address)
+            now = self.now_ms()
+            self._tick_all_for(e, now)
+            store = e.dlq if addr.dead_letter else e.store
+            seqs = list(sequence_numbers)
+            found = []
+            for s in seqs:
+                m = store.msgs.get(s)
+                if (
+                    m is None
+                    or m.state != DEFERRED
+                    or (session_id is not None and m.session_id != session_id)
+                ):
+                    raise BrokerError(
+                        MESSAGE_NOT_FOUND, f"Failed to retrieve deferred message with sequence number {s}."
+                    )
+                found.append(m)
+            out = []
+            until = now + _ms(e.settings.lock_duration)
+            for m in found:
+                if peek_lock:
+                    tag = os.urandom(16)
+                    m.state = LOCKED
+                    m.lock = tag
+                    m.locked_until_ms = until
+                    e.locks[tag] = (store, m)
+                    heapq.heappush(e.lock_heap, (until, tag))
+                    out.append(Delivered(m, tag, until, m.render(locked=True)))
+                else:
+                    store.remove(m)
+                    out.append(Delivered(m, None, 0, m.render(locked=False)))
+            return out
+
+    # ------------------------------------------------------------------ sessions
+
+    def accept_session(
+        self, address: str | EntityAddress, session_id: str | None, owner: object
+    ) -> tuple[str, int] | None:
+        """Lock a session for ``owner``: the named one, or (``None``) the next with available messages that
+        no one holds. Returns (session id, locked until ms), or None when no session is available now.
+        Raises ``com.microsoft:session-cannot-be-locked`` if the named session is held by another owner."""
+        with self._lock:
+            e, addr = self._receivable(address)
+            now = self.now_ms()
+            self._tick_all_for(e, now)
+            until = now + _ms(e.settings.lock_duration)
+            if session_id is not None:
+                sess = e.sessions.get(session_id)
+                if sess is None:
+                    sess = e.sessions[session_id] = _Session(session_id)
+                if sess.owner is not None and sess.owner is not owner and sess.locked_until_ms > now:
+                    raise BrokerError(
+                        SESSION_CANNOT_BE_LOCKED,
+                        f"The requested session '{session_id}' cannot be accepted. It may be locked by another "
+                        "receiver.",
+                    )
+                sess.owner = owner
+                sess.locked_until_ms = until
+                return session_id, until
+            store = e.store
+            best: tuple[int, str] | None = None
+            for sid, heap in store.ready.items():
+                if sid is None or not store.has_ready(sid):
+                    continue
+                sess = e.sessions.get(sid)
+                if sess is not None and sess.owner is not None and sess.locked_until_ms > now:
+                    continue
+                first = heap[0]
+                if best is None or first < best[0]:
+                    best = (first, sid)
+            if best is None:
+                return None
+            sid = best[1]
+            sess = e.sessions.get(sid)
+            if sess is None:
+                sess = e.sessions[sid] = _Session(sid)
+            sess.owner = owner
+            sess.locked_until_ms = until
+            return sid, until
+
+    def release_session(self, address: str | EntityAddress, session_id: str, owner: object) -> None:
+        """The owner's link closed: its locked messages of that session become available again."""
+        with self._lock:
+            try:
+                e, _ = self._receivable(address)
+            except BrokerError:
+                return
+            sess = e.sessions.get(session_id)
+            if sess is not None and sess.owner is owner:
+                self._release_session(e, sess, self.now_ms(), count_delivery=False)
+        self._notify()
+
+    def renew_session_lock(self, address: str | EntityAddress, session_id: str) -> int:
+        with self._lock:
+            e, _ = self._receivable(address)
+            now = self.now_ms()
+            self._tick_receivable(e, now)
+            sess = e.sessions.get(session_id)
+            if sess is None or sess.owner is None or sess.locked_until_ms <= now:
+                raise BrokerError(
+                    SESSION_LOCK_LOST, f"The session lock has expired on the session '{session_id}'."
+                )
+            sess.locked_until_ms = now + _ms(e.settings.lock_duration)
+            return sess.locked_until_ms
+
+    def session_state(self, address: str | EntityAddress, session_id: str) -> bytes | None:
+        with self._lock:
+            e, _ = self._receivable(address)
+            sess = e.sessions.get(session_id)
+            return sess.state if sess is not None else None
+
+    def set_session_state(self, address: str | EntityAddress, session_id: str, state: bytes | None) -> None:
+        with self._lock:
+            e, _ = self._receivable(address)
+            sess = e.sessions.get(session_id)
+            if sess is None:
+                sess = e.sessions[session_id] = _Session(session_id)
+            sess.state = state
+
+    def list_sessions(self, address: str | EntityAddress, skip: int = 0, top: int = 100) -> list[str]:
+        """Sessions with messages or state."""
+        with self._lock:
+            e, _ = self._receivable(address)
+            ids = {m.session_id for m in e.store.msgs.values() if m.session_id is not None}
+            ids |= {sid for sid, s in e.sessions.items() if s.state is not None}
+            return sorted(ids)[skip : skip + top]
+
+    def _release_session(self, e: _Receivable, sess: _Session, now: int, *, count_delivery: bool) -> None:
+        sess.owner = None
+        sess.locked_until_ms = 0
+        for store, m in list(e.locks.values()):
+            if m.session_id == sess.session_id and not store.dead_letter:
+                self._unlock(e, store, m, now, count_delivery=count_delivery)
+
+    # ------------------------------------------------------------------ internal transitions
+
+    def _unlock(self, e: _Receivable, store: _Store, m: Message, now: int, *, count_delivery: bool) -> None:
+        if m.lock is not None:
+            e.locks.pop(m.lock, None)
+            m.lock = None
+        if count_delivery:
+            m.delivery_count += 1
+        if m.deferred:
+            m.state = DEFERRED
+            return
+        if not store.dead_letter:
+            max_dc = e.settings.max_delivery_count
+            if count_delivery and m.delivery_count >= max_dc:
+                self._dead_letter(
+                    e,
+                    store,
+                    m,
+                    "MaxDeliveryCountExceeded",
+                    f"Message could not be consumed after {max_dc} delivery attempts.",
+                )
+                return
+            if m.expires_ms is not None and m.expires_ms <= now:
+                self._expire(e, store, m, now)
+                return
+        store.add_ready(m)
+
+    def _expire(self, e: _Receivable, store: _Store, m: Message, now: int) -> None:
+        if e.settings.dead_lettering_on_message_expiration:
+            self._dead_letter(
+                e, store, m, "TTLExpiredException", "The message expired and was dead lettered."
+            )
+        else:
+            store.remove(m)
+
+    def _dead_letter(
+        self, e: _Receivable, store: _Store, m: Message, reason: str | None, description: str | None
+    ) -> None:
+        store.remove(m)
+        extra: dict[str, Any] = {}
+        if reason is not None:
+            extra[DEAD_LETTER_REASON] = reason
+        if description is not None:
+            extra[DEAD_LETTER_DESCRIPTION] = description
+        parts = m.parts.with_application_properties(extra) if extra else m.parts
+        d = Message(parts, m.seq)
+        d.enqueued_ms = m.enqueued_ms
+        d.delivery_count = m.delivery_count
+        d.ttl_ms = m.ttl_ms
+        d.expires_ms = None
+        e.dlq.insert(d)
+
+    # ------------------------------------------------------------------ AdminStore: queues
+
+    def _now_dt(self) -> datetime:
+        return self._clock.now()
+
+    def _check_name(self, name: str) -> str:
+        n = name.strip("/")
+        if not n or len(n) > 260:
+            raise ValueError(f"invalid entity name {name!r}")
+        return n
+
+    def create_queue(self, name: str, settings: QueueSettings | None = None) -> QueueInfo:
+        name = self._check_name(name)
+        with self._lock:
+            key = name.lower()
+            if key in self._queues or key in self._topics:
+                raise EntityExists(name)
+            q = self._queues[key] = _Queue(name, replace(settings or QueueSettings()), self._now_dt())
+            return self._queue_info(q)
+
+    def update_queue(self, name: str, settings: QueueSettings) -> QueueInfo:
+        with self._lock:
+            q = self._get_queue(name)
+            q.settings = replace(settings)
+            q.updated_at = self._now_dt()
+            return self._queue_info(q)
+
+    def get_queue(self, name: str) -> QueueInfo:
+        with self._lock:
+            return self._queue_info(self._get_queue(name))
+
+    def delete_queue(self, name: str) -> None:
+        with self._lock:
+            self._get_queue(name)
+            del self._queues[name.strip("/").lower()]
+
+    def list_queues(self) -> list[QueueInfo]:
+        with self._lock:
+            return [self._queue_info(q) for _, q in sorted(self._queues.items())]
+
+    def _get_queue(self, name: str) -> _Queue:
+        q = self._queues.get(name.strip("/").lower())
+        if q is None:
+            raise EntityNotFound(name)
+        return q
+
+    def _queue_info(self, q: _Queue) -> QueueInfo:
+        now = self.now_ms()
+        self._tick_sendable(q, now)
+        self._tick_receivable(q, now)
+        counts = RuntimeCounts(
+            active_message_count=len(q.store.msgs),
+            dead_letter_message_count=len(q.dlq.msgs),
+            scheduled_message_count=len(q.scheduled),
+            size_in_bytes=q.store.size + q.dlq.size + q.scheduled_size,
+            created_at=q.created_at,
+            updated_at=q.updated_at,
+            accessed_at=q.accessed_at,
+        )
+        return QueueInfo(q.name, replace(q.settings), counts)
+
+    # ------------------------------------------------------------------ AdminStore: topics
+
+    def create_topic(self, name: str, settings: TopicSettings | None = None) -> TopicInfo:
+        name = self._check_name(name)
+        with self._lock:
+            key = name.lower()
+            if key in self._topics or key in self._queues:
+                raise EntityExists(name)
+            t = self._topics[key] = _Topic(name, replace(settings or TopicSettings()), self._now_dt())
+            return self._topic_info(t)
+
+    def update_topic(self, name: str, settings: TopicSettings) -> TopicInfo:
+        with self._lock:
+            t = self._get_topic(name)
+            t.settings = replace(settings)
+            t.updated_at = self._now_dt()
+            return self._topic_info(t)
+
+    def get_topic(self, name: str) -> TopicInfo:
+        with self._lock:
+            return self._topic_info(self._get_topic(name))
+
+    def delete_topic(self, name: str) -> None:
+        with self._lock:
+            self._get_topic(name)
+            del self._topics[name.strip("/").lower()]
+
+    def list_topics(self) -> list[TopicInfo]:
+        with self._lock:
+            return [self._topic_info(t) for _, t in sorted(self._topics.items())]
+
+    def _get_topic(self, name: str) -> _Topic:
+        t = self._topics.get(name.strip("/").lower())
+        if t is None:
+            raise EntityNotFound(name)
+        return t
+
+    def _topic_info(self, t: _Topic) -> TopicInfo:
+        self._tick_sendable(t, self.now_ms())
+        counts = RuntimeCounts(
+            scheduled_message_count=len(t.scheduled),
+            size_in_bytes=self._entity_size(t),
+            subscription_count=len(t.subs),
+            created_at=t.created_at,
+            updated_at=t.updated_at,
+            accessed_at=t.accessed_at,
+        )
+        return TopicInfo(t.name, replace(t.settings), counts)
+
+    # ------------------------------------------------------------------ AdminStore: subscriptions
+
+    def create_subscription(
+        self, topic: str, name: str, settings: SubscriptionSettings | None = None
+    ) -> SubscriptionInfo:
+        name = self._check_name(name)
+        with self._lock:
+            t = self._get_topic(topic)
+            key = name.lower()
+            if key in t.subs:
+                raise EntityExists(f"{topic}/Subscriptions/{name}")
+            s = t.subs[key] = _Subscription(
+                t, name, replace(settings or SubscriptionSettings()), self._now_dt()
+            )
+            return self._sub_info(s)
+
+    def update_subscription(self, topic: str, name: str, settings: SubscriptionSettings) -> SubscriptionInfo:
+        with self._lock:
+            s = self._get_sub(topic, name)
+            s.settings = replace(settings)
+            s.updated_at = self._now_dt()
+            return self._sub_info(s)
+
+    def get_subscription(self, topic: str, name: str) -> SubscriptionInfo:
+        with self._lock:
+            return self._sub_info(self._get_sub(topic, name))
+
+    def delete_subscription(self, topic: str, name: str) -> None:
+        with self._lock:
+            t = self._get_topic(topic)
+            self._get_sub(topic, name)
+            del t.subs[name.strip("/").lower()]
+
+    def list_subscriptions(self, topic: str) -> list[SubscriptionInfo]:
+        with self._lock:
+            t = self._get_topic(topic)
+            return [self._sub_info(s) for _, s in sorted(t.subs.items())]
+
+    def _get_sub(self, topic: str, name: str) -> _Subscription:
+        t = self._get_topic(topic)
+        s = t.subs.get(name.strip("/").lower())
+        if s is None:
+            raise EntityNotFound(f"{topic}/Subscriptions/{name}")
+        return s
+
+    def _sub_info(self, s: _Subscription) -> SubscriptionInfo:
+        now = self.now_ms()
+        self._tick_sendable(s.topic, now)
+        self._tick_receivable(s, now)
+        counts = RuntimeCounts(
+            active_message_count=len(s.store.msgs),
+            dead_letter_message_count=len(s.dlq.msgs),
+            size_in_bytes=s.store.size + s.dlq.size,
+            created_at=s.created_at,
+            updated_at=s.updated_at,
+            accessed_at=s.accessed_at,
+        )
+        return SubscriptionInfo(s.topic.name, s.name, replace(s.settings), counts)
+
+    # ------------------------------------------------------------------ convenience
+
+    def ensure_queue(self, name: str, settings: QueueSettings | None = None) -> QueueInfo:
+        """Create the queue unless it exists (then return it unchanged)."""
+        with self._lock:
+            try:
+                return self.get_queue(name)
+            except EntityNotFound:
+                return self.create_queue(name, settings)
+
+    def ensure_topic(
+        self, name: str, subscriptions: Iterable[str] = (), settings: TopicSettings | None = None
+    ) -> TopicInfo:
+        """Create the topic and its subscriptions unless they exist."""
+        with self._lock:
+            try:
+                self.get_topic(name)
+            except EntityNotFound:
+                self.create_topic(name, settings)
+            for sub in subscriptions:
+                try:
+                    self.get_subscription(name, sub)
+                except EntityNotFound:
+                    self.create_subscription(name, sub)
+            return self.get_topic(name)
+
+    def counts(self, address: str) -> RuntimeCounts:
+        """Runtime counts of a queue, topic or subscription by address."""
+        addr = self.resolve(address)
+        if addr.kind == "queue":
+            return self.get_queue(addr.path).runtime
+        if addr.kind == "topic":
+            return self.get_topic(addr.path).runtime
+        topic, _, sub = addr.path.rpartition("/Subscriptions/")
+        return self.get_subscription(topic, sub).runtime
+
+    def status(self) -> dict[str, Any]:
+        """Entities and counts as plain data (the control API's ``GET /status``)."""
+        out: dict[str, Any] = {"namespace": self._name, "queues": {}, "topics": {}}
+        for q in self.list_queues():
+            out["queues"][q.name] = _counts_dict(q.runtime) | {"status": q.settings.status}
+        for t in self.list_topics():
+            subs = {
+                s.name: _counts_dict(s.runtime) | {"status": s.settings.status}
+                for s in self.list_subscriptions(t.name)
+            }
+            out["topics"][t.name] = {
+                "scheduled": t.runtime.scheduled_message_count,
+                "status": t.settings.status,
+                "subscriptions": subs,
+            }
+        return out
+
+
+def _counts_dict(c: RuntimeCounts) -> dict[str, Any]:
+    return {
+        "active": c.active_message_count,
+        "dead_letter": c.dead_letter_message_count,
+        "scheduled": c.scheduled_message_count,
+        "size_in_bytes": c.size_in_bytes,
+    }
+
+
+def utc_from_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000.0, tz=timezone.utc)
