@@ -60,6 +60,7 @@ class Rule:
     entity: str | None
     make: Callable[[], BaseException]
     count: int | None = None
+    skip: int = 0
 
     def matches(self, op: str, target: Target) -> bool:
         return (
@@ -97,8 +98,9 @@ class FakeTransport:
         namespace: str | None = None,
         entity: str | None = None,
         count: int | None = None,
+        skip: int = 0,
     ) -> Rule:
-        rule = Rule(op, namespace, entity, make, count)
+        rule = Rule(op, namespace, entity, make, count, skip)
         self.rules.append(rule)
         return rule
 
@@ -113,6 +115,9 @@ class FakeTransport:
             self.clock.advance(self.op_seconds)
         for rule in self.rules:
             if rule.matches(op, target) and (rule.count is None or rule.count > 0):
+                if rule.skip > 0:
+                    rule.skip -= 1
+                    continue
                 if rule.count is not None:
                     rule.count -= 1
                 exc = rule.make()

@@ -1,0 +1,597 @@
+"""PairedSender with a fake transport and a fake clock: no network, no sleeping (SPEC B2-B8, S3)."""
+
+from __future__ import annotations
+
+import pickle
+import random
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from azure.servicebus import ServiceBusMessage
+from azure.servicebus import exceptions as sbe
+
+from spark_sb.clock import FakeClock
+from spark_sb.config import NamespaceConfig, Secret, ServiceBusConfig
+from spark_sb.errors import (
+    MessageRejectedError,
+    NoBacklogAvailableError,
+    ServerBusyError,
+    ServiceBusConfigError,
+)
+from spark_sb.failover import EntityState, FailoverRegistry, StateTransition, choose_session_affine
+from spark_sb.mapping import BACKLOG_PATH, BACKLOG_SESSION_ID, BACKLOG_TTL, OutboundMessage, from_backlog
+from spark_sb.sender import (
+    PING_CONTENT_TYPE,
+    PairedSender,
+    SendOutcome,
+    is_probe,
+    primary_namespace_name,
+    probe_message,
+)
+from spark_sb.transport import PRIMARY, SECONDARY, Target
+
+from .fakes import FakeTransport
+
+pytestmark = pytest.mark.unit
+
+SECRET = "c2VjcmV0LWtleS1kby1ub3QtbG9n"
+H, F, FO = EntityState.HEALTHY, EntityState.FAILING, EntityState.FAILED_OVER
+QUEUES = [f"primary/x-servicebus-transfer/{i}" for i in range(3)]
+
+
+def make_config(**overrides: Any) -> ServiceBusConfig:
+    def ns(host: str) -> NamespaceConfig:
+        return NamespaceConfig(
+            connection_string=Secret(
+                f"Endpoint=sb://{host}/;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey={SECRET}"
+            )
+        )
+
+    base = ServiceBusConfig(
+        primary=ns("primary.servicebus.windows.net"),
+        secondary=ns("secondary.servicebus.windows.net"),
+        entity="orders",
+        backlog_queue_count=3,
+        failover_interval=60.0,
+        ping_primary_interval=30.0,
+        backlog_retry_interval=300.0,
+    )
+    return replace(base, **overrides)
+
+
+class Rig:
+    """A sender wired to a fake transport, a fake clock and a fresh registry."""
+
+    def __init__(
+        self, registry: FailoverRegistry | None = None, transport: FakeTransport | None = None, **cfg: Any
+    ) -> None:
+        self.clock = registry.clock if registry is not None else FakeClock()
+        assert isinstance(self.clock, FakeClock)
+        self.registry = registry or FailoverRegistry(self.clock)
+        self.transport = transport or FakeTransport(self.clock, max_batch=1000, op_seconds=1.0)
+        self.transitions: list[StateTransition] = []
+        self.config = make_config(**cfg)
+        self.sender = PairedSender(
+            self.config,
+            transport=self.transport,
+            clock=self.clock,
+            registry=self.registry,
+            listener=self.transitions.append,
+            rng=random.Random(42),
+        )
+
+    def backlog(self) -> list[OutboundMessage]:
+        return [m for q in QUEUES for m in self.transport.at(SECONDARY, q)]
+
+    def moves(self) -> list[tuple[EntityState, EntityState]]:
+        return [(t.from_state, t.to_state) for t in self.transitions]
+
+
+def msgs(
+    n: int, prefix: str = "m", entity: str | None = None, size: int = 50, **kw: Any
+) -> list[OutboundMessage]:
+    return [
+        OutboundMessage(body=b"x" * size, entity=entity, message_id=f"{prefix}{i}", **kw) for i in range(n)
+    ]
+
+
+def conn_error() -> BaseException:
+    return sbe.ServiceBusConnectionError(message="connection refused")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Healthy path, streaming, packing
+
+
+def test_healthy_all_to_primary_packed_by_size() -> None:
+    rig = Rig()
+    out = rig.sender.send(msgs(50))
+    assert rig.transport.ids(PRIMARY, "orders") == [f"m{i}" for i in range(50)]
+    assert out.sent == {"orders": 50} and out.total_diverted == 0 and not out.rejects
+    assert out.transitions == () and rig.transitions == []
+    sends = rig.transport.sends(PRIMARY)
+    assert len(sends) > 1  # several size-bounded batches, not one per message
+    assert all(n <= 1000 // 72 for _, _, n, _ in sends)
+    assert rig.backlog() == []
+
+
+def test_streams_without_collecting_everything() -> None:
+    rig = Rig()
+    pulled_before_first_send: list[int] = []
+
+    def gen() -> Iterator[OutboundMessage]:
+        for i, m in enumerate(msgs(100)):
+            if not rig.transport.sends() and i > 0:
+                pulled_before_first_send.append(i)
+            yield m
+
+    rig.sender.send(gen())
+    assert len(rig.transport.ids(PRIMARY, "orders")) == 100
+    assert 0 < len(pulled_before_first_send) < 20  # sent after the first batch filled, not at the end
+
+
+def test_per_message_entities_and_default() -> None:
+    rig = Rig()
+    batch = msgs(3, "a", entity="alpha") + msgs(2, "d") + msgs(3, "b", entity="beta")
+    out = rig.sender.send(batch)
+    assert out.sent == {"alpha": 3, "orders": 2, "beta": 3}
+    assert rig.transport.ids(PRIMARY, "beta") == ["b0", "b1", "b2"]
+
+
+def test_no_entity_is_rejected() -> None:
+    rig = Rig(entity=None)
+    out = rig.sender.send(msgs(2) + msgs(1, "e", entity="x"))
+    assert out.sent == {"x": 1}
+    assert [(r.field, r.row_index) for r in out.rejects] == [("entity", 0), ("entity", 1)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# B3: failure detection, blips, timer
+
+
+def test_blip_shorter_than_failover_interval_loses_nothing_and_never_diverts() -> None:
+    rig = Rig()
+    rig.transport.fail(conn_error, namespace=PRIMARY, count=3)
+    out = rig.sender.send(msgs(30))
+    assert rig.transport.ids(PRIMARY, "orders") == [f"m{i}" for i in range(30)]
+    assert rig.backlog() == [] and out.total_diverted == 0
+    assert rig.moves() == [(H, F), (F, H)]
+    assert out.retries == 3 and rig.clock.sleeps and sum(rig.clock.sleeps) < 60
+    assert rig.sender.entity_state("orders") is H
+    assert PRIMARY in rig.transport.faults  # connection-class error: the client pair is rebuilt (B10)
+
+
+def test_outage_longer_than_interval_fails_over_just_at_the_interval() -> None:
+    rig = Rig(failover_interval=10.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY)
+    start = rig.clock.monotonic()
+    out = rig.sender.send(msgs(5))
+    assert rig.moves() == [(H, F), (F, FO)]
+    failing, failed_over = rig.transitions
+    assert (failed_over.at - failing.at).total_seconds() == pytest.approx(10.0)
+    # one failed send (1 s) starts the timer, failover exactly 10 s later, one backlog send (1 s): no oversleeping
+    assert rig.clock.monotonic() - start == pytest.approx(12.0)
+    assert out.sent == {} and out.diverted_by_entity == {"orders": 5}
+    assert sorted(m.message_id or "" for m in rig.backlog()) == sorted(f"m{i}" for i in range(5))
+
+
+def test_failing_primary_keeps_retrying_until_interval_then_diverts_the_same_messages() -> None:
+    rig = Rig(failover_interval=10.0)
+    rig.transport.fail(lambda: sbe.ServiceBusQuotaExceededError(), namespace=PRIMARY)
+    rig.sender.send(msgs(5))
+    primary_attempts = rig.transport.sends(PRIMARY)
+    assert len(primary_attempts) >= 3 and all(n == 5 for _, _, n, _ in primary_attempts)
+    assert rig.transitions[0].error_class == "quota_exceeded"
+
+
+def test_interval_zero_fails_over_on_first_failure_without_waiting() -> None:
+    rig = Rig(failover_interval=0.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY)
+    out = rig.sender.send(msgs(4))
+    assert rig.moves() == [(H, F), (F, FO)]
+    assert rig.clock.sleeps == [] and out.retries == 0
+    assert len(rig.transport.sends(PRIMARY)) == 1
+    assert out.diverted_by_entity == {"orders": 4}
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: sbe.MessagingEntityDisabledError(),
+        lambda: sbe.MessagingEntityNotFoundError(),
+        lambda: sbe.OperationTimeoutError(),
+        lambda: ConnectionRefusedError(111, "refused"),
+    ],
+    ids=["disabled", "not-found", "timeout", "refused"],
+)
+def test_outage_errors_fail_over(make: Any) -> None:
+    rig = Rig(failover_interval=0.0)
+    rig.transport.fail(make, namespace=PRIMARY)
+    out = rig.sender.send(msgs(3))
+    assert out.diverted_by_entity == {"orders": 3}
+    assert rig.sender.entity_state("orders") is FO
+
+
+def test_translation_applied_on_divert_and_reversible() -> None:
+    rig = Rig(failover_interval=0.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY)
+    original = OutboundMessage(
+        body=b"payload",
+        message_id="id-1",
+        session_id="s-1",
+        partition_key="s-1",
+        time_to_live=timedelta(seconds=90),
+        scheduled_enqueue_time=datetime(2030, 1, 1, tzinfo=timezone.utc),
+        properties={"k": "v", "n": 3},
+        correlation_id="c",
+    )
+    rig.sender.send([original])
+    (backlog,) = rig.backlog()
+    assert backlog.entity is None and backlog.session_id is None and backlog.time_to_live is None
+    assert backlog.scheduled_enqueue_time is None and backlog.partition_key is None
+    assert backlog.properties[BACKLOG_PATH] == "orders"
+    assert backlog.properties[BACKLOG_SESSION_ID] == "s-1"
+    assert backlog.properties[BACKLOG_TTL] == 90_000
+    assert backlog.body == b"payload" and backlog.message_id == "id-1" and backlog.correlation_id == "c"
+    restored, entered = from_backlog(backlog)
+    assert restored == replace(original, entity="orders")
+    assert entered == rig.clock.now() - timedelta(seconds=1)  # when diverted, before the 1 s send
+
+
+# ---------------------------------------------------------------------------------------------------------
+# B4/B8: failed over, probes
+
+
+def test_failed_over_entity_diverts_at_once_and_probes_each_ping_interval() -> None:
+    rig = Rig(failover_interval=0.0, ping_primary_interval=30.0)
+    rule = rig.transport.fail(conn_error, namespace=PRIMARY)
+    rig.sender.send(msgs(2, "a"))
+    primary_calls = len(rig.transport.calls)
+    out = rig.sender.send(msgs(2, "b"))  # within the ping interval: no primary traffic at all
+    assert rig.transport.calls[primary_calls:] and all(
+        c[1].namespace == SECONDARY for c in rig.transport.calls[primary_calls:]
+    )
+    assert out.probes == () and out.diverted_by_entity == {"orders": 2}
+
+    rig.clock.advance(30.0)  # probe due; primary still down
+    rig.transport.fail(conn_error, op="schedule", namespace=PRIMARY)
+    out = rig.sender.send(msgs(2, "c"))
+    assert [(p.mode, p.ok, p.error_class) for p in out.probes] == [("schedule-cancel", False, "connection")]
+    assert out.diverted_by_entity == {"orders": 2} and rig.sender.entity_state("orders") is FO
+
+    rig.clock.advance(27.0)  # not yet due again (the failed probe and the divert took 2 s)
+    assert rig.sender.send(msgs(1, "d")).probes == ()
+
+    rig.transport.heal()  # primary back
+    rig.clock.advance(2.0)
+    out = rig.sender.send(msgs(3, "e"))
+    (probe,) = out.probes
+    assert probe.ok and probe.cancel_ok and probe.sequence_number is not None
+    assert rig.transport.scheduled[Target(PRIMARY, "orders")] == {}  # cancelled: nothing deliverable
+    assert [(t.from_state, t.to_state) for t in out.transitions] == [(FO, H)]
+    assert out.sent == {"orders": 3} and rig.transport.ids(PRIMARY, "orders") == ["e0", "e1", "e2"]
+    assert rule not in rig.transport.rules
+
+
+def test_probe_schedule_cancel_marks_message_and_retries_cancel() -> None:
+    rig = Rig(failover_interval=0.0, ping_primary_interval=5.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY, op="send", count=1)
+    rig.sender.send(msgs(1))
+    rig.transport.fail(conn_error, op="cancel", namespace=PRIMARY, count=1)
+    rig.clock.advance(5.0)
+    out = rig.sender.send(msgs(1, "z"))
+    (probe,) = out.probes
+    assert probe.ok and probe.cancel_ok and probe.cancel_attempts == 2
+    target = Target(PRIMARY, "orders")
+    assert rig.transport.scheduled[target] == {}
+    assert rig.transport.cancelled and rig.transport.cancelled[-1][0] == target
+
+
+def test_probe_cancel_failing_for_good_is_recorded_and_message_is_a_probe() -> None:
+    rig = Rig(failover_interval=0.0, ping_primary_interval=5.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY, op="send", count=1)
+    rig.sender.send(msgs(1))
+    rig.transport.fail(conn_error, op="cancel", namespace=PRIMARY)
+    rig.clock.advance(5.0)
+    out = rig.sender.send(msgs(1, "z"))
+    (probe,) = out.probes
+    assert (
+        probe.ok
+        and probe.cancel_ok is False
+        and probe.cancel_attempts == 3
+        and "cancel failed" in probe.detail
+    )
+    (left,) = rig.transport.scheduled[Target(PRIMARY, "orders")].values()
+    message, at = left
+    assert is_probe(message) and message.time_to_live == timedelta(seconds=1) and message.body == b""
+    assert at > rig.clock.now() + timedelta(days=1)
+
+
+def test_ping_probe_mode() -> None:
+    rig = Rig(failover_interval=0.0, ping_primary_interval=5.0, probe_mode="ping")
+    rig.transport.fail(conn_error, namespace=PRIMARY, count=1)
+    rig.sender.send(msgs(1))
+    rig.clock.advance(5.0)
+    out = rig.sender.send(msgs(1, "z"))
+    assert [(p.mode, p.ok) for p in out.probes] == [("ping", True)]
+    ping, real = rig.transport.at(PRIMARY, "orders")
+    assert (
+        ping.content_type == PING_CONTENT_TYPE
+        and ping.time_to_live == timedelta(seconds=1)
+        and ping.body == b""
+    )
+    assert is_probe(ping) and not is_probe(real) and real.message_id == "z0"
+
+
+def test_maintain_probes_idle_failed_over_entities() -> None:
+    rig = Rig(failover_interval=0.0, ping_primary_interval=5.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY, count=1)
+    rig.sender.send(msgs(1))
+    assert rig.sender.maintain().probes == ()
+    rig.clock.advance(5.0)
+    out = rig.sender.maintain()
+    assert [p.ok for p in out.probes] == [True]
+    assert rig.sender.entity_state("orders") is H
+
+
+def test_is_probe_on_sdk_messages() -> None:
+    assert is_probe(ServiceBusMessage(b"", content_type=PING_CONTENT_TYPE))
+    assert is_probe(ServiceBusMessage(b"", application_properties={"x-spark-sb-probe": "schedule-cancel"}))
+    assert not is_probe(ServiceBusMessage(b"hello", content_type="text/plain"))
+    assert is_probe(probe_message("q", "ping"))
+    with pytest.raises(ValueError, match="probe_mode"):
+        probe_message("q", "shout")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Throttling and configuration errors never fail over
+
+
+def test_server_busy_backs_off_and_never_fails_over() -> None:
+    rig = Rig(failover_interval=0.0)
+    rig.transport.fail(lambda: sbe.ServiceBusServerBusyError(), namespace=PRIMARY, count=5)
+    out = rig.sender.send(msgs(5))
+    assert out.sent == {"orders": 5} and rig.backlog() == []
+    assert rig.transitions == [] and out.retries == 5 and len(rig.clock.sleeps) == 5
+    assert rig.sender.entity_state("orders") is H
+
+
+def test_server_busy_forever_raises_for_a_spark_retry_and_diverts_nothing() -> None:
+    rig = Rig(failover_interval=0.0)
+    rig.transport.fail(lambda: sbe.ServiceBusServerBusyError(), namespace=PRIMARY)
+    with pytest.raises(ServerBusyError, match="not failing over") as info:
+        rig.sender.send(msgs(5))
+    assert info.value.outcome is not None and info.value.outcome.total_sent == 0
+    assert rig.backlog() == [] and rig.transitions == []
+    assert rig.sender.entity_state("orders") is H
+
+
+@pytest.mark.parametrize("make", [sbe.ServiceBusAuthorizationError, sbe.ServiceBusAuthenticationError])
+def test_unauthorized_raises_clear_error_and_diverts_nothing(make: Any) -> None:
+    rig = Rig(failover_interval=0.0)
+    rig.transport.fail(lambda: make(message=f"SharedAccessKey={SECRET} refused"), namespace=PRIMARY)
+    with pytest.raises(ServiceBusConfigError) as info:
+        rig.sender.send(msgs(3))
+    text = str(info.value)
+    assert "unauthorized" in text and "'Send'" in text and "orders" in text and "primary" in text
+    assert SECRET not in text and SECRET not in repr(info.value)
+    assert rig.backlog() == [] and rig.transitions == []
+    assert rig.sender.entity_state("orders") is H
+
+
+# ---------------------------------------------------------------------------------------------------------
+# B5: rotation
+
+
+def test_failing_backlog_queue_is_pulled_and_same_messages_go_to_another() -> None:
+    rig = Rig(failover_interval=0.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY)
+    first = rig.sender._chooser.choose("orders")  # the sticky choice the sender will use
+    assert first is not None
+    rig.transport.fail(lambda: sbe.MessagingEntityDisabledError(), namespace=SECONDARY, entity=first)
+    out = rig.sender.send(msgs(10))
+    assert [p.queue for p in out.pulls] == [first] and out.pulls[0].error_class == "entity_disabled"
+    assert rig.transport.at(SECONDARY, first) == []
+    ids = [m.message_id for m in rig.backlog()]
+    assert sorted(ids) == sorted(f"m{i}" for i in range(10)) and len(ids) == len(set(ids))
+    assert first not in out.diverted and out.total_diverted == 10
+    # returns to the rotation after backlog_retry_interval
+    rotation = rig.registry.rotation
+    assert first not in rotation.available(rig.sender._secondary_key, QUEUES)
+    rig.clock.advance(300.0)
+    assert first in rotation.available(rig.sender._secondary_key, QUEUES)
+
+
+def test_transient_backlog_error_is_retried_on_the_same_queue() -> None:
+    rig = Rig(failover_interval=0.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY)
+    rig.transport.fail(lambda: sbe.ServiceBusServerBusyError(), namespace=SECONDARY, count=1)
+    out = rig.sender.send(msgs(4))
+    assert out.pulls == () and len(out.diverted) == 1 and out.total_diverted == 4
+
+
+def test_rotation_and_failover_state_shared_by_senders_of_one_process() -> None:
+    clock = FakeClock()
+    registry = FailoverRegistry(clock)
+    transport_a = FakeTransport(clock, op_seconds=1.0)
+    transport_b = FakeTransport(clock, op_seconds=1.0)
+    a = Rig(registry=registry, transport=transport_a, failover_interval=0.0)
+    b = Rig(registry=registry, transport=transport_b, failover_interval=0.0)
+    transport_a.fail(conn_error, namespace=PRIMARY)
+    for q in QUEUES[:2]:
+        transport_a.fail(conn_error, namespace=SECONDARY, entity=q)
+    a.sender.send(msgs(5, "a"))
+    assert {p.queue for p in registry.rotation.pulled()} <= set(QUEUES[:2])
+    assert len(a.transport.at(SECONDARY, QUEUES[2])) == 5
+    pulled = {p.queue for p in registry.rotation.pulled()}
+    # b learns at once: the entity is failed over (no primary send) and pulled queues are avoided
+    out = b.sender.send(msgs(5, "b"))
+    assert transport_b.sends(PRIMARY) == []
+    assert set(out.diverted) == {QUEUES[2]} and not any(transport_b.at(SECONDARY, q) for q in pulled)
+
+
+def test_all_backlog_queues_failing_raises_and_does_not_claim_sent() -> None:
+    rig = Rig(failover_interval=0.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY, skip=1)  # first batch reaches the primary
+    rig.transport.fail(conn_error, namespace=SECONDARY)
+    ms = msgs(30)
+    with pytest.raises(NoBacklogAvailableError, match="every backlog queue is pulled") as info:
+        rig.sender.send(ms)
+    outcome = info.value.outcome
+    assert isinstance(outcome, SendOutcome)
+    delivered = rig.transport.ids(PRIMARY, "orders")
+    assert 0 < len(delivered) < 30
+    assert outcome.sent == {"orders": len(delivered)} and outcome.total_diverted == 0
+    assert {p.queue for p in outcome.pulls} == set(QUEUES)
+    assert SECRET not in str(info.value)
+
+
+def test_no_secondary_configured_raises_when_failed_over() -> None:
+    rig = Rig(failover_interval=0.0, secondary=None)
+    rig.transport.fail(conn_error, namespace=PRIMARY)
+    with pytest.raises(NoBacklogAvailableError, match="no secondary"):
+        rig.sender.send(msgs(1))
+
+
+def test_session_affine_choice_is_stable_per_session() -> None:
+    rig = Rig(failover_interval=0.0, backlog_selection="session-affine")
+    rig.transport.fail(conn_error, namespace=PRIMARY)
+    sessions = [f"s{i}" for i in range(12)]
+    batch = [
+        OutboundMessage(body=b"x", message_id=f"{s}-{j}", session_id=s) for j in range(3) for s in sessions
+    ]
+    rig.sender.send(batch)
+    rig.sender.send([OutboundMessage(body=b"x", message_id=f"{s}-late", session_id=s) for s in sessions])
+    for s in sessions:
+        expected = choose_session_affine(QUEUES, s)
+        where = {
+            q for q in QUEUES for m in rig.transport.at(SECONDARY, q) if m.properties[BACKLOG_SESSION_ID] == s
+        }
+        assert where == {expected}
+    assert len({choose_session_affine(QUEUES, s) for s in sessions}) > 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Partial failures, sizes
+
+
+def test_partial_batch_failure_does_not_duplicate_sent_chunks() -> None:
+    rig = Rig(failover_interval=60.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY, skip=2, count=2)  # the 3rd batch fails twice
+    rig.sender.send(msgs(60))
+    ids = rig.transport.ids(PRIMARY, "orders")
+    assert ids == [f"m{i}" for i in range(60)]  # each once, in order
+
+
+def test_partial_batch_failure_then_failover_splits_without_duplicates() -> None:
+    rig = Rig(failover_interval=0.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY, skip=2)
+    rig.sender.send(msgs(60))
+    primary = rig.transport.ids(PRIMARY, "orders")
+    backlog = [m.message_id for m in rig.backlog()]
+    assert primary and backlog
+    assert Counter(primary + backlog) == Counter(f"m{i}" for i in range(60))
+
+
+def test_oversize_message_rejected_and_batch_goes_on() -> None:
+    rig = Rig()
+    batch = msgs(2, "a") + [OutboundMessage(body=b"y" * 2000, message_id="huge")] + msgs(2, "b")
+    out = rig.sender.send(batch)
+    assert rig.transport.ids(PRIMARY, "orders") == ["a0", "a1", "b0", "b1"]
+    (reject,) = out.rejects
+    assert "too large" in reject.reason and reject.row_index == 2 and reject.entity == "orders"
+    assert "huge" in reject.row_json
+
+
+def test_oversize_with_on_reject_fail_raises() -> None:
+    rig = Rig(on_reject="fail")
+    with pytest.raises(MessageRejectedError) as info:
+        rig.sender.send([OutboundMessage(body=b"y" * 2000, message_id="huge")])
+    assert info.value.reject is not None and "too large" in info.value.reject.reason
+
+
+def test_oversize_after_translation_is_rejected() -> None:
+    rig = Rig(failover_interval=0.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY)
+    # fits the primary batch alone (limit 1000), but not once x-ms-* properties are added
+    near_limit = OutboundMessage(body=b"z" * 940, message_id="edge")
+    out = rig.sender.send([near_limit, *msgs(2)])
+    (reject,) = out.rejects
+    assert "after backlog translation" in reject.reason
+    assert sorted(m.message_id or "" for m in rig.backlog()) == ["m0", "m1"]
+
+
+def test_service_refusing_batch_as_too_large_splits_it() -> None:
+    rig = Rig()
+    rig.transport.fail(lambda: sbe.MessageSizeExceededError(), namespace=PRIMARY, count=1)
+    out = rig.sender.send(msgs(8))
+    assert sorted(rig.transport.ids(PRIMARY, "orders")) == sorted(f"m{i}" for i in range(8))
+    assert out.rejects == ()
+
+
+def test_single_message_refused_as_too_large_is_rejected() -> None:
+    rig = Rig()
+    rig.transport.fail(lambda: sbe.MessageSizeExceededError(), namespace=PRIMARY, count=1)
+    out = rig.sender.send(msgs(1))
+    assert [r.reason for r in out.rejects] == [
+        "message too large: refused by the service (message size exceeded)"
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Outcome, lifecycle, naming
+
+
+def test_outcome_merge_and_pickle() -> None:
+    rig = Rig(failover_interval=0.0)
+    first = rig.sender.send(msgs(3))
+    rig.transport.fail(conn_error, namespace=PRIMARY)
+    second = rig.sender.send(msgs(2, "x") + [OutboundMessage(body=b"q" * 5000)])
+    merged = first.merge(second)
+    assert merged.sent == {"orders": 3} and merged.diverted_by_entity == {"orders": 2}
+    assert merged.total_rejected == 1 and len(merged.transitions) == 2
+    assert pickle.loads(pickle.dumps(merged)) == merged
+
+
+def test_close_closes_the_transport_and_the_sender() -> None:
+    rig = Rig()
+    with rig.sender as s:
+        s.send(msgs(1))
+    assert rig.transport.closed == 1
+    with pytest.raises(RuntimeError, match="closed"):
+        rig.sender.send(msgs(1))
+
+
+def test_listener_failure_does_not_fail_the_send() -> None:
+    clock = FakeClock()
+    transport = FakeTransport(clock)
+    transport.fail(conn_error, namespace=PRIMARY)
+
+    def broken(_: StateTransition) -> None:
+        raise RuntimeError("listener bug")
+
+    sender = PairedSender(
+        make_config(failover_interval=0.0),
+        transport=transport,
+        clock=clock,
+        listener=broken,
+        rng=random.Random(1),
+    )
+    assert sender.send(msgs(2)).total_diverted == 2
+
+
+def test_backlog_queue_names_from_primary_namespace() -> None:
+    rig = Rig()
+    assert rig.sender.backlog_queues == QUEUES
+    assert primary_namespace_name(rig.config.primary) == "primary"
+    local = NamespaceConfig(
+        connection_string=Secret("Endpoint=sb://127.0.0.1:5671;SharedAccessKeyName=k;SharedAccessKey=v")
+    )
+    with pytest.raises(ValueError, match="namespace_name"):
+        primary_namespace_name(local)
+    assert primary_namespace_name(replace(local, namespace_name="primary")) == "primary"
+    assert "SharedAccessKey" not in repr(rig.sender)
