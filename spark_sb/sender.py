@@ -235,16 +235,18 @@ def namespace_description(ns: Any) -> str:
 
 
 def primary_namespace_name(ns: Any) -> str:
-    """The primary's namespace name for backlog queue names: ``namespace_name`` or the first label of its host
-    (``contoso`` for ``contoso.servicebus.windows.net``). An IP address or localhost needs ``namespace_name``."""
+    """The primary's namespace name for backlog queue names (SPEC B1): ``namespace_name``, else the first label
+    of its host (``contoso`` for ``contoso.servicebus.windows.net``), else ``host-port`` for IP addresses
+    (the same rule as provisioning: ``NamespaceConfig.effective_namespace_name``)."""
+    effective = getattr(ns, "effective_namespace_name", None)
+    if callable(effective):
+        return str(effective())
     explicit = getattr(ns, "namespace_name", None)
     if explicit:
         return str(explicit)
-    host = namespace_key(ns).split(":")[0]
-    if re.fullmatch(r"[0-9.]+|localhost|\[.*\]", host) or "." not in host:
-        raise ValueError(
-            f"cannot derive the primary namespace name from host {host!r}: set 'primary.namespace_name'"
-        )
+    host, _, port = namespace_key(ns).partition(":")
+    if re.fullmatch(r"[0-9.]+", host) or "." not in host:
+        return re.sub(r"[^A-Za-z0-9._-]", "-", f"{host}-{port}" if port else host)
     return host.split(".")[0]
 
 

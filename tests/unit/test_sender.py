@@ -591,7 +591,6 @@ def test_backlog_queue_names_from_primary_namespace() -> None:
     local = NamespaceConfig(
         connection_string=Secret("Endpoint=sb://127.0.0.1:5671;SharedAccessKeyName=k;SharedAccessKey=v")
     )
-    with pytest.raises(ValueError, match="namespace_name"):
-        primary_namespace_name(local)
+    assert primary_namespace_name(local) == "127.0.0.1-5671"
     assert primary_namespace_name(replace(local, namespace_name="primary")) == "primary"
     assert "SharedAccessKey" not in repr(rig.sender)
