@@ -19,7 +19,7 @@ REDACTED = "***"
 
 _KEY_VALUE = re.compile(
     r"(?P<key>\b(?:SharedAccessKey|SharedAccessSignature|AccountKey|Password|Pwd|ClientSecret|client_secret"
-    r"|secret|sas_key|access_key)\s*[=:]\s*)(?P<q>[\"']?)(?P<val>[^;\s\"'&,}]+)",
+    r"|secret|sas_key|access_key)[\"']?\s*[=:]\s*)(?P<q>[\"']?)(?P<val>[^;\s\"'&,}]+)",
     re.IGNORECASE,
 )
 _SIG = re.compile(r"(?P<key>\bsig=)(?P<val>[^&\s;\"',}]+)", re.IGNORECASE)
