@@ -93,9 +93,8 @@ def receive_all(conn: str, entity: str, expected: int | None = None, wait: float
         while time.monotonic() < deadline:
             got = receiver.receive_messages(max_message_count=500, max_wait_time=wait)
             out.extend(got)
-            if not got or (expected is not None and len(out) >= expected):
-                if expected is None or len(out) >= expected:
-                    break
+            if (expected is None and not got) or (expected is not None and len(out) >= expected):
+                break
     return out
 
 
@@ -333,9 +332,11 @@ def test_failover_backlog_probe_and_return(pair: Any, make_sender: Callable[...,
     primary_msgs = receive_all(pair.primary.connection_string, ENTITY, wait=0.5)
     assert not [m for m in primary_msgs if is_probe(m)]
     assert set(ids(primary_msgs)) == {f"after-{i - 1}", "new-0", "new-1", "new-2"}
-    with ServiceBusClient.from_connection_string(pair.primary.connection_string) as client:
-        with client.get_queue_receiver(ENTITY) as receiver:
-            assert receiver.peek_messages(max_message_count=10) == []
+    with (
+        ServiceBusClient.from_connection_string(pair.primary.connection_string) as client,
+        client.get_queue_receiver(ENTITY) as receiver,
+    ):
+        assert receiver.peek_messages(max_message_count=10) == []
 
 
 def test_ping_probe_mode(pair: Any, make_sender: Callable[..., PairedSender]) -> None:
