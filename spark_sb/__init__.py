@@ -1,1 +1,42 @@
-"""spark-servicebus: a Structured Streaming sink for Azure Service Bus with paired-namespace failover."""
+"""spark-servicebus: a Structured Streaming sink for Azure Service Bus with paired-namespace failover.
+
+The public API is small; names are imported lazily so that ``import spark_sb`` stays cheap on executors:
+
+* :func:`load_config` / :class:`ServiceBusConfig` - the one frozen, validated, picklable configuration (driver).
+* :class:`ServiceBusSink` / :func:`sink` - the ``foreachBatch`` function (driver; sends from executors).
+* :class:`PairedSender` - the failover-aware sender, usable without Spark (any process; one per thread).
+* :class:`Syphon` - moves backlog messages back to the primary (any process; one per thread).
+* :func:`provision_backlog_queues` - creates/checks the backlog queues (driver / CLI).
+* :func:`is_probe` - for receivers: True for the sender's probe messages, which must be dropped.
+* :class:`OutboundMessage` - the project's message value type.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "load_config": "spark_sb.config",
+    "ServiceBusConfig": "spark_sb.config",
+    "ConfigError": "spark_sb.config",
+    "OutboundMessage": "spark_sb.mapping",
+    "PairedSender": "spark_sb.sender",
+    "SendOutcome": "spark_sb.sender",
+    "is_probe": "spark_sb.sender",
+    "ServiceBusSink": "spark_sb.sink",
+    "sink": "spark_sb.sink",
+    "Syphon": "spark_sb.syphon",
+    "provision_backlog_queues": "spark_sb.provisioning",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'spark_sb' has no attribute {name!r}")
+    return getattr(import_module(module), name)
