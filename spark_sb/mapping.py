@@ -36,6 +36,36 @@ from spark_sb.redact import redact
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
 
+__all__ = [
+    "BACKLOG_ENQUEUED",
+    "BACKLOG_PARTITION_KEY",
+    "BACKLOG_PATH",
+    "BACKLOG_SCHEDULED",
+    "BACKLOG_SESSION_ID",
+    "BACKLOG_TABLE",
+    "BACKLOG_TIMESTAMP_PROPERTIES",
+    "BACKLOG_TTL",
+    "JSON_CONTENT_TYPE",
+    "LOGICAL_COLUMNS",
+    "MAX_ID_LENGTH",
+    "MAX_TTL_MS",
+    "RESERVED_PROPERTIES",
+    "FrozenMap",
+    "OutboundMessage",
+    "Reject",
+    "RejectError",
+    "Scalar",
+    "batch_cost",
+    "batch_overhead",
+    "encoded_size",
+    "from_backlog",
+    "is_backlog_message",
+    "message_id_from_content",
+    "row_to_json",
+    "row_to_message",
+    "to_backlog",
+]
+
 Scalar = str | int | float | bool | bytes | datetime | uuid.UUID | None
 
 BACKLOG_PATH = "x-ms-path"

@@ -15,6 +15,16 @@ import re
 import threading
 from collections.abc import Iterable
 
+__all__ = [
+    "REDACTED",
+    "RedactingFilter",
+    "install_redaction",
+    "redact",
+    "redact_exception",
+    "register_secret",
+    "registered_secret_count",
+]
+
 REDACTED = "***"
 
 _KEY_VALUE = re.compile(
