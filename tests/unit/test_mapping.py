@@ -33,6 +33,7 @@ from spark_sb.mapping import (
     OutboundMessage,
     Reject,
     RejectError,
+    SchemaError,
     batch_cost,
     encoded_size,
     from_backlog,
@@ -40,6 +41,7 @@ from spark_sb.mapping import (
     message_id_from_content,
     row_to_message,
     to_backlog,
+    validate_schema,
 )
 
 pytestmark = pytest.mark.unit
@@ -611,3 +613,70 @@ def test_message_id_survives_backlog_round_trip() -> None:
     m = OutboundMessage(b"b", entity="q", session_id="s", time_to_live=timedelta(seconds=3))
     restored, _ = from_backlog(to_backlog(m, "q", NOW))
     assert message_id_from_content(restored) == message_id_from_content(m)
+
+
+# --------------------------------------------------------------------------- schema check (S2)
+def test_validate_schema_accepts_the_s2_schema() -> None:
+    from pyspark.sql import types as T
+
+    schema = T.StructType(
+        [
+            T.StructField("payload", T.StructType([T.StructField("a", T.IntegerType())])),
+            *(
+                T.StructField(n, T.StringType())
+                for n in ("entity", "message_id", "session_id", "subject", "to")
+            ),
+            T.StructField("time_to_live", T.LongType()),
+            T.StructField("scheduled_enqueue_time", T.TimestampType()),
+            T.StructField("properties", T.MapType(T.StringType(), T.LongType())),
+            T.StructField("other", T.ArrayType(T.IntegerType())),
+        ]
+    )
+    validate_schema(schema, {"body": "payload"})
+    validate_schema(T.StructType([T.StructField("body", T.BinaryType())]), {})
+    ttl_interval = T.StructType(
+        [T.StructField("body", T.StringType()), T.StructField("ttl", T.DayTimeIntervalType())]
+    )
+    validate_schema(ttl_interval, {"time_to_live": "ttl"})
+
+
+def _types() -> dict[str, Any]:
+    from pyspark.sql import types as T
+
+    return {
+        "string": T.StringType(),
+        "int": T.IntegerType(),
+        "date": T.DateType(),
+        "map<string,array<int>>": T.MapType(T.StringType(), T.ArrayType(T.IntegerType())),
+        "map<int,string>": T.MapType(T.IntegerType(), T.StringType()),
+    }
+
+
+@pytest.mark.parametrize(
+    ("fields", "cols", "column", "fragment"),
+    [
+        ([("x", "string")], {}, "body", "missing"),
+        ([("body", "int")], {}, "body", "found int"),
+        ([("b", "string"), ("sid", "int")], {"body": "b", "session_id": "sid"}, "sid", "found int"),
+        ([("body", "string"), ("time_to_live", "string")], {}, "time_to_live", "found string"),
+        (
+            [("body", "string"), ("scheduled_enqueue_time", "date")],
+            {},
+            "scheduled_enqueue_time",
+            "found date",
+        ),
+        ([("body", "string"), ("properties", "map<string,array<int>>")], {}, "properties", "array<int>"),
+        ([("body", "string"), ("properties", "map<int,string>")], {}, "properties", "map<int,string>"),
+    ],
+)
+def test_validate_schema_names_the_column(
+    fields: list[tuple[str, str]], cols: dict[str, str], column: str, fragment: str
+) -> None:
+    from pyspark.sql import types as T
+
+    types = _types()
+    schema = T.StructType([T.StructField(n, types[t]) for n, t in fields])
+    with pytest.raises(SchemaError) as e:
+        validate_schema(schema, cols)
+    assert e.value.column == column and fragment in str(e.value)
+    assert str(e.value).startswith(f"column {column!r}: ")
