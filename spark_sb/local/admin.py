@@ -8,7 +8,8 @@ peeks at the first byte of every accepted connection and hands TLS connections (
 What is served (paths as the SDK builds them; every name is one percent-encoded path segment, so a queue named
 ``contoso/x-servicebus-transfer/3`` arrives as ``/contoso%2Fx-servicebus-transfer%2F3``):
 
-* ``GET|PUT|DELETE /{queue or topic}`` - get, create (``PUT``), update (``PUT`` with ``If-Match``), delete;
+* ``GET|PUT|DELETE /{queue or topic}`` - get, create (``PUT``), update (``PUT`` with ``If-Match``; the body
+  replaces the whole description, absent properties take their defaults, as with the service), delete;
 * ``GET /$Resources/queues|topics?$skip=&$top=`` - paged lists;
 * ``GET|PUT|DELETE /{topic}/subscriptions/{subscription}`` and ``GET /{topic}/subscriptions``;
 * ``GET /{topic}/subscriptions/{subscription}/rules[/{rule}]`` - only the ``$Default`` true-filter rule;
@@ -322,7 +323,8 @@ def _local_name(tag: str) -> str:
 
 
 def settings_from_xml(description: ET.Element, table: Sequence[FieldSpec], base: S) -> S:
-    """``base`` with every property present in ``description`` replaced (children matched by local name).
+    """``base`` (the defaults) with every property present in ``description`` replaced (children matched by
+    local name).
 
     Elements not in the table (read-only runtime values the SDK echoes on update) are ignored.
     Raises :class:`BadRequest` on a value that does not parse.
@@ -719,26 +721,22 @@ class AdminEndpoint:
         kind, description = _parse_body(request.body, ("queue", "topic"))
         update = request.if_match is not None
         info: QueueInfo | TopicInfo
+        # An update replaces the whole description, as the service does: what the body leaves out is reset to
+        # its default (the SDK always sends every property it read, so a get -> update keeps them).
         if kind == "queue":
+            queue_settings = settings_from_xml(description, QUEUE_FIELDS, QueueSettings())
             if update:
-                current = self._store.get_queue(name).settings
-                info = self._store.update_queue(name, settings_from_xml(description, QUEUE_FIELDS, current))
+                info = self._store.update_queue(name, queue_settings)
             else:
                 self._refuse_existing_entity(name)
-                info = self._store.create_queue(
-                    name, settings_from_xml(description, QUEUE_FIELDS, QueueSettings())
-                )
+                info = self._store.create_queue(name, queue_settings)
         else:
+            topic_settings = settings_from_xml(description, TOPIC_FIELDS, TopicSettings())
             if update:
-                topic_settings = self._store.get_topic(name).settings
-                info = self._store.update_topic(
-                    name, settings_from_xml(description, TOPIC_FIELDS, topic_settings)
-                )
+                info = self._store.update_topic(name, topic_settings)
             else:
                 self._refuse_existing_entity(name)
-                info = self._store.create_topic(
-                    name, settings_from_xml(description, TOPIC_FIELDS, TopicSettings())
-                )
+                info = self._store.create_topic(name, topic_settings)
         return self._entity_reply(request, 200 if update else 201, kind, info)
 
     def _refuse_existing_entity(self, name: str) -> None:
@@ -769,13 +767,10 @@ class AdminEndpoint:
     def _put_subscription(self, request: _Request) -> _Reply:
         topic, name = request.route.names
         _, description = _parse_body(request.body, ("subscription",))
-        if request.if_match is not None:
-            current = self._store.get_subscription(topic, name).settings
-            info = self._store.update_subscription(
-                topic, name, settings_from_xml(description, SUBSCRIPTION_FIELDS, current)
-            )
-            return self._entity_reply(request, 200, "subscription", info)
         settings = settings_from_xml(description, SUBSCRIPTION_FIELDS, SubscriptionSettings())
+        if request.if_match is not None:
+            info = self._store.update_subscription(topic, name, settings)
+            return self._entity_reply(request, 200, "subscription", info)
         info = self._store.create_subscription(topic, name, settings)
         return self._entity_reply(request, 201, "subscription", info)
 

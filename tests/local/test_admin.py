@@ -548,11 +548,11 @@ def test_queue_forwarding_round_trips(
     assert getattr(queue, prop) == expected
     assert getattr(admin.get_queue("source"), prop) == expected
     queue = admin.get_queue("source")
-    setattr(queue, prop, None)
-    admin.update_queue(queue)
-    assert getattr(admin.get_queue("source"), prop) == expected  # an absent element leaves it unchanged
     admin.update_queue(queue, **{prop: "elsewhere"})
     assert getattr(admin.get_queue("source"), prop) == f"sb://127.0.0.1:{harness.port}/elsewhere"
+    setattr(queue, prop, None)
+    admin.update_queue(queue)  # an update replaces the description: no element, no forwarding
+    assert getattr(admin.get_queue("source"), prop) is None
 
 
 @pytest.mark.local
