@@ -165,20 +165,43 @@ def test_all_failing_raises_naming_namespace_queues_and_last_error(
     assert str(secondary_admin.fully_qualified_namespace) in text
 
 
-def test_unauthorized_names_the_missing_right(namespace_pair: Any, primary_name: str) -> None:
+def test_unauthorized_names_the_missing_right(primary_name: str) -> None:
     from azure.servicebus.management import ServiceBusAdministrationClient
 
-    secondary = namespace_pair.secondary
-    wrong = secondary.connection_string.replace("SharedAccessKey=", "SharedAccessKey=wrong", 1)
-    with (
-        ServiceBusAdministrationClient.from_connection_string(
-            wrong, connection_verify=secondary.ca_file
-        ) as bad,
-        pytest.raises(ProvisioningError) as caught,
-    ):
-        provision(bad, primary_name)
-    assert "'Manage' right is required" in str(caught.value)
-    assert sas_key(wrong) not in str(caught.value)
+    from spark_sb.local.server import LocalNamespace
+
+    key = "a2V5ZWQtbmFtZXNwYWNlLWtleQ=="
+    with LocalNamespace("keyed", key=key) as keyed:
+        keyed.start()
+        wrong = keyed.connection_string.replace(key, "d3Jvbmcta2V5")
+        assert wrong != keyed.connection_string
+        with (
+            ServiceBusAdministrationClient.from_connection_string(
+                wrong, connection_verify=keyed.ca_file
+            ) as bad,
+            pytest.raises(ProvisioningError) as caught,
+        ):
+            provision(bad, primary_name)
+        assert caught.value.unauthorized
+        assert "'Manage' right is required" in str(caught.value)
+        assert key not in str(caught.value) and "d3Jvbmcta2V5" not in str(caught.value)
+
+
+def test_forbidden_create_is_not_retried(
+    namespace_pair: Any, secondary_admin: Any, primary_name: str
+) -> None:
+    detail = "Unauthorized access. 'Manage' claim(s) are required to perform this operation."
+    namespace_pair.secondary.faults.fail_admin(
+        "PUT", f"/{primary_name}/x-servicebus-transfer/*", 403, detail=detail
+    )
+    clock = FakeClock()
+    with pytest.raises(ProvisioningError) as caught:
+        provision(secondary_admin, primary_name, tries=3, clock=clock)
+    assert clock.sleeps == []
+    assert caught.value.unauthorized
+    assert "'Manage' right is required" in str(caught.value) and "HTTP 403" in str(caught.value)
+    assert caught.value.report is not None
+    assert {q.attempts for q in caught.value.report.backlog} == {1}
 
 
 # ------------------------------------------------------------------------------------------------------------- CLI
@@ -264,7 +287,11 @@ def test_cli_exit_1_when_all_fail(
 
 def test_cli_exit_2_on_bad_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text("primary:\n  connection_string: x\nbacklog_queue_count: 0\n")
+    path.write_text(
+        "primary:\n  connection_string: Endpoint=sb://a.example.net/;SharedAccessKeyName=k;SharedAccessKey=eA==\n"
+        "secondary:\n  connection_string: Endpoint=sb://b.example.net/;SharedAccessKeyName=k;SharedAccessKey=eA==\n"
+        "backlog_queue_count: 0\n"
+    )
     assert main(["provision", "--config", str(path)]) == 2
     assert "backlog_queue_count" in capsys.readouterr().err
 
