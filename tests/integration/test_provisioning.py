@@ -93,10 +93,13 @@ def test_first_run_creates_n_with_the_exact_properties(namespace_pair: Any, seco
         assert not [q.name for q in p.list_queues() if "x-servicebus-transfer" in q.name]
 
 
-def test_second_run_changes_nothing(secondary_admin: Any, primary_name: str) -> None:
+def test_second_run_changes_nothing(namespace_pair: Any, secondary_admin: Any, primary_name: str) -> None:
     first = provision(secondary_admin, primary_name)
     assert len(first.created) == 3
     before = {n: q.lock_duration for n, q in backlog_in(secondary_admin, primary_name).items()}
+    # tripwire: any create/update (PUT) or delete in the second run would fail and show in the report
+    namespace_pair.secondary.faults.fail_admin("PUT", "*", 500, detail="tripwire: a PUT was sent")
+    namespace_pair.secondary.faults.fail_admin("DELETE", "*", 500, detail="tripwire: a DELETE was sent")
     second = provision(secondary_admin, primary_name)
     assert second.created == []
     assert second.summary() == "all 3 present"
@@ -250,14 +253,20 @@ def cli_env(namespace_pair: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 
 
 def test_cli_dry_run_creates_nothing_then_run_creates(
-    tmp_path: Path, cli_env: dict[str, str], capsys: pytest.CaptureFixture[str], secondary_admin: Any
+    tmp_path: Path,
+    cli_env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    secondary_admin: Any,
+    namespace_pair: Any,
 ) -> None:
     config = write_config(tmp_path, primary_namespace_name="prod-eu")
+    namespace_pair.secondary.faults.fail_admin("PUT", "*", 500, detail="tripwire: a PUT was sent")
     assert main(["provision", "--config", str(config), "--dry-run", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["dry_run"] is True
     assert [q["status"] for q in data["queues"]] == ["missing"] * 3
     assert backlog_in(secondary_admin, "prod-eu") == {}
+    namespace_pair.secondary.faults.clear()
 
     assert main(["provision", "--config", str(config)]) == 0
     out = capsys.readouterr().out
