@@ -74,15 +74,18 @@ def _add_provision(subparsers: Any) -> None:
     p.add_argument(
         "--tries",
         type=_positive_int,
-        default=DEFAULT_TRIES,
-        help=f"creation attempts per missing queue (default {DEFAULT_TRIES})",
+        default=None,
+        help=f"creation attempts per missing queue (default: config key provision.tries, else {DEFAULT_TRIES})",
     )
     p.add_argument(
         "--retry-pause",
         type=_non_negative_float,
-        default=DEFAULT_RETRY_PAUSE,
+        default=None,
         metavar="SECONDS",
-        help=f"pause between attempts (default {DEFAULT_RETRY_PAUSE:g})",
+        help=(
+            "pause between attempts (default: config key provision.retry_pause, "
+            f"else {DEFAULT_RETRY_PAUSE:g})"
+        ),
     )
     p.set_defaults(func=run_provision)
 
@@ -115,8 +118,8 @@ def run_provision(
     try:
         report = provision_backlog_queues(
             config,
-            tries=args.tries,
-            retry_pause=args.retry_pause,
+            tries=args.tries if args.tries is not None else config.provision_tries,
+            retry_pause=args.retry_pause if args.retry_pause is not None else config.provision_retry_pause,
             dry_run=args.dry_run,
             check=False,
             **provision_kwargs,

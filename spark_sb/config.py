@@ -12,7 +12,7 @@ Keys (nested in YAML/dicts, or flat and dotted as Spark options)::
     client_id,client_secret}, primary.namespace_name, secondary.* likewise, entity, backlog_queue_count,
     failover_interval, ping_primary_interval, probe_mode, backlog_retry_interval, backlog_selection,
     send_timeout, retry.{total,backoff_factor,backoff_max,mode}, max_message_size, on_reject, state_location,
-    columns.<logical>, syphon.{max_wait,batch_size,prefetch}, idle_timeout, client_cache, x-* (kept in extra)
+    columns.<logical>, syphon.{max_wait,batch_size,prefetch}, provision.{tries,retry_pause}, idle_timeout, client_cache, x-* (kept in extra)
 """
 
 from __future__ import annotations
@@ -581,6 +581,8 @@ class ServiceBusConfig:
     syphon_max_wait: float = 900.0
     syphon_batch_size: int = 100
     syphon_prefetch: int = 0
+    provision_tries: int = 3
+    provision_retry_pause: float = 30.0
     idle_timeout: float = 600.0
     client_cache: bool = True
     extra: Mapping[str, str] = field(default_factory=FrozenMap)
@@ -626,6 +628,7 @@ class ServiceBusConfig:
             ("send_timeout", 0, True),
             ("syphon_max_wait", 0, True),
             ("idle_timeout", 0, True),
+            ("provision_retry_pause", 0, False),
         ):
             v = getattr(self, name)
             key = _FIELD_TO_KEY.get(name, name)
@@ -646,6 +649,8 @@ class ServiceBusConfig:
             raise _err("syphon.batch_size", f"must be an integer > 0, found {self.syphon_batch_size!r}")
         if not _is_int(self.syphon_prefetch) or self.syphon_prefetch < 0:
             raise _err("syphon.prefetch", f"must be an integer >= 0, found {self.syphon_prefetch!r}")
+        if not _is_int(self.provision_tries) or self.provision_tries < 1:
+            raise _err("provision.tries", f"must be an integer >= 1, found {self.provision_tries!r}")
         if not isinstance(self.client_cache, bool):
             raise _err("client_cache", f"{self.client_cache!r} is not one of true, false")
         if self.state_location is not None and (
@@ -810,6 +815,8 @@ _FIELD_TO_KEY = {
     "syphon_max_wait": "syphon.max_wait",
     "syphon_batch_size": "syphon.batch_size",
     "syphon_prefetch": "syphon.prefetch",
+    "provision_tries": "provision.tries",
+    "provision_retry_pause": "provision.retry_pause",
 }
 _KEY_TO_FIELD = {v: k for k, v in _FIELD_TO_KEY.items()}
 
@@ -820,8 +827,15 @@ _DURATION_KEYS = (
     "send_timeout",
     "syphon.max_wait",
     "idle_timeout",
+    "provision.retry_pause",
 )
-_INT_KEYS = ("backlog_queue_count", "max_message_size", "syphon.batch_size", "syphon.prefetch")
+_INT_KEYS = (
+    "backlog_queue_count",
+    "max_message_size",
+    "syphon.batch_size",
+    "syphon.prefetch",
+    "provision.tries",
+)
 _CHOICE_KEYS = {
     "probe_mode": PROBE_MODES,
     "backlog_selection": BACKLOG_SELECTIONS,

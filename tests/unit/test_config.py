@@ -576,3 +576,18 @@ def test_direct_construction_is_validated() -> None:
     with pytest.raises(ConfigError, match="^retry.backoff_max: "):
         replace(base, retry=RetryConfig(backoff_max=-1))
     assert base.with_overrides(entity="q").entity == "q"
+
+
+def test_provision_keys_parse_and_validate() -> None:
+    from spark_sb.config import ConfigError, ServiceBusConfig
+
+    base = {
+        "primary": {
+            "connection_string": "Endpoint=sb://a.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v"
+        }
+    }
+    cfg = ServiceBusConfig.from_dict({**base, "provision": {"tries": 5, "retry_pause": "2s"}})
+    assert (cfg.provision_tries, cfg.provision_retry_pause) == (5, 2.0)
+    assert ServiceBusConfig.from_dict(base).provision_tries == 3
+    with pytest.raises(ConfigError, match=r"provision\.tries: must be an integer >= 1"):
+        ServiceBusConfig.from_dict({**base, "provision": {"tries": 0}})

@@ -491,6 +491,36 @@ def test_cli_prints_a_table_and_exits_0(fake_config: ServiceBusConfig) -> None:
     assert code == 0 and out.rstrip().endswith("all 3 present")
 
 
+def test_cli_takes_tries_and_pause_from_config_keys_unless_flags_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = ServiceBusConfig(
+        primary=ns_config("10.0.0.1:5671", NS),
+        backlog_queue_count=1,
+        provision_tries=4,
+        provision_retry_pause=7.0,
+    )
+    monkeypatch.setattr(config_module, "load_config", lambda source: config)
+    for argv, tries, pauses in (
+        (["provision", "--config", "c.yaml"], 4, [7.0, 7.0, 7.0]),
+        (["provision", "--config", "c.yaml", "--tries", "2", "--retry-pause", "1"], 2, [1.0]),
+    ):
+        admin = FakeAdmin(fail_all_creates=http_error(500, "down"))
+        clock = FakeClock()
+        args = cli.build_parser().parse_args(argv)
+        code = cli.run_provision(
+            args,
+            out=io.StringIO(),
+            err=io.StringIO(),
+            admin_client=admin,
+            primary_namespace_name=NS,
+            clock=clock,
+        )
+        assert code == 1
+        assert sum(c.startswith("create") for c in admin.calls) == tries
+        assert clock.sleeps == pauses
+
+
 def test_cli_json_and_dry_run(fake_config: ServiceBusConfig) -> None:
     admin = FakeAdmin()
     code, out, _ = cli_run(["provision", "--config", "conf/x.yaml", "--dry-run", "--json"], admin)
