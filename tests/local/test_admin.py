@@ -21,6 +21,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote_plus, urlencode
+from xml.etree import ElementTree
 
 import pytest
 from azure.core.exceptions import (
@@ -894,3 +895,76 @@ def test_keep_alive_and_close(harness: Harness, admin: ServiceBusAdministrationC
         thread.join(5)
         assert not thread.is_alive()
     assert harness.endpoint.open_connections == 0
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Malformed requests (straight into AdminEndpoint.handle, and one over the wire)
+# ------------------------------------------------------------------------------------------------------------
+
+_QUEUE_BODY = (
+    b'<entry xmlns="http://www.w3.org/2005/Atom"><content type="application/xml">'
+    b'<QueueDescription xmlns="http://schemas.microsoft.com/netservices/2010/10/servicebus/connect">'
+    b"<MaxDeliveryCount>4</MaxDeliveryCount></QueueDescription></content></entry>"
+)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("method", "target", "body", "status"),
+    [
+        ("PUT", "/q", b"<not-xml", 400),
+        ("PUT", "/q", b"", 400),
+        ("PUT", "/q", b'<entry xmlns="http://www.w3.org/2005/Atom"><content/></entry>', 400),
+        ("PUT", "/q", _QUEUE_BODY.replace(b"4</Max", b"four</Max"), 400),
+        ("PUT", "/t/subscriptions/s", _QUEUE_BODY, 400),
+        ("POST", "/q", _QUEUE_BODY, 405),
+        ("GET", "/$Resources/queues?$skip=x", b"", 400),
+        ("GET", "/q", b"", 404),
+        ("PUT", "/q", _QUEUE_BODY, 201),
+    ],
+)
+def test_handle_answers_malformed_requests(
+    store: MemoryStore, method: str, target: str, body: bytes, status: int
+) -> None:
+    endpoint = AdminEndpoint(store, ssl.create_default_context(ssl.Purpose.CLIENT_AUTH), KEY_NAME, None)
+    reply = endpoint.handle(method, target, {"Host": "127.0.0.1:1"}, body)
+    assert reply.status == status
+    assert b"xml" in reply.content_type.encode()
+    if status >= 400:
+        assert b"<Error><Code>" + str(status).encode() + b"</Code>" in reply.body
+
+
+@pytest.mark.unit
+def test_handle_turns_store_crashes_into_500(store: MemoryStore) -> None:
+    def explode(name: str) -> QueueInfo:
+        raise RuntimeError("broker bug")
+
+    store.get_queue = explode  # type: ignore[method-assign]
+    endpoint = AdminEndpoint(store, ssl.create_default_context(ssl.Purpose.CLIENT_AUTH), KEY_NAME, None)
+    reply = endpoint.handle("GET", "/q", {}, b"")
+    assert reply.status == 500
+    assert b"broker bug" not in reply.body
+
+
+@pytest.mark.local
+def test_chunked_request_body_over_tls(harness: Harness, store: MemoryStore) -> None:
+    import http.client
+
+    context = ssl.create_default_context(cafile=harness.tls.ca_file)
+    connection = http.client.HTTPSConnection("127.0.0.1", harness.port, context=context, timeout=5)
+    expiry = int(time.time()) + 60
+    headers = {"Authorization": _sas(f"https://127.0.0.1:{harness.port}", KEY_NAME, KEY, expiry)}
+    connection.request("PUT", "/chunky", body=iter([_QUEUE_BODY[:50], _QUEUE_BODY[50:]]), headers=headers,
+                       encode_chunked=True)  # fmt: skip
+    response = connection.getresponse()
+    assert response.status == 201
+    assert "xml" in response.getheader("Content-Type", "")
+    response.read()
+    connection.request("GET", "/chunky", headers=headers)  # same connection: keep-alive
+    answer = connection.getresponse()
+    assert answer.status == 200
+    entry = ElementTree.fromstring(answer.read())
+    sb_ns = "{http://schemas.microsoft.com/netservices/2010/10/servicebus/connect}"
+    assert entry.findtext(f".//{sb_ns}QueueDescription/{sb_ns}MaxDeliveryCount") == "4"
+    connection.close()
+    assert store.queues["chunky"].settings.max_delivery_count == 4
