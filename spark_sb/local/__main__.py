@@ -1,0 +1,91 @@
+"""``python -m spark_sb.local``: run a local Service Bus namespace until SIGINT/SIGTERM.
+
+    python -m spark_sb.local --name contoso --port 5672 [--control-port 5673] [--queue q1]... \
+        [--topic events:audit,billing]... [--topology topology.yaml] [--key-name K --key V]
+
+Prints ``connection_string=<...>`` (one line) and ``control_url=<...>`` when a control port is given, then
+serves in this process until SIGINT or SIGTERM, and exits 0 after a clean stop. ``--port 0`` / ``--control-port
+0`` pick free ports (the printed lines tell which). The connection string carries the key given with ``--key``
+(or a dummy when the namespace checks no key); it is printed because starting the namespace is asking for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from types import FrameType
+
+from spark_sb.local.server import LocalNamespace
+
+
+def _parse_topic(text: str) -> tuple[str, list[str]]:
+    name, _, subs = text.partition(":")
+    if not name:
+        raise argparse.ArgumentTypeError(f"--topic {text!r}: expected <topic>:<sub>,<sub>")
+    return name, [s for s in subs.split(",") if s]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m spark_sb.local", description="Run a local Service Bus namespace."
+    )
+    p.add_argument("--name", default="local", help="namespace name (default: local)")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=5672, help="AMQP + HTTPS admin port (0 = any free port)")
+    p.add_argument("--control-port", type=int, default=None, help="HTTP control API port (0 = any free port)")
+    p.add_argument("--queue", action="append", default=[], help="create a queue (repeatable)")
+    p.add_argument(
+        "--topic",
+        action="append",
+        default=[],
+        type=_parse_topic,
+        help="create <topic>:<sub>,<sub> (repeatable)",
+    )
+    p.add_argument("--topology", default=None, help="YAML file of queues/topics/subscriptions with settings")
+    p.add_argument("--key-name", default="RootManageSharedAccessKey", help="shared access key name")
+    p.add_argument(
+        "--key", default=None, help="shared access key to check SAS tokens against (default: none)"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    topics: dict[str, list[str]] = {}
+    for name, subs in args.topic:
+        topics.setdefault(name, []).extend(subs)
+    ns = LocalNamespace(
+        args.name,
+        args.host,
+        args.port,
+        queues=args.queue,
+        topics=topics,
+        key_name=args.key_name,
+        key=args.key,
+        control_port=args.control_port,
+        topology=args.topology,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    ns.start()
+    try:
+        print(f"connection_string={ns.connection_string}", flush=True)
+        if ns.control_url is not None:
+            print(f"control_url={ns.control_url}", flush=True)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        ns.stop()
+    print("stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

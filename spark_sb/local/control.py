@@ -1,0 +1,159 @@
+"""HTTP control API of a local namespace: drive its faults and read its state from another process (SPEC E4).
+
+Started by ``LocalNamespace(control_port=...)`` (``0`` = a free port; ``ns.control_url`` tells which) and by
+``python -m spark_sb.local --control-port``. Plain HTTP on the namespace's host, JSON in and out, one thread
+(``http.server.ThreadingHTTPServer``). It changes nothing but faults; it never shows keys.
+
+Routes (POST bodies are JSON objects; a missing body is ``{}``)::
+
+    GET  /status                      namespace name, port, connection string-free summary: entities with
+                                      active / dead-letter / scheduled counts, current faults
+    POST /faults/refuse               stop listening (connections refused)
+    POST /faults/accept               listen again
+    POST /faults/stall                {"on": true|false}   accept and read, answer nothing
+    POST /faults/latency              {"seconds": 0.002}   delay every write
+    POST /faults/drop                 close every live connection abruptly
+    POST /faults/send-error           {"entity": "q1", "condition": "com.microsoft:server-busy",
+                                       "description": "...", "count": 3}   (count null/absent = until cleared)
+    POST /faults/stall-entity         {"entity": "q1", "on": true|false}
+    POST /faults/admin-error          {"method": "PUT", "path": "q1", "status": 500, "count": 1,
+                                       "code": "", "detail": "..."}
+    POST /faults/clear                remove every fault
+
+Answers ``{"ok": true}`` (or the status document); 400 with ``{"error": ...}`` for a bad body, 404 for an
+unknown route.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spark_sb.local.server import LocalNamespace
+
+__all__ = ["ControlServer"]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HttpServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+        return
+
+    def _reply(self, status: int, doc: Any) -> None:
+        body = json.dumps(doc, default=str).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server naming
+        path = self.path.split("?", 1)[0].rstrip("/")
+        if path in ("/status", ""):
+            self._reply(200, self.server.control.status())
+        else:
+            self._reply(404, {"error": f"unknown route {path}"})
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server naming
+        path = self.path.split("?", 1)[0].rstrip("/")
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            found = self.server.control.apply(path, body)
+        except (ValueError, TypeError, KeyError) as exc:
+            self._reply(400, {"error": str(exc)})
+            return
+        if not found:
+            self._reply(404, {"error": f"unknown route {path}"})
+        else:
+            self._reply(200, {"ok": True})
+
+
+class _HttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+    control: ControlServer
+
+
+class ControlServer:
+    """The control API of one namespace (a thread serving HTTP)."""
+
+    def __init__(self, namespace: LocalNamespace, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.namespace = namespace
+        self._httpd = _HttpServer((host, port), _Handler)
+        self._httpd.control = self
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._httpd.server_address[0]}:{self.port}"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name=f"sb-control-{self.namespace.name}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def status(self) -> dict[str, Any]:
+        ns = self.namespace
+        doc = ns.broker.status()
+        doc["port"] = ns.port
+        doc["faults"] = ns.faults.snapshot()
+        doc["connections"] = ns.connection_count
+        return doc
+
+    def apply(self, path: str, body: dict[str, Any]) -> bool:
+        f = self.namespace.faults
+        if path == "/faults/refuse":
+            f.refuse_connections()
+        elif path == "/faults/accept":
+            f.accept_connections()
+        elif path == "/faults/stall":
+            f.stall(bool(body.get("on", True)))
+        elif path == "/faults/latency":
+            f.set_latency(float(body["seconds"]))
+        elif path == "/faults/drop":
+            f.drop_connections()
+        elif path == "/faults/send-error":
+            count = body.get("count")
+            f.fail_sends(
+                str(body["entity"]),
+                str(body["condition"]),
+                str(body.get("description") or "injected fault"),
+                None if count is None else int(count),
+            )
+        elif path == "/faults/stall-entity":
+            f.stall_entity(str(body["entity"]), bool(body.get("on", True)))
+        elif path == "/faults/admin-error":
+            count = body.get("count")
+            f.fail_admin(
+                str(body.get("method") or "*"),
+                str(body["path"]),
+                int(body["status"]),
+                None if count is None else int(count),
+                str(body.get("code") or ""),
+                str(body.get("detail") or "injected fault"),
+            )
+        elif path == "/faults/clear":
+            f.clear()
+        else:
+            return False
+        return True

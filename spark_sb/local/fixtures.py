@@ -1,0 +1,53 @@
+"""Pytest fixtures for the local Service Bus namespace (a pytest plugin: ``pytest_plugins = ["spark_sb.local.fixtures"]``).
+
+* ``local_namespace`` - one started :class:`~spark_sb.local.server.LocalNamespace` named ``local`` with queues
+  ``q1`` and ``q2`` and topic ``t1`` (subscriptions ``s1``, ``s2``), on a free port; stopped after the test.
+* ``namespace_pair`` - a :class:`NamespacePair` of two started namespaces ``primary`` and ``secondary`` (no
+  entities: tests or the code under test provision them), free ports, stopped after the test.
+
+Both are function-scoped and start in a few milliseconds (no certificate is made until the admin endpoint is
+first used). They run in the test process; the SDK reaches them over real TCP on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from spark_sb.local.server import LocalNamespace
+
+__all__ = ["NamespacePair", "local_namespace", "namespace_pair"]
+
+
+@dataclass(frozen=True)
+class NamespacePair:
+    """The primary and secondary namespaces of a paired-namespace test."""
+
+    primary: LocalNamespace
+    secondary: LocalNamespace
+
+
+@pytest.fixture
+def local_namespace() -> Iterator[LocalNamespace]:
+    ns = LocalNamespace("local", queues=["q1", "q2"], topics={"t1": ["s1", "s2"]}).start()
+    try:
+        yield ns
+    finally:
+        ns.stop()
+
+
+@pytest.fixture
+def namespace_pair() -> Iterator[NamespacePair]:
+    primary = LocalNamespace("primary").start()
+    try:
+        secondary = LocalNamespace("secondary").start()
+    except BaseException:
+        primary.stop()
+        raise
+    try:
+        yield NamespacePair(primary, secondary)
+    finally:
+        secondary.stop()
+        primary.stop()

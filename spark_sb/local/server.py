@@ -1,0 +1,1398 @@
+"""The network side of a local Service Bus namespace: AMQP 1.0 (and the HTTPS admin hand-off) on one port.
+
+:class:`LocalNamespace` is the public entry point (tests, fixtures, the CLI and the demo use it)::
+
+    with LocalNamespace("primary", queues=["q1"], topics={"t": ["s1"]}) as ns:
+        ServiceBusClient.from_connection_string(ns.connection_string) ...
+        ns.admin_client().get_queue("q1")
+        ns.faults.refuse_connections()
+
+One background thread per namespace runs a selector loop over plain sockets and drives python-qpid-proton's
+*engine* (``proton.Transport`` / ``Connection`` / ``Collector``, no reactor), so every byte in and out passes
+through this module: that is what makes stalls, latency and abrupt drops possible. The first byte of a new
+connection decides its kind: ``A`` (``AMQP`` protocol header) stays here; ``0x16`` (a TLS ClientHello from the
+SDK's ``ServiceBusAdministrationClient``) is handed to :class:`spark_sb.local.admin.AdminEndpoint` in a thread
+of its own.
+
+AMQP handled: SASL ANONYMOUS, CBS ``put-token`` on ``$cbs`` (any token, or a SAS token verified against the
+namespace key), sender links to queues/topics (single and batched transfers, settled ``accepted`` or
+``rejected`` with the broker's error condition), receiver links from queues/subscriptions and their
+``$deadletterqueue`` (credit, drain, peek-lock with the lock token as delivery tag, receive-and-delete
+pre-settled, every client settlement answered with the outcome applied), session receivers (session filter,
+``com.microsoft:locked-until-utc``), and the ``$management`` request/response node (see ``_Management``).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import hashlib
+import hmac
+import itertools
+import logging
+import os
+import selectors
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qsl, quote_plus
+
+import cproton
+from proton import (
+    Collector,
+    Condition,
+    Connection,
+    Delivery,
+    Endpoint,
+    Event,
+    Link,
+    Receiver,
+    Sender,
+    Terminus,
+    Transport,
+    symbol,
+    ulong,
+)
+
+from spark_sb.clock import Clock
+from spark_sb.local import amqp
+from spark_sb.local.amqp import BATCH_FORMAT, AmqpDecodeError, Array, Long, Timestamp
+from spark_sb.local.broker import (
+    NOT_FOUND,
+    SESSION_LOCK_LOST,
+    TIMEOUT,
+    UNAUTHORIZED,
+    Broker,
+    BrokerError,
+    Delivered,
+    EntityAddress,
+    Outcome,
+)
+from spark_sb.local.faults import FaultController
+
+__all__ = ["LocalNamespace"]
+
+logger = logging.getLogger(__name__)
+
+_DATETIMEOFFSET_EPOCH = 621355968000000000  # .NET ticks at the Unix epoch
+_SESSION_FILTER = "com.microsoft:session-filter"
+_RECEIVE_MODE_FIRST = 0  # receiver-settle-mode first = receive-and-delete
+_CREDIT_WINDOW = 1000
+_POLL = 0.05
+
+
+def _raw_tag(dlv: Delivery) -> bytes:
+    """The delivery tag as bytes (proton 0.40's ``Delivery.tag`` decodes it as UTF-8 and fails on GUIDs)."""
+    return cproton.bytes2pybytes(cproton.lib.pn_delivery_tag(dlv._impl))  # type: ignore[no-any-return]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# SAS verification (CBS put-token)
+
+
+def verify_sas_token(token: str, key_name: str, key: str, now: float | None = None) -> str | None:
+    """Why a ``SharedAccessSignature sr=..&sig=..&se=..&skn=..`` token is refused, or None if valid."""
+    prefix = "SharedAccessSignature "
+    if not token.startswith(prefix):
+        return "not a SharedAccessSignature token"
+    fields = dict(parse_qsl(token[len(prefix) :], keep_blank_values=True))
+    sr, sig, se, skn = fields.get("sr"), fields.get("sig"), fields.get("se"), fields.get("skn")
+    if not sr or not sig or not se:
+        return "malformed SharedAccessSignature"
+    if skn != key_name:
+        return "unknown shared access key name"
+    try:
+        expiry = int(se)
+    except ValueError:
+        return "malformed expiry"
+    if expiry < (time.time() if now is None else now):
+        return "expired token"
+    expected = hmac.new(key.encode("utf-8"), f"{quote_plus(sr)}\n{expiry}".encode(), hashlib.sha256).digest()
+    try:
+        given = base64.b64decode(sig)
+    except ValueError:
+        return "malformed signature"
+    if not hmac.compare_digest(expected, given):
+        return "invalid signature"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------------------
+# per-link state
+
+
+class _LinkState:
+    """What the server knows about one link (stored on the proton link's attachment record)."""
+
+    __slots__ = (
+        "kind",
+        "address",
+        "addr",
+        "peek_lock",
+        "session_id",
+        "waiting",
+        "tag_counter",
+        "node",
+        "held",
+        "pending_attach_deadline",
+        "closed",
+        "link",
+        "conn",
+    )
+
+    def __init__(self, kind: str, link: Link, conn: _AmqpConnection) -> None:
+        self.kind = kind  # send | receive | cbs-in | cbs-out | mgmt-in | mgmt-out | pending-session
+        self.address = ""
+        self.addr: EntityAddress | None = None
+        self.peek_lock = True
+        self.session_id: str | None = None
+        self.waiting = False
+        self.tag_counter = itertools.count(1)
+        self.node = ""
+        self.held: list[tuple[Delivery, list[bytes]]] = []
+        self.pending_attach_deadline = 0.0
+        self.closed = False
+        self.link = link
+        self.conn = conn
+
+
+# ------------------------------------------------------------------------------------------------------------
+# one AMQP connection
+
+
+class _AmqpConnection:
+    """One client connection: a socket, a proton transport/connection/collector and a frame sniffer.
+
+    Runs only in the namespace's server thread."""
+
+    def __init__(self, server: _Server, sock: socket.socket) -> None:
+        self.server = server
+        self.sock = sock
+        self.broker = server.broker
+        self.collector = Collector()
+        self.connection = Connection()
+        self.connection.collect(self.collector)
+        self.transport = Transport(Transport.SERVER)
+        self.transport.max_frame_size = 1024 * 1024
+        self.transport.bind(self.connection)
+        sasl = self.transport.sasl()
+        sasl.allowed_mechs("ANONYMOUS")
+        self.sniffer = amqp.FrameSniffer()
+        self.inbuf = bytearray()
+        self.outq: deque[tuple[float, bytes]] = deque()
+        self.closed = False
+        self.eof = False
+        self.links: set[_LinkState] = set()
+        self.authorized = server.key is None
+        self.want_write = False
+
+    # ---------------------------------------------------------------- I/O
+
+    def on_readable(self) -> None:
+        try:
+            data = self.sock.recv(262144)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.close(abrupt=True)
+            return
+        if not data:
+            self.eof = True
+            if not self.server.faults.stalled:
+                with contextlib.suppress(Exception):
+                    self.transport.close_tail()
+                self.process()
+            return
+        self.inbuf += data
+        if not self.server.faults.stalled:
+            self.pump_input()
+
+    def pump_input(self) -> None:
+        """Feed buffered input to the sniffer and proton, then process events."""
+        while self.inbuf and not self.closed:
+            cap = self.transport.capacity()
+            if cap < 0:
+                self.close(abrupt=False)
+                return
+            if cap == 0:
+                break
+            chunk = bytes(self.inbuf[:cap])
+            del self.inbuf[:cap]
+            self.sniffer.feed(chunk)
+            try:
+                self.transport.push(chunk)
+            except Exception:  # noqa: BLE001 - proton raises on protocol errors: drop the connection
+                logger.debug("protocol error on a connection", exc_info=True)
+                self.close(abrupt=True)
+                return
+            self.process()
+        if self.eof and not self.inbuf and not self.closed:
+            with contextlib.suppress(Exception):
+                self.transport.close_tail()
+            self.process()
+
+    def collect_output(self) -> None:
+        """Move proton's pending output into the (possibly delayed) write queue."""
+        if self.closed:
+            return
+        t = self.transport
+        while True:
+            n = t.pending()
+            if n <= 0:
+                if n < 0 and not self.outq:
+                    self.close(abrupt=False)
+                break
+            data = t.peek(n)
+            t.pop(n)
+            if data:
+                release = time.monotonic() + self.server.faults.latency if self.server.faults.latency else 0.0
+                self.outq.append((release, bytes(data)))
+
+    def flush(self) -> float | None:
+        """Write what is due; returns the monotonic time of the next due chunk (None if nothing waits)."""
+        if self.closed:
+            return None
+        if self.server.faults.stalled:
+            return None
+        now = time.monotonic()
+        while self.outq:
+            release, data = self.outq[0]
+            if release > now:
+                self.set_want_write(False)
+                return release
+            try:
+                sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                self.set_want_write(True)
+                return None
+            except OSError:
+                self.close(abrupt=True)
+                return None
+            if sent < len(data):
+                self.outq[0] = (release, data[sent:])
+                self.set_want_write(True)
+                return None
+            self.outq.popleft()
+        self.set_want_write(False)
+        if self.transport.closed and not self.outq:
+            self.close(abrupt=False)
+        return None
+
+    def set_want_write(self, on: bool) -> None:
+        if on != self.want_write and not self.closed:
+            self.want_write = on
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if on else 0)
+            with contextlib.suppress(KeyError, ValueError):
+                self.server.selector.modify(self.sock, events, self)
+
+    def close(self, *, abrupt: bool) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for st in list(self.links):
+            self.server.forget_link(st)
+        self.links.clear()
+        with contextlib.suppress(KeyError, ValueError):
+            self.server.selector.unregister(self.sock)
+        if abrupt:
+            with contextlib.suppress(OSError):
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        with contextlib.suppress(Exception):
+            self.transport.unbind()
+        self.server.conns.pop(self, None)
+
+    # ---------------------------------------------------------------- events
+
+    def process(self) -> None:
+        c = self.collector
+        while True:
+            ev = c.peek()
+            if ev is None:
+                break
+            try:
+                self.dispatch(ev)
+            except Exception:  # noqa: BLE001 - one bad event must not kill the namespace
+                logger.exception("error handling AMQP event %s", ev.type)
+            c.pop()
+            if self.closed:
+                return
+        self.collect_output()
+
+    def dispatch(self, ev: Any) -> None:
+        t = ev.type
+        if t == Event.DELIVERY:
+            dlv = ev.delivery
+            link = dlv.link
+            st = _state(link)
+            if st is None:
+                return
+            if link.is_receiver:
+                self.on_incoming(st, link, dlv)
+            else:
+                self.on_settlement(st, link, dlv)
+        elif t == Event.LINK_FLOW:
+            link = ev.link
+            st = _state(link)
+            if st is not None and link.is_sender and st.kind == "receive":
+                self.server.deliver(st)
+        elif t == Event.LINK_REMOTE_OPEN:
+            self.on_link_open(ev.link)
+        elif t in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
+            link = ev.link
+            st = _state(link)
+            if st is not None:
+                self.server.forget_link(st)
+            if link.state & Endpoint.LOCAL_ACTIVE:
+                link.close()
+        elif t == Event.SESSION_REMOTE_OPEN:
+            ssn = ev.session
+            if ssn.state & Endpoint.LOCAL_UNINIT:
+                ssn.open()
+        elif t == Event.SESSION_REMOTE_CLOSE:
+            ssn = ev.session
+            if ssn.state & Endpoint.LOCAL_ACTIVE:
+                ssn.close()
+        elif t == Event.CONNECTION_REMOTE_OPEN:
+            conn = ev.connection
+            if conn.state & Endpoint.LOCAL_UNINIT:
+                conn.container = f"spark-sb-local-{self.server.broker.namespace_name}"
+                conn.properties = {symbol("product"): "spark-sb-local"}
+                conn.open()
+        elif t == Event.CONNECTION_REMOTE_CLOSE:
+            conn = ev.connection
+            if conn.state & Endpoint.LOCAL_ACTIVE:
+                conn.close()
+        elif t == Event.TRANSPORT_CLOSED:
+            for st in list(self.links):
+                self.server.forget_link(st)
+
+    # ---------------------------------------------------------------- attach
+
+    def on_link_open(self, link: Link) -> None:
+        if not link.state & Endpoint.LOCAL_UNINIT:
+            return
+        terminus = link.remote_target if link.is_receiver else link.remote_source
+        address = terminus.address or ""
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = link.remote_rcv_settle_mode
+        node = _node_name(address)
+        if node == "$cbs":
+            st = _LinkState("cbs-in" if link.is_receiver else "cbs-out", link, self)
+            self._register(link, st, address)
+            link.open()
+            if link.is_receiver:
+                assert isinstance(link, Receiver)
+                link.flow(100)
+            return
+        if node.lower().endswith("$management"):
+            st = _LinkState("mgmt-in" if link.is_receiver else "mgmt-out", link, self)
+            st.node = node
+            self._register(link, st, address)
+            link.open()
+            if link.is_receiver:
+                assert isinstance(link, Receiver)
+                link.flow(100)
+            return
+        try:
+            if link.is_receiver:
+                addr = self.broker.resolve(address)
+                if addr.kind == "subscription" or addr.dead_letter or addr.management:
+                    raise BrokerError("amqp:not-allowed", f"Cannot send to '{addr.path}'.")
+                st = _LinkState("send", link, self)
+                st.addr = addr
+                self._register(link, st, address)
+                link.max_message_size = self.server.max_message_size(addr)
+                link.properties = {
+                    symbol("com.microsoft:max-message-batch-size"): ulong(link.max_message_size)
+                }
+                link.open()
+                assert isinstance(link, Receiver)
+                link.flow(_CREDIT_WINDOW)
+                return
+            session_filter, has_filter = _session_filter(link.remote_source)
+            addr = self.broker.check_receiver(address, session=has_filter)
+            st = _LinkState("receive", link, self)
+            st.addr = addr
+            st.peek_lock = link.remote_snd_settle_mode != Link.SND_SETTLED
+            self._register(link, st, address)
+            if has_filter:
+                accepted = self.broker.accept_session(addr, session_filter, st)
+                if accepted is None:
+                    st.kind = "pending-session"
+                    props = link.remote_properties or {}
+                    timeout_ms = props.get(symbol("com.microsoft:timeout")) or props.get(
+                        "com.microsoft:timeout"
+                    )
+                    wait = (int(timeout_ms) / 1000.0) if timeout_ms else 65.0
+                    st.pending_attach_deadline = time.monotonic() + wait
+                    self.server.pending_sessions.add(st)
+                    return
+                self.complete_session_attach(st, *accepted)
+                return
+            link.open()
+        except BrokerError as exc:
+            self.refuse_link(link, exc.condition, exc.description)
+
+    def complete_session_attach(self, st: _LinkState, session_id: str, locked_until_ms: int) -> None:
+        link = st.link
+        st.kind = "receive"
+        st.session_id = session_id
+        flt = link.source.filter
+        flt.clear()
+        flt.put_map()
+        flt.enter()
+        flt.put_symbol(symbol(_SESSION_FILTER))
+        flt.put_string(session_id)
+        flt.exit()
+        ticks = locked_until_ms * 10000 + _DATETIMEOFFSET_EPOCH
+        link.properties = {symbol("com.microsoft:locked-until-utc"): ticks}
+        link.open()
+
+    def refuse_link(self, link: Link, condition: str, description: str) -> None:
+        st = _state(link)
+        if st is not None:
+            self.server.forget_link(st)
+        if link.is_receiver:  # the spec's refusal: an attach with a null terminus, then the detach
+            link.target.type = Terminus.UNSPECIFIED
+        else:
+            link.source.type = Terminus.UNSPECIFIED
+        link.open()
+        link.condition = _condition(condition, description)
+        link.close()
+
+    def _register(self, link: Link, st: _LinkState, address: str) -> None:
+        st.address = address
+        link.sb_state = st
+        self.links.add(st)
+
+    # ---------------------------------------------------------------- incoming transfers
+
+    def on_incoming(self, st: _LinkState, link: Link, dlv: Delivery) -> None:
+        if dlv.partial and not dlv.aborted:
+            return
+        assert isinstance(link, Receiver)
+        fmt = self.sniffer.pop_format(link.name)
+        if dlv.aborted:
+            link.advance()
+            dlv.settle()
+            return
+        data = link.recv(dlv.pending) or b""
+        link.advance()
+        if link.credit < _CREDIT_WINDOW // 2:
+            link.flow(_CREDIT_WINDOW - link.credit)
+        if st.kind == "send":
+            self.on_send(st, dlv, data, fmt)
+        elif st.kind == "cbs-in":
+            dlv.update(Delivery.ACCEPTED)
+            dlv.settle()
+            self.on_cbs(st, data)
+        elif st.kind == "mgmt-in":
+            dlv.update(Delivery.ACCEPTED)
+            dlv.settle()
+            self.server.management.handle(self, st, data)
+        else:
+            dlv.update(Delivery.REJECTED)
+            dlv.settle()
+
+    def on_send(self, st: _LinkState, dlv: Delivery, data: bytes, fmt: int) -> None:
+        assert st.addr is not None
+        try:
+            payloads = amqp.split_batch(data) if fmt == BATCH_FORMAT else [data]
+        except AmqpDecodeError as exc:
+            _reject(dlv, "amqp:decode-error", str(exc))
+            return
+        faults = self.server.faults
+        if not self.authorized:
+            _reject(
+                dlv,
+                UNAUTHORIZED,
+                "Unauthorized access. 'Send' claim(s) are required to perform this operation.",
+            )
+            return
+        fault = faults.send_fault(st.addr.path)
+        if fault is not None:
+            _reject(dlv, fault[0], fault[1])
+            return
+        if faults.entity_stalled(st.addr.path):
+            st.held.append((dlv, payloads))
+            self.server.stalled_links.add(st)
+            return
+        self.settle_send(st, dlv, payloads)
+
+    def settle_send(self, st: _LinkState, dlv: Delivery, payloads: list[bytes]) -> None:
+        assert st.addr is not None
+        try:
+            self.broker.send(st.addr, payloads)
+        except BrokerError as exc:
+            _reject(dlv, exc.condition, exc.description)
+            return
+        except AmqpDecodeError as exc:
+            _reject(dlv, "amqp:decode-error", str(exc))
+            return
+        dlv.update(Delivery.ACCEPTED)
+        dlv.settle()
+
+    # ---------------------------------------------------------------- CBS
+
+    def on_cbs(self, st: _LinkState, data: bytes) -> None:
+        try:
+            sections = amqp.message_sections(data)
+            props = sections.get(amqp.PROPERTIES) or []
+            app = sections.get(amqp.APPLICATION_PROPERTIES) or {}
+            token = sections.get(amqp.AMQP_VALUE)
+            mid_raw = _message_id_raw(data)
+        except AmqpDecodeError:
+            return
+        reply_to = props[4] if len(props) > 4 else None
+        status, description = 202, "Accepted"
+        if app.get("operation") != "put-token":
+            status, description = 400, "unknown CBS operation"
+        elif self.server.key is not None:
+            text = token.decode("utf-8", "replace") if isinstance(token, bytes) else str(token)
+            reason = verify_sas_token(text, self.server.key_name, self.server.key)
+            if reason is not None:
+                status, description = 401, f"InvalidSignature: {reason}"
+            else:
+                self.authorized = True
+        reply = amqp.encode_reply(
+            correlation_id_raw=mid_raw,
+            application_properties={"status-code": status, "status-description": description},
+            value=None,
+            to=reply_to,
+        )
+        self.send_reply("cbs-out", "$cbs", reply_to, reply, st)
+
+    def send_reply(
+        self, kind: str, node: str, reply_to: str | None, payload: bytes, origin: _LinkState
+    ) -> None:
+        target: _LinkState | None = None
+        for cand in self.links:
+            if cand.kind != kind or cand.closed:
+                continue
+            if reply_to and cand.address == reply_to:
+                target = cand
+                break
+            same_node = cand.node == node or _node_name(cand.address) == node
+            if same_node and (target is None or cand.link.session == origin.link.session):
+                target = cand
+        if target is None:
+            logger.debug("no reply link for %s", node)
+            return
+        link = target.link
+        assert isinstance(link, Sender)
+        tag = str(next(target.tag_counter)).encode()
+        dlv = link.delivery(tag)  # type: ignore[arg-type]
+        link.send(payload)
+        link.advance()
+        dlv.settle()
+
+    # ---------------------------------------------------------------- outgoing deliveries and settlements
+
+    def on_settlement(self, st: _LinkState, link: Link, dlv: Delivery) -> None:
+        if st.kind != "receive" or not dlv.updated:
+            return
+        if dlv.local_state and dlv.settled:
+            dlv.settle()
+            return
+        state = dlv.remote_state
+        tag = _raw_tag(dlv)
+        remote = dlv.remote
+        reason = description = None
+        if state == Delivery.ACCEPTED:
+            outcome = Outcome.COMPLETE
+        elif state == Delivery.RELEASED:
+            outcome = Outcome.RELEASE
+        elif state == Delivery.MODIFIED:
+            outcome = Outcome.DEFER if remote.undeliverable else Outcome.ABANDON
+        elif state == Delivery.REJECTED:
+            outcome = Outcome.DEAD_LETTER
+            cond = remote.condition
+            if cond is not None:
+                info: Any = cond.info or {}
+                reason = _str_or_none(info.get("DeadLetterReason") or info.get(symbol("DeadLetterReason")))
+                description = _str_or_none(
+                    info.get("DeadLetterErrorDescription") or info.get(symbol("DeadLetterErrorDescription"))
+                )
+        else:
+            return
+        assert st.addr is not None
+        try:
+            self.broker.settle(st.addr, tag, outcome, reason=reason, description=description, owner=st)
+        except BrokerError as exc:
+            if not dlv.settled:
+                dlv.local.condition = _condition(exc.condition, exc.description)
+                dlv.update(Delivery.REJECTED)
+            dlv.settle()
+            return
+        if not dlv.settled:
+            if state == Delivery.MODIFIED:
+                dlv.local.failed = True
+                dlv.local.undeliverable = bool(remote.undeliverable)
+            dlv.update(state)
+        dlv.settle()
+
+    def send_deliveries(self, st: _LinkState, items: list[Delivered]) -> None:
+        link = st.link
+        assert isinstance(link, Sender)
+        for d in items:
+            tag = d.lock_token if d.lock_token is not None else next(st.tag_counter).to_bytes(8, "big")
+            dlv = link.delivery(tag)  # type: ignore[arg-type]
+            link.send(d.payload)
+            link.advance()
+            if not st.peek_lock:
+                dlv.settle()
+
+
+def _condition(name: str, description: str) -> Condition:
+    """An AMQP error with an info map (the SDK reads ``error[2]``; proton drops an absent info)."""
+    return Condition(name, description, {symbol("com.microsoft:tracking-id"): uuid.uuid4().hex})
+
+
+def _reject(dlv: Delivery, condition: str, description: str) -> None:
+    dlv.local.condition = _condition(condition, description)
+    dlv.update(Delivery.REJECTED)
+    dlv.settle()
+
+
+def _str_or_none(v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    return str(v)
+
+
+def _state(link: Link) -> _LinkState | None:
+    try:
+        return link.sb_state  # type: ignore[no-any-return]
+    except AttributeError:
+        return None
+
+
+def _node_name(address: str) -> str:
+    a = address
+    if "://" in a:
+        a = a.split("://", 1)[1]
+        a = a.split("/", 1)[1] if "/" in a else ""
+    return a.strip("/")
+
+
+def _session_filter(source: Terminus) -> tuple[str | None, bool]:
+    """(session id or None for next-available, whether the session filter is present)."""
+    flt = source.filter
+    flt.rewind()
+    if not flt.next():
+        return None, False
+    value = flt.get_object()
+    if not isinstance(value, dict):
+        return None, False
+    for k, v in value.items():
+        if str(k) == _SESSION_FILTER:
+            if v is None:
+                return None, True
+            if isinstance(v, bytes):
+                return v.decode("utf-8"), True
+            return str(v), True
+    return None, False
+
+
+def _message_id_raw(data: bytes) -> bytes:
+    """The request's message-id exactly as encoded (echoed as the reply's correlation-id)."""
+    return amqp.parse_message(data).message_id_raw
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the management node
+
+
+def _tokens(values: Any) -> list[bytes]:
+    out = []
+    for v in values or []:
+        if isinstance(v, uuid.UUID):
+            out.append(v.bytes_le)
+        elif isinstance(v, bytes) and len(v) == 16:
+            out.append(uuid.UUID(bytes=v).bytes_le)
+        else:
+            out.append(uuid.UUID(str(v)).bytes_le)
+    return out
+
+
+_STATUS_BY_CONDITION = {
+    NOT_FOUND: 404,
+    "com.microsoft:message-not-found": 404,
+    "com.microsoft:message-lock-lost": 410,
+    SESSION_LOCK_LOST: 410,
+    "com.microsoft:session-cannot-be-locked": 409,
+    TIMEOUT: 408,
+    UNAUTHORIZED: 401,
+    "com.microsoft:entity-disabled": 400,
+    "amqp:resource-limit-exceeded": 403,
+    "amqp:link:message-size-exceeded": 413,
+    "com.microsoft:server-busy": 503,
+}
+
+
+class _Management:
+    """Request/response on ``<entity>/$management``: the operations the SDK issues (protocol-notes.md)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def handle(self, conn: _AmqpConnection, st: _LinkState, data: bytes) -> None:
+        try:
+            sections = amqp.message_sections(data)
+            mid_raw = _message_id_raw(data)
+        except AmqpDecodeError:
+            return
+        props = sections.get(amqp.PROPERTIES) or []
+        reply_to = props[4] if len(props) > 4 else None
+        app = sections.get(amqp.APPLICATION_PROPERTIES) or {}
+        body = sections.get(amqp.AMQP_VALUE)
+        operation = str(app.get("operation") or "")
+        status, description, value, condition = 200, "OK", None, None
+        try:
+            if not conn.authorized:
+                raise BrokerError(UNAUTHORIZED, "Unauthorized access.")
+            entity = st.node[: -len("$management")].rstrip("/")
+            status, value = self.dispatch(entity, operation, body if isinstance(body, dict) else {})
+            if status == 204:
+                description = "No Content"
+        except BrokerError as exc:
+            status = _STATUS_BY_CONDITION.get(exc.condition, 400)
+            description, condition = exc.description, exc.condition
+        except (KeyError, TypeError, ValueError, AmqpDecodeError) as exc:
+            status, description, condition = 400, f"Bad request: {exc}", "com.microsoft:argument-error"
+        app_out: dict[str, Any] = {"statusCode": status, "statusDescription": description}
+        if condition is not None:
+            app_out["errorCondition"] = amqp.Symbol(condition)
+            app_out["error-condition"] = amqp.Symbol(condition)
+        reply = amqp.encode_reply(
+            correlation_id_raw=mid_raw, application_properties=app_out, value=value, to=reply_to
+        )
+        conn.send_reply("mgmt-out", st.node, reply_to, reply, st)
+
+    def dispatch(self, entity: str, operation: str, body: dict[str, Any]) -> tuple[int, Any]:
+        b = self.broker
+        op = operation.removeprefix("com.microsoft:")
+        sid = body.get("session-id")
+        sid = sid.decode() if isinstance(sid, bytes) else sid
+        if op == "schedule-message":
+            payloads = [bytes(m["message"]) for m in body.get("messages") or []]
+            seqs = b.schedule(entity, payloads)
+            return 200, {"sequence-numbers": Array(seqs, element="long")}
+        if op == "cancel-scheduled-message":
+            b.cancel_scheduled(entity, [int(s) for s in body.get("sequence-numbers") or []])
+            return 200, {}
+        if op == "peek-message":
+            msgs = b.peek(
+                entity,
+                int(body.get("from-sequence-number") or 1),
+                int(body.get("message-count") or 1),
+                session_id=sid,
+            )
+            if not msgs:
+                return 204, {}
+            return 200, {"messages": [{"message": m} for m in msgs]}
+        if op == "renew-lock":
+            expirations = b.renew_lock(entity, _tokens(body.get("lock-tokens")))
+            return 200, {"expirations": Array(expirations, element="timestamp")}
+        if op == "receive-by-sequence-number":
+            peek_lock = int(body.get("receiver-settle-mode") or 0) != _RECEIVE_MODE_FIRST
+            got = b.receive_deferred(
+                entity,
+                [int(s) for s in body.get("sequence-numbers") or []],
+                peek_lock=peek_lock,
+                session_id=sid,
+            )
+            out = []
+            for d in got:
+                item: dict[str, Any] = {"message": d.payload}
+                if d.lock_token is not None:
+                    item["lock-token"] = uuid.UUID(bytes_le=d.lock_token)
+                out.append(item)
+            return 200, {"messages": out}
+        if op == "update-disposition":
+            status = str(body.get("disposition-status") or "")
+            outcome = {
+                "completed": Outcome.COMPLETE,
+                "abandoned": Outcome.ABANDON,
+                "defered": Outcome.DEFER,
+                "deferred": Outcome.DEFER,
+                "suspended": Outcome.DEAD_LETTER,
+            }.get(status)
+            if outcome is None:
+                raise BrokerError("com.microsoft:argument-error", f"Unknown disposition status '{status}'.")
+            reason = _str_or_none(body.get("deadletter-reason")) or None
+            desc = _str_or_none(body.get("deadletter-description")) or None
+            for tag in _tokens(body.get("lock-tokens")):
+                b.settle(entity, tag, outcome, reason=reason, description=desc)
+            return 200, {}
+        if op == "renew-session-lock":
+            until = b.renew_session_lock(entity, str(sid))
+            return 200, {"expiration": Timestamp(until)}
+        if op == "get-session-state":
+            state = b.session_state(entity, str(sid))
+            return 200, {"session-state": state}
+        if op == "set-session-state":
+            raw = body.get("session-state")
+            b.set_session_state(entity, str(sid), bytes(raw) if raw is not None else None)
+            return 200, {}
+        if op == "get-message-sessions":
+            skip = int(body.get("skip") or 0)
+            top = int(body.get("top") or 100)
+            ids = b.list_sessions(entity, skip, top)
+            if not ids:
+                return 204, {}
+            return 200, {"skip": skip + len(ids), "sessions-ids": Array(ids, element="string")}
+        raise BrokerError("amqp:not-implemented", f"The operation '{operation}' is not supported.")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the server loop
+
+
+class _Server:
+    """The selector loop of one namespace (one thread)."""
+
+    def __init__(self, ns: LocalNamespace) -> None:
+        self.ns = ns
+        self.broker = ns.broker
+        self.faults = ns.faults
+        self.key = ns._key
+        self.key_name = ns.key_name
+        self.selector = selectors.DefaultSelector()
+        self.conns: dict[_AmqpConnection, None] = {}
+        self.sniffing: dict[socket.socket, float] = {}
+        self.management = _Management(self.broker)
+        self.waiting: set[_LinkState] = set()
+        self.pending_sessions: set[_LinkState] = set()
+        self.stalled_links: set[_LinkState] = set()
+        self.listener: socket.socket | None = None
+        self.host = ns.host
+        self.port = ns._requested_port
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._applied_version = -1
+        self._drop_generation = self.faults.drop_generation
+        self._was_stalled = False
+        self._notified = False
+        self._thread_ident = 0
+        self.admin_threads: set[threading.Thread] = set()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self._listen()
+        assert self.listener is not None
+        self.port = self.listener.getsockname()[1]
+        self.selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self.broker.add_listener(self._on_broker_change)
+        self.faults.attach_server(self.wake)
+        self._thread = threading.Thread(
+            target=self._run, name=f"spark-sb-local-{self.broker.namespace_name}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.wake()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.broker.remove_listener(self._on_broker_change)
+        self.faults.detach_server()
+        for c in list(self.conns):
+            c.close(abrupt=True)
+        for s in list(self.sniffing):
+            with contextlib.suppress(OSError):
+                s.close()
+        self.sniffing.clear()
+        if self.listener is not None:
+            with contextlib.suppress(OSError):
+                self.listener.close()
+            self.listener = None
+        with contextlib.suppress(OSError):
+            self._wake_r.close()
+            self._wake_w.close()
+        self.selector.close()
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def _on_broker_change(self) -> None:
+        if threading.get_ident() == self._thread_ident:
+            self._notified = True
+        else:
+            self._notified = True
+            self.wake()
+
+    def _listen(self) -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((self.host, self.port))
+        s.listen(128)
+        s.setblocking(False)
+        self.listener = s
+
+    # ---------------------------------------------------------------- loop
+
+    def _run(self) -> None:
+        self._thread_ident = threading.get_ident()
+        if self.listener is not None:
+            self.selector.register(self.listener, selectors.EVENT_READ, "listen")
+        last_tick = 0.0
+        while not self._stop.is_set():
+            timeout = self._timeout()
+            try:
+                events = self.selector.select(timeout)
+            except OSError:
+                events = []
+            for key, mask in events:
+                data = key.data
+                if data == "listen":
+                    self._accept()
+                elif data == "wake":
+                    with contextlib.suppress(OSError):
+                        while self._wake_r.recv(4096):
+                            pass
+                elif data == "sniff":
+                    self._sniff(key.fileobj)  # type: ignore[arg-type]
+                elif isinstance(data, _AmqpConnection):
+                    if mask & selectors.EVENT_READ:
+                        data.on_readable()
+                    if mask & selectors.EVENT_WRITE and not data.closed:
+                        data.flush()
+            try:
+                self._apply_faults()
+                now = time.monotonic()
+                if self._notified or self.waiting or self.pending_sessions or now - last_tick > 0.25:
+                    self._notified = False
+                    if now - last_tick > _POLL:
+                        self.broker.tick()
+                        last_tick = now
+                    self._service_waiting()
+                self._service_stalled_links()
+                for c in list(self.conns):
+                    if not c.closed:
+                        with contextlib.suppress(Exception):
+                            c.transport.tick(now)
+                        c.collect_output()
+                        c.flush()
+            except Exception:  # noqa: BLE001 - keep serving
+                logger.exception("local namespace loop error")
+
+    def _timeout(self) -> float:
+        timeout = 1.0
+        if self.waiting or self.pending_sessions or self._notified:
+            timeout = _POLL
+        if self.stalled_links:
+            timeout = min(timeout, _POLL)
+        now = time.monotonic()
+        for c in self.conns:
+            if c.outq and not self.faults.stalled:
+                release = c.outq[0][0]
+                timeout = min(timeout, max(0.0, release - now))
+        return timeout
+
+    def _accept(self) -> None:
+        if self.listener is None:
+            return
+        for _ in range(64):
+            try:
+                sock, _addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sniffing[sock] = time.monotonic()
+            if not self.faults.stalled:
+                self.selector.register(sock, selectors.EVENT_READ, "sniff")
+
+    def _sniff(self, sock: socket.socket) -> None:
+        try:
+            first = sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            first = b""
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(sock)
+        self.sniffing.pop(sock, None)
+        if not first:
+            with contextlib.suppress(OSError):
+                sock.close()
+            return
+        if first == b"\x16":
+            self._hand_to_admin(sock)
+            return
+        conn = _AmqpConnection(self, sock)
+        self.conns[conn] = None
+        self.selector.register(sock, selectors.EVENT_READ, conn)
+        conn.on_readable()
+
+    def _hand_to_admin(self, sock: socket.socket) -> None:
+        endpoint = self.ns._admin_endpoint()
+        if endpoint is None:
+            with contextlib.suppress(OSError):
+                sock.close()
+            return
+        sock.setblocking(True)
+
+        def serve() -> None:
+            try:
+                endpoint.serve_connection(sock)
+            finally:
+                self.admin_threads.discard(threading.current_thread())
+
+        t = threading.Thread(target=serve, name=f"sb-admin-{self.broker.namespace_name}", daemon=True)
+        self.admin_threads.add(t)
+        t.start()
+
+    # ---------------------------------------------------------------- faults
+
+    def _apply_faults(self) -> None:
+        version = self.faults.pending_version()
+        if version == self._applied_version:
+            return
+        f = self.faults
+        if f.refusing and self.listener is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(self.listener)
+            with contextlib.suppress(OSError):
+                self.listener.close()
+            self.listener = None
+        elif not f.refusing and self.listener is None:
+            for _ in range(50):
+                try:
+                    self._listen()
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EADDRINUSE:
+                        raise
+                    time.sleep(0.05)
+            if self.listener is not None:
+                self.selector.register(self.listener, selectors.EVENT_READ, "listen")
+        if f.drop_generation != self._drop_generation:
+            self._drop_generation = f.drop_generation
+            for c in list(self.conns):
+                c.close(abrupt=True)
+            for s in list(self.sniffing):
+                with contextlib.suppress(KeyError, ValueError):
+                    self.selector.unregister(s)
+                with contextlib.suppress(OSError):
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    s.close()
+            self.sniffing.clear()
+        if f.stalled != self._was_stalled:
+            self._was_stalled = f.stalled
+            if f.stalled:
+                for s in self.sniffing:
+                    with contextlib.suppress(KeyError, ValueError):
+                        self.selector.unregister(s)
+            else:
+                for s in self.sniffing:
+                    with contextlib.suppress(KeyError, ValueError):
+                        self.selector.register(s, selectors.EVENT_READ, "sniff")
+                for c in list(self.conns):
+                    c.pump_input()
+        self._applied_version = version
+        self.faults.mark_applied(version)
+
+    def _service_stalled_links(self) -> None:
+        for st in list(self.stalled_links):
+            if st.closed or st.addr is None:
+                self.stalled_links.discard(st)
+                continue
+            if self.faults.entity_stalled(st.addr.path):
+                continue
+            held, st.held = st.held, []
+            self.stalled_links.discard(st)
+            for dlv, payloads in held:
+                st.conn.settle_send(st, dlv, payloads)
+            st.conn.collect_output()
+
+    # ---------------------------------------------------------------- receivers
+
+    def deliver(self, st: _LinkState) -> None:
+        """Send what the link's credit allows; answer a drain; remember links still waiting."""
+        link = st.link
+        if st.closed or st.kind != "receive" or st.addr is None:
+            return
+        credit = link.credit
+        if credit > 0:
+            try:
+                items = self.broker.receive(
+                    st.addr, credit, peek_lock=st.peek_lock, session_id=st.session_id, owner=st
+                )
+            except BrokerError as exc:
+                if exc.condition in (SESSION_LOCK_LOST, NOT_FOUND):
+                    self.forget_link(st)
+                    link.condition = _condition(exc.condition, exc.description)
+                    link.close()
+                    st.conn.collect_output()
+                    return
+                items = []
+            if items:
+                st.conn.send_deliveries(st, items)
+                credit = link.credit
+        if credit > 0:
+            if link.drain_mode:
+                link.drained()
+                self.waiting.discard(st)
+            else:
+                self.waiting.add(st)
+        else:
+            self.waiting.discard(st)
+        st.conn.collect_output()
+
+    def _service_waiting(self) -> None:
+        for st in list(self.waiting):
+            if st.closed:
+                self.waiting.discard(st)
+                continue
+            if st.addr is not None and self.broker.has_available(st.addr, st.session_id):
+                self.deliver(st)
+        now = time.monotonic()
+        for st in list(self.pending_sessions):
+            if st.closed:
+                self.pending_sessions.discard(st)
+                continue
+            assert st.addr is not None
+            try:
+                accepted = self.broker.accept_session(st.addr, None, st)
+            except BrokerError as exc:
+                self.pending_sessions.discard(st)
+                st.conn.refuse_link(st.link, exc.condition, exc.description)
+                st.conn.collect_output()
+                continue
+            if accepted is not None:
+                self.pending_sessions.discard(st)
+                st.conn.complete_session_attach(st, *accepted)
+                st.conn.collect_output()
+            elif now >= st.pending_attach_deadline:
+                self.pending_sessions.discard(st)
+                st.conn.refuse_link(st.link, TIMEOUT, "No session available to accept before the timeout.")
+                st.conn.collect_output()
+
+    def forget_link(self, st: _LinkState) -> None:
+        if st.closed:
+            return
+        st.closed = True
+        self.waiting.discard(st)
+        self.pending_sessions.discard(st)
+        self.stalled_links.discard(st)
+        st.held.clear()
+        st.conn.links.discard(st)
+        if st.kind == "receive" and st.session_id is not None and st.addr is not None:
+            self.broker.release_session(st.addr, st.session_id, st)
+        with contextlib.suppress(AttributeError, KeyError):
+            del st.link.sb_state
+
+    def max_message_size(self, addr: EntityAddress) -> int:
+        try:
+            if addr.kind == "queue":
+                return self.broker.get_queue(addr.path).settings.max_message_size_in_kilobytes * 1024
+            if addr.kind == "topic":
+                return self.broker.get_topic(addr.path).settings.max_message_size_in_kilobytes * 1024
+        except KeyError:
+            pass
+        return 256 * 1024
+
+
+# ------------------------------------------------------------------------------------------------------------
+# public API
+
+
+class LocalNamespace:
+    """A local Service Bus namespace: broker + AMQP/HTTPS server on ``host:port`` (+ optional control API).
+
+    Start with :meth:`start` (or use as a context manager); ``port=0`` picks a free port. Runs its server in a
+    background thread of the calling process.
+    """
+
+    def __init__(
+        self,
+        name: str = "local",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        queues: Iterable[str] = (),
+        topics: Mapping[str, Iterable[str]] | None = None,
+        key_name: str = "RootManageSharedAccessKey",
+        key: str | None = None,
+        clock: Clock | None = None,
+        control_port: int | None = None,
+        topology: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.name = name
+        self.host = host
+        self._requested_port = port
+        self.key_name = key_name
+        self._key = key
+        self.faults = FaultController()
+        self.broker = Broker(name, clock=clock, faults=self.faults)
+        for q in queues:
+            self.broker.ensure_queue(q)
+        for t, subs in (topics or {}).items():
+            self.broker.ensure_topic(t, subs)
+        if topology is not None:
+            from spark_sb.local.topology import apply_topology, load_topology
+
+            apply_topology(self.broker, load_topology(topology))
+        self._control_port = control_port
+        self._server: _Server | None = None
+        self._control: Any = None
+        self._tls: Any = None
+        self._admin: Any = None
+        self._admin_lock = threading.Lock()
+        self._tmpdir: str | None = None
+
+    def __repr__(self) -> str:  # never shows the key
+        state = f"port={self.port}" if self._server is not None else "stopped"
+        return f"LocalNamespace(name={self.name!r}, host={self.host!r}, {state})"
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> LocalNamespace:
+        if self._server is not None:
+            return self
+        server = _Server(self)
+        server.start()
+        self._server = server
+        if self._control_port is not None:
+            from spark_sb.local.control import ControlServer
+
+            self._control = ControlServer(self, self.host, self._control_port)
+            self._control.start()
+        return self
+
+    def stop(self) -> None:
+        if self._control is not None:
+            self._control.stop()
+            self._control = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        with self._admin_lock:
+            if self._admin is not None:
+                with contextlib.suppress(Exception):
+                    self._admin.close()
+                self._admin = None
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+            self._tls = None
+
+    def __enter__(self) -> LocalNamespace:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # ---------------------------------------------------------------- addresses
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            return self._requested_port
+        return self._server.port
+
+    @property
+    def key(self) -> str:
+        """The key the connection string carries (a fixed dummy when the namespace checks no key)."""
+        return self._key if self._key is not None else "local-namespace-key"
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"Endpoint=sb://{self.host}:{self.port};SharedAccessKeyName={self.key_name};"
+            f"SharedAccessKey={self.key};UseDevelopmentEmulator=true"
+        )
+
+    @property
+    def fully_qualified_namespace(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def control_url(self) -> str | None:
+        if self._control is None:
+            return None
+        return str(self._control.url)
+
+    # ---------------------------------------------------------------- admin (HTTPS on the same port)
+
+    def _ensure_tls(self) -> Any:
+        with self._admin_lock:
+            if self._tls is None:
+                from spark_sb.local.tls import LocalTls
+
+                self._tmpdir = tempfile.mkdtemp(prefix=f"spark-sb-{self.name}-")
+                self._tls = LocalTls.create(Path(self._tmpdir))
+            return self._tls
+
+    def _admin_endpoint(self) -> Any:
+        try:
+            tls = self._ensure_tls()
+            from spark_sb.local.admin import AdminEndpoint
+        except ImportError:  # pragma: no cover - the admin modules ship with the package
+            logger.warning("admin endpoint unavailable")
+            return None
+        with self._admin_lock:
+            if self._admin is None:
+                self._admin = AdminEndpoint(self.broker, tls.server_context, self.key_name, self._key)
+            return self._admin
+
+    @property
+    def ca_file(self) -> str:
+        """PEM file of the CA the admin client must trust (``connection_verify=ca_file``)."""
+        return str(self._ensure_tls().ca_file)
+
+    def admin_client(self, **kw: Any) -> Any:
+        """An unmodified ``ServiceBusAdministrationClient`` for this namespace (HTTPS on the same port)."""
+        from azure.servicebus.management import ServiceBusAdministrationClient
+
+        kw.setdefault("connection_verify", self.ca_file)
+        return ServiceBusAdministrationClient.from_connection_string(self.connection_string, **kw)
+
+    # ---------------------------------------------------------------- helpers for tests and tools
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.02) -> bool:
+        """Poll ``predicate`` until true or ``timeout`` (real time); returns its last value."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if predicate():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(interval)
+
+    @property
+    def connection_count(self) -> int:
+        """Live AMQP connections (for tests)."""
+        server = self._server
+        return len(server.conns) if server is not None else 0
+
+
+def encode_long_array(values: Iterable[int]) -> Array:
+    return Array([Long(v) for v in values], element="long")

@@ -1,0 +1,191 @@
+"""Topology files for the local namespace: queues, topics and subscriptions with their settings (YAML).
+
+Used by ``python -m spark_sb.local --topology <file>`` and ``LocalNamespace(topology=...)``; runs wherever the
+namespace is started. Format (every settings key is a field name of
+:class:`~spark_sb.local.model.QueueSettings` / ``TopicSettings`` / ``SubscriptionSettings``; a bare string
+is a name with default settings)::
+
+    queues:
+      - orders                      # default settings
+      - name: payments
+        lock_duration: 30s          # durations: ISO-8601 (PT30S), seconds (30), or 500ms / 30s / 5m / 2h / 14d
+        max_delivery_count: 5
+        requires_duplicate_detection: true
+        duplicate_detection_history_time_window: 10m
+    topics:
+      - name: events
+        max_size_in_megabytes: 2048
+        subscriptions:
+          - audit
+          - name: billing
+            requires_session: true
+
+An existing entity is left as it is (the file creates what is missing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import yaml
+
+from spark_sb.local.model import MAX_DURATION, QueueSettings, SubscriptionSettings, TopicSettings
+
+__all__ = ["Topology", "TopologyError", "apply_topology", "load_topology", "parse_topology"]
+
+S = TypeVar("S", QueueSettings, TopicSettings, SubscriptionSettings)
+
+
+class TopologyError(ValueError):
+    """The topology file is not valid (the message names the entity and the key)."""
+
+
+@dataclass
+class SubscriptionSpec:
+    name: str
+    settings: SubscriptionSettings
+
+
+@dataclass
+class TopicSpec:
+    name: str
+    settings: TopicSettings
+    subscriptions: list[SubscriptionSpec] = field(default_factory=list)
+
+
+@dataclass
+class QueueSpec:
+    name: str
+    settings: QueueSettings
+
+
+@dataclass
+class Topology:
+    queues: list[QueueSpec] = field(default_factory=list)
+    topics: list[TopicSpec] = field(default_factory=list)
+
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_ISO = re.compile(
+    r"^P(?:(?P<d>\d+(?:\.\d+)?)D)?(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?$"
+)
+
+
+def parse_duration(value: Any, where: str) -> timedelta:
+    """A duration from YAML: ISO-8601, a number of seconds, ``max``, or ``<n><ms|s|m|h|d>``."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool):
+        raise TopologyError(f"{where}: a duration is expected, got {value!r}")
+    if isinstance(value, int | float):
+        return timedelta(seconds=value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() in ("max", "unlimited"):
+            return MAX_DURATION
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)", text)
+        if m:
+            return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+        iso = _ISO.match(text)
+        if iso and text != "P":
+            parts = {k: float(v) for k, v in iso.groupdict().items() if v}
+            return timedelta(
+                days=parts.get("d", 0),
+                hours=parts.get("h", 0),
+                minutes=parts.get("m", 0),
+                seconds=parts.get("s", 0),
+            )
+    raise TopologyError(
+        f"{where}: cannot read {value!r} as a duration (e.g. PT30S, 30, 30s, 5m, 2h, 14d, max)"
+    )
+
+
+def _settings(cls: type[S], raw: dict[str, Any], where: str) -> S:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    base = cls()
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in fields:
+            raise TopologyError(
+                f"{where}: unknown setting {key!r}; valid settings: {', '.join(sorted(fields))}"
+            )
+        current = getattr(base, key)
+        if isinstance(current, timedelta):
+            values[key] = parse_duration(value, f"{where}.{key}")
+        elif isinstance(current, bool):
+            if not isinstance(value, bool):
+                raise TopologyError(f"{where}.{key}: true or false expected, got {value!r}")
+            values[key] = value
+        elif isinstance(current, int):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TopologyError(f"{where}.{key}: an integer is expected, got {value!r}")
+            values[key] = value
+        else:
+            values[key] = None if value is None else str(value)
+    return dataclasses.replace(base, **values)
+
+
+def _named(item: Any, where: str) -> tuple[str, dict[str, Any]]:
+    if isinstance(item, str):
+        return item, {}
+    if isinstance(item, dict) and isinstance(item.get("name"), str):
+        rest = {k: v for k, v in item.items() if k != "name"}
+        nested = rest.pop("settings", None)
+        if nested is not None:
+            if not isinstance(nested, dict):
+                raise TopologyError(f"{where}: 'settings' must be a mapping")
+            rest = {**nested, **rest}
+        return item["name"], rest
+    raise TopologyError(f"{where}: expected a name or a mapping with 'name', got {item!r}")
+
+
+def parse_topology(data: Any) -> Topology:
+    """A :class:`Topology` from parsed YAML (a mapping with optional ``queues`` and ``topics`` lists)."""
+    if data is None:
+        return Topology()
+    if not isinstance(data, dict):
+        raise TopologyError("topology: a mapping with 'queues' and/or 'topics' is expected")
+    unknown = set(data) - {"queues", "topics"}
+    if unknown:
+        raise TopologyError(f"topology: unknown keys {sorted(unknown)}; valid keys: queues, topics")
+    topo = Topology()
+    for i, item in enumerate(data.get("queues") or []):
+        name, raw = _named(item, f"queues[{i}]")
+        topo.queues.append(QueueSpec(name, _settings(QueueSettings, raw, f"queue {name!r}")))
+    for i, item in enumerate(data.get("topics") or []):
+        name, raw = _named(item, f"topics[{i}]")
+        subs_raw = raw.pop("subscriptions", None) or []
+        spec = TopicSpec(name, _settings(TopicSettings, raw, f"topic {name!r}"))
+        for j, sub in enumerate(subs_raw):
+            sname, sraw = _named(sub, f"topic {name!r} subscriptions[{j}]")
+            spec.subscriptions.append(
+                SubscriptionSpec(sname, _settings(SubscriptionSettings, sraw, f"subscription {name}/{sname}"))
+            )
+        topo.topics.append(spec)
+    return topo
+
+
+def load_topology(path: str | os.PathLike[str]) -> Topology:
+    """Read a topology YAML file."""
+    with open(path, encoding="utf-8") as fh:
+        return parse_topology(yaml.safe_load(fh))
+
+
+def apply_topology(store: Any, topology: Topology) -> None:
+    """Create the missing entities of ``topology`` in a broker (``spark_sb.local.broker.Broker``)."""
+    from spark_sb.local.model import EntityNotFound
+
+    for q in topology.queues:
+        store.ensure_queue(q.name, q.settings)
+    for t in topology.topics:
+        store.ensure_topic(t.name, (), t.settings)
+        for s in t.subscriptions:
+            try:
+                store.get_subscription(t.name, s.name)
+            except EntityNotFound:
+                store.create_subscription(t.name, s.name, s.settings)

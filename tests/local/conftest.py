@@ -1,0 +1,36 @@
+"""Helpers for the local-namespace tests: SDK clients against a namespace, entity creation with settings."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from azure.servicebus import ServiceBusClient
+
+from spark_sb.local.server import LocalNamespace
+
+
+@pytest.fixture
+def ns() -> Iterator[LocalNamespace]:
+    """A fresh namespace with queue ``q`` and topic ``t`` (subscriptions ``a``, ``b``)."""
+    namespace = LocalNamespace("testns", queues=["q"], topics={"t": ["a", "b"]}).start()
+    try:
+        yield namespace
+    finally:
+        namespace.stop()
+
+
+@pytest.fixture
+def client(ns: LocalNamespace) -> Iterator[ServiceBusClient]:
+    with ServiceBusClient.from_connection_string(ns.connection_string, retry_total=0) as c:
+        yield c
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll until ``predicate()`` (real time), fail the test at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
