@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import hmac
@@ -402,6 +403,26 @@ _KINDS: dict[str, tuple[str, tuple[FieldSpec, ...]]] = {
 }
 
 
+#: Properties the SDK exposes that the entity model does not hold: the endpoint keeps the elements as sent and
+#: echoes them (per entity, forgotten when the entity is deleted or re-created elsewhere). Topics' read-only
+#: ``FilteringMessagesBeforePublishing`` is always ``false`` (the SDK never sends it).
+EXTRA_ELEMENTS: dict[str, tuple[str, ...]] = {
+    "queue": ("AuthorizationRules",),
+    "topic": ("AuthorizationRules",),
+    "subscription": (),
+}
+
+
+def _extra_elements(kind: str, description: ET.Element) -> list[ET.Element]:
+    """Copies of the ``EXTRA_ELEMENTS`` of ``kind`` present in a request's description."""
+    wanted = EXTRA_ELEMENTS[kind]
+    return [
+        copy.deepcopy(child)
+        for child in description
+        if _local_name(child.tag) in wanted and child.tag.startswith(f"{{{SB_NS}}}")
+    ]
+
+
 def _default_rule(created_at: datetime) -> ET.Element:
     """The ``$Default`` rule every subscription has: a true filter, no action."""
     rule = ET.Element(f"{{{SB_NS}}}RuleDescription")
@@ -559,6 +580,8 @@ class AdminEndpoint:
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._closed = False
+        # (kind, *names) -> (created_at of the entity they belong to, extra elements); see EXTRA_ELEMENTS
+        self._extras: dict[tuple[str, ...], tuple[datetime, list[ET.Element]]] = {}
 
     def __repr__(self) -> str:  # never shows the key
         return (
@@ -686,7 +709,7 @@ class AdminEndpoint:
         kind = "queue" if which == "queues" else "topic"
         entries = [
             self._entry(request, info.name, quote(info.name, safe=""), info.runtime.created_at,
-                        info.runtime.updated_at, _description(kind, info))
+                        info.runtime.updated_at, self._describe(kind, info))
             for info in sorted(infos, key=lambda item: item.name)
         ]  # fmt: skip
         return self._feed(request, which.capitalize(), entries)
@@ -698,7 +721,7 @@ class AdminEndpoint:
         subscriptions = sorted(self._store.list_subscriptions(topic), key=lambda item: item.name)
         entries = [
             self._entry(request, info.name, _subscription_path(topic, info.name), info.runtime.created_at,
-                        info.runtime.updated_at, _description("subscription", info))
+                        info.runtime.updated_at, self._describe("subscription", info))
             for info in subscriptions
         ]  # fmt: skip
         return self._feed(request, "Subscriptions", entries)
@@ -737,6 +760,7 @@ class AdminEndpoint:
             else:
                 self._refuse_existing_entity(name)
                 info = self._store.create_topic(name, topic_settings)
+        self._remember_extras(kind, info, description)
         return self._entity_reply(request, 200 if update else 201, kind, info)
 
     def _refuse_existing_entity(self, name: str) -> None:
@@ -753,8 +777,10 @@ class AdminEndpoint:
         name = _entity_name(request)
         try:
             self._store.delete_queue(name)
+            self._forget_extras(("queue", name))
         except EntityNotFound:
             self._store.delete_topic(name)
+            self._forget_extras(("topic", name))
         return _Reply(200, b"")
 
     # GET /{topic}/subscriptions/{sub}
@@ -770,14 +796,17 @@ class AdminEndpoint:
         settings = settings_from_xml(description, SUBSCRIPTION_FIELDS, SubscriptionSettings())
         if request.if_match is not None:
             info = self._store.update_subscription(topic, name, settings)
+            self._remember_extras("subscription", info, description)
             return self._entity_reply(request, 200, "subscription", info)
         info = self._store.create_subscription(topic, name, settings)
+        self._remember_extras("subscription", info, description)
         return self._entity_reply(request, 201, "subscription", info)
 
     # DELETE /{topic}/subscriptions/{sub}
     def _delete_subscription(self, request: _Request) -> _Reply:
         topic, name = request.route.names
         self._store.delete_subscription(topic, name)
+        self._forget_extras(("subscription", topic, name))
         return _Reply(200, b"")
 
     # GET /{topic}/subscriptions/{sub}/rules
@@ -805,6 +834,43 @@ class AdminEndpoint:
     def _rules_unsupported(self, request: _Request) -> _Reply:
         raise _HttpError(400, "The local namespace supports only the $Default rule (no filters).")
 
+    # -- properties outside the entity model -------------------------------------------------------------------
+
+    @staticmethod
+    def _extras_key(kind: str, info: QueueInfo | TopicInfo | SubscriptionInfo) -> tuple[str, ...]:
+        if isinstance(info, SubscriptionInfo):
+            return (kind, info.topic_name, info.name)
+        return (kind, info.name)
+
+    def _remember_extras(
+        self, kind: str, info: QueueInfo | TopicInfo | SubscriptionInfo, description: ET.Element
+    ) -> None:
+        key = self._extras_key(kind, info)
+        elements = _extra_elements(kind, description)
+        with self._lock:
+            if elements:
+                self._extras[key] = (info.runtime.created_at, elements)
+            else:
+                self._extras.pop(key, None)
+
+    def _forget_extras(self, key: tuple[str, ...]) -> None:
+        with self._lock:
+            self._extras.pop(key, None)
+            if key[0] == "topic":  # its subscriptions went with it
+                for other in [k for k in self._extras if k[0] == "subscription" and k[1] == key[1]]:
+                    del self._extras[other]
+
+    def _describe(self, kind: str, info: QueueInfo | TopicInfo | SubscriptionInfo) -> ET.Element:
+        """The description element of an entity, with the extra elements it was last put with."""
+        description = _description(kind, info)
+        with self._lock:
+            remembered = self._extras.get(self._extras_key(kind, info))
+        elements = remembered[1] if remembered and remembered[0] == info.runtime.created_at else []
+        description.extend(copy.deepcopy(element) for element in elements)
+        if kind == "topic":
+            ET.SubElement(description, f"{{{SB_NS}}}FilteringMessagesBeforePublishing").text = "false"
+        return description
+
     # -- building replies --------------------------------------------------------------------------------------
 
     def _entity_reply(
@@ -820,7 +886,7 @@ class AdminEndpoint:
             path,
             info.runtime.created_at,
             info.runtime.updated_at,
-            _description(kind, info),
+            self._describe(kind, info),
         )
         return _Reply(status, _xml_bytes(entry))
 

@@ -968,3 +968,45 @@ def test_chunked_request_body_over_tls(harness: Harness, store: MemoryStore) -> 
     assert entry.findtext(f".//{sb_ns}QueueDescription/{sb_ns}MaxDeliveryCount") == "4"
     connection.close()
     assert store.queues["chunky"].settings.max_delivery_count == 4
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Properties the entity model does not hold (kept by the endpoint, echoed back)
+# ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.local
+def test_authorization_rules_round_trip(admin: ServiceBusAdministrationClient, store: MemoryStore) -> None:
+    from azure.servicebus.management import AccessRights, AuthorizationRule
+
+    rule = AuthorizationRule(
+        type="SharedAccessAuthorizationRule",
+        key_name="listener",
+        primary_key="cHJpbWFyeS1rZXk=",
+        secondary_key="c2Vjb25kYXJ5LWtleQ==",
+        rights=[AccessRights.listen, AccessRights.send],
+        claim_type="SharedAccessKey",
+        claim_value="None",
+    )
+    admin.create_queue("guarded", authorization_rules=[rule])
+    read = admin.get_queue("guarded").authorization_rules
+    assert read is not None and len(read) == 1
+    assert (read[0].key_name, read[0].primary_key, read[0].secondary_key) == (
+        "listener",
+        "cHJpbWFyeS1rZXk=",
+        "c2Vjb25kYXJ5LWtleQ==",
+    )
+    assert sorted(read[0].rights) == ["Listen", "Send"]
+    admin.update_queue(admin.get_queue("guarded"), max_delivery_count=4)  # kept across a get -> update
+    assert admin.get_queue("guarded").authorization_rules[0].key_name == "listener"
+    admin.update_queue(admin.get_queue("guarded"), authorization_rules=[])  # cleared
+    assert admin.get_queue("guarded").authorization_rules is None
+
+    admin.create_topic("guarded-topic", authorization_rules=[rule])
+    topic = admin.get_topic("guarded-topic")
+    assert topic.authorization_rules[0].key_name == "listener"
+    assert topic.filtering_messages_before_publishing is False  # read-only: the SDK never sends it
+
+    admin.delete_queue("guarded")
+    store.create_queue("guarded", QueueSettings())  # re-created behind the endpoint's back: no stale rules
+    assert admin.get_queue("guarded").authorization_rules is None
