@@ -69,6 +69,7 @@ from spark_sb.local.model import (
 
 __all__ = [
     "AdminEndpoint",
+    "AdminReply",
     "FieldSpec",
     "QUEUE_FIELDS",
     "SUBSCRIPTION_FIELDS",
@@ -521,7 +522,9 @@ def route(raw_path: str) -> _Route:
 
 
 @dataclass
-class _Reply:
+class AdminReply:
+    """One HTTP answer: status, body and its content type."""
+
     status: int
     body: bytes = b""
     content_type: str = _ATOM_CONTENT_TYPE
@@ -637,8 +640,12 @@ class AdminEndpoint:
 
     # -- requests ----------------------------------------------------------------------------------------------
 
-    def handle(self, method: str, raw_target: str, headers: Any, body: bytes) -> _Reply:
-        """Answer one request (``raw_target`` as on the request line: encoded path and query). Never raises."""
+    def handle(self, method: str, raw_target: str, headers: Any, body: bytes) -> AdminReply:
+        """Answer one request (``raw_target`` as on the request line: encoded path and query). Never raises.
+
+        Order: authorization (401), then ``store.admin_fault(method, path)`` with the *decoded* path (e.g.
+        ``/contoso/x-servicebus-transfer/3``, ``/t/subscriptions/s``), then the operation.
+        """
         raw_path, _, query_text = raw_target.partition("?")
         try:
             if self._key is not None:
@@ -662,22 +669,28 @@ class AdminEndpoint:
             )
             return self._dispatch(request)
         except _HttpError as exc:
-            return _Reply(exc.status, _error_body(exc.status, exc.detail, exc.code), _ERROR_CONTENT_TYPE)
+            return AdminReply(exc.status, _error_body(exc.status, exc.detail, exc.code), _ERROR_CONTENT_TYPE)
         except BadRequest as exc:
-            return _Reply(400, _error_body(400, str(exc)), _ERROR_CONTENT_TYPE)
+            return AdminReply(400, _error_body(400, str(exc)), _ERROR_CONTENT_TYPE)
         except EntityNotFound as exc:
-            return _Reply(404, _error_body(404, f"Entity not found: {_text(exc)}"), _ERROR_CONTENT_TYPE)
+            return AdminReply(404, _error_body(404, f"Entity not found: {_text(exc)}"), _ERROR_CONTENT_TYPE)
         except EntityExists as exc:
-            return _Reply(409, _error_body(409, f"Entity already exists: {_text(exc)}"), _ERROR_CONTENT_TYPE)
+            return AdminReply(
+                409, _error_body(409, f"Entity already exists: {_text(exc)}"), _ERROR_CONTENT_TYPE
+            )
         except Exception:
             logger.exception("admin request %s %s failed", method, raw_path)
-            return _Reply(500, _error_body(500, "internal error of the local namespace"), _ERROR_CONTENT_TYPE)
+            return AdminReply(
+                500, _error_body(500, "internal error of the local namespace"), _ERROR_CONTENT_TYPE
+            )
 
     @staticmethod
-    def _fault_reply(fault: AdminFault) -> _Reply:
-        return _Reply(fault.status, _error_body(fault.status, fault.detail, fault.code), _ERROR_CONTENT_TYPE)
+    def _fault_reply(fault: AdminFault) -> AdminReply:
+        return AdminReply(
+            fault.status, _error_body(fault.status, fault.detail, fault.code), _ERROR_CONTENT_TYPE
+        )
 
-    def _dispatch(self, request: _Request) -> _Reply:
+    def _dispatch(self, request: _Request) -> AdminReply:
         target = request.route.target
         handler = _HANDLERS.get((request.method, target))
         if handler is None:
@@ -685,7 +698,7 @@ class AdminEndpoint:
         return handler(self, request)
 
     # GET /$namespaceinfo
-    def _get_namespace(self, request: _Request) -> _Reply:
+    def _get_namespace(self, request: _Request) -> AdminReply:
         name = self._store.namespace_name
         created = self._store.created_at
         info = ET.Element(f"{{{SB_NS}}}NamespaceInfo")
@@ -698,10 +711,10 @@ class AdminEndpoint:
         ):
             ET.SubElement(info, f"{{{SB_NS}}}{element_name}").text = text
         entry = self._entry(request, name, "$namespaceinfo", created, created, info)
-        return _Reply(200, _xml_bytes(entry))
+        return AdminReply(200, _xml_bytes(entry))
 
     # GET /$Resources/queues|topics
-    def _list_entities(self, request: _Request) -> _Reply:
+    def _list_entities(self, request: _Request) -> AdminReply:
         which = request.route.names[0]
         infos: Sequence[QueueInfo | TopicInfo] = (
             self._store.list_queues() if which == "queues" else self._store.list_topics()
@@ -715,7 +728,7 @@ class AdminEndpoint:
         return self._feed(request, which.capitalize(), entries)
 
     # GET /{topic}/subscriptions
-    def _list_subscriptions(self, request: _Request) -> _Reply:
+    def _list_subscriptions(self, request: _Request) -> AdminReply:
         topic = request.route.names[0]
         self._store.get_topic(topic)  # 404 for a missing topic
         subscriptions = sorted(self._store.list_subscriptions(topic), key=lambda item: item.name)
@@ -727,7 +740,7 @@ class AdminEndpoint:
         return self._feed(request, "Subscriptions", entries)
 
     # GET /{name}
-    def _get_entity(self, request: _Request) -> _Reply:
+    def _get_entity(self, request: _Request) -> AdminReply:
         name = _entity_name(request)
         info: QueueInfo | TopicInfo
         try:
@@ -739,7 +752,7 @@ class AdminEndpoint:
         return self._entity_reply(request, 200, kind, info)
 
     # PUT /{name}
-    def _put_entity(self, request: _Request) -> _Reply:
+    def _put_entity(self, request: _Request) -> AdminReply:
         name = _entity_name(request)
         kind, description = _parse_body(request.body, ("queue", "topic"))
         update = request.if_match is not None
@@ -773,7 +786,7 @@ class AdminEndpoint:
             raise EntityExists(name)
 
     # DELETE /{name}
-    def _delete_entity(self, request: _Request) -> _Reply:
+    def _delete_entity(self, request: _Request) -> AdminReply:
         name = _entity_name(request)
         try:
             self._store.delete_queue(name)
@@ -781,16 +794,16 @@ class AdminEndpoint:
         except EntityNotFound:
             self._store.delete_topic(name)
             self._forget_extras(("topic", name))
-        return _Reply(200, b"")
+        return AdminReply(200, b"")
 
     # GET /{topic}/subscriptions/{sub}
-    def _get_subscription(self, request: _Request) -> _Reply:
+    def _get_subscription(self, request: _Request) -> AdminReply:
         topic, name = request.route.names
         info = self._store.get_subscription(topic, name)
         return self._entity_reply(request, 200, "subscription", info)
 
     # PUT /{topic}/subscriptions/{sub}
-    def _put_subscription(self, request: _Request) -> _Reply:
+    def _put_subscription(self, request: _Request) -> AdminReply:
         topic, name = request.route.names
         _, description = _parse_body(request.body, ("subscription",))
         settings = settings_from_xml(description, SUBSCRIPTION_FIELDS, SubscriptionSettings())
@@ -803,14 +816,14 @@ class AdminEndpoint:
         return self._entity_reply(request, 201, "subscription", info)
 
     # DELETE /{topic}/subscriptions/{sub}
-    def _delete_subscription(self, request: _Request) -> _Reply:
+    def _delete_subscription(self, request: _Request) -> AdminReply:
         topic, name = request.route.names
         self._store.delete_subscription(topic, name)
         self._forget_extras(("subscription", topic, name))
-        return _Reply(200, b"")
+        return AdminReply(200, b"")
 
     # GET /{topic}/subscriptions/{sub}/rules
-    def _list_rules(self, request: _Request) -> _Reply:
+    def _list_rules(self, request: _Request) -> AdminReply:
         topic, subscription = request.route.names
         info = self._store.get_subscription(topic, subscription)
         entry = self._entry(
@@ -820,7 +833,7 @@ class AdminEndpoint:
         return self._feed(request, "Rules", [entry])
 
     # GET /{topic}/subscriptions/{sub}/rules/{rule}
-    def _get_rule(self, request: _Request) -> _Reply:
+    def _get_rule(self, request: _Request) -> AdminReply:
         topic, subscription, rule = request.route.names
         info = self._store.get_subscription(topic, subscription)
         if rule != DEFAULT_RULE_NAME:
@@ -829,9 +842,9 @@ class AdminEndpoint:
             request, rule, _rule_path(topic, subscription, rule),
             info.runtime.created_at, info.runtime.created_at, _default_rule(info.runtime.created_at),
         )  # fmt: skip
-        return _Reply(200, _xml_bytes(entry))
+        return AdminReply(200, _xml_bytes(entry))
 
-    def _rules_unsupported(self, request: _Request) -> _Reply:
+    def _rules_unsupported(self, request: _Request) -> AdminReply:
         raise _HttpError(400, "The local namespace supports only the $Default rule (no filters).")
 
     # -- properties outside the entity model -------------------------------------------------------------------
@@ -875,7 +888,7 @@ class AdminEndpoint:
 
     def _entity_reply(
         self, request: _Request, status: int, kind: str, info: QueueInfo | TopicInfo | SubscriptionInfo
-    ) -> _Reply:
+    ) -> AdminReply:
         if isinstance(info, SubscriptionInfo):
             path = _subscription_path(info.topic_name, info.name)
         else:
@@ -888,7 +901,7 @@ class AdminEndpoint:
             info.runtime.updated_at,
             self._describe(kind, info),
         )
-        return _Reply(status, _xml_bytes(entry))
+        return AdminReply(status, _xml_bytes(entry))
 
     def _entry(
         self,
@@ -912,7 +925,7 @@ class AdminEndpoint:
         holder.append(content)
         return entry
 
-    def _feed(self, request: _Request, title: str, entries: list[ET.Element]) -> _Reply:
+    def _feed(self, request: _Request, title: str, entries: list[ET.Element]) -> AdminReply:
         """A page of ``entries`` per ``$skip``/``$top``; a second (``next``) link when more pages follow."""
         skip = _query_int(request.query, "$skip", 0)
         top = min(max(_query_int(request.query, "$top", MAX_PAGE_SIZE), 1), MAX_PAGE_SIZE)
@@ -928,7 +941,7 @@ class AdminEndpoint:
             next_href = f"{base}?$skip={skip + top}&$top={top}&api-version={request.api_version}"
             ET.SubElement(feed, f"{{{ATOM_NS}}}link", {"rel": "next", "href": next_href})
         feed.extend(page)
-        return _Reply(200, _xml_bytes(feed), _FEED_CONTENT_TYPE)
+        return AdminReply(200, _xml_bytes(feed), _FEED_CONTENT_TYPE)
 
 
 @dataclass(frozen=True)
@@ -946,7 +959,7 @@ class _Request:
         return self.query.get("api-version") or DEFAULT_API_VERSION
 
 
-_HandlerFn = Callable[[AdminEndpoint, _Request], _Reply]
+_HandlerFn = Callable[[AdminEndpoint, _Request], AdminReply]
 _HANDLERS: dict[tuple[str, str], _HandlerFn] = {
     ("GET", "namespace"): AdminEndpoint._get_namespace,
     ("GET", "list"): AdminEndpoint._list_entities,
