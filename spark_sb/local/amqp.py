@@ -735,6 +735,8 @@ class FrameSniffer:
         self._handles: dict[tuple[int, int], str] = {}
         self._more: set[tuple[int, int]] = set()
         self.formats: dict[str, list[int]] = {}
+        #: The client has sent the AMQP (not SASL) protocol header: the connection is past SASL.
+        self.amqp_started = False
 
     def feed(self, data: bytes) -> None:
         buf = self._buf
@@ -743,6 +745,8 @@ class FrameSniffer:
         n = len(buf)
         while True:
             if n - pos >= 8 and buf[pos : pos + 4] == b"AMQP":
+                if buf[pos + 4] == 0:
+                    self.amqp_started = True
                 pos += 8
                 continue
             if n - pos < 8:

@@ -50,6 +50,7 @@ class FaultController:
         self._lock = threading.Condition()
         self._refusing = False
         self._stalled = False
+        self._stall_answers_sasl = True
         self._latency = 0.0
         self._drop_generation = 0
         self._send_faults: dict[str, SendFault] = {}
@@ -71,10 +72,19 @@ class FaultController:
         """Listen again on the same port."""
         self._change(lambda: setattr(self, "_refusing", False))
 
-    def stall(self, on: bool = True) -> None:
+    def stall(self, on: bool = True, *, answer_sasl: bool = True) -> None:
         """Accept connections and read their bytes but answer nothing (new and existing connections).
-        When the stall ends, what was read is processed and answered (like a healed network)."""
-        self._change(lambda: setattr(self, "_stalled", bool(on)))
+        When the stall ends, what was read is processed and answered (like a healed network).
+
+        With ``answer_sasl`` (the default) the SASL exchange of a new connection is still answered and the
+        silence starts at its AMQP header: the unmodified SDK negotiates SASL on a blocking socket without
+        any timeout, so total silence (``answer_sasl=False``) hangs it forever instead of timing out."""
+
+        def apply() -> None:
+            self._stalled = bool(on)
+            self._stall_answers_sasl = bool(answer_sasl)
+
+        self._change(apply)
 
     def set_latency(self, seconds: float) -> None:
         """Delay every write to every connection by ``seconds`` (0 = none)."""
@@ -155,6 +165,10 @@ class FaultController:
     @property
     def stalled(self) -> bool:
         return self._stalled
+
+    @property
+    def stall_answers_sasl(self) -> bool:
+        return self._stall_answers_sasl
 
     @property
     def latency(self) -> float:

@@ -208,25 +208,40 @@ class _AmqpConnection:
             return
         if not data:
             self.eof = True
-            if not self.server.faults.stalled:
+            if not self.held():
                 with contextlib.suppress(Exception):
                     self.transport.close_tail()
                 self.process()
             return
         self.inbuf += data
-        if not self.server.faults.stalled:
-            self.pump_input()
+        self.pump_input()
+
+    def held(self) -> bool:
+        """Whether a stall holds this connection now (see ``FaultController.stall``)."""
+        f = self.server.faults
+        return f.stalled and (not f.stall_answers_sasl or self.sniffer.amqp_started)
 
     def pump_input(self) -> None:
         """Feed buffered input to the sniffer and proton, then process events."""
         while self.inbuf and not self.closed:
+            if self.held():
+                return
+            limit = len(self.inbuf)
+            if self.server.faults.stalled:
+                # Answer the SASL exchange only: stop right before the AMQP protocol header.
+                idx = self.inbuf.find(b"AMQP\x00\x01\x00\x00")
+                if idx == 0:
+                    self.sniffer.amqp_started = True
+                    return
+                if idx > 0:
+                    limit = idx
             cap = self.transport.capacity()
             if cap < 0:
                 self.close(abrupt=False)
                 return
             if cap == 0:
                 break
-            chunk = bytes(self.inbuf[:cap])
+            chunk = bytes(self.inbuf[: min(cap, limit)])
             del self.inbuf[:cap]
             self.sniffer.feed(chunk)
             try:
@@ -262,7 +277,7 @@ class _AmqpConnection:
         """Write what is due; returns the monotonic time of the next due chunk (None if nothing waits)."""
         if self.closed:
             return None
-        if self.server.faults.stalled:
+        if self.held():
             return None
         now = time.monotonic()
         while self.outq:
@@ -1006,7 +1021,7 @@ class _Server:
             timeout = min(timeout, _POLL)
         now = time.monotonic()
         for c in self.conns:
-            if c.outq and not self.faults.stalled:
+            if c.outq and not c.held():
                 release = c.outq[0][0]
                 timeout = min(timeout, max(0.0, release - now))
         return timeout
@@ -1024,7 +1039,7 @@ class _Server:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.sniffing[sock] = time.monotonic()
-            if not self.faults.stalled:
+            if not (self.faults.stalled and not self.faults.stall_answers_sasl):
                 self.selector.register(sock, selectors.EVENT_READ, "sniff")
 
     def _sniff(self, sock: socket.socket) -> None:
@@ -1104,7 +1119,7 @@ class _Server:
             self.sniffing.clear()
         if f.stalled != self._was_stalled:
             self._was_stalled = f.stalled
-            if f.stalled:
+            if f.stalled and not f.stall_answers_sasl:
                 for s in self.sniffing:
                     with contextlib.suppress(KeyError, ValueError):
                         self.selector.unregister(s)
