@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -153,12 +152,14 @@ def test_drop_connections_sdk_recovers_on_next_call(ns: LocalNamespace) -> None:
             s.send_messages(ServiceBusMessage("2"))
         except ServiceBusError:
             s.send_messages(ServiceBusMessage("2"))  # the SDK may surface the drop once, then reconnects
-    with ServiceBusClient.from_connection_string(ns.connection_string) as c:
-        with c.get_queue_receiver("q", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as r:
-            got: list[str] = []
-            deadline = time.monotonic() + 5
-            while len(got) < 2 and time.monotonic() < deadline:
-                got += [str(m) for m in r.receive_messages(max_message_count=5, max_wait_time=1)]
+    got: list[str] = []
+    with (
+        ServiceBusClient.from_connection_string(ns.connection_string) as c,
+        c.get_queue_receiver("q", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as r,
+    ):
+        deadline = time.monotonic() + 5
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += [str(m) for m in r.receive_messages(max_message_count=5, max_wait_time=1)]
     assert "1" in got and "2" in got
 
 
@@ -275,4 +276,3 @@ def test_peek_lock_receive_under_latency(ns: LocalNamespace, client: ServiceBusC
                 got.append(str(m))
     assert sorted(got, key=int) == [str(i) for i in range(20)]
     assert ns.broker.get_queue("q").runtime.active_message_count == 0
-    _ = timedelta

@@ -60,9 +60,12 @@ def test_cbs_with_key_accepts_right_key_and_rejects_wrong_key() -> None:
         assert ns.broker.get_queue("q").runtime.active_message_count == 1
         wrong = ns.connection_string.replace("s3cret-key", "wrong-key")
         assert "wrong-key" in wrong
-        with ServiceBusClient.from_connection_string(wrong, retry_total=0) as c:
-            with pytest.raises(ServiceBusAuthenticationError), c.get_queue_sender("q") as s:
-                s.send_messages(ServiceBusMessage("no"))
+        with (
+            ServiceBusClient.from_connection_string(wrong, retry_total=0) as c,
+            pytest.raises(ServiceBusAuthenticationError),
+            c.get_queue_sender("q") as s,
+        ):
+            s.send_messages(ServiceBusMessage("no"))
         assert ns.broker.get_queue("q").runtime.active_message_count == 1
 
 
@@ -383,9 +386,11 @@ def test_two_namespaces_at_once() -> None:
             ):
                 s.send_messages(ServiceBusMessage(text))
         for ns, text in ((one, "to-one"), (two, "to-two")):
-            with ServiceBusClient.from_connection_string(ns.connection_string) as c:
-                with c.get_queue_receiver("q", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as r:
-                    assert [str(m) for m in receive_all(r, 1)] == [text]
+            with (
+                ServiceBusClient.from_connection_string(ns.connection_string) as c,
+                c.get_queue_receiver("q", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as r,
+            ):
+                assert [str(m) for m in receive_all(r, 1)] == [text]
 
 
 def test_entity_not_found(client: ServiceBusClient) -> None:
