@@ -21,7 +21,7 @@ import difflib
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from pathlib import Path
@@ -494,15 +494,23 @@ class NamespaceConfig:
         info = self.connection_info()
         return info.host if info is not None else self._bare_fqns()
 
-    def effective_namespace_name(self) -> str:
-        """``namespace_name`` if set; else the first DNS label of the host (``contoso`` for
-        ``contoso.servicebus.windows.net``); for IP addresses and single-label hosts, ``host[-port]``."""
+    def effective_namespace_name(self, lookup: Callable[[], str] | None = None) -> str:
+        """The namespace name used in backlog queue names (SPEC B1): ``namespace_name`` if set; else the first DNS
+        label of the host (``contoso`` for ``contoso.servicebus.windows.net``); for an IP address or a
+        single-label host (``localhost``) the name the namespace reports about itself, obtained by ``lookup``
+        (see :func:`spark_sb.provisioning.resolve_primary_namespace_name`). Without ``lookup`` such an endpoint
+        raises :class:`ConfigError` asking for ``namespace_name``."""
         if self.namespace_name:
             return self.namespace_name
         host = self.endpoint_host()
-        name, _, port = host.partition(":")
-        if re.fullmatch(r"[0-9.]+", name) or "." not in name:
-            return _NOT_NS_CHARS.sub("-", f"{name}-{port}" if port else name)
+        name = host.partition(":")[0]
+        if re.fullmatch(r"[0-9.]+", name) or name.startswith("[") or "." not in name:
+            if lookup is not None:
+                return lookup()
+            raise ConfigError(
+                f"namespace_name: the endpoint {host} is an address, not a namespace host name; set "
+                "namespace_name or ask the namespace (spark_sb.provisioning.resolve_primary_namespace_name)"
+            )
         return name.split(".", 1)[0]
 
     def client(self, retry: RetryConfig | None = None, **kwargs: Any) -> ServiceBusClient:

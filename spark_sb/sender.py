@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -234,20 +235,29 @@ def namespace_description(ns: Any) -> str:
         return namespace_key(ns)
 
 
+_resolved_names: dict[str, str] = {}
+_resolved_lock = threading.Lock()
+
+
 def primary_namespace_name(ns: Any) -> str:
-    """The primary's namespace name for backlog queue names (SPEC B1): ``namespace_name``, else the first label
-    of its host (``contoso`` for ``contoso.servicebus.windows.net``), else ``host-port`` for IP addresses
-    (the same rule as provisioning: ``NamespaceConfig.effective_namespace_name``)."""
-    effective = getattr(ns, "effective_namespace_name", None)
-    if callable(effective):
-        return str(effective())
-    explicit = getattr(ns, "namespace_name", None)
-    if explicit:
-        return str(explicit)
-    host, _, port = namespace_key(ns).partition(":")
-    if re.fullmatch(r"[0-9.]+", host) or "." not in host:
-        return re.sub(r"[^A-Za-z0-9._-]", "-", f"{host}-{port}" if port else host)
-    return host.split(".")[0]
+    """The primary's namespace name for backlog queue names (SPEC B1), by the same rule as provisioning:
+    ``namespace_name``, else the first label of its host (``contoso`` for ``contoso.servicebus.windows.net``),
+    else (an IP or ``localhost`` endpoint) the name the namespace reports about itself, asked once per process
+    and endpoint through :func:`spark_sb.provisioning.resolve_primary_namespace_name`."""
+    key = namespace_key(ns)
+
+    def lookup() -> str:
+        with _resolved_lock:
+            known = _resolved_names.get(key)
+        if known is None:
+            from spark_sb.provisioning import resolve_primary_namespace_name
+
+            known = resolve_primary_namespace_name(ns)
+            with _resolved_lock:
+                _resolved_names[key] = known
+        return known
+
+    return str(ns.effective_namespace_name(lookup=lookup))
 
 
 def _describe(exc: BaseException) -> str:

@@ -106,7 +106,8 @@ class Syphon:
     """Drains backlog queues into the primary namespace. See the module docstring for the guarantees.
 
     ``backlog_queues``: the queue names to drain (default: all ``backlog_queue_count`` names derived from
-    ``primary_namespace_name``, itself defaulting to ``config.primary.namespace_name``).
+    ``primary_namespace_name``, itself defaulting to the primary's namespace name by the rule of SPEC B1, the same
+    as provisioning's and the paired sender's).
     """
 
     def __init__(
@@ -122,14 +123,12 @@ class Syphon:
             raise ValueError("the syphon needs a secondary namespace (config key 'secondary')")
         self.config = config
         self.clock = clock or SystemClock()
-        name = primary_namespace_name or config.primary.namespace_name
         if backlog_queues is None:
-            if not name:
-                raise ValueError(
-                    "backlog queue names need the primary namespace name: pass primary_namespace_name or set "
-                    "'primary.namespace_name'"
-                )
-            backlog_queues = config.backlog_queue_names(name)
+            from spark_sb.sender import primary_namespace_name as resolve_name
+
+            backlog_queues = config.backlog_queue_names(
+                primary_namespace_name or resolve_name(config.primary)
+            )
         self.backlog_queues = list(backlog_queues)
         self.entity_backoff = entity_backoff
         self._primary: ServiceBusClient | None = None

@@ -427,7 +427,10 @@ def test_namespace_helpers() -> None:
     assert c.primary_namespace_name() == "primary"  # explicit namespace_name wins
     assert c.backlog_queue_names("contoso") == [f"contoso/x-servicebus-transfer/{i}" for i in range(4)]
     assert c.backlog_queue_names()[0] == "primary/x-servicebus-transfer/0"
-    assert NamespaceConfig(connection_string=Secret(CS1)).effective_namespace_name() == "127.0.0.1-5671"
+    local = NamespaceConfig(connection_string=Secret(CS1))
+    with pytest.raises(ConfigError, match="namespace_name: the endpoint 127.0.0.1:5671 is an address"):
+        local.effective_namespace_name()
+    assert local.effective_namespace_name(lookup=lambda: "reported") == "reported"
     assert c.secondary is not None and c.secondary.effective_namespace_name() == "contoso-dr"
     sas = (
         "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessSignature=SharedAccessSignature sr=a&sig=b&se=1"

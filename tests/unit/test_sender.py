@@ -584,13 +584,22 @@ def test_listener_failure_does_not_fail_the_send() -> None:
     assert sender.send(msgs(2)).total_diverted == 2
 
 
-def test_backlog_queue_names_from_primary_namespace() -> None:
+def test_backlog_queue_names_from_primary_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
     rig = Rig()
     assert rig.sender.backlog_queues == QUEUES
     assert primary_namespace_name(rig.config.primary) == "primary"
     local = NamespaceConfig(
         connection_string=Secret("Endpoint=sb://127.0.0.1:5671;SharedAccessKeyName=k;SharedAccessKey=v")
     )
-    assert primary_namespace_name(local) == "127.0.0.1-5671"
+    asked: list[str] = []
+
+    def fake_resolve(ns: NamespaceConfig) -> str:  # what the namespace reports about itself (SPEC B1)
+        asked.append(ns.endpoint_host())
+        return "reported"
+
+    monkeypatch.setattr("spark_sb.provisioning.resolve_primary_namespace_name", fake_resolve)
+    assert primary_namespace_name(local) == "reported"
+    assert primary_namespace_name(local) == "reported"
+    assert asked == ["127.0.0.1:5671"]  # asked once per process and endpoint
     assert primary_namespace_name(replace(local, namespace_name="primary")) == "primary"
     assert "SharedAccessKey" not in repr(rig.sender)
