@@ -24,10 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from spark_sb.local.server import LocalNamespace
-
 from spark_sb.clock import SystemClock
 from spark_sb.config import ServiceBusConfig
+from spark_sb.local.server import LocalNamespace
 from spark_sb.provisioning import provision_backlog_queues
 from spark_sb.sender import SendOutcome
 from spark_sb.session import build_spark_session
