@@ -10,7 +10,9 @@ Routes (POST bodies are JSON objects; a missing body is ``{}``)::
                                       active / dead-letter / scheduled counts, current faults
     POST /faults/refuse               stop listening (connections refused)
     POST /faults/accept               listen again
-    POST /faults/stall                {"on": true|false}   accept and read, answer nothing
+    POST /faults/stall                {"on": true|false, "answer_sasl": true}   accept and read, answer
+                                      nothing (new connections still get their SASL answer unless
+                                      "answer_sasl" is false: the SDK would then hang without timeout)
     POST /faults/latency              {"seconds": 0.002}   delay every write
     POST /faults/drop                 close every live connection abruptly
     POST /faults/send-error           {"entity": "q1", "condition": "com.microsoft:server-busy",
@@ -127,7 +129,7 @@ class ControlServer:
         elif path == "/faults/accept":
             f.accept_connections()
         elif path == "/faults/stall":
-            f.stall(bool(body.get("on", True)))
+            f.stall(bool(body.get("on", True)), answer_sasl=bool(body.get("answer_sasl", True)))
         elif path == "/faults/latency":
             f.set_latency(float(body["seconds"]))
         elif path == "/faults/drop":
