@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import parse_qsl, quote_plus
+from urllib.parse import parse_qsl, quote_plus, unquote_plus
 
 import cproton
 from proton import (
@@ -109,7 +109,7 @@ def verify_sas_token(token: str, key_name: str, key: str, now: float | None = No
     sr, sig, se, skn = fields.get("sr"), fields.get("sig"), fields.get("se"), fields.get("skn")
     if not sr or not sig or not se:
         return "malformed SharedAccessSignature"
-    if skn != key_name:
+    if skn is None or key_name not in (skn, unquote_plus(skn)):  # the SDK quotes the name twice
         return "unknown shared access key name"
     try:
         expiry = int(se)
