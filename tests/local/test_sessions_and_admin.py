@@ -106,9 +106,11 @@ def test_admin_client_on_the_amqp_port(sns: LocalNamespace) -> None:
         "contoso/x-servicebus-transfer/0", max_delivery_count=7, lock_duration=timedelta(minutes=1)
     )
     assert sns.broker.get_queue("contoso/x-servicebus-transfer/0").settings.max_delivery_count == 7
-    with ServiceBusClient.from_connection_string(sns.connection_string) as c:
-        with c.get_queue_sender("contoso/x-servicebus-transfer/0") as s:
-            s.send_messages([ServiceBusMessage("1"), ServiceBusMessage("2")])
+    with (
+        ServiceBusClient.from_connection_string(sns.connection_string) as c,
+        c.get_queue_sender("contoso/x-servicebus-transfer/0") as s,
+    ):
+        s.send_messages([ServiceBusMessage("1"), ServiceBusMessage("2")])
     assert admin.get_queue_runtime_properties("contoso/x-servicebus-transfer/0").active_message_count == 2
     sns.faults.fail_admin(
         "GET", "contoso/x-servicebus-transfer/0", 400, count=1, code="Bad", detail="injected"
