@@ -423,6 +423,8 @@ class _AmqpConnection:
                 link.flow(100)
             return
         try:
+            if not self.authorized:
+                raise BrokerError(UNAUTHORIZED, "Unauthorized access: no valid token was put on $cbs.")
             if link.is_receiver:
                 addr = self.broker.resolve(address)
                 if addr.kind == "subscription" or addr.dead_letter or addr.management:
@@ -782,7 +784,15 @@ class _Management:
         try:
             if not conn.authorized:
                 raise BrokerError(UNAUTHORIZED, "Unauthorized access.")
-            entity = st.node[: -len("$management")].rstrip("/")
+            entity = _node_name(st.node[: -len("$management")])
+            if operation.endswith("schedule-message") and not operation.endswith("cancel-scheduled-message"):
+                # Scheduling is a send: the entity's send faults apply (so a failover probe sees them).
+                faults = conn.server.faults
+                if faults.entity_stalled(entity):
+                    return  # never answered, like a stalled transfer
+                fault = faults.send_fault(entity)
+                if fault is not None:
+                    raise BrokerError(*fault)
             status, value = self.dispatch(entity, operation, body if isinstance(body, dict) else {})
             if status == 204:
                 description = "No Content"

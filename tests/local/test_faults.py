@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -276,3 +277,21 @@ def test_peek_lock_receive_under_latency(ns: LocalNamespace, client: ServiceBusC
                 got.append(str(m))
     assert sorted(got, key=int) == [str(i) for i in range(20)]
     assert ns.broker.get_queue("q").runtime.active_message_count == 0
+
+
+def test_send_faults_apply_to_schedule_message_too(ns: LocalNamespace, client: ServiceBusClient) -> None:
+    """A failover probe that schedules (and cancels) a message sees the same faults as a send."""
+    from datetime import datetime, timezone
+
+    far = datetime.now(timezone.utc) + timedelta(days=365)
+    ns.faults.fail_sends("q", "com.microsoft:entity-disabled", count=1)
+    with client.get_queue_sender("q") as s:
+        with pytest.raises(MessagingEntityDisabledError):
+            s.schedule_messages(ServiceBusMessage("probe"), far)
+        (seq,) = s.schedule_messages(ServiceBusMessage("probe"), far)
+        s.cancel_scheduled_messages(seq)
+        ns.faults.stall_entity("q", True)
+        with pytest.raises(OperationTimeoutError):
+            s.schedule_messages(ServiceBusMessage("probe"), far, timeout=1.5)
+        ns.faults.stall_entity("q", False)
+    assert ns.broker.get_queue("q").runtime.scheduled_message_count == 0
