@@ -688,8 +688,11 @@ class ServiceBusConfig:
         return [f"{ns}/x-servicebus-transfer/{i}" for i in range(self.backlog_queue_count)]
 
     def client_kwargs(self) -> dict[str, Any]:
-        """Retry keyword arguments for SDK clients (``NamespaceConfig.client(**cfg.client_kwargs())``)."""
-        return self.retry.client_kwargs()
+        """Keyword arguments for SDK clients (``NamespaceConfig.client(**cfg.client_kwargs())``): the retry
+        settings, and ``try_timeout = send_timeout`` so that every attempt, including AMQP link acquisition, is
+        bounded (without it the SDK waits forever on a namespace that accepts TCP but never opens the link,
+        and a stalled primary would never start the failover timer, SPEC B3)."""
+        return {**self.retry.client_kwargs(), "try_timeout": self.send_timeout}
 
     def with_overrides(self, **changes: Any) -> ServiceBusConfig:
         """A validated copy with ``changes`` applied (dataclass field names)."""

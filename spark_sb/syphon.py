@@ -139,13 +139,13 @@ class Syphon:
     # -- clients -------------------------------------------------------------------------------------------
     def _primary_client(self) -> ServiceBusClient:
         if self._primary is None:
-            self._primary = self.config.primary.client()
+            self._primary = self.config.primary.client(**self.config.client_kwargs())
         return self._primary
 
     def _secondary_client(self) -> ServiceBusClient:
         if self._secondary is None:
             assert self.config.secondary is not None
-            self._secondary = self.config.secondary.client()
+            self._secondary = self.config.secondary.client(**self.config.client_kwargs())
         return self._secondary
 
     def _sender(self, entity: str) -> ServiceBusSender:

@@ -166,15 +166,8 @@ class SdkTransport:
         if client is None:
             if self._closed:
                 self._closed = False  # a closed pair is rebuilt on next use (B10)
-            retry = self._config.retry
-            kwargs: dict[str, Any] = {
-                "retry_total": retry.total,
-                "retry_backoff_factor": retry.backoff_factor,
-                "retry_backoff_max": retry.backoff_max,
-                "retry_mode": retry.mode,
-            }
-            kwargs.update(self._client_kwargs)
-            client = _build_client(self._namespace_config(namespace), kwargs)
+            kwargs: dict[str, Any] = {**self._config.client_kwargs(), **self._client_kwargs}
+            client = self._namespace_config(namespace).client(**kwargs)
             self._clients[namespace] = client
             self.generation[namespace] = self.generation.get(namespace, 0) + 1
         return client
@@ -274,16 +267,6 @@ class SdkTransport:
     def __repr__(self) -> str:
         return f"SdkTransport(clients={sorted(self._clients)}, senders={len(self._senders)})"
 
-
-def _build_client(ns: NamespaceConfig, kwargs: dict[str, Any]) -> ServiceBusClient:
-    try:
-        return ns.client(**kwargs)
-    except NotImplementedError:  # pragma: no cover - before config.py lands
-        from azure.servicebus import ServiceBusClient
-
-        if ns.connection_string is None:
-            raise
-        return ServiceBusClient.from_connection_string(ns.connection_string.reveal(), **kwargs)
 
 
 def _quiet_close(obj: Any) -> None:

@@ -594,3 +594,19 @@ def test_provision_keys_parse_and_validate() -> None:
     assert ServiceBusConfig.from_dict(base).provision_tries == 3
     with pytest.raises(ConfigError, match=r"provision\.tries: must be an integer >= 1"):
         ServiceBusConfig.from_dict({**base, "provision": {"tries": 0}})
+
+
+def test_client_kwargs_bound_every_attempt_with_send_timeout() -> None:
+    from spark_sb.config import ServiceBusConfig
+
+    cs = "Endpoint=sb://a.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v"
+    cfg = ServiceBusConfig.from_dict(
+        {"primary": {"connection_string": cs}, "send_timeout": "7s", "retry": {"total": 1}}
+    )
+    assert cfg.client_kwargs() == {
+        "retry_total": 1,
+        "retry_backoff_factor": 0.8,
+        "retry_backoff_max": 120.0,
+        "retry_mode": "exponential",
+        "try_timeout": 7.0,
+    }
