@@ -522,8 +522,9 @@ class _AmqpConnection:
             dlv.settle()
             self.server.management.handle(self, st, data)
         else:
-            dlv.update(Delivery.REJECTED)
-            dlv.settle()
+            # Always with a condition: the SDK crashes in its send-complete callback (and then waits forever)
+            # on a rejection without one.
+            _reject(dlv, "amqp:not-allowed", f"the link {link.name!r} does not accept transfers")
 
     def on_send(self, st: _LinkState, dlv: Delivery, data: bytes, fmt: int) -> None:
         assert st.addr is not None
