@@ -268,7 +268,6 @@ class SdkTransport:
         return f"SdkTransport(clients={sorted(self._clients)}, senders={len(self._senders)})"
 
 
-
 def _quiet_close(obj: Any) -> None:
     """Close an SDK object; a failure to close is logged (without secrets), never raised."""
     try:

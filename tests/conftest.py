@@ -25,7 +25,10 @@ def spark() -> Iterator[object]:
     session = build_spark_session(
         "spark-servicebus-tests",
         "local[2]",
-        {"spark.sql.warehouse.dir": warehouse, "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true"},
+        {
+            "spark.sql.warehouse.dir": warehouse,
+            "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+        },
     )
     session.sparkContext.setLogLevel("ERROR")
     yield session

@@ -44,9 +44,10 @@ def _drain(ns: Any, entity: str) -> list[Any]:
     from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
     out: list[Any] = []
-    with ServiceBusClient.from_connection_string(ns.connection_string) as client, client.get_queue_receiver(
-        entity, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
-    ) as receiver:
+    with (
+        ServiceBusClient.from_connection_string(ns.connection_string) as client,
+        client.get_queue_receiver(entity, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver,
+    ):
         while batch := receiver.receive_messages(max_message_count=200, max_wait_time=0.5):
             out.extend(batch)
     return out
@@ -106,7 +107,10 @@ def test_outage_diverts_to_backlog_and_syphon_restores_all(
     _run_stream(spark, sb_sink, folder, tmp_path / "ckpt", [outage_batch])
     assert sb_sink.total.total_sent == 0
     assert sb_sink.total.total_diverted == 30
-    assert set(sb_sink.total.diverted) <= {"primary/x-servicebus-transfer/0", "primary/x-servicebus-transfer/1"}
+    assert set(sb_sink.total.diverted) <= {
+        "primary/x-servicebus-transfer/0",
+        "primary/x-servicebus-transfer/1",
+    }
 
     primary.faults.clear()
     with Syphon(config) as syphon:
