@@ -26,6 +26,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check spark_sb tests jobs bench
+	$(BIN)/ruff format --check spark_sb tests jobs bench
 	$(BIN)/mypy spark_sb
 
 demo: jars
