@@ -29,18 +29,20 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusRece
 
 
 @contextmanager
-def namespace(inproc: bool) -> Iterator[tuple[str, Any]]:
-    """(connection string, set_latency(seconds)) of a fresh namespace with queue ``bench``."""
+def namespace(
+    inproc: bool, name: str = "bench", queues: tuple[str, ...] = ("bench",)
+) -> Iterator[tuple[str, Any]]:
+    """(connection string, set_latency(seconds)) of a fresh namespace with the given queues."""
     if inproc:
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         from spark_sb.local.server import LocalNamespace
 
-        with LocalNamespace("bench", queues=["bench"]) as ns:
+        with LocalNamespace(name, queues=list(queues)) as ns:
             yield ns.connection_string, ns.faults.set_latency
         return
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spark_sb.local", "--name", "bench", "--port", "0", "--control-port", "0"]
-        + ["--queue", "bench"],
+        [sys.executable, "-m", "spark_sb.local", "--name", name, "--port", "0", "--control-port", "0"]
+        + [arg for q in queues for arg in ("--queue", q)],
         stdout=subprocess.PIPE,
         text=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),

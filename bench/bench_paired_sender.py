@@ -2,6 +2,9 @@
 
     .venv/bin/python bench/bench_paired_sender.py [--count 100000] [--size 200] [--latency 0.002]
 
+By default both namespaces run in child processes (``python -m spark_sb.local``), so the broker does not share
+this process's GIL with the code being measured; ``--inproc`` runs them in this process.
+
 Sends ``count`` messages of ``size`` bytes (a) with the raw SDK (``ServiceBusMessage`` objects packed into
 ``ServiceBusMessageBatch`` by size, sent with ``send_messages``), (b) through ``PairedSender.send`` from
 ``OutboundMessage`` objects (streamed, packed by size, failover bookkeeping on). Prints msgs/s of both and the
@@ -15,23 +18,22 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.exceptions import MessageSizeExceededError
+from bench_local_namespace import namespace  # noqa: E402 - sibling script
 
 from spark_sb.config import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig
 from spark_sb.failover import FailoverRegistry
-from spark_sb.local.server import LocalNamespace
 from spark_sb.mapping import OutboundMessage
 from spark_sb.sender import PairedSender
 
 QUEUE = "bench"
 
 
-def raw_sdk(conn: str, count: int, body: bytes) -> float:
+def raw_sdk(conn: str, queue: str, count: int, body: bytes) -> float:
     """Seconds to send ``count`` messages with the raw SDK batch sender (one client, one sender)."""
-    with ServiceBusClient.from_connection_string(conn) as client, client.get_queue_sender(QUEUE) as sender:
+    with ServiceBusClient.from_connection_string(conn) as client, client.get_queue_sender(queue) as sender:
         sender.send_messages(ServiceBusMessage(body))  # open the link (not timed)
         started = time.perf_counter()
         batch = sender.create_message_batch()
@@ -48,38 +50,41 @@ def raw_sdk(conn: str, count: int, body: bytes) -> float:
         return time.perf_counter() - started
 
 
-def paired(config: ServiceBusConfig, count: int, body: bytes) -> float:
+def paired(config: ServiceBusConfig, queue: str, count: int, body: bytes) -> float:
     """Seconds to send ``count`` messages through PairedSender (streamed from a generator)."""
 
     def rows() -> Iterator[OutboundMessage]:
         for _ in range(count):
-            yield OutboundMessage(body=body)
+            yield OutboundMessage(body=body, entity=queue)
 
     with PairedSender(config, registry=FailoverRegistry()) as sender:
-        sender.send([OutboundMessage(body=body)])  # open the link (not timed)
+        sender.send([OutboundMessage(body=body, entity=queue)])  # open the link (not timed)
         started = time.perf_counter()
         out = sender.send(rows())
         elapsed = time.perf_counter() - started
-    assert out.sent == {QUEUE: count}, out
+    assert out.sent == {queue: count}, out
     return elapsed
 
 
-def reset(primary: Any) -> None:
-    primary.broker.delete_queue(QUEUE)
-    primary.broker.create_queue(QUEUE)
+def queue_names(repeats: int) -> list[str]:
+    """A fresh queue for every timed run (so no run pays for the messages of another)."""
+    return [
+        f"{QUEUE}-{lat}-{kind}-{i}" for lat in (0, 1) for kind in ("raw", "paired") for i in range(repeats)
+    ]
 
 
-def run(primary: Any, config: ServiceBusConfig, count: int, size: int, repeats: int) -> tuple[float, float]:
+def run(
+    conn: str, config: ServiceBusConfig, latency_index: int, count: int, size: int, repeats: int
+) -> tuple[float, float]:
     body = b"x" * size
     results: dict[str, list[float]] = {"raw": [], "paired": []}
-    runners: dict[str, Callable[[], float]] = {
-        "raw": lambda: raw_sdk(primary.connection_string, count, body),
-        "paired": lambda: paired(config, count, body),
+    runners: dict[str, Callable[[str], float]] = {
+        "raw": lambda q: raw_sdk(conn, q, count, body),
+        "paired": lambda q: paired(config, q, count, body),
     }
-    for _ in range(repeats):
+    for i in range(repeats):
         for name, fn in runners.items():  # interleaved, so drift affects both alike
-            reset(primary)
-            results[name].append(count / fn())
+            results[name].append(count / fn(f"{QUEUE}-{latency_index}-{name}-{i}"))
     return statistics.median(results["raw"]), statistics.median(results["paired"])
 
 
@@ -91,26 +96,27 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--latency", type=float, default=0.002)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
 
+    parser.add_argument("--inproc", action="store_true", help="run the namespaces in this process")
+    args = parser.parse_args()
+    queues = tuple(queue_names(args.repeats))
     with (
-        LocalNamespace(name="primary", queues=[QUEUE]) as primary,
-        LocalNamespace(name="secondary") as secondary,
+        namespace(args.inproc, "primary", queues) as (primary_conn, set_latency),
+        namespace(args.inproc, "secondary", ()) as (secondary_conn, _),
     ):
         config = ServiceBusConfig(
-            primary=NamespaceConfig(
-                connection_string=Secret(primary.connection_string), namespace_name="primary"
-            ),
-            secondary=NamespaceConfig(connection_string=Secret(secondary.connection_string)),
+            primary=NamespaceConfig(connection_string=Secret(primary_conn), namespace_name="primary"),
+            secondary=NamespaceConfig(connection_string=Secret(secondary_conn)),
             entity=QUEUE,
             retry=RetryConfig(),
         )
-        for latency in (0.0, args.latency):
-            primary.faults.set_latency(latency)
-            raw, ours = run(primary, config, args.count, args.size, args.repeats)
+        for index, latency in enumerate((0.0, args.latency)):
+            set_latency(latency)
+            raw, ours = run(primary_conn, config, index, args.count, args.size, args.repeats)
             print(
                 f"latency {latency * 1000:.0f} ms, {args.count} x {args.size} B: raw SDK {raw:,.0f} msgs/s, "
-                f"PairedSender {ours:,.0f} msgs/s, ratio {ours / raw:.2f} (target >= 0.9)"
+                f"PairedSender {ours:,.0f} msgs/s, ratio {ours / raw:.2f} (target >= 0.9)",
+                flush=True,
             )
 
 

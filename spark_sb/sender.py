@@ -22,8 +22,10 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
+
+from azure.servicebus.exceptions import MessageNotFoundError
 
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.errors import (
@@ -704,13 +706,23 @@ class PairedSender:
                 batch.try_add(msg)
                 self.transport.send(batch)
             else:
-                sequence_number = self.transport.schedule(target, msg, at + PROBE_SCHEDULE_AHEAD)
+                # The service's clock is real: the wire time comes from the real UTC clock (an injected test
+                # clock may be anywhere), so the probe is always scheduled far in the service's future.
+                wire_at = max(at, datetime.now(timezone.utc)) + PROBE_SCHEDULE_AHEAD
+                sequence_number = self.transport.schedule(target, msg, wire_at)
                 cancel_ok = False
                 while cancel_attempts < self._cancel_attempts and not cancel_ok:
                     cancel_attempts += 1
                     try:
                         self.transport.cancel_scheduled(target, sequence_number)
                         cancel_ok = True
+                    except MessageNotFoundError as exc:
+                        # Nothing scheduled under that number any more: an earlier cancel went through but its
+                        # answer was lost (a retry), or - on the first try - it is gone already. Retrying
+                        # cannot help either way.
+                        cancel_ok = cancel_attempts > 1
+                        detail = "" if cancel_ok else f"cancel failed: {_describe(exc)}"
+                        break
                     except Exception as exc:
                         detail = f"cancel failed: {_describe(exc)}"
                         self._after_error(PRIMARY, classify(exc))

@@ -311,6 +311,46 @@ def test_probe_cancel_failing_for_good_is_recorded_and_message_is_a_probe() -> N
     assert at > rig.clock.now() + timedelta(days=1)
 
 
+def test_probe_cancel_not_found_after_a_lost_answer_counts_as_cancelled() -> None:
+    from azure.servicebus.exceptions import MessageNotFoundError
+
+    rig = Rig(failover_interval=0.0, ping_primary_interval=5.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY, op="send", count=1)
+    rig.sender.send(msgs(1))
+    # the first cancel times out (its answer lost), the retry finds nothing scheduled any more
+    rig.transport.fail(conn_error, op="cancel", namespace=PRIMARY, count=1)
+    rig.transport.fail(lambda: MessageNotFoundError(message="not found"), op="cancel", namespace=PRIMARY, count=1)
+    rig.clock.advance(5.0)
+    (probe,) = rig.sender.send(msgs(1, "z")).probes
+    assert probe.ok and probe.cancel_ok and probe.cancel_attempts == 2 and probe.detail == ""
+
+
+def test_probe_cancel_not_found_at_first_try_is_recorded_without_retrying() -> None:
+    from azure.servicebus.exceptions import MessageNotFoundError
+
+    rig = Rig(failover_interval=0.0, ping_primary_interval=5.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY, op="send", count=1)
+    rig.sender.send(msgs(1))
+    rig.transport.fail(lambda: MessageNotFoundError(message="not found"), op="cancel", namespace=PRIMARY)
+    rig.clock.advance(5.0)
+    (probe,) = rig.sender.send(msgs(1, "z")).probes
+    assert probe.ok and probe.cancel_ok is False and probe.cancel_attempts == 1
+    assert "MessageNotFoundError" in probe.detail
+
+
+def test_probe_is_scheduled_in_the_real_future_whatever_the_injected_clock() -> None:
+    from datetime import datetime, timezone
+
+    rig = Rig(failover_interval=0.0, ping_primary_interval=5.0)  # its FakeClock starts in the past
+    rig.transport.fail(conn_error, namespace=PRIMARY, op="send", count=1)
+    rig.sender.send(msgs(1))
+    rig.transport.fail(conn_error, op="cancel", namespace=PRIMARY)
+    rig.clock.advance(5.0)
+    rig.sender.send(msgs(1, "z"))
+    ((_, at),) = rig.transport.scheduled[Target(PRIMARY, "orders")].values()
+    assert at > datetime.now(timezone.utc) + timedelta(days=1)
+
+
 def test_ping_probe_mode() -> None:
     rig = Rig(failover_interval=0.0, ping_primary_interval=5.0, probe_mode="ping")
     rig.transport.fail(conn_error, namespace=PRIMARY, count=1)
