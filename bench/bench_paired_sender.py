@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=100_000)
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--latency", type=float, default=0.002)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
 
     parser.add_argument("--inproc", action="store_true", help="run the namespaces in this process")
     args = parser.parse_args()
