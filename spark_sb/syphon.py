@@ -134,6 +134,7 @@ class Syphon:
         self._primary: ServiceBusClient | None = None
         self._secondary: ServiceBusClient | None = None
         self._senders: dict[str, ServiceBusSender] = {}
+        self._receivers: dict[str, ServiceBusReceiver] = {}
         self._backoff_until: dict[str, float] = {}
 
     # -- clients -------------------------------------------------------------------------------------------
@@ -163,8 +164,36 @@ class Syphon:
             except Exception:  # noqa: BLE001 - closing a broken sender must not mask the real error
                 log.debug("closing sender for %s failed", entity, exc_info=True)
 
+    def _receiver(self, queue: str) -> ServiceBusReceiver:
+        """The open peek-lock receiver of ``queue``, kept across drains (opening one costs a few round trips);
+        prefetch ``syphon.prefetch`` (0 by default, B12: nothing is buffered, so nothing is locked between drains)."""
+        receiver = self._receivers.get(queue)
+        if receiver is None:
+            from azure.servicebus import ServiceBusReceiveMode
+
+            receiver = self._secondary_client().get_queue_receiver(
+                queue,
+                receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
+                prefetch_count=self.config.syphon_prefetch,
+            )
+            # Open the link now (the context-manager entry): left to the first receive, the link opening
+            # would count against that receive's max_wait_time.
+            receiver.__enter__()
+            self._receivers[queue] = receiver
+        return receiver
+
+    def _drop_receiver(self, queue: str) -> None:
+        receiver = self._receivers.pop(queue, None)
+        if receiver is not None:
+            try:
+                receiver.close()
+            except Exception:  # noqa: BLE001 - closing a broken receiver must not mask the real error
+                log.debug("closing receiver for %s failed", queue, exc_info=True)
+
     def close(self) -> None:
-        """Close every client (both namespaces)."""
+        """Close every receiver, sender and client (both namespaces)."""
+        for queue in list(self._receivers):
+            self._drop_receiver(queue)
         for entity in list(self._senders):
             self._drop_sender(entity)
         for client in (self._primary, self._secondary):
@@ -194,36 +223,29 @@ class Syphon:
     ) -> SyphonOutcome:
         """Move messages from one backlog queue until a receive returns nothing. Never raises on a message or
         settle failure (B11): those are counted in the outcome and logged."""
-        from azure.servicebus import ServiceBusReceiveMode
-
         outcome = SyphonOutcome()
         wait = self.config.syphon_max_wait if max_wait is None else max_wait
         try:
-            receiver = self._secondary_client().get_queue_receiver(
-                queue,
-                receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                prefetch_count=self.config.syphon_prefetch,
-            )
+            receiver = self._receiver(queue)
         except Exception as exc:  # noqa: BLE001 - B11: the loop never dies; report and go on
             outcome.errors.append(f"{queue}: cannot open receiver: {type(exc).__name__}")
             return outcome
         batches = 0
-        with receiver:
-            while max_batches is None or batches < max_batches:
-                try:
-                    messages = receiver.receive_messages(
-                        max_message_count=self.config.syphon_batch_size, max_wait_time=wait
-                    )
-                except Exception as exc:  # noqa: BLE001
-                    outcome.errors.append(f"{queue}: receive failed: {type(exc).__name__}: {exc}")
-                    break
-                if not messages:
-                    break
-                batches += 1
-                outcome.received += len(messages)
-                progressed = self._move(receiver, messages, outcome)
-                if not progressed:
-                    break
+        while max_batches is None or batches < max_batches:
+            try:
+                messages = receiver.receive_messages(
+                    max_message_count=self.config.syphon_batch_size, max_wait_time=wait
+                )
+            except Exception as exc:  # noqa: BLE001 - a faulted receiver is replaced on the next drain
+                outcome.errors.append(f"{queue}: receive failed: {type(exc).__name__}: {exc}")
+                self._drop_receiver(queue)
+                break
+            if not messages:
+                break
+            batches += 1
+            outcome.received += len(messages)
+            if not self._move(receiver, messages, outcome):
+                break
         return outcome
 
     def _move(

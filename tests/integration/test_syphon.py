@@ -1,0 +1,147 @@
+"""The syphon against two local namespaces (real SDK, real TCP): B9, B11, B12."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode, ServiceBusSubQueue
+
+from spark_sb.clock import FakeClock
+from spark_sb.config import ServiceBusConfig
+from spark_sb.local.model import QueueSettings
+from spark_sb.mapping import OutboundMessage, to_backlog
+from spark_sb.sender import probe_message
+from spark_sb.syphon import EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, Syphon
+
+pytestmark = pytest.mark.local
+
+BACKLOG = ["primary/x-servicebus-transfer/0", "primary/x-servicebus-transfer/1"]
+
+
+@pytest.fixture
+def pair(namespace_pair: Any) -> Any:
+    namespace_pair.primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
+    namespace_pair.primary.broker.create_topic("events")
+    namespace_pair.primary.broker.create_subscription("events", "audit")
+    for name in BACKLOG:
+        namespace_pair.secondary.broker.create_queue(name, QueueSettings(lock_duration=timedelta(seconds=30)))
+    return namespace_pair
+
+
+def _config(pair: Any) -> ServiceBusConfig:
+    return ServiceBusConfig.from_dict(
+        {
+            "primary": {"connection_string": pair.primary.connection_string, "namespace_name": "primary"},
+            "secondary": {"connection_string": pair.secondary.connection_string},
+            "backlog_queue_count": 2,
+            "send_timeout": "5s",
+            "retry": {"total": 0, "backoff_factor": 0.05, "backoff_max": 0.1},
+        }
+    )
+
+
+def _put(ns: Any, queue: str, messages: list[OutboundMessage]) -> None:
+    with (
+        ServiceBusClient.from_connection_string(ns.connection_string) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        sender.send_messages([m.to_sdk() for m in messages])
+
+
+def _take(ns: Any, entity: str, sub_queue: Any = None, subscription: str | None = None) -> list[Any]:
+    with ServiceBusClient.from_connection_string(ns.connection_string) as client:
+        receiver = (
+            client.get_subscription_receiver(
+                entity, subscription, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+            )
+            if subscription
+            else client.get_queue_receiver(
+                entity, sub_queue=sub_queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+            )
+        )
+        out: list[Any] = []
+        with receiver:
+            while batch := receiver.receive_messages(max_message_count=100, max_wait_time=0.5):
+                out.extend(batch)
+        return out
+
+
+def test_moves_queues_and_topics_restoring_properties(pair: Any) -> None:
+    now = datetime.now(timezone.utc)
+    to_queue = [
+        OutboundMessage(body=f"q{i}", message_id=f"q{i}", session_id=None, properties={"n": i})
+        for i in range(5)
+    ]
+    to_topic = OutboundMessage(body="t", message_id="t1", subject="evt", time_to_live=timedelta(hours=1))
+    _put(pair.secondary, BACKLOG[0], [to_backlog(m, "orders", now) for m in to_queue])
+    _put(pair.secondary, BACKLOG[1], [to_backlog(to_topic, "events", now)])
+
+    with Syphon(_config(pair)) as syphon:
+        outcome = syphon.drain_all(max_wait=0.5)
+    assert outcome.forwarded == {"orders": 5, "events": 1}
+    assert (outcome.abandoned, outcome.expired, outcome.invalid) == (0, 0, 0)
+
+    got = {str(m.message_id): m for m in _take(pair.primary, "orders")}
+    assert sorted(got) == [f"q{i}" for i in range(5)]
+    assert got["q3"].application_properties[b"n"] == 3
+    assert not any(k.startswith(b"x-ms-") for m in got.values() for k in m.application_properties)
+    (event,) = _take(pair.primary, "events", subscription="audit")
+    assert event.subject == "evt" and event.time_to_live is not None
+    assert timedelta(minutes=59) < event.time_to_live <= timedelta(hours=1)
+    for name in BACKLOG:  # completed only after the primary accepted them: nothing left behind
+        assert pair.secondary.broker.get_queue(name).runtime.active_message_count == 0
+
+
+def test_expired_in_backlog_dead_lettered_there_and_strays_too(pair: Any) -> None:
+    long_ago = datetime.now(timezone.utc) - timedelta(hours=2)
+    expired = to_backlog(
+        OutboundMessage(body="old", message_id="old", time_to_live=timedelta(hours=1)), "orders", long_ago
+    )
+    stray = OutboundMessage(body="not from the sender", message_id="stray")
+    probe = replace(probe_message("orders", "ping"), time_to_live=None)  # a probe that reached the backlog
+    _put(pair.secondary, BACKLOG[0], [expired, stray, probe])
+
+    with Syphon(_config(pair)) as syphon:
+        outcome = syphon.drain_all(max_wait=0.5)
+    assert (outcome.expired, outcome.invalid, outcome.probes_dropped, outcome.forwarded_total) == (1, 1, 1, 0)
+    assert _take(pair.primary, "orders") == []
+    dead = {str(m.message_id): m for m in _take(pair.secondary, BACKLOG[0], ServiceBusSubQueue.DEAD_LETTER)}
+    assert sorted(dead) == ["old", "stray"]
+    assert dead["old"].dead_letter_reason == EXPIRED_IN_BACKLOG
+    assert dead["stray"].dead_letter_reason == NOT_A_BACKLOG_MESSAGE
+
+
+def test_failing_primary_abandons_backs_off_and_loses_nothing(pair: Any) -> None:
+    now = datetime.now(timezone.utc)
+    _put(
+        pair.secondary,
+        BACKLOG[0],
+        [to_backlog(OutboundMessage(body=f"m{i}", message_id=f"m{i}"), "orders", now) for i in range(4)],
+    )
+    clock = FakeClock()
+    pair.primary.faults.fail_sends("orders", "com.microsoft:entity-disabled")
+    with Syphon(_config(pair), clock=clock, entity_backoff=30) as syphon:
+        first = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
+        assert first.forwarded_total == 0 and first.abandoned == 4
+        assert pair.secondary.broker.get_queue(BACKLOG[0]).runtime.active_message_count == 4
+        pair.primary.faults.clear()
+        backing_off = syphon.drain_queue(BACKLOG[0], max_wait=0.5)  # still inside the back-off window
+        assert backing_off.forwarded_total == 0 and backing_off.abandoned == 4
+        clock.advance(30)
+        second = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
+    assert second.forwarded == {"orders": 4}
+    assert sorted(str(m.message_id) for m in _take(pair.primary, "orders")) == [f"m{i}" for i in range(4)]
+
+
+def test_replay_after_a_lost_complete_is_harmless_with_duplicate_detection(pair: Any) -> None:
+    now = datetime.now(timezone.utc)
+    msg = to_backlog(OutboundMessage(body="once", message_id="once"), "orders", now)
+    _put(pair.secondary, BACKLOG[0], [msg])
+    _put(pair.secondary, BACKLOG[1], [msg])  # the same message reaches the backlog twice (a task retry)
+    with Syphon(_config(pair)) as syphon:
+        outcome = syphon.drain_all(max_wait=0.5)
+    assert outcome.forwarded == {"orders": 2}
+    assert [str(m.message_id) for m in _take(pair.primary, "orders")] == ["once"]  # duplicate detection
