@@ -319,7 +319,9 @@ def test_probe_cancel_not_found_after_a_lost_answer_counts_as_cancelled() -> Non
     rig.sender.send(msgs(1))
     # the first cancel times out (its answer lost), the retry finds nothing scheduled any more
     rig.transport.fail(conn_error, op="cancel", namespace=PRIMARY, count=1)
-    rig.transport.fail(lambda: MessageNotFoundError(message="not found"), op="cancel", namespace=PRIMARY, count=1)
+    rig.transport.fail(
+        lambda: MessageNotFoundError(message="not found"), op="cancel", namespace=PRIMARY, count=1
+    )
     rig.clock.advance(5.0)
     (probe,) = rig.sender.send(msgs(1, "z")).probes
     assert probe.ok and probe.cancel_ok and probe.cancel_attempts == 2 and probe.detail == ""
