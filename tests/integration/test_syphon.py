@@ -16,7 +16,7 @@ from spark_sb.mapping import OutboundMessage, to_backlog
 from spark_sb.sender import probe_message
 from spark_sb.syphon import EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, Syphon
 
-pytestmark = pytest.mark.local
+pytestmark = [pytest.mark.local, pytest.mark.slow]
 
 BACKLOG = ["primary/x-servicebus-transfer/0", "primary/x-servicebus-transfer/1"]
 
