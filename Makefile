@@ -29,7 +29,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check spark_sb tests jobs bench
 	$(BIN)/mypy spark_sb
 
-demo: jars
+demo: $(STAMP)
 	$(BIN)/python jobs/demo.py
 
 bench: $(STAMP)

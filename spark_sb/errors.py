@@ -208,12 +208,7 @@ def _classify_sdk(exc: BaseException, depth: int) -> ErrorClass | None:
     # The generic ServiceBusError: its condition, else what it wraps, else an outage of unknown kind.
     if condition is not None and condition in CONDITIONS:
         return CONDITIONS[condition]
-    inner = _inner(exc)
-    if inner is not None and depth < 5:
-        found = _classify(inner, depth + 1)
-        if found is not UNEXPECTED:
-            return found
-    return SERVICE_ERROR
+    return _classify_inner(exc, depth)
 
 
 def _classify_amqp(exc: BaseException) -> ErrorClass | None:
@@ -262,6 +257,11 @@ def _classify_azure_core(exc: BaseException, depth: int) -> ErrorClass | None:
         if status is not None and status >= 500:
             return SERVICE_ERROR
         return INVALID_REQUEST
+    return _classify_inner(exc, depth)
+
+
+def _classify_inner(exc: BaseException, depth: int) -> ErrorClass:
+    """The class of the exception ``exc`` wraps (azure-core's ``inner_exception``), else a service error."""
     inner = _inner(exc)
     if inner is not None and depth < 5:
         found = _classify(inner, depth + 1)

@@ -760,18 +760,8 @@ class SchemaError(ValueError):
         return (SchemaError, (self.column, self.reason))
 
 
-_STRING_COLUMNS = (
-    "entity",
-    "message_id",
-    "session_id",
-    "partition_key",
-    "correlation_id",
-    "content_type",
-    "subject",
-    "to",
-    "reply_to",
-    "reply_to_session_id",
-)
+_NON_STRING_COLUMNS = frozenset({"body", "time_to_live", "scheduled_enqueue_time", "properties"})
+_STRING_COLUMNS = tuple(c for c in LOGICAL_COLUMNS if c not in _NON_STRING_COLUMNS)
 
 
 def validate_schema(schema: Any, columns: Mapping[str, str]) -> None:
