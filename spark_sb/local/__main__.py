@@ -3,7 +3,8 @@
     python -m spark_sb.local --name contoso --port 5672 [--control-port 5673] [--queue q1]... \
         [--topic events:audit,billing]... [--topology topology.yaml] [--key-name K --key V]
 
-Prints ``connection_string=<...>`` (one line) and ``control_url=<...>`` when a control port is given, then
+Prints ``connection_string=<...>`` (one line), ``control_url=<...>`` when a control port is given and
+``ca_file=<...>`` (the CA the admin client must trust: ``connection_verify=`` or ``REQUESTS_CA_BUNDLE``), then
 serves in this process until SIGINT or SIGTERM, and exits 0 after a clean stop. ``--port 0`` / ``--control-port
 0`` pick free ports (the printed lines tell which). The connection string carries the key given with ``--key``
 (or a dummy when the namespace checks no key); it is printed because starting the namespace is asking for it.
@@ -79,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"connection_string={ns.connection_string}", flush=True)
         if ns.control_url is not None:
             print(f"control_url={ns.control_url}", flush=True)
+        # The CA the admin client (HTTPS on the same port) must trust: connection_verify=... or
+        # REQUESTS_CA_BUNDLE=...
+        print(f"ca_file={ns.ca_file}", flush=True)
         while not stop.wait(0.5):
             pass
     finally:

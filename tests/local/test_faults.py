@@ -241,6 +241,15 @@ def test_cli_prints_connection_string_and_exits_cleanly_on_sigterm(tmp_path: Pat
         status = _get(second.split("=", 1)[1] + "/status")
         assert status["queues"]["fromfile"]["active"] == 1
         assert set(status["topics"]["t"]["subscriptions"]) == {"a", "b"}
+        third = proc.stdout.readline().strip()
+        assert third.startswith("ca_file=")
+        from azure.servicebus.management import ServiceBusAdministrationClient
+
+        with ServiceBusAdministrationClient.from_connection_string(
+            conn_str, connection_verify=third.split("=", 1)[1]
+        ) as admin:  # the unmodified admin client, from outside the namespace's process
+            assert admin.get_queue_runtime_properties("fromfile").active_message_count == 1
+            assert admin.get_namespace_properties().name == "cli"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     finally:
