@@ -1,7 +1,7 @@
 """``python -m spark_sb.local``: run a local Service Bus namespace until SIGINT/SIGTERM.
 
     python -m spark_sb.local --name contoso --port 5672 [--control-port 5673] [--queue q1]... \
-        [--topic events:audit,billing]... [--topology topology.yaml] [--key-name K --key V]
+        [--topic events:audit,billing]... [--topology topology.yaml] [--key-name K --key V] [--tls-dir DIR]
 
 Prints ``connection_string=<...>`` (one line), ``control_url=<...>`` when a control port is given and
 ``ca_file=<...>`` (the CA the admin client must trust: ``connection_verify=`` or ``REQUESTS_CA_BUNDLE``), then
@@ -13,12 +13,14 @@ serves in this process until SIGINT or SIGTERM, and exits 0 after a clean stop. 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
 from types import FrameType
 
 from spark_sb.local.server import LocalNamespace
+from spark_sb.local.tls import TLS_DIR_ENV
 
 
 def _parse_topic(text: str) -> tuple[str, list[str]]:
@@ -49,11 +51,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--key", default=None, help="shared access key to check SAS tokens against (default: none)"
     )
+    p.add_argument(
+        "--tls-dir",
+        default=None,
+        help=(
+            "keep the admin endpoint's CA and certificate in this directory and reuse them, so namespaces "
+            "started as separate processes share one CA: REQUESTS_CA_BUNDLE=<dir>/ca.pem trusts them all "
+            "(default: a CA made for this process; also $SPARK_SB_LOCAL_TLS_DIR)"
+        ),
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.tls_dir:
+        os.environ[TLS_DIR_ENV] = args.tls_dir  # read when the admin endpoint first needs its certificate
     topics: dict[str, list[str]] = {}
     for name, subs in args.topic:
         topics.setdefault(name, []).extend(subs)

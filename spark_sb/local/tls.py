@@ -6,14 +6,20 @@ the local namespace needs a server certificate for ``127.0.0.1`` that the user c
 
 One throw-away CA and one leaf certificate (subjectAltName ``IP:127.0.0.1``, ``DNS:localhost``) are generated
 per process, on first use, and shared by every :class:`LocalTls`; starting many namespaces in a test run costs
-one key generation in total. Nothing here is secret beyond this process: the keys are made up at start-up and
-never leave memory except the CA *certificate* (public) written to ``ca.pem``.
+one key generation in total. By default nothing leaves memory except the CA *certificate* (public) written to
+``ca.pem``.
+
+With ``SPARK_SB_LOCAL_TLS_DIR=<dir>`` (the CLI's ``--tls-dir``) the material is kept in ``<dir>`` instead and
+reused by every process that points there, so several namespaces started as separate processes share one CA and
+one ``REQUESTS_CA_BUNDLE=<dir>/ca.pem`` trusts them all. The directory then holds the local CA's private key
+(mode 0600): it is a development CA for 127.0.0.1 only, like mkcert's.
 
 Runs inside the local namespace process (tests, the demo, the CLI).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import ssl
 import tempfile
@@ -21,7 +27,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["LocalTls", "CA_FILE_NAME"]
+__all__ = ["CA_FILE_NAME", "TLS_DIR_ENV", "LocalTls"]
 
 #: File name of the CA certificate written into the directory given to :meth:`LocalTls.create`.
 CA_FILE_NAME = "ca.pem"
@@ -39,21 +45,67 @@ class _Material:
 _material: _Material | None = None
 _material_lock = threading.Lock()
 
+#: Environment variable naming a directory where the CA and server material is kept and shared by processes.
+TLS_DIR_ENV = "SPARK_SB_LOCAL_TLS_DIR"
+_SHARED_FILE = "local-namespace-tls.pem"  # CA cert, server chain, server key: PEM blocks, in that order
+
+
+def _generate() -> _Material:
+    import trustme  # imported lazily: only the local namespace needs it
+
+    ca = trustme.CA(organization_name="spark-servicebus local namespace")
+    leaf = ca.issue_cert("127.0.0.1", "localhost", common_name="127.0.0.1")
+    return _Material(
+        ca_cert_pem=ca.cert_pem.bytes(),
+        server_chain_pem=b"".join(blob.bytes() for blob in leaf.cert_chain_pems),
+        server_key_pem=leaf.private_key_pem.bytes(),
+    )
+
+
+def _pem_blocks(data: bytes) -> list[bytes]:
+    marker = b"-----END "
+    blocks, rest = [], data
+    while marker in rest:
+        head, _, tail = rest.partition(marker)
+        line_end = tail.find(b"\n")
+        end = len(tail) if line_end < 0 else line_end + 1
+        blocks.append((head + marker + tail[:end]).strip() + b"\n")
+        rest = tail[end:]
+    return blocks
+
+
+def _shared_material(directory: Path) -> _Material:
+    """Load the material kept in ``directory``, or create it there atomically (first process wins)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / _SHARED_FILE
+    if not final.exists():
+        material = _generate()
+        fd, tmp = tempfile.mkstemp(prefix=".tls-", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as handle:  # mkstemp files are 0600
+                handle.write(material.ca_cert_pem + material.server_chain_pem + material.server_key_pem)
+            with contextlib.suppress(FileExistsError):  # another process got there first: use theirs
+                os.link(tmp, final)
+        finally:
+            os.unlink(tmp)
+    blocks = _pem_blocks(final.read_bytes())
+    keys = [b for b in blocks if b"PRIVATE KEY" in b.splitlines()[0]]
+    certs = [b for b in blocks if b"CERTIFICATE" in b.splitlines()[0]]
+    if len(keys) != 1 or len(certs) < 2:
+        raise ValueError(f"{final} is not a local namespace TLS bundle; delete it to have it made again")
+    material = _Material(ca_cert_pem=certs[0], server_chain_pem=b"".join(certs[1:]), server_key_pem=keys[0])
+    (directory / CA_FILE_NAME).write_bytes(material.ca_cert_pem)
+    return material
+
 
 def _get_material() -> _Material:
-    """The process-wide CA and server certificate, generated on first call (thread-safe)."""
+    """The process-wide CA and server certificate, made (or loaded from ``$SPARK_SB_LOCAL_TLS_DIR``) on first
+    call (thread-safe)."""
     global _material
     with _material_lock:
         if _material is None:
-            import trustme  # imported lazily: only the local namespace needs it
-
-            ca = trustme.CA(organization_name="spark-servicebus local namespace")
-            leaf = ca.issue_cert("127.0.0.1", "localhost", common_name="127.0.0.1")
-            _material = _Material(
-                ca_cert_pem=ca.cert_pem.bytes(),
-                server_chain_pem=b"".join(blob.bytes() for blob in leaf.cert_chain_pems),
-                server_key_pem=leaf.private_key_pem.bytes(),
-            )
+            shared = os.environ.get(TLS_DIR_ENV)
+            _material = _shared_material(Path(shared)) if shared else _generate()
         return _material
 
 

@@ -304,3 +304,52 @@ def test_send_faults_apply_to_schedule_message_too(ns: LocalNamespace, client: S
             s.schedule_messages(ServiceBusMessage("probe"), far, timeout=1.5)
         ns.faults.stall_entity("q", False)
     assert ns.broker.get_queue("q").runtime.scheduled_message_count == 0
+
+
+def test_cli_namespaces_share_one_ca_with_tls_dir(tmp_path: Path) -> None:
+    """Two namespaces started as separate processes with one --tls-dir: one REQUESTS_CA_BUNDLE trusts both."""
+    from azure.servicebus.management import ServiceBusAdministrationClient
+
+    tls_dir = tmp_path / "tls"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "spark_sb.local",
+                "--name",
+                name,
+                "--port",
+                "0",
+                "--tls-dir",
+                str(tls_dir),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        for name in ("first", "second")
+    ]
+    try:
+        lines = []
+        for proc in procs:
+            assert proc.stdout is not None
+            conn = proc.stdout.readline().strip().split("=", 1)[1]
+            ca = proc.stdout.readline().strip().split("=", 1)[1]
+            lines.append((conn, ca))
+        assert Path(lines[0][1]).read_bytes() == Path(lines[1][1]).read_bytes()  # the same CA
+        bundle = str(tls_dir / "ca.pem")
+        for (conn, _), name in zip(lines, ("first", "second"), strict=True):
+            with ServiceBusAdministrationClient.from_connection_string(
+                conn, connection_verify=bundle
+            ) as admin:
+                assert admin.get_namespace_properties().name == name
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=15) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
