@@ -18,6 +18,7 @@ Keys (nested in YAML/dicts, or flat and dotted as Spark options)::
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import os
 import re
@@ -416,6 +417,62 @@ class RetryConfig:
         }
 
 
+def _split_host_port(endpoint_host: str) -> str:
+    """The host of ``host[:port]`` / ``[v6]:port`` / ``sb://host:port/`` (pure)."""
+    host = endpoint_host.strip()
+    host = re.sub(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", "", host)  # sb://, amqps://, https://
+    host = host.split("/", 1)[0]
+    if host.startswith("["):  # [::1]:5671
+        return host[1 : host.index("]")] if "]" in host else host[1:]
+    if host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return host
+
+
+def is_address_host(endpoint_host: str) -> bool:
+    """True for an IP literal or ``localhost`` (a name that says nothing about the namespace)."""
+    host = _split_host_port(endpoint_host).rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def derive_namespace_name(
+    endpoint_host: str,
+    *,
+    override: str | None = None,
+    lookup: Callable[[], str] | None = None,
+) -> str:
+    """The primary's namespace name, as used in backlog queue names (pure apart from ``lookup``).
+
+    * ``override`` (config key ``primary.namespace_name``) wins;
+    * an FQDN gives its first label (``contoso`` for ``contoso.servicebus.windows.net``);
+    * an IP literal or ``localhost`` asks the namespace itself: ``lookup()`` (normally
+      ``admin_client.get_namespace_properties().name``).
+    """
+    if override is not None and override.strip():
+        return override.strip()
+    host = _split_host_port(endpoint_host).rstrip(".")
+    if not host:
+        raise ConfigError("namespace_name: cannot derive a namespace name from an empty endpoint host")
+    if is_address_host(host):
+        if lookup is None:
+            raise ConfigError(
+                f"namespace_name: the endpoint {endpoint_host.strip()} is an address, not a namespace host name; "
+                "set namespace_name or ask the namespace "
+                "(spark_sb.provisioning.resolve_primary_namespace_name, get_namespace_properties)"
+            )
+        name = lookup()
+        if not name:
+            raise ConfigError(f"namespace_name: the namespace at {host!r} did not report its name; set it")
+        return name
+    return host.split(".", 1)[0]
+
+
 _NOT_NS_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -495,23 +552,12 @@ class NamespaceConfig:
         return info.host if info is not None else self._bare_fqns()
 
     def effective_namespace_name(self, lookup: Callable[[], str] | None = None) -> str:
-        """The namespace name used in backlog queue names (SPEC B1): ``namespace_name`` if set; else the first DNS
-        label of the host (``contoso`` for ``contoso.servicebus.windows.net``); for an IP address or a
-        single-label host (``localhost``) the name the namespace reports about itself, obtained by ``lookup``
-        (see :func:`spark_sb.provisioning.resolve_primary_namespace_name`). Without ``lookup`` such an endpoint
-        raises :class:`ConfigError` asking for ``namespace_name``."""
-        if self.namespace_name:
-            return self.namespace_name
-        host = self.endpoint_host()
-        name = host.partition(":")[0]
-        if re.fullmatch(r"[0-9.]+", name) or name.startswith("[") or "." not in name:
-            if lookup is not None:
-                return lookup()
-            raise ConfigError(
-                f"namespace_name: the endpoint {host} is an address, not a namespace host name; set "
-                "namespace_name or ask the namespace (spark_sb.provisioning.resolve_primary_namespace_name)"
-            )
-        return name.split(".", 1)[0]
+        """The namespace name used in backlog queue names (SPEC B1), by :func:`derive_namespace_name`:
+        ``namespace_name`` if set; else the first DNS label of the host (``contoso`` for
+        ``contoso.servicebus.windows.net``); for an IP address or ``localhost`` the name the namespace reports
+        about itself, obtained by ``lookup`` (see :func:`spark_sb.provisioning.resolve_primary_namespace_name`).
+        Without ``lookup`` such an endpoint raises :class:`ConfigError` asking for ``namespace_name``."""
+        return derive_namespace_name(self.endpoint_host(), override=self.namespace_name, lookup=lookup)
 
     def client(self, retry: RetryConfig | None = None, **kwargs: Any) -> ServiceBusClient:
         """A new ``ServiceBusClient`` with the retry settings of ``retry`` (``kwargs`` win)."""

@@ -17,9 +17,7 @@ Nothing here logs or formats a connection string or key: namespaces are shown by
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -27,6 +25,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.clock import Clock, SystemClock
+from spark_sb.config import derive_namespace_name, is_address_host
 
 if TYPE_CHECKING:
     from azure.servicebus.management import ServiceBusAdministrationClient
@@ -78,61 +77,6 @@ def parse_backlog_queue_name(name: str, primary_namespace_name: str) -> str | No
     if name.casefold().startswith(prefix) and len(name) > len(prefix):
         return name[len(prefix) :]
     return None
-
-
-def _split_host_port(endpoint_host: str) -> str:
-    """The host of ``host[:port]`` / ``[v6]:port`` / ``sb://host:port/`` (pure)."""
-    host = endpoint_host.strip()
-    host = re.sub(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", "", host)  # sb://, amqps://, https://
-    host = host.split("/", 1)[0]
-    if host.startswith("["):  # [::1]:5671
-        return host[1 : host.index("]")] if "]" in host else host[1:]
-    if host.count(":") == 1:
-        host = host.split(":", 1)[0]
-    return host
-
-
-def is_address_host(endpoint_host: str) -> bool:
-    """True for an IP literal or ``localhost`` (a name that says nothing about the namespace)."""
-    host = _split_host_port(endpoint_host).rstrip(".").lower()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def derive_namespace_name(
-    endpoint_host: str,
-    *,
-    override: str | None = None,
-    lookup: Callable[[], str] | None = None,
-) -> str:
-    """The primary's namespace name, as used in backlog queue names (pure apart from ``lookup``).
-
-    * ``override`` (config key ``primary.namespace_name``) wins;
-    * an FQDN gives its first label (``contoso`` for ``contoso.servicebus.windows.net``);
-    * an IP literal or ``localhost`` asks the namespace itself: ``lookup()`` (normally
-      ``admin_client.get_namespace_properties().name``).
-    """
-    if override is not None and override.strip():
-        return override.strip()
-    host = _split_host_port(endpoint_host).rstrip(".")
-    if not host:
-        raise ValueError("cannot derive a namespace name from an empty endpoint host")
-    if is_address_host(host):
-        if lookup is None:
-            raise ValueError(
-                f"the endpoint {host!r} is an address, not a namespace host name: set primary.namespace_name "
-                "or let provisioning ask the namespace (get_namespace_properties)"
-            )
-        name = lookup()
-        if not name:
-            raise ValueError(f"the namespace at {host!r} did not report its name: set primary.namespace_name")
-        return name
-    return host.split(".", 1)[0]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -665,9 +609,7 @@ def resolve_primary_namespace_name(
         finally:
             _close_quietly(client)
 
-    if primary.namespace_name:
-        return primary.namespace_name.strip()
-    return derive_namespace_name(primary.endpoint_host(), lookup=lookup)
+    return primary.effective_namespace_name(lookup=lookup)
 
 
 def _namespace_properties_name(admin: ServiceBusAdministrationClient, shown: str) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -203,30 +202,9 @@ class _Tally:
 # Namespace naming without secrets
 
 
-def _endpoint_host_of(connection_string: str) -> str | None:
-    for part in connection_string.split(";"):
-        key, _, value = part.partition("=")
-        if key.strip().lower() == "endpoint":
-            m = re.match(r"^[a-z]+://([^/]+)", value.strip(), re.IGNORECASE)
-            return m.group(1) if m else None
-    return None
-
-
 def namespace_key(ns: Any) -> str:
     """A secret-free identity of a namespace (host[:port]) used to key shared state."""
-    try:
-        return str(ns.endpoint_host())
-    except (NotImplementedError, AttributeError, ValueError):
-        pass
-    fqns = getattr(ns, "fully_qualified_namespace", None)
-    if fqns:
-        return str(fqns)
-    cs = getattr(ns, "connection_string", None)
-    if cs is not None:
-        host = _endpoint_host_of(cs.reveal())
-        if host:
-            return host
-    return str(getattr(ns, "namespace_name", None) or "unknown-namespace")
+    return str(ns.endpoint_host())
 
 
 def namespace_description(ns: Any) -> str:
