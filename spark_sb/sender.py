@@ -240,6 +240,23 @@ def primary_namespace_name(ns: Any) -> str:
     return str(ns.effective_namespace_name(lookup=lookup))
 
 
+def with_namespace_name(config: Any) -> Any:
+    """``config`` with ``primary.namespace_name`` filled in (driver side, once).
+
+    For an IP or ``localhost`` primary endpoint the namespace name (used in backlog queue names) has to be asked
+    of the namespace's admin endpoint; doing that on the driver, once, and shipping the name inside the
+    configuration means executors never call the admin API - in particular a new Python worker started while
+    the primary is down can still divert to the backlog. Without a secondary, or when the name is already known
+    (set, or the first label of an FQDN), the config is returned unchanged. Runs on the driver; may do I/O.
+    """
+    from dataclasses import replace
+
+    if config.secondary is None or config.primary.namespace_name:
+        return config
+    name = primary_namespace_name(config.primary)
+    return config.with_overrides(primary=replace(config.primary, namespace_name=name))
+
+
 def _describe(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     try:

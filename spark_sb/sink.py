@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_sb.config import ServiceBusConfig
 from spark_sb.mapping import OutboundMessage, Reject, RejectError, row_to_message
-from spark_sb.sender import PairedSender, SendOutcome
+from spark_sb.sender import PairedSender, SendOutcome, with_namespace_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -124,7 +124,9 @@ class ServiceBusSink:
     """
 
     def __init__(self, config: ServiceBusConfig) -> None:
-        self.config = config
+        # The primary's namespace name is resolved here, on the driver, and shipped in the config: executors
+        # never ask the primary's admin endpoint (a worker started during an outage could not).
+        self.config = with_namespace_name(config)
         self.last_outcome: SendOutcome | None = None
         self.total = SendOutcome()
 
