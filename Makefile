@@ -4,12 +4,16 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install jars test test-fast lint demo bench clean
+# The pinned development set: the package with every extra, versions from constraints-dev.txt.
+EXTRAS := spark,local,connect,test
+CONSTRAINTS := constraints-dev.txt
 
-$(STAMP): pyproject.toml
+.PHONY: install jars test test-fast lint demo bench wheel clean
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[$(EXTRAS)]' -c $(CONSTRAINTS)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -32,9 +36,16 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python jobs/demo.py
 
+# The wheel to install on Databricks or anywhere else (dist/spark_servicebus-<version>-py3-none-any.whl).
+wheel: $(STAMP)
+	rm -rf build dist/spark_servicebus-*.whl
+	$(BIN)/pip wheel -q --no-deps -w dist .
+	rm -rf build
+	@ls dist/spark_servicebus-*.whl
+
 bench: $(STAMP)
 	$(BIN)/python bench/bench_local_namespace.py
 	$(BIN)/python bench/bench_paired_sender.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache spark-warehouse
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache spark-warehouse build dist

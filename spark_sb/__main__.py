@@ -1,4 +1,6 @@
-"""``python -m spark_sb <command>``: the command-line tools of spark-servicebus.
+"""``spark-sb <command>`` (the same as ``python -m spark_sb <command>``): the command-line tools of
+spark-servicebus. ``--version`` prints the version; ``-v`` / ``-vv`` (more log output) go before or after the
+command.
 
 Runs on a workstation, a CI runner or the Spark driver node, never on executors. Commands:
 
@@ -6,8 +8,8 @@ Runs on a workstation, a CI runner or the Spark driver node, never on executors.
   the backlog queues exist in the secondary namespace (SPEC B1) and print a table (queue, status, detail).
   Exit 0 when at least one backlog queue is usable, 1 otherwise, 2 on a bad configuration or bad arguments.
 
-More commands (``demo``, ``syphon``, ...) plug in by adding a ``_add_<name>(subparsers)`` function to
-:data:`COMMANDS`; each sets ``func`` (``(args) -> int``) as the parser default.
+More commands (``demo``, ``syphon``, ...) plug in by adding a ``_add_<name>(subparsers, common)`` function to
+:data:`COMMANDS`; each passes ``parents=[common]`` and sets ``func`` (``(args) -> int``) as the parser default.
 
 Output never contains a secret: namespaces are shown by host and SAS key name only, and log records pass
 through :class:`spark_sb.redact.RedactingFilter`.
@@ -54,11 +56,12 @@ def _positive_int(text: str) -> int:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _add_provision(subparsers: Any) -> None:
+def _add_provision(subparsers: Any, common: argparse.ArgumentParser) -> None:
     from spark_sb.provisioning import DEFAULT_RETRY_PAUSE, DEFAULT_TRIES
 
     p = subparsers.add_parser(
         "provision",
+        parents=[common],
         help="create the backlog queues in the secondary namespace (never modifies or deletes a queue)",
         description=(
             "Make sure the backlog queues <primary-namespace>/x-servicebus-transfer/<i>, i in "
@@ -169,22 +172,32 @@ def _print_json(out: TextIO, payload: Any) -> None:
 # wiring
 # --------------------------------------------------------------------------------------------------------------
 
-#: Subcommand registrars, in the order ``--help`` lists them.
-COMMANDS: list[Callable[[Any], None]] = [_add_provision]
+#: Subcommand registrars, in the order ``--help`` lists them. Each gets the subparsers action and the parent
+#: parser with the options every command accepts after its name (``-v``).
+COMMANDS: list[Callable[[Any, argparse.ArgumentParser], None]] = [_add_provision]
+
+_VERBOSE_HELP = "more log output (-v info, -vv debug); before or after the command"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m spark_sb") -> argparse.ArgumentParser:
+    from spark_sb import __version__
+
     parser = argparse.ArgumentParser(
-        prog="python -m spark_sb",
+        prog=prog,
         description="spark-servicebus tools (Azure Service Bus sink with paired-namespace failover)",
     )
-    parser.add_argument(
-        "-v", "--verbose", action="count", default=0, help="more log output (-v info, -vv debug)"
+    parser.add_argument("--version", action="version", version=f"spark-servicebus {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help=_VERBOSE_HELP)
+    # `-v` after the command counts into its own destination (a subparser's defaults would overwrite the
+    # main parser's count); main() adds the two.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v", "--verbose", dest="verbose_after", action="count", default=0, help=_VERBOSE_HELP
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for register in COMMANDS:
-        register(subparsers)
+        register(subparsers, common)
     return parser
 
 
@@ -210,16 +223,22 @@ def _setup_logging(verbose: int) -> None:
     logging.getLogger("azure").setLevel(logging.DEBUG if verbose >= 3 else logging.WARNING)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m spark_sb") -> int:
     """Entry point of ``python -m spark_sb``; returns the exit code."""
-    parser = build_parser()
+    parser = build_parser(prog)
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse: 2 on bad usage, 0 on --help
+    except SystemExit as exc:  # argparse: 2 on bad usage, 0 on --help / --version
         return int(exc.code) if isinstance(exc.code, int) else EXIT_BAD_CONFIG
+    args.verbose += getattr(args, "verbose_after", 0)
     _setup_logging(args.verbose)
     result: int = args.func(args)
     return result
+
+
+def console_main() -> None:
+    """Entry point of the ``spark-sb`` console script (``[project.scripts]``)."""
+    sys.exit(main(prog="spark-sb"))
 
 
 if __name__ == "__main__":
