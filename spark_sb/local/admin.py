@@ -12,7 +12,9 @@ What is served (paths as the SDK builds them; every name is one percent-encoded 
   replaces the whole description, absent properties take their defaults, as with the service), delete;
 * ``GET /$Resources/queues|topics?$skip=&$top=`` - paged lists;
 * ``GET|PUT|DELETE /{topic}/subscriptions/{subscription}`` and ``GET /{topic}/subscriptions``;
-* ``GET /{topic}/subscriptions/{subscription}/rules[/{rule}]`` - only the ``$Default`` true-filter rule;
+* ``GET|PUT|DELETE /{topic}/subscriptions/{subscription}/rules/{rule}`` and ``GET .../rules`` - subscription
+  rules (SQL, correlation, true and false filters; SQL actions), see :mod:`spark_sb.local.rules`; a filter or
+  action that does not parse is refused with 400 naming the position;
 * ``GET /$namespaceinfo``.
 
 Entities are read and written only through the broker's :class:`~spark_sb.local.model.AdminStore`. Entity
@@ -65,6 +67,16 @@ from spark_sb.local.model import (
     SubscriptionSettings,
     TopicInfo,
     TopicSettings,
+)
+from spark_sb.local.rules import (
+    CorrelationFilter,
+    FalseFilter,
+    Filter,
+    Rule,
+    SqlAction,
+    SqlFilter,
+    SqlSyntaxError,
+    TrueFilter,
 )
 
 __all__ = [
@@ -424,19 +436,187 @@ def _extra_elements(kind: str, description: ET.Element) -> list[ET.Element]:
     ]
 
 
-def _default_rule(created_at: datetime) -> ET.Element:
-    """The ``$Default`` rule every subscription has: a true filter, no action."""
-    rule = ET.Element(f"{{{SB_NS}}}RuleDescription")
-    rule_filter = ET.SubElement(rule, f"{{{SB_NS}}}Filter", {f"{{{XSI_NS}}}type": "TrueFilter"})
-    ET.SubElement(rule_filter, f"{{{SB_NS}}}SqlExpression").text = "1=1"
-    ET.SubElement(rule_filter, f"{{{SB_NS}}}CompatibilityLevel").text = "20"
-    ET.SubElement(rule, f"{{{SB_NS}}}Action", {f"{{{XSI_NS}}}type": "EmptyRuleAction"})
-    ET.SubElement(rule, f"{{{SB_NS}}}CreatedAt").text = format_time(created_at)
-    ET.SubElement(rule, f"{{{SB_NS}}}Name").text = DEFAULT_RULE_NAME
-    return rule
+XSD_NS = "http://www.w3.org/2001/XMLSchema"
+
+#: xsi:type of a key-value Value -> reader; and Python type -> (xsi:type, writer).
+_KV_READERS: dict[str, Callable[[str], Any]] = {
+    "string": lambda text: text,
+    "int": int,
+    "long": int,
+    "short": int,
+    "byte": int,
+    "unsignedInt": int,
+    "unsignedLong": int,
+    "boolean": _parse_bool,
+    "double": float,
+    "float": float,
+    "decimal": float,
+    "dateTime": lambda text: datetime.fromisoformat(text.replace("Z", "+00:00")),
+    "duration": parse_duration,
+    "guid": lambda text: text,
+}
 
 
-DEFAULT_RULE_NAME = "$Default"
+def _kv_type(value: Any) -> tuple[str, str]:
+    if isinstance(value, bool):
+        return "boolean", "true" if value else "false"
+    if isinstance(value, int):
+        return ("int" if -(2**31) <= value < 2**31 else "long"), str(value)
+    if isinstance(value, float):
+        return "double", repr(value)
+    if isinstance(value, datetime):
+        return "dateTime", format_time(value)
+    if isinstance(value, timedelta):
+        return "duration", format_duration(value)
+    return "string", str(value)
+
+
+def _key_values_from_xml(parent: ET.Element | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if parent is None:
+        return out
+    for kv in parent:
+        if _local_name(kv.tag) != "KeyValueOfstringanyType":
+            continue
+        key = value = None
+        type_name = "string"
+        for child in kv:
+            if _local_name(child.tag) == "Key":
+                key = child.text or ""
+            elif _local_name(child.tag) == "Value":
+                type_name = child.get(f"{{{XSI_NS}}}type", "string").rsplit(":", 1)[-1]
+                nil = child.get(f"{{{XSI_NS}}}nil", "").lower() == "true"
+                reader = _KV_READERS.get(type_name)
+                if reader is None:
+                    raise BadRequest(f"unsupported value type '{type_name}' for key '{key}'")
+                try:
+                    value = None if nil else reader(child.text or "")
+                except (ValueError, BadRequest) as exc:
+                    raise BadRequest(f"value of '{key}' is not a {type_name}: {exc}") from None
+        if key is None:
+            raise BadRequest("a KeyValueOfstringanyType without Key")
+        out[key] = value
+    return out
+
+
+def _key_values_to_xml(parent: ET.Element, tag: str, values: Any) -> None:
+    holder = ET.SubElement(parent, f"{{{SB_NS}}}{tag}")
+    for key, value in dict(values).items():
+        kv = ET.SubElement(holder, f"{{{SB_NS}}}KeyValueOfstringanyType")
+        ET.SubElement(kv, f"{{{SB_NS}}}Key").text = key
+        type_name, text = _kv_type(value)
+        ET.SubElement(
+            kv, f"{{{SB_NS}}}Value", {f"{{{XSI_NS}}}type": f"d6p1:{type_name}", "xmlns:d6p1": XSD_NS}
+        ).text = text
+
+
+def _child(parent: ET.Element | None, name: str) -> ET.Element | None:
+    if parent is None:
+        return None
+    for child in parent:
+        if _local_name(child.tag) == name:
+            return child
+    return None
+
+
+def _child_text(parent: ET.Element | None, name: str) -> str | None:
+    child = _child(parent, name)
+    if child is None or child.get(f"{{{XSI_NS}}}nil", "").lower() == "true":
+        return None
+    return child.text or ""
+
+
+#: CorrelationFilter elements <-> :class:`~spark_sb.local.rules.CorrelationFilter` fields.
+_CORRELATION_ELEMENTS = (
+    ("CorrelationId", "correlation_id"),
+    ("MessageId", "message_id"),
+    ("To", "to"),
+    ("ReplyTo", "reply_to"),
+    ("Label", "label"),
+    ("SessionId", "session_id"),
+    ("ReplyToSessionId", "reply_to_session_id"),
+    ("ContentType", "content_type"),
+)
+
+
+def rule_from_xml(name: str, description: ET.Element) -> Rule:
+    """A rule from a ``RuleDescription``; a filter or action that does not parse -> :class:`BadRequest`
+    naming the position."""
+    element = _child(description, "Filter")
+    rule_filter: Filter
+    kind = (element.get(f"{{{XSI_NS}}}type", "SqlFilter") if element is not None else "TrueFilter").rsplit(
+        ":", 1
+    )[-1]
+    try:
+        if kind == "TrueFilter":
+            rule_filter = TrueFilter()
+        elif kind == "FalseFilter":
+            rule_filter = FalseFilter()
+        elif kind == "SqlFilter":
+            expression = _child_text(element, "SqlExpression")
+            if not expression:
+                raise BadRequest("a SqlFilter needs a SqlExpression")
+            rule_filter = SqlFilter(expression, _key_values_from_xml(_child(element, "Parameters")))
+        elif kind == "CorrelationFilter":
+            fields = {attr: _child_text(element, xml) for xml, attr in _CORRELATION_ELEMENTS}
+            properties = _key_values_from_xml(_child(element, "Properties"))
+            rule_filter = CorrelationFilter(**fields, properties=properties)  # type: ignore[arg-type]
+        else:
+            raise BadRequest(f"unknown filter type '{kind}'")
+    except SqlSyntaxError as exc:
+        raise BadRequest(f"The filter expression is not valid: {exc}") from None
+    action_element = _child(description, "Action")
+    action: SqlAction | None = None
+    if action_element is not None:
+        action_kind = action_element.get(f"{{{XSI_NS}}}type", "EmptyRuleAction").rsplit(":", 1)[-1]
+        if action_kind == "SqlRuleAction":
+            expression = _child_text(action_element, "SqlExpression")
+            if not expression:
+                raise BadRequest("a SqlRuleAction needs a SqlExpression")
+            try:
+                action = SqlAction(expression, _key_values_from_xml(_child(action_element, "Parameters")))
+            except SqlSyntaxError as exc:
+                raise BadRequest(f"The action expression is not valid: {exc}") from None
+        elif action_kind != "EmptyRuleAction":
+            raise BadRequest(f"unknown action type '{action_kind}'")
+    return Rule(name, rule_filter, action)
+
+
+def rule_to_xml(rule: Rule) -> ET.Element:
+    """The ``RuleDescription`` of a rule, in the shape the SDK writes and reads."""
+    description = ET.Element(f"{{{SB_NS}}}RuleDescription")
+    f = rule.filter
+    if isinstance(f, CorrelationFilter):
+        element = ET.SubElement(description, f"{{{SB_NS}}}Filter", {f"{{{XSI_NS}}}type": "CorrelationFilter"})
+        for xml, attr in _CORRELATION_ELEMENTS:
+            value = getattr(f, attr)
+            if value is not None:
+                ET.SubElement(element, f"{{{SB_NS}}}{xml}").text = value
+        _key_values_to_xml(element, "Properties", f.properties)
+    else:
+        kind = (
+            "TrueFilter"
+            if isinstance(f, TrueFilter)
+            else "FalseFilter"
+            if isinstance(f, FalseFilter)
+            else "SqlFilter"
+        )
+        element = ET.SubElement(description, f"{{{SB_NS}}}Filter", {f"{{{XSI_NS}}}type": kind})
+        ET.SubElement(element, f"{{{SB_NS}}}SqlExpression").text = f.expression
+        ET.SubElement(element, f"{{{SB_NS}}}CompatibilityLevel").text = "20"
+        if f.parameters:
+            _key_values_to_xml(element, "Parameters", f.parameters)
+    if rule.action is None:
+        ET.SubElement(description, f"{{{SB_NS}}}Action", {f"{{{XSI_NS}}}type": "EmptyRuleAction"})
+    else:
+        action = ET.SubElement(description, f"{{{SB_NS}}}Action", {f"{{{XSI_NS}}}type": "SqlRuleAction"})
+        ET.SubElement(action, f"{{{SB_NS}}}SqlExpression").text = rule.action.expression
+        ET.SubElement(action, f"{{{SB_NS}}}CompatibilityLevel").text = "20"
+        if rule.action.parameters:
+            _key_values_to_xml(action, "Parameters", rule.action.parameters)
+    ET.SubElement(description, f"{{{SB_NS}}}CreatedAt").text = format_time(rule.created_at)
+    ET.SubElement(description, f"{{{SB_NS}}}Name").text = rule.name
+    return description
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -825,27 +1005,46 @@ class AdminEndpoint:
     # GET /{topic}/subscriptions/{sub}/rules
     def _list_rules(self, request: _Request) -> AdminReply:
         topic, subscription = request.route.names
-        info = self._store.get_subscription(topic, subscription)
-        entry = self._entry(
-            request, DEFAULT_RULE_NAME, _rule_path(topic, subscription, DEFAULT_RULE_NAME),
-            info.runtime.created_at, info.runtime.created_at, _default_rule(info.runtime.created_at),
-        )  # fmt: skip
-        return self._feed(request, "Rules", [entry])
+        rules = self._store.list_rules(topic, subscription)
+        entries = [
+            self._entry(request, rule.name, _rule_path(topic, subscription, rule.name), rule.created_at,
+                        rule.created_at, rule_to_xml(rule))
+            for rule in rules
+        ]  # fmt: skip
+        return self._feed(request, "Rules", entries)
 
     # GET /{topic}/subscriptions/{sub}/rules/{rule}
     def _get_rule(self, request: _Request) -> AdminReply:
-        topic, subscription, rule = request.route.names
-        info = self._store.get_subscription(topic, subscription)
-        if rule != DEFAULT_RULE_NAME:
-            raise EntityNotFound(f"{topic}/Subscriptions/{subscription}/Rules/{rule}")
-        entry = self._entry(
-            request, rule, _rule_path(topic, subscription, rule),
-            info.runtime.created_at, info.runtime.created_at, _default_rule(info.runtime.created_at),
-        )  # fmt: skip
-        return AdminReply(200, _xml_bytes(entry))
+        topic, subscription, name = request.route.names
+        return self._rule_reply(
+            request, 200, topic, subscription, self._store.get_rule(topic, subscription, name)
+        )
 
-    def _rules_unsupported(self, request: _Request) -> AdminReply:
-        raise _HttpError(400, "The local namespace supports only the $Default rule (no filters).")
+    # PUT /{topic}/subscriptions/{sub}/rules/{rule}
+    def _put_rule(self, request: _Request) -> AdminReply:
+        topic, subscription, name = request.route.names
+        _, description = _parse_body(request.body, ("rule",))
+        rule = rule_from_xml(name, description)
+        if request.if_match is not None:
+            stored = self._store.update_rule(topic, subscription, rule)
+            return self._rule_reply(request, 200, topic, subscription, stored)
+        stored = self._store.create_rule(topic, subscription, rule)
+        return self._rule_reply(request, 201, topic, subscription, stored)
+
+    # DELETE /{topic}/subscriptions/{sub}/rules/{rule}
+    def _delete_rule(self, request: _Request) -> AdminReply:
+        topic, subscription, name = request.route.names
+        self._store.delete_rule(topic, subscription, name)
+        return AdminReply(200, b"")
+
+    def _rule_reply(
+        self, request: _Request, status: int, topic: str, subscription: str, rule: Rule
+    ) -> AdminReply:
+        entry = self._entry(
+            request, rule.name, _rule_path(topic, subscription, rule.name), rule.created_at, rule.created_at,
+            rule_to_xml(rule),
+        )  # fmt: skip
+        return AdminReply(status, _xml_bytes(entry))
 
     # -- properties outside the entity model -------------------------------------------------------------------
 
@@ -972,8 +1171,8 @@ _HANDLERS: dict[tuple[str, str], _HandlerFn] = {
     ("DELETE", "subscription"): AdminEndpoint._delete_subscription,
     ("GET", "rules"): AdminEndpoint._list_rules,
     ("GET", "rule"): AdminEndpoint._get_rule,
-    ("PUT", "rule"): AdminEndpoint._rules_unsupported,
-    ("DELETE", "rule"): AdminEndpoint._rules_unsupported,
+    ("PUT", "rule"): AdminEndpoint._put_rule,
+    ("DELETE", "rule"): AdminEndpoint._delete_rule,
 }
 
 
@@ -1009,6 +1208,7 @@ _DESCRIPTION_KINDS = {
     "QueueDescription": "queue",
     "TopicDescription": "topic",
     "SubscriptionDescription": "subscription",
+    "RuleDescription": "rule",
 }
 
 

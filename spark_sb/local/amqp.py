@@ -401,13 +401,19 @@ def iter_sections(buf: Buf) -> list[tuple[int, int, int, int]]:
     pos = 0
     n = len(buf)
     last = 0
+    seen_da = False
     while pos < n:
         code, vpos = _read_descriptor(buf, pos)
         if code < HEADER or code > FOOTER:
             raise AmqpDecodeError(f"unknown message section 0x{code:x}")
-        if code < last or (code == last and code not in (DATA, AMQP_SEQUENCE)):
+        if code == DELIVERY_ANNOTATIONS and not seen_da:
+            # The SDK writes delivery annotations last (after the body and footer); the service takes them
+            # anywhere, once.
+            seen_da = True
+        elif code < last or (code == last and code not in (DATA, AMQP_SEQUENCE)):
             raise AmqpDecodeError("message sections out of order")
-        last = code
+        else:
+            last = code
         end = skip_value(buf, vpos)
         if end > n:
             raise AmqpDecodeError("truncated message section")
@@ -535,6 +541,62 @@ class MessageParts:
         other.size = self.size + len(other.tail) - len(self.tail)
         return other
 
+    def properties_fields(self) -> list[Any]:
+        """The 13 fields of the properties section (all ``None`` when the message has none)."""
+        fields: list[Any] = []
+        if self.tail[:2] == b"\x00\x53" and self.tail[2] == PROPERTIES:
+            value, _ = decode_value(self.tail, 3)
+            if isinstance(value, list):
+                fields = list(value)
+        return (fields + [None] * 13)[:13]
+
+    def application_properties(self) -> dict[str, Any]:
+        """The application properties, decoded (``{}`` when there are none)."""
+        if self.app_props_span is None:
+            return {}
+        value, _ = decode_value(self.tail, self.app_props_span[0] + 3)
+        return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
+
+    def with_sections(
+        self, *, properties: list[Any] | None = None, application_properties: Mapping[str, Any] | None = None
+    ) -> MessageParts:
+        """A copy with the properties section and/or the application properties replaced (re-encoded); the body
+        and footer stay as sent."""
+        other = self.copy()
+        tail = self.tail
+        rest = tail
+        props_section = b""
+        if tail[:3] == b"\x00\x53\x73":
+            end = skip_value(tail, 3)
+            props_section, rest = tail[:end], tail[end:]
+        app_section = b""
+        if self.app_props_span is not None:
+            start, end = self.app_props_span
+            offset = len(tail) - len(rest)
+            app_section = tail[start:end]
+            rest = rest[: start - offset] + rest[end - offset :]
+        if properties is not None:
+            trimmed = list(properties)
+            while trimmed and trimmed[-1] is None:
+                trimmed.pop()
+            props_section = _section(PROPERTIES, encode_value(trimmed)) if trimmed else b""
+            fields = (list(properties) + [None] * 13)[:13]
+            other.message_id = fields[0]
+            other.message_id_raw = encode_value(fields[0])
+            other.session_id = fields[10] if isinstance(fields[10], str) else None
+        if application_properties is not None:
+            app_section = (
+                _section(APPLICATION_PROPERTIES, encode_value(dict(application_properties)))
+                if application_properties
+                else b""
+            )
+        other.tail = props_section + app_section + rest
+        other.app_props_span = (
+            (len(props_section), len(props_section) + len(app_section)) if app_section else None
+        )
+        other.size = self.size + len(other.tail) - len(tail)
+        return other
+
     def render(
         self,
         *,
@@ -572,6 +634,7 @@ def parse_message(raw: Buf) -> MessageParts:
     parts = MessageParts()
     parts.size = len(buf)
     tail_start = None
+    da_span: tuple[int, int] | None = None
     for code, start, vpos, end in iter_sections(buf):
         if code == HEADER:
             fields, _ = decode_value(buf, vpos)
@@ -587,6 +650,8 @@ def parse_message(raw: Buf) -> MessageParts:
             parts.ttl_ms = ttl if isinstance(ttl, int) and ttl > 0 else None
         elif code == DELIVERY_ANNOTATIONS:
             parts.da = buf[start:end]
+            if tail_start is not None:
+                da_span = (start, end)  # after the body: kept out of the tail
         elif code == MESSAGE_ANNOTATIONS:
             entries, count = _map_entries(buf, vpos)
             parts.ma_entries = bytes(entries)
@@ -624,7 +689,13 @@ def parse_message(raw: Buf) -> MessageParts:
             elif code == APPLICATION_PROPERTIES:
                 parts.app_props_span = (start - tail_start, end - tail_start)
     if tail_start is not None:
-        parts.tail = buf[tail_start:]
+        if da_span is None:
+            parts.tail = buf[tail_start:]
+        else:
+            parts.tail = buf[tail_start : da_span[0]] + buf[da_span[1] :]
+            if parts.app_props_span is not None and parts.app_props_span[0] >= da_span[0] - tail_start:
+                shift = da_span[1] - da_span[0]  # pragma: no cover - app properties never follow the body
+                parts.app_props_span = (parts.app_props_span[0] - shift, parts.app_props_span[1] - shift)
     return parts
 
 

@@ -39,7 +39,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from spark_sb.clock import Clock, SystemClock
-from spark_sb.local.amqp import Long, MessageParts, Timestamp, parse_message
+from spark_sb.local.amqp import Long, MessageParts, Symbol, Timestamp, parse_message
 from spark_sb.local.faults import FaultController
 from spark_sb.local.model import (
     AdminFault,
@@ -52,6 +52,15 @@ from spark_sb.local.model import (
     SubscriptionSettings,
     TopicInfo,
     TopicSettings,
+)
+from spark_sb.local.rules import (
+    DEFAULT_RULE_NAME,
+    FilterEvaluationError,
+    MessageView,
+    Rule,
+    TrueFilter,
+    default_rule,
+    route,
 )
 
 __all__ = [
@@ -151,10 +160,7 @@ class Message:
         return self.parts.size
 
     def copy(self) -> Message:
-        m = Message(self.parts, self.seq)
-        m.enqueued_ms = self.enqueued_ms
-        m.scheduled_ms = self.scheduled_ms
-        return m
+        return _with_parts(self, self.parts)
 
     def annotations(self, *, locked: bool, state: int | None = None) -> dict[str, Any]:
         """The broker annotations of a delivery of this message."""
@@ -175,6 +181,66 @@ class Message:
             annotations=self.annotations(locked=locked, state=state),
             ttl_ms=self.ttl_ms,
         )
+
+
+def _with_parts(m: Message, parts: MessageParts) -> Message:
+    """A fresh copy of ``m`` (same sequence number, enqueue and schedule time) with ``parts``."""
+    out = Message(parts, m.seq)
+    out.enqueued_ms = m.enqueued_ms
+    out.scheduled_ms = m.scheduled_ms
+    return out
+
+
+#: sys.* properties an action may write -> index in the AMQP properties list.
+_WRITABLE_SYSTEM = {
+    "MessageId": 0,
+    "To": 2,
+    "Label": 3,
+    "ReplyTo": 4,
+    "CorrelationId": 5,
+    "ContentType": 6,
+    "SessionId": 10,
+    "ReplyToSessionId": 12,
+}
+
+
+def message_view(m: Message) -> MessageView:
+    """What filters read of a message: its system properties and application properties."""
+    parts = m.parts
+    fields = parts.properties_fields()
+    system: dict[str, Any] = {}
+    for name, index in _WRITABLE_SYSTEM.items():
+        value = fields[index]
+        if value is not None:
+            system[name] = str(value) if index == 6 else value
+    system["Size"] = parts.size
+    system["DeliveryCount"] = m.delivery_count
+    system["SequenceNumber"] = m.seq
+    system["EnqueuedSequenceNumber"] = m.seq
+    system["EnqueuedTimeUtc"] = utc_from_ms(m.enqueued_ms)
+    if m.scheduled_ms is not None:
+        system["ScheduledEnqueueTimeUtc"] = utc_from_ms(m.scheduled_ms)
+    if parts.ttl_ms is not None:
+        system["TimeToLive"] = timedelta(milliseconds=parts.ttl_ms)
+        system["ExpiresAtUtc"] = utc_from_ms(m.enqueued_ms + parts.ttl_ms)
+    if parts.partition_key is not None:
+        system["PartitionKey"] = parts.partition_key
+    return MessageView(system, parts.application_properties())
+
+
+def apply_view(parts: MessageParts, before: MessageView, after: MessageView) -> MessageParts:
+    """``parts`` with what an action changed between ``before`` and ``after`` written back."""
+    properties: list[Any] | None = None
+    for name, index in _WRITABLE_SYSTEM.items():
+        if before.system.get(name) != after.system.get(name):
+            if properties is None:
+                properties = parts.properties_fields()
+            value = after.system.get(name)
+            properties[index] = Symbol(str(value)) if index == 6 and value is not None else value
+    app = after.user if after.user != before.user else None
+    if properties is None and app is None:
+        return parts
+    return parts.with_sections(properties=properties, application_properties=app)
 
 
 @dataclass(frozen=True)
@@ -216,6 +282,9 @@ class _Store:
 
     def __init__(self, dead_letter: bool) -> None:
         self.dead_letter = dead_letter
+        #: Ready messages are grouped by session id only in a session entity's main store; elsewhere a
+        #: message's session id is just a property (plain receivers get it, as from the service).
+        self.by_session = False
         self.msgs: dict[int, Message] = {}
         self.ready: dict[str | None, list[int]] = {}
         self.expiry_heap: list[tuple[int, int]] = []
@@ -223,10 +292,21 @@ class _Store:
 
     def add_ready(self, m: Message) -> None:
         m.state = READY
-        heap = self.ready.get(m.session_id)
+        key = m.session_id if self.by_session else None
+        heap = self.ready.get(key)
         if heap is None:
-            heap = self.ready[m.session_id] = []
+            heap = self.ready[key] = []
         heapq.heappush(heap, m.seq)
+
+    def rekey(self, by_session: bool) -> None:
+        """Group ready messages by session (or not) after the entity's ``requires_session`` changed."""
+        if by_session == self.by_session:
+            return
+        self.by_session = by_session
+        ready = [m for m in self.msgs.values() if m.state == READY]
+        self.ready = {}
+        for m in ready:
+            self.add_ready(m)
 
     def insert(self, m: Message) -> None:
         self.msgs[m.seq] = m
@@ -294,6 +374,7 @@ class _Queue(_Sendable, _Receivable):
         _Sendable.__init__(self, name, now)
         _Receivable.__init__(self, name, now)
         self.settings: QueueSettings = settings
+        self.store.by_session = settings.requires_session
 
 
 class _Topic(_Sendable):
@@ -308,6 +389,15 @@ class _Subscription(_Receivable):
         super().__init__(name, now)
         self.topic = topic
         self.settings: SubscriptionSettings = settings
+        self.store.by_session = settings.requires_session
+        self.rules: dict[str, Rule] = {DEFAULT_RULE_NAME.lower(): default_rule(now)}
+        #: Every rule is a true filter without action: every message is copied as it is (the fast path).
+        self.pass_all = True
+
+    def rules_changed(self) -> None:
+        self.pass_all = bool(self.rules) and all(
+            isinstance(r.filter, TrueFilter) and r.action is None for r in self.rules.values()
+        )
 
 
 def _strip_address(address: str) -> str:
@@ -659,24 +749,43 @@ class Broker:
         return seqs
 
     def _enqueue(self, e: _Sendable, msgs: list[Message], now: int) -> None:
-        if isinstance(e, _Queue):
-            targets: list[_Receivable] = [e]
-        else:
-            assert isinstance(e, _Topic)
-            targets = list(e.subs.values())
         entity_ttl = _ms(e.settings.default_message_time_to_live)
-        for target in targets:
-            ttl_default = min(entity_ttl, _ms(target.settings.default_message_time_to_live))
-            store = target.store
+        if isinstance(e, _Queue):
+            for m in msgs:
+                self._insert(e, m, entity_ttl)
+            return
+        assert isinstance(e, _Topic)
+        subs = list(e.subs.values())
+        views: dict[int, MessageView] = {}
+        for sub in subs:
             for orig in msgs:
-                m = orig if len(targets) == 1 else orig.copy()
-                if m is not orig:
-                    m.enqueued_ms = orig.enqueued_ms
-                ttl = m.parts.ttl_ms
-                ttl = ttl_default if ttl is None else min(ttl, ttl_default)
-                m.ttl_ms = ttl if ttl < _MAX_MS else None
-                m.expires_ms = m.enqueued_ms + ttl if ttl < _MAX_MS else None
-                store.insert(m)
+                if sub.pass_all:
+                    self._insert(sub, orig if len(subs) == 1 else orig.copy(), entity_ttl)
+                    continue
+                view = views.get(orig.seq)
+                if view is None:
+                    view = views[orig.seq] = message_view(orig)
+                try:
+                    routed = route(sub.rules, view)
+                except FilterEvaluationError as exc:
+                    if sub.settings.dead_lettering_on_filter_evaluation_exceptions:
+                        m = orig.copy()
+                        self._insert(sub, m, entity_ttl)
+                        self._dead_letter(sub, sub.store, m, "FilterEvaluationException", str(exc))
+                    continue
+                for routed_view in routed:
+                    m = orig.copy()
+                    if routed_view is not view:
+                        m = _with_parts(orig, apply_view(orig.parts, view, routed_view))
+                    self._insert(sub, m, entity_ttl)
+
+    def _insert(self, target: _Receivable, m: Message, entity_ttl: int) -> None:
+        ttl_default = min(entity_ttl, _ms(target.settings.default_message_time_to_live))
+        ttl = m.parts.ttl_ms
+        ttl = ttl_default if ttl is None else min(ttl, ttl_default)
+        m.ttl_ms = ttl if ttl < _MAX_MS else None
+        m.expires_ms = m.enqueued_ms + ttl if ttl < _MAX_MS else None
+        target.store.insert(m)
 
     # ------------------------------------------------------------------ receiving
 
@@ -1116,6 +1225,7 @@ class Broker:
         with self._lock:
             q = self._get_queue(name)
             q.settings = replace(settings)
+            q.store.rekey(q.settings.requires_session)
             q.updated_at = self._now_dt()
             return self._queue_info(q)
 
@@ -1222,6 +1332,7 @@ class Broker:
         with self._lock:
             s = self._get_sub(topic, name)
             s.settings = replace(settings)
+            s.store.rekey(s.settings.requires_session)
             s.updated_at = self._now_dt()
             return self._sub_info(s)
 
@@ -1260,6 +1371,57 @@ class Broker:
             accessed_at=s.accessed_at,
         )
         return SubscriptionInfo(s.topic.name, s.name, replace(s.settings), counts)
+
+    # ------------------------------------------------------------------ AdminStore: rules
+
+    def create_rule(self, topic: str, subscription: str, rule: Rule) -> Rule:
+        """Add a rule to a subscription (``EntityExists`` if one of that name exists); stamps ``created_at``."""
+        with self._lock:
+            s = self._get_sub(topic, subscription)
+            key = rule.name.lower()
+            if key in s.rules:
+                raise EntityExists(f"{topic}/Subscriptions/{subscription}/Rules/{rule.name}")
+            stored = s.rules[key] = replace(rule, created_at=self._now_dt())
+            s.rules_changed()
+            return stored
+
+    def update_rule(self, topic: str, subscription: str, rule: Rule) -> Rule:
+        """Replace a rule's filter and action (``EntityNotFound`` if there is no rule of that name)."""
+        with self._lock:
+            s = self._get_sub(topic, subscription)
+            key = rule.name.lower()
+            old = s.rules.get(key)
+            if old is None:
+                raise EntityNotFound(f"{topic}/Subscriptions/{subscription}/Rules/{rule.name}")
+            stored = s.rules[key] = replace(rule, name=old.name, created_at=old.created_at)
+            s.rules_changed()
+            return stored
+
+    def get_rule(self, topic: str, subscription: str, name: str) -> Rule:
+        with self._lock:
+            rule = self._get_sub(topic, subscription).rules.get(name.lower())
+            if rule is None:
+                raise EntityNotFound(f"{topic}/Subscriptions/{subscription}/Rules/{name}")
+            return rule
+
+    def delete_rule(self, topic: str, subscription: str, name: str) -> None:
+        with self._lock:
+            s = self._get_sub(topic, subscription)
+            if s.rules.pop(name.lower(), None) is None:
+                raise EntityNotFound(f"{topic}/Subscriptions/{subscription}/Rules/{name}")
+            s.rules_changed()
+
+    def list_rules(self, topic: str, subscription: str) -> list[Rule]:
+        with self._lock:
+            return list(self._get_sub(topic, subscription).rules.values())
+
+    def set_rules(self, topic: str, subscription: str, rules: Iterable[Rule]) -> None:
+        """Replace every rule of a subscription (topology files)."""
+        with self._lock:
+            s = self._get_sub(topic, subscription)
+            now = self._now_dt()
+            s.rules = {r.name.lower(): replace(r, created_at=now) for r in rules}
+            s.rules_changed()
 
     # ------------------------------------------------------------------ convenience
 

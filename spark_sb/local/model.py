@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from spark_sb.local.rules import Rule
 
 #: .NET TimeSpan.MaxValue, what the service reports for "unlimited" TTL / auto-delete-on-idle.
 MAX_DURATION = timedelta(days=10675199, hours=2, minutes=48, seconds=5, microseconds=477580)
@@ -184,3 +187,9 @@ class AdminStore(Protocol):
     def get_subscription(self, topic: str, name: str) -> SubscriptionInfo: ...
     def delete_subscription(self, topic: str, name: str) -> None: ...
     def list_subscriptions(self, topic: str) -> list[SubscriptionInfo]: ...
+
+    def create_rule(self, topic: str, subscription: str, rule: Rule) -> Rule: ...  # EntityExists
+    def update_rule(self, topic: str, subscription: str, rule: Rule) -> Rule: ...  # EntityNotFound
+    def get_rule(self, topic: str, subscription: str, name: str) -> Rule: ...
+    def delete_rule(self, topic: str, subscription: str, name: str) -> None: ...
+    def list_rules(self, topic: str, subscription: str) -> list[Rule]: ...
