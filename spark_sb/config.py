@@ -12,6 +12,7 @@ Keys (nested in YAML/dicts, or flat and dotted as Spark options)::
     client_id,client_secret}, primary.namespace_name, secondary.* likewise, entity, backlog_queue_count,
     failover_interval, ping_primary_interval, probe_mode, backlog_retry_interval, backlog_selection,
     send_timeout, retry.{total,backoff_factor,backoff_max,mode}, max_message_size, on_reject, state_location,
+    state_table_prefix, sink_id, message_id_mode,
     columns.<logical>, syphon.{max_wait,batch_size,prefetch}, provision.{tries,retry_pause}, idle_timeout, client_cache, x-* (kept in extra)
 """
 
@@ -52,6 +53,7 @@ __all__ = [
 PROBE_MODES = ("schedule-cancel", "ping")
 BACKLOG_SELECTIONS = ("random", "session-affine")
 ON_REJECT = ("record", "fail")
+MESSAGE_ID_MODES = ("column", "content")
 RETRY_MODES = ("exponential", "fixed")
 CREDENTIAL_KINDS = ("default", "client_secret", "managed_identity")
 
@@ -631,6 +633,12 @@ class ServiceBusConfig:
     max_message_size: int = 262144
     on_reject: str = "record"
     state_location: str | None = None
+    #: Unity Catalog tables instead of paths: ``catalog.schema.sb_`` -> ``catalog.schema.sb_events`` etc.
+    state_table_prefix: str | None = None
+    #: The sink's identity in the state tables (replay skipping, S5); None -> ``<primary namespace>/<entity>``.
+    sink_id: str | None = None
+    #: ``column``: ids from the message_id column; ``content``: rows without one get a hash of their content.
+    message_id_mode: str = "column"
     columns: Mapping[str, str] = field(default_factory=_default_columns)
     syphon_max_wait: float = 900.0
     syphon_batch_size: int = 100
@@ -711,6 +719,22 @@ class ServiceBusConfig:
             not isinstance(self.state_location, str) or not self.state_location
         ):
             raise _err("state_location", f"expected a non-empty path, found {self.state_location!r}")
+        if self.state_table_prefix is not None:
+            if not isinstance(self.state_table_prefix, str) or not re.fullmatch(
+                r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+){1,2}\.?[A-Za-z0-9_]*", self.state_table_prefix
+            ):
+                raise _err(
+                    "state_table_prefix",
+                    f"expected catalog.schema.prefix (e.g. 'main.ops.sb_'), found {self.state_table_prefix!r}",
+                )
+            if self.state_location is not None:
+                raise _err(
+                    "state_table_prefix", "give state_location (paths) or state_table_prefix, not both"
+                )
+        if self.sink_id is not None and (not isinstance(self.sink_id, str) or not self.sink_id.strip()):
+            raise _err("sink_id", f"expected a non-empty string, found {self.sink_id!r}")
+        if self.message_id_mode not in MESSAGE_ID_MODES:
+            raise _one_of("message_id_mode", self.message_id_mode, MESSAGE_ID_MODES)
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
@@ -897,8 +921,9 @@ _CHOICE_KEYS = {
     "probe_mode": PROBE_MODES,
     "backlog_selection": BACKLOG_SELECTIONS,
     "on_reject": ON_REJECT,
+    "message_id_mode": MESSAGE_ID_MODES,
 }
-_STR_KEYS = ("entity", "state_location")
+_STR_KEYS = ("entity", "state_location", "state_table_prefix", "sink_id")
 _NS_KEYS = (
     "connection_string",
     "fully_qualified_namespace",

@@ -683,12 +683,18 @@ def _to_properties(value: Any, col: str) -> dict[str, Scalar]:
 
 
 def row_to_message(
-    row: Any, columns: Mapping[str, str], default_entity: str | None, max_message_size: int
+    row: Any,
+    columns: Mapping[str, str],
+    default_entity: str | None,
+    max_message_size: int,
+    message_id_mode: str = "column",
 ) -> OutboundMessage:
     """Map one row (a mapping or a pyspark ``Row``) to a validated :class:`OutboundMessage` (SPEC S2).
 
     ``columns`` maps S2 logical names to the row's column names (missing keys: the logical name). Raises
-    :class:`RejectError` naming the column and the type found. Runs on executors, once per row.
+    :class:`RejectError` naming the column and the type found. With ``message_id_mode="content"`` a row without
+    a message id gets :func:`message_id_from_content` (stable across task retries and replays, S5). Runs on
+    executors, once per row.
     """
     body_col = columns.get("body", "body")
     present, raw_body = _row_get(row, body_col)
@@ -739,6 +745,8 @@ def row_to_message(
             _opt_col(row, columns, "properties"), columns.get("properties", "properties")
         ),
     )
+    if msg.message_id is None and message_id_mode == "content":
+        msg = replace(msg, message_id=message_id_from_content(msg))
     try:
         msg.validate(max_message_size)
     except RejectError as err:

@@ -1,4 +1,6 @@
-"""The Spark ``foreachBatch`` sink (SPEC S1, S2, S3; minimal: Delta state and replay skipping come later).
+"""The Spark ``foreachBatch`` sink (SPEC S1-S6): rows to Service Bus, failover state shared through Delta tables,
+replayed batches skipped, rejects recorded. DataFrame operations only (``mapInArrow``), so it runs under Spark
+Connect (Databricks standard access mode, serverless).
 
 Usage (driver)::
 
@@ -10,10 +12,16 @@ Where things run:
 
 * ``ServiceBusSink.__call__`` runs on the driver (Spark calls the ``foreachBatch`` function there). It holds only
   the picklable configuration; it never builds a Service Bus client.
-* :func:`send_partition` runs in executor Python workers, once per partition task. It streams the partition's
-  rows into a :class:`~spark_sb.sender.PairedSender` taken from a process-level cache keyed by the configuration
-  (workers are reused across tasks and micro-batches, so clients live across batches), one sender per task in
-  flight, closed when idle for ``idle_timeout``.
+  At batch start it checks the schema (first batch), skips a batch id this ``sink_id`` already committed, and
+  reads the entity state table; after the batch it writes the events, entities and rejects tables
+  (:mod:`spark_sb.state`) from the per-partition results.
+* :func:`send_partition` runs in executor Python workers, once per partition task (inside ``mapInArrow``, whose
+  one output row carries the pickled :class:`~spark_sb.state.PartitionResult`). It first teaches the worker's
+  failover registry what the state table says (an entity failed over elsewhere starts failed over here; pulled
+  backlog queues are skipped), then streams the partition's rows into a :class:`~spark_sb.sender.PairedSender`
+  taken from a process-level cache keyed by the configuration (workers are reused across tasks and
+  micro-batches, so clients live across batches), one sender per task in flight, closed when idle for
+  ``idle_timeout``. What it needs (the config, the entity records) is picklable.
 
 Delivery guarantee: at least once. A partition task returns only after every message was accepted by the primary,
 accepted by a backlog queue, or recorded as a reject; otherwise the task fails and Spark retries it (message ids
@@ -25,16 +33,32 @@ from __future__ import annotations
 import hashlib
 import logging
 import pickle
+import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.config import ServiceBusConfig
-from spark_sb.mapping import OutboundMessage, Reject, RejectError, row_to_message
-from spark_sb.sender import PairedSender, SendOutcome, with_namespace_name
+from spark_sb.failover import process_registry
+from spark_sb.mapping import OutboundMessage, Reject, RejectError, row_to_message, validate_schema
+from spark_sb.sender import PairedSender, SendOutcome, namespace_key, with_namespace_name
+from spark_sb.state import (
+    REPLAY_SKIPPED,
+    DeltaStateStore,
+    EntityRecord,
+    Event,
+    PartitionResult,
+    StateStore,
+    StateTables,
+    apply_handoff,
+    plan_batch,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
@@ -42,6 +66,11 @@ log = logging.getLogger(__name__)
 
 class RejectedRowsError(ValueError):
     """Raised (``on_reject = "fail"``) when a row cannot become a message; names the row's field and reason."""
+
+
+class SinkIdConflictError(RuntimeError):
+    """A batch id this ``sink_id`` committed before arrives with other content, or below the last committed one:
+    another query (or a new checkpoint) uses the same ``sink_id`` and state tables. Set a distinct ``sink_id``."""
 
 
 # -- executor side -------------------------------------------------------------------------------------------
@@ -89,75 +118,295 @@ def close_cached_senders() -> int:
 
 
 def _messages(
-    rows: Iterable[Any], config: ServiceBusConfig, rejects: list[Reject]
+    rows: Iterable[Any], config: ServiceBusConfig, rejects: list[Reject], counter: list[int]
 ) -> Iterator[OutboundMessage]:
     for index, row in enumerate(rows):
+        counter[0] = index + 1
         try:
-            yield row_to_message(row, config.columns, config.entity, config.max_message_size)
+            yield row_to_message(
+                row, config.columns, config.entity, config.max_message_size, config.message_id_mode
+            )
         except RejectError as err:
             if config.on_reject == "fail":
                 raise RejectedRowsError(f"row {index}: {err}") from None
             rejects.append(Reject.from_error(row, err, entity=config.entity, row_index=index))
 
 
-def send_partition(config: ServiceBusConfig, rows: Iterable[Any]) -> SendOutcome:
-    """Send one partition's rows (executor). Streams the rows; returns the outcome including row rejects."""
+def send_partition(
+    config: ServiceBusConfig, rows: Iterable[Any], handoff: Sequence[EntityRecord] = ()
+) -> PartitionResult:
+    """Send one partition's rows (executor). Streams the rows; returns the outcome including row rejects, and the
+    worker's view of the entity states and pulled backlog queues afterwards.
+
+    ``handoff``: the entity records the driver read at batch start; applied to this process's failover
+    registry first (SPEC S4: no second ``failover_interval`` wait, pulled backlog queues skipped).
+    """
+    registry = process_registry()
+    primary = namespace_key(config.primary)
+    secondary = namespace_key(config.secondary) if config.secondary is not None else None
+    if handoff:
+        apply_handoff(
+            registry,
+            handoff,
+            namespace=primary,
+            backlog_namespace=secondary,
+            failover_interval=float(config.failover_interval),
+            ping_interval=float(config.ping_primary_interval),
+        )
     rejects: list[Reject] = []
+    counter = [0]
     key, sender = _acquire(config)
     try:
-        outcome = sender.send(_messages(rows, config, rejects))
+        outcome = sender.send(_messages(rows, config, rejects, counter))
     except BaseException:
         sender.close()  # a failed sender is never reused: the task fails and Spark retries it
         raise
     _release(key, sender, config)
     if rejects:
         outcome = SendOutcome(rejects=tuple(rejects)).merge(outcome)
-    return outcome
+    return PartitionResult(
+        host=socket.gethostname(),
+        rows=counter[0],
+        outcome=outcome,
+        statuses=tuple(s for s in registry.statuses() if s.namespace == primary),
+        pulled=tuple(registry.rotation.pulled(secondary)) if secondary is not None else (),
+    )
+
+
+def arrow_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[dict[str, Any]]:
+    """Rows of Arrow record batches as dicts (maps as lists of pairs, structs as dicts). Executor."""
+    for batch in batches:
+        yield from batch.to_pylist()
+
+
+def partition_function(
+    config: ServiceBusConfig, handoff: Sequence[EntityRecord]
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of one batch: sends the partition, yields one row ``result`` (the pickled
+    :class:`~spark_sb.state.PartitionResult`). Built on the driver, runs on executors; captures only the
+    picklable ``config`` and ``handoff``."""
+    records = tuple(handoff)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        result = send_partition(config, arrow_rows(batches), records)
+        yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(result)], pa.binary())], names=["result"])
+
+    return run
+
+
+RESULT_SCHEMA = "result BINARY"
 
 
 # -- driver side ---------------------------------------------------------------------------------------------
+@dataclass
+class SinkTotals:
+    """Counts over every batch this sink object processed (driver; bounded: counts, never records)."""
+
+    batches: int = 0
+    skipped_batches: int = 0
+    rows: int = 0
+    sent: dict[str, int] = field(default_factory=dict)
+    diverted: dict[str, int] = field(default_factory=dict)
+    diverted_by_entity: dict[str, int] = field(default_factory=dict)
+    rejected: int = 0
+    transitions: int = 0
+    probes: int = 0
+    pulls: int = 0
+    retries: int = 0
+
+    @property
+    def total_sent(self) -> int:
+        return sum(self.sent.values())
+
+    @property
+    def total_diverted(self) -> int:
+        return sum(self.diverted.values())
+
+    @property
+    def total_rejected(self) -> int:
+        return self.rejected
+
+    def add(self, outcome: SendOutcome, rows: int) -> None:
+        self.batches += 1
+        self.rows += rows
+        for mine, theirs in (
+            (self.sent, outcome.sent),
+            (self.diverted, outcome.diverted),
+            (self.diverted_by_entity, outcome.diverted_by_entity),
+        ):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
+        self.rejected += outcome.total_rejected
+        self.transitions += len(outcome.transitions)
+        self.probes += len(outcome.probes)
+        self.pulls += len(outcome.pulls)
+        self.retries += outcome.retries
+
+
+def default_sink_id(config: ServiceBusConfig) -> str:
+    """``<primary namespace name>/<entity>`` (``*`` without a default entity): the documented default."""
+    name = config.primary.namespace_name or namespace_key(config.primary)
+    return f"{name}/{config.entity or '*'}"
+
+
 class ServiceBusSink:
     """A ``foreachBatch`` function that sends every row of each micro-batch to Service Bus (driver).
 
-    Picklable: holds only the configuration. ``last_outcome`` and ``total`` hold the merged per-partition outcomes
-    of the last batch and of all batches seen by this driver process.
+    Delivery: at least once into the primary or a backlog queue; with message ids (a column, or
+    ``message_id_mode: content``) and duplicate detection on the primary, exactly once into the primary across
+    task retries, replays (a batch id already committed by this ``sink_id`` is skipped) and the syphon.
+
+    Picklable: holds only the configuration. ``last_outcome`` is the merged outcome of the last batch (records
+    included); ``total`` keeps counts only (:class:`SinkTotals`). ``store`` overrides the state store (tests);
+    by default it is the Delta store named by ``state_location`` / ``state_table_prefix``, or none.
     """
 
-    def __init__(self, config: ServiceBusConfig) -> None:
+    def __init__(self, config: ServiceBusConfig, *, store: StateStore | None = None) -> None:
         # The primary's namespace name is resolved here, on the driver, and shipped in the config: executors
         # never ask the primary's admin endpoint (a worker started during an outage could not).
         self.config = with_namespace_name(config)
+        self.sink_id = self.config.sink_id or default_sink_id(self.config)
         self.last_outcome: SendOutcome | None = None
-        self.total = SendOutcome()
+        self.total = SinkTotals()
+        self._store = store
+        self._tables = StateTables.from_config(self.config)
+        self._schema_checked = False
+        self._last_committed: int | None = None
+        self._committed_loaded = False
 
+    # -- the foreachBatch entry point
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        if not self._schema_checked:
+            validate_schema(batch_df.schema, self.config.columns)  # SchemaError names the column
+            self._schema_checked = True
         config = self.config
 
-        def run(rows: Iterable[Any]) -> Iterator[bytes]:
-            yield pickle.dumps(send_partition(config, rows))
+        def run_tasks(handoff: Sequence[EntityRecord]) -> list[PartitionResult]:
+            rows = batch_df.mapInArrow(partition_function(config, handoff), RESULT_SCHEMA).collect()
+            return [pickle.loads(bytes(r["result"])) for r in rows]
 
-        parts = batch_df.rdd.mapPartitions(run).collect()
+        self.process_batch(batch_id, run_tasks, batch_df.count, self._store_for(batch_df))
+
+    def _store_for(self, batch_df: DataFrame) -> StateStore | None:
+        if self._store is not None:
+            return self._store
+        if self._tables is None:
+            return None
+        spark = batch_df.sparkSession
+        store = DeltaStateStore(spark, self._tables)
+        self._store = store
+        return store
+
+    def process_batch(
+        self,
+        batch_id: int,
+        run_tasks: Callable[[Sequence[EntityRecord]], list[PartitionResult]],
+        count_rows: Callable[[], int],
+        store: StateStore | None,
+        now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    ) -> SendOutcome | None:
+        """One batch, given how to run its tasks (driver; Spark-free, so unit-testable with fakes).
+
+        Returns the merged outcome, or None when the batch was skipped as a replay.
+        """
+        primary = namespace_key(self.config.primary)
+        handoff: list[EntityRecord] = []
+        if store is not None:
+            store.ensure()
+            if self._replayed(store, batch_id, count_rows, now()):
+                return None
+            handoff = store.read_entities()
+        results = run_tasks(handoff)
         outcome = SendOutcome()
-        for blob in parts:
-            outcome = outcome.merge(pickle.loads(blob))
+        rows = 0
+        for r in results:
+            outcome = outcome.merge(r.outcome)
+            rows += r.rows
+        if store is not None:
+            writes = plan_batch(
+                sink_id=self.sink_id,
+                batch_id=batch_id,
+                namespace=primary,
+                backlog_namespace=(
+                    namespace_key(self.config.secondary) if self.config.secondary is not None else None
+                ),
+                results=results,
+                previous=handoff,
+                now=now(),
+                updated_by=self.sink_id,
+            )
+            store.write_batch(self.sink_id, batch_id, writes)
+            self._last_committed = batch_id
         self.last_outcome = outcome
-        self.total = self.total.merge(outcome)
+        self.total.add(outcome, rows)
         log.info(
-            "batch %s: %d sent, %d diverted, %d rejected",
+            "sink %s batch %s: %d rows, %d sent, %d diverted, %d rejected, %d state changes",
+            self.sink_id,
             batch_id,
+            rows,
             outcome.total_sent,
             outcome.total_diverted,
             outcome.total_rejected,
+            len(outcome.transitions),
         )
+        return outcome
+
+    def _replayed(
+        self, store: StateStore, batch_id: int, count_rows: Callable[[], int], now: datetime
+    ) -> bool:
+        """True (and recorded) when ``batch_id`` was already committed by this sink: skip it (SPEC S5)."""
+        if not self._committed_loaded:
+            self._last_committed = store.last_committed(self.sink_id)
+            self._committed_loaded = True
+        last = self._last_committed
+        if last is None or batch_id > last:
+            return False
+        commit = store.committed(self.sink_id, batch_id)
+        if commit is None:
+            raise SinkIdConflictError(
+                f"batch {batch_id} is below the last batch committed by sink_id {self.sink_id!r} ({last}) but was "
+                "never committed by it: another query or a new checkpoint uses this sink_id and state tables; "
+                "give each streaming query (and each new checkpoint) its own sink_id"
+            )
+        rows = count_rows()
+        if rows != commit.count:
+            raise SinkIdConflictError(
+                f"batch {batch_id} was committed by sink_id {self.sink_id!r} with {commit.count} rows, and now "
+                f"arrives with {rows}: another query or a new checkpoint uses this sink_id and state tables; "
+                "give each streaming query (and each new checkpoint) its own sink_id"
+            )
+        store.append_events(
+            [
+                Event(
+                    now,
+                    self.sink_id,
+                    batch_id,
+                    REPLAY_SKIPPED,
+                    namespace=namespace_key(self.config.primary),
+                    count=rows,
+                    detail=f"already committed at {commit.time.isoformat()}",
+                )
+            ]
+        )
+        self.total.skipped_batches += 1
+        log.warning(
+            "sink %s batch %s: already committed at %s; skipped (replay)",
+            self.sink_id,
+            batch_id,
+            commit.time.isoformat(),
+        )
+        return True
 
     def __getstate__(self) -> dict[str, Any]:
         return {"config": self.config}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
         self.__init__(state["config"])  # type: ignore[misc]
 
     def __repr__(self) -> str:
-        return f"ServiceBusSink(entity={self.config.entity!r})"
+        return f"ServiceBusSink(sink_id={self.sink_id!r}, entity={self.config.entity!r})"
 
 
 def sink(config: ServiceBusConfig) -> ServiceBusSink:

@@ -1,0 +1,796 @@
+"""Failover state, event log and rejects: records, the planning of one batch's writes, and the stores (SPEC S4-S6).
+
+Three tables (schemas in the README, "Delta state tables"):
+
+* ``events``: append-only; one row per thing that happened (sent, diverted, rejected, state change, probe,
+  backlog queue pulled / returned, replay skipped, batch committed).
+* ``entities``: the current failover state per (primary namespace, entity), with the backlog queues pulled from
+  the rotation; rows are replaced only by a record whose ``since`` is not older (several writers).
+* ``rejects``: rows that could not become messages, with the reason and the row as JSON (secrets redacted).
+
+Storage sits behind :class:`StateStore`: :class:`MemoryStateStore` (tests, no Spark) and :class:`DeltaStateStore`
+(Delta path tables under ``state_location``, or Unity Catalog tables named ``<state_table_prefix>events`` ...).
+Writes of one batch are idempotent per (sink id, batch id): appends carry ``txnAppId``/``txnVersion`` and the
+entity MERGE only moves state forward in time; Delta conflicts with other writers are retried.
+
+Where it runs: on the driver (the ``foreachBatch`` function's process; under Spark Connect the process beside the
+server). :func:`plan_batch` and :func:`apply_handoff` are pure apart from the registry they are given; the
+records are small frozen dataclasses, picklable (:class:`EntityRecord` travels to executors).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, Protocol
+
+from spark_sb.redact import redact
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+    from spark_sb.failover import BacklogPull, EntityStatus, FailoverRegistry, StateTransition
+    from spark_sb.mapping import Reject
+    from spark_sb.sender import SendOutcome
+
+log = logging.getLogger(__name__)
+
+# event names (the ``event`` column)
+SENT = "sent"
+DIVERTED = "diverted"
+REJECTED = "rejected"
+STATE_CHANGE = "state_change"
+PROBE = "probe"
+BACKLOG_PULLED = "backlog_pulled"
+BACKLOG_RETURNED = "backlog_returned"
+REPLAY_SKIPPED = "replay_skipped"
+BATCH_COMMITTED = "batch_committed"
+EVENTS = (
+    SENT,
+    DIVERTED,
+    REJECTED,
+    STATE_CHANGE,
+    PROBE,
+    BACKLOG_PULLED,
+    BACKLOG_RETURNED,
+    REPLAY_SKIPPED,
+    BATCH_COMMITTED,
+)
+
+EVENTS_DDL = (
+    "time TIMESTAMP, sink_id STRING, batch_id BIGINT, namespace STRING, entity STRING, event STRING, "
+    "from_state STRING, to_state STRING, backlog_queue STRING, error_class STRING, count BIGINT, "
+    "executor_host STRING, detail STRING"
+)
+ENTITIES_DDL = (
+    "namespace STRING, entity STRING, state STRING, since TIMESTAMP, last_error_class STRING, "
+    "backlog_namespace STRING, "
+    "pulled_backlog_queues ARRAY<STRUCT<queue: STRING, until: TIMESTAMP, error_class: STRING>>, "
+    "updated_at TIMESTAMP, updated_by STRING"
+)
+REJECTS_DDL = (
+    "time TIMESTAMP, sink_id STRING, batch_id BIGINT, entity STRING, column STRING, reason STRING, "
+    "row_json STRING"
+)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _utc(dt: datetime) -> datetime:
+    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
+
+
+def _from_micros(us: int | None) -> datetime | None:
+    return None if us is None else _EPOCH + timedelta(microseconds=int(us))
+
+
+# ------------------------------------------------------------------------------------------------ records
+@dataclass(frozen=True)
+class Event:
+    """One row of the events table. ``detail`` is redacted on construction."""
+
+    time: datetime
+    sink_id: str
+    batch_id: int | None
+    event: str
+    namespace: str | None = None
+    entity: str | None = None
+    from_state: str | None = None
+    to_state: str | None = None
+    backlog_queue: str | None = None
+    error_class: str | None = None
+    count: int = 1
+    executor_host: str | None = None
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "time", _utc(self.time))
+        if self.detail:
+            object.__setattr__(self, "detail", redact(self.detail)[:1000])
+
+
+@dataclass(frozen=True)
+class PulledQueue:
+    """A backlog queue out of the rotation until ``until`` (UTC)."""
+
+    queue: str
+    until: datetime
+    error_class: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "until", _utc(self.until))
+
+
+@dataclass(frozen=True)
+class EntityRecord:
+    """One row of the entities table: the state of one primary entity as last recorded. Picklable."""
+
+    namespace: str
+    entity: str
+    state: str
+    since: datetime
+    last_error_class: str | None = None
+    backlog_namespace: str | None = None
+    pulled_backlog_queues: tuple[PulledQueue, ...] = ()
+    updated_at: datetime = _EPOCH
+    updated_by: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "since", _utc(self.since))
+        object.__setattr__(self, "updated_at", _utc(self.updated_at))
+        object.__setattr__(self, "pulled_backlog_queues", tuple(self.pulled_backlog_queues))
+
+
+@dataclass(frozen=True)
+class RejectRecord:
+    """One row of the rejects table (``row_json`` already redacted by :func:`spark_sb.mapping.row_to_json`)."""
+
+    time: datetime
+    sink_id: str
+    batch_id: int | None
+    entity: str | None
+    column: str | None
+    reason: str
+    row_json: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "time", _utc(self.time))
+        object.__setattr__(self, "reason", redact(self.reason))
+        object.__setattr__(self, "row_json", redact(self.row_json))
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    """What one partition task returns to the driver (pickled into the ``mapInArrow`` output). Executor-built.
+
+    ``statuses``: the worker's view of the primary entities at the end of the task; ``pulled``: backlog queues
+    pulled in that worker's rotation.
+    """
+
+    host: str
+    rows: int
+    outcome: SendOutcome
+    statuses: tuple[EntityStatus, ...] = ()
+    pulled: tuple[BacklogPull, ...] = ()
+
+
+@dataclass(frozen=True)
+class BatchWrites:
+    """What the driver writes after one batch (the output of :func:`plan_batch`)."""
+
+    events: tuple[Event, ...]
+    entities: tuple[EntityRecord, ...]
+    rejects: tuple[RejectRecord, ...]
+
+
+# ------------------------------------------------------------------------------------------ pure planning
+def reject_records(
+    rejects: Iterable[Reject], sink_id: str, batch_id: int | None, now: datetime
+) -> list[RejectRecord]:
+    """Rejects (from the send outcomes) as rows of the rejects table."""
+    return [RejectRecord(now, sink_id, batch_id, r.entity, r.field, r.reason, r.row_json) for r in rejects]
+
+
+def _state_value(state: Any) -> str:
+    return str(getattr(state, "value", state))
+
+
+def plan_batch(
+    *,
+    sink_id: str,
+    batch_id: int,
+    namespace: str,
+    backlog_namespace: str | None,
+    results: Sequence[PartitionResult],
+    previous: Sequence[EntityRecord],
+    now: datetime,
+    updated_by: str = "",
+) -> BatchWrites:
+    """The events, entity records and rejects one batch produces (pure; driver).
+
+    ``namespace`` is the primary's secret-free key, ``previous`` the entity records read at batch start.
+    Entity records are written only where something changed: a state newer than the recorded one, or a different
+    set of pulled backlog queues. The last event is ``batch_committed`` (count = rows read): its presence marks
+    the batch as done for replay skipping.
+    """
+    now = _utc(now)
+    events: list[Event] = []
+    rejects: list[RejectRecord] = []
+    rows = 0
+
+    def ev(kind: str, host: str | None, **kw: Any) -> None:
+        events.append(Event(kw.pop("time", now), sink_id, batch_id, kind, executor_host=host, **kw))
+
+    for r in results:
+        o = r.outcome
+        rows += r.rows
+        for entity, n in sorted(o.sent.items()):
+            ev(SENT, r.host, namespace=namespace, entity=entity, count=n)
+        only = next(iter(o.diverted_by_entity)) if len(o.diverted_by_entity) == 1 else None
+        for queue, n in sorted(o.diverted.items()):
+            ev(DIVERTED, r.host, namespace=namespace, entity=only, backlog_queue=queue, count=n)
+        if only is None:
+            for entity, n in sorted(o.diverted_by_entity.items()):
+                ev(DIVERTED, r.host, namespace=namespace, entity=entity, count=n)
+        by_entity: dict[str | None, int] = {}
+        for rej in o.rejects:
+            by_entity[rej.entity] = by_entity.get(rej.entity, 0) + 1
+        for rej_entity, n in sorted(by_entity.items(), key=lambda kv: kv[0] or ""):
+            ev(REJECTED, r.host, namespace=namespace, entity=rej_entity, count=n)
+        rejects.extend(reject_records(o.rejects, sink_id, batch_id, now))
+        for t in o.transitions:
+            ev(
+                STATE_CHANGE,
+                r.host,
+                time=t.at,
+                namespace=t.namespace or namespace,
+                entity=t.entity,
+                from_state=_state_value(t.from_state),
+                to_state=_state_value(t.to_state),
+                error_class=t.error_class,
+                detail=t.detail,
+            )
+        for p in o.probes:
+            ev(
+                PROBE,
+                r.host,
+                time=p.at,
+                namespace=namespace,
+                entity=p.entity,
+                error_class=p.error_class,
+                detail=f"{p.mode} {'ok' if p.ok else 'failed'}{': ' + p.detail if p.detail else ''}",
+            )
+        for pull in o.pulls:
+            ev(
+                BACKLOG_PULLED,
+                r.host,
+                time=pull.at,
+                namespace=namespace,
+                backlog_queue=pull.queue,
+                error_class=pull.error_class,
+                detail=f"until {pull.until.isoformat()}: {pull.detail}",
+            )
+
+    # -- entity state: the newest view of each entity across the tasks, against what the table says
+    latest: dict[str, EntityStatus] = {}
+    for r in results:
+        for s in r.statuses:
+            if s.namespace != namespace:
+                continue
+            known = latest.get(s.entity)
+            if known is None or _utc(s.since) > _utc(known.since):
+                latest[s.entity] = s
+    recorded = {p.entity: p for p in previous if p.namespace == namespace}
+    before = active_pulls(previous, namespace, now)
+    pulls: dict[str, PulledQueue] = dict(before)
+    for r in results:
+        for pull in (*r.pulled, *r.outcome.pulls):
+            if backlog_namespace is not None and pull.namespace != backlog_namespace:
+                continue
+            until = _utc(pull.until)
+            if until <= now:
+                continue
+            known_pull = pulls.get(pull.queue)
+            if known_pull is None or until > known_pull.until:
+                pulls[pull.queue] = PulledQueue(pull.queue, until, pull.error_class)
+    for queue in sorted(set(_recorded_pull_names(previous, namespace)) - set(pulls)):
+        ev(BACKLOG_RETURNED, None, namespace=namespace, backlog_queue=queue, detail="pull expired")
+    pulls_changed = set(pulls) != set(_recorded_pull_names(previous, namespace)) or any(
+        pulls[q].until != before[q].until for q in pulls if q in before
+    )
+    pulled = tuple(sorted(pulls.values(), key=lambda p: p.queue))
+    entities: list[EntityRecord] = []
+    for entity in sorted(set(latest) | (set(recorded) if pulls_changed else set())):
+        rec = recorded.get(entity)
+        view = latest.get(entity)
+        newer = view is not None and (
+            rec is None or (_state_value(view.state) != rec.state and _utc(view.since) > rec.since)
+        )
+        if newer and view is not None:
+            entities.append(
+                EntityRecord(
+                    namespace,
+                    entity,
+                    _state_value(view.state),
+                    view.since,
+                    view.last_error_class,
+                    backlog_namespace,
+                    pulled,
+                    now,
+                    updated_by or None,
+                )
+            )
+        elif pulls_changed and rec is not None:
+            entities.append(
+                replace(rec, pulled_backlog_queues=pulled, updated_at=now, updated_by=updated_by or None)
+            )
+    ev(BATCH_COMMITTED, None, namespace=namespace, count=rows)
+    return BatchWrites(tuple(events), tuple(entities), tuple(rejects))
+
+
+def _recorded_pull_names(records: Sequence[EntityRecord], namespace: str) -> list[str]:
+    return sorted({p.queue for r in records if r.namespace == namespace for p in r.pulled_backlog_queues})
+
+
+def active_pulls(records: Sequence[EntityRecord], namespace: str, now: datetime) -> dict[str, PulledQueue]:
+    """The backlog queues recorded as pulled (for the primary ``namespace``) still in force at ``now``."""
+    out: dict[str, PulledQueue] = {}
+    for r in records:
+        if r.namespace != namespace:
+            continue
+        for p in r.pulled_backlog_queues:
+            if p.until > now and (p.queue not in out or p.until > out[p.queue].until):
+                out[p.queue] = p
+    return out
+
+
+def apply_handoff(
+    registry: FailoverRegistry,
+    records: Sequence[EntityRecord],
+    *,
+    namespace: str,
+    backlog_namespace: str | None,
+    failover_interval: float,
+    ping_interval: float,
+) -> list[StateTransition]:
+    """Teach an executor process's registry what the state table says (executor, at task start; SPEC S4).
+
+    An entity the worker has never seen, or whose recorded state is newer than the worker's, starts FAILED_OVER
+    (no second ``failover_interval`` wait) or HEALTHY as recorded; FAILING is not copied (the timer is the
+    worker's own). Backlog queues recorded as pulled are pulled in the worker's rotation until their ``until``.
+    Returns the transitions made.
+    """
+    from spark_sb.failover import EntityState
+
+    clock = registry.clock
+    now = clock.now()
+    known = {(s.namespace, s.entity) for s in registry.statuses()}
+    out: list[StateTransition] = []
+    for rec in records:
+        if rec.namespace != namespace or rec.state not in (EntityState.FAILED_OVER.value, "healthy"):
+            continue
+        state = EntityState(rec.state)
+        fresh = (rec.namespace, rec.entity) not in known
+        if fresh and state is EntityState.HEALTHY:
+            continue
+        ef = registry.entity(
+            rec.namespace, rec.entity, failover_interval=failover_interval, ping_interval=ping_interval
+        )
+        local = ef.status()
+        if local.state is not state and (fresh or rec.since > _utc(local.since)):
+            out.extend(ef.restore(state, "learned from the state table"))
+    if backlog_namespace is not None:
+        for pull in active_pulls(records, namespace, now).values():
+            if registry.rotation.is_available(backlog_namespace, pull.queue):
+                until = clock.monotonic() + (pull.until - now).total_seconds()
+                registry.rotation.pull(
+                    backlog_namespace, pull.queue, until, pull.error_class, "learned from the state table"
+                )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the stores
+class StateStore(Protocol):
+    """Where the sink keeps its state tables. Driver side; implementations are thread-safe."""
+
+    def ensure(self) -> None:
+        """Create the tables if they do not exist (idempotent)."""
+
+    def read_entities(self) -> list[EntityRecord]:
+        """Every entity record."""
+        ...
+
+    def last_committed(self, sink_id: str) -> int | None:
+        """The highest batch id committed by ``sink_id`` (None: none)."""
+        ...
+
+    def committed(self, sink_id: str, batch_id: int) -> Event | None:
+        """The ``batch_committed`` event of (``sink_id``, ``batch_id``), if that batch was committed."""
+        ...
+
+    def write_batch(self, sink_id: str, batch_id: int, writes: BatchWrites) -> None:
+        """Write one batch's rows: idempotent per (``sink_id``, ``batch_id``); a repeated or older batch id of
+        the same sink is skipped (Delta ``txnAppId``/``txnVersion`` semantics). Events are written last."""
+
+    def append_events(self, events: Sequence[Event]) -> None:
+        """Append events outside any batch (replay skipped, the syphon). Not idempotent."""
+
+    def read_events(self, sink_id: str | None = None) -> list[Event]:
+        """Events, oldest first (all sinks when ``sink_id`` is None)."""
+        ...
+
+    def read_rejects(self, sink_id: str | None = None) -> list[RejectRecord]:
+        """Rejects (all sinks when ``sink_id`` is None)."""
+        ...
+
+
+def _newer_or_same(incoming: EntityRecord, existing: EntityRecord | None) -> bool:
+    return existing is None or incoming.since >= existing.since
+
+
+class MemoryStateStore:
+    """An in-memory :class:`StateStore` with the Delta store's semantics (tests, tools). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[Event] = []
+        self._entities: dict[tuple[str, str], EntityRecord] = {}
+        self._rejects: list[RejectRecord] = []
+        self._txn: dict[tuple[str, str], int] = {}
+
+    def ensure(self) -> None:
+        return None
+
+    def read_entities(self) -> list[EntityRecord]:
+        with self._lock:
+            return list(self._entities.values())
+
+    def last_committed(self, sink_id: str) -> int | None:
+        with self._lock:
+            ids = [
+                e.batch_id
+                for e in self._events
+                if e.sink_id == sink_id and e.event == BATCH_COMMITTED and e.batch_id is not None
+            ]
+        return max(ids) if ids else None
+
+    def committed(self, sink_id: str, batch_id: int) -> Event | None:
+        with self._lock:
+            for e in self._events:
+                if e.sink_id == sink_id and e.batch_id == batch_id and e.event == BATCH_COMMITTED:
+                    return e
+        return None
+
+    def _txn_ok(self, table: str, app_id: str, version: int) -> bool:
+        last = self._txn.get((table, app_id))
+        if last is not None and version <= last:
+            return False
+        self._txn[(table, app_id)] = version
+        return True
+
+    def write_batch(self, sink_id: str, batch_id: int, writes: BatchWrites) -> None:
+        with self._lock:
+            if writes.rejects and self._txn_ok("rejects", sink_id, batch_id):
+                self._rejects.extend(writes.rejects)
+            for rec in writes.entities:
+                key = (rec.namespace, rec.entity)
+                if _newer_or_same(rec, self._entities.get(key)):
+                    self._entities[key] = rec
+            if self._txn_ok("events", sink_id, batch_id):
+                self._events.extend(writes.events)
+
+    def append_events(self, events: Sequence[Event]) -> None:
+        with self._lock:
+            self._events.extend(events)
+
+    def read_events(self, sink_id: str | None = None) -> list[Event]:
+        with self._lock:
+            return [e for e in self._events if sink_id is None or e.sink_id == sink_id]
+
+    def read_rejects(self, sink_id: str | None = None) -> list[RejectRecord]:
+        with self._lock:
+            return [r for r in self._rejects if sink_id is None or r.sink_id == sink_id]
+
+
+# ------------------------------------------------------------------------------------------ Delta store
+@dataclass(frozen=True)
+class StateTables:
+    """Where the three tables live: Delta paths under ``location``, or catalog tables ``<prefix>events`` ..."""
+
+    location: str | None = None
+    prefix: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.location is None) == (self.prefix is None):
+            raise ValueError("give exactly one of location (state_location) or prefix (state_table_prefix)")
+
+    @classmethod
+    def from_config(cls, config: Any) -> StateTables | None:
+        """The tables named by ``state_location`` / ``state_table_prefix``, or None when neither is set."""
+        if getattr(config, "state_table_prefix", None):
+            return cls(prefix=config.state_table_prefix)
+        if config.state_location:
+            return cls(location=config.state_location)
+        return None
+
+    def path(self, table: str) -> str | None:
+        return None if self.location is None else f"{self.location.rstrip('/')}/{table}"
+
+    def sql_name(self, table: str) -> str:
+        """The table's name in SQL: ``delta.`<path>``` or ``<prefix><table>``."""
+        path = self.path(table)
+        if path is not None:
+            return "delta.`" + path.replace("`", "``") + "`"
+        return f"{self.prefix}{table}"
+
+
+CONFLICT_MARKERS = (
+    "Concurrent",
+    "DELTA_CONCURRENT",
+    "ProtocolChanged",
+    "MetadataChanged",
+    "DELTA_METADATA_CHANGED",
+    "DELTA_PROTOCOL_CHANGED",
+    "TABLE_OR_VIEW_ALREADY_EXISTS",
+    "already exists",
+)
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """True for a Delta write conflict with another writer (retry it). Pure."""
+    text = f"{type(exc).__name__} {exc}"
+    return any(m in text for m in CONFLICT_MARKERS)
+
+
+class DeltaStateStore:
+    """The :class:`StateStore` on Delta tables (driver; DataFrame and SQL operations only, so it runs under
+    Spark Connect). ``spark`` is the session of the batch (``batch_df.sparkSession``)."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        tables: StateTables,
+        *,
+        attempts: int = 8,
+        backoff: float = 0.2,
+        sleep: Any = time.sleep,
+    ) -> None:
+        self.spark = spark
+        self.tables = tables
+        self.attempts = attempts
+        self.backoff = backoff
+        self._sleep = sleep
+        self._ensured = False
+
+    # -- plumbing
+    def _retry(self, what: str, fn: Any) -> Any:
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return fn()
+            except Exception as exc:
+                if attempt >= self.attempts or not is_conflict(exc):
+                    raise
+                log.info(
+                    "state table %s: conflict with another writer (%s), retry %d",
+                    what,
+                    type(exc).__name__,
+                    attempt,
+                )
+                self._sleep(min(5.0, self.backoff * 2 ** (attempt - 1)))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _read(self, table: str) -> DataFrame:
+        path = self.tables.path(table)
+        if path is not None:
+            return self.spark.read.format("delta").load(path)
+        return self.spark.table(self.tables.sql_name(table))
+
+    def _append(self, table: str, df: DataFrame, app_id: str | None, version: int | None) -> None:
+        writer = df.write.format("delta").mode("append")
+        if app_id is not None and version is not None:
+            writer = writer.option("txnAppId", app_id).option("txnVersion", version)
+        path = self.tables.path(table)
+        if path is not None:
+            self._retry(table, lambda: writer.save(path))
+        else:
+            self._retry(table, lambda: writer.saveAsTable(self.tables.sql_name(table)))
+
+    def ensure(self) -> None:
+        if self._ensured:
+            return
+        for table, ddl in (("events", EVENTS_DDL), ("entities", ENTITIES_DDL), ("rejects", REJECTS_DDL)):
+            sql = f"CREATE TABLE IF NOT EXISTS {self.tables.sql_name(table)} ({ddl}) USING DELTA"
+            self._retry(table, lambda sql=sql: self.spark.sql(sql).collect())
+        self._ensured = True
+
+    # -- reads
+    def read_entities(self) -> list[EntityRecord]:
+        self.ensure()
+        rows = (
+            self._read("entities")
+            .selectExpr(
+                "namespace",
+                "entity",
+                "state",
+                "unix_micros(since) AS since",
+                "last_error_class",
+                "backlog_namespace",
+                "transform(pulled_backlog_queues, p -> named_struct('queue', p.queue, "
+                "'until', unix_micros(p.until), 'error_class', p.error_class)) AS pulls",
+                "unix_micros(updated_at) AS updated_at",
+                "updated_by",
+            )
+            .collect()
+        )
+        return [
+            EntityRecord(
+                r["namespace"],
+                r["entity"],
+                r["state"],
+                _from_micros(r["since"]) or _EPOCH,
+                r["last_error_class"],
+                r["backlog_namespace"],
+                tuple(
+                    PulledQueue(p["queue"], _from_micros(p["until"]) or _EPOCH, p["error_class"])
+                    for p in (r["pulls"] or [])
+                ),
+                _from_micros(r["updated_at"]) or _EPOCH,
+                r["updated_by"],
+            )
+            for r in rows
+        ]
+
+    def _events_df(self, sink_id: str | None) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        df = self._read("events")
+        return df if sink_id is None else df.where(F.col("sink_id") == sink_id)
+
+    def last_committed(self, sink_id: str) -> int | None:
+        from pyspark.sql import functions as F
+
+        self.ensure()
+        row = (
+            self._events_df(sink_id)
+            .where(F.col("event") == BATCH_COMMITTED)
+            .agg(F.max("batch_id").alias("m"))
+            .collect()
+        )
+        return None if not row or row[0]["m"] is None else int(row[0]["m"])
+
+    def committed(self, sink_id: str, batch_id: int) -> Event | None:
+        from pyspark.sql import functions as F
+
+        self.ensure()
+        found = [
+            e
+            for e in self._collect_events(
+                self._events_df(sink_id).where(
+                    (F.col("event") == BATCH_COMMITTED) & (F.col("batch_id") == batch_id)
+                )
+            )
+        ]
+        return found[0] if found else None
+
+    def _collect_events(self, df: DataFrame) -> list[Event]:
+        cols = [c for c in EVENT_COLUMNS if c != "time"]
+        rows = df.selectExpr("unix_micros(time) AS time_us", *cols).orderBy("time_us").collect()
+        return [
+            Event(
+                time=_from_micros(r["time_us"]) or _EPOCH,
+                **{c: r[c] for c in cols if c not in ("count", "detail")},
+                count=int(r["count"] or 0),
+                detail=r["detail"] or "",
+            )
+            for r in rows
+        ]
+
+    def read_events(self, sink_id: str | None = None) -> list[Event]:
+        self.ensure()
+        return self._collect_events(self._events_df(sink_id))
+
+    def read_rejects(self, sink_id: str | None = None) -> list[RejectRecord]:
+        from pyspark.sql import functions as F
+
+        self.ensure()
+        df = self._read("rejects")
+        if sink_id is not None:
+            df = df.where(F.col("sink_id") == sink_id)
+        rows = df.selectExpr(
+            "unix_micros(time) AS time_us", "sink_id", "batch_id", "entity", "column", "reason", "row_json"
+        ).collect()
+        return [
+            RejectRecord(
+                _from_micros(r["time_us"]) or _EPOCH,
+                r["sink_id"],
+                r["batch_id"],
+                r["entity"],
+                r["column"],
+                r["reason"],
+                r["row_json"],
+            )
+            for r in rows
+        ]
+
+    # -- writes
+    def _events_frame(self, events: Sequence[Event]) -> DataFrame:
+        rows = [tuple(getattr(e, c) for c in EVENT_COLUMNS) for e in events]
+        return self.spark.createDataFrame(rows, EVENTS_DDL)
+
+    def write_batch(self, sink_id: str, batch_id: int, writes: BatchWrites) -> None:
+        self.ensure()
+        if writes.rejects:
+            rows = [
+                (r.time, r.sink_id, r.batch_id, r.entity, r.column, r.reason, r.row_json)
+                for r in writes.rejects
+            ]
+            self._append("rejects", self.spark.createDataFrame(rows, REJECTS_DDL), sink_id, batch_id)
+        if writes.entities:
+            self._merge_entities(writes.entities)
+        self._append("events", self._events_frame(writes.events), sink_id, batch_id)
+
+    def append_events(self, events: Sequence[Event]) -> None:
+        if events:
+            self.ensure()
+            self._append("events", self._events_frame(events), None, None)
+
+    def _merge_entities(self, records: Sequence[EntityRecord]) -> None:
+        rows = [
+            (
+                r.namespace,
+                r.entity,
+                r.state,
+                r.since,
+                r.last_error_class,
+                r.backlog_namespace,
+                [(p.queue, p.until, p.error_class) for p in r.pulled_backlog_queues],
+                r.updated_at,
+                r.updated_by,
+            )
+            for r in records
+        ]
+        view = f"spark_sb_entities_{uuid.uuid4().hex}"
+        self.spark.createDataFrame(rows, ENTITIES_DDL).createOrReplaceTempView(view)
+        sql = (
+            f"MERGE INTO {self.tables.sql_name('entities')} t USING {view} s "
+            "ON t.namespace = s.namespace AND t.entity = s.entity "
+            "WHEN MATCHED AND s.since >= t.since THEN UPDATE SET * "
+            "WHEN NOT MATCHED THEN INSERT *"
+        )
+        try:
+            self._retry("entities", lambda: self.spark.sql(sql).collect())
+        finally:
+            self.spark.catalog.dropTempView(view)
+
+
+EVENT_COLUMNS: tuple[str, ...] = tuple(part.split()[0] for part in EVENTS_DDL.split(", "))
+
+
+def store_for(spark: SparkSession, config: Any) -> DeltaStateStore | None:
+    """The Delta store named by the config (None when neither state key is set). Driver."""
+    tables = StateTables.from_config(config)
+    return None if tables is None else DeltaStateStore(spark, tables)
+
+
+__all__ = [
+    "BATCH_COMMITTED",
+    "EVENTS",
+    "BatchWrites",
+    "DeltaStateStore",
+    "EntityRecord",
+    "Event",
+    "MemoryStateStore",
+    "PartitionResult",
+    "PulledQueue",
+    "RejectRecord",
+    "StateStore",
+    "StateTables",
+    "apply_handoff",
+    "plan_batch",
+    "store_for",
+]

@@ -1,0 +1,374 @@
+"""State records, batch planning, the handoff to executors and the in-memory store (SPEC S4-S6). No Spark.
+
+:class:`StoreContract` is the one test mixin every :class:`~spark_sb.state.StateStore` runs (STYLE item 4):
+here against :class:`MemoryStateStore`, in ``tests/spark/test_state_delta.py`` against the Delta store.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from azure.servicebus import exceptions as sbe
+
+from spark_sb.clock import FakeClock
+from spark_sb.failover import (
+    BacklogPull,
+    EntityState,
+    EntityStatus,
+    FailoverRegistry,
+    StateTransition,
+)
+from spark_sb.mapping import Reject
+from spark_sb.sender import PairedSender, SendOutcome, namespace_key
+from spark_sb.state import (
+    BACKLOG_PULLED,
+    BACKLOG_RETURNED,
+    BATCH_COMMITTED,
+    DIVERTED,
+    REJECTED,
+    SENT,
+    STATE_CHANGE,
+    BatchWrites,
+    EntityRecord,
+    Event,
+    MemoryStateStore,
+    PartitionResult,
+    PulledQueue,
+    RejectRecord,
+    StateStore,
+    StateTables,
+    apply_handoff,
+    is_conflict,
+    plan_batch,
+)
+from spark_sb.transport import PRIMARY, SECONDARY, Target
+
+from .fakes import FakeTransport
+from .test_sender import QUEUES, SECRET, make_config
+
+pytestmark = pytest.mark.unit
+
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+NS = "primary.servicebus.windows.net"
+BNS = "secondary.servicebus.windows.net"
+H, F, FO = EntityState.HEALTHY, EntityState.FAILING, EntityState.FAILED_OVER
+
+
+def _writes(sink: str, batch: int, *, entity_state: str | None = None, since: datetime = T0) -> BatchWrites:
+    events = (
+        Event(T0, sink, batch, SENT, namespace=NS, entity="orders", count=3, executor_host="h1"),
+        Event(T0, sink, batch, BATCH_COMMITTED, namespace=NS, count=4),
+    )
+    entities = (
+        (EntityRecord(NS, "orders", entity_state, since, "quota_exceeded", BNS, (), T0, sink),)
+        if entity_state
+        else ()
+    )
+    rejects = (RejectRecord(T0, sink, batch, "orders", "session_id", "too long", '{"body": "x"}'),)
+    return BatchWrites(events, entities, rejects)
+
+
+class StoreContract:
+    """What every state store must do. Subclasses provide ``store`` (a fresh, empty store)."""
+
+    store: StateStore
+
+    def test_empty_store_reads_nothing(self) -> None:
+        self.store.ensure()
+        assert self.store.read_entities() == []
+        assert self.store.last_committed("s") is None
+        assert self.store.committed("s", 0) is None
+        assert self.store.read_events() == [] and self.store.read_rejects() == []
+
+    def test_batch_rows_round_trip(self) -> None:
+        self.store.write_batch("s", 0, _writes("s", 0, entity_state="failed_over"))
+        events = self.store.read_events("s")
+        assert [(e.event, e.entity, e.count, e.executor_host) for e in events] == [
+            (SENT, "orders", 3, "h1"),
+            (BATCH_COMMITTED, None, 4, None),
+        ]
+        assert events[0].time == T0 and events[0].namespace == NS and events[0].batch_id == 0
+        (rec,) = self.store.read_entities()
+        assert (rec.namespace, rec.entity, rec.state, rec.since, rec.last_error_class) == (
+            NS,
+            "orders",
+            "failed_over",
+            T0,
+            "quota_exceeded",
+        )
+        (rej,) = self.store.read_rejects("s")
+        assert (rej.entity, rej.column, rej.reason, rej.row_json, rej.batch_id) == (
+            "orders",
+            "session_id",
+            "too long",
+            '{"body": "x"}',
+            0,
+        )
+        assert self.store.last_committed("s") == 0
+        commit = self.store.committed("s", 0)
+        assert commit is not None and commit.count == 4
+        assert self.store.committed("s", 1) is None and self.store.committed("other", 0) is None
+
+    def test_repeated_or_older_batch_is_written_once(self) -> None:
+        self.store.write_batch("s", 3, _writes("s", 3))
+        self.store.write_batch("s", 3, _writes("s", 3))  # a replay after a driver restart
+        self.store.write_batch("s", 2, _writes("s", 2))  # older than the last one: skipped like Delta txns
+        self.store.write_batch("t", 3, _writes("t", 3))  # another sink: its own sequence
+        assert [e.batch_id for e in self.store.read_events("s")] == [3, 3]
+        assert len(self.store.read_rejects("s")) == 1 and len(self.store.read_rejects("t")) == 1
+        assert self.store.last_committed("s") == 3 and self.store.last_committed("t") == 3
+
+    def test_entity_state_only_moves_forward_in_time(self) -> None:
+        later = T0 + timedelta(minutes=5)
+        self.store.write_batch("a", 0, _writes("a", 0, entity_state="failed_over", since=later))
+        self.store.write_batch("b", 0, _writes("b", 0, entity_state="healthy", since=T0))  # stale writer
+        (rec,) = self.store.read_entities()
+        assert (rec.state, rec.since) == ("failed_over", later)
+        self.store.write_batch("b", 1, _writes("b", 1, entity_state="healthy", since=later + timedelta(1)))
+        (rec,) = self.store.read_entities()
+        assert rec.state == "healthy"
+
+    def test_pulled_queues_round_trip(self) -> None:
+        pulls = (PulledQueue(QUEUES[0], T0 + timedelta(minutes=5), "timeout"),)
+        writes = BatchWrites(
+            (Event(T0, "s", 0, BATCH_COMMITTED),),
+            (EntityRecord(NS, "orders", "failed_over", T0, None, BNS, pulls, T0, "s"),),
+            (),
+        )
+        self.store.write_batch("s", 0, writes)
+        (rec,) = self.store.read_entities()
+        assert rec.pulled_backlog_queues == pulls and rec.backlog_namespace == BNS
+
+    def test_append_events_outside_batches(self) -> None:
+        self.store.append_events([Event(T0, "s", 7, "replay_skipped", count=4)])
+        self.store.append_events([Event(T0, "s", 7, "replay_skipped", count=4)])
+        assert [e.event for e in self.store.read_events("s")] == ["replay_skipped"] * 2
+        assert self.store.last_committed("s") is None
+
+    def test_concurrent_writers(self) -> None:
+        self.store.ensure()
+        errors: list[BaseException] = []
+
+        def writer(sink: str) -> None:
+            try:
+                for batch in range(3):
+                    since = T0 + timedelta(seconds=batch)
+                    self.store.write_batch(
+                        sink, batch, _writes(sink, batch, entity_state="failing", since=since)
+                    )
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(f"sink{i}",)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        for sink in ("sink0", "sink1"):
+            assert sorted({e.batch_id for e in self.store.read_events(sink)}) == [0, 1, 2]
+            assert self.store.last_committed(sink) == 2
+        (rec,) = self.store.read_entities()
+        assert rec.since == T0 + timedelta(seconds=2)
+
+
+class TestMemoryStore(StoreContract):
+    @pytest.fixture(autouse=True)
+    def _store(self) -> None:
+        self.store = MemoryStateStore()
+
+
+# ------------------------------------------------------------------------------------------- planning
+def _transition(entity: str, a: EntityState, b: EntityState, at: datetime, err: str | None = None) -> Any:
+    return StateTransition(entity, a, b, at, err, "send failed", NS)
+
+
+def _result(
+    outcome: SendOutcome, *statuses: EntityStatus, host: str = "h1", rows: int = 0
+) -> PartitionResult:
+    return PartitionResult(host, rows, outcome, tuple(statuses))
+
+
+def test_plan_records_counts_transitions_rejects_and_the_commit_marker() -> None:
+    reject = Reject("longer than 128 characters (200)", "session_id", '{"body":"x"}', "orders", 4)
+    o1 = SendOutcome(
+        sent={"orders": 5},
+        rejects=(reject,),
+        transitions=(
+            _transition("orders", H, F, T0, "quota_exceeded"),
+            _transition("orders", F, FO, T0 + timedelta(seconds=1), "quota_exceeded"),
+        ),
+        diverted={QUEUES[1]: 3},
+        diverted_by_entity={"orders": 3},
+    )
+    o2 = SendOutcome(sent={"orders": 2})
+    fo = EntityStatus(NS, "orders", FO, T0 + timedelta(seconds=1), T0, "quota_exceeded")
+    writes = plan_batch(
+        sink_id="s",
+        batch_id=9,
+        namespace=NS,
+        backlog_namespace=BNS,
+        results=[_result(o1, fo, rows=9), _result(o2, host="h2", rows=2)],
+        previous=[],
+        now=T0 + timedelta(seconds=2),
+    )
+    kinds = [(e.event, e.entity, e.backlog_queue, e.count, e.executor_host) for e in writes.events]
+    assert kinds == [
+        (SENT, "orders", None, 5, "h1"),
+        (DIVERTED, "orders", QUEUES[1], 3, "h1"),
+        (REJECTED, "orders", None, 1, "h1"),
+        (STATE_CHANGE, "orders", None, 1, "h1"),
+        (STATE_CHANGE, "orders", None, 1, "h1"),
+        (SENT, "orders", None, 2, "h2"),
+        (BATCH_COMMITTED, None, None, 11, None),
+    ]
+    change = writes.events[4]
+    assert (change.from_state, change.to_state, change.error_class) == (
+        "failing",
+        "failed_over",
+        "quota_exceeded",
+    )
+    assert all(e.sink_id == "s" and e.batch_id == 9 for e in writes.events)
+    (rec,) = writes.entities
+    assert (rec.state, rec.since, rec.last_error_class) == (
+        "failed_over",
+        T0 + timedelta(seconds=1),
+        "quota_exceeded",
+    )
+    (rej,) = writes.rejects
+    assert (rej.column, rej.reason, rej.entity, rej.batch_id) == ("session_id", reject.reason, "orders", 9)
+
+
+def test_plan_writes_entities_only_on_change_and_newest_view_wins() -> None:
+    recorded = EntityRecord(NS, "orders", "failed_over", T0, "timeout", BNS, (), T0, "s")
+    stale = EntityStatus(NS, "orders", H, T0 - timedelta(hours=1))  # a worker that never saw the failover
+    same = EntityStatus(NS, "orders", FO, T0 + timedelta(seconds=5))  # restored from the table: same state
+    kw: dict[str, Any] = {"sink_id": "s", "batch_id": 1, "namespace": NS, "backlog_namespace": BNS, "now": T0}
+    assert plan_batch(results=[_result(SendOutcome(), stale, same)], previous=[recorded], **kw).entities == ()
+    healthy = EntityStatus(NS, "orders", H, T0 + timedelta(minutes=1))  # a probe succeeded on some worker
+    (rec,) = plan_batch(results=[_result(SendOutcome(), stale, healthy)], previous=[recorded], **kw).entities
+    assert (rec.state, rec.since) == ("healthy", T0 + timedelta(minutes=1))
+
+
+def test_plan_records_pulls_and_returns() -> None:
+    until = T0 + timedelta(minutes=5)
+    pull = BacklogPull(BNS, QUEUES[0], T0, until, "timeout", "send timed out")
+    fo = EntityStatus(NS, "orders", FO, T0)
+    writes = plan_batch(
+        sink_id="s",
+        batch_id=0,
+        namespace=NS,
+        backlog_namespace=BNS,
+        results=[PartitionResult("h1", 1, SendOutcome(pulls=(pull,)), (fo,), (pull,))],
+        previous=[],
+        now=T0,
+    )
+    assert [e.event for e in writes.events] == [BACKLOG_PULLED, BATCH_COMMITTED]
+    (rec,) = writes.entities
+    assert rec.pulled_backlog_queues == (PulledQueue(QUEUES[0], until, "timeout"),)
+    later = plan_batch(
+        sink_id="s",
+        batch_id=1,
+        namespace=NS,
+        backlog_namespace=BNS,
+        results=[_result(SendOutcome(), fo)],
+        previous=[rec],
+        now=until + timedelta(seconds=1),
+    )
+    assert [(e.event, e.backlog_queue) for e in later.events] == [
+        (BACKLOG_RETURNED, QUEUES[0]),
+        (BATCH_COMMITTED, None),
+    ]
+    assert [r.pulled_backlog_queues for r in later.entities] == [()]
+
+
+def test_records_redact_secrets_and_pickle() -> None:
+    make_config()  # loading a config registers its secrets with spark_sb.redact
+    e = Event(T0, "s", 1, STATE_CHANGE, detail=f"SharedAccessKey={SECRET} refused")
+    r = RejectRecord(T0, "s", 1, "orders", "body", f"bad {SECRET}", f'{{"k": "{SECRET}"}}')
+    assert SECRET not in e.detail and SECRET not in r.reason and SECRET not in r.row_json
+    rec = EntityRecord(NS, "orders", "failed_over", T0, pulled_backlog_queues=(PulledQueue("q", T0),))
+    assert pickle.loads(pickle.dumps(rec)) == rec
+
+
+def test_state_tables_names_and_conflicts() -> None:
+    assert StateTables(location="/x/state/").sql_name("events") == "delta.`/x/state/events`"
+    assert StateTables(prefix="main.ops.sb_").sql_name("entities") == "main.ops.sb_entities"
+    with pytest.raises(ValueError, match="exactly one"):
+        StateTables()
+    assert is_conflict(RuntimeError("[DELTA_CONCURRENT_APPEND] ConcurrentAppendException: files were added"))
+    assert not is_conflict(RuntimeError("[PATH_NOT_FOUND] no such path"))
+
+
+# ------------------------------------------------------------------------------- the handoff (S4)
+def test_fresh_worker_starts_failed_over_and_skips_pulled_queues() -> None:
+    """A task on a worker that never saw the outage diverts at once (no failover_interval wait, no primary
+    attempt) and avoids the backlog queue the table says is pulled."""
+    config = make_config(failover_interval=60.0)
+    clock = FakeClock(start=T0)
+    registry = FailoverRegistry(clock)
+    primary, secondary = namespace_key(config.primary), namespace_key(config.secondary)
+    pulls = (
+        PulledQueue(QUEUES[0], T0 + timedelta(minutes=5), "timeout"),
+        PulledQueue(QUEUES[2], T0 + timedelta(minutes=5)),
+    )
+    records = [
+        EntityRecord(
+            primary, "orders", "failed_over", T0 - timedelta(seconds=30), "timeout", secondary, pulls
+        )
+    ]
+    made = apply_handoff(
+        registry,
+        records,
+        namespace=primary,
+        backlog_namespace=secondary,
+        failover_interval=60.0,
+        ping_interval=30.0,
+    )
+    assert [(t.from_state, t.to_state) for t in made] == [(H, FO)]
+    transport = FakeTransport(clock, op_seconds=1.0)
+    transport.fail(lambda: sbe.ServiceBusConnectionError(message="refused"), namespace=PRIMARY)
+    sender = PairedSender(config, transport=transport, registry=registry, clock=clock)
+    start = clock.monotonic()
+    outcome = sender.send(iter(_messages(5)))
+    assert outcome.total_diverted == 5 and outcome.total_sent == 0
+    assert transport.sends(PRIMARY) == []  # not even one attempt on the primary
+    assert set(outcome.diverted) == {QUEUES[1]}
+    assert clock.monotonic() - start < 60.0
+    assert all(c[1] == Target(SECONDARY, QUEUES[1]) for c in transport.sends(SECONDARY))
+
+
+def test_handoff_respects_newer_local_knowledge_and_ignores_other_namespaces() -> None:
+    clock = FakeClock(start=T0)
+    registry = FailoverRegistry(clock)
+    kw: dict[str, Any] = {
+        "namespace": NS,
+        "backlog_namespace": BNS,
+        "failover_interval": 60.0,
+        "ping_interval": 30.0,
+    }
+    ef = registry.entity(NS, "orders", failover_interval=60.0, ping_interval=30.0)
+    ef.restore(FO)
+    clock.advance(10)
+    ef.record_probe(True)  # healthy again, here, after what the table recorded
+    old = EntityRecord(NS, "orders", "failed_over", T0 - timedelta(minutes=1))
+    assert apply_handoff(registry, [old], **kw) == []
+    assert ef.state is H
+    newer = replace(old, since=T0 + timedelta(minutes=1))
+    assert [t.to_state for t in apply_handoff(registry, [newer], **kw)] == [FO]
+    other = EntityRecord("elsewhere:5671", "x", "failed_over", T0)
+    assert apply_handoff(registry, [other], **kw) == []
+    assert {s.entity for s in registry.statuses()} == {"orders"}
+    failing = EntityRecord(NS, "new", "failing", T0)  # the timer is the worker's own: not copied
+    assert apply_handoff(registry, [failing], **kw) == []
+
+
+def _messages(n: int) -> list[Any]:
+    from spark_sb.mapping import OutboundMessage
+
+    return [OutboundMessage(body=f"b{i}", entity="orders", message_id=f"m{i}") for i in range(n)]
