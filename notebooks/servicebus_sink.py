@@ -2,15 +2,29 @@
 # MAGIC %md
 # MAGIC # spark-servicebus: stream a table to Azure Service Bus with paired-namespace failover
 # MAGIC
-# MAGIC Install the wheel on the cluster (`%pip install spark-servicebus`), store the two connection strings in a
-# MAGIC secret scope (`servicebus`: `primary-connection-string`, `secondary-connection-string`), then run the cells.
+# MAGIC 1. Build the wheel (`make wheel` gives `dist/spark_servicebus-<version>-py3-none-any.whl`) and copy it to a
+# MAGIC    workspace folder (`/Workspace/Users/<you>/libs/...`) or a Unity Catalog volume (`/Volumes/<catalog>/<schema>/<volume>/...`).
+# MAGIC 2. Put its path in the `wheel` widget; the next cells install it for this notebook and restart Python.
+# MAGIC 3. Store the two connection strings in a secret scope (`servicebus`: `primary-connection-string`,
+# MAGIC    `secondary-connection-string`), then run the cells.
+# MAGIC
 # MAGIC Secrets are referenced (`{{secrets/<scope>/<key>}}`), never written here, and never logged.
 
 # COMMAND ----------
 
-dbutils.widgets.text("source_table", "main.sales.orders_outbox")  # noqa: F821 - Databricks global
+dbutils.widgets.text("wheel", "/Volumes/main/default/libs/spark_servicebus-0.1.0-py3-none-any.whl")  # noqa: F821
+dbutils.widgets.text("source_table", "main.sales.orders_outbox")  # noqa: F821
 dbutils.widgets.text("entity", "orders")  # noqa: F821
 dbutils.widgets.text("checkpoint", "/Volumes/main/sales/checkpoints/servicebus-orders")  # noqa: F821
+wheel = dbutils.widgets.get("wheel")  # noqa: F821
+
+# COMMAND ----------
+
+# MAGIC %pip install $wheel
+
+# COMMAND ----------
+
+dbutils.library.restartPython()  # noqa: F821 - the installed package becomes importable
 
 # COMMAND ----------
 

@@ -18,6 +18,7 @@ Nothing here logs or formats a connection string or key: namespaces are shown by
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -437,10 +438,36 @@ def is_unauthorized(exc: BaseException) -> bool:
     return isinstance(exc, ClientAuthenticationError) or _status_code(exc) in (401, 403)
 
 
+def is_certificate_error(exc: BaseException) -> bool:
+    """The TLS certificate of the endpoint is not trusted (``CERTIFICATE_VERIFY_FAILED``), anywhere in the chain
+    of causes (azure-core wraps the ``ssl`` error in a ``ServiceRequestError``)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(current):
+            return True
+        inner = getattr(current, "inner_exception", None)
+        current = inner if isinstance(inner, BaseException) else (current.__cause__ or current.__context__)
+    return False
+
+
 def is_retryable(exc: BaseException) -> bool:
-    """Whether trying the same admin call again may help: not for 400/401/403, yes for the rest (5xx, 429,
-    timeouts, connection errors)."""
-    return not is_unauthorized(exc) and _status_code(exc) not in _NOT_RETRYABLE_STATUS
+    """Whether trying the same admin call again may help: not for 400/401/403 or an untrusted certificate, yes
+    for the rest (5xx, 429, timeouts, connection errors)."""
+    return (
+        not is_unauthorized(exc)
+        and not is_certificate_error(exc)
+        and _status_code(exc) not in _NOT_RETRYABLE_STATUS
+    )
+
+
+#: What to do about an untrusted certificate; a local namespace (development emulator) has its own CA.
+CERTIFICATE_HINT = (
+    "set REQUESTS_CA_BUNDLE to the PEM file of the CA that signed it; for a local namespace "
+    "(UseDevelopmentEmulator=true) that is the ca_file printed by `python -m spark_sb.local` "
+    "(export REQUESTS_CA_BUNDLE=<ca_file>; with --tls-dir DIR: DIR/ca.pem)"
+)
 
 
 def describe_error(exc: BaseException, namespace: str) -> str:
@@ -458,6 +485,8 @@ def describe_error(exc: BaseException, namespace: str) -> str:
             "with Manage such as RootManageSharedAccessKey - Send/Listen are not enough - or, with Azure AD, "
             "the role 'Azure Service Bus Data Owner'), or the key/token was rejected; service said: " + text
         )
+    elif is_certificate_error(exc):
+        text = f"the TLS certificate of {namespace} is not trusted ({text}): {CERTIFICATE_HINT}"
     return _safe_redact(redact, text)
 
 
@@ -839,6 +868,7 @@ def outcomes_by_name(report: ProvisioningReport) -> dict[str, QueueOutcome]:
 __all__ = [
     "BACKLOG_INFIX",
     "BACKLOG_QUEUE_SPEC",
+    "CERTIFICATE_HINT",
     "DEFAULT_RETRY_PAUSE",
     "DEFAULT_TRIES",
     "MAX_DURATION",
@@ -853,6 +883,7 @@ __all__ = [
     "derive_namespace_name",
     "describe_error",
     "is_address_host",
+    "is_certificate_error",
     "is_retryable",
     "is_unauthorized",
     "outcomes_by_name",
