@@ -141,6 +141,139 @@ def backoff_delay(attempt: int, base: float, cap: float) -> float:
     return float(min(cap, base * (2.0 ** min(attempt - 1, 60))))
 
 
+#: A healthy primary entity's attempt may run this much past ``failover_interval``: the failure it becomes is
+#: then recorded from the attempt's start, so failover engages at once, within half a second of the interval.
+FAILOVER_GRACE = 0.25
+
+#: The shortest deadline of an attempt on a healthy primary entity (when ``failover_interval`` is shorter): a new
+#: connection needs it (the SDK's link-ready loop alone sleeps about 0.5 s; then SASL, CBS and attach round trips).
+#: So with ``failover_interval`` below 1.25 s a stalled primary is detected after this long; every other outage
+#: shape (refused, dropped, an error condition) still fails over on its first failure.
+MIN_ATTEMPT_BUDGET = 1.5
+
+
+def attempt_budget(send_timeout: float, failover_interval: float, failing_for: float | None) -> float:
+    """The deadline (seconds) of one attempt on a primary entity, so that failover engages on time (B3).
+
+    ``failing_for``: seconds since the first failing attempt started (None while healthy). A healthy entity's
+    attempt may take ``failover_interval`` + :data:`FAILOVER_GRACE` (at least :data:`MIN_ATTEMPT_BUDGET`); a
+    failing entity's attempt only what is left of the interval - an attempt that has not succeeded by then is
+    the failover. Never more than ``send_timeout``. Pure.
+    """
+    if failing_for is None:
+        left = max(failover_interval + FAILOVER_GRACE, MIN_ATTEMPT_BUDGET)
+    else:
+        left = max(0.0, failover_interval - failing_for)
+    return max(0.0, min(send_timeout, left))
+
+
+class Route(str, Enum):
+    """Where a batch for an entity goes (:meth:`EntityFailover.admit`)."""
+
+    PRIMARY = "primary"
+    BACKLOG = "backlog"
+    PROBE = "probe"
+
+
+class Where(str, Enum):
+    """What an attempt was: a send to the primary entity, a send to a backlog queue, a probe's cancel."""
+
+    PRIMARY = "primary"
+    BACKLOG = "backlog"
+    PROBE = "probe"
+
+
+class Verb(str, Enum):
+    """What to do after a failed attempt (:func:`decide`)."""
+
+    RETRY = "retry"  # the same target again, after ``delay``
+    DIVERT = "divert"  # the primary entity is failed over: send the messages to the backlog
+    SPLIT = "split"  # too large for the service: halve the batch and send the halves
+    REJECT = "reject"  # a single message too large for the service: record it as rejected (B7)
+    PULL = "pull"  # pull the backlog queue from the rotation and send the messages to another (B5)
+    RAISE = "raise"  # stop: a configuration error, a budget exhausted, a probe given up
+
+
+@dataclass(frozen=True)
+class Decision:
+    verb: Verb
+    delay: float = 0.0
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """The retry budgets of the attempt loop.
+
+    ``backoff_base`` / ``backoff_cap``: exponential back-off between attempts (config ``retry.backoff_factor`` /
+    ``retry.backoff_max``); ``busy_retries`` / ``busy_wait``: how long "server busy" is retried before the task
+    fails (never a failover); ``backlog_attempts`` / ``backlog_budget``: tries and seconds on one backlog queue
+    before it is pulled; ``cancel_attempts``: tries of a probe's cancel.
+    """
+
+    backoff_base: float = 0.8
+    backoff_cap: float = 120.0
+    busy_retries: int = 10
+    busy_wait: float = 120.0
+    backlog_attempts: int = 2
+    backlog_budget: float = 30.0
+    cancel_attempts: int = 3
+
+
+def decide(
+    where: Where,
+    error: ErrorClass,
+    *,
+    attempts: int,
+    waited: float,
+    state: EntityState,
+    remaining: float | None,
+    messages: int,
+    policy: RetryPolicy,
+) -> Decision:
+    """What to do after attempt number ``attempts`` failed with ``error`` (pure; the whole retry policy).
+
+    ``waited``: seconds since the first attempt on this target started; ``state``: the primary entity's state
+    after the failure was recorded; ``remaining``: seconds left on its failover timer (None unless failing);
+    ``messages``: how many messages the failed batch held.
+    """
+    if error.fail_batch:
+        return Decision(Verb.RAISE, why="configuration error")
+    if where is Where.PROBE:
+        if error.name == "message_not_found":
+            return Decision(Verb.RAISE, why="nothing to cancel")
+        if attempts < policy.cancel_attempts:
+            return Decision(Verb.RETRY, backoff_delay(attempts, policy.backoff_base, policy.backoff_cap))
+        return Decision(Verb.RAISE, why="cancel attempts exhausted")
+    if error.reject_message:
+        return (
+            Decision(Verb.SPLIT) if messages > 1 else Decision(Verb.REJECT, why="too large for the service")
+        )
+    if where is Where.BACKLOG:
+        left = policy.backlog_budget - waited
+        if error.retry and attempts < policy.backlog_attempts and left > 0:
+            delay = min(backoff_delay(attempts, policy.backoff_base, policy.backoff_cap), left)
+            return Decision(Verb.RETRY, delay)
+        return Decision(Verb.PULL, why=error.name)
+    if error.fail_over:
+        if state is EntityState.FAILED_OVER:
+            return Decision(Verb.DIVERT, why=error.name)
+        # A connection-class error on a client that was fine: the rebuilt client is tried at once.
+        delay = (
+            0.0
+            if attempts == 1 and error.rebuild_client
+            else backoff_delay(attempts, policy.backoff_base, policy.backoff_cap)
+        )
+        if remaining is not None:
+            delay = min(delay, remaining)
+        return Decision(Verb.RETRY, delay)
+    if error.retry:  # server busy, a client closed under us: never an outage
+        if attempts > policy.busy_retries or waited >= policy.busy_wait:
+            return Decision(Verb.RAISE, why="busy budget exhausted")
+        return Decision(Verb.RETRY, backoff_delay(attempts, policy.backoff_base, policy.backoff_cap))
+    return Decision(Verb.RAISE, why=f"unexpected {error.name}")
+
+
 def choose_random(available: Sequence[str], rng: random.Random) -> str | None:
     """A backlog queue picked uniformly at random (None if none is available)."""
     if not available:
@@ -196,6 +329,7 @@ class EntityFailover:
         self._first_failure: float | None = None
         self._first_failure_wall: datetime | None = None
         self._last_probe: float = 0.0
+        self._probing = False
         self._last_error_class: str | None = None
 
     # -- reading
@@ -223,16 +357,21 @@ class EntityFailover:
             return max(0.0, self._first_failure + self.failover_interval - self._clock.monotonic())
 
     # -- events
-    def record_failure(self, error_class: ErrorClass | str, detail: str = "") -> list[StateTransition]:
-        """A fail_over-class error on a send to the primary entity (B3)."""
+    def record_failure(
+        self, error_class: ErrorClass | str, detail: str = "", started: float | None = None
+    ) -> list[StateTransition]:
+        """A fail_over-class error on a send to the primary entity (B3). ``started`` (monotonic) is when the
+        failing attempt started: the failover timer runs from there (default: now)."""
         name = error_class if isinstance(error_class, str) else error_class.name
         with self._lock:
             self._last_error_class = name
             out: list[StateTransition] = []
             if self._state is EntityState.HEALTHY:
-                self._first_failure = self._clock.monotonic()
-                self._first_failure_wall = self._clock.now()
-                out.append(self._move(EntityState.FAILING, name, detail))
+                now = self._clock.monotonic()
+                began = now if started is None else min(started, now)
+                self._first_failure = began
+                self._first_failure_wall = self._clock.now() - timedelta(seconds=now - began)
+                out.append(self._move(EntityState.FAILING, name, detail, at=self._first_failure_wall))
             out.extend(self._check_locked(name, detail))
             return out
 
@@ -248,15 +387,47 @@ class EntityFailover:
         with self._lock:
             return self._check_locked(self._last_error_class, "failover interval passed without a success")
 
+    def admit(self) -> tuple[Route, list[StateTransition]]:
+        """Where a batch for this entity goes now, and the transitions that deciding caused (the one entry point
+        for callers; it applies the failover timer):
+
+        * :attr:`Route.PRIMARY` - healthy or failing: send to the primary;
+        * :attr:`Route.BACKLOG` - failed over: divert;
+        * :attr:`Route.PROBE` - failed over and a probe is due: this caller has claimed it (once per
+          ``ping_primary_interval`` for the whole process, and never while another probe is in flight); it
+          starts the probe and diverts meanwhile, then reports with :meth:`record_probe`.
+        """
+        with self._lock:
+            transitions = self._check_locked(
+                self._last_error_class, "failover interval passed without a success"
+            )
+            if self._state is not EntityState.FAILED_OVER:
+                return Route.PRIMARY, transitions
+            now = self._clock.monotonic()
+            if self._probing or not probe_due(self._last_probe, now, self.ping_interval):
+                return Route.BACKLOG, transitions
+            self._last_probe = now
+            self._probing = True
+            return Route.PROBE, transitions
+
+    def attempt_budget(self, send_timeout: float) -> float:
+        """The deadline of the next attempt on the primary entity (see :func:`attempt_budget`)."""
+        with self._lock:
+            waited = None
+            if self._state is EntityState.FAILING and self._first_failure is not None:
+                waited = self._clock.monotonic() - self._first_failure
+            return attempt_budget(send_timeout, self.failover_interval, waited)
+
     def claim_probe(self) -> bool:
         """True (once per ``ping_primary_interval`` for the whole process) when this caller should probe now."""
         with self._lock:
             if self._state is not EntityState.FAILED_OVER:
                 return False
             now = self._clock.monotonic()
-            if not probe_due(self._last_probe, now, self.ping_interval):
+            if self._probing or not probe_due(self._last_probe, now, self.ping_interval):
                 return False
             self._last_probe = now
+            self._probing = True
             return True
 
     def next_probe_in(self) -> float | None:
@@ -271,6 +442,7 @@ class EntityFailover:
     ) -> list[StateTransition]:
         """The result of a probe: a good one returns the entity to HEALTHY (B8)."""
         with self._lock:
+            self._probing = False
             if ok and self._state is not EntityState.HEALTHY:
                 return [self._back_to_healthy(detail or "probe succeeded")]
             if not ok:
@@ -311,12 +483,14 @@ class EntityFailover:
         self._first_failure_wall = None
         return self._move(EntityState.HEALTHY, None, detail)
 
-    def _move(self, to: EntityState, error_class: str | None, detail: str) -> StateTransition:
+    def _move(
+        self, to: EntityState, error_class: str | None, detail: str, at: datetime | None = None
+    ) -> StateTransition:
         transition = StateTransition(
             entity=self.entity,
             from_state=self._state,
             to_state=to,
-            at=self._clock.now(),
+            at=at or self._clock.now(),
             error_class=error_class,
             detail=_safe(detail),
             namespace=self.namespace or None,

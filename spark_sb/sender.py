@@ -24,10 +24,10 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from azure.servicebus.exceptions import MessageNotFoundError
-
 from spark_sb.clock import Clock, SystemClock
+from spark_sb.config import ServiceBusConfig
 from spark_sb.errors import (
+    UNEXPECTED,
     ErrorClass,
     MessageRejectedError,
     NoBacklogAvailableError,
@@ -37,14 +37,20 @@ from spark_sb.errors import (
     classify,
 )
 from spark_sb.failover import (
+    MIN_ATTEMPT_BUDGET,
     BacklogChooser,
     BacklogPull,
+    Decision,
     EntityFailover,
     EntityState,
     FailoverRegistry,
     Listener,
+    RetryPolicy,
+    Route,
     StateTransition,
-    backoff_delay,
+    Verb,
+    Where,
+    decide,
     log_transition,
     process_registry,
 )
@@ -278,27 +284,60 @@ def _message_row(msg: OutboundMessage) -> dict[str, Any]:
 # The sender
 
 
+class _Open:
+    """An open batch and, for a backlog batch, the original of each translated message in it."""
+
+    __slots__ = ("batch", "entities", "originals", "started")
+
+    def __init__(self, batch: Batch, started: datetime) -> None:
+        self.batch = batch
+        self.originals: list[OutboundMessage] = []
+        self.entities: list[str] = []
+        self.started = started  # the backlog enqueue time recorded in its messages (B6)
+
+
+@dataclass
+class _Attempted:
+    """How an attempt loop ended: ``decision`` None means success."""
+
+    decision: Decision | None = None
+    error: BaseException | None = None
+    error_class: ErrorClass | None = None
+
+
+_SUCCEEDED = _Attempted()
+
+
 class PairedSender:
     """Sends :class:`OutboundMessage` streams to the primary namespace with failover to backlog queues.
+
+    Every network call has a deadline (``send_timeout``, shortened to what is left of ``failover_interval``
+    while an entity is failing) enforced from outside the SDK, so failover engages ``failover_interval`` after
+    an outage began whatever its shape (refused, dropped, stalled before or after SASL). Once an entity is
+    failed over its messages are translated and packed once, straight into a backlog batch; probes of the
+    primary run on a helper thread and never hold up sends to the backlog.
 
     Args:
         config: the frozen configuration (primary, optional secondary, intervals, limits).
         transport: the Service Bus seam; default :class:`SdkTransport` built lazily on first use.
         clock: injected time (default the system clock; a fake clock makes the sender never really sleep).
-        listener: called with every :class:`StateTransition` (default: log it).
+        listener: called with every :class:`StateTransition` (default: log it), on the sender's thread.
         registry: the shared failover state (default: the process registry, or a private one when a
             non-system clock is injected).
         backlog_queues: override the backlog queue names (default ``config.backlog_queue_names(...)``).
         rng: randomness for the backlog choice.
         max_busy_retries / max_busy_wait: the "server busy" budget per batch; beyond it
             :class:`ServerBusyError` is raised (never a failover).
-        backlog_attempts: tries of a retryable error on one backlog queue before it is pulled.
+        backlog_attempts: tries of a retryable error on one backlog queue before it is pulled (all of them
+            within ``send_timeout``).
         cancel_attempts: tries of a probe's cancel before it is recorded as failed.
+        background_probes: run probes on a helper thread (default: yes with the system clock; with an
+            injected clock they run inline so that tests are deterministic).
     """
 
     def __init__(
         self,
-        config: Any,
+        config: ServiceBusConfig,
         *,
         transport: Transport | None = None,
         clock: Clock | None = None,
@@ -310,6 +349,7 @@ class PairedSender:
         max_busy_wait: float = 120.0,
         backlog_attempts: int = 2,
         cancel_attempts: int = 3,
+        background_probes: bool | None = None,
     ) -> None:
         if config.probe_mode not in PROBE_MODES:
             raise ValueError(f"probe_mode must be one of {', '.join(PROBE_MODES)}, not {config.probe_mode!r}")
@@ -337,12 +377,26 @@ class PairedSender:
             selection=config.backlog_selection,
             rng=rng,
         )
-        self._max_busy_retries = max_busy_retries
-        self._max_busy_wait = max_busy_wait
-        self._backlog_attempts = max(1, backlog_attempts)
-        self._cancel_attempts = max(1, cancel_attempts)
-        self._backoff_base = max(0.01, float(config.retry.backoff_factor))
-        self._backoff_cap = max(self._backoff_base, float(config.retry.backoff_max))
+        base = max(0.01, float(config.retry.backoff_factor))
+        self._policy = RetryPolicy(
+            backoff_base=base,
+            backoff_cap=max(base, float(config.retry.backoff_max)),
+            busy_retries=max_busy_retries,
+            busy_wait=max_busy_wait,
+            backlog_attempts=max(1, backlog_attempts),
+            backlog_budget=float(config.send_timeout),
+            cancel_attempts=max(1, cancel_attempts),
+        )
+        self._background_probes = (
+            isinstance(clock, SystemClock) if background_probes is None else background_probes
+        )
+        # A probe's calls: over before the next probe is due, but long enough to open a new connection.
+        self._probe_budget = min(
+            float(config.send_timeout), max(float(config.ping_primary_interval), MIN_ATTEMPT_BUDGET)
+        )
+        self._finished_probes: list[tuple[ProbeRecord, list[StateTransition]]] = []
+        self._finished_lock = threading.Lock()
+        self._transport_lock = threading.Lock()
         self._closed = False
 
     # -- properties
@@ -353,7 +407,9 @@ class PairedSender:
     @property
     def transport(self) -> Transport:
         if self._transport is None:
-            self._transport = SdkTransport(self._config)
+            with self._transport_lock:
+                if self._transport is None:
+                    self._transport = SdkTransport(self._config)
         return self._transport
 
     @property
@@ -376,16 +432,20 @@ class PairedSender:
         """Send ``messages`` (streamed: one open size-bounded batch per entity, never the whole iterable).
 
         Returns the outcome; raises a :class:`SendError` (with ``outcome`` set) when not every message could
-        be sent, diverted or rejected.
+        be sent, diverted or rejected. Runs on the calling thread; returns within the deadlines of its calls.
         """
         if self._closed:
             raise RuntimeError("the paired sender is closed")
         start = self._clock.monotonic()
         tally = _Tally()
-        open_batches: dict[str, Batch] = {}
+        primary: dict[str, Batch] = {}  # entity -> open primary batch
+        backlog: dict[str, _Open] = {}  # backlog queue -> open backlog batch
+        routes: dict[str, Route] = {}  # entity -> where its messages go in this call
+        default = self._config.entity
         try:
+            self._collect_probes(tally)
             for index, msg in enumerate(messages):
-                entity = msg.entity or self._config.entity
+                entity = msg.entity or default
                 if not entity:
                     self._reject(
                         tally,
@@ -395,40 +455,57 @@ class PairedSender:
                         index,
                     )
                     continue
-                batch = open_batches.get(entity)
+                route = routes.get(entity)
+                if route is None:
+                    route = routes[entity] = self._admit(entity, tally)
+                if route is Route.BACKLOG:
+                    if self._to_backlog(backlog, msg, entity, index, tally):
+                        routes.clear()  # a backlog batch went out: admit again (a probe may have succeeded)
+                    continue
+                batch = primary.get(entity)
                 if batch is None:
-                    batch = open_batches[entity] = self.transport.new_batch(Target(PRIMARY, entity))
+                    batch = primary[entity] = self.transport.new_batch(Target(PRIMARY, entity))
                 added = self._try_add(batch, msg, tally, entity, index)
                 if added is not False:
                     continue
                 if len(batch) > 0:
-                    self._deliver(batch, tally)
-                    batch = open_batches[entity] = self.transport.new_batch(Target(PRIMARY, entity))
+                    del primary[entity]
+                    self._deliver(batch, backlog, tally)
+                    routes[entity] = route = self._admit(entity, tally)
+                    if route is Route.BACKLOG:
+                        self._to_backlog(backlog, msg, entity, index, tally)
+                        continue
+                    batch = primary[entity] = self.transport.new_batch(Target(PRIMARY, entity))
                     if self._try_add(batch, msg, tally, entity, index) is not False:
                         continue
                 self._reject_oversize(tally, msg, entity, batch, index, translated=False)
-            for entity in list(open_batches):
-                batch = open_batches.pop(entity)
+            for entity in list(primary):
+                batch = primary.pop(entity)
                 if len(batch) > 0:
-                    self._deliver(batch, tally)
+                    self._deliver(batch, backlog, tally)
+            self._flush_backlog(backlog, tally)
+            self._collect_probes(tally)
         except SendError as err:
+            self._collect_probes(tally)
             err.outcome = tally.build(self._clock.monotonic() - start)
             raise
         return tally.build(self._clock.monotonic() - start)
 
     def maintain(self) -> SendOutcome:
-        """Probe every failed-over entity whose probe is due (for callers that idle between sends)."""
+        """Start a probe of every failed-over entity whose probe is due (for callers that idle between sends),
+        and report the probes that finished since the last call."""
         start = self._clock.monotonic()
         tally = _Tally()
         for status in self._registry.statuses():
             if status.namespace == self._primary_key and status.state is EntityState.FAILED_OVER:
                 state = self._entity(status.entity)
                 if state.claim_probe():
-                    self._probe(status.entity, state, tally)
+                    self._start_probe(status.entity, state)
+        self._collect_probes(tally)
         return tally.build(self._clock.monotonic() - start)
 
     def close(self) -> None:
-        """Close both clients (B10). The sender can not be used afterwards."""
+        """Close both clients (B10), in the background: never blocks. The sender can not be used afterwards."""
         self._closed = True
         if self._transport is not None:
             self._transport.close()
@@ -441,6 +518,18 @@ class PairedSender:
 
     def __repr__(self) -> str:
         return f"PairedSender(primary={self._primary_key!r}, backlog_queues={len(self._chooser.queues)})"
+
+    # -- routing
+    def _admit(self, entity: str, tally: _Tally) -> Route:
+        """PRIMARY or BACKLOG for the next batch of ``entity``; starts a probe when one is due (B8)."""
+        state = self._entity(entity)
+        route, transitions = state.admit()
+        self._emit(tally, transitions)
+        if route is Route.PROBE:
+            self._start_probe(entity, state)
+            self._collect_probes(tally)  # an inline probe has finished already
+            route = Route.BACKLOG if state.state is EntityState.FAILED_OVER else Route.PRIMARY
+        return route
 
     # -- packing
     def _try_add(
@@ -485,114 +574,207 @@ class PairedSender:
             raise MessageRejectedError(f"message rejected (on_reject = 'fail'): {err}", reject=reject)
         tally.rejects.append(reject)
 
-    # -- delivery of one full batch
-    def _deliver(self, batch: Batch, tally: _Tally) -> None:
-        entity = batch.target.entity
-        state = self._entity(entity)
-        self._emit(tally, state.check())
-        if state.state is EntityState.FAILED_OVER:
-            if state.claim_probe():
-                self._probe(entity, state, tally)
-            if state.state is EntityState.FAILED_OVER:
-                self._divert(list(batch.messages), entity, tally)
-                return
-        self._send_primary(batch, state, tally)
-
-    def _send_primary(self, batch: Batch, state: EntityFailover, tally: _Tally) -> None:
-        entity = batch.target.entity
-        outage_attempts = 0
-        busy_attempts = 0
-        busy_waited = 0.0
+    # -- the attempt loop (primary sends, backlog sends, probe cancels)
+    def _attempts(
+        self,
+        where: Where,
+        call: Callable[[float], object],
+        tally: _Tally | None,
+        *,
+        state: EntityFailover | None = None,
+        messages: int = 1,
+        namespace: str = PRIMARY,
+    ) -> _Attempted:
+        """Call ``call(timeout)`` until it succeeds or :func:`decide` says otherwise (after sleeping through
+        each RETRY). On the primary, each failure goes to the entity's failover timer (from the moment the
+        failing attempt started) and each attempt's deadline is what is left of the interval."""
+        first = self._clock.monotonic()
+        attempts = 0
         while True:
+            if state is not None:
+                self._emit(tally, state.check())
+                if state.state is EntityState.FAILED_OVER:
+                    return _Attempted(Decision(Verb.DIVERT, why="failed over"))
+                timeout = state.attempt_budget(float(self._config.send_timeout))
+            elif where is Where.BACKLOG:
+                timeout = min(
+                    float(self._config.send_timeout),
+                    max(0.05, self._policy.backlog_budget - (self._clock.monotonic() - first)),
+                )
+            else:
+                timeout = self._probe_budget
+            attempts += 1
+            started = self._clock.monotonic()
             try:
-                self.transport.send(batch)
+                call(timeout)
             except Exception as exc:
                 cls = classify(exc)
-                self._after_error(PRIMARY, cls)
-                if cls.fail_batch:
-                    raise self._config_error(cls, exc, PRIMARY, entity) from None
-                if cls.reject_message:
-                    self._split(batch, tally, lambda b: self._send_primary(b, state, tally))
-                    return
-                if cls.fail_over:
-                    self._emit(tally, state.record_failure(cls, _describe(exc)))
-                    if state.state is EntityState.FAILED_OVER:
-                        self._divert(list(batch.messages), entity, tally)
-                        return
-                    outage_attempts += 1
-                    delay = backoff_delay(outage_attempts, self._backoff_base, self._backoff_cap)
+                if cls.rebuild_client and self._transport is not None:
+                    self._transport.fault(namespace)
+                remaining: float | None = None
+                entity_state = EntityState.HEALTHY
+                if state is not None:
+                    if cls.fail_over:
+                        self._emit(tally, state.record_failure(cls, _describe(exc), started))
+                    entity_state = state.state
                     remaining = state.time_until_failover()
-                    if remaining is not None:
-                        delay = min(delay, remaining)
-                    self._clock.sleep(delay)
-                    tally.retries += 1
-                    self._emit(tally, state.check())
-                    if state.state is EntityState.FAILED_OVER:
-                        self._divert(list(batch.messages), entity, tally)
-                        return
-                    continue
-                if cls.retry:  # server busy (or a client closed under us): never an outage
-                    busy_attempts += 1
-                    if busy_attempts > self._max_busy_retries or busy_waited >= self._max_busy_wait:
-                        raise ServerBusyError(
-                            f"the {PRIMARY} namespace {namespace_description(self._config.primary)} kept "
-                            f"answering {cls.name} for entity {entity!r} after {busy_attempts - 1} retries "
-                            f"({busy_waited:.1f} s); not failing over (throttling is not an outage); "
-                            "the task fails so that Spark retries it",
-                            error_class=cls,
-                        ) from None
-                    delay = backoff_delay(busy_attempts, self._backoff_base, self._backoff_cap)
-                    self._clock.sleep(delay)
-                    busy_waited += delay
-                    tally.retries += 1
-                    continue
-                raise SendError(
-                    f"unexpected {cls.name} error sending to entity {entity!r}: {_describe(exc)}",
-                    error_class=cls,
-                ) from None
-            else:
-                self._emit(tally, state.record_success())
-                tally.sent[entity] = tally.sent.get(entity, 0) + len(batch)
-                return
-
-    def _split(self, batch: Batch, tally: _Tally, send: Callable[[Batch], None]) -> None:
-        """The service refused the batch as too large: halve it; a single message is rejected (B7)."""
-        msgs = list(batch.messages)
-        entity = batch.target.entity
-        if len(msgs) <= 1:
-            for m in msgs:
-                self._reject(
-                    tally,
-                    m,
-                    RejectError("message too large: refused by the service (message size exceeded)"),
-                    entity,
-                    None,
+                decision = decide(
+                    where,
+                    cls,
+                    attempts=attempts,
+                    waited=self._clock.monotonic() - first,
+                    state=entity_state,
+                    remaining=remaining,
+                    messages=messages,
+                    policy=self._policy,
                 )
+                if decision.verb is Verb.RETRY:
+                    self._clock.sleep(decision.delay)
+                    if tally is not None:
+                        tally.retries += 1
+                    continue
+                return _Attempted(decision, exc, cls)
+            if state is not None:
+                self._emit(tally, state.record_success())
+            return _SUCCEEDED
+
+    # -- delivery to the primary
+    def _deliver(self, batch: Batch, backlog: dict[str, _Open], tally: _Tally) -> None:
+        """Deliver one full primary batch: to the primary, or - failed over by now - to the backlog."""
+        entity = batch.target.entity
+        if self._admit(entity, tally) is Route.BACKLOG:
+            self._divert(batch.messages, backlog, tally)
             return
+        state = self._entity(entity)
+        transport = self.transport
+        result = self._attempts(
+            Where.PRIMARY,
+            lambda timeout: transport.send(batch, timeout),
+            tally,
+            state=state,
+            messages=len(batch),
+        )
+        if result.decision is None:
+            tally.sent[entity] = tally.sent.get(entity, 0) + len(batch)
+            return
+        verb = result.decision.verb
+        if verb is Verb.DIVERT:
+            self._divert(batch.messages, backlog, tally)
+        elif verb is Verb.SPLIT:
+            for half in self._halves(batch):
+                self._deliver(half, backlog, tally)
+        elif verb is Verb.REJECT:
+            reason = "message too large: refused by the service (message size exceeded)"
+            for m in batch.messages:
+                self._reject(tally, m, RejectError(reason), entity, None)
+        else:
+            raise self._raise(result, PRIMARY, entity)
+
+    def _halves(self, batch: Batch) -> list[Batch]:
+        msgs = list(batch.messages)
         half = len(msgs) // 2
+        out = []
         for part in (msgs[:half], msgs[half:]):
             sub = self.transport.new_batch(batch.target)
             for m in part:
                 if not sub.try_add(m):  # pragma: no cover - a half always fits where the whole did
                     raise SendError("internal error: a split batch does not fit")
-            send(sub)
+            out.append(sub)
+        return out
 
     # -- diverting to the backlog
-    def _divert(self, messages: list[OutboundMessage], entity: str, tally: _Tally) -> None:
-        """Send ``messages`` (originals, destined for ``entity``) translated to backlog queues; on a queue's
-        failure it is pulled and the same messages go to another (B5)."""
-        now = self._clock.now()
-        pending = messages
-        while pending:
-            groups: dict[str, list[OutboundMessage]] = {}
-            for m in pending:
-                queue = self._chooser.choose(entity, m.session_id)
-                if queue is None:
-                    raise self._no_backlog(entity)
-                groups.setdefault(queue, []).append(m)
-            pending = []
-            for queue, msgs in groups.items():
-                pending.extend(self._send_backlog(queue, entity, msgs, now, tally))
+    def _divert(self, messages: Iterable[OutboundMessage], backlog: dict[str, _Open], tally: _Tally) -> None:
+        """Translate and send ``messages`` (originals) to backlog queues (B4-B6)."""
+        default = self._config.entity
+        for m in messages:
+            self._to_backlog(backlog, m, m.entity or default or "", None, tally)
+        self._flush_backlog(backlog, tally)
+
+    def _to_backlog(
+        self, backlog: dict[str, _Open], msg: OutboundMessage, entity: str, index: int | None, tally: _Tally
+    ) -> bool:
+        """Translate ``msg`` once, straight into the open batch of its backlog queue; True if a full batch was
+        sent to make room."""
+        queue = self._chooser.choose(entity, msg.session_id)
+        if queue is None:
+            raise self._no_backlog(entity)
+        slot = backlog.get(queue)
+        if slot is None:
+            slot = backlog[queue] = _Open(
+                self.transport.new_batch(Target(SECONDARY, queue)), self._clock.now()
+            )
+        try:
+            translated = to_backlog(msg, entity, slot.started)
+        except RejectError as err:
+            self._reject(tally, msg, err, entity, index)
+            return False
+        fits = self._try_add(slot.batch, translated, tally, entity, index)
+        if fits is True:
+            slot.originals.append(msg)
+            slot.entities.append(entity)
+            return False
+        if fits is None:
+            return False
+        if len(slot.batch) == 0:
+            self._reject_oversize(tally, msg, entity, slot.batch, index, translated=True)
+            return False
+        del backlog[queue]
+        self._send_backlog(slot, backlog, tally)
+        self._to_backlog(backlog, msg, entity, index, tally)
+        return True
+
+    def _flush_backlog(self, backlog: dict[str, _Open], tally: _Tally) -> None:
+        while backlog:
+            queue = next(iter(backlog))
+            slot = backlog.pop(queue)
+            if len(slot.batch) > 0:
+                self._send_backlog(slot, backlog, tally)
+
+    def _send_backlog(self, slot: _Open, backlog: dict[str, _Open], tally: _Tally) -> None:
+        """Send one translated batch; on the queue's failure pull it and send the originals elsewhere (B5)."""
+        batch = slot.batch
+        queue = batch.target.entity
+        transport = self.transport
+        result = self._attempts(
+            Where.BACKLOG,
+            lambda timeout: transport.send(batch, timeout),
+            tally,
+            messages=len(batch),
+            namespace=SECONDARY,
+        )
+        if result.decision is None:
+            n = len(batch)
+            tally.diverted[queue] = tally.diverted.get(queue, 0) + n
+            for entity in slot.entities:
+                tally.diverted_by_entity[entity] = tally.diverted_by_entity.get(entity, 0) + 1
+            return
+        verb = result.decision.verb
+        if verb is Verb.SPLIT:
+            half = len(slot.originals) // 2
+            for lo, hi in ((0, half), (half, len(slot.originals))):
+                sub = _Open(self.transport.new_batch(batch.target), slot.started)
+                for i in range(lo, hi):
+                    if not sub.batch.try_add(batch.messages[i]):  # pragma: no cover - a half fits
+                        raise SendError("internal error: a split batch does not fit")
+                    sub.originals.append(slot.originals[i])
+                    sub.entities.append(slot.entities[i])
+                self._send_backlog(sub, backlog, tally)
+        elif verb is Verb.REJECT:
+            reason = "message too large after backlog translation: refused by the service"
+            for m, entity in zip(slot.originals, slot.entities, strict=True):
+                self._reject(tally, m, RejectError(reason), entity, None)
+        elif verb is Verb.PULL:
+            assert result.error_class is not None and result.error is not None
+            until = self._clock.monotonic() + float(self._config.backlog_retry_interval)
+            tally.pulls.append(
+                self._registry.rotation.pull(
+                    self._secondary_key, queue, until, result.error_class.name, _describe(result.error)
+                )
+            )
+            for m, entity in zip(slot.originals, slot.entities, strict=True):
+                self._to_backlog(backlog, m, entity, None, tally)
+        else:
+            raise self._raise(result, SECONDARY, queue)
 
     def _no_backlog(self, entity: str) -> NoBacklogAvailableError:
         if self._config.secondary is None or not self._chooser.queues:
@@ -606,125 +788,60 @@ class PairedSender:
             "the batch (messages not counted as sent were not sent)"
         )
 
-    def _send_backlog(
-        self, queue: str, entity: str, msgs: list[OutboundMessage], now: datetime, tally: _Tally
-    ) -> list[OutboundMessage]:
-        """Send ``msgs`` to ``queue``; returns the originals NOT sent because the queue was pulled."""
-        target = Target(SECONDARY, queue)
-        batch = self.transport.new_batch(target)
-        originals: list[OutboundMessage] = []
-        for i, m in enumerate(msgs):
-            translated = to_backlog(m, entity, now)
-            fits = self._try_add(batch, translated, tally, entity, None)
-            if fits is None:
-                continue
-            if fits is False and len(batch) > 0:
-                unsent = self._send_backlog_batch(batch, originals, queue, entity, now, tally)
-                if unsent:
-                    return unsent + msgs[i:]
-                batch = self.transport.new_batch(target)
-                originals = []
-                fits = self._try_add(batch, translated, tally, entity, None)
-                if fits is None:
-                    continue
-            if fits is False:
-                self._reject_oversize(tally, m, entity, batch, None, translated=True)
-                continue
-            originals.append(m)
-        if len(batch) > 0:
-            return self._send_backlog_batch(batch, originals, queue, entity, now, tally)
-        return []
+    # -- probing (B8): on a helper thread, or inline with an injected clock
+    def _start_probe(self, entity: str, state: EntityFailover) -> None:
+        if not self._background_probes:
+            self._probe(entity, state)
+            return
+        threading.Thread(
+            target=self._probe, args=(entity, state), name=f"spark-sb-probe-{entity}", daemon=True
+        ).start()
 
-    def _send_backlog_batch(
-        self,
-        batch: Batch,
-        originals: list[OutboundMessage],
-        queue: str,
-        entity: str,
-        now: datetime,
-        tally: _Tally,
-    ) -> list[OutboundMessage]:
-        """Send one translated batch; returns the originals not sent (the queue was pulled), else []."""
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                self.transport.send(batch)
-            except Exception as exc:
-                cls = classify(exc)
-                self._after_error(SECONDARY, cls)
-                if cls.fail_batch:
-                    raise self._config_error(cls, exc, SECONDARY, queue) from None
-                if cls.reject_message and len(originals) > 1:
-                    half = len(originals) // 2
-                    unsent = self._send_backlog(queue, entity, originals[:half], now, tally)
-                    if unsent:
-                        return unsent + originals[half:]
-                    return self._send_backlog(queue, entity, originals[half:], now, tally)
-                if cls.reject_message:
-                    self._reject(
-                        tally,
-                        originals[0],
-                        RejectError("message too large after backlog translation: refused by the service"),
-                        entity,
-                        None,
-                    )
-                    return []
-                if cls.retry and attempt < self._backlog_attempts:
-                    self._clock.sleep(backoff_delay(attempt, self._backoff_base, self._backoff_cap))
-                    tally.retries += 1
-                    continue
-                until = self._clock.monotonic() + float(self._config.backlog_retry_interval)
-                tally.pulls.append(
-                    self._registry.rotation.pull(self._secondary_key, queue, until, cls.name, _describe(exc))
-                )
-                return list(originals)
-            else:
-                n = len(originals)
-                tally.diverted[queue] = tally.diverted.get(queue, 0) + n
-                tally.diverted_by_entity[entity] = tally.diverted_by_entity.get(entity, 0) + n
-                return []
-
-    # -- probing
-    def _probe(self, entity: str, state: EntityFailover, tally: _Tally) -> bool:
+    def _probe(self, entity: str, state: EntityFailover) -> None:
+        """Probe ``entity`` once; the record and the transition it causes wait in ``_finished_probes`` for the
+        sender's thread. Every call is bounded by ``min(send_timeout, ping_primary_interval)`` (at least
+        ``MIN_ATTEMPT_BUDGET``), so a probe is over before the next one is due."""
         mode = self._config.probe_mode
         target = Target(PRIMARY, entity)
         msg = probe_message(entity, mode)
         at = self._clock.now()
+        transport = self.transport
         sequence_number: int | None = None
         cancel_attempts = 0
         cancel_ok: bool | None = None
         detail = ""
+        budget = self._probe_budget
         try:
             if mode == "ping":
-                batch = self.transport.new_batch(target)
+                batch = transport.new_batch(target)
                 batch.try_add(msg)
-                self.transport.send(batch)
+                transport.send(batch, budget)
             else:
                 # The service's clock is real: the wire time comes from the real UTC clock (an injected test
                 # clock may be anywhere), so the probe is always scheduled far in the service's future.
                 wire_at = max(at, datetime.now(timezone.utc)) + PROBE_SCHEDULE_AHEAD
-                sequence_number = self.transport.schedule(target, msg, wire_at)
-                cancel_ok = False
-                while cancel_attempts < self._cancel_attempts and not cancel_ok:
-                    cancel_attempts += 1
-                    try:
-                        self.transport.cancel_scheduled(target, sequence_number)
-                        cancel_ok = True
-                    except MessageNotFoundError as exc:
-                        # Nothing scheduled under that number any more: an earlier cancel went through but its
-                        # answer was lost (a retry), or - on the first try - it is gone already. Retrying
-                        # cannot help either way.
-                        cancel_ok = cancel_attempts > 1
-                        detail = "" if cancel_ok else f"cancel failed: {_describe(exc)}"
-                        break
-                    except Exception as exc:
-                        detail = f"cancel failed: {_describe(exc)}"
-                        self._after_error(PRIMARY, classify(exc))
-                        if cancel_attempts < self._cancel_attempts:
-                            self._clock.sleep(
-                                backoff_delay(cancel_attempts, self._backoff_base, self._backoff_cap)
-                            )
+                sequence_number = transport.schedule(target, msg, wire_at, budget)
+                number = sequence_number
+                tries: list[int] = []
+
+                def cancel(timeout: float) -> None:
+                    tries.append(1)
+                    transport.cancel_scheduled(target, number, timeout)
+
+                cancelled = self._attempts(Where.PROBE, cancel, None, namespace=PRIMARY)
+                cancel_attempts = len(tries)
+                if cancelled.decision is None:
+                    cancel_ok = True
+                elif cancelled.error_class is not None and cancelled.error_class.name == "message_not_found":
+                    # Nothing scheduled under that number any more: an earlier cancel went through but its
+                    # answer was lost (a retry), or - on the first try - it is gone already.
+                    cancel_ok = cancel_attempts > 1
+                    detail = (
+                        "" if cancel_ok else f"cancel failed: {_describe(cancelled.error or Exception())}"
+                    )
+                else:
+                    cancel_ok = False
+                    detail = f"cancel failed: {_describe(cancelled.error or Exception())}"
                 if not cancel_ok:
                     _LOGGER.warning(
                         "probe of entity %r: the scheduled probe message %s could not be cancelled; it is marked "
@@ -734,24 +851,49 @@ class PairedSender:
                     )
         except Exception as exc:
             cls: ErrorClass = classify(exc)
-            self._after_error(PRIMARY, cls)
-            tally.probes.append(
-                ProbeRecord(
-                    entity, mode, at, False, cls.name, _describe(exc), sequence_number, cancel_attempts
-                )
+            if cls.rebuild_client:
+                transport.fault(PRIMARY)
+            record = ProbeRecord(
+                entity, mode, at, False, cls.name, _describe(exc), sequence_number, cancel_attempts
             )
-            self._emit(tally, state.record_probe(False, cls.name, _describe(exc)))
-            return False
-        tally.probes.append(
-            ProbeRecord(entity, mode, at, True, None, detail, sequence_number, cancel_attempts, cancel_ok)
+            self._finish_probe(record, state.record_probe(False, cls.name, _describe(exc)))
+            return
+        except BaseException:
+            state.record_probe(False, "unexpected", "the probe thread was interrupted")
+            raise
+        record = ProbeRecord(
+            entity, mode, at, True, None, detail, sequence_number, cancel_attempts, cancel_ok
         )
-        self._emit(tally, state.record_probe(True, None, f"{mode} probe succeeded"))
-        return True
+        self._finish_probe(record, state.record_probe(True, None, f"{mode} probe succeeded"))
+
+    def _finish_probe(self, record: ProbeRecord, transitions: list[StateTransition]) -> None:
+        with self._finished_lock:
+            self._finished_probes.append((record, transitions))
+
+    def _collect_probes(self, tally: _Tally) -> None:
+        with self._finished_lock:
+            finished, self._finished_probes = self._finished_probes, []
+        for record, transitions in finished:
+            tally.probes.append(record)
+            self._emit(tally, transitions)
 
     # -- helpers
-    def _after_error(self, namespace: str, cls: ErrorClass) -> None:
-        if cls.rebuild_client and self._transport is not None:
-            self._transport.fault(namespace)
+    def _raise(self, result: _Attempted, namespace: str, entity: str) -> SendError:
+        cls = result.error_class or UNEXPECTED
+        exc = result.error or Exception("unknown error")
+        if cls.fail_batch:
+            return self._config_error(cls, exc, namespace, entity)
+        if cls.retry and not cls.fail_over:
+            busy = self._policy
+            return ServerBusyError(
+                f"the {namespace} namespace {namespace_description(self._config.primary)} kept answering "
+                f"{cls.name} for entity {entity!r} (up to {busy.busy_retries} retries, {busy.busy_wait:.0f} s); "
+                "not failing over (throttling is not an outage); the task fails so that Spark retries it",
+                error_class=cls,
+            )
+        return SendError(
+            f"unexpected {cls.name} error sending to entity {entity!r}: {_describe(exc)}", error_class=cls
+        )
 
     def _config_error(self, cls: ErrorClass, exc: BaseException, namespace: str, entity: str) -> SendError:
         ns = self._config.primary if namespace == PRIMARY else self._config.secondary
@@ -768,9 +910,10 @@ class PairedSender:
         )
         return ServiceBusConfigError(text, error_class=cls)
 
-    def _emit(self, tally: _Tally, transitions: list[StateTransition]) -> None:
+    def _emit(self, tally: _Tally | None, transitions: list[StateTransition]) -> None:
         for t in transitions:
-            tally.transitions.append(t)
+            if tally is not None:
+                tally.transitions.append(t)
             try:
                 self._listener(t)
             except Exception as exc:  # the listener is observability only; its failure must not fail the send

@@ -6,23 +6,25 @@ raise the SDK's exceptions; :func:`spark_sb.errors.classify` says what they mean
 transport behind this interface (``tests/unit/fakes.py``).
 
 :class:`SdkTransport` is the real one. It runs on executors (Python workers), is built lazily there from the
-picklable :class:`~spark_sb.config.ServiceBusConfig`, and is itself neither picklable nor thread-safe: it
-belongs to the thread that first used it (checked). It owns one ``ServiceBusClient`` per namespace (primary,
-secondary), built on first use with the configured retry settings, and one ``ServiceBusSender`` per entity.
-SPEC B10: the two clients are a pair - closing or faulting one closes both, and the pair is rebuilt on the next
-use.
+picklable :class:`~spark_sb.config.ServiceBusConfig`, and is not picklable. Every call has a deadline that holds
+whatever the SDK does: each target (namespace + entity) has a :class:`~spark_sb.lane.Lane` - a worker thread that
+owns that target's ``ServiceBusClient`` and ``ServiceBusSender`` - and a call that misses its deadline abandons
+the client (closed in the background, never awaited) and the next call builds a new one. SPEC B10: the two
+namespaces' clients are a pair - closing or faulting one closes both, and the pair is rebuilt on the next use.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_sb.errors import classify
+from spark_sb.lane import Lane
 from spark_sb.mapping import OutboundMessage
 
 if TYPE_CHECKING:
@@ -64,7 +66,9 @@ class Batch(Protocol):
 
 
 class Transport(Protocol):
-    """The paired sender's view of Service Bus. Not thread-safe; one per sender."""
+    """The paired sender's view of Service Bus. Every operation that does I/O takes ``timeout`` (seconds) and
+    returns or raises within it (a :class:`~spark_sb.lane.DeadlineExceeded` past it). May be called from the
+    sender's thread and its probe thread."""
 
     def max_batch_size(self, target: Target) -> int:
         """The size limit in bytes of a batch for ``target`` (no I/O)."""
@@ -72,20 +76,20 @@ class Transport(Protocol):
     def new_batch(self, target: Target) -> Batch:
         """An empty batch for ``target`` (no I/O)."""
 
-    def send(self, batch: Batch) -> None:
+    def send(self, batch: Batch, timeout: float) -> None:
         """Send one batch; returns when the service accepted it; raises SDK exceptions."""
 
-    def schedule(self, target: Target, message: OutboundMessage, at: datetime) -> int:
+    def schedule(self, target: Target, message: OutboundMessage, at: datetime, timeout: float) -> int:
         """Schedule ``message`` on ``target`` for ``at``; returns its sequence number."""
 
-    def cancel_scheduled(self, target: Target, sequence_number: int) -> None:
+    def cancel_scheduled(self, target: Target, sequence_number: int, timeout: float) -> None:
         """Cancel a scheduled message."""
 
     def fault(self, namespace: str) -> None:
         """A client faulted (connection-class error): close it and its partner; rebuilt on next use (B10)."""
 
     def close(self) -> None:
-        """Close both clients."""
+        """Close both clients (in the background: never blocks)."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -125,33 +129,55 @@ class SdkBatch:
         return iter(self._messages)
 
 
+class _Link:
+    """A lane's context: one ``ServiceBusClient`` and its sender for one target (used by the lane's thread only)."""
+
+    __slots__ = ("client", "sender")
+
+    def __init__(self, client: ServiceBusClient, sender: ServiceBusSender) -> None:
+        self.client = client
+        self.sender = sender
+
+
+def _close_link(link: _Link) -> None:
+    _quiet_close(link.sender)
+    _quiet_close(link.client)
+
+
+def _unblock_link(link: _Link) -> None:
+    """Shut the link's socket down so that a call stuck in it (e.g. the SDK's SASL negotiation, which has no
+    timeout) returns with an error. Reads SDK internals; best effort."""
+    import socket
+
+    handler = getattr(link.sender, "_handler", None)
+    connection = getattr(handler, "_connection", None)
+    transport = getattr(connection, "_transport", None)
+    sock = getattr(transport, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
 class SdkTransport:
     """The real :class:`Transport` over azure-servicebus (sync). See the module docstring.
 
-    ``config.send_timeout`` bounds every SDK call (including the SDK's own retries, configured by
-    ``config.retry``). Batches are bounded by the link's batch size (known after the first send on a link) and
-    by ``config.max_message_size``.
+    One :class:`~spark_sb.lane.Lane` per target (namespace + entity): its own worker thread, ``ServiceBusClient``
+    and ``ServiceBusSender``, so every call has a deadline that holds whatever the SDK does (a stuck client is
+    abandoned and rebuilt) and a stalled entity holds up no other. The SDK does not retry inside a call
+    (``retry_total = 0``): the paired sender's attempt loop retries, so each failed attempt reaches the failover
+    timer at once. Batches are bounded by the link's batch size (known after the first send on a link) and by
+    ``config.max_message_size``. Thread-safe.
     """
 
     def __init__(self, config: ServiceBusConfig, **client_kwargs: Any) -> None:
         self._config = config
-        self._client_kwargs = dict(client_kwargs)
-        self._owner = threading.get_ident()
-        self._clients: dict[str, ServiceBusClient] = {}
-        self._senders: dict[Target, ServiceBusSender] = {}
+        self._client_kwargs = {**config.client_kwargs(), "retry_total": 0, **client_kwargs}
+        self._lanes: dict[Target, Lane[_Link]] = {}
         self._link_max: dict[Target, int] = {}
         self._lock = threading.Lock()
-        self._closed = False
         self.generation: dict[str, int] = {PRIMARY: 0, SECONDARY: 0}  # bumped each time a client is built
 
     # -- plumbing
-    def _check_thread(self) -> None:
-        if threading.get_ident() != self._owner:
-            raise RuntimeError(
-                "a Service Bus transport is used by a thread other than the one that created it; "
-                "clients are not thread-safe: build one sender per thread"
-            )
-
     def _namespace_config(self, namespace: str) -> NamespaceConfig:
         if namespace == PRIMARY:
             return self._config.primary
@@ -161,27 +187,35 @@ class SdkTransport:
             return self._config.secondary
         raise ValueError(f"unknown namespace {namespace!r}; valid: 'primary', 'secondary'")
 
-    def _client(self, namespace: str) -> ServiceBusClient:
-        client = self._clients.get(namespace)
-        if client is None:
-            if self._closed:
-                self._closed = False  # a closed pair is rebuilt on next use (B10)
-            kwargs: dict[str, Any] = {**self._config.client_kwargs(), **self._client_kwargs}
-            client = self._namespace_config(namespace).client(**kwargs)
-            self._clients[namespace] = client
-            self.generation[namespace] = self.generation.get(namespace, 0) + 1
-        return client
+    def _lane(self, target: Target) -> Lane[_Link]:
+        with self._lock:
+            lane = self._lanes.get(target)
+            if lane is None:
+                ns = self._namespace_config(target.namespace)
 
-    def _sender(self, target: Target) -> ServiceBusSender:
-        sender = self._senders.get(target)
-        if sender is None:
-            sender = self._client(target.namespace).get_queue_sender(target.entity)
-            self._senders[target] = sender
-        return sender
+                def build() -> _Link:
+                    client = ns.client(**self._client_kwargs)
+                    with self._lock:
+                        self.generation[target.namespace] = self.generation.get(target.namespace, 0) + 1
+                    return _Link(client, client.get_queue_sender(target.entity))  # topics take the same link
+
+                lane = Lane(f"{target.namespace}-{target.entity}", build, _close_link, _unblock_link)
+                self._lanes[target] = lane
+            return lane
+
+    def _call(self, target: Target, fn: Callable[[_Link], Any], timeout: float) -> Any:
+        try:
+            return self._lane(target).call(fn, timeout)
+        except Exception as exc:
+            if classify(exc).rebuild_client:
+                self.fault(target.namespace)
+            raise
 
     def is_open(self, namespace: str) -> bool:
         """True while a client for ``namespace`` exists (built and not closed)."""
-        return namespace in self._clients
+        with self._lock:
+            lanes = [lane for t, lane in self._lanes.items() if t.namespace == namespace]
+        return any(lane.live for lane in lanes)
 
     # -- Transport
     def max_batch_size(self, target: Target) -> int:
@@ -194,69 +228,56 @@ class SdkTransport:
 
         return SdkBatch(target, ServiceBusMessageBatch(max_size_in_bytes=self.max_batch_size(target)))
 
-    def send(self, batch: Batch) -> None:
-        self._check_thread()
+    def send(self, batch: Batch, timeout: float) -> None:
         if len(batch) == 0:
             return
-        target = batch.target
-        try:
-            sender = self._sender(target)
-            if isinstance(batch, SdkBatch):
-                sender.send_messages(batch.sdk_batch, timeout=self._config.send_timeout)
-            else:  # a foreign batch: let the SDK pack it (raises if it does not fit one batch)
-                sender.send_messages([m.to_sdk() for m in batch.messages], timeout=self._config.send_timeout)
-        except Exception as exc:
-            self._after_error(target, exc)
-            raise
-        link_max = getattr(sender, "_max_batch_size_on_link", None)
-        if isinstance(link_max, int) and link_max > 0:
-            self._link_max[target] = link_max
+        if isinstance(batch, SdkBatch):
+            payload: Any = batch.sdk_batch
+        else:  # a foreign batch: let the SDK pack it (raises if it does not fit one batch)
+            payload = [m.to_sdk() for m in batch.messages]
 
-    def schedule(self, target: Target, message: OutboundMessage, at: datetime) -> int:
-        self._check_thread()
-        try:
-            numbers = self._sender(target).schedule_messages(
-                message.to_sdk(), at, timeout=self._config.send_timeout
-            )
-        except Exception as exc:
-            self._after_error(target, exc)
-            raise
+        def send(link: _Link) -> Any:
+            link.sender.send_messages(payload, timeout=timeout)
+            return getattr(link.sender, "_max_batch_size_on_link", None)
+
+        link_max = self._call(batch.target, send, timeout)
+        if isinstance(link_max, int) and link_max > 0:
+            self._link_max[batch.target] = link_max
+
+    def schedule(self, target: Target, message: OutboundMessage, at: datetime, timeout: float) -> int:
+        sdk_message = message.to_sdk()
+        numbers = self._call(
+            target, lambda link: link.sender.schedule_messages(sdk_message, at, timeout=timeout), timeout
+        )
         return int(numbers[0])
 
-    def cancel_scheduled(self, target: Target, sequence_number: int) -> None:
-        self._check_thread()
-        try:
-            self._sender(target).cancel_scheduled_messages(sequence_number, timeout=self._config.send_timeout)
-        except Exception as exc:
-            self._after_error(target, exc)
-            raise
-
-    def _after_error(self, target: Target, exc: BaseException) -> None:
-        if classify(exc).rebuild_client:
-            self.fault(target.namespace)
+    def cancel_scheduled(self, target: Target, sequence_number: int, timeout: float) -> None:
+        self._call(
+            target,
+            lambda link: link.sender.cancel_scheduled_messages(sequence_number, timeout=timeout),
+            timeout,
+        )
 
     def fault(self, namespace: str) -> None:
-        """Close the faulted client and its partner now (B10: within 5 s); both are rebuilt on next use."""
-        if self._clients:
+        """Close the faulted client and its partner now (B10); both are rebuilt on next use. Never blocks: the
+        clients are closed by their lanes' threads."""
+        if self.is_open(PRIMARY) or self.is_open(SECONDARY):
             _LOGGER.info("%s client faulted: closing the client pair; it is rebuilt on next use", namespace)
-        self._close_all()
+        self._reset_all()
 
     def close_namespace(self, namespace: str) -> None:
         """Close one client: its partner is closed too (B10)."""
-        self._close_all()
+        self._reset_all()
 
     def close(self) -> None:
-        self._close_all()
-        self._closed = True
+        """Close every client in the background (never blocks); the transport is rebuilt if used again."""
+        self._reset_all()
 
-    def _close_all(self) -> None:
+    def _reset_all(self) -> None:
         with self._lock:
-            senders, self._senders = self._senders, {}
-            clients, self._clients = self._clients, {}
-        for sender in senders.values():
-            _quiet_close(sender)
-        for client in clients.values():
-            _quiet_close(client)
+            lanes = list(self._lanes.values())
+        for lane in lanes:
+            lane.reset()
 
     def __enter__(self) -> SdkTransport:
         return self
@@ -265,7 +286,9 @@ class SdkTransport:
         self.close()
 
     def __repr__(self) -> str:
-        return f"SdkTransport(clients={sorted(self._clients)}, senders={len(self._senders)})"
+        with self._lock:
+            live = sorted(str(t) for t, lane in self._lanes.items() if lane.live)
+        return f"SdkTransport(open={live})"
 
 
 def _quiet_close(obj: Any) -> None:

@@ -350,13 +350,19 @@ def test_ping_probe_mode(pair: Any, make_sender: Callable[..., PairedSender]) ->
     pair.primary.faults.refuse_connections()
     sender.send(batch_of(1))
     pair.primary.faults.accept_connections()
-    time.sleep(0.6)  # the ping interval is the point of this test
-    out = sender.send(batch_of(1, "z"))
-    assert [(p.mode, p.ok) for p in out.probes] == [("ping", True)]
-    assert out.sent == {ENTITY: 1}
+    probes, sent, i = [], {}, 0
+    deadline = time.monotonic() + 10
+    while not sent and time.monotonic() < deadline:  # the probe runs beside the sends: keep sending
+        out = sender.send(batch_of(1, f"z{i}"))
+        probes.extend(out.probes)
+        sent = out.sent
+        i += 1
+        time.sleep(0.05)
+    assert [(p.mode, p.ok) for p in probes] == [("ping", True)]
+    assert sent == {ENTITY: 1}
     got = receive_all(pair.primary, ENTITY)
     assert any(is_probe(m) for m in got) or len(got) == 1  # a 1 s TTL ping may already have expired
-    assert [m.message_id for m in got if not is_probe(m)] == ["z-0"]
+    assert [m.message_id for m in got if not is_probe(m)] == [f"z{i - 1}-0"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -401,44 +407,60 @@ def test_closing_or_faulting_one_client_closes_the_pair(pair: Any) -> None:
         for target in (Target(PRIMARY, ENTITY), Target(SECONDARY, QUEUES[0])):
             b = transport.new_batch(target)
             assert b.try_add(OutboundMessage(body=b"x", message_id=str(uuid.uuid4())))
-            transport.send(b)
+            transport.send(b, 5.0)
         assert transport.is_open(PRIMARY) and transport.is_open(SECONDARY)
         transport.close_namespace(PRIMARY)
         assert not transport.is_open(PRIMARY) and not transport.is_open(SECONDARY)
         # rebuilt on next use
         b = transport.new_batch(Target(SECONDARY, QUEUES[0]))
         b.try_add(OutboundMessage(body=b"y"))
-        transport.send(b)
+        transport.send(b, 5.0)
         assert transport.is_open(SECONDARY) and transport.generation[SECONDARY] == 2
         b = transport.new_batch(Target(PRIMARY, ENTITY))
         b.try_add(OutboundMessage(body=b"z"))
-        transport.send(b)
+        transport.send(b, 5.0)
         # a connection-class fault on the primary closes the secondary too
         pair.primary.faults.drop_connections()
         pair.primary.faults.refuse_connections()
         b = transport.new_batch(Target(PRIMARY, ENTITY))
         b.try_add(OutboundMessage(body=b"w"))
         with pytest.raises(Exception):  # noqa: B017 - whatever the SDK raises for a dropped connection
-            transport.send(b)
+            transport.send(b, 5.0)
         assert not transport.is_open(PRIMARY) and not transport.is_open(SECONDARY)
     finally:
         transport.close()
 
 
-def test_transport_refuses_use_from_another_thread(pair: Any) -> None:
+def test_transport_serves_several_threads_each_client_on_its_own_lane(pair: Any) -> None:
+    """The sender's thread and its probe thread share one transport: every SDK client is used only by its
+    lane's thread, so concurrent calls (same target or not) all go through."""
     transport = SdkTransport(config_for(pair))
     errors: list[BaseException] = []
+    sdk_threads: set[str] = set()
 
-    def use() -> None:
-        b = transport.new_batch(Target(PRIMARY, ENTITY))
-        b.try_add(OutboundMessage(body=b"x"))
-        try:
-            transport.send(b)
-        except BaseException as exc:
-            errors.append(exc)
+    def use(target: Target, n: int) -> None:
+        for i in range(n):
+            b = transport.new_batch(target)
+            b.try_add(
+                OutboundMessage(body=b"x", message_id=f"{target.namespace}-{threading.get_ident()}-{i}")
+            )
+            try:
+                transport.send(b, 5.0)
+            except BaseException as exc:
+                errors.append(exc)
+        sdk_threads.update(t.name for t in threading.enumerate() if t.name.startswith("spark-sb-"))
 
-    t = threading.Thread(target=use)
-    t.start()
-    t.join()
+    threads = [
+        threading.Thread(target=use, args=(Target(PRIMARY, ENTITY), 5)),
+        threading.Thread(target=use, args=(Target(PRIMARY, ENTITY), 5)),
+        threading.Thread(target=use, args=(Target(SECONDARY, QUEUES[0]), 5)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     transport.close()
-    assert len(errors) == 1 and isinstance(errors[0], RuntimeError) and "thread" in str(errors[0])
+    assert errors == []
+    assert len(receive_all(pair.primary, ENTITY, expected=10)) == 10
+    assert len(receive_all(pair.secondary, QUEUES[0], expected=5)) == 5
+    assert {"spark-sb-primary-orders-1", f"spark-sb-secondary-{QUEUES[0]}-1"} <= sdk_threads

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from spark_sb.clock import FakeClock
+from spark_sb.lane import DeadlineExceeded
 from spark_sb.mapping import OutboundMessage
 from spark_sb.transport import Target
 
@@ -58,7 +59,7 @@ class Rule:
     op: str
     namespace: str | None
     entity: str | None
-    make: Callable[[], BaseException]
+    make: Callable[[], BaseException] | None  # None: a stall (the call hangs until its deadline)
     count: int | None = None
     skip: int = 0
 
@@ -83,6 +84,7 @@ class FakeTransport:
         self.rules: list[Rule] = []
         self.delivered: dict[Target, list[OutboundMessage]] = {}
         self.calls: list[tuple[str, Target, int, str]] = []  # (op, target, n messages, "ok" | error name)
+        self.timeouts: list[tuple[str, Target, float]] = []  # the deadline each call was given
         self.scheduled: dict[Target, dict[int, tuple[OutboundMessage, datetime]]] = {}
         self.cancelled: list[tuple[Target, int]] = []
         self.faults: list[str] = []
@@ -104,15 +106,28 @@ class FakeTransport:
         self.rules.append(rule)
         return rule
 
+    def stall(
+        self,
+        *,
+        op: str = "send",
+        namespace: str | None = None,
+        entity: str | None = None,
+        count: int | None = None,
+    ) -> Rule:
+        """Matching calls hang until their deadline: the clock advances by the call's timeout, then
+        :class:`DeadlineExceeded` is raised (what a lane does with a call that never returns)."""
+        rule = Rule(op, namespace, entity, None, count)
+        self.rules.append(rule)
+        return rule
+
     def heal(self, rule: Rule | None = None) -> None:
         if rule is None:
             self.rules.clear()
         elif rule in self.rules:
             self.rules.remove(rule)
 
-    def _check(self, op: str, target: Target, n: int) -> None:
-        if self.clock is not None and self.op_seconds:
-            self.clock.advance(self.op_seconds)
+    def _check(self, op: str, target: Target, n: int, timeout: float) -> None:
+        self.timeouts.append((op, target, timeout))
         for rule in self.rules:
             if rule.matches(op, target) and (rule.count is None or rule.count > 0):
                 if rule.skip > 0:
@@ -120,9 +135,18 @@ class FakeTransport:
                     continue
                 if rule.count is not None:
                     rule.count -= 1
+                if rule.make is None:  # a stall: nothing comes back before the deadline
+                    if self.clock is not None:
+                        self.clock.advance(timeout)
+                    self.calls.append((op, target, n, "DeadlineExceeded"))
+                    raise DeadlineExceeded(f"no answer within {timeout} s")
+                if self.clock is not None and self.op_seconds:
+                    self.clock.advance(self.op_seconds)
                 exc = rule.make()
                 self.calls.append((op, target, n, type(exc).__name__))
                 raise exc
+        if self.clock is not None and self.op_seconds:
+            self.clock.advance(self.op_seconds)
         self.calls.append((op, target, n, "ok"))
 
     # -- views
@@ -144,18 +168,18 @@ class FakeTransport:
     def new_batch(self, target: Target) -> FakeBatch:
         return FakeBatch(target, self.max_batch)
 
-    def send(self, batch: FakeBatch) -> None:  # type: ignore[override]
-        self._check("send", batch.target, len(batch))
+    def send(self, batch: FakeBatch, timeout: float) -> None:  # type: ignore[override]
+        self._check("send", batch.target, len(batch), timeout)
         self.delivered.setdefault(batch.target, []).extend(batch.messages)
 
-    def schedule(self, target: Target, message: OutboundMessage, at: datetime) -> int:
-        self._check("schedule", target, 1)
+    def schedule(self, target: Target, message: OutboundMessage, at: datetime, timeout: float) -> int:
+        self._check("schedule", target, 1, timeout)
         self._seq += 1
         self.scheduled.setdefault(target, {})[self._seq] = (message, at)
         return self._seq
 
-    def cancel_scheduled(self, target: Target, sequence_number: int) -> None:
-        self._check("cancel", target, 1)
+    def cancel_scheduled(self, target: Target, sequence_number: int, timeout: float) -> None:
+        self._check("cancel", target, 1, timeout)
         self.scheduled.get(target, {}).pop(sequence_number, None)
         self.cancelled.append((target, sequence_number))
 
