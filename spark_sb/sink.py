@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.config import ServiceBusConfig
+from spark_sb.config import ConfigError, ServiceBusConfig
 from spark_sb.failover import process_registry
 from spark_sb.mapping import OutboundMessage, Reject, RejectError, row_to_message, validate_schema
 from spark_sb.sender import PairedSender, SendOutcome, namespace_key, with_namespace_name
@@ -247,7 +247,10 @@ class SinkTotals:
 
 def default_sink_id(config: ServiceBusConfig) -> str:
     """``<primary namespace name>/<entity>`` (``*`` without a default entity): the documented default."""
-    name = config.primary.namespace_name or namespace_key(config.primary)
+    try:
+        name = config.primary.effective_namespace_name()
+    except ConfigError:  # an address endpoint whose name was not resolved: its host:port
+        name = namespace_key(config.primary)
     return f"{name}/{config.entity or '*'}"
 
 
