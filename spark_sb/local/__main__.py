@@ -5,7 +5,8 @@
 
 Prints ``connection_string=<...>`` (one line), ``control_url=<...>`` when a control port is given and
 ``ca_file=<...>`` (the CA the admin client must trust: ``connection_verify=`` or ``REQUESTS_CA_BUNDLE``), then
-serves in this process until SIGINT or SIGTERM, and exits 0 after a clean stop. ``--port 0`` / ``--control-port
+serves in this process until SIGINT or SIGTERM, and exits 0 after a clean stop. User errors (port in use, a missing or invalid topology file) are reported in
+one line on stderr, exit status 2, no traceback. ``--port 0`` / ``--control-port
 0`` pick free ports (the printed lines tell which). The connection string carries the key given with ``--key``
 (or a dummy when the namespace checks no key); it is printed because starting the namespace is asking for it.
 """
@@ -13,14 +14,18 @@ serves in this process until SIGINT or SIGTERM, and exits 0 after a clean stop. 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
 import threading
 from types import FrameType
 
+import yaml
+
 from spark_sb.local.server import LocalNamespace
 from spark_sb.local.tls import TLS_DIR_ENV
+from spark_sb.local.topology import TopologyError, load_topology
 
 
 def _parse_topic(text: str) -> tuple[str, list[str]]:
@@ -70,17 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     topics: dict[str, list[str]] = {}
     for name, subs in args.topic:
         topics.setdefault(name, []).extend(subs)
-    ns = LocalNamespace(
-        args.name,
-        args.host,
-        args.port,
-        queues=args.queue,
-        topics=topics,
-        key_name=args.key_name,
-        key=args.key,
-        control_port=args.control_port,
-        topology=args.topology,
-    )
+    try:
+        ns = _start(args, topics)
+    except UserError as exc:
+        print(f"python -m spark_sb.local: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -88,7 +87,6 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    ns.start()
     try:
         print(f"connection_string={ns.connection_string}", flush=True)
         if ns.control_url is not None:
@@ -102,6 +100,55 @@ def main(argv: list[str] | None = None) -> int:
         ns.stop()
     print("stopped", flush=True)
     return 0
+
+
+class UserError(Exception):
+    """A mistake in the command line or its files: reported in one line, exit status 2."""
+
+
+def _start(args: argparse.Namespace, topics: dict[str, list[str]]) -> LocalNamespace:
+    """Build and start the namespace; user errors (bad topology file, port in use) -> :class:`UserError`."""
+    if args.topology is not None:
+        try:
+            load_topology(args.topology)
+        except FileNotFoundError:
+            raise UserError(f"topology file not found: {args.topology}") from None
+        except IsADirectoryError:
+            raise UserError(f"topology file is a directory: {args.topology}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read topology file {args.topology}: {exc}") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            problem = getattr(exc, "problem", None) or type(exc).__name__
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise UserError(f"topology file {args.topology} is not valid YAML: {problem}{where}") from None
+        except TopologyError as exc:
+            raise UserError(f"topology file {args.topology}: {exc}") from None
+    ns = LocalNamespace(
+        args.name,
+        args.host,
+        args.port,
+        queues=args.queue,
+        topics=topics,
+        key_name=args.key_name,
+        key=args.key,
+        control_port=args.control_port,
+        topology=args.topology,
+    )
+    try:
+        ns.start()
+    except OSError as exc:
+        ns.stop()
+        if exc.errno == errno.EADDRINUSE:
+            raise UserError(f"port {args.port} on {args.host} is already in use (try --port 0)") from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise UserError(f"cannot listen on {args.host}: address not available") from None
+        if exc.errno == errno.EACCES:
+            raise UserError(
+                f"not allowed to listen on port {args.port} (ports below 1024 need privileges)"
+            ) from None
+        raise UserError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    return ns
 
 
 if __name__ == "__main__":

@@ -31,13 +31,9 @@ Everything here runs inside the local namespace process, one thread per admin co
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import copy
 import dataclasses
-import hashlib
-import hmac
 import logging
 import re
 import socket
@@ -49,10 +45,11 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
 from http.server import BaseHTTPRequestHandler
 from typing import Any, ClassVar, Generic, TypeVar
-from urllib.parse import parse_qs, parse_qsl, quote, quote_plus, unquote, unquote_plus
+from urllib.parse import parse_qs, quote, unquote
 from xml.etree import ElementTree as ET
 
 from spark_sb.clock import Clock, SystemClock
+from spark_sb.local.counters import OperationCounters
 from spark_sb.local.model import (
     MAX_DURATION,
     MAX_DURATION_ISO,
@@ -78,6 +75,7 @@ from spark_sb.local.rules import (
     SqlSyntaxError,
     TrueFilter,
 )
+from spark_sb.local.sas import Refusal, check_sas
 
 __all__ = [
     "AdminEndpoint",
@@ -624,37 +622,26 @@ def rule_to_xml(rule: Rule) -> ET.Element:
 # --------------------------------------------------------------------------------------------------------------
 
 
+#: Admin wording of each refusal (the AMQP port words them as :class:`~spark_sb.local.sas.Refusal` does).
+_SAS_REFUSALS = {
+    Refusal.NOT_SAS: "missing SharedAccessSignature authorization",
+    Refusal.MALFORMED: "malformed SharedAccessSignature (sr, sig, se and skn are required)",
+    Refusal.KEY_NAME: "unknown shared access key name",
+    Refusal.EXPIRY: "malformed SharedAccessSignature expiry",
+    Refusal.EXPIRED: "expired SharedAccessSignature",
+    Refusal.SIGNATURE_FORMAT: "malformed SharedAccessSignature signature",
+    Refusal.SIGNATURE: "invalid SharedAccessSignature signature",
+}
+
+
 def verify_sas(header: str | None, key_name: str, key: str, now: float) -> str | None:
-    """Check a ``SharedAccessSignature`` Authorization header; the reason it is refused, or ``None`` if valid.
+    """Check a ``SharedAccessSignature`` Authorization header; the reason it is refused, or ``None`` if valid
+    (see :func:`spark_sb.local.sas.check_sas`: ``sr`` signed as sent or URL-encoded).
 
     The reason never contains the key or the signature.
     """
-    prefix = "SharedAccessSignature "
-    if not header or not header.startswith(prefix):
-        return "missing SharedAccessSignature authorization"
-    fields = dict(parse_qsl(header[len(prefix) :], keep_blank_values=True))
-    resource, signature, expiry = fields.get("sr"), fields.get("sig"), fields.get("se")
-    skn = fields.get("skn")
-    if not resource or not signature or not expiry or skn is None:
-        return "malformed SharedAccessSignature (sr, sig, se and skn are required)"
-    if key_name not in (skn, unquote_plus(skn)):
-        return "unknown shared access key name"
-    try:
-        expires = int(expiry)
-    except ValueError:
-        return "malformed SharedAccessSignature expiry"
-    if expires <= now:
-        return "expired SharedAccessSignature"
-    expected = hmac.new(
-        key.encode("utf-8"), f"{quote_plus(resource)}\n{expires}".encode(), hashlib.sha256
-    ).digest()
-    try:
-        given = base64.b64decode(signature, validate=True)
-    except (binascii.Error, ValueError):
-        return "malformed SharedAccessSignature signature"
-    if not hmac.compare_digest(expected, given):
-        return "invalid SharedAccessSignature signature"
-    return None
+    refusal = check_sas(header, key_name, key, now)
+    return None if refusal is None else _SAS_REFUSALS[refusal]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -752,8 +739,10 @@ class AdminEndpoint:
         clock: Clock | None = None,
         handshake_timeout: float = 10.0,
         idle_timeout: float | None = 120.0,
+        counters: OperationCounters | None = None,
     ) -> None:
         self._store = store
+        self._counters = counters
         self._ssl_context = ssl_context
         self._key_name = key_name
         self._key = key
@@ -827,6 +816,8 @@ class AdminEndpoint:
         ``/contoso/x-servicebus-transfer/3``, ``/t/subscriptions/s``), then the operation.
         """
         raw_path, _, query_text = raw_target.partition("?")
+        if self._counters is not None:
+            self._counters.add("admin_requests")
         try:
             if self._key is not None:
                 refusal = verify_sas(

@@ -7,7 +7,10 @@ Started by ``LocalNamespace(control_port=...)`` (``0`` = a free port; ``ns.contr
 Routes (POST bodies are JSON objects; a missing body is ``{}``)::
 
     GET  /status                      namespace name, port, connection string-free summary: entities with
-                                      active / dead-letter / scheduled counts, current faults
+                                      active / dead-letter / scheduled counts, current faults, operation
+                                      counters ("counters": connections, sends, receive calls, management
+                                      operations, admin requests; see spark_sb.local.counters)
+    POST /counters/reset              set every operation counter to 0
     POST /faults/refuse               stop listening (connections refused)
     POST /faults/accept               listen again
     POST /faults/stall                {"on": true|false, "answer_sasl": true}   accept and read, answer
@@ -15,6 +18,8 @@ Routes (POST bodies are JSON objects; a missing body is ``{}``)::
                                       "answer_sasl" is false: the SDK would then hang without timeout)
     POST /faults/latency              {"seconds": 0.002}   delay every write
     POST /faults/drop                 close every live connection abruptly
+    POST /faults/close                {"condition": "amqp:connection:forced", "description": "..."}   close
+                                      every live connection with an AMQP error (description + info map)
     POST /faults/send-error           {"entity": "q1", "condition": "com.microsoft:server-busy",
                                        "description": "...", "count": 3}   (count null/absent = until cleared)
     POST /faults/stall-entity         {"entity": "q1", "on": true|false}
@@ -121,6 +126,7 @@ class ControlServer:
         doc["port"] = ns.port
         doc["faults"] = ns.faults.snapshot()
         doc["connections"] = ns.connection_count
+        doc["counters"] = ns.counters()
         return doc
 
     def apply(self, path: str, body: dict[str, Any]) -> bool:
@@ -135,6 +141,11 @@ class ControlServer:
             f.set_latency(float(body["seconds"]))
         elif path == "/faults/drop":
             f.drop_connections()
+        elif path == "/faults/close":
+            f.close_connections(
+                str(body.get("condition") or "amqp:connection:forced"),
+                str(body.get("description") or "The connection was closed by the local namespace."),
+            )
         elif path == "/faults/send-error":
             count = body.get("count")
             f.fail_sends(
@@ -157,6 +168,8 @@ class ControlServer:
             )
         elif path == "/faults/clear":
             f.clear()
+        elif path == "/counters/reset":
+            self.namespace.reset_counters()
         else:
             return False
         return True

@@ -53,6 +53,8 @@ class FaultController:
         self._stall_answers_sasl = True
         self._latency = 0.0
         self._drop_generation = 0
+        self._close_generation = 0
+        self._close_error = ("amqp:connection:forced", "closed by the local namespace")
         self._send_faults: dict[str, SendFault] = {}
         self._stalled_entities: set[str] = set()
         self._admin_rules: list[_AdminRule] = []
@@ -97,6 +99,20 @@ class FaultController:
 
         def bump() -> None:
             self._drop_generation += 1
+
+        self._change(bump)
+
+    def close_connections(
+        self,
+        condition: str = "amqp:connection:forced",
+        description: str = "The connection was closed by the local namespace.",
+    ) -> None:
+        """Close every live connection with an AMQP ``close`` frame carrying the error ``condition``, its
+        ``description`` and an info map (the SDK raises its own error class for the condition)."""
+
+        def bump() -> None:
+            self._close_error = (condition, description)
+            self._close_generation += 1
 
         self._change(bump)
 
@@ -177,6 +193,15 @@ class FaultController:
     @property
     def drop_generation(self) -> int:
         return self._drop_generation
+
+    @property
+    def close_generation(self) -> int:
+        return self._close_generation
+
+    @property
+    def close_error(self) -> tuple[str, str]:
+        """(condition, description) of the latest :meth:`close_connections`."""
+        return self._close_error
 
     def send_fault(self, entity: str) -> tuple[str, str] | None:
         """The (condition, description) to reject a transfer to ``entity`` with, consuming one use."""

@@ -342,6 +342,10 @@ class _Parser:
     def tok(self) -> _Token:
         return self.toks[self.i]
 
+    def peek(self) -> _Token:
+        """The token after the current one (the end token at the end)."""
+        return self.toks[min(self.i + 1, len(self.toks) - 1)]
+
     def next(self) -> _Token:
         t = self.toks[self.i]
         self.i += 1
@@ -411,7 +415,7 @@ class _Parser:
             self.next()
             return _pred(lambda v, p: (left(v, p) is None) != negate)
         negate = False
-        following = self.toks[self.i + 1]
+        following = self.peek()
         if self.at_kw("not") and following.kind == "kw" and following.value in ("in", "like"):
             self.next()
             negate = True
@@ -501,7 +505,7 @@ class _Parser:
             self.allow_expr = saved
             self.expect_op(")")
             return inner
-        if t.kind == "ident" and self.toks[self.i + 1].kind == "op" and self.toks[self.i + 1].value == "(":
+        if t.kind == "ident" and self.peek().kind == "op" and self.peek().value == "(":
             return self.function()
         if t.kind in ("ident", "delim"):
             prop = self.property_ref()

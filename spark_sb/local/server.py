@@ -24,11 +24,8 @@ pre-settled, every client settlement answered with the outcome applied), session
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
-import hashlib
-import hmac
 import itertools
 import logging
 import os
@@ -45,7 +42,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import parse_qsl, quote_plus, unquote_plus
 
 import cproton
 from proton import (
@@ -78,7 +74,9 @@ from spark_sb.local.broker import (
     EntityAddress,
     Outcome,
 )
+from spark_sb.local.counters import OperationCounters
 from spark_sb.local.faults import FaultController
+from spark_sb.local.sas import check_sas
 
 __all__ = ["LocalNamespace"]
 
@@ -101,30 +99,10 @@ def _raw_tag(dlv: Delivery) -> bytes:
 
 
 def verify_sas_token(token: str, key_name: str, key: str, now: float | None = None) -> str | None:
-    """Why a ``SharedAccessSignature sr=..&sig=..&se=..&skn=..`` token is refused, or None if valid."""
-    prefix = "SharedAccessSignature "
-    if not token.startswith(prefix):
-        return "not a SharedAccessSignature token"
-    fields = dict(parse_qsl(token[len(prefix) :], keep_blank_values=True))
-    sr, sig, se, skn = fields.get("sr"), fields.get("sig"), fields.get("se"), fields.get("skn")
-    if not sr or not sig or not se:
-        return "malformed SharedAccessSignature"
-    if skn is None or key_name not in (skn, unquote_plus(skn)):  # the SDK quotes the name twice
-        return "unknown shared access key name"
-    try:
-        expiry = int(se)
-    except ValueError:
-        return "malformed expiry"
-    if expiry < (time.time() if now is None else now):
-        return "expired token"
-    expected = hmac.new(key.encode("utf-8"), f"{quote_plus(sr)}\n{expiry}".encode(), hashlib.sha256).digest()
-    try:
-        given = base64.b64decode(sig)
-    except ValueError:
-        return "malformed signature"
-    if not hmac.compare_digest(expected, given):
-        return "invalid signature"
-    return None
+    """Why a ``SharedAccessSignature sr=..&sig=..&se=..&skn=..`` token is refused, or None if valid
+    (see :func:`spark_sb.local.sas.check_sas`)."""
+    refusal = check_sas(token, key_name, key, time.time() if now is None else now)
+    return None if refusal is None else refusal.value
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -328,6 +306,18 @@ class _AmqpConnection:
             self.transport.unbind()
         self.server.conns.pop(self, None)
 
+    def close_with_error(self, condition: str, description: str) -> None:
+        """Close the connection with an AMQP error (condition, description and an info map: the SDK reads all
+        three)."""
+        if self.closed:
+            return
+        conn = self.connection
+        if conn.state & Endpoint.LOCAL_ACTIVE:
+            conn.condition = _condition(condition, description)
+            conn.close()
+        self.process()
+        self.flush()
+
     # ---------------------------------------------------------------- events
 
     def process(self) -> None:
@@ -361,6 +351,8 @@ class _AmqpConnection:
             link = ev.link
             st = _state(link)
             if st is not None and link.is_sender and st.kind == "receive":
+                if link.credit > 0:
+                    self.server.counters.add("receive_flows")
                 self.server.deliver(st)
         elif t == Event.LINK_REMOTE_OPEN:
             self.on_link_open(ev.link)
@@ -431,6 +423,7 @@ class _AmqpConnection:
                     raise BrokerError("amqp:not-allowed", f"Cannot send to '{addr.path}'.")
                 st = _LinkState("send", link, self)
                 st.addr = addr
+                self.server.counters.add("sender_links_opened")
                 self._register(link, st, address)
                 link.max_message_size = self.server.max_message_size(addr)
                 link.properties = {
@@ -444,6 +437,7 @@ class _AmqpConnection:
             addr = self.broker.check_receiver(address, session=has_filter)
             st = _LinkState("receive", link, self)
             st.addr = addr
+            self.server.counters.add("receiver_links_opened")
             st.peek_lock = link.remote_snd_settle_mode != Link.SND_SETTLED
             self._register(link, st, address)
             if has_filter:
@@ -514,6 +508,7 @@ class _AmqpConnection:
         if st.kind == "send":
             self.on_send(st, dlv, data, fmt)
         elif st.kind == "cbs-in":
+            self.server.counters.add("cbs_put_tokens")
             dlv.update(Delivery.ACCEPTED)
             dlv.settle()
             self.on_cbs(st, data)
@@ -528,11 +523,14 @@ class _AmqpConnection:
 
     def on_send(self, st: _LinkState, dlv: Delivery, data: bytes, fmt: int) -> None:
         assert st.addr is not None
+        counters = self.server.counters
+        counters.add("transfers_received")
         try:
             payloads = amqp.split_batch(data) if fmt == BATCH_FORMAT else [data]
         except AmqpDecodeError as exc:
             _reject(dlv, "amqp:decode-error", str(exc))
             return
+        counters.add("messages_received", len(payloads))
         faults = self.server.faults
         if not self.authorized:
             _reject(
@@ -648,6 +646,7 @@ class _AmqpConnection:
         else:
             return
         assert st.addr is not None
+        self.server.counters.add("settlements")
         try:
             self.broker.settle(st.addr, tag, outcome, reason=reason, description=description, owner=st)
         except BrokerError as exc:
@@ -666,6 +665,7 @@ class _AmqpConnection:
     def send_deliveries(self, st: _LinkState, items: list[Delivered]) -> None:
         link = st.link
         assert isinstance(link, Sender)
+        self.server.counters.add("messages_delivered", len(items))
         for d in items:
             tag = d.lock_token if d.lock_token is not None else next(st.tag_counter).to_bytes(8, "big")
             dlv = link.delivery(tag)  # type: ignore[arg-type]
@@ -781,6 +781,8 @@ class _Management:
         app = sections.get(amqp.APPLICATION_PROPERTIES) or {}
         body = sections.get(amqp.AMQP_VALUE)
         operation = str(app.get("operation") or "")
+        conn.server.counters.add("management_operations")
+        conn.server.counters.add(f"management:{operation.removeprefix('com.microsoft:')}")
         status, description, value, condition = 200, "OK", None, None
         try:
             if not conn.authorized:
@@ -898,6 +900,7 @@ class _Server:
         self.ns = ns
         self.broker = ns.broker
         self.faults = ns.faults
+        self.counters = ns._counters
         self.key = ns._key
         self.key_name = ns.key_name
         self.selector = selectors.DefaultSelector()
@@ -917,6 +920,7 @@ class _Server:
         self._thread: threading.Thread | None = None
         self._applied_version = -1
         self._drop_generation = self.faults.drop_generation
+        self._close_generation = self.faults.close_generation
         self._was_stalled = False
         self._notified = False
         self._thread_ident = 0
@@ -1068,9 +1072,11 @@ class _Server:
                 sock.close()
             return
         if first == b"\x16":
+            self.counters.add("admin_connections_opened")
             self._hand_to_admin(sock)
             return
         conn = _AmqpConnection(self, sock)
+        self.counters.add("connections_opened")
         self.conns[conn] = None
         self.selector.register(sock, selectors.EVENT_READ, conn)
         conn.on_readable()
@@ -1128,6 +1134,10 @@ class _Server:
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     s.close()
             self.sniffing.clear()
+        if f.close_generation != self._close_generation:
+            self._close_generation = f.close_generation
+            for c in list(self.conns):
+                c.close_with_error(*f.close_error)
         if f.stalled != self._was_stalled:
             self._was_stalled = f.stalled
             if f.stalled and not f.stall_answers_sasl:
@@ -1275,6 +1285,7 @@ class LocalNamespace:
         self.key_name = key_name
         self._key = key
         self.faults = FaultController()
+        self._counters = OperationCounters()
         self.broker = Broker(name, clock=clock, faults=self.faults)
         for q in queues:
             self.broker.ensure_queue(q)
@@ -1386,7 +1397,9 @@ class LocalNamespace:
             return None
         with self._admin_lock:
             if self._admin is None:
-                self._admin = AdminEndpoint(self.broker, tls.server_context, self.key_name, self._key)
+                self._admin = AdminEndpoint(
+                    self.broker, tls.server_context, self.key_name, self._key, counters=self._counters
+                )
             return self._admin
 
     @property
@@ -1412,6 +1425,14 @@ class LocalNamespace:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(interval)
+
+    def counters(self) -> dict[str, int]:
+        """Operation counters since start (see :mod:`spark_sb.local.counters`): connections, sends, receive
+        calls (flows granting credit), management operations, admin requests."""
+        return self._counters.snapshot()
+
+    def reset_counters(self) -> None:
+        self._counters.reset()
 
     @property
     def connection_count(self) -> int:

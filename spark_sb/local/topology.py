@@ -19,8 +19,17 @@ is a name with default settings)::
           - audit
           - name: billing
             requires_session: true
+          - name: big-orders
+            rules:                  # replace $Default (no rules listed: $Default, a true filter)
+              - name: big
+                filter: "amount > @min AND sys.Label = 'order'"   # SQL filter (or true / false)
+                parameters: {"@min": 100}
+                action: "SET priority = 'high'; REMOVE internal"  # optional SQL action
+              - name: by-correlation
+                correlation: {correlation_id: abc, label: order, properties: {region: eu}}
 
-An existing entity is left as it is (the file creates what is missing).
+An existing entity is left as it is (the file creates what is missing; rules are set on subscriptions the file
+creates).
 """
 
 from __future__ import annotations
@@ -35,6 +44,17 @@ from typing import Any, TypeVar
 import yaml
 
 from spark_sb.local.model import MAX_DURATION, QueueSettings, SubscriptionSettings, TopicSettings
+from spark_sb.local.rules import (
+    CORRELATION_FIELDS,
+    CorrelationFilter,
+    FalseFilter,
+    Filter,
+    Rule,
+    SqlAction,
+    SqlSyntaxError,
+    TrueFilter,
+    parse_filter,
+)
 
 __all__ = ["Topology", "TopologyError", "apply_topology", "load_topology", "parse_topology"]
 
@@ -49,6 +69,7 @@ class TopologyError(ValueError):
 class SubscriptionSpec:
     name: str
     settings: SubscriptionSettings
+    rules: list[Rule] | None = None
 
 
 @dataclass
@@ -163,11 +184,73 @@ def parse_topology(data: Any) -> Topology:
         spec = TopicSpec(name, _settings(TopicSettings, raw, f"topic {name!r}"))
         for j, sub in enumerate(subs_raw):
             sname, sraw = _named(sub, f"topic {name!r} subscriptions[{j}]")
+            rules_raw = sraw.pop("rules", None)
+            where = f"subscription {name}/{sname}"
             spec.subscriptions.append(
-                SubscriptionSpec(sname, _settings(SubscriptionSettings, sraw, f"subscription {name}/{sname}"))
+                SubscriptionSpec(
+                    sname,
+                    _settings(SubscriptionSettings, sraw, where),
+                    None if rules_raw is None else _rules(rules_raw, where),
+                )
             )
         topo.topics.append(spec)
     return topo
+
+
+_RULE_KEYS = ("name", "filter", "parameters", "correlation", "action", "action_parameters")
+
+
+def _rules(raw: Any, where: str) -> list[Rule]:
+    if not isinstance(raw, list):
+        raise TopologyError(f"{where}: 'rules' must be a list")
+    rules: list[Rule] = []
+    for k, item in enumerate(raw):
+        at = f"{where} rules[{k}]"
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise TopologyError(f"{at}: a mapping with 'name' is expected")
+        unknown = set(item) - set(_RULE_KEYS)
+        if unknown:
+            raise TopologyError(f"{at}: unknown keys {sorted(unknown)}; valid keys: {', '.join(_RULE_KEYS)}")
+        at = f"{where} rule {item['name']!r}"
+        if "filter" in item and "correlation" in item:
+            raise TopologyError(f"{at}: give 'filter' or 'correlation', not both")
+        rule_filter: Filter
+        try:
+            if "correlation" in item:
+                corr = item["correlation"]
+                if not isinstance(corr, dict):
+                    raise TopologyError(f"{at}.correlation: a mapping is expected")
+                bad = set(corr) - set(CORRELATION_FIELDS) - {"properties"}
+                if bad:
+                    valid = ", ".join([*CORRELATION_FIELDS, "properties"])
+                    raise TopologyError(f"{at}.correlation: unknown keys {sorted(bad)}; valid keys: {valid}")
+                fields = {
+                    key: None if v is None else str(v) for key, v in corr.items() if key != "properties"
+                }
+                rule_filter = CorrelationFilter(**fields, properties=dict(corr.get("properties") or {}))
+            else:
+                text = item.get("filter", True)
+                if text is True:
+                    rule_filter = TrueFilter()
+                elif text is False:
+                    rule_filter = FalseFilter()
+                elif isinstance(text, str):
+                    rule_filter = parse_filter(text, dict(item.get("parameters") or {}))
+                else:
+                    raise TopologyError(f"{at}.filter: a SQL expression, true or false is expected")
+            action_text = item.get("action")
+            action = None
+            if action_text is not None:
+                if not isinstance(action_text, str):
+                    raise TopologyError(f"{at}.action: a SQL action (SET ... / REMOVE ...) is expected")
+                try:
+                    action = SqlAction(action_text, dict(item.get("action_parameters") or {}))
+                except SqlSyntaxError as exc:
+                    raise TopologyError(f"{at}.action: {exc}") from None
+        except SqlSyntaxError as exc:
+            raise TopologyError(f"{at}.filter: {exc}") from None
+        rules.append(Rule(item["name"], rule_filter, action))
+    return rules
 
 
 def load_topology(path: str | os.PathLike[str]) -> Topology:
@@ -189,3 +272,5 @@ def apply_topology(store: Any, topology: Topology) -> None:
                 store.get_subscription(t.name, s.name)
             except EntityNotFound:
                 store.create_subscription(t.name, s.name, s.settings)
+                if s.rules is not None:
+                    store.set_rules(t.name, s.name, s.rules)

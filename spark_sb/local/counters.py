@@ -1,0 +1,54 @@
+"""Per-namespace operation counters of the local namespace: what clients asked of it, as the service would
+bill or meter it (connections, sends, receive calls, management operations, admin requests).
+
+``LocalNamespace.counters()`` returns a snapshot in-process; the control API's ``GET /status`` carries the same
+under ``"counters"``. Counting is thread-safe (the server thread and the admin endpoint's threads increment).
+A receive call of the SDK shows as one or more flow frames granting credit on a receiver link
+(``receive_flows``); a receiver that is idle between calls sends none, so ``receive_flows`` measures polling.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+__all__ = ["COUNTERS", "OperationCounters"]
+
+#: Every counter, always present in a snapshot (0 until something happens).
+COUNTERS = (
+    "connections_opened",  # AMQP connections accepted (the admin endpoint's TLS connections are apart)
+    "admin_connections_opened",  # HTTPS connections of the administration client
+    "cbs_put_tokens",  # CBS put-token requests
+    "sender_links_opened",  # links attached to send to a queue or topic
+    "receiver_links_opened",  # links attached to receive from a queue, subscription or dead-letter queue
+    "transfers_received",  # transfers on sender links (a batched send is one transfer)
+    "messages_received",  # messages in those transfers
+    "receive_flows",  # flow frames granting credit on receiver links (receive calls)
+    "messages_delivered",  # messages transferred to receivers
+    "settlements",  # dispositions of delivered messages (complete, abandon, dead-letter, defer, release)
+    "management_operations",  # requests on $management nodes (see also management:<operation>)
+    "admin_requests",  # HTTPS administration requests
+)
+
+
+class OperationCounters:
+    """Named integer counters; ``management:<operation>`` keys count each management operation."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += n
+
+    def snapshot(self) -> dict[str, int]:
+        """Every counter of :data:`COUNTERS` plus the per-operation management counts, as plain data."""
+        with self._lock:
+            out = {name: self._counts.get(name, 0) for name in COUNTERS}
+            out.update({k: v for k, v in sorted(self._counts.items()) if k not in out})
+            return out
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
