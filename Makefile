@@ -3,6 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+JARS := $(VENV)/.delta-jars
 
 # The pinned development set: the package with every extra, versions from constraints-dev.txt.
 EXTRAS := spark,local,connect,test
@@ -18,8 +19,14 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 install: $(STAMP)
 
-jars: $(STAMP)
-	$(BIN)/python -m spark_sb.session
+# The Delta Lake jars: resolved once from Maven Central into the Ivy cache (its report goes to a log, shown only
+# on failure); sessions started afterwards use the recorded jar files and print no resolver output.
+$(JARS): $(STAMP)
+	@echo "fetching the Delta Lake jars (once; log: $(JARS).log)"
+	@$(BIN)/python -m spark_sb.session > $(JARS).log 2>&1 || { cat $(JARS).log; exit 1; }
+	@touch $(JARS)
+
+jars: $(JARS)
 
 # The whole suite (unit, local namespace, Spark; slow tests included).
 test: jars
@@ -33,8 +40,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check spark_sb tests jobs bench
 	$(BIN)/mypy spark_sb
 
-demo: $(STAMP)
-	$(BIN)/python jobs/demo.py
+demo: $(JARS)
+	@$(BIN)/python jobs/demo.py
 
 # The wheel to install on Databricks or anywhere else (dist/spark_servicebus-<version>-py3-none-any.whl).
 wheel: $(STAMP)
