@@ -1,0 +1,170 @@
+"""The sink's Delta state tables on real Spark (local[2]) against two local namespaces (SPEC S2, S4-S6, R3).
+
+Each test reads the three tables back (``<state_location>/events|entities|rejects``) and asserts their rows.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_sb.local.model import QueueSettings
+from spark_sb.provisioning import provision_backlog_queues
+from spark_sb.sender import namespace_key
+from spark_sb.sink import ServiceBusSink
+from spark_sb.state import BatchWrites, DeltaStateStore, EntityRecord, Event, PulledQueue, StateTables
+
+from .test_sink import SCHEMA, _config, _drain, _run_stream, _write
+
+pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]
+
+
+def _tables(spark: Any, state: Path) -> dict[str, list[Any]]:
+    return {
+        t: spark.read.format("delta").load(str(state / t)).collect()
+        for t in ("events", "entities", "rejects")
+    }
+
+
+def test_outage_failover_and_rejects_are_in_the_tables_without_secrets(
+    spark: Any, namespace_pair: Any, tmp_path: Path
+) -> None:
+    primary, secondary = namespace_pair.primary, namespace_pair.secondary
+    primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
+    state = tmp_path / "state"
+    config = _config(namespace_pair, state_location=str(state), sink_id="orders-stream")
+    provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
+    sb_sink = ServiceBusSink(config)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    rows = [{"body": f"b{i}", "message_id": f"m{i}"} for i in range(20)]
+    bad = {"body": "x", "message_id": "bad", "session_id": "s" * 200}
+
+    def outage_batch() -> None:
+        primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")  # the primary entity is full
+        _write(folder, "a.json", [*rows, bad])
+
+    _run_stream(spark, sb_sink, folder, tmp_path / "ckpt", [outage_batch])
+
+    tables = _tables(spark, state)
+    ns = namespace_key(config.primary)
+    events = tables["events"]
+    assert {e.sink_id for e in events} == {"orders-stream"} and {e.batch_id for e in events} == {0}
+    changes = [(e.from_state, e.to_state, e.error_class) for e in events if e.event == "state_change"]
+    assert changes == [("healthy", "failing", "quota_exceeded"), ("failing", "failed_over", "quota_exceeded")]
+    assert sum(e["count"] for e in events if e.event == "diverted" and e.backlog_queue) == 20
+    assert all(e.executor_host for e in events if e.event in ("diverted", "state_change", "rejected"))
+    (commit,) = [e for e in events if e.event == "batch_committed"]
+    assert commit["count"] == 21
+    (entity,) = tables["entities"]
+    assert (entity.namespace, entity.entity, entity.state, entity.last_error_class) == (
+        ns,
+        "orders",
+        "failed_over",
+        "quota_exceeded",
+    )
+    (reject,) = tables["rejects"]
+    assert (reject.sink_id, reject.batch_id, reject.entity, reject.column) == (
+        "orders-stream",
+        0,
+        "orders",
+        "session_id",
+    )
+    assert "longer than 128 characters" in reject.reason and '"message_id": "bad"' in reject.row_json
+    # R3: no key or connection string in any row of any table
+    keys = re.findall(
+        r"SharedAccessKey=([^;]+)", primary.connection_string + ";" + secondary.connection_string
+    )
+    text = repr(tables)
+    assert keys and not any(k in text for k in keys) and "SharedAccessKey" not in text
+
+
+def test_replayed_batch_is_skipped_and_recorded(spark: Any, namespace_pair: Any, tmp_path: Path) -> None:
+    primary = namespace_pair.primary
+    primary.broker.create_queue("orders", QueueSettings())  # no duplicate detection: a resend would show
+    state, ckpt, folder = tmp_path / "state", tmp_path / "ckpt", tmp_path / "in"
+    folder.mkdir()
+    config = _config(namespace_pair, state_location=str(state), sink_id="replay")
+    batches = [[{"body": f"{n}-{i}", "message_id": f"{n}-{i}"} for i in range(5)] for n in range(2)]
+    files = [lambda n=n: _write(folder, f"{n}.json", batches[n]) for n in range(2)]
+    _run_stream(spark, ServiceBusSink(config), folder, ckpt, files)
+    # The driver died after batch 1's sends and before its checkpoint commit: Spark runs batch 1 again.
+    (ckpt / "commits" / "1").unlink()
+    (ckpt / "commits" / ".1.crc").unlink(missing_ok=True)
+    restarted = ServiceBusSink(config)
+    _run_stream(spark, restarted, folder, ckpt, [lambda: None])
+
+    received = sorted(str(m.message_id) for m in _drain(primary, "orders"))
+    assert received == sorted(r["message_id"] for b in batches for r in b)  # sent once, not twice
+    events = _tables(spark, state)["events"]
+    skipped = [(e.batch_id, e["count"]) for e in events if e.event == "replay_skipped"]
+    assert skipped == [(1, 5)]
+    assert sorted(e.batch_id for e in events if e.event == "batch_committed") == [0, 1]
+    assert restarted.total.skipped_batches == 1 and restarted.total.total_sent == 0
+
+
+def test_recorded_failover_reaches_fresh_tasks(spark: Any, namespace_pair: Any, tmp_path: Path) -> None:
+    """Another writer recorded 'invoices' as failed over and backlog queue 0 as pulled: this query's tasks (on
+    workers that never saw the outage) divert at once to queue 1, with no failover_interval wait and no send to
+    the (healthy) primary."""
+    primary, secondary = namespace_pair.primary, namespace_pair.secondary
+    primary.broker.create_queue("invoices", QueueSettings())
+    state = tmp_path / "state"
+    config = _config(
+        namespace_pair, entity="invoices", state_location=str(state), failover_interval="10m", sink_id="fresh"
+    )
+    provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
+    now = datetime.now(timezone.utc)
+    assert config.secondary is not None
+    ns, backlog_ns = namespace_key(config.primary), namespace_key(config.secondary)
+    pulled = (PulledQueue("primary/x-servicebus-transfer/0", now + timedelta(hours=1), "timeout"),)
+    other_writer = DeltaStateStore(spark, StateTables(location=str(state)))
+    other_writer.write_batch(
+        "another-executor",
+        7,
+        BatchWrites(
+            (Event(now, "another-executor", 7, "batch_committed"),),
+            (EntityRecord(ns, "invoices", "failed_over", now, "timeout", backlog_ns, pulled, now, "x"),),
+            (),
+        ),
+    )
+    sb_sink = ServiceBusSink(config)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    rows = [{"body": f"b{i}", "message_id": f"i{i}"} for i in range(12)]
+    _run_stream(spark, sb_sink, folder, tmp_path / "ckpt", [lambda: _write(folder, "a.json", rows)])
+
+    assert sb_sink.total.total_sent == 0
+    assert sb_sink.total.diverted == {"primary/x-servicebus-transfer/1": 12}
+    assert sb_sink.last_outcome is not None and sb_sink.last_outcome.elapsed < 60  # no 10 min wait
+    assert _drain(primary, "invoices") == []
+    backlog = _drain(secondary, "primary/x-servicebus-transfer/1")
+    assert sorted(str(m.message_id) for m in backlog) == sorted(r["message_id"] for r in rows)
+
+
+def test_wrong_column_type_fails_the_first_batch_naming_the_column(
+    spark: Any, namespace_pair: Any, tmp_path: Path
+) -> None:
+    namespace_pair.primary.broker.create_queue("orders", QueueSettings())
+    config = _config(namespace_pair, on_reject="record")  # on_reject is about rows, not about the schema
+    folder = tmp_path / "in"
+    folder.mkdir()
+    _write(folder, "a.json", [{"body": "b", "session_id": 5}])
+    query = (
+        spark.readStream.schema("body STRING, session_id INT")
+        .json(str(folder))
+        .writeStream.foreachBatch(ServiceBusSink(config))
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .start()
+    )
+    with pytest.raises(Exception, match=r"column 'session_id': expected string, found int"):
+        query.processAllAvailable()
+    query.stop()
+    assert _drain(namespace_pair.primary, "orders") == []
+    shutil.rmtree(tmp_path / "ckpt", ignore_errors=True)
+    assert SCHEMA  # the good schema is the one test_sink streams
