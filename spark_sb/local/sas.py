@@ -18,7 +18,7 @@ import binascii
 import hashlib
 import hmac
 from enum import Enum
-from urllib.parse import quote, quote_plus, unquote_plus
+from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 __all__ = ["Refusal", "check_sas"]
 
@@ -49,6 +49,8 @@ def _raw_fields(text: str) -> dict[str, str]:
 
 def check_sas(token: str | None, key_name: str, key: str, now: float) -> Refusal | None:
     """Why ``token`` is refused, or None if it is valid for ``key_name`` / ``key`` at ``now`` (epoch s)."""
+    if token and token.startswith("Bearer "):
+        token = token[len("Bearer ") :]  # the admin client sends a SAS token credential as a bearer token
     if not token or not token.startswith(PREFIX):
         return Refusal.NOT_SAS
     raw = _raw_fields(token[len(PREFIX) :])
@@ -65,9 +67,14 @@ def check_sas(token: str | None, key_name: str, key: str, now: float) -> Refusal
         return Refusal.EXPIRY
     if expiry <= now:
         return Refusal.EXPIRED
-    try:
-        given = base64.b64decode(unquote_plus(sig), validate=True)
-    except (binascii.Error, ValueError):
+    given = None
+    for spelling in dict.fromkeys((sig, unquote(sig), unquote_plus(sig))):  # encoded or as written
+        try:
+            given = base64.b64decode(spelling, validate=True)
+            break
+        except (binascii.Error, ValueError):
+            continue
+    if given is None:
         return Refusal.SIGNATURE_FORMAT
     decoded = unquote_plus(sr)
     for resource in dict.fromkeys((sr, quote_plus(decoded), decoded, quote(decoded, safe=""))):
