@@ -5,7 +5,7 @@ command.
 Runs on a workstation, a CI runner or the Spark driver node, never on executors. Commands:
 
 * ``provision --config conf/<env>.yaml [--dry-run] [--json] [--tries N] [--retry-pause SECONDS]``: make sure
-  the backlog queues exist in the secondary namespace (SPEC B1) and print a table (queue, status, detail).
+  the backlog queues exist in the secondary namespace and print a table (queue, status, detail).
   Exit 0 when at least one backlog queue is usable, 1 otherwise, 2 on a bad configuration or bad arguments.
 
 More commands (``demo``, ``syphon``, ...) plug in by adding a ``_add_<name>(subparsers, common)`` function to
