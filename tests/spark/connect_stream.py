@@ -1,0 +1,136 @@
+"""Stream through ``foreachBatch(ServiceBusSink(config))`` under Spark Connect; print what happened as JSON.
+
+Run by ``tests/spark/test_connect.py`` in a child process: a Python process cannot hold a classic SparkSession
+(the session-scoped test fixture) and a Spark Connect one at once. It starts one local Connect server
+(``SparkSession.builder.remote("local[2]")`` with the Delta jars), two local namespaces in this process, and
+streams two micro-batches: the first with the primary healthy (plus one bad row), the second during a primary
+outage (diverted to the backlog). Then it reads the state tables back and prints a JSON report on the last line.
+
+Usage: ``python tests/spark/connect_stream.py <work dir>``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _session() -> Any:
+    from delta import configure_spark_with_delta_pip
+    from pyspark.sql import SparkSession
+
+    from spark_sb.session import LOCAL_DEFAULTS
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    builder = SparkSession.builder.remote("local[2]")
+    settings = {
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        **LOCAL_DEFAULTS,
+    }
+    if os.environ.get("SPARK_SB_IVY_DIR"):
+        settings["spark.jars.ivy"] = os.environ["SPARK_SB_IVY_DIR"]
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    return configure_spark_with_delta_pip(builder).getOrCreate()
+
+
+def _write(folder: Path, name: str, rows: list[dict[str, Any]]) -> None:
+    tmp = folder / f".{name}"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.rename(folder / name)
+
+
+def _drain(connection_string: str, entity: str) -> list[str]:
+    from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
+
+    out: list[str] = []
+    with (
+        ServiceBusClient.from_connection_string(connection_string) as client,
+        client.get_queue_receiver(entity, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver,
+    ):
+        while batch := receiver.receive_messages(max_message_count=200, max_wait_time=0.5):
+            out.extend(str(m.message_id) for m in batch)
+    return out
+
+
+def main(work: Path) -> dict[str, Any]:
+    from spark_sb.config import ServiceBusConfig
+    from spark_sb.local.model import QueueSettings
+    from spark_sb.local.server import LocalNamespace
+    from spark_sb.provisioning import provision_backlog_queues
+    from spark_sb.sink import ServiceBusSink
+
+    primary = LocalNamespace("primary").start()
+    secondary = LocalNamespace("secondary").start()
+    try:
+        primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
+        state = work / "state"
+        config = ServiceBusConfig.from_dict(
+            {
+                "primary": {"connection_string": primary.connection_string, "namespace_name": "primary"},
+                "secondary": {"connection_string": secondary.connection_string},
+                "entity": "orders",
+                "backlog_queue_count": 2,
+                "failover_interval": 0,
+                "ping_primary_interval": "1h",
+                "send_timeout": "5s",
+                "retry": {"total": 0, "backoff_factor": 0.05, "backoff_max": 0.2},
+                "state_location": str(state),
+                "sink_id": "connect",
+            }
+        )
+        provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
+        spark = _session()
+        try:
+            folder = work / "in"
+            folder.mkdir()
+            healthy = [{"body": f"b{i}", "message_id": f"h{i}"} for i in range(10)]
+            bad = {"body": "x", "message_id": "bad", "session_id": "s" * 200}
+            outage = [{"body": f"o{i}", "message_id": f"o{i}"} for i in range(10)]
+            query = (
+                spark.readStream.schema("body STRING, message_id STRING, session_id STRING")
+                .json(str(folder))
+                .writeStream.foreachBatch(ServiceBusSink(config))
+                .option("checkpointLocation", str(work / "ckpt"))
+                .start()
+            )
+            try:
+                _write(folder, "0.json", [*healthy, bad])
+                query.processAllAvailable()
+                primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")
+                _write(folder, "1.json", outage)
+                query.processAllAvailable()
+            finally:
+                query.stop()
+            error = query.exception()
+            tables = {
+                t: [r.asDict() for r in spark.read.format("delta").load(str(state / t)).collect()]
+                for t in ("events", "entities", "rejects")
+            }
+        finally:
+            spark.stop()
+        primary.faults.clear()
+        return {
+            "session": type(spark).__module__,
+            "error": None if error is None else str(error)[:2000],
+            "primary": sorted(_drain(primary.connection_string, "orders")),
+            "backlog": sorted(
+                mid
+                for q in config.backlog_queue_names("primary")
+                for mid in _drain(secondary.connection_string, q)
+            ),
+            "tables": tables,
+        }
+    finally:
+        secondary.stop()
+        primary.stop()
+
+
+if __name__ == "__main__":
+    report = main(Path(sys.argv[1]))
+    print(json.dumps(report, default=str))
