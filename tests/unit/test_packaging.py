@@ -185,8 +185,15 @@ _BLOCKER = textwrap.dedent(
 def test_the_core_imports_and_works_without_the_extras() -> None:
     """pyspark, delta-spark, qpid-proton, trustme, pyarrow: blocked; the core still imports, loads a config,
     maps a message and runs the CLI. Only the Spark-facing function names need pyspark, and only when called."""
-    script = _BLOCKER.format(blocked=OPTIONAL_MODULES) + textwrap.dedent(
-        """
+    modules = [".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__") for p in CORE]
+    script = (
+        _BLOCKER.format(blocked=OPTIONAL_MODULES)
+        + f"MODULES = {modules!r}\n"
+        + textwrap.dedent(
+            """
+        import importlib
+        for name in MODULES:  # every module of the core
+            importlib.import_module(name)
         import spark_sb, spark_sb.config, spark_sb.sender, spark_sb.sink, spark_sb.syphon
         import spark_sb.provisioning, spark_sb.mapping, spark_sb.errors, spark_sb.failover, spark_sb.__main__
         from spark_sb import ServiceBusSink, PairedSender, Syphon, OutboundMessage, load_config, is_probe
@@ -208,6 +215,7 @@ def test_the_core_imports_and_works_without_the_extras() -> None:
         sys.argv = ["spark-sb", "--version"]
         spark_sb.__main__.console_main()
         """
+        )
     )
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT
