@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.local.amqp import Long, MessageParts, Symbol, Timestamp, parse_message
@@ -381,7 +381,7 @@ class _Topic(_Sendable):
     def __init__(self, name: str, settings: TopicSettings, now: datetime) -> None:
         super().__init__(name, now)
         self.settings: TopicSettings = settings
-        self.subs: dict[str, _Subscription] = {}
+        self.subs: _Registry[_Subscription] = _Registry(lambda sub: f"{name}/Subscriptions/{sub}")
 
 
 class _Subscription(_Receivable):
@@ -398,6 +398,44 @@ class _Subscription(_Receivable):
         self.pass_all = bool(self.rules) and all(
             isinstance(r.filter, TrueFilter) and r.action is None for r in self.rules.values()
         )
+
+
+E = TypeVar("E", bound=_Entity)
+
+
+class _Registry(dict[str, E]):
+    """Entities of one kind by case-insensitive name (the one CRUD rule for queues, topics and a topic's
+    subscriptions). A dict from lower-case name to entity; ``siblings`` share the name space (queues and topics
+    may not have the same name)."""
+
+    def __init__(self, describe: Callable[[str], str] = lambda name: name) -> None:
+        super().__init__()
+        self.describe = describe  # the name as errors show it
+        self.siblings: tuple[_Registry[Any], ...] = ()
+
+    @staticmethod
+    def key(name: str) -> str:
+        return name.strip("/").lower()
+
+    def find(self, name: str) -> E:
+        entity = self.get(self.key(name))
+        if entity is None:
+            raise EntityNotFound(self.describe(name))
+        return entity
+
+    def add(self, name: str, build: Callable[[str], E]) -> E:
+        key = self.key(name)
+        if key in self or any(key in other for other in self.siblings):
+            raise EntityExists(self.describe(name))
+        entity = self[key] = build(name)
+        return entity
+
+    def remove(self, name: str) -> None:
+        self.find(name)
+        del self[self.key(name)]
+
+    def in_order(self) -> list[E]:
+        return [entity for _, entity in sorted(self.items())]
 
 
 def _strip_address(address: str) -> str:
@@ -425,8 +463,10 @@ class Broker:
         self._clock: Clock = clock or SystemClock()
         self.faults = faults or FaultController()
         self._lock = threading.RLock()
-        self._queues: dict[str, _Queue] = {}
-        self._topics: dict[str, _Topic] = {}
+        self._queues: _Registry[_Queue] = _Registry()
+        self._topics: _Registry[_Topic] = _Registry()
+        self._queues.siblings = (self._topics,)
+        self._topics.siblings = (self._queues,)
         self._created_at = self._clock.now()
         self._listeners: list[Callable[[], None]] = []
 
@@ -1212,41 +1252,42 @@ class Broker:
             raise ValueError(f"invalid entity name {name!r}")
         return n
 
-    def create_queue(self, name: str, settings: QueueSettings | None = None) -> QueueInfo:
+    # Generic CRUD over a registry; the typed AdminStore methods below are one line each.
+
+    def _create(self, registry: _Registry[E], name: str, build: Callable[[str, datetime], E]) -> E:
         name = self._check_name(name)
+        return registry.add(name, lambda n: build(n, self._now_dt()))
+
+    def _update(self, entity: _Entity, settings: Any) -> None:
+        entity.settings = replace(settings)  # type: ignore[attr-defined]
+        if isinstance(entity, _Receivable):
+            entity.store.rekey(entity.settings.requires_session)
+        entity.updated_at = self._now_dt()
+
+    def create_queue(self, name: str, settings: QueueSettings | None = None) -> QueueInfo:
         with self._lock:
-            key = name.lower()
-            if key in self._queues or key in self._topics:
-                raise EntityExists(name)
-            q = self._queues[key] = _Queue(name, replace(settings or QueueSettings()), self._now_dt())
+            q = self._create(
+                self._queues, name, lambda n, now: _Queue(n, replace(settings or QueueSettings()), now)
+            )
             return self._queue_info(q)
 
     def update_queue(self, name: str, settings: QueueSettings) -> QueueInfo:
         with self._lock:
-            q = self._get_queue(name)
-            q.settings = replace(settings)
-            q.store.rekey(q.settings.requires_session)
-            q.updated_at = self._now_dt()
+            q = self._queues.find(name)
+            self._update(q, settings)
             return self._queue_info(q)
 
     def get_queue(self, name: str) -> QueueInfo:
         with self._lock:
-            return self._queue_info(self._get_queue(name))
+            return self._queue_info(self._queues.find(name))
 
     def delete_queue(self, name: str) -> None:
         with self._lock:
-            self._get_queue(name)
-            del self._queues[name.strip("/").lower()]
+            self._queues.remove(name)
 
     def list_queues(self) -> list[QueueInfo]:
         with self._lock:
-            return [self._queue_info(q) for _, q in sorted(self._queues.items())]
-
-    def _get_queue(self, name: str) -> _Queue:
-        q = self._queues.get(name.strip("/").lower())
-        if q is None:
-            raise EntityNotFound(name)
-        return q
+            return [self._queue_info(q) for q in self._queues.in_order()]
 
     def _queue_info(self, q: _Queue) -> QueueInfo:
         now = self.now_ms()
@@ -1266,39 +1307,29 @@ class Broker:
     # ------------------------------------------------------------------ AdminStore: topics
 
     def create_topic(self, name: str, settings: TopicSettings | None = None) -> TopicInfo:
-        name = self._check_name(name)
         with self._lock:
-            key = name.lower()
-            if key in self._topics or key in self._queues:
-                raise EntityExists(name)
-            t = self._topics[key] = _Topic(name, replace(settings or TopicSettings()), self._now_dt())
+            t = self._create(
+                self._topics, name, lambda n, now: _Topic(n, replace(settings or TopicSettings()), now)
+            )
             return self._topic_info(t)
 
     def update_topic(self, name: str, settings: TopicSettings) -> TopicInfo:
         with self._lock:
-            t = self._get_topic(name)
-            t.settings = replace(settings)
-            t.updated_at = self._now_dt()
+            t = self._topics.find(name)
+            self._update(t, settings)
             return self._topic_info(t)
 
     def get_topic(self, name: str) -> TopicInfo:
         with self._lock:
-            return self._topic_info(self._get_topic(name))
+            return self._topic_info(self._topics.find(name))
 
     def delete_topic(self, name: str) -> None:
         with self._lock:
-            self._get_topic(name)
-            del self._topics[name.strip("/").lower()]
+            self._topics.remove(name)
 
     def list_topics(self) -> list[TopicInfo]:
         with self._lock:
-            return [self._topic_info(t) for _, t in sorted(self._topics.items())]
-
-    def _get_topic(self, name: str) -> _Topic:
-        t = self._topics.get(name.strip("/").lower())
-        if t is None:
-            raise EntityNotFound(name)
-        return t
+            return [self._topic_info(t) for t in self._topics.in_order()]
 
     def _topic_info(self, t: _Topic) -> TopicInfo:
         self._tick_sendable(t, self.now_ms())
@@ -1317,24 +1348,20 @@ class Broker:
     def create_subscription(
         self, topic: str, name: str, settings: SubscriptionSettings | None = None
     ) -> SubscriptionInfo:
-        name = self._check_name(name)
         with self._lock:
-            t = self._get_topic(topic)
-            key = name.lower()
-            if key in t.subs:
-                raise EntityExists(f"{topic}/Subscriptions/{name}")
-            s = t.subs[key] = _Subscription(
-                t, name, replace(settings or SubscriptionSettings()), self._now_dt()
+            t = self._topics.find(topic)
+            sub = self._create(
+                t.subs,
+                name,
+                lambda n, now: _Subscription(t, n, replace(settings or SubscriptionSettings()), now),
             )
-            return self._sub_info(s)
+            return self._sub_info(sub)
 
     def update_subscription(self, topic: str, name: str, settings: SubscriptionSettings) -> SubscriptionInfo:
         with self._lock:
-            s = self._get_sub(topic, name)
-            s.settings = replace(settings)
-            s.store.rekey(s.settings.requires_session)
-            s.updated_at = self._now_dt()
-            return self._sub_info(s)
+            sub = self._get_sub(topic, name)
+            self._update(sub, settings)
+            return self._sub_info(sub)
 
     def get_subscription(self, topic: str, name: str) -> SubscriptionInfo:
         with self._lock:
@@ -1342,21 +1369,14 @@ class Broker:
 
     def delete_subscription(self, topic: str, name: str) -> None:
         with self._lock:
-            t = self._get_topic(topic)
-            self._get_sub(topic, name)
-            del t.subs[name.strip("/").lower()]
+            self._topics.find(topic).subs.remove(name)
 
     def list_subscriptions(self, topic: str) -> list[SubscriptionInfo]:
         with self._lock:
-            t = self._get_topic(topic)
-            return [self._sub_info(s) for _, s in sorted(t.subs.items())]
+            return [self._sub_info(sub) for sub in self._topics.find(topic).subs.in_order()]
 
     def _get_sub(self, topic: str, name: str) -> _Subscription:
-        t = self._get_topic(topic)
-        s = t.subs.get(name.strip("/").lower())
-        if s is None:
-            raise EntityNotFound(f"{topic}/Subscriptions/{name}")
-        return s
+        return self._topics.find(topic).subs.find(name)
 
     def _sub_info(self, s: _Subscription) -> SubscriptionInfo:
         now = self.now_ms()

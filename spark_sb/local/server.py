@@ -814,79 +814,113 @@ class _Management:
         conn.send_reply("mgmt-out", st.node, reply_to, reply, st)
 
     def dispatch(self, entity: str, operation: str, body: dict[str, Any]) -> tuple[int, Any]:
-        b = self.broker
-        op = operation.removeprefix("com.microsoft:")
-        sid = body.get("session-id")
-        sid = sid.decode() if isinstance(sid, bytes) else sid
-        if op == "schedule-message":
-            payloads = [bytes(m["message"]) for m in body.get("messages") or []]
-            seqs = b.schedule(entity, payloads)
-            return 200, {"sequence-numbers": Array(seqs, element="long")}
-        if op == "cancel-scheduled-message":
-            b.cancel_scheduled(entity, [int(s) for s in body.get("sequence-numbers") or []])
-            return 200, {}
-        if op == "peek-message":
-            msgs = b.peek(
-                entity,
-                int(body.get("from-sequence-number") or 1),
-                int(body.get("message-count") or 1),
-                session_id=sid,
-            )
-            if not msgs:
-                return 204, {}
-            return 200, {"messages": [{"message": m} for m in msgs]}
-        if op == "renew-lock":
-            expirations = b.renew_lock(entity, _tokens(body.get("lock-tokens")))
-            return 200, {"expirations": Array(expirations, element="timestamp")}
-        if op == "receive-by-sequence-number":
-            peek_lock = int(body.get("receiver-settle-mode") or 0) != _RECEIVE_MODE_FIRST
-            got = b.receive_deferred(
-                entity,
-                [int(s) for s in body.get("sequence-numbers") or []],
-                peek_lock=peek_lock,
-                session_id=sid,
-            )
-            out = []
-            for d in got:
-                item: dict[str, Any] = {"message": d.payload}
-                if d.lock_token is not None:
-                    item["lock-token"] = uuid.UUID(bytes_le=d.lock_token)
-                out.append(item)
-            return 200, {"messages": out}
-        if op == "update-disposition":
-            status = str(body.get("disposition-status") or "")
-            outcome = {
-                "completed": Outcome.COMPLETE,
-                "abandoned": Outcome.ABANDON,
-                "defered": Outcome.DEFER,
-                "deferred": Outcome.DEFER,
-                "suspended": Outcome.DEAD_LETTER,
-            }.get(status)
-            if outcome is None:
-                raise BrokerError("com.microsoft:argument-error", f"Unknown disposition status '{status}'.")
-            reason = _str_or_none(body.get("deadletter-reason")) or None
-            desc = _str_or_none(body.get("deadletter-description")) or None
-            for tag in _tokens(body.get("lock-tokens")):
-                b.settle(entity, tag, outcome, reason=reason, description=desc)
-            return 200, {}
-        if op == "renew-session-lock":
-            until = b.renew_session_lock(entity, str(sid))
-            return 200, {"expiration": Timestamp(until)}
-        if op == "get-session-state":
-            state = b.session_state(entity, str(sid))
-            return 200, {"session-state": state}
-        if op == "set-session-state":
-            raw = body.get("session-state")
-            b.set_session_state(entity, str(sid), bytes(raw) if raw is not None else None)
-            return 200, {}
-        if op == "get-message-sessions":
-            skip = int(body.get("skip") or 0)
-            top = int(body.get("top") or 100)
-            ids = b.list_sessions(entity, skip, top)
-            if not ids:
-                return 204, {}
-            return 200, {"skip": skip + len(ids), "sessions-ids": Array(ids, element="string")}
-        raise BrokerError("amqp:not-implemented", f"The operation '{operation}' is not supported.")
+        """Run one operation (by :data:`_OPERATIONS`); returns (status code, reply body)."""
+        handler = _OPERATIONS.get(operation.removeprefix("com.microsoft:"))
+        if handler is None:
+            raise BrokerError("amqp:not-implemented", f"The operation '{operation}' is not supported.")
+        return handler(self, entity, body)
+
+    # One method per operation: (entity path, request body) -> (status code, reply body).
+
+    def _schedule_message(self, entity: str, body: dict[str, Any]) -> tuple[int, Any]:
+        payloads = [bytes(m["message"]) for m in body.get("messages") or []]
+        seqs = self.broker.schedule(entity, payloads)
+        return 200, {"sequence-numbers": Array(seqs, element="long")}
+
+    def _cancel_scheduled_message(self, entity: str, body: dict[str, Any]) -> tuple[int, Any]:
+        self.broker.cancel_scheduled(entity, [int(s) for s in body.get("sequence-numbers") or []])
+        return 200, {}
+
+    def _peek_message(self, entity: str, body: dict[str, Any]) -> tuple[int, Any]:
+        msgs = self.broker.peek(
+            entity,
+            int(body.get("from-sequence-number") or 1),
+            int(body.get("message-count") or 1),
+            session_id=_session_id(body),
+        )
+        if not msgs:
+            return 204, {}
+        return 200, {"messages": [{"message": m} for m in msgs]}
+
+    def _renew_lock(self, entity: str, body: dict[str, Any]) -> tuple[int, Any]:
+        expirations = self.broker.renew_lock(entity, _tokens(body.get("lock-tokens")))
+        return 200, {"expirations": Array(expirations, element="timestamp")}
+
+    def _receive_by_sequence_number(self, entity: str, body: dict[str, Any]) -> tuple[int, Any]:
+        peek_lock = int(body.get("receiver-settle-mode") or 0) != _RECEIVE_MODE_FIRST
+        got = self.broker.receive_deferred(
+            entity,
+            [int(s) for s in body.get("sequence-numbers") or []],
+            peek_lock=peek_lock,
+            session_id=_session_id(body),
+        )
+        out = []
+        for d in got:
+            item: dict[str, Any] = {"message": d.payload}
+            if d.lock_token is not None:
+                item["lock-token"] = uuid.UUID(bytes_le=d.lock_token)
+            out.append(item)
+        return 200, {"messages": out}
+
+    def _update_disposition(self, entity: str, body: dict[str, Any]) -> tuple[int, Any]:
+        status = str(body.get("disposition-status") or "")
+        outcome = _DISPOSITIONS.get(status)
+        if outcome is None:
+            raise BrokerError("com.microsoft:argument-error", f"Unknown disposition status '{status}'.")
+        reason = _str_or_none(body.get("deadletter-reason")) or None
+        desc = _str_or_none(body.get("deadletter-description")) or None
+        for tag in _tokens(body.get("lock-tokens")):
+            self.broker.settle(entity, tag, outcome, reason=reason, description=desc)
+        return 200, {}
+
+    def _renew_session_lock(self, entity: str, body: dict[str, Any]) -> tuple[int, Any]:
+        until = self.broker.renew_session_lock(entity, str(_session_id(body)))
+        return 200, {"expiration": Timestamp(until)}
+
+    def _get_session_state(self, entity: str, body: dict[str, Any]) -> tuple[int, Any]:
+        return 200, {"session-state": self.broker.session_state(entity, str(_session_id(body)))}
+
+    def _set_session_state(self, entity: str, body: dict[str, Any]) -> tuple[int, Any]:
+        raw = body.get("session-state")
+        self.broker.set_session_state(entity, str(_session_id(body)), bytes(raw) if raw is not None else None)
+        return 200, {}
+
+    def _get_message_sessions(self, entity: str, body: dict[str, Any]) -> tuple[int, Any]:
+        skip = int(body.get("skip") or 0)
+        top = int(body.get("top") or 100)
+        ids = self.broker.list_sessions(entity, skip, top)
+        if not ids:
+            return 204, {}
+        return 200, {"skip": skip + len(ids), "sessions-ids": Array(ids, element="string")}
+
+
+def _session_id(body: dict[str, Any]) -> str | None:
+    sid = body.get("session-id")
+    return sid.decode() if isinstance(sid, bytes) else sid
+
+
+_DISPOSITIONS = {
+    "completed": Outcome.COMPLETE,
+    "abandoned": Outcome.ABANDON,
+    "defered": Outcome.DEFER,  # sic: the SDK's spelling
+    "deferred": Outcome.DEFER,
+    "suspended": Outcome.DEAD_LETTER,
+}
+
+_OperationFn = Callable[[_Management, str, dict[str, Any]], tuple[int, Any]]
+#: Management operation (without the ``com.microsoft:`` prefix) -> handler, like the admin endpoint's routes.
+_OPERATIONS: dict[str, _OperationFn] = {
+    "schedule-message": _Management._schedule_message,
+    "cancel-scheduled-message": _Management._cancel_scheduled_message,
+    "peek-message": _Management._peek_message,
+    "renew-lock": _Management._renew_lock,
+    "receive-by-sequence-number": _Management._receive_by_sequence_number,
+    "update-disposition": _Management._update_disposition,
+    "renew-session-lock": _Management._renew_session_lock,
+    "get-session-state": _Management._get_session_state,
+    "set-session-state": _Management._set_session_state,
+    "get-message-sessions": _Management._get_message_sessions,
+}
 
 
 # ------------------------------------------------------------------------------------------------------------
