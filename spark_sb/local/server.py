@@ -215,6 +215,10 @@ class _AmqpConnection:
                     limit = idx
             cap = self.transport.capacity()
             if cap < 0:
+                # Proton stopped reading (a protocol error): send what it still has to say (its close frame)
+                # before closing the socket.
+                self.process()
+                self.flush()
                 self.close(abrupt=False)
                 return
             if cap == 0:
@@ -381,6 +385,12 @@ class _AmqpConnection:
             conn = ev.connection
             if conn.state & Endpoint.LOCAL_ACTIVE:
                 conn.close()
+        elif t == Event.TRANSPORT_ERROR:
+            # Proton closes the connection itself on a protocol error; give that close the info map the SDK
+            # reads (error[2]) along with the condition and description.
+            cond = self.transport.condition
+            if cond is not None and not cond.info:
+                self.transport.condition = _condition(str(cond.name), str(cond.description or cond.name))
         elif t == Event.TRANSPORT_CLOSED:
             for st in list(self.links):
                 self.server.forget_link(st)

@@ -425,3 +425,46 @@ def test_cli_user_errors_are_one_line_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and f"port {port}" in result.stderr and "in use" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _frames(data: bytes) -> list[Any]:
+    """Decoded AMQP performatives in a byte stream (protocol headers skipped)."""
+    from spark_sb.local.amqp import decode_value
+
+    out: list[Any] = []
+    pos = 0
+    while pos + 8 <= len(data):
+        if data[pos : pos + 4] == b"AMQP":
+            pos += 8
+            continue
+        size, doff = int.from_bytes(data[pos : pos + 4], "big"), data[pos + 4]
+        if size > doff * 4:
+            out.append(decode_value(data, pos + doff * 4)[0])
+        pos += size
+    return out
+
+
+@pytest.mark.local
+def test_a_protocol_error_close_carries_description_and_info_map() -> None:
+    """Proton closes the connection itself on a framing error: that close carries an info map too."""
+    with LocalNamespace("framing") as ns, socket.create_connection(("127.0.0.1", ns.port), timeout=5) as raw:
+        raw.sendall(b"AMQP\x03\x01\x00\x00")
+        sasl_init = b"\x00\x53\x41\xc0\x0c\x01\xa3\x09ANONYMOUS"
+        raw.sendall((8 + len(sasl_init)).to_bytes(4, "big") + b"\x02\x01\x00\x00" + sasl_init)
+        sasl = b""
+        while b"\x00\x53\x44" not in sasl:  # wait for the SASL outcome
+            sasl += raw.recv(4096)
+        raw.sendall(
+            b"AMQP\x00\x01\x00\x00" + (4).to_bytes(4, "big") + b"\x02\x00\x00\x00"
+        )  # a frame of size 4
+        received = b""
+        while chunk := raw.recv(65536):
+            received += chunk
+        assert b"AMQP\x00\x01\x00\x00" in received, received
+        amqp_part = received[received.index(b"AMQP\x00\x01\x00\x00") :]
+        closes = [f for f in _frames(amqp_part) if getattr(f, "descriptor", None) == 0x18]
+        assert len(closes) == 1
+        error = closes[0].value[0]
+        condition, description, info = error.value
+        assert condition == "amqp:connection:framing-error" and description
+        assert isinstance(info, dict) and info
