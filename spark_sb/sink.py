@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import pickle
 import socket
 import threading
@@ -170,6 +171,7 @@ def send_partition(
         outcome=outcome,
         statuses=tuple(s for s in registry.statuses() if s.namespace == primary),
         pulled=tuple(registry.rotation.pulled(secondary)) if secondary is not None else (),
+        pid=os.getpid(),
     )
 
 
@@ -262,7 +264,7 @@ class ServiceBusSink:
     task retries, replays (a batch id already committed by this ``sink_id`` is skipped) and the syphon.
 
     Picklable: holds only the configuration. ``last_outcome`` is the merged outcome of the last batch (records
-    included); ``total`` keeps counts only (:class:`SinkTotals`). ``store`` overrides the state store (tests);
+    included), ``last_results`` its per-partition results; ``total`` keeps counts only (:class:`SinkTotals`). ``store`` overrides the state store (tests);
     by default it is the Delta store named by ``state_location`` / ``state_table_prefix``, or none.
     """
 
@@ -272,6 +274,7 @@ class ServiceBusSink:
         self.config = with_namespace_name(config)
         self.sink_id = self.config.sink_id or default_sink_id(self.config)
         self.last_outcome: SendOutcome | None = None
+        self.last_results: list[PartitionResult] = []  # per partition, the last batch only
         self.total = SinkTotals()
         self._store = store
         self._tables = StateTables.from_config(self.config)
@@ -343,6 +346,7 @@ class ServiceBusSink:
             store.write_batch(self.sink_id, batch_id, writes)
             self._last_committed = batch_id
         self.last_outcome = outcome
+        self.last_results = list(results)
         self.total.add(outcome, rows)
         log.info(
             "sink %s batch %s: %d rows, %d sent, %d diverted, %d rejected, %d state changes",

@@ -177,6 +177,7 @@ class PartitionResult:
     outcome: SendOutcome
     statuses: tuple[EntityStatus, ...] = ()
     pulled: tuple[BacklogPull, ...] = ()
+    pid: int = 0  # the Python worker process (not written to the tables)
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,48 @@ def test_recorded_failover_reaches_fresh_tasks(spark: Any, namespace_pair: Any, 
     assert sorted(str(m.message_id) for m in backlog) == sorted(r["message_id"] for r in rows)
 
 
+def test_workers_that_never_saw_the_outage_start_the_next_batch_failed_over(
+    spark: Any, namespace_pair: Any, tmp_path: Path
+) -> None:
+    """Batch 0 (one task) waits failover_interval and fails over; batch 1 runs two tasks at once, so at least one
+    in a Python worker that never saw the outage: through the entity table it diverts at once. 0 lost."""
+    primary, secondary = namespace_pair.primary, namespace_pair.secondary
+    primary.broker.create_queue("orders", QueueSettings())
+    interval = 8.0
+    config = _config(namespace_pair, state_location=str(tmp_path / "state"), failover_interval=interval)
+    provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
+    primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")  # the whole test: the primary is full
+    sb_sink = ServiceBusSink(config)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    rows = [[{"body": f"{f}-{i}", "message_id": f"{f}-{i}"} for i in range(10)] for f in range(3)]
+    seen: list[list[Any]] = []
+
+    def batch(*files: int) -> Any:
+        def write() -> None:
+            for f in files:
+                _write(folder, f"{f}.json", rows[f])
+
+        return write
+
+    def record() -> None:
+        seen.append(list(sb_sink.last_results))
+
+    _run_stream(spark, sb_sink, folder, tmp_path / "ckpt", [batch(0), record, batch(1, 2), record])
+
+    first, second = seen
+    assert len(first) == 1 and first[0].outcome.elapsed >= interval  # the one task waited, then failed over
+    assert len(second) == 2
+    fresh = [r for r in second if r.pid != first[0].pid]
+    assert fresh, "batch 1 ran only in the worker of batch 0"
+    for r in second:
+        assert r.outcome.elapsed < interval / 2, f"a task waited {r.outcome.elapsed:.1f} s"
+        assert r.outcome.total_diverted == 10 and r.outcome.total_sent == 0
+        assert not [t for t in r.outcome.transitions if t.to_state.value == "failing"]
+    backlog = [str(m.message_id) for q in config.backlog_queue_names("primary") for m in _drain(secondary, q)]
+    assert sorted(backlog) == sorted(r["message_id"] for f in rows for r in f)  # 0 lost, 0 duplicated
+
+
 def test_wrong_column_type_fails_the_first_batch_naming_the_column(
     spark: Any, namespace_pair: Any, tmp_path: Path
 ) -> None:
