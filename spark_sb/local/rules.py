@@ -6,7 +6,8 @@ semantics, see "Topic filters and actions" in the Service Bus documentation):
 * every subscription starts with the rule ``$Default`` (a true filter); rules are added, replaced and removed
   through the administration client or declared in topology files;
 * the matching rules without an action together give one copy; each matching rule with an action gives a copy
-  of its own, with the action (``SET`` / ``REMOVE``) applied to that copy only; no matching rule, no copy.
+  of its own, with the action (``SET`` / ``REMOVE``) applied to that copy only and the application property
+  ``RuleName`` set to the rule's name; no matching rule, no copy.
 
 The SQL dialect is the service's (a subset of SQL-92): comparisons (``= <> != < <= > >=``), ``AND``, ``OR``,
 ``NOT``, ``[NOT] IN (...)``, ``[NOT] LIKE 'pattern' [ESCAPE 'c']``, ``IS [NOT] NULL``, ``EXISTS(property)``,
@@ -815,5 +816,7 @@ def route(rules: Mapping[str, Rule] | Iterator[Rule], view: MessageView) -> list
                 plain = True
                 copies.insert(0, view)
         else:
-            copies.append(rule.action.apply(view))
+            copy = rule.action.apply(view)
+            copy.user["RuleName"] = rule.name  # as the service marks a copy made by a rule with an action
+            copies.append(copy)
     return copies

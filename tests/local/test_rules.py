@@ -156,6 +156,7 @@ def test_correlation_filter_and_routing_semantics() -> None:
     copies = route(rules, VIEW)
     # the matching rules without action give one copy; each matching rule with an action gives its own
     assert len(copies) == 2 and copies[0] is VIEW and copies[1].user["routed"] == "c"
+    assert copies[1].user["RuleName"] == "c" and "RuleName" not in VIEW.user
     assert route({"x": Rule("x", SqlFilter("amount < 0"))}, VIEW) == []
     with pytest.raises(FilterEvaluationError):
         route({"z": Rule("z", SqlFilter("amount / 0 = 1"))}, VIEW)
@@ -227,6 +228,7 @@ def test_routing_by_sql_and_correlation_filters_with_actions() -> None:
             props = {k.decode(): v for k, v in big[0].application_properties.items()}
             assert props["priority"] == b"high" or props["priority"] == "high"
             assert "internal" not in props and props["amount"] == 150
+            assert props["RuleName"] in (b"big-orders", "big-orders")
             assert big[0].subject == "big-order"
             assert sorted(str(m) for m in _receive_all(sb, "orders", "eu", 2)) == ["1", "2"]
             assert [str(m) for m in _receive_all(sb, "orders", "corr", 1)] == ["3"]
