@@ -468,3 +468,31 @@ def test_a_protocol_error_close_carries_description_and_info_map() -> None:
         condition, description, info = error.value
         assert condition == "amqp:connection:framing-error" and description
         assert isinstance(info, dict) and info
+
+
+@pytest.mark.local
+def test_async_client_hand_built_sas_and_error_close() -> None:
+    from azure.servicebus.aio import ServiceBusClient as AsyncClient
+
+    async def scenario(ns: LocalNamespace) -> None:
+        host = f"127.0.0.1:{ns.port}"
+        token = _hand_built(f"sb://{host}/q", ns.key_name, KEY, int(time.time()) + 3600)
+        async with AsyncClient(host, AzureSasCredential(token), use_tls=False, retry_total=0) as sb:
+            async with sb.get_queue_sender("q") as sender:
+                await sender.send_messages(ServiceBusMessage("async"))
+            async with sb.get_queue_receiver("q") as receiver:
+                (msg,) = await receiver.receive_messages(max_message_count=1, max_wait_time=5)
+                await receiver.complete_message(msg)
+                ns.faults.close_connections("amqp:connection:forced", "async maintenance")
+                with pytest.raises(ServiceBusConnectionError) as caught:
+                    for _ in range(3):
+                        await receiver.receive_messages(max_message_count=1, max_wait_time=1)
+                assert "async maintenance" in str(caught.value)
+        wrong = _hand_built(f"sb://{host}/q", ns.key_name, "wrong-key", int(time.time()) + 3600)
+        async with AsyncClient(host, AzureSasCredential(wrong), use_tls=False, retry_total=0) as sb:
+            with pytest.raises(ServiceBusAuthenticationError):
+                async with sb.get_queue_sender("q") as sender:
+                    await sender.send_messages(ServiceBusMessage("refused"))
+
+    with LocalNamespace("sas-async", queues=["q"], key=KEY) as ns:
+        asyncio.run(scenario(ns))

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
-from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus.management import (
     CorrelationRuleFilter,
     FalseRuleFilter,
@@ -415,3 +415,24 @@ def test_topology_rules_refused_with_a_clear_error() -> None:
         parse_topology(topo("          - {name: r, filter: 'a = 1', correlation: {label: x}}"))
     with pytest.raises(TopologyError, match="action"):
         parse_topology(topo("          - {name: r, action: 'SET'}"))
+
+
+@pytest.mark.local
+def test_filter_evaluation_error_dead_letters_the_subscriptions_copy() -> None:
+    with LocalNamespace("filter-error", topics={"t": ["s"]}) as ns, ns.admin_client() as admin:
+        admin.delete_rule("t", "s", "$Default")
+        admin.create_rule("t", "s", "ratio", filter=SqlRuleFilter("a / b > 1"))
+        with ServiceBusClient.from_connection_string(ns.connection_string) as sb:
+            with sb.get_topic_sender("t") as sender:
+                sender.send_messages(
+                    [
+                        ServiceBusMessage("ok", application_properties={"a": 10, "b": 2}),
+                        ServiceBusMessage("zero", application_properties={"a": 10, "b": 0}),
+                    ]
+                )
+            assert [str(m) for m in _receive_all(sb, "t", "s", 1)] == ["ok"]
+            with sb.get_subscription_receiver("t", "s", sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
+                (msg,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+                assert str(msg) == "zero" and msg.dead_letter_reason == "FilterEvaluationException"
+                assert "division by zero" in (msg.dead_letter_error_description or "")
+                receiver.complete_message(msg)
