@@ -22,9 +22,11 @@ properties map to the settings dataclasses of :mod:`spark_sb.local.model` throug
 :data:`QUEUE_FIELDS`, :data:`TOPIC_FIELDS` and :data:`SUBSCRIPTION_FIELDS`; the value codec of each field is
 chosen from the dataclass field's type.
 
-Authorization: with a key configured, every request must carry the SDK's ``SharedAccessSignature`` header,
-signed with that key (HMAC-SHA256 over ``quote_plus(sr) + "\\n" + se``), naming the configured key name and not
-expired; otherwise the reply is 401. Neither the key nor any signature is ever logged or put in a reply.
+Authorization: with a key configured, every request must carry a ``SharedAccessSignature`` header (as the SDK
+writes it for a key, or ``Bearer``-prefixed for a SAS token credential), signed with that key over ``sr`` as sent
+or URL-encoded (:func:`spark_sb.local.sas.check_sas`, the same rule as the AMQP port), naming the configured key
+name and not expired; otherwise the reply is 401. Neither the key nor any signature is ever logged or put in a
+reply.
 
 Everything here runs inside the local namespace process, one thread per admin connection.
 """
