@@ -23,7 +23,12 @@ Semantics follow the service:
 * size limits: ``max_message_size_in_kilobytes`` per message, ``max_size_in_megabytes`` per entity;
 * status ``Disabled`` / ``SendDisabled`` / ``ReceiveDisabled`` -> ``com.microsoft:entity-disabled``;
 * sessions: a session entity needs a session id on every message; a session receiver holds the session lock
-  (the entity's lock duration), gets that session's messages in order, renews the lock, keeps session state.
+  (the entity's lock duration), gets that session's messages in order, renews the lock, keeps session state;
+  on an entity without sessions, and in any dead-letter queue, a session id is only a property (plain
+  receivers get the message);
+* topics: each subscription gets the copies its rules select (:mod:`spark_sb.local.rules`; ``$Default`` is a
+  true filter), evaluated when the message is enqueued; a filter that fails dead-letters the copy
+  (``FilterEvaluationException``) when ``dead_lettering_on_filter_evaluation_exceptions``.
 """
 
 from __future__ import annotations
