@@ -436,3 +436,17 @@ def test_filter_evaluation_error_dead_letters_the_subscriptions_copy() -> None:
                 assert str(msg) == "zero" and msg.dead_letter_reason == "FilterEvaluationException"
                 assert "division by zero" in (msg.dead_letter_error_description or "")
                 receiver.complete_message(msg)
+
+
+@pytest.mark.unit
+def test_the_example_topology_file_parses() -> None:
+    from spark_sb.local.topology import load_topology
+
+    topology = load_topology(Path(__file__).parents[2] / "conf" / "local.topology.yaml")
+    (events,) = topology.topics
+    by_name = {s.name: s for s in events.subscriptions}
+    assert by_name["audit"].rules is None
+    rules = by_name["big-orders"].rules
+    assert rules is not None and [r.name for r in rules] == ["big", "eu-batch"]
+    assert isinstance(rules[1].filter, CorrelationFilter) and rules[0].action is not None
+    assert by_name["per-customer"].settings.requires_session
