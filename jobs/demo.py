@@ -154,6 +154,14 @@ def run(per_batch: int, workdir: Path) -> bool:
             say("  " + describe(sb_sink.last_outcome))
             for line in transitions(sb_sink.last_outcome):
                 say(line)
+            late = sb_sink.last_outcome.total_diverted if sb_sink.last_outcome is not None else 0
+            if late:
+                # A Python worker that had not yet learned of the recovery diverted this batch (its probe runs
+                # beside the sends, never in their way); the syphon brings those messages back too.
+                say("\n== the syphon moves what was diverted while the probe ran")
+                with Syphon(config, primary_namespace_name="primary", clock=clock) as syphon:
+                    moved = syphon.drain_all(max_wait=1)
+                say(f"  syphon: received {moved.received}, forwarded {moved.forwarded_total}")
         finally:
             query.stop()
             spark.stop()

@@ -899,6 +899,44 @@ def to_backlog(msg: OutboundMessage, entity: str, now: datetime) -> OutboundMess
     return replace(msg, properties=props, **cleared)
 
 
+def to_backlog_sdk(msg: OutboundMessage, entity: str, now: datetime) -> ServiceBusMessage:
+    """``to_backlog(msg, entity, now).to_sdk()`` in one step: the failed-over hot path (SPEC B6).
+
+    A message without a session id, partition key, TTL, scheduled time or timestamp properties - the common
+    case - goes straight to the SDK message, with no intermediate :class:`OutboundMessage`; any other takes the
+    general path. Both give the same message. Raises :class:`RejectError` like :func:`to_backlog`.
+    """
+    props = msg.properties
+    if (
+        msg.session_id is not None
+        or msg.partition_key is not None
+        or msg.time_to_live is not None
+        or msg.scheduled_enqueue_time is not None
+        or (props and (not RESERVED_PROPERTIES.isdisjoint(props) or _has_timestamp(props)))
+    ):
+        return to_backlog(msg, entity, now).to_sdk()
+    from azure.servicebus import ServiceBusMessage
+
+    out = _sdk_properties(props) or {}
+    out[BACKLOG_PATH] = entity
+    out[BACKLOG_ENQUEUED] = now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now
+    return ServiceBusMessage(
+        msg.body,
+        application_properties=out,
+        message_id=msg.message_id,
+        content_type=msg.content_type,
+        correlation_id=msg.correlation_id,
+        subject=msg.subject,
+        to=msg.to,
+        reply_to=msg.reply_to,
+        reply_to_session_id=msg.reply_to_session_id,
+    )
+
+
+def _has_timestamp(props: Mapping[str, Scalar]) -> bool:
+    return any(isinstance(v, datetime) for v in props.values())
+
+
 def from_backlog(msg: OutboundMessage) -> tuple[OutboundMessage, datetime]:
     """Restore a backlog message (exact inverse of :func:`to_backlog`) and return when it entered the backlog.
 

@@ -54,7 +54,7 @@ from spark_sb.failover import (
     log_transition,
     process_registry,
 )
-from spark_sb.mapping import OutboundMessage, Reject, RejectError, row_to_json, to_backlog
+from spark_sb.mapping import OutboundMessage, Reject, RejectError, row_to_json
 from spark_sb.transport import PRIMARY, SECONDARY, Batch, SdkTransport, Target, Transport
 
 _LOGGER = logging.getLogger(__name__)
@@ -396,6 +396,9 @@ class PairedSender:
         )
         self._finished_probes: list[tuple[ProbeRecord, list[StateTransition]]] = []
         self._finished_lock = threading.Lock()
+        self._prober: threading.Thread | None = None
+        self._prober_lock = threading.Lock()
+        self._stopping = threading.Event()
         self._transport_lock = threading.Lock()
         self._closed = False
 
@@ -507,6 +510,7 @@ class PairedSender:
     def close(self) -> None:
         """Close both clients (B10), in the background: never blocks. The sender can not be used afterwards."""
         self._closed = True
+        self._stopping.set()
         if self._transport is not None:
             self._transport.close()
 
@@ -529,6 +533,8 @@ class PairedSender:
             self._start_probe(entity, state)
             self._collect_probes(tally)  # an inline probe has finished already
             route = Route.BACKLOG if state.state is EntityState.FAILED_OVER else Route.PRIMARY
+        if route is Route.BACKLOG:
+            self._ensure_prober()
         return route
 
     # -- packing
@@ -538,6 +544,20 @@ class PairedSender:
         """True added, False does not fit, None rejected (cannot become an SDK message)."""
         try:
             return batch.try_add(msg)
+        except RejectError as err:
+            self._reject(tally, msg, err, entity, index)
+        except (ValueError, TypeError) as err:
+            self._reject(
+                tally, msg, RejectError(f"cannot build the message: {_describe(err)}"), entity, index
+            )
+        return None
+
+    def _try_add_backlog(
+        self, slot: _Open, msg: OutboundMessage, tally: _Tally, entity: str, index: int | None
+    ) -> bool | None:
+        """The same as :meth:`_try_add` for the translation of ``msg`` into a backlog batch."""
+        try:
+            return slot.batch.try_add_backlog(msg, entity, slot.started)
         except RejectError as err:
             self._reject(tally, msg, err, entity, index)
         except (ValueError, TypeError) as err:
@@ -685,6 +705,7 @@ class PairedSender:
     # -- diverting to the backlog
     def _divert(self, messages: Iterable[OutboundMessage], backlog: dict[str, _Open], tally: _Tally) -> None:
         """Translate and send ``messages`` (originals) to backlog queues (B4-B6)."""
+        self._ensure_prober()
         default = self._config.entity
         for m in messages:
             self._to_backlog(backlog, m, m.entity or default or "", None, tally)
@@ -703,12 +724,7 @@ class PairedSender:
             slot = backlog[queue] = _Open(
                 self.transport.new_batch(Target(SECONDARY, queue)), self._clock.now()
             )
-        try:
-            translated = to_backlog(msg, entity, slot.started)
-        except RejectError as err:
-            self._reject(tally, msg, err, entity, index)
-            return False
-        fits = self._try_add(slot.batch, translated, tally, entity, index)
+        fits = self._try_add_backlog(slot, msg, tally, entity, index)
         if fits is True:
             slot.originals.append(msg)
             slot.entities.append(entity)
@@ -754,8 +770,8 @@ class PairedSender:
             for lo, hi in ((0, half), (half, len(slot.originals))):
                 sub = _Open(self.transport.new_batch(batch.target), slot.started)
                 for i in range(lo, hi):
-                    if not sub.batch.try_add(batch.messages[i]):  # pragma: no cover - a half fits
-                        raise SendError("internal error: a split batch does not fit")
+                    if not sub.batch.try_add_backlog(slot.originals[i], slot.entities[i], slot.started):
+                        raise SendError("internal error: a split batch does not fit")  # pragma: no cover
                     sub.originals.append(slot.originals[i])
                     sub.entities.append(slot.entities[i])
                 self._send_backlog(sub, backlog, tally)
@@ -788,7 +804,35 @@ class PairedSender:
             "the batch (messages not counted as sent were not sent)"
         )
 
-    # -- probing (B8): on a helper thread, or inline with an injected clock
+    # -- probing (B8): on helper threads, or inline with an injected clock
+    def _ensure_prober(self) -> None:
+        """With background probes: make sure a thread probes this sender's failed-over entities every
+        ``ping_primary_interval``, sends or no sends, so that the primary is used again as soon as it answers
+        (not only once the next batch arrives). The thread ends when no entity is failed over any more."""
+        if not self._background_probes or self._closed:
+            return
+        with self._prober_lock:
+            if self._prober is not None and self._prober.is_alive():
+                return
+            self._prober = threading.Thread(target=self._probe_loop, name="spark-sb-prober", daemon=True)
+            self._prober.start()
+
+    def _probe_loop(self) -> None:
+        while not self._stopping.is_set():
+            waits: list[float] = []
+            for status in self._registry.statuses():
+                if status.namespace != self._primary_key or status.state is not EntityState.FAILED_OVER:
+                    continue
+                state = self._entity(status.entity)
+                if state.claim_probe():
+                    self._probe(status.entity, state)
+                wait = state.next_probe_in()
+                if wait is not None:
+                    waits.append(wait)
+            if not waits:
+                return
+            self._stopping.wait(max(0.05, min(waits)))
+
     def _start_probe(self, entity: str, state: EntityFailover) -> None:
         if not self._background_probes:
             self._probe(entity, state)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_sb.errors import classify
 from spark_sb.lane import Lane
-from spark_sb.mapping import OutboundMessage
+from spark_sb.mapping import OutboundMessage, to_backlog_sdk
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusClient, ServiceBusMessageBatch, ServiceBusSender
@@ -56,11 +56,15 @@ class Batch(Protocol):
 
     @property
     def messages(self) -> list[OutboundMessage]:
-        """The project-level messages in the batch, in order (to re-send or divert them on failure)."""
+        """The messages added with :meth:`try_add`, in order (to re-send or divert them on failure)."""
 
     def try_add(self, message: OutboundMessage) -> bool:
         """Add ``message`` if it fits; False if it does not (the batch is unchanged). May raise
         ``spark_sb.mapping.RejectError`` / ``ValueError`` / ``TypeError`` when it cannot become an SDK message."""
+
+    def try_add_backlog(self, original: OutboundMessage, entity: str, enqueued: datetime) -> bool:
+        """Add the backlog translation (SPEC B6) of ``original``, destined for ``entity``, if it fits; translated
+        and encoded once. The caller keeps the originals. Raises like :meth:`try_add`."""
 
     def __len__(self) -> int: ...
 
@@ -102,20 +106,29 @@ class SdkBatch:
         self.target = target
         self.sdk_batch = sdk_batch
         self._messages: list[OutboundMessage] = []
+        self._count = 0
 
     @property
     def messages(self) -> list[OutboundMessage]:
         return self._messages
 
     def try_add(self, message: OutboundMessage) -> bool:
+        if not self._add(message.to_sdk()):
+            return False
+        self._messages.append(message)
+        return True
+
+    def try_add_backlog(self, original: OutboundMessage, entity: str, enqueued: datetime) -> bool:
+        return self._add(to_backlog_sdk(original, entity, enqueued))
+
+    def _add(self, sdk_message: Any) -> bool:
         from azure.servicebus.exceptions import MessageSizeExceededError
 
-        sdk_message = message.to_sdk()
         try:
             self.sdk_batch.add_message(sdk_message)
         except MessageSizeExceededError:
             return False
-        self._messages.append(message)
+        self._count += 1
         return True
 
     @property
@@ -123,7 +136,7 @@ class SdkBatch:
         return int(self.sdk_batch.size_in_bytes)
 
     def __len__(self) -> int:
-        return len(self._messages)
+        return self._count
 
     def __iter__(self) -> Iterator[OutboundMessage]:
         return iter(self._messages)

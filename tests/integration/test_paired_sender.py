@@ -464,3 +464,24 @@ def test_transport_serves_several_threads_each_client_on_its_own_lane(pair: Any)
     assert len(receive_all(pair.primary, ENTITY, expected=10)) == 10
     assert len(receive_all(pair.secondary, QUEUES[0], expected=5)) == 5
     assert {"spark-sb-primary-orders-1", f"spark-sb-secondary-{QUEUES[0]}-1"} <= sdk_threads
+
+
+def test_an_idle_sender_probes_on_its_own_and_the_next_send_goes_to_the_primary(
+    pair: Any, make_sender: Callable[..., PairedSender]
+) -> None:
+    """Probes run on a helper thread every ping interval, sends or no sends (a Spark sink sends one
+    micro-batch now and then): after the primary heals, the next batch goes to the primary."""
+    sender = make_sender(failover_interval=0.0, ping_primary_interval=1.0)
+    pair.primary.faults.refuse_connections()
+    assert sender.send(batch_of(3)).diverted_by_entity == {ENTITY: 3}
+    pair.primary.faults.accept_connections()
+    deadline = time.monotonic() + 10
+    while sender.entity_state(ENTITY) is not EntityState.HEALTHY and time.monotonic() < deadline:
+        time.sleep(0.05)  # nothing is sent meanwhile: only the sender's own probe can heal the entity
+    assert sender.entity_state(ENTITY) is EntityState.HEALTHY
+    out = sender.send(batch_of(2, "next"))
+    assert out.sent == {ENTITY: 2} and out.total_diverted == 0
+    assert [(p.ok, p.cancel_ok) for p in out.probes] == [(True, True)]  # reported with the next send
+    assert [(t.from_state, t.to_state) for t in out.transitions] == [
+        (EntityState.FAILED_OVER, EntityState.HEALTHY)
+    ]

@@ -11,7 +11,7 @@ from datetime import datetime
 
 from spark_sb.clock import FakeClock
 from spark_sb.lane import DeadlineExceeded
-from spark_sb.mapping import OutboundMessage
+from spark_sb.mapping import OutboundMessage, to_backlog
 from spark_sb.transport import Target
 
 BATCH_BASE = 10
@@ -46,6 +46,9 @@ class FakeBatch:
         self.size += cost
         self._messages.append(message)
         return True
+
+    def try_add_backlog(self, original: OutboundMessage, entity: str, enqueued: datetime) -> bool:
+        return self.try_add(to_backlog(original, entity, enqueued))
 
     def __len__(self) -> int:
         return len(self._messages)
