@@ -277,15 +277,16 @@ def plan_batch(
                 detail=f"until {pull.until.isoformat()}: {pull.detail}",
             )
 
-    # -- entity state: the newest view of each entity across the tasks, against what the table says
-    latest: dict[str, EntityStatus] = {}
+    # -- entity state: the newest transition of each entity across the tasks, against what the table says.
+    # Only real transitions count (not a worker's restore from the table, which would date old news as new).
+    latest: dict[str, StateTransition] = {}
     for r in results:
-        for s in r.statuses:
-            if s.namespace != namespace:
+        for tr in r.outcome.transitions:
+            if (tr.namespace or namespace) != namespace:
                 continue
-            known = latest.get(s.entity)
-            if known is None or _utc(s.since) > _utc(known.since):
-                latest[s.entity] = s
+            known = latest.get(tr.entity)
+            if known is None or _utc(tr.at) >= _utc(known.at):
+                latest[tr.entity] = tr
     recorded = {p.entity: p for p in previous if p.namespace == namespace}
     before = active_pulls(previous, namespace, now)
     pulls: dict[str, PulledQueue] = dict(before)
@@ -308,28 +309,32 @@ def plan_batch(
     entities: list[EntityRecord] = []
     for entity in sorted(set(latest) | (set(recorded) if pulls_changed else set())):
         rec = recorded.get(entity)
-        view = latest.get(entity)
-        newer = view is not None and (
-            rec is None or (_state_value(view.state) != rec.state and _utc(view.since) > rec.since)
-        )
-        if newer and view is not None:
-            entities.append(
-                EntityRecord(
-                    namespace,
-                    entity,
-                    _state_value(view.state),
-                    view.since,
-                    view.last_error_class,
-                    backlog_namespace,
-                    pulled,
-                    now,
-                    updated_by or None,
-                )
-            )
-        elif pulls_changed and rec is not None:
+        last = latest.get(entity)
+        if last is not None and (
+            rec is None or (_state_value(last.to_state) != rec.state and _utc(last.at) > rec.since)
+        ):
+            error_class = last.error_class or (rec.last_error_class if rec is not None else None)
+            state, since = _state_value(last.to_state), last.at
+        elif rec is not None and pulls_changed:
             entities.append(
                 replace(rec, pulled_backlog_queues=pulled, updated_at=now, updated_by=updated_by or None)
             )
+            continue
+        else:
+            continue
+        entities.append(
+            EntityRecord(
+                namespace,
+                entity,
+                state,
+                since,
+                error_class,
+                backlog_namespace,
+                pulled,
+                now,
+                updated_by or None,
+            )
+        )
     ev(BATCH_COMMITTED, None, namespace=namespace, count=rows)
     return BatchWrites(tuple(events), tuple(entities), tuple(rejects))
 

@@ -244,31 +244,46 @@ def test_plan_records_counts_transitions_rejects_and_the_commit_marker() -> None
     assert (rej.column, rej.reason, rej.entity, rej.batch_id) == ("session_id", reject.reason, "orders", 9)
 
 
-def test_plan_writes_entities_only_on_change_and_newest_view_wins() -> None:
+def test_plan_writes_entities_only_on_real_newer_transitions() -> None:
     recorded = EntityRecord(NS, "orders", "failed_over", T0, "timeout", BNS, (), T0, "s")
-    stale = EntityStatus(NS, "orders", H, T0 - timedelta(hours=1))  # a worker that never saw the failover
-    same = EntityStatus(NS, "orders", FO, T0 + timedelta(seconds=5))  # restored from the table: same state
     kw: dict[str, Any] = {"sink_id": "s", "batch_id": 1, "namespace": NS, "backlog_namespace": BNS, "now": T0}
-    assert plan_batch(results=[_result(SendOutcome(), stale, same)], previous=[recorded], **kw).entities == ()
-    healthy = EntityStatus(NS, "orders", H, T0 + timedelta(minutes=1))  # a probe succeeded on some worker
-    (rec,) = plan_batch(results=[_result(SendOutcome(), stale, healthy)], previous=[recorded], **kw).entities
-    assert (rec.state, rec.since) == ("healthy", T0 + timedelta(minutes=1))
+    # a worker restored from the table reports FAILED_OVER "since now" (status only, no transition): no write
+    restored = EntityStatus(NS, "orders", FO, T0 + timedelta(seconds=5))
+    assert plan_batch(results=[_result(SendOutcome(), restored)], previous=[recorded], **kw).entities == ()
+    # no trouble at all: nothing to record
+    assert plan_batch(results=[_result(SendOutcome(sent={"orders": 3}))], previous=[], **kw).entities == ()
+    # an older transition (a slow task) does not overwrite newer recorded state
+    old = _transition("orders", FO, H, T0 - timedelta(minutes=1))
+    assert (
+        plan_batch(results=[_result(SendOutcome(transitions=(old,)))], previous=[recorded], **kw).entities
+        == ()
+    )
+    # a probe succeeded on some worker after the recorded failover: the newest transition wins
+    back = _transition("orders", FO, H, T0 + timedelta(minutes=1))
+    fail = _transition("orders", H, F, T0 + timedelta(seconds=30), "timeout")
+    outcomes = [
+        _result(SendOutcome(transitions=(fail,))),
+        _result(SendOutcome(transitions=(back,)), host="h2"),
+    ]
+    (rec,) = plan_batch(results=outcomes, previous=[recorded], **kw).entities
+    assert (rec.state, rec.since, rec.last_error_class) == ("healthy", T0 + timedelta(minutes=1), "timeout")
 
 
 def test_plan_records_pulls_and_returns() -> None:
     until = T0 + timedelta(minutes=5)
     pull = BacklogPull(BNS, QUEUES[0], T0, until, "timeout", "send timed out")
     fo = EntityStatus(NS, "orders", FO, T0)
+    went = _transition("orders", F, FO, T0, "timeout")
     writes = plan_batch(
         sink_id="s",
         batch_id=0,
         namespace=NS,
         backlog_namespace=BNS,
-        results=[PartitionResult("h1", 1, SendOutcome(pulls=(pull,)), (fo,), (pull,))],
+        results=[PartitionResult("h1", 1, SendOutcome(transitions=(went,), pulls=(pull,)), (fo,), (pull,))],
         previous=[],
         now=T0,
     )
-    assert [e.event for e in writes.events] == [BACKLOG_PULLED, BATCH_COMMITTED]
+    assert [e.event for e in writes.events] == [STATE_CHANGE, BACKLOG_PULLED, BATCH_COMMITTED]
     (rec,) = writes.entities
     assert rec.pulled_backlog_queues == (PulledQueue(QUEUES[0], until, "timeout"),)
     later = plan_batch(
