@@ -387,3 +387,36 @@ def _messages(n: int) -> list[Any]:
     from spark_sb.mapping import OutboundMessage
 
     return [OutboundMessage(body=f"b{i}", entity="orders", message_id=f"m{i}") for i in range(n)]
+
+
+def test_delta_writes_retry_conflicts_with_other_writers_and_nothing_else() -> None:
+    from spark_sb.state import DeltaStateStore
+
+    waits: list[float] = []
+    store = DeltaStateStore(None, StateTables(location="/x"), attempts=4, backoff=0.1, sleep=waits.append)  # type: ignore[arg-type]
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("[DELTA_CONCURRENT_APPEND] ConcurrentAppendException: Files were added")
+        return "done"
+
+    assert store._retry("events", flaky) == "done"
+    assert len(calls) == 3 and waits == [0.1, 0.2]
+
+    def always() -> None:
+        raise RuntimeError("ConcurrentTransactionException")
+
+    with pytest.raises(RuntimeError, match="ConcurrentTransaction"):
+        store._retry("events", always)
+    assert len(waits) == 2 + 3  # gave up after `attempts`
+
+    def broken() -> None:
+        calls.append(1)
+        raise RuntimeError("[PATH_NOT_FOUND] gone")
+
+    before = len(calls)
+    with pytest.raises(RuntimeError, match="PATH_NOT_FOUND"):
+        store._retry("events", broken)
+    assert len(calls) == before + 1  # not a conflict: not retried
