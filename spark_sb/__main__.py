@@ -7,6 +7,8 @@ Runs on a workstation, a CI runner or the Spark driver node, never on executors.
 * ``provision --config conf/<env>.yaml [--dry-run] [--json] [--tries N] [--retry-pause SECONDS]``: make sure
   the backlog queues exist in the secondary namespace and print a table (queue, status, detail).
   Exit 0 when at least one backlog queue is usable, 1 otherwise, 2 on a bad configuration or bad arguments.
+* ``status --config conf/<env>.yaml [--json] [--events N] [--no-depths]``: each entity's failover state, pulled
+  backlog queues, the newest events and backlog depths, from the state tables (no Spark; :mod:`spark_sb.status`).
 
 More commands (``demo``, ``syphon``, ...) plug in by adding a ``_add_<name>(subparsers, common)`` function to
 :data:`COMMANDS`; each passes ``parents=[common]`` and sets ``func`` (``(args) -> int``) as the parser default.
@@ -172,9 +174,16 @@ def _print_json(out: TextIO, payload: Any) -> None:
 # wiring
 # --------------------------------------------------------------------------------------------------------------
 
+
 #: Subcommand registrars, in the order ``--help`` lists them. Each gets the subparsers action and the parent
 #: parser with the options every command accepts after its name (``-v``).
-COMMANDS: list[Callable[[Any, argparse.ArgumentParser], None]] = [_add_provision]
+def _add_status(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    from spark_sb.status import add_status_command, run_status
+
+    add_status_command(subparsers, common, lambda args: run_status(args, sys.stdout, sys.stderr))
+
+
+COMMANDS: list[Callable[[Any, argparse.ArgumentParser], None]] = [_add_provision, _add_status]
 
 _VERBOSE_HELP = "more log output (-v info, -vv debug); before or after the command"
 

@@ -5,6 +5,7 @@ Each test reads the three tables back (``<state_location>/events|entities|reject
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 from datetime import datetime, timedelta, timezone
@@ -18,6 +19,7 @@ from spark_sb.provisioning import provision_backlog_queues
 from spark_sb.sender import namespace_key
 from spark_sb.sink import ServiceBusSink
 from spark_sb.state import BatchWrites, DeltaStateStore, EntityRecord, Event, PulledQueue, StateTables
+from spark_sb.status import read_status
 
 from .test_sink import SCHEMA, _config, _drain, _run_stream, _write
 
@@ -76,6 +78,11 @@ def test_outage_failover_and_rejects_are_in_the_tables_without_secrets(
         "session_id",
     )
     assert "longer than 128 characters" in reject.reason and '"message_id": "bad"' in reject.row_json
+    # the status command reads the same tables without Spark (delta-rs)
+    if importlib.util.find_spec("deltalake") is not None:
+        status = read_status(config, depths=False)
+        assert [(r["entity"], r["state"]) for r in status.entities] == [("orders", "failed_over")]
+        assert status.events[0]["event"] == "batch_committed"
     # R3: no key or connection string in any row of any table
     keys = re.findall(
         r"SharedAccessKey=([^;]+)", primary.connection_string + ";" + secondary.connection_string
