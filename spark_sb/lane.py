@@ -23,6 +23,7 @@ Not picklable. Worker threads are daemons, so an abandoned, still-stuck worker n
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -148,6 +149,12 @@ class Lane(Generic[C]):
         if job.error is not None:
             raise job.error
         return job.result  # type: ignore[no-any-return]
+
+    def submit(self, fn: Callable[[C], object]) -> None:
+        """Run ``fn(context)`` on the worker without waiting for it (e.g. open a link ahead of need). Its result
+        and errors are dropped; a call made after it waits behind it, within that call's own deadline."""
+        with contextlib.suppress(LaneClosed):
+            self._current().calls.put(_Call(fn))
 
     def reset(self, why: str = "reset") -> None:
         """Retire the current worker and its context (closed in the background); the next call builds anew."""

@@ -635,7 +635,10 @@ class PairedSender:
                 entity_state = EntityState.HEALTHY
                 if state is not None:
                     if cls.fail_over:
-                        self._emit(tally, state.record_failure(cls, _describe(exc), started))
+                        failing = state.record_failure(cls, _describe(exc), started)
+                        self._emit(tally, failing)
+                        if failing and failing[0].to_state is EntityState.FAILING:
+                            self._warm_backlog(state.entity)
                     entity_state = state.state
                     remaining = state.time_until_failover()
                 decision = decide(
@@ -791,6 +794,12 @@ class PairedSender:
                 self._to_backlog(backlog, m, entity, None, tally)
         else:
             raise self._raise(result, SECONDARY, queue)
+
+    def _warm_backlog(self, entity: str) -> None:
+        """The entity started failing: open the link to its backlog queue now, so a failover diverts at once."""
+        queue = self._chooser.choose(entity) if self._config.secondary is not None else None
+        if queue is not None:
+            self.transport.warm(Target(SECONDARY, queue))
 
     def _no_backlog(self, entity: str) -> NoBacklogAvailableError:
         if self._config.secondary is None or not self._chooser.queues:

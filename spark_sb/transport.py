@@ -89,6 +89,9 @@ class Transport(Protocol):
     def cancel_scheduled(self, target: Target, sequence_number: int, timeout: float) -> None:
         """Cancel a scheduled message."""
 
+    def warm(self, target: Target) -> None:
+        """Open the link to ``target`` in the background (never blocks), so that a send soon after is fast."""
+
     def fault(self, namespace: str) -> None:
         """A client faulted (connection-class error): close it and its partner; rebuilt on next use (B10)."""
 
@@ -184,6 +187,7 @@ class SdkTransport:
 
     def __init__(self, config: ServiceBusConfig, **client_kwargs: Any) -> None:
         self._config = config
+        # retry_total 0: the attempt loop retries, so each failed attempt reaches the failover timer at once.
         self._client_kwargs = {**config.client_kwargs(), "retry_total": 0, **client_kwargs}
         self._lanes: dict[Target, Lane[_Link]] = {}
         self._link_max: dict[Target, int] = {}
@@ -210,7 +214,9 @@ class SdkTransport:
                     client = ns.client(**self._client_kwargs)
                     with self._lock:
                         self.generation[target.namespace] = self.generation.get(target.namespace, 0) + 1
-                    return _Link(client, client.get_queue_sender(target.entity))  # topics take the same link
+                    # Topics take the same link. keep_alive 0: no SDK keep-alive thread, which would use the
+                    # connection beside the lane's thread and which closing the sender waits for (up to 1 s).
+                    return _Link(client, client.get_queue_sender(target.entity, keep_alive=0))
 
                 lane = Lane(f"{target.namespace}-{target.entity}", build, _close_link, _unblock_link)
                 self._lanes[target] = lane
@@ -270,6 +276,9 @@ class SdkTransport:
             lambda link: link.sender.cancel_scheduled_messages(sequence_number, timeout=timeout),
             timeout,
         )
+
+    def warm(self, target: Target) -> None:
+        self._lane(target).submit(lambda link: link.sender.__enter__())  # opens the link (SDK context entry)
 
     def fault(self, namespace: str) -> None:
         """Close the faulted client and its partner now (B10); both are rebuilt on next use. Never blocks: the

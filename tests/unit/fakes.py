@@ -91,6 +91,7 @@ class FakeTransport:
         self.scheduled: dict[Target, dict[int, tuple[OutboundMessage, datetime]]] = {}
         self.cancelled: list[tuple[Target, int]] = []
         self.faults: list[str] = []
+        self.warmed: list[Target] = []
         self.closed = 0
         self._seq = 0
 
@@ -185,6 +186,9 @@ class FakeTransport:
         self._check("cancel", target, 1, timeout)
         self.scheduled.get(target, {}).pop(sequence_number, None)
         self.cancelled.append((target, sequence_number))
+
+    def warm(self, target: Target) -> None:
+        self.warmed.append(target)
 
     def fault(self, namespace: str) -> None:
         self.faults.append(namespace)
