@@ -647,3 +647,47 @@ def test_backlog_queue_names_from_primary_namespace(monkeypatch: pytest.MonkeyPa
     assert asked == ["127.0.0.1:5671"]  # asked once per process and endpoint
     assert primary_namespace_name(replace(local, namespace_name="primary")) == "primary"
     assert "SharedAccessKey" not in repr(rig.sender)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Deadlines: a stalled primary fails over on time whatever send_timeout is (B3)
+
+
+@pytest.mark.parametrize("send_timeout", [1.0, 30.0, 300.0])
+@pytest.mark.parametrize("interval", [0.0, 2.0, 60.0])
+def test_a_stalled_primary_fails_over_within_the_interval_plus_grace(
+    send_timeout: float, interval: float
+) -> None:
+    from spark_sb.failover import FAILOVER_GRACE, MIN_ATTEMPT_BUDGET
+
+    rig = Rig(failover_interval=interval, send_timeout=send_timeout)
+    rig.transport.op_seconds = 0.0
+    rig.transport.stall(namespace=PRIMARY)
+    start = rig.clock.monotonic()
+    out = rig.sender.send(msgs(5))
+    assert out.diverted_by_entity == {"orders": 5} and out.sent == {}
+    failed_over = rig.transitions[-1]
+    assert failed_over.to_state is FO
+    took = (failed_over.at - rig.transitions[0].at).total_seconds()
+    assert took <= max(interval + FAILOVER_GRACE, min(send_timeout, MIN_ATTEMPT_BUDGET)) + 1e-6
+    assert rig.clock.monotonic() - start == pytest.approx(took)  # and the batch was diverted at once
+    primary_deadlines = [t for op, target, t in rig.transport.timeouts if target.namespace == PRIMARY]
+    assert all(0 < t <= send_timeout for t in primary_deadlines)
+
+
+def test_a_per_entity_stall_fails_over_that_entity_only() -> None:
+    rig = Rig(failover_interval=2.0)
+    rig.transport.op_seconds = 0.0
+    rig.transport.stall(namespace=PRIMARY, entity="orders")
+    out = rig.sender.send(msgs(3) + msgs(3, "b", entity="billing"))
+    assert out.diverted_by_entity == {"orders": 3} and out.sent == {"billing": 3}
+    assert rig.sender.entity_state("orders") is FO and rig.sender.entity_state("billing") is H
+
+
+def test_a_failing_entity_opens_its_backlog_link_ahead_of_the_failover() -> None:
+    rig = Rig(failover_interval=10.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY)
+    rig.sender.send(msgs(2))
+    assert len(rig.transport.warmed) == 1 and rig.transport.warmed[0].namespace == SECONDARY
+    used = {target.entity for _, target, _, _ in rig.transport.sends(SECONDARY)}
+    assert used == {rig.transport.warmed[0].entity}  # the queue the divert then used

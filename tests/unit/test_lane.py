@@ -1,0 +1,156 @@
+"""Lanes: every call has a deadline whatever the call does; a stuck call's context is abandoned (unblocked and
+closed in the background, never awaited) and the next call gets a fresh one. Real threads; the calls block on
+events, so nothing here sleeps to wait."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from spark_sb.errors import classify
+from spark_sb.lane import DeadlineExceeded, Lane, LaneClosed
+
+pytestmark = pytest.mark.unit
+
+
+class Ctx:
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.closed = threading.Event()
+        self.unblocked = threading.Event()
+        self.thread: str | None = None
+
+
+class Rig:
+    def __init__(self) -> None:
+        self.built: list[Ctx] = []
+        self.lane: Lane[Ctx] = Lane("test", self.build, self.close, self.unblock)
+
+    def build(self) -> Ctx:
+        ctx = Ctx(len(self.built) + 1)
+        self.built.append(ctx)
+        return ctx
+
+    @staticmethod
+    def close(ctx: Ctx) -> None:
+        ctx.closed.set()
+
+    @staticmethod
+    def unblock(ctx: Ctx) -> None:
+        ctx.unblocked.set()
+
+
+def test_a_call_runs_on_the_lane_thread_with_its_context() -> None:
+    rig = Rig()
+
+    def where(ctx: Ctx) -> tuple[int, str]:
+        return ctx.n, threading.current_thread().name
+
+    n, name = rig.lane.call(where, 5.0)
+    assert n == 1 and name.startswith("spark-sb-test-") and name != threading.current_thread().name
+    assert rig.lane.call(where, 5.0)[0] == 1  # the same context, kept across calls
+    assert len(rig.built) == 1
+
+
+def test_an_error_of_the_call_is_raised_to_the_caller() -> None:
+    rig = Rig()
+
+    def boom(ctx: Ctx) -> None:
+        raise ValueError("bad")
+
+    with pytest.raises(ValueError, match="bad"):
+        rig.lane.call(boom, 5.0)
+    assert rig.lane.call(lambda ctx: ctx.n, 5.0) == 1  # the lane goes on
+
+
+def test_a_stuck_call_is_abandoned_at_its_deadline_and_the_next_call_gets_a_fresh_context() -> None:
+    rig = Rig()
+    release = threading.Event()
+    rig.lane.call(lambda ctx: None, 5.0)  # context 1 built
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded, match="no answer within 0.2 s") as info:
+        rig.lane.call(lambda ctx: release.wait(30), 0.2)
+    assert 0.2 <= time.monotonic() - started < 2.0
+    assert classify(info.value).name == "timeout"  # retried / failed over like any timeout
+    assert rig.built[0].unblocked.wait(5)  # its socket is shut down in the background
+    assert not rig.built[0].closed.is_set()  # ... but nobody waits for the stuck call to return
+    assert rig.lane.call(lambda ctx: ctx.n, 5.0) == 2  # a new worker, a new context
+    assert rig.lane.abandoned == 1 and rig.lane.generation == 2
+    release.set()  # the stuck call returns at last: its worker closes the abandoned context and ends
+    assert rig.built[0].closed.wait(5)
+    assert not rig.built[1].closed.is_set()
+
+
+def test_reset_closes_the_context_in_the_background_and_the_next_call_builds_anew() -> None:
+    rig = Rig()
+    rig.lane.call(lambda ctx: None, 5.0)
+    assert rig.lane.live
+    rig.lane.reset("faulted")
+    assert not rig.lane.live
+    assert rig.built[0].closed.wait(5)
+    assert rig.lane.call(lambda ctx: ctx.n, 5.0) == 2
+
+
+def test_close_refuses_further_calls() -> None:
+    rig = Rig()
+    rig.lane.call(lambda ctx: None, 5.0)
+    rig.lane.close()
+    assert rig.built[0].closed.wait(5)
+    with pytest.raises(LaneClosed):
+        rig.lane.call(lambda ctx: None, 5.0)
+    assert classify(LaneClosed("x")).name == "connection"
+
+
+def test_submit_does_not_wait_and_a_later_call_runs_after_it() -> None:
+    rig = Rig()
+    gate = threading.Event()
+    order: list[str] = []
+
+    def opening(ctx: Ctx) -> None:
+        gate.wait(5)
+        order.append("open")
+
+    started = time.monotonic()
+    rig.lane.submit(opening)
+    assert time.monotonic() - started < 0.5  # returned at once
+    gate.set()
+    rig.lane.call(lambda ctx: order.append("send"), 5.0)
+    assert order == ["open", "send"]
+
+
+def test_a_call_queued_behind_a_stuck_one_keeps_its_own_deadline() -> None:
+    rig = Rig()
+    release = threading.Event()
+    rig.lane.submit(lambda ctx: release.wait(30))
+    with pytest.raises(DeadlineExceeded):
+        rig.lane.call(lambda ctx: None, 0.2)
+    assert rig.lane.call(lambda ctx: ctx.n, 5.0) == 2
+    release.set()
+
+
+def test_many_threads_share_a_lane_one_call_at_a_time() -> None:
+    rig = Rig()
+    inside = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def work(ctx: Any) -> None:
+        nonlocal inside, peak
+        with lock:
+            inside += 1
+            peak = max(peak, inside)
+        time.sleep(0.001)
+        with lock:
+            inside -= 1
+
+    threads = [
+        threading.Thread(target=lambda: [rig.lane.call(work, 5.0) for _ in range(20)]) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert peak == 1 and len(rig.built) == 1
