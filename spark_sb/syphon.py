@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import ServiceBusConfig
 from spark_sb.mapping import OutboundMessage, from_backlog, is_backlog_message
+from spark_sb.transport import PRIMARY, SdkBatch, SdkTransport, Target
 
 if TYPE_CHECKING:  # pragma: no cover
     from azure.servicebus import (
         ServiceBusClient,
         ServiceBusReceivedMessage,
         ServiceBusReceiver,
-        ServiceBusSender,
     )
 
 log = logging.getLogger(__name__)
@@ -131,38 +131,19 @@ class Syphon:
             )
         self.backlog_queues = list(backlog_queues)
         self.entity_backoff = entity_backoff
-        self._primary: ServiceBusClient | None = None
+        # Sends to the primary go through lanes (one per entity): each has a deadline (send_timeout) that holds
+        # whatever the SDK does, and a stuck client is abandoned and rebuilt (SPEC B3, R1).
+        self._primary = SdkTransport(config)
         self._secondary: ServiceBusClient | None = None
-        self._senders: dict[str, ServiceBusSender] = {}
         self._receivers: dict[str, ServiceBusReceiver] = {}
         self._backoff_until: dict[str, float] = {}
 
     # -- clients -------------------------------------------------------------------------------------------
-    def _primary_client(self) -> ServiceBusClient:
-        if self._primary is None:
-            self._primary = self.config.primary.client(**self.config.client_kwargs())
-        return self._primary
-
     def _secondary_client(self) -> ServiceBusClient:
         if self._secondary is None:
             assert self.config.secondary is not None
             self._secondary = self.config.secondary.client(**self.config.client_kwargs())
         return self._secondary
-
-    def _sender(self, entity: str) -> ServiceBusSender:
-        sender = self._senders.get(entity)
-        if sender is None:
-            sender = self._primary_client().get_queue_sender(entity)  # topics accept the same link
-            self._senders[entity] = sender
-        return sender
-
-    def _drop_sender(self, entity: str) -> None:
-        sender = self._senders.pop(entity, None)
-        if sender is not None:
-            try:
-                sender.close()
-            except Exception:  # noqa: BLE001 - closing a broken sender must not mask the real error
-                log.debug("closing sender for %s failed", entity, exc_info=True)
 
     def _receiver(self, queue: str) -> ServiceBusReceiver:
         """The open peek-lock receiver of ``queue``, kept across drains (opening one costs a few round trips);
@@ -194,15 +175,13 @@ class Syphon:
         """Close every receiver, sender and client (both namespaces)."""
         for queue in list(self._receivers):
             self._drop_receiver(queue)
-        for entity in list(self._senders):
-            self._drop_sender(entity)
-        for client in (self._primary, self._secondary):
-            if client is not None:
-                try:
-                    client.close()
-                except Exception:  # noqa: BLE001
-                    log.debug("closing client failed", exc_info=True)
-        self._primary = self._secondary = None
+        self._primary.close()  # in the background: never blocks
+        if self._secondary is not None:
+            try:
+                self._secondary.close()
+            except Exception:  # noqa: BLE001
+                log.debug("closing client failed", exc_info=True)
+        self._secondary = None
 
     def __enter__(self) -> Syphon:
         return self
@@ -301,25 +280,24 @@ class Syphon:
         pairs: list[tuple[ServiceBusReceivedMessage, OutboundMessage]],
         outcome: SyphonOutcome,
     ) -> bool:
-        """Send to the primary entity in size-packed batches; complete each batch's messages after the send."""
-        sender = self._sender(entity)
+        """Send to the primary entity in size-packed batches, each within ``send_timeout``; complete each batch's
+        messages after the primary accepted it."""
+        target = Target(PRIMARY, entity)
         sent = 0
         try:
-            batch = sender.create_message_batch()
+            batch = self._primary.new_batch(target)
             in_batch: list[tuple[ServiceBusReceivedMessage, OutboundMessage]] = []
             for pair in pairs:
-                sdk_msg = pair[1].to_sdk()
-                try:
-                    batch.add_message(sdk_msg)
-                except ValueError:  # batch full (MessageSizeExceededError is a ValueError): send, start anew
-                    self._send_and_complete(receiver, sender, batch, in_batch, entity, outcome)
+                if not batch.try_add(pair[1]):  # batch full: send it, start anew
+                    self._send_and_complete(receiver, batch, in_batch, entity, outcome)
                     sent += len(in_batch)
                     in_batch = []
-                    batch = sender.create_message_batch()
-                    batch.add_message(sdk_msg)
+                    batch = self._primary.new_batch(target)
+                    if not batch.try_add(pair[1]):
+                        raise ValueError("a message does not fit an empty batch")
                 in_batch.append(pair)
             if in_batch:
-                self._send_and_complete(receiver, sender, batch, in_batch, entity, outcome)
+                self._send_and_complete(receiver, batch, in_batch, entity, outcome)
                 sent += len(in_batch)
             return True
         except Exception as exc:  # noqa: BLE001 - B9/B11: abandon, back off, go on
@@ -327,20 +305,18 @@ class Syphon:
                 "syphon: send to primary entity %s failed (%s); abandoning", entity, type(exc).__name__
             )
             outcome.errors.append(f"{entity}: send failed: {type(exc).__name__}")
-            self._drop_sender(entity)
             self._abandon_all(receiver, pairs[sent:], outcome)
             return False
 
     def _send_and_complete(
         self,
         receiver: ServiceBusReceiver,
-        sender: ServiceBusSender,
-        batch: Any,
+        batch: SdkBatch,
         pending: list[tuple[ServiceBusReceivedMessage, OutboundMessage]],
         entity: str,
         outcome: SyphonOutcome,
     ) -> None:
-        sender.send_messages(batch)
+        self._primary.send(batch, float(self.config.send_timeout))
         outcome.forwarded[entity] = outcome.forwarded.get(entity, 0) + len(pending)
         for msg, _ in pending:
             self._settle(receiver.complete_message, msg, outcome)

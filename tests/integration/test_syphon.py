@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -145,3 +146,28 @@ def test_replay_after_a_lost_complete_is_harmless_with_duplicate_detection(pair:
         outcome = syphon.drain_all(max_wait=0.5)
     assert outcome.forwarded == {"orders": 2}
     assert [str(m.message_id) for m in _take(pair.primary, "orders")] == ["once"]  # duplicate detection
+
+
+def test_a_blackholed_primary_never_hangs_the_syphon(pair: Any) -> None:
+    """The primary accepts TCP and never answers SASL (the SDK would wait forever): each send to it ends at
+    send_timeout, the messages are abandoned (nothing lost), and they move once it answers again."""
+    now = datetime.now(timezone.utc)
+    _put(
+        pair.secondary,
+        BACKLOG[0],
+        [to_backlog(OutboundMessage(body=f"m{i}", message_id=f"m{i}"), "orders", now) for i in range(3)],
+    )
+    clock = FakeClock()
+    pair.primary.faults.stall(True, answer_sasl=False)
+    config = _config(pair).with_overrides(send_timeout=1.0)
+    with Syphon(config, clock=clock, entity_backoff=30) as syphon:
+        started = time.monotonic()
+        stalled = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
+        assert time.monotonic() - started < 10
+        assert stalled.forwarded_total == 0 and stalled.abandoned == 3
+        assert any("send failed: DeadlineExceeded" in e for e in stalled.errors)
+        pair.primary.faults.stall(False)
+        clock.advance(30)
+        moved = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
+    assert moved.forwarded == {"orders": 3}
+    assert sorted(str(m.message_id) for m in _take(pair.primary, "orders")) == ["m0", "m1", "m2"]
