@@ -115,6 +115,28 @@ def test_replayed_batch_is_skipped_and_recorded(spark: Any, namespace_pair: Any,
     assert restarted.total.skipped_batches == 1 and restarted.total.total_sent == 0
 
 
+def test_content_message_ids_make_a_resent_batch_harmless(
+    spark: Any, namespace_pair: Any, tmp_path: Path
+) -> None:
+    """No state tables (so no replay skipping) and rows without ids: with message_id_mode content the replayed
+    batch carries the same ids and duplicate detection on the primary keeps one copy of each."""
+    primary = namespace_pair.primary
+    primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
+    config = _config(namespace_pair, message_id_mode="content")
+    ckpt, folder = tmp_path / "ckpt", tmp_path / "in"
+    folder.mkdir()
+    rows = [{"body": f"order {i}"} for i in range(15)]
+    _run_stream(spark, ServiceBusSink(config), folder, ckpt, [lambda: _write(folder, "0.json", rows)])
+    (ckpt / "commits" / "0").unlink()
+    (ckpt / "commits" / ".0.crc").unlink(missing_ok=True)
+    again = ServiceBusSink(config)
+    _run_stream(spark, again, folder, ckpt, [lambda: None])
+    assert again.total.total_sent == 15  # sent a second time ...
+    received = _drain(primary, "orders")
+    assert sorted(str(m) for m in received) == sorted(r["body"] for r in rows)  # ... delivered once
+    assert len({str(m.message_id) for m in received}) == 15
+
+
 def test_recorded_failover_reaches_fresh_tasks(spark: Any, namespace_pair: Any, tmp_path: Path) -> None:
     """Another writer recorded 'invoices' as failed over and backlog queue 0 as pulled: this query's tasks (on
     workers that never saw the outage) divert at once to queue 1, with no failover_interval wait and no send to
