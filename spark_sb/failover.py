@@ -38,6 +38,7 @@ from enum import Enum
 
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.errors import ErrorClass
+from spark_sb.redact import redact
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -109,12 +110,7 @@ def log_transition(transition: StateTransition) -> None:
 
 def _safe(text: str) -> str:
     """Redact secrets from free text before it is logged or recorded."""
-    try:
-        from spark_sb.redact import redact
-
-        return redact(text)
-    except NotImplementedError:  # pragma: no cover - redact lands with the config helper
-        return text
+    return redact(text)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import Enum
@@ -487,14 +487,7 @@ def describe_error(exc: BaseException, namespace: str) -> str:
         )
     elif is_certificate_error(exc):
         text = f"the TLS certificate of {namespace} is not trusted ({text}): {CERTIFICATE_HINT}"
-    return _safe_redact(redact, text)
-
-
-def _safe_redact(redact: Callable[[str], str], text: str) -> str:
-    try:
-        return redact(text)
-    except NotImplementedError:  # redaction not available (skeleton): the texts above carry no secrets
-        return text
+    return redact(text)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -682,9 +675,9 @@ def _resolve(
             )
         admin_client = config.secondary.admin_client()
         owned.append(admin_client)
-        namespace = _safe_redacted(config.secondary, admin_client)
+        namespace = config.secondary.redacted()
     elif config is not None and config.secondary is not None:
-        namespace = _safe_redacted(config.secondary, admin_client)
+        namespace = config.secondary.redacted()
     else:
         namespace = _admin_host(admin_client)
     return _Resolved(admin_client, namespace, primary_namespace_name, owned)
@@ -692,13 +685,6 @@ def _resolve(
 
 def _admin_host(admin: Any) -> str:
     return str(getattr(admin, "fully_qualified_namespace", None) or "the secondary namespace")
-
-
-def _safe_redacted(ns: NamespaceConfig, admin: Any) -> str:
-    try:
-        return ns.redacted()
-    except NotImplementedError:
-        return _admin_host(admin)
 
 
 def _close_quietly(client: Any) -> None:

@@ -55,6 +55,7 @@ from spark_sb.failover import (
     process_registry,
 )
 from spark_sb.mapping import OutboundMessage, Reject, RejectError, row_to_json
+from spark_sb.redact import redact
 from spark_sb.transport import PRIMARY, SECONDARY, Batch, SdkTransport, Target, Transport
 
 _LOGGER = logging.getLogger(__name__)
@@ -215,10 +216,7 @@ def namespace_key(ns: Any) -> str:
 
 def namespace_description(ns: Any) -> str:
     """The redacted description of a namespace for error texts."""
-    try:
-        return str(ns.redacted())
-    except (NotImplementedError, AttributeError):
-        return namespace_key(ns)
+    return str(ns.redacted())
 
 
 _resolved_names: dict[str, str] = {}
@@ -264,13 +262,7 @@ def with_namespace_name(config: Any) -> Any:
 
 
 def _describe(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    try:
-        from spark_sb.redact import redact
-
-        text = redact(text)
-    except NotImplementedError:  # pragma: no cover
-        pass
+    text = redact(f"{type(exc).__name__}: {exc}")
     return text if len(text) <= 300 else text[:297] + "..."
 
 
