@@ -296,6 +296,8 @@ class ServiceBusSink:
         self.process_batch(batch_id, run_tasks, batch_df.count, self._store_for(batch_df))
 
     def _store_for(self, batch_df: DataFrame) -> StateStore | None:
+        if isinstance(self._store, DeltaStateStore):
+            self._store.spark = batch_df.sparkSession  # the session of this query run
         if self._store is not None:
             return self._store
         if self._tables is None:

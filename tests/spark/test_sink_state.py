@@ -137,6 +137,47 @@ def test_content_message_ids_make_a_resent_batch_harmless(
     assert len({str(m.message_id) for m in received}) == 15
 
 
+def test_two_queries_write_the_same_tables_at_once(spark: Any, namespace_pair: Any, tmp_path: Path) -> None:
+    """Two sink queries (own sink ids) fail over the same entity and write the same state tables concurrently:
+    conflicts are retried, both sinks' batches are committed, nothing is lost."""
+    primary, secondary = namespace_pair.primary, namespace_pair.secondary
+    primary.broker.create_queue("orders", QueueSettings())
+    state = tmp_path / "state"
+    base = _config(namespace_pair, state_location=str(state))
+    provision_backlog_queues(base, admin_client=secondary.admin_client(), retry_pause=0)
+    primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")
+    queries, expected = [], []
+    for name in ("q1", "q2"):
+        folder = tmp_path / name
+        folder.mkdir()
+        for n in range(2):
+            rows = [{"body": f"{name}-{n}-{i}", "message_id": f"{name}-{n}-{i}"} for i in range(5)]
+            expected.extend(r["message_id"] for r in rows)
+            _write(folder, f"{n}.json", rows)
+        sink = ServiceBusSink(base.with_overrides(sink_id=name))
+        queries.append(
+            spark.readStream.schema(SCHEMA)
+            .option("maxFilesPerTrigger", 1)
+            .json(str(folder))
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(tmp_path / f"ckpt-{name}"))
+            .start()
+        )
+    try:
+        for q in queries:
+            q.processAllAvailable()
+    finally:
+        for q in queries:
+            q.stop()
+    assert all(q.exception() is None for q in queries)
+    tables = _tables(spark, state)
+    commits = sorted((e.sink_id, e.batch_id) for e in tables["events"] if e.event == "batch_committed")
+    assert commits == [("q1", 0), ("q1", 1), ("q2", 0), ("q2", 1)]
+    assert [(r.entity, r.state) for r in tables["entities"]] == [("orders", "failed_over")]
+    backlog = [str(m.message_id) for q in base.backlog_queue_names("primary") for m in _drain(secondary, q)]
+    assert sorted(backlog) == sorted(expected)
+
+
 def test_recorded_failover_reaches_fresh_tasks(spark: Any, namespace_pair: Any, tmp_path: Path) -> None:
     """Another writer recorded 'invoices' as failed over and backlog queue 0 as pulled: this query's tasks (on
     workers that never saw the outage) divert at once to queue 1, with no failover_interval wait and no send to
