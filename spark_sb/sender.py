@@ -595,7 +595,7 @@ class PairedSender:
         *,
         state: EntityFailover | None = None,
         messages: int = 1,
-        namespace: str = PRIMARY,
+        target: Target,
     ) -> _Attempted:
         """Call ``call(timeout)`` until it succeeds or :func:`decide` says otherwise (after sleeping through
         each RETRY). On the primary, each failure goes to the entity's failover timer (from the moment the
@@ -622,7 +622,7 @@ class PairedSender:
             except Exception as exc:
                 cls = classify(exc)
                 if cls.rebuild_client and self._transport is not None:
-                    self._transport.fault(namespace)
+                    self._transport.fault(target)
                 remaining: float | None = None
                 entity_state = EntityState.HEALTHY
                 if state is not None:
@@ -668,6 +668,7 @@ class PairedSender:
             tally,
             state=state,
             messages=len(batch),
+            target=batch.target,
         )
         if result.decision is None:
             tally.sent[entity] = tally.sent.get(entity, 0) + len(batch)
@@ -751,7 +752,7 @@ class PairedSender:
             lambda timeout: transport.send(batch, timeout),
             tally,
             messages=len(batch),
-            namespace=SECONDARY,
+            target=batch.target,
         )
         if result.decision is None:
             n = len(batch)
@@ -873,7 +874,7 @@ class PairedSender:
                     tries.append(1)
                     transport.cancel_scheduled(target, number, timeout)
 
-                cancelled = self._attempts(Where.PROBE, cancel, None, namespace=PRIMARY)
+                cancelled = self._attempts(Where.PROBE, cancel, None, target=target)
                 cancel_attempts = len(tries)
                 if cancelled.decision is None:
                     cancel_ok = True
@@ -897,7 +898,7 @@ class PairedSender:
         except Exception as exc:
             cls: ErrorClass = classify(exc)
             if cls.rebuild_client:
-                transport.fault(PRIMARY)
+                transport.fault(target)
             record = ProbeRecord(
                 entity, mode, at, False, cls.name, _describe(exc), sequence_number, cancel_attempts
             )

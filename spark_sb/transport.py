@@ -10,7 +10,9 @@ picklable :class:`~spark_sb.config.ServiceBusConfig`, and is not picklable. Ever
 whatever the SDK does: each target (namespace + entity) has a :class:`~spark_sb.lane.Lane` - a worker thread that
 owns that target's ``ServiceBusClient`` and ``ServiceBusSender`` - and a call that misses its deadline abandons
 the client (closed in the background, never awaited) and the next call builds a new one. SPEC B10: the two
-namespaces' clients are a pair - closing or faulting one closes both, and the pair is rebuilt on the next use.
+namespaces' clients are a pair - closing one closes both, and the pair is rebuilt on the next use. A faulted
+client (a connection-class error) is closed and rebuilt alone: tearing the backlog's clients down with a failing
+primary's would make every failover wait for new backlog connections.
 """
 
 from __future__ import annotations
@@ -92,8 +94,9 @@ class Transport(Protocol):
     def warm(self, target: Target) -> None:
         """Open the link to ``target`` in the background (never blocks), so that a send soon after is fast."""
 
-    def fault(self, namespace: str) -> None:
-        """A client faulted (connection-class error): close it and its partner; rebuilt on next use (B10)."""
+    def fault(self, target: Target) -> None:
+        """The client of ``target`` faulted (a connection-class error): close it (in the background); it is
+        rebuilt on next use. Other targets' clients - the backlog's above all - stay open."""
 
     def close(self) -> None:
         """Close both clients (in the background: never blocks)."""
@@ -227,7 +230,7 @@ class SdkTransport:
             return self._lane(target).call(fn, timeout)
         except Exception as exc:
             if classify(exc).rebuild_client:
-                self.fault(target.namespace)
+                self.fault(target)
             raise
 
     def is_open(self, namespace: str) -> bool:
@@ -280,15 +283,19 @@ class SdkTransport:
     def warm(self, target: Target) -> None:
         self._lane(target).submit(lambda link: link.sender.__enter__())  # opens the link (SDK context entry)
 
-    def fault(self, namespace: str) -> None:
-        """Close the faulted client and its partner now (B10); both are rebuilt on next use. Never blocks: the
-        clients are closed by their lanes' threads."""
-        if self.is_open(PRIMARY) or self.is_open(SECONDARY):
-            _LOGGER.info("%s client faulted: closing the client pair; it is rebuilt on next use", namespace)
-        self._reset_all()
+    def fault(self, target: Target) -> None:
+        """Close the faulted client of ``target`` now; it is rebuilt on next use. Never blocks (its lane's
+        thread closes it). Only that client: a primary outage is exactly when the backlog's clients are needed,
+        so they are not torn down with it (a fault is not a close; B10's pair closing is :meth:`close_namespace`
+        and :meth:`close`)."""
+        with self._lock:
+            lane = self._lanes.get(target)
+        if lane is not None and lane.live:
+            _LOGGER.info("%s client faulted: it is closed and rebuilt on next use", target)
+            lane.reset("faulted")
 
     def close_namespace(self, namespace: str) -> None:
-        """Close one client: its partner is closed too (B10)."""
+        """Close one namespace's clients: its partner's are closed too (B10), all in the background."""
         self._reset_all()
 
     def close(self) -> None:

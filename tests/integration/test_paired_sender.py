@@ -419,14 +419,20 @@ def test_closing_or_faulting_one_client_closes_the_pair(pair: Any) -> None:
         b = transport.new_batch(Target(PRIMARY, ENTITY))
         b.try_add(OutboundMessage(body=b"z"))
         transport.send(b, 5.0)
-        # a connection-class fault on the primary closes the secondary too
+        # a connection-class fault on the primary closes the primary's client, not the backlog's: a primary
+        # outage is exactly when the backlog is needed (rebuilding it then would delay every failover)
         pair.primary.faults.drop_connections()
         pair.primary.faults.refuse_connections()
         b = transport.new_batch(Target(PRIMARY, ENTITY))
         b.try_add(OutboundMessage(body=b"w"))
         with pytest.raises(Exception):  # noqa: B017 - whatever the SDK raises for a dropped connection
             transport.send(b, 5.0)
-        assert not transport.is_open(PRIMARY) and not transport.is_open(SECONDARY)
+        assert not transport.is_open(PRIMARY) and transport.is_open(SECONDARY)
+        secondary_generation = transport.generation[SECONDARY]
+        b = transport.new_batch(Target(SECONDARY, QUEUES[0]))
+        b.try_add(OutboundMessage(body=b"v"))
+        transport.send(b, 5.0)
+        assert transport.generation[SECONDARY] == secondary_generation  # the same client went on
     finally:
         transport.close()
 

@@ -190,8 +190,8 @@ class FakeTransport:
     def warm(self, target: Target) -> None:
         self.warmed.append(target)
 
-    def fault(self, namespace: str) -> None:
-        self.faults.append(namespace)
+    def fault(self, target: Target) -> None:
+        self.faults.append(target.namespace)
 
     def close(self) -> None:
         self.closed += 1
