@@ -132,16 +132,32 @@ class Lane(Generic[C]):
         self.generation = 0  # bumped each time a worker (and so a context) is built
         self.abandoned = 0  # workers abandoned at a deadline
 
-    def call(self, fn: Callable[[C], R], timeout: float) -> R:
+    def call(
+        self,
+        fn: Callable[[C], R],
+        timeout: float,
+        *,
+        slow_after: float | None = None,
+        on_slow: Callable[[], None] | None = None,
+    ) -> R:
         """Run ``fn(context)`` on the worker; its result, or its exception re-raised here.
 
         Raises :class:`DeadlineExceeded` if it has not finished after ``timeout`` seconds (the worker is then
-        abandoned, see the module docstring) and :class:`LaneClosed` once :meth:`close` was called.
+        abandoned, see the module docstring) and :class:`LaneClosed` once :meth:`close` was called. If it has
+        not finished after ``slow_after`` seconds, ``on_slow()`` is called (on the caller's thread; it must not
+        block) and the wait goes on to the deadline.
         """
         job = _Call(fn)
         worker = self._current()
         worker.calls.put(job)
-        if not job.done.wait(max(0.0, timeout)):
+        timeout = max(0.0, timeout)
+        done = False
+        if on_slow is not None and slow_after is not None and 0.0 < slow_after < timeout:
+            done = job.done.wait(slow_after)
+            if not done:
+                on_slow()
+                timeout -= slow_after
+        if not done and not job.done.wait(timeout):
             self._abandon(worker, f"no answer within {timeout:.3g} s")
             raise DeadlineExceeded(
                 f"{self.name}: no answer within {timeout:.3g} s (the client was abandoned and is rebuilt)"

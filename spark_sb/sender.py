@@ -662,9 +662,13 @@ class PairedSender:
             return
         state = self._entity(entity)
         transport = self.transport
+
+        def slow() -> None:  # no answer yet, close to the deadline: have the backlog's link ready
+            self._warm_backlog(entity)
+
         result = self._attempts(
             Where.PRIMARY,
-            lambda timeout: transport.send(batch, timeout),
+            lambda timeout: transport.send(batch, timeout, slow),
             tally,
             state=state,
             messages=len(batch),

@@ -39,6 +39,10 @@ _LOGGER = logging.getLogger(__name__)
 PRIMARY = "primary"
 SECONDARY = "secondary"
 
+#: How long before its deadline a call still unanswered counts as slow: enough to open a new connection with
+#: the SDK (about 0.5 s), so that a link opened then is ready when the call fails.
+SLOW_MARGIN = 1.0
+
 
 @dataclass(frozen=True)
 class Target:
@@ -82,8 +86,10 @@ class Transport(Protocol):
     def new_batch(self, target: Target) -> Batch:
         """An empty batch for ``target`` (no I/O)."""
 
-    def send(self, batch: Batch, timeout: float) -> None:
-        """Send one batch; returns when the service accepted it; raises SDK exceptions."""
+    def send(self, batch: Batch, timeout: float, on_slow: Callable[[], None] | None = None) -> None:
+        """Send one batch; returns when the service accepted it; raises SDK exceptions. ``on_slow`` is called
+        (on the caller's thread, must not block) if no answer has come :data:`SLOW_MARGIN` before the deadline:
+        the caller may prepare for the failure (e.g. open the backlog's link)."""
 
     def schedule(self, target: Target, message: OutboundMessage, at: datetime, timeout: float) -> int:
         """Schedule ``message`` on ``target`` for ``at``; returns its sequence number."""
@@ -225,9 +231,15 @@ class SdkTransport:
                 self._lanes[target] = lane
             return lane
 
-    def _call(self, target: Target, fn: Callable[[_Link], Any], timeout: float) -> Any:
+    def _call(
+        self,
+        target: Target,
+        fn: Callable[[_Link], Any],
+        timeout: float,
+        on_slow: Callable[[], None] | None = None,
+    ) -> Any:
         try:
-            return self._lane(target).call(fn, timeout)
+            return self._lane(target).call(fn, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow)
         except Exception as exc:
             if classify(exc).rebuild_client:
                 self.fault(target)
@@ -250,7 +262,7 @@ class SdkTransport:
 
         return SdkBatch(target, ServiceBusMessageBatch(max_size_in_bytes=self.max_batch_size(target)))
 
-    def send(self, batch: Batch, timeout: float) -> None:
+    def send(self, batch: Batch, timeout: float, on_slow: Callable[[], None] | None = None) -> None:
         if len(batch) == 0:
             return
         if isinstance(batch, SdkBatch):
@@ -262,7 +274,7 @@ class SdkTransport:
             link.sender.send_messages(payload, timeout=timeout)
             return getattr(link.sender, "_max_batch_size_on_link", None)
 
-        link_max = self._call(batch.target, send, timeout)
+        link_max = self._call(batch.target, send, timeout, on_slow)
         if isinstance(link_max, int) and link_max > 0:
             self._link_max[batch.target] = link_max
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from spark_sb.clock import FakeClock
 from spark_sb.lane import DeadlineExceeded
 from spark_sb.mapping import OutboundMessage, to_backlog
-from spark_sb.transport import Target
+from spark_sb.transport import SLOW_MARGIN, Target
 
 BATCH_BASE = 10
 
@@ -130,7 +130,9 @@ class FakeTransport:
         elif rule in self.rules:
             self.rules.remove(rule)
 
-    def _check(self, op: str, target: Target, n: int, timeout: float) -> None:
+    def _check(
+        self, op: str, target: Target, n: int, timeout: float, on_slow: Callable[[], None] | None = None
+    ) -> None:
         self.timeouts.append((op, target, timeout))
         for rule in self.rules:
             if rule.matches(op, target) and (rule.count is None or rule.count > 0):
@@ -140,6 +142,11 @@ class FakeTransport:
                 if rule.count is not None:
                     rule.count -= 1
                 if rule.make is None:  # a stall: nothing comes back before the deadline
+                    if on_slow is not None and timeout > SLOW_MARGIN:
+                        if self.clock is not None:
+                            self.clock.advance(timeout - SLOW_MARGIN)
+                        on_slow()
+                        timeout = SLOW_MARGIN
                     if self.clock is not None:
                         self.clock.advance(timeout)
                     self.calls.append((op, target, n, "DeadlineExceeded"))
@@ -172,8 +179,10 @@ class FakeTransport:
     def new_batch(self, target: Target) -> FakeBatch:
         return FakeBatch(target, self.max_batch)
 
-    def send(self, batch: FakeBatch, timeout: float) -> None:  # type: ignore[override]
-        self._check("send", batch.target, len(batch), timeout)
+    def send(  # type: ignore[override]
+        self, batch: FakeBatch, timeout: float, on_slow: Callable[[], None] | None = None
+    ) -> None:
+        self._check("send", batch.target, len(batch), timeout, on_slow)
         self.delivered.setdefault(batch.target, []).extend(batch.messages)
 
     def schedule(self, target: Target, message: OutboundMessage, at: datetime, timeout: float) -> int:

@@ -691,3 +691,26 @@ def test_a_failing_entity_opens_its_backlog_link_ahead_of_the_failover() -> None
     assert len(rig.transport.warmed) == 1 and rig.transport.warmed[0].namespace == SECONDARY
     used = {target.entity for _, target, _, _ in rig.transport.sends(SECONDARY)}
     assert used == {rig.transport.warmed[0].entity}  # the queue the divert then used
+
+
+def test_a_stalled_primary_has_the_backlog_link_opened_before_its_deadline() -> None:
+    from spark_sb.transport import SLOW_MARGIN
+
+    rig = Rig(failover_interval=5.0)
+    rig.transport.op_seconds = 0.0
+    rig.transport.stall(namespace=PRIMARY)
+    warmed_at: list[float] = []
+    warm = rig.transport.warm
+
+    def record(target: Target) -> None:
+        warmed_at.append(rig.clock.monotonic())
+        warm(target)
+
+    rig.transport.warm = record  # type: ignore[method-assign]
+    start = rig.clock.monotonic()
+    out = rig.sender.send(msgs(4))
+    assert out.diverted_by_entity == {"orders": 4}
+    budget = rig.transport.timeouts[0][2]
+    # opened SLOW_MARGIN before the stalled attempt's deadline: ready when the failover diverts
+    assert warmed_at and warmed_at[0] == pytest.approx(start + budget - SLOW_MARGIN)
+    assert rig.transport.warmed[0] == Target(SECONDARY, next(iter(out.diverted)))
