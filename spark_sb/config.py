@@ -13,7 +13,7 @@ Keys (nested in YAML/dicts, or flat and dotted as Spark options)::
     failover_interval, ping_primary_interval, probe_mode, backlog_retry_interval, backlog_selection,
     send_timeout, retry.{total,backoff_factor,backoff_max,mode}, max_message_size, on_reject, state_location,
     state_table_prefix, sink_id, message_id_mode,
-    columns.<logical>, syphon.{max_wait,batch_size,prefetch}, provision.{tries,retry_pause}, idle_timeout, client_cache, x-* (kept in extra)
+    columns.<logical>, syphon.{max_wait,batch_size,prefetch,batch_duration}, provision.{tries,retry_pause}, idle_timeout, client_cache, x-* (kept in extra)
 """
 
 from __future__ import annotations
@@ -643,6 +643,8 @@ class ServiceBusConfig:
     syphon_max_wait: float = 900.0
     syphon_batch_size: int = 100
     syphon_prefetch: int = 0
+    #: The syphon job: the longest one micro-batch drains one backlog queue (then the next trigger goes on).
+    syphon_batch_duration: float = 60.0
     provision_tries: int = 3
     provision_retry_pause: float = 30.0
     idle_timeout: float = 600.0
@@ -689,6 +691,7 @@ class ServiceBusConfig:
             ("backlog_retry_interval", 0, False),
             ("send_timeout", 0, True),
             ("syphon_max_wait", 0, True),
+            ("syphon_batch_duration", 0, True),
             ("idle_timeout", 0, True),
             ("provision_retry_pause", 0, False),
         ):
@@ -896,6 +899,7 @@ _FIELD_TO_KEY = {
     "syphon_max_wait": "syphon.max_wait",
     "syphon_batch_size": "syphon.batch_size",
     "syphon_prefetch": "syphon.prefetch",
+    "syphon_batch_duration": "syphon.batch_duration",
     "provision_tries": "provision.tries",
     "provision_retry_pause": "provision.retry_pause",
 }
@@ -907,6 +911,7 @@ _DURATION_KEYS = (
     "backlog_retry_interval",
     "send_timeout",
     "syphon.max_wait",
+    "syphon.batch_duration",
     "idle_timeout",
     "provision.retry_pause",
 )

@@ -2,50 +2,78 @@
 
 A :class:`Syphon` receives from the backlog queues of the *secondary* namespace in peek-lock mode (prefetch 0 by
 default), restores each message with :func:`spark_sb.mapping.from_backlog`, sends it to the entity named in
-``x-ms-path`` on the *primary*, and completes it in the backlog only after the primary accepted it. On a failed
-primary send it abandons the messages and backs off that entity; a settle failure (lock lost, connection lost) is
-logged and the loop goes on, expecting redelivery (message ids are preserved, so duplicate detection on the primary
-makes the replay harmless). A message whose time to live ran out while it sat in the backlog is dead-lettered in the
-backlog with a reason, never forwarded; a scheduled time still in the future is kept; probes are dropped.
+``x-ms-path`` on the *primary*, and completes it in the backlog only after the primary accepted it.
 
-Where it runs: in whichever process calls it (the demo's driver; executors in the Spark syphon job). It builds its
-own clients lazily from the (picklable) :class:`~spark_sb.config.ServiceBusConfig`; a ``Syphon`` itself is not
-picklable and not thread-safe: one per thread.
+* **Healthy entities only (B9).** An entity is moved to when the caller's hints (the state table) say it is
+  healthy, when a send to it succeeded within ``ping_primary_interval``, or when it answers a probe (``probe_mode``:
+  schedule-cancel or ping) now. A failed primary send abandons the messages and backs the entity off
+  (``entity_backoff``); after the back-off it is probed again before anything is sent.
+* **Reliable receive (B11).** Nothing raises out of a drain: errors are counted in the :class:`SyphonOutcome` and
+  logged; settle failures (lock lost, connection lost) are counted and the loop goes on, expecting redelivery
+  (message ids are preserved, so duplicate detection on the primary makes the replay harmless); a receiver whose
+  call failed is replaced. :meth:`Syphon.cancel` (any thread) stops the drains: messages received and not yet
+  forwarded are abandoned.
+* **Locks and lifetimes (B12).** Prefetch ``syphon.prefetch`` (0), receive batches of ``syphon.batch_size``
+  (forwarding one takes well under the lock duration); a message whose lock would run out before its batch is
+  sent, or whose time to live ran out in the backlog, is not forwarded (expired ones are dead-lettered in the
+  backlog with reason ``TTLExpiredInBacklog``); a scheduled time still in the future is kept; probes dropped.
+* **Nothing stranded.** :meth:`Syphon.drain_queue` with ``dead_letter=True`` moves what a backlog queue
+  dead-lettered on its own (max delivery count reached, lock lost); what the syphon parked there on purpose
+  (expired in the backlog, not a backlog message) stays, with its reason.
+* **Deadlines.** Every call has one that holds whatever the SDK does: sends to the primary go through
+  :class:`~spark_sb.transport.SdkTransport` lanes; each backlog queue's receiver lives in its own
+  :class:`~spark_sb.lane.Lane` (receive: ``max_wait + send_timeout``; settle: ``send_timeout``), so a secondary
+  that stopped answering (even before SASL) never hangs the caller: the receiver is abandoned and rebuilt.
+
+Where it runs: in whichever process calls it (executors' Python workers in the Spark syphon job,
+:mod:`spark_sb.syphon_job`; the driver in tests and tools). It builds its clients lazily from the (picklable)
+:class:`~spark_sb.config.ServiceBusConfig`; a ``Syphon`` itself is not picklable; one thread drains at a time
+(:meth:`cancel` may be called from any thread).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import ServiceBusConfig
+from spark_sb.lane import Lane
 from spark_sb.mapping import OutboundMessage, from_backlog, is_backlog_message
 from spark_sb.transport import PRIMARY, SdkBatch, SdkTransport, Target
 
 if TYPE_CHECKING:  # pragma: no cover
-    from azure.servicebus import (
-        ServiceBusClient,
-        ServiceBusReceivedMessage,
-        ServiceBusReceiver,
-    )
+    from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
 
 log = logging.getLogger(__name__)
 
 #: Dead-letter reasons written into the backlog queue's dead-letter sub-queue.
 EXPIRED_IN_BACKLOG = "TTLExpiredInBacklog"
 NOT_A_BACKLOG_MESSAGE = "NotABacklogMessage"
+#: Dead-letter reasons that keep a message parked in a backlog queue's dead-letter queue (never moved): the
+#: syphon's own, and the service's expiry (the backlog TTL is unlimited, so only a drifted queue gives it).
+PARKED_REASONS = frozenset({EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, "TTLExpiredException"})
+#: Application properties the service adds to a dead-lettered message (not forwarded to the primary).
+DEAD_LETTER_PROPERTIES = ("DeadLetterReason", "DeadLetterErrorDescription")
 
-#: A message whose lock expires within this margin is not forwarded (B12): it would be redelivered anyway.
+#: A message whose lock expires within this margin (plus ``send_timeout``) is not forwarded (B12): it would be
+#: redelivered anyway, and completing it would fail.
 LOCK_SAFETY_MARGIN = timedelta(seconds=2)
 
 
 @dataclass
 class SyphonOutcome:
-    """What one drain did. Small and picklable (the Spark syphon job returns these from executors)."""
+    """What one drain did. Small and picklable (the Spark syphon job returns these from executors).
+
+    ``forwarded`` / ``expired_by_entity`` / ``abandoned_by_entity``: per primary entity. ``from_dead_letter``:
+    of the forwarded, how many came from a backlog queue's dead-letter queue. ``parked``: dead-lettered messages
+    left where they are on purpose. ``invalid``: messages without a destination, dead-lettered in the backlog.
+    """
 
     received: int = 0
     forwarded: dict[str, int] = field(default_factory=dict)
@@ -56,15 +84,28 @@ class SyphonOutcome:
     skipped_lock_expiring: int = 0
     settle_failures: int = 0
     errors: list[str] = field(default_factory=list)
+    expired_by_entity: dict[str, int] = field(default_factory=dict)
+    abandoned_by_entity: dict[str, int] = field(default_factory=dict)
+    from_dead_letter: int = 0
+    parked: int = 0
+    receive_calls: int = 0
+    probes: int = 0
+    cancelled: bool = False
 
     @property
     def forwarded_total(self) -> int:
         return sum(self.forwarded.values())
 
     def merge(self, other: SyphonOutcome) -> SyphonOutcome:
-        out = SyphonOutcome(
+        def add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+            out = dict(a)
+            for k, n in b.items():
+                out[k] = out.get(k, 0) + n
+            return out
+
+        return SyphonOutcome(
             received=self.received + other.received,
-            forwarded=dict(self.forwarded),
+            forwarded=add(self.forwarded, other.forwarded),
             expired=self.expired + other.expired,
             invalid=self.invalid + other.invalid,
             probes_dropped=self.probes_dropped + other.probes_dropped,
@@ -72,10 +113,18 @@ class SyphonOutcome:
             skipped_lock_expiring=self.skipped_lock_expiring + other.skipped_lock_expiring,
             settle_failures=self.settle_failures + other.settle_failures,
             errors=self.errors + other.errors,
+            expired_by_entity=add(self.expired_by_entity, other.expired_by_entity),
+            abandoned_by_entity=add(self.abandoned_by_entity, other.abandoned_by_entity),
+            from_dead_letter=self.from_dead_letter + other.from_dead_letter,
+            parked=self.parked + other.parked,
+            receive_calls=self.receive_calls + other.receive_calls,
+            probes=self.probes + other.probes,
+            cancelled=self.cancelled or other.cancelled,
         )
-        for entity, n in other.forwarded.items():
-            out.forwarded[entity] = out.forwarded.get(entity, 0) + n
-        return out
+
+    def _count(self, table: dict[str, int], entity: str | None, n: int = 1) -> None:
+        key = entity or ""
+        table[key] = table.get(key, 0) + n
 
 
 def restore_for_primary(
@@ -102,12 +151,104 @@ def restore_for_primary(
     return restored, None
 
 
+def is_parked(dead_letter_reason: str | None) -> bool:
+    """True when a message dead-lettered in a backlog queue with this reason stays there (pure)."""
+    return (dead_letter_reason or "").split(":")[0].strip() in PARKED_REASONS
+
+
+# ------------------------------------------------------------------------------------------- entity gate
+class EntityGate:
+    """Which primary entities the syphon may move to now (B9). Pure bookkeeping on an injected clock.
+
+    ``decide(entity)`` returns ``"send"`` (a recent success, or the hints say healthy), ``"probe"`` (probe it
+    first) or ``"wait"`` (backing off after a failure: abandon its messages).
+    """
+
+    def __init__(self, clock: Clock, *, ok_for: float, backoff: float) -> None:
+        self.clock = clock
+        self.ok_for = ok_for
+        self.backoff = backoff
+        self.hints: dict[str, str] = {}
+        self._ok_until: dict[str, float] = {}
+        self._backoff_until: dict[str, float] = {}
+
+    def set_hints(self, hints: Mapping[str, str] | None) -> None:
+        """The state table's view, entity -> state (``healthy`` / ``failing`` / ``failed_over``)."""
+        self.hints = dict(hints or {})
+
+    def decide(self, entity: str) -> str:
+        now = self.clock.monotonic()
+        if self._backoff_until.get(entity, 0.0) > now:
+            return "wait"
+        if self._ok_until.get(entity, 0.0) > now:
+            return "send"
+        if entity not in self._backoff_until and self.hints.get(entity) == "healthy":
+            return "send"
+        return "probe"
+
+    def succeeded(self, entity: str) -> None:
+        self._backoff_until.pop(entity, None)
+        self._ok_until[entity] = self.clock.monotonic() + self.ok_for
+
+    def failed(self, entity: str) -> None:
+        self._ok_until.pop(entity, None)
+        self._backoff_until[entity] = self.clock.monotonic() + self.backoff
+
+
+# ------------------------------------------------------------------------------------------- receivers
+class _Receiving:
+    """A receiver lane's context: one ``ServiceBusClient`` and its peek-lock receiver (used by its lane's thread
+    only)."""
+
+    __slots__ = ("client", "receiver")
+
+    def __init__(self, client: ServiceBusClient, receiver: ServiceBusReceiver) -> None:
+        self.client = client
+        self.receiver = receiver
+
+
+def _close_receiving(ctx: _Receiving) -> None:
+    # Closing a peek-lock receiver releases what it still holds (the SDK drains and releases the link).
+    for obj in (ctx.receiver, ctx.client):
+        try:
+            obj.close()
+        except Exception as exc:  # noqa: BLE001 - closing a broken client may fail; it is dropped anyway
+            log.debug("closing %s failed: %s", type(obj).__name__, type(exc).__name__)
+
+
+def _unblock_receiving(ctx: _Receiving) -> None:
+    """Shut the receiver's socket down so a call stuck in it (SASL without a timeout) returns. Best effort."""
+    import socket
+
+    handler = getattr(ctx.receiver, "_handler", None)
+    connection = getattr(handler, "_connection", None)
+    transport = getattr(connection, "_transport", None)
+    sock = getattr(transport, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+@dataclass
+class _Held:
+    """A received message, the lane generation that received it, and what to do with it."""
+
+    msg: ServiceBusReceivedMessage
+    generation: int
+    restored: OutboundMessage | None = None
+
+
+Pairs = list[_Held]
+
+
 class Syphon:
     """Drains backlog queues into the primary namespace. See the module docstring for the guarantees.
 
     ``backlog_queues``: the queue names to drain (default: all ``backlog_queue_count`` names derived from
     ``primary_namespace_name``, itself defaulting to the primary's namespace name by the rule of SPEC B1, the same
-    as provisioning's and the paired sender's).
+    as provisioning's and the paired sender's). ``entity_backoff``: seconds an entity is left alone after a failed
+    send or probe. ``healthy_hints``: entity -> state from the state table (``healthy`` ones are sent to without a
+    probe).
     """
 
     def __init__(
@@ -118,6 +259,7 @@ class Syphon:
         primary_namespace_name: str | None = None,
         clock: Clock | None = None,
         entity_backoff: float = 5.0,
+        healthy_hints: Mapping[str, str] | None = None,
     ) -> None:
         if config.secondary is None:
             raise ValueError("the syphon needs a secondary namespace (config key 'secondary')")
@@ -131,57 +273,43 @@ class Syphon:
             )
         self.backlog_queues = list(backlog_queues)
         self.entity_backoff = entity_backoff
+        self.gate = EntityGate(
+            self.clock, ok_for=float(config.ping_primary_interval), backoff=float(entity_backoff)
+        )
+        self.gate.set_hints(healthy_hints)
         # Sends to the primary go through lanes (one per entity): each has a deadline (send_timeout) that holds
         # whatever the SDK does, and a stuck client is abandoned and rebuilt (SPEC B3, R1).
         self._primary = SdkTransport(config)
-        self._secondary: ServiceBusClient | None = None
-        self._receivers: dict[str, ServiceBusReceiver] = {}
-        self._backoff_until: dict[str, float] = {}
+        # Receivers: one lane per (backlog queue, sub-queue), each with its own client and thread.
+        self._receivers: dict[tuple[str, bool], Lane[_Receiving]] = {}
+        self._lock = threading.Lock()
+        self._cancelled = threading.Event()
 
-    # -- clients -------------------------------------------------------------------------------------------
-    def _secondary_client(self) -> ServiceBusClient:
-        if self._secondary is None:
-            assert self.config.secondary is not None
-            self._secondary = self.config.secondary.client(**self.config.client_kwargs())
-        return self._secondary
+    # -- lifecycle -----------------------------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Stop draining (any thread): the current drain abandons what it holds and returns; later drains do
+        nothing until :meth:`resume`."""
+        self._cancelled.set()
 
-    def _receiver(self, queue: str) -> ServiceBusReceiver:
-        """The open peek-lock receiver of ``queue``, kept across drains (opening one costs a few round trips);
-        prefetch ``syphon.prefetch`` (0 by default, B12: nothing is buffered, so nothing is locked between drains)."""
-        receiver = self._receivers.get(queue)
-        if receiver is None:
-            from azure.servicebus import ServiceBusReceiveMode
+    def resume(self) -> None:
+        self._cancelled.clear()
 
-            receiver = self._secondary_client().get_queue_receiver(
-                queue,
-                receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                prefetch_count=self.config.syphon_prefetch,
-            )
-            # Open the link now (the context-manager entry): left to the first receive, the link opening
-            # would count against that receive's max_wait_time.
-            receiver.__enter__()
-            self._receivers[queue] = receiver
-        return receiver
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
 
-    def _drop_receiver(self, queue: str) -> None:
-        receiver = self._receivers.pop(queue, None)
-        if receiver is not None:
-            try:
-                receiver.close()
-            except Exception:  # noqa: BLE001 - closing a broken receiver must not mask the real error
-                log.debug("closing receiver for %s failed", queue, exc_info=True)
+    def set_hints(self, hints: Mapping[str, str] | None) -> None:
+        """Replace the state table's view of the entities (entity -> state)."""
+        self.gate.set_hints(hints)
 
     def close(self) -> None:
-        """Close every receiver, sender and client (both namespaces)."""
-        for queue in list(self._receivers):
-            self._drop_receiver(queue)
-        self._primary.close()  # in the background: never blocks
-        if self._secondary is not None:
-            try:
-                self._secondary.close()
-            except Exception:  # noqa: BLE001
-                log.debug("closing client failed", exc_info=True)
-        self._secondary = None
+        """Close every receiver, sender and client (in the background: never blocks)."""
+        with self._lock:
+            lanes = list(self._receivers.values())
+            self._receivers.clear()
+        for lane in lanes:
+            lane.close()
+        self._primary.close()
 
     def __enter__(self) -> Syphon:
         return self
@@ -189,152 +317,406 @@ class Syphon:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- receivers -----------------------------------------------------------------------------------------
+    def _lane(self, queue: str, dead_letter: bool) -> Lane[_Receiving]:
+        key = (queue, dead_letter)
+        with self._lock:
+            lane = self._receivers.get(key)
+            if lane is None:
+                config = self.config
+                assert config.secondary is not None
+                secondary = config.secondary
+
+                def build() -> _Receiving:
+                    from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
+
+                    client = secondary.client(**{**config.client_kwargs(), "retry_total": 0})
+                    receiver = client.get_queue_receiver(
+                        queue,
+                        sub_queue=ServiceBusSubQueue.DEAD_LETTER if dead_letter else None,
+                        receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
+                        prefetch_count=config.syphon_prefetch,
+                    )
+                    # Open the link here (inside the call's deadline), not inside the first receive, where it
+                    # would count against max_wait_time.
+                    receiver.__enter__()
+                    return _Receiving(client, receiver)
+
+                name = f"syphon-{queue}{'-dlq' if dead_letter else ''}"
+                lane = Lane(name, build, _close_receiving, _unblock_receiving)
+                self._receivers[key] = lane
+            return lane
+
+    def _replace_receiver(self, queue: str, dead_letter: bool, why: str) -> None:
+        """A faulted receiver is replaced: its lane is reset (closed in the background), rebuilt on next use."""
+        with self._lock:
+            lane = self._receivers.get((queue, dead_letter))
+        if lane is not None:
+            lane.reset(why)
+
+    def _settle(
+        self,
+        lane: Lane[_Receiving],
+        held: Sequence[_Held],
+        action: Callable[[ServiceBusReceiver, ServiceBusReceivedMessage], None],
+        outcome: SyphonOutcome,
+    ) -> None:
+        """Settle ``held`` on their receiver's lane thread, in one lane call (deadline ``send_timeout``). A
+        message from a receiver that was replaced since cannot be settled: counted, it is redelivered after its
+        lock expires. Settle failures are logged and counted, never raised (B11)."""
+        if not held:
+            return
+        generation = lane.generation
+        live = [h for h in held if h.generation == generation]
+        stale = len(held) - len(live)
+        if stale:
+            outcome.settle_failures += stale
+            log.info("syphon: %d messages from a replaced receiver: they will be redelivered", stale)
+        if not live:
+            return
+
+        def settle_all(ctx: _Receiving) -> int:
+            failed = 0
+            for h in live:
+                try:
+                    action(ctx.receiver, h.msg)
+                except Exception as exc:  # noqa: BLE001 - B11: logged and counted; redelivery follows
+                    failed += 1
+                    log.info(
+                        "syphon: settle failed (%s); the message will be redelivered", type(exc).__name__
+                    )
+            return failed
+
+        try:
+            outcome.settle_failures += lane.call(settle_all, float(self.config.send_timeout))
+        except Exception as exc:  # noqa: BLE001 - deadline or closed lane: the locks run out, redelivery follows
+            outcome.settle_failures += len(live)
+            log.info("syphon: settling %d messages failed (%s)", len(live), type(exc).__name__)
+
     # -- draining ------------------------------------------------------------------------------------------
-    def drain_all(self, *, max_wait: float = 1.0, max_batches_per_queue: int | None = None) -> SyphonOutcome:
-        """Drain every backlog queue until a receive comes back empty (or the entity backs off)."""
+    def drain_all(
+        self, *, max_wait: float = 1.0, max_batches_per_queue: int | None = None, dead_letter: bool = False
+    ) -> SyphonOutcome:
+        """Drain every backlog queue (one after another) until a receive comes back empty, the entities back
+        off, or :meth:`cancel` is called. ``dead_letter``: also move what their dead-letter queues hold (B11)."""
         total = SyphonOutcome()
         for queue in self.backlog_queues:
             total = total.merge(self.drain_queue(queue, max_wait=max_wait, max_batches=max_batches_per_queue))
+            if dead_letter:
+                total = total.merge(
+                    self.drain_queue(
+                        queue, max_wait=max_wait, max_batches=max_batches_per_queue, dead_letter=True
+                    )
+                )
         return total
 
     def drain_queue(
-        self, queue: str, *, max_wait: float | None = None, max_batches: int | None = None
+        self,
+        queue: str,
+        *,
+        max_wait: float | None = None,
+        max_batches: int | None = None,
+        dead_letter: bool = False,
+        until: float | None = None,
     ) -> SyphonOutcome:
-        """Move messages from one backlog queue until a receive returns nothing. Never raises on a message or
-        settle failure (B11): those are counted in the outcome and logged."""
+        """Move messages from one backlog queue (its dead-letter queue with ``dead_letter``) until a receive
+        returns nothing, nothing could be moved, ``max_batches`` receive batches, the monotonic time ``until``, or
+        :meth:`cancel`. Never raises on a message, receive or settle failure (B11): they are counted and logged."""
         outcome = SyphonOutcome()
-        wait = self.config.syphon_max_wait if max_wait is None else max_wait
-        try:
-            receiver = self._receiver(queue)
-        except Exception as exc:  # noqa: BLE001 - B11: the loop never dies; report and go on
-            outcome.errors.append(f"{queue}: cannot open receiver: {type(exc).__name__}")
-            return outcome
-        batches = 0
-        while max_batches is None or batches < max_batches:
-            try:
-                messages = receiver.receive_messages(
-                    max_message_count=self.config.syphon_batch_size, max_wait_time=wait
-                )
-            except Exception as exc:  # noqa: BLE001 - a faulted receiver is replaced on the next drain
-                outcome.errors.append(f"{queue}: receive failed: {type(exc).__name__}: {exc}")
-                self._drop_receiver(queue)
-                break
-            if not messages:
-                break
-            batches += 1
-            outcome.received += len(messages)
-            if not self._move(receiver, messages, outcome):
-                break
+        for _ in self.drain_batches(
+            queue,
+            max_wait=max_wait,
+            max_batches=max_batches,
+            dead_letter=dead_letter,
+            until=until,
+            into=outcome,
+        ):
+            pass
         return outcome
 
+    def drain_batches(
+        self,
+        queue: str,
+        *,
+        max_wait: float | None = None,
+        max_batches: int | None = None,
+        dead_letter: bool = False,
+        until: float | None = None,
+        into: SyphonOutcome | None = None,
+    ) -> Iterator[SyphonOutcome]:
+        """Like :meth:`drain_queue`, yielding the outcome of each receive batch as it is done (the Spark job
+        streams them). ``into`` accumulates every batch's outcome. Closing the iterator early (a cancelled task)
+        abandons what is held."""
+        wait = self.config.syphon_max_wait if max_wait is None else max_wait
+        count = self.config.syphon_batch_size
+
+        def receive(ctx: _Receiving) -> list[ServiceBusReceivedMessage]:
+            return ctx.receiver.receive_messages(max_message_count=count, max_wait_time=wait)
+
+        lane = self._lane(queue, dead_letter)
+        parked: Pairs = []  # dead-lettered on purpose: held (locked) through the pass, abandoned at its end
+        batches = 0
+        try:
+            while (max_batches is None or batches < max_batches) and not self._cancelled.is_set():
+                if until is not None and self.clock.monotonic() >= until:
+                    break
+                outcome = SyphonOutcome()
+                outcome.receive_calls += 1
+                try:
+                    messages = lane.call(receive, wait + float(self.config.send_timeout))
+                except Exception as exc:  # noqa: BLE001 - B11: a faulted receiver is replaced; the loop goes on
+                    outcome.errors.append(f"{queue}: receive failed: {type(exc).__name__}")
+                    log.warning(
+                        "syphon: receive from %s failed (%s); receiver replaced", queue, type(exc).__name__
+                    )
+                    self._replace_receiver(queue, dead_letter, "receive failed")
+                    self._add(into, outcome)
+                    yield outcome
+                    break
+                if not messages:
+                    self._add(into, outcome)
+                    yield outcome
+                    break
+                batches += 1
+                generation = lane.generation
+                held = [_Held(m, generation) for m in messages]
+                outcome.received += len(held)
+                try:
+                    progressed = self._move(lane, held, outcome, dead_letter, parked)
+                finally:
+                    self._add(into, outcome)
+                yield outcome
+                if not progressed:
+                    break
+        finally:
+            if parked:
+                tail = SyphonOutcome()
+                tail.parked += len(parked)
+                self._settle(lane, parked, _abandon, tail)
+                self._add(into, tail)
+
+    @staticmethod
+    def _add(into: SyphonOutcome | None, outcome: SyphonOutcome) -> None:
+        if into is not None:
+            merged = into.merge(outcome)
+            into.__dict__.update(merged.__dict__)
+
     def _move(
-        self, receiver: ServiceBusReceiver, messages: list[ServiceBusReceivedMessage], outcome: SyphonOutcome
+        self, lane: Lane[_Receiving], held: Pairs, outcome: SyphonOutcome, dead_letter: bool, parked: Pairs
     ) -> bool:
+        """Sort one receive batch: probes dropped, parked kept, expired and invalid dead-lettered, the rest
+        forwarded per entity (or abandoned). True when anything left the queue (worth another receive)."""
         from spark_sb.sender import is_probe
 
         now = self.clock.now()
-        by_entity: dict[str, list[tuple[ServiceBusReceivedMessage, OutboundMessage]]] = {}
-        for msg in messages:
-            if is_probe(msg):
-                outcome.probes_dropped += 1
-                self._settle(receiver.complete_message, msg, outcome)
-                continue
-            locked_until = getattr(msg, "locked_until_utc", None)
-            if locked_until is not None and locked_until.astimezone(timezone.utc) - now < LOCK_SAFETY_MARGIN:
-                outcome.skipped_lock_expiring += 1  # B12: it will be redelivered; do not forward it now
-                continue
-            try:
-                restored, reason = restore_for_primary(OutboundMessage.from_received(msg), now)
-            except Exception as exc:  # noqa: BLE001 - a malformed message must not stop the syphon
-                restored, reason = None, f"{NOT_A_BACKLOG_MESSAGE}: {type(exc).__name__}: {exc}"
-            if restored is None:
-                assert reason is not None
-                if reason == EXPIRED_IN_BACKLOG:
-                    outcome.expired += 1
-                else:
-                    outcome.invalid += 1
-                self._settle(
-                    lambda m, r=reason: receiver.dead_letter_message(
-                        m, reason=r.split(":")[0], error_description=r
-                    ),
-                    msg,
-                    outcome,
-                )
-                continue
-            assert restored.entity is not None
-            by_entity.setdefault(restored.entity, []).append((msg, restored))
+        lock_floor = now + LOCK_SAFETY_MARGIN + timedelta(seconds=float(self.config.send_timeout))
+        by_entity: dict[str, Pairs] = {}
+        drop: Pairs = []
+        dead: dict[str, Pairs] = {}
+        skipped = 0
+        parked_before = len(parked)
+        pending = list(held)
+        try:
+            while pending:
+                h = pending.pop(0)
+                msg = h.msg
+                if dead_letter and is_parked(getattr(msg, "dead_letter_reason", None)):
+                    parked.append(h)
+                    continue
+                if is_probe(msg):
+                    outcome.probes_dropped += 1
+                    drop.append(h)
+                    continue
+                locked_until = getattr(msg, "locked_until_utc", None)
+                if locked_until is not None and _utc(locked_until) < lock_floor:
+                    skipped += 1  # B12: it will be redelivered; do not forward it now
+                    continue
+                try:
+                    restored, reason = restore_for_primary(_from_received(msg, dead_letter), now)
+                except Exception as exc:  # noqa: BLE001 - a malformed message must not stop the syphon
+                    restored, reason = None, f"{NOT_A_BACKLOG_MESSAGE}: {type(exc).__name__}: {exc}"
+                if restored is None:
+                    assert reason is not None
+                    if reason == EXPIRED_IN_BACKLOG:
+                        outcome.expired += 1
+                        entity = _path_of(msg)
+                        outcome._count(outcome.expired_by_entity, entity)
+                    else:
+                        outcome.invalid += 1
+                    dead.setdefault(reason, []).append(h)
+                    continue
+                assert restored.entity is not None
+                h.restored = restored
+                by_entity.setdefault(restored.entity, []).append(h)
+            outcome.skipped_lock_expiring += skipped
+            self._settle(lane, drop, _complete, outcome)
+            for reason, items in dead.items():
+                if dead_letter:
+                    # Already in the dead-letter queue: leave it there (parked) with the service's reason.
+                    parked.extend(items)
+                    continue
+                short = reason.split(":")[0]
+                self._settle(lane, items, _dead_letter(short, reason), outcome)
 
-        progressed = outcome.received > outcome.abandoned
-        for entity, pairs in by_entity.items():
-            if self._backoff_until.get(entity, 0.0) > self.clock.monotonic():
-                self._abandon_all(receiver, pairs, outcome)
-                continue
-            if not self._forward(receiver, entity, pairs, outcome):
-                self._backoff_until[entity] = self.clock.monotonic() + self.entity_backoff
-        return progressed and outcome.abandoned < outcome.received
+            moved_before = outcome.forwarded_total
+            entities = list(by_entity)
+            while entities:
+                if self._cancelled.is_set():
+                    outcome.cancelled = True
+                    break
+                entity = entities.pop(0)
+                pairs = by_entity.pop(entity)
+                if not self._allowed(entity, outcome):
+                    self._abandon(lane, pairs, outcome)
+                    continue
+                if self._forward(lane, entity, pairs, outcome, dead_letter):
+                    self.gate.succeeded(entity)
+                else:
+                    self.gate.failed(entity)
+            left = outcome.forwarded_total - moved_before
+            return left > 0 or bool(drop) or bool(dead and not dead_letter) or len(parked) > parked_before
+        finally:
+            # Whatever is still held (cancelled, or an unexpected error): abandoned, never left locked (B11).
+            rest = [h for items in by_entity.values() for h in items]
+            if rest:
+                outcome.cancelled = outcome.cancelled or self._cancelled.is_set()
+                self._abandon(lane, rest, outcome)
+            if pending:
+                self._abandon(lane, pending, outcome)
+
+    def _allowed(self, entity: str, outcome: SyphonOutcome) -> bool:
+        """B9: may the syphon move to ``entity`` now? Probes it when the gate says so."""
+        decision = self.gate.decide(entity)
+        if decision == "send":
+            return True
+        if decision == "wait":
+            return False
+        outcome.probes += 1
+        try:
+            self._probe(entity)
+        except Exception as exc:  # noqa: BLE001 - the entity does not answer: back off
+            outcome.errors.append(f"{entity}: probe failed: {type(exc).__name__}")
+            log.info(
+                "syphon: probe of primary entity %s failed (%s); backing off", entity, type(exc).__name__
+            )
+            self.gate.failed(entity)
+            return False
+        self.gate.succeeded(entity)
+        return True
+
+    def _probe(self, entity: str) -> None:
+        """One probe of the primary entity (``probe_mode``), each call within ``send_timeout``."""
+        from spark_sb.sender import PROBE_SCHEDULE_AHEAD, probe_message
+
+        target = Target(PRIMARY, entity)
+        timeout = float(self.config.send_timeout)
+        msg = probe_message(entity, self.config.probe_mode)
+        if self.config.probe_mode == "ping":
+            batch = self._primary.new_batch(target)
+            batch.try_add(msg)
+            self._primary.send(batch, timeout)
+            return
+        at = datetime.now(timezone.utc) + PROBE_SCHEDULE_AHEAD  # the service's clock is real
+        number = self._primary.schedule(target, msg, at, timeout)
+        try:
+            self._primary.cancel_scheduled(target, number, timeout)
+        except Exception as exc:  # noqa: BLE001 - the entity answered; the probe is marked and expires in 1 s
+            log.warning(
+                "syphon: probe %s on %s could not be cancelled (%s)", number, entity, type(exc).__name__
+            )
 
     def _forward(
-        self,
-        receiver: ServiceBusReceiver,
-        entity: str,
-        pairs: list[tuple[ServiceBusReceivedMessage, OutboundMessage]],
-        outcome: SyphonOutcome,
+        self, lane: Lane[_Receiving], entity: str, pairs: Pairs, outcome: SyphonOutcome, dead_letter: bool
     ) -> bool:
         """Send to the primary entity in size-packed batches, each within ``send_timeout``; complete each batch's
-        messages after the primary accepted it."""
+        messages after the primary accepted it. On a failure the rest is abandoned (False)."""
         target = Target(PRIMARY, entity)
         sent = 0
         try:
             batch = self._primary.new_batch(target)
-            in_batch: list[tuple[ServiceBusReceivedMessage, OutboundMessage]] = []
-            for pair in pairs:
-                if not batch.try_add(pair[1]):  # batch full: send it, start anew
-                    self._send_and_complete(receiver, batch, in_batch, entity, outcome)
+            in_batch: Pairs = []
+            for h in pairs:
+                if self._cancelled.is_set():
+                    outcome.cancelled = True
+                    break
+                assert h.restored is not None
+                if not batch.try_add(h.restored):  # batch full: send it, start anew
+                    self._send_and_complete(lane, batch, in_batch, entity, outcome, dead_letter)
                     sent += len(in_batch)
                     in_batch = []
                     batch = self._primary.new_batch(target)
-                    if not batch.try_add(pair[1]):
+                    if not batch.try_add(h.restored):
                         raise ValueError("a message does not fit an empty batch")
-                in_batch.append(pair)
+                in_batch.append(h)
             if in_batch:
-                self._send_and_complete(receiver, batch, in_batch, entity, outcome)
+                self._send_and_complete(lane, batch, in_batch, entity, outcome, dead_letter)
                 sent += len(in_batch)
+            if sent < len(pairs):
+                self._abandon(lane, pairs[sent:], outcome)
             return True
         except Exception as exc:  # noqa: BLE001 - B9/B11: abandon, back off, go on
             log.warning(
                 "syphon: send to primary entity %s failed (%s); abandoning", entity, type(exc).__name__
             )
             outcome.errors.append(f"{entity}: send failed: {type(exc).__name__}")
-            self._abandon_all(receiver, pairs[sent:], outcome)
+            self._abandon(lane, pairs[sent:], outcome)
             return False
 
     def _send_and_complete(
         self,
-        receiver: ServiceBusReceiver,
+        lane: Lane[_Receiving],
         batch: SdkBatch,
-        pending: list[tuple[ServiceBusReceivedMessage, OutboundMessage]],
+        pending: Pairs,
         entity: str,
         outcome: SyphonOutcome,
+        dead_letter: bool,
     ) -> None:
         self._primary.send(batch, float(self.config.send_timeout))
         outcome.forwarded[entity] = outcome.forwarded.get(entity, 0) + len(pending)
-        for msg, _ in pending:
-            self._settle(receiver.complete_message, msg, outcome)
+        if dead_letter:
+            outcome.from_dead_letter += len(pending)
+        self._settle(lane, pending, _complete, outcome)
 
-    def _abandon_all(
-        self,
-        receiver: ServiceBusReceiver,
-        pairs: list[tuple[ServiceBusReceivedMessage, OutboundMessage]],
-        outcome: SyphonOutcome,
-    ) -> None:
-        for msg, _ in pairs:
+    def _abandon(self, lane: Lane[_Receiving], pairs: Pairs, outcome: SyphonOutcome) -> None:
+        for h in pairs:
             outcome.abandoned += 1
-            self._settle(receiver.abandon_message, msg, outcome)
+            outcome._count(outcome.abandoned_by_entity, h.restored.entity if h.restored else _path_of(h.msg))
+        self._settle(lane, pairs, _abandon, outcome)
 
-    @staticmethod
-    def _settle(action: Any, msg: ServiceBusReceivedMessage, outcome: SyphonOutcome) -> None:
-        try:
-            action(msg)
-        except Exception as exc:  # noqa: BLE001 - B11: settle failures are logged; redelivery follows
-            outcome.settle_failures += 1
-            log.info("syphon: settle failed (%s); the message will be redelivered", type(exc).__name__)
+
+# -- settle actions (run on the receiver lane's thread) --------------------------------------------------------
+def _complete(receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage) -> None:
+    receiver.complete_message(msg)
+
+
+def _abandon(receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage) -> None:
+    receiver.abandon_message(msg)
+
+
+def _dead_letter(
+    reason: str, description: str
+) -> Callable[[ServiceBusReceiver, ServiceBusReceivedMessage], None]:
+    def act(receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage) -> None:
+        receiver.dead_letter_message(msg, reason=reason, error_description=description)
+
+    return act
+
+
+def _utc(dt: datetime) -> datetime:
+    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
+
+
+def _from_received(msg: ServiceBusReceivedMessage, dead_letter: bool) -> OutboundMessage:
+    out = OutboundMessage.from_received(msg)
+    if dead_letter and any(k in out.properties for k in DEAD_LETTER_PROPERTIES):
+        props = {k: v for k, v in out.properties.items() if k not in DEAD_LETTER_PROPERTIES}
+        out = replace(out, properties=props)
+    return out
+
+
+def _path_of(msg: Any) -> str | None:
+    props = getattr(msg, "application_properties", None) or {}
+    value = props.get(b"x-ms-path", props.get("x-ms-path"))
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return None if value is None else str(value)

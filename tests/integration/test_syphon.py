@@ -165,7 +165,7 @@ def test_a_blackholed_primary_never_hangs_the_syphon(pair: Any) -> None:
         stalled = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
         assert time.monotonic() - started < 10
         assert stalled.forwarded_total == 0 and stalled.abandoned == 3
-        assert any("send failed: DeadlineExceeded" in e for e in stalled.errors)
+        assert any("failed: DeadlineExceeded" in e for e in stalled.errors)  # its probe or send
         pair.primary.faults.stall(False)
         clock.advance(30)
         moved = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
