@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -91,6 +91,8 @@ class SyphonOutcome:
     receive_calls: int = 0
     probes: int = 0
     cancelled: bool = False
+    #: (entity, message id) of each forwarded message, when the syphon records them (the Spark job's rows).
+    moved_ids: list[tuple[str, str | None]] = field(default_factory=list)
 
     @property
     def forwarded_total(self) -> int:
@@ -120,6 +122,7 @@ class SyphonOutcome:
             receive_calls=self.receive_calls + other.receive_calls,
             probes=self.probes + other.probes,
             cancelled=self.cancelled or other.cancelled,
+            moved_ids=self.moved_ids + other.moved_ids,
         )
 
     def _count(self, table: dict[str, int], entity: str | None, n: int = 1) -> None:
@@ -248,7 +251,7 @@ class Syphon:
     ``primary_namespace_name``, itself defaulting to the primary's namespace name by the rule of SPEC B1, the same
     as provisioning's and the paired sender's). ``entity_backoff``: seconds an entity is left alone after a failed
     send or probe. ``healthy_hints``: entity -> state from the state table (``healthy`` ones are sent to without a
-    probe).
+    probe). ``record_ids``: keep the (entity, message id) of every forwarded message in the outcome.
     """
 
     def __init__(
@@ -260,6 +263,7 @@ class Syphon:
         clock: Clock | None = None,
         entity_backoff: float = 5.0,
         healthy_hints: Mapping[str, str] | None = None,
+        record_ids: bool = False,
     ) -> None:
         if config.secondary is None:
             raise ValueError("the syphon needs a secondary namespace (config key 'secondary')")
@@ -273,6 +277,7 @@ class Syphon:
             )
         self.backlog_queues = list(backlog_queues)
         self.entity_backoff = entity_backoff
+        self.record_ids = record_ids
         self.gate = EntityGate(
             self.clock, ok_for=float(config.ping_primary_interval), backoff=float(entity_backoff)
         )
@@ -443,7 +448,7 @@ class Syphon:
         dead_letter: bool = False,
         until: float | None = None,
         into: SyphonOutcome | None = None,
-    ) -> Iterator[SyphonOutcome]:
+    ) -> Generator[SyphonOutcome, None, None]:
         """Like :meth:`drain_queue`, yielding the outcome of each receive batch as it is done (the Spark job
         streams them). ``into`` accumulates every batch's outcome. Closing the iterator early (a cancelled task)
         abandons what is held."""
@@ -675,6 +680,8 @@ class Syphon:
         outcome.forwarded[entity] = outcome.forwarded.get(entity, 0) + len(pending)
         if dead_letter:
             outcome.from_dead_letter += len(pending)
+        if self.record_ids:
+            outcome.moved_ids.extend((entity, _str(h.msg.message_id)) for h in pending)
         self._settle(lane, pending, _complete, outcome)
 
     def _abandon(self, lane: Lane[_Receiving], pairs: Pairs, outcome: SyphonOutcome) -> None:
@@ -712,6 +719,12 @@ def _from_received(msg: ServiceBusReceivedMessage, dead_letter: bool) -> Outboun
         props = {k: v for k, v in out.properties.items() if k not in DEAD_LETTER_PROPERTIES}
         out = replace(out, properties=props)
     return out
+
+
+def _str(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _path_of(msg: Any) -> str | None:
