@@ -392,7 +392,12 @@ class CredentialConfig:
 
 @dataclass(frozen=True)
 class RetryConfig:
-    """SDK retry settings, stated explicitly (these are the azure-servicebus 7.15 defaults)."""
+    """SDK retry settings, stated explicitly (these are the azure-servicebus 7.15 defaults).
+
+    ``total`` is the SDK's own retry count for the clients that keep it (the syphon's receivers, the admin client).
+    The paired sender's clients do not retry inside a call: its attempt loop retries, with ``backoff_factor`` and
+    ``backoff_max``, so that every failed attempt reaches the failover timer at once and failover is on time
+    whatever these settings are."""
 
     total: int = 3
     backoff_factor: float = 0.8
