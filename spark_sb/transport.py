@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_sb.errors import classify
-from spark_sb.lane import Lane
+from spark_sb.lane import Lane, LaneClosed
 from spark_sb.mapping import OutboundMessage, to_backlog_sdk
 
 if TYPE_CHECKING:
@@ -201,6 +201,7 @@ class SdkTransport:
         self._lanes: dict[Target, Lane[_Link]] = {}
         self._link_max: dict[Target, int] = {}
         self._lock = threading.Lock()
+        self._closed = False
         self.generation: dict[str, int] = {PRIMARY: 0, SECONDARY: 0}  # bumped each time a client is built
 
     # -- plumbing
@@ -215,6 +216,8 @@ class SdkTransport:
 
     def _lane(self, target: Target) -> Lane[_Link]:
         with self._lock:
+            if self._closed:
+                raise LaneClosed("the Service Bus transport is closed")
             lane = self._lanes.get(target)
             if lane is None:
                 ns = self._namespace_config(target.namespace)
@@ -311,8 +314,13 @@ class SdkTransport:
         self._reset_all()
 
     def close(self) -> None:
-        """Close every client in the background (never blocks); the transport is rebuilt if used again."""
-        self._reset_all()
+        """Close every client in the background (never blocks). Final: a later call (a probe still running, say)
+        raises :class:`~spark_sb.lane.LaneClosed` instead of opening a client nobody would close."""
+        with self._lock:
+            self._closed = True
+            lanes = list(self._lanes.values())
+        for lane in lanes:
+            lane.close()
 
     def _reset_all(self) -> None:
         with self._lock:
