@@ -491,3 +491,22 @@ def test_an_idle_sender_probes_on_its_own_and_the_next_send_goes_to_the_primary(
     assert [(t.from_state, t.to_state) for t in out.transitions] == [
         (EntityState.FAILED_OVER, EntityState.HEALTHY)
     ]
+
+
+def test_a_stalled_backlog_queue_is_pulled_within_send_timeout(
+    pair: Any, make_sender: Callable[..., PairedSender]
+) -> None:
+    """B5 within a bound: a backlog queue that never answers is pulled after send_timeout (3 s here) and the same
+    messages go to another queue; nothing waits for it any longer."""
+    registry = FailoverRegistry()
+    pair.primary.faults.refuse_connections()
+    first = make_sender(registry=registry)
+    (chosen,) = first.send(batch_of(1, "learn")).diverted  # failed over; the queue this sender sticks to
+    pair.secondary.faults.stall_entity(chosen, True)
+    started = time.monotonic()
+    out = first.send(batch_of(10))
+    took = time.monotonic() - started
+    assert 3.0 <= took < 3.0 + 3.0
+    assert [p.queue for p in out.pulls] == [chosen]
+    assert out.total_diverted == 10 and chosen not in out.diverted
+    pair.secondary.faults.stall_entity(chosen, False)
