@@ -34,9 +34,10 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage  # noqa: E402
 from azure.servicebus.exceptions import MessageSizeExceededError  # noqa: E402
 from bench_local_namespace import namespace  # noqa: E402 - sibling script
 
+from spark_sb.backlog import BACKLOG_ENQUEUED, BACKLOG_PATH  # noqa: E402
 from spark_sb.config import NamespaceConfig, Secret, ServiceBusConfig  # noqa: E402
 from spark_sb.failover import FailoverRegistry  # noqa: E402
-from spark_sb.mapping import BACKLOG_ENQUEUED, BACKLOG_PATH, OutboundMessage  # noqa: E402
+from spark_sb.mapping import OutboundMessage  # noqa: E402
 from spark_sb.sender import PairedSender  # noqa: E402
 
 # --------------------------------------------------------------------------------------------- part 1: lags

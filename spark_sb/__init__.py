@@ -25,7 +25,7 @@ _EXPORTS = {
     "OutboundMessage": "spark_sb.mapping",
     "PairedSender": "spark_sb.sender",
     "SendOutcome": "spark_sb.sender",
-    "is_probe": "spark_sb.sender",
+    "is_probe": "spark_sb.backlog",
     "ServiceBusSink": "spark_sb.sink",
     "sink": "spark_sb.sink",
     "Syphon": "spark_sb.syphon",

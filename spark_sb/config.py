@@ -29,6 +29,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spark_sb.backlog import PROBE_MODES, backlog_queue_names
 from spark_sb.mapping import LOGICAL_COLUMNS, FrozenMap
 from spark_sb.redact import redact, register_secret
 
@@ -50,7 +51,6 @@ __all__ = [
     "parse_duration",
 ]
 
-PROBE_MODES = ("schedule-cancel", "ping")
 BACKLOG_SELECTIONS = ("random", "session-affine")
 ON_REJECT = ("record", "fail")
 MESSAGE_ID_MODES = ("column", "content")
@@ -763,7 +763,7 @@ class ServiceBusConfig:
     def backlog_queue_names(self, primary_namespace_name: str | None = None) -> list[str]:
         """``<ns>/x-servicebus-transfer/<i>`` for i in [0, backlog_queue_count) (SPEC B1)."""
         ns = primary_namespace_name or self.primary_namespace_name()
-        return [f"{ns}/x-servicebus-transfer/{i}" for i in range(self.backlog_queue_count)]
+        return backlog_queue_names(ns, self.backlog_queue_count)
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for SDK clients (``NamespaceConfig.client(**cfg.client_kwargs())``): the retry

@@ -1,7 +1,8 @@
-"""Rows -> project messages -> SDK messages, and the backlog translation (SPEC S2, B6, B7, S5, S6).
+"""Rows -> project messages -> SDK messages (SPEC S2, B7, S5, S6); the backlog translation (B6) is in
+:mod:`spark_sb.backlog`.
 
 Pure functions and small picklable dataclasses. They run on executors (per row, on the hot path: keep them
-cheap), in the syphon (``from_received`` / ``from_backlog``) and in tests. No I/O, no clock reads: the caller
+cheap), in the syphon (``from_received``) and in tests. No I/O, no clock reads: the caller
 passes ``now``.
 
 Decisions taken from the azure-servicebus 7.15 SDK (``_common/message.py``, ``_pyamqp/_encode.py``):
@@ -25,31 +26,28 @@ import calendar
 import hashlib
 import json
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+# from_backlog, is_backlog_message, to_backlog: re-exported for spark_sb/syphon.py and the syphon tests, which
+# import them from here; their home is spark_sb.backlog. To be removed once those import spark_sb.backlog.
+from spark_sb.backlog import BACKLOG_PATH, RESERVED_PROPERTIES
+from spark_sb.backlog import from_backlog as from_backlog
+from spark_sb.backlog import is_backlog_message as is_backlog_message
+from spark_sb.backlog import to_backlog as to_backlog
 from spark_sb.redact import redact
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
 
 __all__ = [
-    "BACKLOG_ENQUEUED",
-    "BACKLOG_PARTITION_KEY",
-    "BACKLOG_PATH",
-    "BACKLOG_SCHEDULED",
-    "BACKLOG_SESSION_ID",
-    "BACKLOG_TABLE",
-    "BACKLOG_TIMESTAMP_PROPERTIES",
-    "BACKLOG_TTL",
     "JSON_CONTENT_TYPE",
     "LOGICAL_COLUMNS",
     "MAX_ID_LENGTH",
     "MAX_TTL_MS",
-    "RESERVED_PROPERTIES",
     "FrozenMap",
     "OutboundMessage",
     "Reject",
@@ -59,40 +57,13 @@ __all__ = [
     "batch_cost",
     "batch_overhead",
     "encoded_size",
-    "from_backlog",
-    "is_backlog_message",
     "message_id_from_content",
     "row_to_json",
     "row_to_message",
-    "to_backlog",
     "validate_schema",
 ]
 
 Scalar = str | int | float | bool | bytes | datetime | uuid.UUID | None
-
-BACKLOG_PATH = "x-ms-path"
-BACKLOG_SESSION_ID = "x-ms-sessionid"
-BACKLOG_TTL = "x-ms-timetolive"
-BACKLOG_SCHEDULED = "x-ms-scheduledenqueuetimeutc"
-BACKLOG_PARTITION_KEY = "x-ms-partitionkey"
-BACKLOG_ENQUEUED = "x-ms-backlog-enqueued-utc"
-#: Names of the application properties whose values were ``datetime`` (JSON list). The SDK decodes AMQP
-#: timestamps in application properties as plain ``int`` milliseconds; this lets ``from_backlog`` restore the
-#: type after a real round trip through a backlog queue. Only present when such properties exist.
-BACKLOG_TIMESTAMP_PROPERTIES = "x-ms-backlog-timestamp-properties"
-
-#: Application property names that the backlog translation owns: user messages must not carry them.
-RESERVED_PROPERTIES = frozenset(
-    {
-        BACKLOG_PATH,
-        BACKLOG_SESSION_ID,
-        BACKLOG_TTL,
-        BACKLOG_SCHEDULED,
-        BACKLOG_PARTITION_KEY,
-        BACKLOG_ENQUEUED,
-        BACKLOG_TIMESTAMP_PROPERTIES,
-    }
-)
 
 #: SPEC S2 logical column names (the keys of ``columns``; the defaults map each to itself).
 LOGICAL_COLUMNS: tuple[str, ...] = (
@@ -832,155 +803,6 @@ def validate_schema(schema: Any, columns: Mapping[str, str]) -> None:
                 "expected map<string, string|integral|float|double|boolean|binary|timestamp>, "
                 f"found {found(dt)}",
             )
-
-
-# ---------------------------------------------------------------------- backlog translation (B6)
-def _ttl_encode(td: timedelta) -> int:
-    return td // _ONE_MS
-
-
-def _ttl_decode(v: Any) -> timedelta:
-    return timedelta(milliseconds=int(v))
-
-
-def _time_decode(v: Any) -> datetime:
-    if isinstance(v, datetime):
-        return v if v.tzinfo is timezone.utc else _utc_ms(v)
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return _ms_to_datetime(int(v))
-    if isinstance(v, str):
-        return _utc_ms(datetime.fromisoformat(v))
-    raise ValueError(f"not a timestamp: {_type_name(v)}")
-
-
-def _str_decode(v: Any) -> str:
-    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
-
-
-def _same(v: Any) -> Any:
-    return v
-
-
-#: SPEC B6, one row per translated attribute: (OutboundMessage attribute, backlog property, encode, decode).
-#: The attribute is cleared in the backlog message and restored from the property by :func:`from_backlog`.
-BACKLOG_TABLE: tuple[tuple[str, str, Callable[[Any], Scalar], Callable[[Any], Any]], ...] = (
-    ("entity", BACKLOG_PATH, _same, _str_decode),
-    ("session_id", BACKLOG_SESSION_ID, _same, _str_decode),
-    ("time_to_live", BACKLOG_TTL, _ttl_encode, _ttl_decode),
-    ("scheduled_enqueue_time", BACKLOG_SCHEDULED, _same, _time_decode),
-    ("partition_key", BACKLOG_PARTITION_KEY, _same, _str_decode),
-)
-
-
-def to_backlog(msg: OutboundMessage, entity: str, now: datetime) -> OutboundMessage:
-    """Translate ``msg`` (destined for ``entity``) into its backlog form (SPEC B6).
-
-    Session id, TTL, scheduled time and partition key are cleared and recorded as application properties,
-    with the destination (``x-ms-path``) and ``now`` (``x-ms-backlog-enqueued-utc``, UTC). Everything else
-    passes unchanged. The result has ``entity=None`` (the caller picks the backlog queue). Raises
-    :class:`RejectError` if ``msg`` already carries a reserved backlog property (not reversible).
-    """
-    props: dict[str, Scalar] = dict(msg.properties)
-    for name in sorted(RESERVED_PROPERTIES.intersection(props)):
-        raise RejectError(
-            f"property name {name!r} is reserved for the backlog translation", f"properties.{name}"
-        )
-    timestamps = sorted(k for k, v in props.items() if isinstance(v, datetime))
-    source = replace(msg, entity=entity)
-    cleared: dict[str, Any] = {}
-    for attr, prop, encode, _ in BACKLOG_TABLE:
-        value = getattr(source, attr)
-        cleared[attr] = None
-        if value is not None:
-            props[prop] = encode(value)
-    props[BACKLOG_ENQUEUED] = now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now
-    if timestamps:
-        props[BACKLOG_TIMESTAMP_PROPERTIES] = json.dumps(timestamps, separators=(",", ":"))
-    return replace(msg, properties=props, **cleared)
-
-
-def to_backlog_sdk(msg: OutboundMessage, entity: str, now: datetime) -> ServiceBusMessage:
-    """``to_backlog(msg, entity, now).to_sdk()`` in one step: the failed-over hot path (SPEC B6).
-
-    A message without a session id, partition key, TTL, scheduled time or timestamp properties - the common
-    case - goes straight to the SDK message, with no intermediate :class:`OutboundMessage`; any other takes the
-    general path. Both give the same message. Raises :class:`RejectError` like :func:`to_backlog`.
-    """
-    props = msg.properties
-    if (
-        msg.session_id is not None
-        or msg.partition_key is not None
-        or msg.time_to_live is not None
-        or msg.scheduled_enqueue_time is not None
-        or (props and (not RESERVED_PROPERTIES.isdisjoint(props) or _has_timestamp(props)))
-    ):
-        return to_backlog(msg, entity, now).to_sdk()
-    from azure.servicebus import ServiceBusMessage
-
-    out = _sdk_properties(props) or {}
-    out[BACKLOG_PATH] = entity
-    out[BACKLOG_ENQUEUED] = now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now
-    return ServiceBusMessage(
-        msg.body,
-        application_properties=out,
-        message_id=msg.message_id,
-        content_type=msg.content_type,
-        correlation_id=msg.correlation_id,
-        subject=msg.subject,
-        to=msg.to,
-        reply_to=msg.reply_to,
-        reply_to_session_id=msg.reply_to_session_id,
-    )
-
-
-def _has_timestamp(props: Mapping[str, Scalar]) -> bool:
-    return any(isinstance(v, datetime) for v in props.values())
-
-
-def from_backlog(msg: OutboundMessage) -> tuple[OutboundMessage, datetime]:
-    """Restore a backlog message (exact inverse of :func:`to_backlog`) and return when it entered the backlog.
-
-    Accepts the values as they come back from a real receive too (timestamps and TTL as ``int`` ms, strings
-    as ``bytes``). Raises :class:`RejectError` if ``msg`` is not a backlog message.
-    """
-    props: dict[str, Any] = dict(msg.properties)
-    if BACKLOG_PATH not in props:
-        raise RejectError("not a backlog message (no x-ms-path property)", BACKLOG_PATH)
-    restored: dict[str, Any] = {}
-    for attr, prop, _, decode in BACKLOG_TABLE:
-        raw = props.pop(prop, None)
-        try:
-            restored[attr] = None if raw is None else decode(raw)
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise RejectError(f"invalid backlog value: {exc}", prop) from None
-    raw_enq = props.pop(BACKLOG_ENQUEUED, None)
-    if raw_enq is None:
-        raise RejectError("backlog message without an enqueue time", BACKLOG_ENQUEUED)
-    try:
-        enqueued = raw_enq if isinstance(raw_enq, datetime) else _time_decode(raw_enq)
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise RejectError(f"invalid backlog value: {exc}", BACKLOG_ENQUEUED) from None
-    raw_ts = props.pop(BACKLOG_TIMESTAMP_PROPERTIES, None)
-    if raw_ts is not None:
-        try:
-            names = json.loads(_str_decode(raw_ts))
-        except ValueError:
-            names = []
-        for name in names:
-            v = props.get(name)
-            if isinstance(v, int) and not isinstance(v, bool):
-                props[name] = _ms_to_datetime(v)
-    return replace(msg, properties=props, **restored), enqueued
-
-
-def is_backlog_message(msg: Any) -> bool:
-    """True for a backlog-form message: an :class:`OutboundMessage` or an SDK message with ``x-ms-path``."""
-    props = (
-        msg.properties if isinstance(msg, OutboundMessage) else getattr(msg, "application_properties", None)
-    )
-    if not props:
-        return False
-    return BACKLOG_PATH in props or BACKLOG_PATH.encode() in props
 
 
 # ---------------------------------------------------------------------- deterministic ids (S5)

@@ -25,6 +25,7 @@ from datetime import timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from spark_sb.backlog import backlog_queue_names, parse_backlog_queue_name
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import derive_namespace_name, is_address_host
 
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
     from spark_sb.config import NamespaceConfig, ServiceBusConfig
 
 _LOG = logging.getLogger(__name__)
-
-#: The infix of every backlog queue name: ``<primary-namespace>/x-servicebus-transfer/<i>``.
-BACKLOG_INFIX = "x-servicebus-transfer"
 
 #: The largest duration the service accepts through this SDK: .NET ``TimeSpan.MaxValue``
 #: (``P10675199DT2H48M5.4775807S``) less the sub-microsecond rest that Python's ``timedelta`` would round *up*
@@ -52,32 +50,6 @@ DEFAULT_RETRY_PAUSE = 30.0
 
 # HTTP statuses on which trying again cannot help (bad request, unauthorized, forbidden).
 _NOT_RETRYABLE_STATUS = frozenset({400, 401, 403})
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Naming
-# --------------------------------------------------------------------------------------------------------------
-
-
-def backlog_queue_name(primary_namespace_name: str, index: int) -> str:
-    """``<primary-namespace>/x-servicebus-transfer/<index>``."""
-    return f"{primary_namespace_name}/{BACKLOG_INFIX}/{index}"
-
-
-def backlog_queue_names(primary_namespace_name: str, count: int) -> list[str]:
-    """The names of backlog queues ``0 .. count-1``."""
-    return [backlog_queue_name(primary_namespace_name, i) for i in range(count)]
-
-
-def parse_backlog_queue_name(name: str, primary_namespace_name: str) -> str | None:
-    """The part after ``<primary-namespace>/x-servicebus-transfer/`` (case-insensitive), or ``None``.
-
-    Returns the suffix as written (normally a decimal index; anything else is an extra queue too).
-    """
-    prefix = f"{primary_namespace_name}/{BACKLOG_INFIX}/".casefold()
-    if name.casefold().startswith(prefix) and len(name) > len(prefix):
-        return name[len(prefix) :]
-    return None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -852,7 +824,6 @@ def outcomes_by_name(report: ProvisioningReport) -> dict[str, QueueOutcome]:
 
 
 __all__ = [
-    "BACKLOG_INFIX",
     "BACKLOG_QUEUE_SPEC",
     "CERTIFICATE_HINT",
     "DEFAULT_RETRY_PAUSE",
@@ -864,8 +835,6 @@ __all__ = [
     "PropertyDifference",
     "QueueOutcome",
     "QueueStatus",
-    "backlog_queue_name",
-    "backlog_queue_names",
     "derive_namespace_name",
     "describe_error",
     "is_address_host",
@@ -873,7 +842,6 @@ __all__ = [
     "is_retryable",
     "is_unauthorized",
     "outcomes_by_name",
-    "parse_backlog_queue_name",
     "provision_backlog_queues",
     "resolve_primary_namespace_name",
     "usable_backlog_queues",

@@ -18,12 +18,20 @@ from __future__ import annotations
 import logging
 import random
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
+# is_probe, primary_namespace_name, probe_message, PROBE_SCHEDULE_AHEAD, with_namespace_name: re-exported for
+# spark_sb/syphon.py, spark_sb/syphon_job.py and the syphon tests, which import them from here; their home is
+# spark_sb.backlog. To be removed once those import spark_sb.backlog.
+from spark_sb.backlog import PROBE_MODES
+from spark_sb.backlog import PROBE_SCHEDULE_AHEAD as PROBE_SCHEDULE_AHEAD
+from spark_sb.backlog import is_probe as is_probe
+from spark_sb.backlog import primary_namespace_name as primary_namespace_name
+from spark_sb.backlog import probe_message as probe_message
+from spark_sb.backlog import with_namespace_name as with_namespace_name
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import ServiceBusConfig
 from spark_sb.errors import (
@@ -59,53 +67,6 @@ from spark_sb.redact import redact
 from spark_sb.transport import PRIMARY, SECONDARY, Batch, SdkTransport, Target, Transport
 
 _LOGGER = logging.getLogger(__name__)
-
-PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
-PROBE_PROPERTY = "x-spark-sb-probe"
-PROBE_TTL = timedelta(seconds=1)
-PROBE_SCHEDULE_AHEAD = timedelta(days=30)
-PROBE_MODES = ("schedule-cancel", "ping")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Probe messages
-
-
-def probe_message(entity: str, mode: str = "schedule-cancel") -> OutboundMessage:
-    """The probe message of ``mode`` for ``entity``: empty, ping content type, probe property, TTL 1 s.
-
-    In ``schedule-cancel`` mode it is scheduled far ahead and cancelled at once; the marks make
-    :func:`is_probe` catch it should a cancel ever fail and it be delivered.
-    """
-    if mode not in PROBE_MODES:
-        raise ValueError(f"probe_mode must be one of {', '.join(PROBE_MODES)}, not {mode!r}")
-    return OutboundMessage(
-        body=b"",
-        entity=entity,
-        message_id=f"spark-sb-probe-{uuid.uuid4()}",
-        content_type=PING_CONTENT_TYPE,
-        time_to_live=PROBE_TTL,
-        properties={PROBE_PROPERTY: mode},
-    )
-
-
-def is_probe(message: Any) -> bool:
-    """True for a probe message (either mode, or the seed's ping): receivers drop these.
-
-    Works on ``ServiceBusReceivedMessage`` / ``ServiceBusMessage`` and :class:`OutboundMessage`.
-    """
-    content_type = getattr(message, "content_type", None)
-    if isinstance(content_type, bytes):
-        content_type = content_type.decode("utf-8", "replace")
-    if content_type == PING_CONTENT_TYPE:
-        return True
-    props = message.properties if isinstance(message, OutboundMessage) else None
-    if props is None:
-        props = getattr(message, "application_properties", None)
-    if not props:
-        return False
-    return PROBE_PROPERTY in props or PROBE_PROPERTY.encode() in props
-
 
 # ---------------------------------------------------------------------------------------------------------
 # Outcome
@@ -217,48 +178,6 @@ def namespace_key(ns: Any) -> str:
 def namespace_description(ns: Any) -> str:
     """The redacted description of a namespace for error texts."""
     return str(ns.redacted())
-
-
-_resolved_names: dict[str, str] = {}
-_resolved_lock = threading.Lock()
-
-
-def primary_namespace_name(ns: Any) -> str:
-    """The primary's namespace name for backlog queue names (SPEC B1), by the same rule as provisioning:
-    ``namespace_name``, else the first label of its host (``contoso`` for ``contoso.servicebus.windows.net``),
-    else (an IP or ``localhost`` endpoint) the name the namespace reports about itself, asked once per process
-    and endpoint through :func:`spark_sb.provisioning.resolve_primary_namespace_name`."""
-    key = namespace_key(ns)
-
-    def lookup() -> str:
-        with _resolved_lock:
-            known = _resolved_names.get(key)
-        if known is None:
-            from spark_sb.provisioning import resolve_primary_namespace_name
-
-            known = resolve_primary_namespace_name(ns)
-            with _resolved_lock:
-                _resolved_names[key] = known
-        return known
-
-    return str(ns.effective_namespace_name(lookup=lookup))
-
-
-def with_namespace_name(config: Any) -> Any:
-    """``config`` with ``primary.namespace_name`` filled in (driver side, once).
-
-    For an IP or ``localhost`` primary endpoint the namespace name (used in backlog queue names) has to be asked
-    of the namespace's admin endpoint; doing that on the driver, once, and shipping the name inside the
-    configuration means executors never call the admin API - in particular a new Python worker started while
-    the primary is down can still divert to the backlog. Without a secondary, or when the name is already known
-    (set, or the first label of an FQDN), the config is returned unchanged. Runs on the driver; may do I/O.
-    """
-    from dataclasses import replace
-
-    if config.secondary is None or config.primary.namespace_name:
-        return config
-    name = primary_namespace_name(config.primary)
-    return config.with_overrides(primary=replace(config.primary, namespace_name=name))
 
 
 def _describe(exc: BaseException) -> str:

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from spark_sb.backlog import to_backlog_sdk
 from spark_sb.errors import classify
 from spark_sb.lane import Lane, LaneClosed
-from spark_sb.mapping import OutboundMessage, to_backlog_sdk
+from spark_sb.mapping import OutboundMessage
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusClient, ServiceBusMessageBatch, ServiceBusSender

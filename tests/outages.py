@@ -20,10 +20,11 @@ from typing import Any
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
+from spark_sb.backlog import BACKLOG_PATH
 from spark_sb.config import ServiceBusConfig
 from spark_sb.failover import FailoverRegistry
 from spark_sb.local.model import QueueSettings
-from spark_sb.mapping import BACKLOG_PATH, OutboundMessage
+from spark_sb.mapping import OutboundMessage
 from spark_sb.sender import PairedSender
 
 ENTITY = "orders"

@@ -20,12 +20,13 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
+from spark_sb.backlog import is_probe
 from spark_sb.clock import FakeClock
 from spark_sb.config import ServiceBusConfig
 from spark_sb.failover import EntityState
 from spark_sb.mapping import OutboundMessage
 from spark_sb.provisioning import provision_backlog_queues
-from spark_sb.sender import PairedSender, is_probe, namespace_key
+from spark_sb.sender import PairedSender, namespace_key
 
 pytestmark = pytest.mark.local
 

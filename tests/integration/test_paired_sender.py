@@ -20,19 +20,20 @@ pytest.importorskip("spark_sb.local.fixtures", reason="the local namespace serve
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode  # noqa: E402
 
-from spark_sb.config import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig  # noqa: E402
-from spark_sb.errors import NoBacklogAvailableError, ServiceBusConfigError  # noqa: E402
-from spark_sb.failover import EntityState, FailoverRegistry  # noqa: E402
-from spark_sb.local.model import QueueSettings  # noqa: E402
-from spark_sb.mapping import (  # noqa: E402
+from spark_sb.backlog import (  # noqa: E402
     BACKLOG_ENQUEUED,
     BACKLOG_PATH,
     BACKLOG_SESSION_ID,
     BACKLOG_TTL,
-    OutboundMessage,
     from_backlog,
+    is_probe,
 )
-from spark_sb.sender import PairedSender, is_probe  # noqa: E402
+from spark_sb.config import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig  # noqa: E402
+from spark_sb.errors import NoBacklogAvailableError, ServiceBusConfigError  # noqa: E402
+from spark_sb.failover import EntityState, FailoverRegistry  # noqa: E402
+from spark_sb.local.model import QueueSettings  # noqa: E402
+from spark_sb.mapping import OutboundMessage  # noqa: E402
+from spark_sb.sender import PairedSender  # noqa: E402
 from spark_sb.transport import PRIMARY, SECONDARY, SdkTransport, Target  # noqa: E402
 
 pytestmark = pytest.mark.local

@@ -20,12 +20,12 @@ import pytest
 pytest.importorskip("spark_sb.local.server")
 
 from spark_sb.__main__ import main  # noqa: E402
+from spark_sb.backlog import backlog_queue_names  # noqa: E402
 from spark_sb.clock import FakeClock  # noqa: E402
 from spark_sb.provisioning import (  # noqa: E402
     MAX_DURATION,
     ProvisioningError,
     QueueStatus,
-    backlog_queue_names,
     outcomes_by_name,
     provision_backlog_queues,
 )

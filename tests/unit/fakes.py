@@ -9,9 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from spark_sb.backlog import to_backlog
 from spark_sb.clock import FakeClock
 from spark_sb.lane import DeadlineExceeded
-from spark_sb.mapping import OutboundMessage, to_backlog
+from spark_sb.mapping import OutboundMessage
 from spark_sb.transport import SLOW_MARGIN, Target
 
 BATCH_BASE = 10

@@ -13,7 +13,8 @@ from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_sb.mapping import BACKLOG_PATH, OutboundMessage, RejectError, to_backlog, to_backlog_sdk
+from spark_sb.backlog import BACKLOG_PATH, to_backlog, to_backlog_sdk
+from spark_sb.mapping import OutboundMessage, RejectError
 
 pytestmark = pytest.mark.unit
 

@@ -17,7 +17,7 @@ from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_sb.mapping import (
+from spark_sb.backlog import (
     BACKLOG_ENQUEUED,
     BACKLOG_PARTITION_KEY,
     BACKLOG_PATH,
@@ -26,9 +26,14 @@ from spark_sb.mapping import (
     BACKLOG_TABLE,
     BACKLOG_TIMESTAMP_PROPERTIES,
     BACKLOG_TTL,
+    RESERVED_PROPERTIES,
+    from_backlog,
+    is_backlog_message,
+    to_backlog,
+)
+from spark_sb.mapping import (
     LOGICAL_COLUMNS,
     MAX_TTL_MS,
-    RESERVED_PROPERTIES,
     FrozenMap,
     OutboundMessage,
     Reject,
@@ -36,11 +41,8 @@ from spark_sb.mapping import (
     SchemaError,
     batch_cost,
     encoded_size,
-    from_backlog,
-    is_backlog_message,
     message_id_from_content,
     row_to_message,
-    to_backlog,
     validate_schema,
 )
 

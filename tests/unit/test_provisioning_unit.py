@@ -16,6 +16,7 @@ from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, 
 
 import spark_sb.config as config_module
 from spark_sb import __main__ as cli
+from spark_sb.backlog import backlog_queue_names, parse_backlog_queue_name
 from spark_sb.clock import FakeClock
 from spark_sb.config import ConfigError, NamespaceConfig, Secret, ServiceBusConfig
 from spark_sb.provisioning import (
@@ -23,13 +24,11 @@ from spark_sb.provisioning import (
     MAX_DURATION,
     ProvisioningError,
     QueueStatus,
-    backlog_queue_names,
     derive_namespace_name,
     format_duration,
     is_address_host,
     is_retryable,
     outcomes_by_name,
-    parse_backlog_queue_name,
     provision_backlog_queues,
     resolve_primary_namespace_name,
     usable_backlog_queues,

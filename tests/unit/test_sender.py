@@ -14,6 +14,16 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus import exceptions as sbe
 
+from spark_sb.backlog import (
+    BACKLOG_PATH,
+    BACKLOG_SESSION_ID,
+    BACKLOG_TTL,
+    PING_CONTENT_TYPE,
+    from_backlog,
+    is_probe,
+    primary_namespace_name,
+    probe_message,
+)
 from spark_sb.clock import FakeClock
 from spark_sb.config import NamespaceConfig, Secret, ServiceBusConfig
 from spark_sb.errors import (
@@ -23,15 +33,8 @@ from spark_sb.errors import (
     ServiceBusConfigError,
 )
 from spark_sb.failover import EntityState, FailoverRegistry, StateTransition, choose_session_affine
-from spark_sb.mapping import BACKLOG_PATH, BACKLOG_SESSION_ID, BACKLOG_TTL, OutboundMessage, from_backlog
-from spark_sb.sender import (
-    PING_CONTENT_TYPE,
-    PairedSender,
-    SendOutcome,
-    is_probe,
-    primary_namespace_name,
-    probe_message,
-)
+from spark_sb.mapping import OutboundMessage
+from spark_sb.sender import PairedSender, SendOutcome
 from spark_sb.transport import PRIMARY, SECONDARY, Target
 
 from .fakes import FakeTransport
