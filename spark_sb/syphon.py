@@ -493,6 +493,9 @@ class Syphon:
                 yield outcome
                 if not progressed:
                     break
+            if self._cancelled.is_set():
+                self._add(into, SyphonOutcome(cancelled=True))
+                yield SyphonOutcome(cancelled=True)
         finally:
             if parked:
                 tail = SyphonOutcome()
