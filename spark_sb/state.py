@@ -50,6 +50,15 @@ BACKLOG_PULLED = "backlog_pulled"
 BACKLOG_RETURNED = "backlog_returned"
 REPLAY_SKIPPED = "replay_skipped"
 BATCH_COMMITTED = "batch_committed"
+# the syphon's event names (spark_sb.syphon_job): per entity and backlog queue, per micro-batch
+MOVED = "moved"
+EXPIRED = "expired"
+ABANDONED = "abandoned"
+DEAD_LETTERED = "dead_lettered"
+SETTLE_FAILED = "settle_failed"
+SYPHON_ERROR = "syphon_error"
+PARKED = "parked"
+SYPHON_EVENTS = (MOVED, EXPIRED, ABANDONED, DEAD_LETTERED, SETTLE_FAILED, SYPHON_ERROR, PARKED)
 EVENTS = (
     SENT,
     DIVERTED,
@@ -60,6 +69,7 @@ EVENTS = (
     BACKLOG_RETURNED,
     REPLAY_SKIPPED,
     BATCH_COMMITTED,
+    *SYPHON_EVENTS,
 )
 
 EVENTS_DDL = (

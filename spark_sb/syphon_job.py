@@ -45,6 +45,15 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.config import ServiceBusConfig
+from spark_sb.state import (  # the row kinds are the events table's event names
+    ABANDONED,
+    DEAD_LETTERED,
+    EXPIRED,
+    MOVED,
+    PARKED,
+    SETTLE_FAILED,
+    SYPHON_ERROR,
+)
 from spark_sb.syphon import Syphon, SyphonOutcome
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,14 +69,6 @@ ROW_SCHEMA = (
     "queue STRING, dead_letter BOOLEAN, entity STRING, kind STRING, count BIGINT, message_id STRING, "
     "detail STRING"
 )
-#: Row kinds (the ``event`` column of the events table).
-MOVED = "moved"
-EXPIRED = "expired"
-ABANDONED = "abandoned"
-DEAD_LETTERED = "dead_lettered"
-SETTLE_FAILED = "settle_failed"
-SYPHON_ERROR = "syphon_error"
-PARKED = "parked"
 #: The receive wait inside a micro-batch: the planner already knows there are messages (admin counts), so a
 #: receive that comes back empty after this long ends the queue's pass.
 RECEIVE_WAIT = 1.0

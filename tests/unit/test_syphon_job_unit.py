@@ -1,0 +1,152 @@
+"""The syphon job's pure parts: the entity gate (B9), parked dead-letter reasons, the planner's choice of queues
+from runtime counts (idle: nothing), the rows of an outcome, and the events a micro-batch writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+from spark_sb.clock import FakeClock
+from spark_sb.config import ServiceBusConfig
+from spark_sb.state import MemoryStateStore
+from spark_sb.syphon import EXPIRED_IN_BACKLOG, EntityGate, SyphonOutcome, is_parked
+from spark_sb.syphon_job import BacklogWatcher, SyphonBatchWriter, outcome_rows
+
+pytestmark = pytest.mark.unit
+
+CONFIG = ServiceBusConfig.from_dict(
+    {
+        "primary": {
+            "connection_string": "Endpoint=sb://p.example:5672;SharedAccessKeyName=k;SharedAccessKey=s1"
+        },
+        "secondary": {
+            "connection_string": "Endpoint=sb://s.example:5672;SharedAccessKeyName=k;SharedAccessKey=s2"
+        },
+        "backlog_queue_count": 2,
+    }
+)
+QUEUES = ["p/x-servicebus-transfer/0", "p/x-servicebus-transfer/1"]
+
+
+def test_gate_sends_to_healthy_probes_the_rest_and_backs_off_after_a_failure() -> None:
+    clock = FakeClock()
+    gate = EntityGate(clock, ok_for=60, backoff=5)
+    gate.set_hints({"a": "healthy", "b": "failed_over"})
+    assert [gate.decide(e) for e in ("a", "b", "unknown")] == ["send", "probe", "probe"]
+    gate.succeeded("b")  # answered a probe
+    assert gate.decide("b") == "send"
+    gate.failed("a")  # a send failed: back off, then probe (the table's word is not enough any more)
+    assert gate.decide("a") == "wait"
+    clock.advance(5)
+    assert gate.decide("a") == "probe"
+    clock.advance(60)
+    assert gate.decide("b") == "probe"  # a success counts for ok_for seconds
+
+
+@pytest.mark.parametrize(
+    ("reason", "parked"),
+    [
+        (EXPIRED_IN_BACKLOG, True),
+        ("NotABacklogMessage", True),
+        ("TTLExpiredException", True),
+        ("MaxDeliveryCountExceeded", False),
+        ("MessageLockLost", False),
+        (None, False),
+    ],
+)
+def test_parked_reasons(reason: str | None, parked: bool) -> None:
+    assert is_parked(reason) is parked
+
+
+@dataclass
+class Props:
+    name: str
+    active_message_count: int
+    dead_letter_message_count: int
+
+
+class FakeAdmin:
+    def __init__(self) -> None:
+        self.counts: dict[str, tuple[int, int]] = {q: (0, 0) for q in QUEUES}
+        self.fail = False
+
+    def list_queues_runtime_properties(self) -> list[Props]:
+        if self.fail:
+            raise ConnectionError("down")
+        return [Props(q, a, d) for q, (a, d) in self.counts.items()]
+
+    def get_queue_runtime_properties(self, queue: str) -> Props:
+        raise AssertionError("the listing answered")
+
+
+def test_planner_drains_only_queues_with_messages_and_new_dead_letters() -> None:
+    admin = FakeAdmin()
+    watcher = BacklogWatcher(CONFIG, QUEUES, admin=admin)
+    assert watcher.work() == []  # idle: no receive at all
+    admin.counts[QUEUES[1]] = (7, 0)
+    assert watcher.work() == [(QUEUES[1], False)]
+    admin.counts[QUEUES[1]] = (0, 3)  # dead-lettered in the backlog (max delivery count): a DLQ pass
+    assert watcher.work() == [(QUEUES[1], True)]
+    admin.counts[QUEUES[1]] = (0, 1)  # the pass left one (parked on purpose): not drained again
+    assert watcher.work() == []
+    assert watcher.work() == []
+    admin.counts[QUEUES[1]] = (0, 2)  # a new one: drained again
+    assert watcher.work() == [(QUEUES[1], True)]
+
+
+def test_planner_drains_every_queue_when_the_counts_cannot_be_read() -> None:
+    admin = FakeAdmin()
+    admin.fail = True
+
+    class Fallback(FakeAdmin):
+        def get_queue_runtime_properties(self, queue: str) -> Props:
+            raise ConnectionError("down")
+
+    watcher = BacklogWatcher(CONFIG, QUEUES, admin=Fallback())
+    watcher.admin.fail = True
+    assert watcher.work() == [(q, False) for q in QUEUES] and watcher.failures == 1
+
+
+def test_rows_one_per_message_moved_and_one_per_kind_else() -> None:
+    outcome = SyphonOutcome(
+        forwarded={"orders": 2},
+        moved_ids=[("orders", "m1"), ("orders", "m2")],
+        expired_by_entity={"orders": 1},
+        abandoned_by_entity={"audit": 3},
+        invalid=1,
+        settle_failures=2,
+        errors=["audit: send failed: ServiceBusError"],
+    )
+    rows = list(outcome_rows("q0", False, outcome))
+    kinds = [(r[2], r[3], r[4]) for r in rows]
+    assert kinds == [
+        ("orders", "moved", 1),
+        ("orders", "moved", 1),
+        ("orders", "expired", 1),
+        ("audit", "abandoned", 3),
+        (None, "dead_lettered", 1),
+        (None, "settle_failed", 2),
+        (None, "syphon_error", 1),
+    ]
+
+
+def test_writer_appends_per_entity_events_idempotently_and_nothing_for_an_empty_batch() -> None:
+    store = MemoryStateStore()
+    writer = SyphonBatchWriter(CONFIG, store=store)
+    at = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    writer.record(0, [], store, now=at)
+    assert store.read_events() == []
+    batch: list[Any] = [("q0", "orders", "moved", 5, None), ("q1", "orders", "expired", 1, None)]
+    writer.record(1, batch, store, now=at)
+    writer.record(1, batch, store, now=at)  # a replayed micro-batch is written once
+    events = [(e.event, e.entity, e.backlog_queue, e.count) for e in store.read_events()]
+    assert events == [
+        ("expired", "orders", "q1", 1),
+        ("moved", "orders", "q0", 5),
+        ("batch_committed", None, None, 5),
+    ]
+    assert {e.sink_id for e in store.read_events()} == {"syphon/p"}
+    assert writer.total.moved == 10 and writer.total.by_entity == {"orders": 10}
