@@ -22,7 +22,7 @@ _EXPORTS = {
     "load_config": "spark_sb.config",
     "ServiceBusConfig": "spark_sb.config",
     "ConfigError": "spark_sb.config",
-    "OutboundMessage": "spark_sb.mapping",
+    "OutboundMessage": "spark_sb.message",
     "PairedSender": "spark_sb.sender",
     "SendOutcome": "spark_sb.sender",
     "is_probe": "spark_sb.backlog",

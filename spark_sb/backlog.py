@@ -5,9 +5,9 @@ Pure functions and constants; they run on executors (the failed-over hot path: :
 syphon (:func:`from_backlog`, :func:`is_probe`), in provisioning and in tests. No I/O except
 :func:`primary_namespace_name`, which may ask the primary's admin endpoint once per process (see there).
 
-Import order: :mod:`spark_sb.mapping` needs :data:`RESERVED_PROPERTIES` and :data:`BACKLOG_PATH` for its field
-checks, and the translation needs :class:`~spark_sb.mapping.OutboundMessage`; so this module imports
-``spark_sb.mapping`` only inside functions (and under ``TYPE_CHECKING``).
+Import order: :mod:`spark_sb.message` needs :data:`RESERVED_PROPERTIES` and :data:`BACKLOG_PATH` for its field
+checks, and the translation needs :class:`~spark_sb.message.OutboundMessage`; so this module imports
+``spark_sb.message`` only inside functions (and under ``TYPE_CHECKING``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusMessage
 
-    from spark_sb.mapping import OutboundMessage, Scalar
+    from spark_sb.message import OutboundMessage, Scalar
 
 __all__ = [
     "BACKLOG_ENQUEUED",
@@ -135,7 +135,7 @@ def probe_message(entity: str, mode: str = "schedule-cancel") -> OutboundMessage
     In ``schedule-cancel`` mode it is scheduled far ahead and cancelled at once; the marks make
     :func:`is_probe` catch it should a cancel ever fail and it be delivered.
     """
-    from spark_sb.mapping import OutboundMessage
+    from spark_sb.message import OutboundMessage
 
     if mode not in PROBE_MODES:
         raise ValueError(f"probe_mode must be one of {', '.join(PROBE_MODES)}, not {mode!r}")
@@ -154,7 +154,7 @@ def is_probe(message: Any) -> bool:
 
     Works on ``ServiceBusReceivedMessage`` / ``ServiceBusMessage`` and :class:`OutboundMessage`.
     """
-    from spark_sb.mapping import OutboundMessage
+    from spark_sb.message import OutboundMessage
 
     content_type = getattr(message, "content_type", None)
     if isinstance(content_type, bytes):
@@ -206,7 +206,7 @@ def _ttl_decode(v: Any) -> timedelta:
 
 
 def _time_decode(v: Any) -> datetime:
-    from spark_sb.mapping import _ms_to_datetime, _utc_ms
+    from spark_sb.message import _ms_to_datetime, _utc_ms
 
     if isinstance(v, datetime):
         return v if v.tzinfo is timezone.utc else _utc_ms(v)
@@ -244,7 +244,7 @@ def to_backlog(msg: OutboundMessage, entity: str, now: datetime) -> OutboundMess
     passes unchanged. The result has ``entity=None`` (the caller picks the backlog queue). Raises
     :class:`RejectError` if ``msg`` already carries a reserved backlog property (not reversible).
     """
-    from spark_sb.mapping import RejectError
+    from spark_sb.message import RejectError
 
     props: dict[str, Scalar] = dict(msg.properties)
     for name in sorted(RESERVED_PROPERTIES.intersection(props)):
@@ -272,7 +272,7 @@ def to_backlog_sdk(msg: OutboundMessage, entity: str, now: datetime) -> ServiceB
     case - goes straight to the SDK message, with no intermediate :class:`OutboundMessage`; any other takes the
     general path. Both give the same message. Raises :class:`RejectError` like :func:`to_backlog`.
     """
-    from spark_sb.mapping import _sdk_properties
+    from spark_sb.message import _sdk_properties
 
     props = msg.properties
     if (
@@ -311,7 +311,7 @@ def from_backlog(msg: OutboundMessage) -> tuple[OutboundMessage, datetime]:
     Accepts the values as they come back from a real receive too (timestamps and TTL as ``int`` ms, strings
     as ``bytes``). Raises :class:`RejectError` if ``msg`` is not a backlog message.
     """
-    from spark_sb.mapping import RejectError, _ms_to_datetime
+    from spark_sb.message import RejectError, _ms_to_datetime
 
     props: dict[str, Any] = dict(msg.properties)
     if BACKLOG_PATH not in props:
@@ -345,7 +345,7 @@ def from_backlog(msg: OutboundMessage) -> tuple[OutboundMessage, datetime]:
 
 def is_backlog_message(msg: Any) -> bool:
     """True for a backlog-form message: an :class:`OutboundMessage` or an SDK message with ``x-ms-path``."""
-    from spark_sb.mapping import OutboundMessage
+    from spark_sb.message import OutboundMessage
 
     props = (
         msg.properties if isinstance(msg, OutboundMessage) else getattr(msg, "application_properties", None)

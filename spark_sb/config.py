@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.backlog import PROBE_MODES, backlog_queue_names
-from spark_sb.mapping import LOGICAL_COLUMNS, FrozenMap
+from spark_sb.message import FrozenMap
 from spark_sb.redact import redact, register_secret
+from spark_sb.rows import LOGICAL_COLUMNS
 
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential

@@ -322,7 +322,7 @@ class ServerBusyError(SendError):
 
 
 class MessageRejectedError(SendError):
-    """A message was rejected (B7) and ``on_reject = "fail"``; ``reject`` is the ``spark_sb.mapping.Reject``."""
+    """A message was rejected (B7) and ``on_reject = "fail"``; ``reject`` is the ``spark_sb.message.Reject``."""
 
     error_class = MESSAGE_TOO_LARGE
 

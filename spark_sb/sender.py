@@ -62,8 +62,9 @@ from spark_sb.failover import (
     log_transition,
     process_registry,
 )
-from spark_sb.mapping import OutboundMessage, Reject, RejectError, row_to_json
+from spark_sb.message import OutboundMessage, Reject, RejectError
 from spark_sb.redact import redact
+from spark_sb.rows import row_to_json
 from spark_sb.transport import PRIMARY, SECONDARY, Batch, SdkTransport, Target, Transport
 
 _LOGGER = logging.getLogger(__name__)

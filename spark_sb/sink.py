@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Any
 from spark_sb.backlog import with_namespace_name
 from spark_sb.config import ConfigError, ServiceBusConfig
 from spark_sb.failover import process_registry
-from spark_sb.mapping import OutboundMessage, Reject, RejectError, row_to_message, validate_schema
+from spark_sb.message import OutboundMessage, Reject, RejectError
+from spark_sb.rows import row_to_message, validate_schema
 from spark_sb.sender import PairedSender, SendOutcome, namespace_key
 from spark_sb.state import (
     REPLAY_SKIPPED,

@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
     from spark_sb.failover import BacklogPull, EntityStatus, FailoverRegistry, StateTransition
-    from spark_sb.mapping import Reject
+    from spark_sb.message import Reject
     from spark_sb.sender import SendOutcome
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class EntityRecord:
 
 @dataclass(frozen=True)
 class RejectRecord:
-    """One row of the rejects table (``row_json`` already redacted by :func:`spark_sb.mapping.row_to_json`)."""
+    """One row of the rejects table (``row_json`` already redacted by :func:`spark_sb.rows.row_to_json`)."""
 
     time: datetime
     sink_id: str

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from spark_sb.backlog import to_backlog_sdk
 from spark_sb.errors import classify
 from spark_sb.lane import Lane, LaneClosed
-from spark_sb.mapping import OutboundMessage
+from spark_sb.message import OutboundMessage
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusClient, ServiceBusMessageBatch, ServiceBusSender
@@ -67,7 +67,7 @@ class Batch(Protocol):
 
     def try_add(self, message: OutboundMessage) -> bool:
         """Add ``message`` if it fits; False if it does not (the batch is unchanged). May raise
-        ``spark_sb.mapping.RejectError`` / ``ValueError`` / ``TypeError`` when it cannot become an SDK message."""
+        ``spark_sb.message.RejectError`` / ``ValueError`` / ``TypeError`` when it cannot become an SDK message."""
 
     def try_add_backlog(self, original: OutboundMessage, entity: str, enqueued: datetime) -> bool:
         """Add the backlog translation (SPEC B6) of ``original``, destined for ``entity``, if it fits; translated
