@@ -594,15 +594,18 @@ class BacklogChooser:
         self._sticky: dict[str, str] = {}
 
     def choose(self, entity: str, session_id: str | None = None) -> str | None:
-        """The queue to divert a message of ``entity`` to, or None when every queue is pulled."""
+        """The queue to divert a message of ``entity`` to, or None when every queue is pulled. Called for every
+        diverted message: the sticky choice is checked alone, the whole rotation only when it must change."""
+        affine = self.selection == "session-affine" and session_id is not None
+        current = None if affine else self._sticky.get(entity)
+        if current is not None and self.rotation.is_available(self.namespace, current):
+            return current
         available = self.rotation.available(self.namespace, self.queues)
         if not available:
             return None
-        if self.selection == "session-affine" and session_id is not None:
+        if affine:
+            assert session_id is not None
             return choose_session_affine(available, session_id)
-        current = self._sticky.get(entity)
-        if current is not None and current in available:
-            return current
         chosen = choose_random(available, self._rng)
         assert chosen is not None
         self._sticky[entity] = chosen
