@@ -26,10 +26,12 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.backlog import PROBE_MODES, backlog_queue_names
+from spark_sb.durations import iso_duration_seconds
 from spark_sb.message import FrozenMap
 from spark_sb.redact import redact, register_secret
 from spark_sb.rows import LOGICAL_COLUMNS
@@ -255,11 +257,6 @@ def parse_connection_string(conn: str, key: str = "connection_string") -> Connec
 
 # ------------------------------------------------------------------------------------------ durations
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
-_ISO = re.compile(
-    r"^P(?:(?P<d>\d+(?:\.\d+)?)D)?(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?"
-    r"(?:(?P<s>\d+(?:\.\d+)?)S)?)?$",
-    re.IGNORECASE,
-)
 _UNIT = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -278,18 +275,16 @@ def parse_duration(value: Any, key: str = "duration") -> float:
         if m:
             seconds = float(m.group(1)) * _UNIT[(m.group(2) or "s").lower()]
         else:
-            iso = _ISO.match(text)
-            if not iso or text.upper() in ("P", "PT") or text.upper().endswith("T"):
+            try:
+                iso: Decimal | None = iso_duration_seconds(text)
+            except ValueError:
+                iso = None
+            if iso is None or iso < 0:  # a negative ISO duration is not one here
                 raise _err(
                     key,
                     f"{value!r} is not a duration (examples: 30, 30.5, '30s', '5m', '1h', '250ms', 'PT1M')",
                 )
-            seconds = (
-                float(iso.group("d") or 0) * 86400
-                + float(iso.group("h") or 0) * 3600
-                + float(iso.group("m") or 0) * 60
-                + float(iso.group("s") or 0)
-            )
+            seconds = float(iso)
     else:
         raise _err(key, f"expected a duration, found {type(value).__name__}")
     if math.isnan(seconds) or math.isinf(seconds):

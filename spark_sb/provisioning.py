@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 from spark_sb.backlog import backlog_queue_names, parse_backlog_queue_name
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import derive_namespace_name, is_address_host
+from spark_sb.durations import MAX_DURATION, format_iso_duration
+from spark_sb.errors import INVALID_REQUEST, UNAUTHORIZED, classify
 
 if TYPE_CHECKING:
     from azure.servicebus.management import ServiceBusAdministrationClient
@@ -36,20 +38,12 @@ if TYPE_CHECKING:
 
 _LOG = logging.getLogger(__name__)
 
-#: The largest duration the service accepts through this SDK: .NET ``TimeSpan.MaxValue``
-#: (``P10675199DT2H48M5.4775807S``) less the sub-microsecond rest that Python's ``timedelta`` would round *up*
-#: (the SDK itself trims values read back the same way, ``_model_workaround.avoid_timedelta_overflow``).
-MAX_DURATION = timedelta(days=10675199, seconds=10085, microseconds=477580)
-
 #: A duration at least this large counts as "the maximum" when an existing queue is checked (the service may
 #: answer ``...5.4775807S``, which Python reads as ``...5.477581``, or round otherwise).
 _MAX_DURATION_TOLERANCE = timedelta(seconds=1)
 
 DEFAULT_TRIES = 3
 DEFAULT_RETRY_PAUSE = 30.0
-
-# HTTP statuses on which trying again cannot help (bad request, unauthorized, forbidden).
-_NOT_RETRYABLE_STATUS = frozenset({400, 401, 403})
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -139,27 +133,7 @@ def format_duration(value: timedelta) -> str:
     """ISO-8601 duration (``PT1M``, ``P14D``); "max" for the maximum."""
     if value >= MAX_DURATION - _MAX_DURATION_TOLERANCE:
         return "max"
-    sign = "-" if value < timedelta(0) else ""
-    value = abs(value)
-    days = value.days
-    seconds = value.seconds
-    hours, rem = divmod(seconds, 3600)
-    minutes, secs = divmod(rem, 60)
-    out = f"{sign}P"
-    if days:
-        out += f"{days}D"
-    time = ""
-    if hours:
-        time += f"{hours}H"
-    if minutes:
-        time += f"{minutes}M"
-    if secs or value.microseconds:
-        time += f"{secs}.{value.microseconds:06d}".rstrip("0").rstrip(".") + "S"
-    if time:
-        out += "T" + time
-    if out in ("P", "-P"):
-        out = "PT0S"
-    return out
+    return format_iso_duration(value)
 
 
 def format_value(value: object) -> str:
@@ -404,10 +378,8 @@ def _status_code(exc: BaseException) -> int | None:
 
 
 def is_unauthorized(exc: BaseException) -> bool:
-    """401/403 or ``ClientAuthenticationError``."""
-    from azure.core.exceptions import ClientAuthenticationError
-
-    return isinstance(exc, ClientAuthenticationError) or _status_code(exc) in (401, 403)
+    """401/403 or ``ClientAuthenticationError``: :data:`spark_sb.errors.UNAUTHORIZED`."""
+    return classify(exc) is UNAUTHORIZED
 
 
 def is_certificate_error(exc: BaseException) -> bool:
@@ -425,13 +397,10 @@ def is_certificate_error(exc: BaseException) -> bool:
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """Whether trying the same admin call again may help: not for 400/401/403 or an untrusted certificate, yes
-    for the rest (5xx, 429, timeouts, connection errors)."""
-    return (
-        not is_unauthorized(exc)
-        and not is_certificate_error(exc)
-        and _status_code(exc) not in _NOT_RETRYABLE_STATUS
-    )
+    """Whether trying the same admin call again may help: not when :func:`spark_sb.errors.classify` says the
+    request itself is at fault (unauthorized: 401/403; invalid request: 400 and the like) or the certificate is
+    untrusted; yes for the rest (5xx, 429, timeouts, connection errors)."""
+    return classify(exc) not in (UNAUTHORIZED, INVALID_REQUEST) and not is_certificate_error(exc)
 
 
 #: What to do about an untrusted certificate; a local namespace (development emulator) has its own CA.

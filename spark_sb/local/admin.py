@@ -37,24 +37,21 @@ import contextlib
 import copy
 import dataclasses
 import logging
-import re
 import socket
 import ssl
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from decimal import Decimal, InvalidOperation
 from http.server import BaseHTTPRequestHandler
 from typing import Any, ClassVar, Generic, TypeVar
 from urllib.parse import parse_qs, quote, unquote
 from xml.etree import ElementTree as ET
 
 from spark_sb.clock import Clock, SystemClock
+from spark_sb.durations import MAX_DURATION, MAX_DURATION_ISO, format_iso_duration, parse_iso_duration
 from spark_sb.local.counters import OperationCounters
 from spark_sb.local.model import (
-    MAX_DURATION,
-    MAX_DURATION_ISO,
     AdminFault,
     AdminStore,
     EntityExists,
@@ -121,42 +118,23 @@ class BadRequest(ValueError):
 # Value codecs: ISO-8601 durations and times, ints, booleans, strings.
 # --------------------------------------------------------------------------------------------------------------
 
-_DURATION_RE = re.compile(
-    r"^(?P<sign>-)?P(?:(?P<weeks>\d+)W)?(?:(?P<days>\d+)D)?"
-    r"(?:T(?:(?P<hours>\d+)H)?(?:(?P<minutes>\d+)M)?(?:(?P<seconds>\d+(?:[.,]\d+)?)S)?)?$"
-)
-
 
 def parse_duration(text: str) -> timedelta:
     """Parse an ISO-8601 duration as the service accepts it (``PT1M``, ``P10675199DT2H48M5.4775807S``).
 
     Fractions below a microsecond are truncated; values within a millisecond of .NET ``TimeSpan.MaxValue`` are
-    that maximum (:data:`~spark_sb.local.model.MAX_DURATION`); years and months are refused (not a fixed span).
+    that maximum (:data:`~spark_sb.durations.MAX_DURATION`); years and months are refused (not a fixed span).
     Raises :class:`BadRequest`.
     """
-    value = text.strip()
-    match = _DURATION_RE.match(value)
-    if not match or value in ("P", "-P") or value.endswith("T"):
-        raise BadRequest(f"'{text}' is not an ISO 8601 duration (years and months are not supported)")
-    parts = match.groupdict()
     try:
-        seconds = Decimal((parts["seconds"] or "0").replace(",", "."))
-    except InvalidOperation as exc:  # pragma: no cover - the regex admits only digits
-        raise BadRequest(f"'{text}' is not an ISO 8601 duration") from exc
-    whole = int(seconds)
-    micros = int((seconds - whole) * 1_000_000)
-    try:
-        result = timedelta(
-            weeks=int(parts["weeks"] or 0),
-            days=int(parts["days"] or 0),
-            hours=int(parts["hours"] or 0),
-            minutes=int(parts["minutes"] or 0),
-            seconds=whole,
-            microseconds=micros,
-        )
+        result = parse_iso_duration(text)
+    except ValueError:
+        raise BadRequest(
+            f"'{text}' is not an ISO 8601 duration (years and months are not supported)"
+        ) from None
     except OverflowError as exc:
         raise BadRequest(f"duration '{text}' exceeds the maximum {MAX_DURATION_ISO}") from exc
-    if parts["sign"]:
+    if result < timedelta(0):
         raise BadRequest(f"duration '{text}' must not be negative")
     if abs(result - MAX_DURATION) <= _MAX_DURATION_SLACK:
         return MAX_DURATION
@@ -167,21 +145,9 @@ def parse_duration(text: str) -> timedelta:
 
 def format_duration(value: timedelta) -> str:
     """ISO-8601 text of a non-negative duration; :data:`MAX_DURATION` is written as the service writes it."""
-    if value >= MAX_DURATION:
-        return MAX_DURATION_ISO
     if value < timedelta(0):
         raise ValueError("negative durations have no ISO 8601 form here")
-    days = value.days
-    hours, rest = divmod(value.seconds, 3600)
-    minutes, seconds = divmod(rest, 60)
-    text = "P" + (f"{days}D" if days else "")
-    time_part = (f"{hours}H" if hours else "") + (f"{minutes}M" if minutes else "")
-    if seconds or value.microseconds:
-        fraction = f".{value.microseconds:06d}".rstrip("0") if value.microseconds else ""
-        time_part += f"{seconds}{fraction}S"
-    if time_part:
-        text += "T" + time_part
-    return text if text != "P" else "PT0S"
+    return format_iso_duration(value)
 
 
 def format_time(value: datetime) -> str:

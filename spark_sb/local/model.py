@@ -14,13 +14,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Protocol
 
+from spark_sb.durations import MAX_DURATION
+
 if TYPE_CHECKING:
     from spark_sb.local.rules import Rule
-
-#: .NET TimeSpan.MaxValue, what the service reports for "unlimited" TTL / auto-delete-on-idle.
-MAX_DURATION = timedelta(days=10675199, hours=2, minutes=48, seconds=5, microseconds=477580)
-#: The largest duration the service accepts in an Atom body (it is also what it answers with).
-MAX_DURATION_ISO = "P10675199DT2H48M5.4775807S"
 
 
 def utcnow() -> datetime:

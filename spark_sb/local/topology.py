@@ -43,7 +43,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from spark_sb.local.model import MAX_DURATION, QueueSettings, SubscriptionSettings, TopicSettings
+from spark_sb.durations import MAX_DURATION, parse_iso_duration
+from spark_sb.local.model import QueueSettings, SubscriptionSettings, TopicSettings
 from spark_sb.local.rules import (
     CORRELATION_FIELDS,
     CorrelationFilter,
@@ -92,9 +93,6 @@ class Topology:
 
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-_ISO = re.compile(
-    r"^P(?:(?P<d>\d+(?:\.\d+)?)D)?(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?$"
-)
 
 
 def parse_duration(value: Any, where: str) -> timedelta:
@@ -112,15 +110,12 @@ def parse_duration(value: Any, where: str) -> timedelta:
         m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)", text)
         if m:
             return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
-        iso = _ISO.match(text)
-        if iso and text != "P":
-            parts = {k: float(v) for k, v in iso.groupdict().items() if v}
-            return timedelta(
-                days=parts.get("d", 0),
-                hours=parts.get("h", 0),
-                minutes=parts.get("m", 0),
-                seconds=parts.get("s", 0),
-            )
+        try:
+            iso = parse_iso_duration(text)
+        except (ValueError, OverflowError):
+            iso = None
+        if iso is not None and iso >= timedelta(0):
+            return iso
     raise TopologyError(
         f"{where}: cannot read {value!r} as a duration (e.g. PT30S, 30, 30s, 5m, 2h, 14d, max)"
     )

@@ -34,6 +34,7 @@ from azure.core.exceptions import (
 )
 from azure.servicebus.management import ServiceBusAdministrationClient, TrueRuleFilter
 
+from spark_sb.durations import MAX_DURATION, MAX_DURATION_ISO
 from spark_sb.local.admin import (
     QUEUE_FIELDS,
     SUBSCRIPTION_FIELDS,
@@ -46,8 +47,6 @@ from spark_sb.local.admin import (
     verify_sas,
 )
 from spark_sb.local.model import (
-    MAX_DURATION,
-    MAX_DURATION_ISO,
     AdminFault,
     EntityExists,
     EntityNotFound,
