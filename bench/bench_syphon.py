@@ -1,0 +1,189 @@
+"""Benchmark: the syphon against a hand-written raw-SDK mover, on the same messages, same namespaces, same run.
+
+    .venv/bin/python bench/bench_syphon.py [--count 20000] [--size 200] [--latency 0.002] [--repeats 3]
+
+Both namespaces run in child processes (``python -m spark_sb.local``), so the brokers do not share a GIL with the
+movers. Every mover runs in its own child process (as a Spark partition runs in its own Python worker): the
+backlog queue(s) are filled with ``count`` backlog-translated messages of ``size`` bytes, then the timer starts
+when the movers start and stops when the last one has moved its share.
+
+* ``raw``: the raw SDK mover: one client per namespace, a peek-lock receiver (prefetch 0) receiving up to 100
+  messages, ``send_messages`` of the restored list to the entity of ``x-ms-path``, ``complete_message`` each.
+* ``syphon 1q``: :meth:`spark_sb.syphon.Syphon.drain_queue` on one queue (what one partition of the syphon job
+  does: receivers and senders in lanes with deadlines, B6 restore, lock and TTL checks, health gate).
+* ``syphon 4q``: four queues of ``count / 4`` messages, four movers at once (the job spreads queues over
+  partitions; here on however many cores the machine has).
+
+Prints msgs/s and the ratios (targets: syphon 1q / raw >= 0.9; syphon 4q / syphon 1q >= 1.7 on 2 cores), with no
+latency and with ``--latency`` injected in both namespaces. Runs on the driver machine only (no Spark).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import time
+import uuid
+from contextlib import ExitStack
+from datetime import datetime, timezone
+from typing import Any
+
+from bench_local_namespace import namespace  # noqa: E402 - sibling script
+
+DEST = "orders"
+BATCH = 100
+
+
+def fill(conn: str, queue: str, count: int, size: int) -> None:
+    """Put ``count`` backlog messages (for ``DEST``) into ``queue`` (not timed)."""
+    from azure.servicebus import ServiceBusClient
+
+    from spark_sb.backlog import to_backlog_sdk
+    from spark_sb.mapping import OutboundMessage
+
+    now = datetime.now(timezone.utc)
+    body = b"x" * size
+    with ServiceBusClient.from_connection_string(conn) as client, client.get_queue_sender(queue) as sender:
+        batch = sender.create_message_batch()
+        for _ in range(count):
+            msg = to_backlog_sdk(OutboundMessage(body=body, message_id=uuid.uuid4().hex), DEST, now)
+            try:
+                batch.add_message(msg)
+            except Exception:  # noqa: BLE001 - full: send it
+                sender.send_messages(batch)
+                batch = sender.create_message_batch()
+                batch.add_message(msg)
+        if len(batch):
+            sender.send_messages(batch)
+
+
+def raw_mover(primary: str, secondary: str, queue: str, count: int) -> int:
+    """The hand-written mover: peek-lock receive, send to the primary, complete each. Returns messages moved."""
+    from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
+
+    moved = 0
+    with (
+        ServiceBusClient.from_connection_string(secondary) as sec,
+        ServiceBusClient.from_connection_string(primary) as pri,
+        sec.get_queue_receiver(
+            queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0
+        ) as receiver,
+        pri.get_queue_sender(DEST) as sender,
+    ):
+        while moved < count:
+            messages = receiver.receive_messages(max_message_count=BATCH, max_wait_time=1)
+            if not messages:
+                continue
+            out = []
+            for m in messages:
+                props = {
+                    k: v
+                    for k, v in (m.application_properties or {}).items()
+                    if not bytes(k).startswith(b"x-ms-")
+                }
+                out.append(
+                    ServiceBusMessage(b"".join(m.body), message_id=m.message_id, application_properties=props)
+                )
+            sender.send_messages(out)
+            for m in messages:
+                receiver.complete_message(m)
+            moved += len(messages)
+    return moved
+
+
+def syphon_mover(primary: str, secondary: str, queue: str, count: int) -> int:
+    from spark_sb.config import ServiceBusConfig
+    from spark_sb.syphon import Syphon
+
+    config = ServiceBusConfig.from_dict(
+        {
+            "primary": {"connection_string": primary, "namespace_name": "primary"},
+            "secondary": {"connection_string": secondary},
+            "send_timeout": "30s",
+            "syphon": {"batch_size": BATCH},
+        }
+    )
+    moved = 0
+    with Syphon(config, backlog_queues=[queue], healthy_hints={DEST: "healthy"}) as syphon:
+        while moved < count:
+            moved += syphon.drain_queue(queue, max_wait=1).forwarded_total
+    return moved
+
+
+def _worker(kind: str, primary: str, secondary: str, queue: str, count: int, start: Any, done: Any) -> None:
+    from azure.servicebus import ServiceBusClient  # noqa: F401
+
+    import spark_sb.syphon  # noqa: F401 - imports before the start line, as a Spark worker has them
+
+    start.wait()
+    moved = (raw_mover if kind == "raw" else syphon_mover)(primary, secondary, queue, count)
+    done.put(moved)
+
+
+def timed(kind: str, primary: str, secondary: str, queues: list[str], count: int) -> float:
+    """msgs/s of ``len(queues)`` movers of ``kind`` in child processes, ``count`` messages in all."""
+    ctx = mp.get_context("spawn")
+    start = ctx.Barrier(len(queues) + 1)
+    done: Any = ctx.Queue()
+    share = count // len(queues)
+    procs = [
+        ctx.Process(target=_worker, args=(kind, primary, secondary, q, share, start, done), daemon=True)
+        for q in queues
+    ]
+    for p in procs:
+        p.start()
+    start.wait()
+    began = time.perf_counter()
+    moved = sum(done.get(timeout=600) for _ in procs)
+    elapsed = time.perf_counter() - began
+    for p in procs:
+        p.join(30)
+    assert moved >= share * len(queues), moved
+    return moved / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--count", type=int, default=20_000)
+    parser.add_argument("--size", type=int, default=200)
+    parser.add_argument("--latency", type=float, default=0.002)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    runs = [(lat, kind, i) for lat in (0, 1) for kind in ("raw", "1q", "4q") for i in range(args.repeats)]
+    names = {
+        run: [
+            f"primary/x-servicebus-transfer/{run[0]}-{run[1]}-{run[2]}-{j}"
+            for j in range(4 if run[1] == "4q" else 1)
+        ]
+        for run in runs
+    }
+    all_queues = tuple(q for qs in names.values() for q in qs)
+    with ExitStack() as stack:
+        primary, set_primary = stack.enter_context(namespace(False, "primary", (DEST,)))
+        secondary, set_secondary = stack.enter_context(namespace(False, "secondary", all_queues))
+        for index, latency in enumerate((0.0, args.latency)):
+            set_primary(latency)
+            set_secondary(latency)
+            rates: dict[str, list[float]] = {"raw": [], "1q": [], "4q": []}
+            for i in range(args.repeats):
+                for kind in ("raw", "1q", "4q"):  # interleaved, so drift affects all alike
+                    queues = names[(index, kind, i)]
+                    for q in queues:
+                        fill(secondary, q, args.count // len(queues), args.size)
+                    rates[kind].append(
+                        timed("raw" if kind == "raw" else "syphon", primary, secondary, queues, args.count)
+                    )
+            raw, one, four = (statistics.median(rates[k]) for k in ("raw", "1q", "4q"))
+            print(
+                f"latency {latency * 1000:.0f} ms, {args.count} x {args.size} B: raw mover {raw:,.0f} msgs/s, "
+                f"syphon 1 queue {one:,.0f} msgs/s (ratio {one / raw:.2f}, target >= 0.9), "
+                f"syphon 4 queues {four:,.0f} msgs/s ({four / one:.2f}x one queue, target >= 1.7)",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
