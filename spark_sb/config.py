@@ -748,7 +748,7 @@ class ServiceBusConfig:
 
     # ----------------------------------------------------------------- derived values
     @property
-    def failover_enabled(self) -> bool:
+    def _failover_enabled(self) -> bool:
         """True when a secondary namespace is configured (backlog queues + syphon)."""
         return self.secondary is not None
 

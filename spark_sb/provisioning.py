@@ -522,7 +522,7 @@ def provision_backlog_queues(
     return report
 
 
-def usable_backlog_queues(
+def _usable_backlog_queues(
     config: ServiceBusConfig,
     *,
     assume_present_if_unauthorized: bool = False,
@@ -787,7 +787,7 @@ def _log_report(report: ProvisioningReport) -> None:
     _LOG.info("backlog queues in %s: %s", report.namespace, report.summary())
 
 
-def outcomes_by_name(report: ProvisioningReport) -> dict[str, QueueOutcome]:
+def _outcomes_by_name(report: ProvisioningReport) -> dict[str, QueueOutcome]:
     """Rows keyed by queue name (convenience for callers and tests)."""
     return {q.name: q for q in report.queues}
 
@@ -810,8 +810,6 @@ __all__ = [
     "is_certificate_error",
     "is_retryable",
     "is_unauthorized",
-    "outcomes_by_name",
     "provision_backlog_queues",
     "resolve_primary_namespace_name",
-    "usable_backlog_queues",
 ]

@@ -18,11 +18,8 @@ from collections.abc import Iterable
 __all__ = [
     "REDACTED",
     "RedactingFilter",
-    "install_redaction",
     "redact",
-    "redact_exception",
     "register_secret",
-    "registered_secret_count",
 ]
 
 REDACTED = "***"
@@ -50,11 +47,6 @@ def register_secret(value: str | None) -> None:
             _registered = _registered | {value}
 
 
-def registered_secret_count() -> int:
-    """How many secret values are registered (for tests and diagnostics; never the values)."""
-    return len(_registered)
-
-
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
     """Return ``text`` with every secret replaced by ``***``.
 
@@ -73,7 +65,7 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     return text
 
 
-def redact_exception(exc: BaseException) -> str:
+def _redact_exception(exc: BaseException) -> str:
     """``str(exc)`` with secrets removed (for messages that wrap a third-party error)."""
     return redact(f"{type(exc).__name__}: {exc}")
 
@@ -104,7 +96,7 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-def install_redaction(logger: logging.Logger | None = None) -> RedactingFilter:
+def _install_redaction(logger: logging.Logger | None = None) -> RedactingFilter:
     """Add a :class:`RedactingFilter` to every handler of ``logger`` (default: the root logger).
 
     Returns the filter. Handlers added later are not covered: call again after configuring logging.

@@ -39,7 +39,6 @@ __all__ = [
     "encode_message",
     "encode_reply",
     "message_sections",
-    "message_value",
     "encode_value",
     "parse_message",
     "split_batch",
@@ -94,9 +93,6 @@ class Timestamp(int):
         if value.tzinfo is None:
             value = value.replace(tzinfo=timezone.utc)
         return cls(round(value.timestamp() * 1000))
-
-    def to_datetime(self) -> datetime:
-        return datetime.fromtimestamp(int(self) / 1000.0, tz=timezone.utc)
 
 
 class Long(int):
@@ -751,14 +747,6 @@ def encode_message(
         data = body.encode("utf-8") if isinstance(body, str) else (body or b"")
         out += _section(DATA, encode_value(bytes(data)))
     return bytes(out)
-
-
-def message_value(raw: Buf) -> Any:
-    """The amqp-value body of an encoded message (``None`` if it has none)."""
-    for code, _start, vpos, _end in iter_sections(raw):
-        if code == AMQP_VALUE:
-            return decode_value(raw, vpos)[0]
-    return None
 
 
 def message_sections(raw: Buf) -> dict[int, Any]:

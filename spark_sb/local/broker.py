@@ -601,27 +601,6 @@ class Broker:
         if changed:
             self._notify()
 
-    def next_due_ms(self) -> int | None:
-        """Earliest wall time (ms) at which a time-driven change may happen (None = none pending)."""
-        with self._lock:
-            best: int | None = None
-
-            def consider(heap: list[Any]) -> None:
-                nonlocal best
-                if heap and (best is None or heap[0][0] < best):
-                    best = heap[0][0]
-
-            for q in self._queues.values():
-                consider(q.scheduled_heap)
-                consider(q.lock_heap)
-                consider(q.store.expiry_heap)
-            for t in self._topics.values():
-                consider(t.scheduled_heap)
-                for s in t.subs.values():
-                    consider(s.lock_heap)
-                    consider(s.store.expiry_heap)
-            return best
-
     def _tick_sendable(self, e: _Sendable, now: int) -> bool:
         heap = e.scheduled_heap
         changed = False

@@ -62,7 +62,7 @@ from proton import (
 
 from spark_sb.clock import Clock
 from spark_sb.local import amqp
-from spark_sb.local.amqp import BATCH_FORMAT, AmqpDecodeError, Array, Long, Timestamp
+from spark_sb.local.amqp import BATCH_FORMAT, AmqpDecodeError, Array, Timestamp
 from spark_sb.local.broker import (
     NOT_FOUND,
     SESSION_LOCK_LOST,
@@ -1483,7 +1483,3 @@ class LocalNamespace:
         """Live AMQP connections (for tests)."""
         server = self._server
         return len(server.conns) if server is not None else 0
-
-
-def encode_long_array(values: Iterable[int]) -> Array:
-    return Array([Long(v) for v in values], element="long")

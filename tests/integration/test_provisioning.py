@@ -26,7 +26,7 @@ from spark_sb.provisioning import (  # noqa: E402
     MAX_DURATION,
     ProvisioningError,
     QueueStatus,
-    outcomes_by_name,
+    _outcomes_by_name,
     provision_backlog_queues,
 )
 
@@ -111,7 +111,7 @@ def test_drifted_queue_is_used_and_not_modified(secondary_admin: Any, primary_na
     drifted = f"{primary_name}/x-servicebus-transfer/1"
     secondary_admin.create_queue(drifted, lock_duration=timedelta(seconds=30), max_delivery_count=5)
     report = provision(secondary_admin, primary_name)
-    row = outcomes_by_name(report)[drifted]
+    row = _outcomes_by_name(report)[drifted]
     assert row.status is QueueStatus.DRIFTED
     diffs = {d.name: (d.expected, d.actual) for d in row.differences}
     assert diffs["lock_duration"] == (timedelta(minutes=1), timedelta(seconds=30))
@@ -142,7 +142,7 @@ def test_failing_creation_is_retried_then_reported_while_the_rest_succeed(
     faults.fail_admin("PUT", f"/{broken}", 503, detail="broken shard")
     clock = FakeClock()
     report = provision(secondary_admin, primary_name, count=3, tries=3, retry_pause=30.0, clock=clock)
-    rows = outcomes_by_name(report)
+    rows = _outcomes_by_name(report)
     assert rows[flaky].status is QueueStatus.CREATED and rows[flaky].attempts == 3
     assert rows[broken].status is QueueStatus.FAILED and rows[broken].attempts == 3
     assert "broken shard" in rows[broken].detail

@@ -162,7 +162,7 @@ def test_values_are_parsed() -> None:
 
 def test_defaults_match_the_contract() -> None:
     c = ServiceBusConfig.from_dict({"primary": {"connection_string": CS1}})
-    assert c.secondary is None and not c.failover_enabled and c.entity is None
+    assert c.secondary is None and not c._failover_enabled and c.entity is None
     assert (c.backlog_queue_count, c.failover_interval, c.ping_primary_interval) == (10, 60.0, 60.0)
     assert (c.probe_mode, c.backlog_retry_interval, c.backlog_selection) == (
         "schedule-cancel",

@@ -10,9 +10,9 @@ import pytest
 from spark_sb.redact import (
     REDACTED,
     RedactingFilter,
-    install_redaction,
+    _install_redaction,
+    _redact_exception,
     redact,
-    redact_exception,
     register_secret,
 )
 
@@ -87,7 +87,7 @@ def test_secret_objects_register_themselves() -> None:
 
 def test_redact_exception() -> None:
     exc = ValueError(f"bad connection string SharedAccessKey={KEY}")
-    out = redact_exception(exc)
+    out = _redact_exception(exc)
     assert out.startswith("ValueError: bad connection string") and KEY not in out
 
 
@@ -133,8 +133,8 @@ def test_install_redaction_on_root_handlers() -> None:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
-        install_redaction(logger)
-        install_redaction(logger)  # idempotent
+        _install_redaction(logger)
+        _install_redaction(logger)  # idempotent
         assert sum(isinstance(f, RedactingFilter) for f in handler.filters) == 1
         logging.getLogger("test_redact.install").info("SharedAccessKey=%s", KEY)
     finally:
