@@ -331,6 +331,26 @@ class MessageRejectedError(SendError):
         self.reject = reject
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Configuration errors (raised while loading or checking a configuration, on the driver).
+
+
+class ConfigError(ValueError):
+    """An invalid setting. The message names the dotted key and, where there is a set, the valid values.
+
+    ``errors`` holds every problem found (``(key, message)``); ``str()`` joins them.
+    """
+
+    def __init__(self, message: str, errors: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.errors = errors if errors is not None else []
+
+    @classmethod
+    def at(cls, key: str, message: str) -> ConfigError:
+        """The error for one setting: ``"<key>: <message>"``."""
+        return cls(f"{key}: {message}", [(key, message)])
+
+
 def _rebuild_error(cls: type[SendError], args: tuple[Any, ...], state: dict[str, Any]) -> SendError:
     err = Exception.__new__(cls)
     Exception.__init__(err, *args)

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from spark_sb.backlog import backlog_queue_names, parse_backlog_queue_name
 from spark_sb.clock import Clock, SystemClock
-from spark_sb.config import derive_namespace_name, is_address_host
 from spark_sb.durations import MAX_DURATION, format_iso_duration
+from spark_sb.endpoints import derive_namespace_name, is_address_host
 from spark_sb.errors import INVALID_REQUEST, UNAUTHORIZED, classify
 
 if TYPE_CHECKING:
