@@ -6,14 +6,11 @@ executor). Secrets are referenced (``${env:NAME}``, Databricks ``{{secrets/scope
 load time, and kept only inside :class:`Secret`, whose repr is ``Secret('***')``; every resolved secret is
 registered with :mod:`spark_sb.redact` so log filters scrub it too.
 
-Keys (nested in YAML/dicts, or flat and dotted as Spark options)::
-
-    primary.connection_string | primary.fully_qualified_namespace + primary.credential.{kind,tenant_id,
-    client_id,client_secret}, primary.namespace_name, secondary.* likewise, entity, backlog_queue_count,
-    failover_interval, ping_primary_interval, probe_mode, backlog_retry_interval, backlog_selection,
-    send_timeout, retry.{total,backoff_factor,backoff_max,mode}, max_message_size, on_reject, state_location,
-    state_table_prefix, sink_id, message_id_mode,
-    columns.<logical>, syphon.{max_wait,batch_size,prefetch,batch_duration}, provision.{tries,retry_pause}, idle_timeout, client_cache, x-* (kept in extra)
+Keys (nested in YAML/dicts, or flat and dotted as Spark options): ``primary.*`` and ``secondary.*`` (a
+``connection_string``, or ``fully_qualified_namespace`` + ``credential.{kind,tenant_id,client_id,client_secret}``;
+``namespace_name``), ``columns.<logical>``, ``x-*`` (kept in ``extra``), and one key per row of :data:`SETTINGS`,
+the table from which reading, checking and :meth:`ServiceBusConfig.to_options` are derived. :data:`KNOWN_KEYS`
+lists every key.
 """
 
 from __future__ import annotations
@@ -250,6 +247,150 @@ def _parse_str(value: Any, key: str) -> str:
     raise _err(key, f"expected a non-empty string, found {value!r}")
 
 
+def _parse_secret_text(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _err(key, "expected a non-empty string")
+    return value.strip()
+
+
+# ------------------------------------------------------------------------------------------ settings
+@dataclass(frozen=True)
+class _Setting:
+    """One setting, the single place that names it: the dotted ``key`` (YAML, dicts, Spark options), the
+    attribute it fills (``attr`` of :class:`ServiceBusConfig`, or of ``owner`` = ``"retry"``:
+    :class:`RetryConfig`), how a raw value is read (``read(raw, key)``: strings from options, YAML scalars) and
+    how a value is checked on construction (``check(value, key, owner_object)``).
+
+    Keys, parsing, validation and :meth:`ServiceBusConfig.to_options` are all derived from :data:`SETTINGS`.
+    """
+
+    key: str
+    attr: str
+    read: Callable[[Any, str], Any]
+    check: Callable[[Any, str, Any], None]
+    owner: str = ""
+
+
+def _duration(key: str, attr: str, *, positive: bool) -> _Setting:
+    def check(v: Any, key: str, _: Any) -> None:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+            raise _err(key, f"expected seconds, found {v!r}")
+        if (v <= 0) if positive else (v < 0):
+            raise _err(key, f"must be {'>' if positive else '>='} 0 seconds, found {v!r}")
+
+    return _Setting(key, attr, parse_duration, check)
+
+
+def _integer(key: str, attr: str, bound: str, *, unit: str = "", owner: str = "") -> _Setting:
+    """An integer setting; ``bound`` is ``"> n"`` or ``">= n"``."""
+    op, n = bound.split()
+    low = int(n) + (1 if op == ">" else 0)
+
+    def check(v: Any, key: str, _: Any) -> None:
+        if not _is_int(v) or v < low:
+            raise _err(key, f"must be an integer {bound}{unit}, found {v!r}")
+
+    return _Setting(key, attr, _parse_int, check, owner)
+
+
+def _non_negative(key: str, attr: str, *, owner: str = "") -> _Setting:
+    def check(v: Any, key: str, _: Any) -> None:
+        if v < 0:
+            raise _err(key, f"must be >= 0, found {v!r}")
+
+    return _Setting(key, attr, _parse_float, check, owner)
+
+
+def _choice(key: str, attr: str, valid: tuple[str, ...], *, owner: str = "") -> _Setting:
+    def read(raw: Any, key: str) -> str:
+        if not isinstance(raw, str) or raw.strip() not in valid:
+            raise _one_of(key, raw, valid)
+        return raw.strip()
+
+    def check(v: Any, key: str, _: Any) -> None:
+        if v not in valid:
+            raise _one_of(key, v, valid)
+
+    return _Setting(key, attr, read, check, owner)
+
+
+def _text(key: str, attr: str, *, noun: str = "string", strip: bool = False) -> _Setting:
+    """An optional text setting: ``None`` or a non-empty string (``strip``: not blank either)."""
+
+    def check(v: Any, key: str, _: Any) -> None:
+        if v is not None and (not isinstance(v, str) or not (v.strip() if strip else v)):
+            raise _err(key, f"expected a non-empty {noun}, found {v!r}")
+
+    return _Setting(key, attr, _parse_str, check)
+
+
+def _check_table_prefix(v: Any, key: str, config: Any) -> None:
+    if v is None:
+        return
+    if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+){1,2}\.?[A-Za-z0-9_]*", v):
+        raise _err(key, f"expected catalog.schema.prefix (e.g. 'main.ops.sb_'), found {v!r}")
+    if config.state_location is not None:
+        raise _err(key, "give state_location (paths) or state_table_prefix, not both")
+
+
+def _check_bool(v: Any, key: str, _: Any) -> None:
+    if not isinstance(v, bool):
+        raise _err(key, f"{v!r} is not one of true, false")
+
+
+#: Every scalar setting of :class:`ServiceBusConfig` and its :class:`RetryConfig`, in the order they are checked.
+SETTINGS: tuple[_Setting, ...] = (
+    _text("entity", "entity"),
+    _integer("backlog_queue_count", "backlog_queue_count", "> 0"),
+    _duration("failover_interval", "failover_interval", positive=False),
+    _duration("ping_primary_interval", "ping_primary_interval", positive=True),
+    _duration("backlog_retry_interval", "backlog_retry_interval", positive=False),
+    _duration("send_timeout", "send_timeout", positive=True),
+    _duration("syphon.max_wait", "syphon_max_wait", positive=True),
+    _duration("syphon.batch_duration", "syphon_batch_duration", positive=True),
+    _duration("idle_timeout", "idle_timeout", positive=True),
+    _duration("provision.retry_pause", "provision_retry_pause", positive=False),
+    _choice("probe_mode", "probe_mode", PROBE_MODES),
+    _choice("backlog_selection", "backlog_selection", BACKLOG_SELECTIONS),
+    _choice("on_reject", "on_reject", ON_REJECT),
+    _integer("retry.total", "total", ">= 0", owner="retry"),
+    _non_negative("retry.backoff_factor", "backoff_factor", owner="retry"),
+    _non_negative("retry.backoff_max", "backoff_max", owner="retry"),
+    _choice("retry.mode", "mode", RETRY_MODES, owner="retry"),
+    _integer("max_message_size", "max_message_size", "> 0", unit=" (bytes)"),
+    _integer("syphon.batch_size", "syphon_batch_size", "> 0"),
+    _integer("syphon.prefetch", "syphon_prefetch", ">= 0"),
+    _integer("provision.tries", "provision_tries", ">= 1"),
+    _Setting("client_cache", "client_cache", _parse_bool, _check_bool),
+    _text("state_location", "state_location", noun="path"),
+    _Setting("state_table_prefix", "state_table_prefix", _parse_str, _check_table_prefix),
+    _text("sink_id", "sink_id", strip=True),
+    _choice("message_id_mode", "message_id_mode", MESSAGE_ID_MODES),
+)
+_RETRY_SETTINGS = tuple(s for s in SETTINGS if s.owner == "retry")
+_BY_FIELD = {s.attr: s for s in SETTINGS if not s.owner}
+
+#: How each part of a namespace (``primary.<part>``, ``secondary.<part>``) is read; :meth:`NamespaceConfig.check`
+#: checks them together.
+_NAMESPACE_READERS: dict[str, Callable[[Any, str], Any]] = {
+    "connection_string": _parse_secret_text,
+    "fully_qualified_namespace": _parse_str,
+    "namespace_name": _parse_str,
+    "credential.kind": _choice("credential.kind", "kind", CREDENTIAL_KINDS).read,
+    "credential.tenant_id": _parse_str,
+    "credential.client_id": _parse_str,
+    "credential.client_secret": _parse_secret_text,
+}
+
+#: Every key and how its raw value is read.
+_READERS: dict[str, Callable[[Any, str], Any]] = {
+    **{f"{ns}.{part}": read for ns in ("primary", "secondary") for part, read in _NAMESPACE_READERS.items()},
+    **{s.key: s.read for s in SETTINGS},
+    **{f"columns.{c}": _parse_str for c in LOGICAL_COLUMNS},
+}
+KNOWN_KEYS: tuple[str, ...] = tuple(_READERS)
+
+
 # ----------------------------------------------------------------------------------------- dataclasses
 @dataclass(frozen=True)
 class CredentialConfig:
@@ -311,14 +452,8 @@ class RetryConfig:
     mode: str = "exponential"
 
     def check(self, prefix: str = "retry") -> None:
-        if isinstance(self.total, bool) or not isinstance(self.total, int) or self.total < 0:
-            raise _err(f"{prefix}.total", f"must be an integer >= 0, found {self.total!r}")
-        if self.backoff_factor < 0:
-            raise _err(f"{prefix}.backoff_factor", f"must be >= 0, found {self.backoff_factor!r}")
-        if self.backoff_max < 0:
-            raise _err(f"{prefix}.backoff_max", f"must be >= 0, found {self.backoff_max!r}")
-        if self.mode not in RETRY_MODES:
-            raise _one_of(f"{prefix}.mode", self.mode, RETRY_MODES)
+        for s in _RETRY_SETTINGS:
+            s.check(getattr(self, s.attr), f"{prefix}.{s.attr}", self)
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``ServiceBusClient`` / ``ServiceBusAdministrationClient`` constructors."""
@@ -536,63 +671,9 @@ class ServiceBusConfig:
             self.secondary.check("secondary")
             if self.secondary.endpoint_host() == self.primary.endpoint_host():
                 raise _err("secondary", "must be a different namespace than primary")
-        if self.entity is not None and (not isinstance(self.entity, str) or not self.entity):
-            raise _err("entity", f"expected a non-empty string, found {self.entity!r}")
-        if not _is_int(self.backlog_queue_count) or self.backlog_queue_count <= 0:
-            raise _err("backlog_queue_count", f"must be an integer > 0, found {self.backlog_queue_count!r}")
-        for name, minimum, strict in (
-            ("failover_interval", 0, False),
-            ("ping_primary_interval", 0, True),
-            ("backlog_retry_interval", 0, False),
-            ("send_timeout", 0, True),
-            ("syphon_max_wait", 0, True),
-            ("syphon_batch_duration", 0, True),
-            ("idle_timeout", 0, True),
-            ("provision_retry_pause", 0, False),
-        ):
-            v = getattr(self, name)
-            key = _FIELD_TO_KEY.get(name, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
-                raise _err(key, f"expected seconds, found {v!r}")
-            if (v <= minimum) if strict else (v < minimum):
-                raise _err(key, f"must be {'>' if strict else '>='} {minimum} seconds, found {v!r}")
-        if self.probe_mode not in PROBE_MODES:
-            raise _one_of("probe_mode", self.probe_mode, PROBE_MODES)
-        if self.backlog_selection not in BACKLOG_SELECTIONS:
-            raise _one_of("backlog_selection", self.backlog_selection, BACKLOG_SELECTIONS)
-        if self.on_reject not in ON_REJECT:
-            raise _one_of("on_reject", self.on_reject, ON_REJECT)
-        self.retry.check("retry")
-        if not _is_int(self.max_message_size) or self.max_message_size <= 0:
-            raise _err("max_message_size", f"must be an integer > 0 (bytes), found {self.max_message_size!r}")
-        if not _is_int(self.syphon_batch_size) or self.syphon_batch_size <= 0:
-            raise _err("syphon.batch_size", f"must be an integer > 0, found {self.syphon_batch_size!r}")
-        if not _is_int(self.syphon_prefetch) or self.syphon_prefetch < 0:
-            raise _err("syphon.prefetch", f"must be an integer >= 0, found {self.syphon_prefetch!r}")
-        if not _is_int(self.provision_tries) or self.provision_tries < 1:
-            raise _err("provision.tries", f"must be an integer >= 1, found {self.provision_tries!r}")
-        if not isinstance(self.client_cache, bool):
-            raise _err("client_cache", f"{self.client_cache!r} is not one of true, false")
-        if self.state_location is not None and (
-            not isinstance(self.state_location, str) or not self.state_location
-        ):
-            raise _err("state_location", f"expected a non-empty path, found {self.state_location!r}")
-        if self.state_table_prefix is not None:
-            if not isinstance(self.state_table_prefix, str) or not re.fullmatch(
-                r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+){1,2}\.?[A-Za-z0-9_]*", self.state_table_prefix
-            ):
-                raise _err(
-                    "state_table_prefix",
-                    f"expected catalog.schema.prefix (e.g. 'main.ops.sb_'), found {self.state_table_prefix!r}",
-                )
-            if self.state_location is not None:
-                raise _err(
-                    "state_table_prefix", "give state_location (paths) or state_table_prefix, not both"
-                )
-        if self.sink_id is not None and (not isinstance(self.sink_id, str) or not self.sink_id.strip()):
-            raise _err("sink_id", f"expected a non-empty string, found {self.sink_id!r}")
-        if self.message_id_mode not in MESSAGE_ID_MODES:
-            raise _one_of("message_id_mode", self.message_id_mode, MESSAGE_ID_MODES)
+        for setting in SETTINGS:
+            owner = self.retry if setting.owner == "retry" else self
+            setting.check(getattr(owner, setting.attr), setting.key, owner)
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
@@ -713,14 +794,12 @@ class ServiceBusConfig:
             if ns.namespace_name is not None:
                 out[f"{prefix}.namespace_name"] = ns.namespace_name
         for f in fields(self):
-            if f.name in ("primary", "secondary", "retry", "columns", "extra"):
-                continue
+            setting = _BY_FIELD.get(f.name)
             v = getattr(self, f.name)
-            if v is None:
-                continue
-            out[_FIELD_TO_KEY.get(f.name, f.name)] = _fmt(v)
-        for rf in fields(self.retry):
-            out[f"retry.{rf.name}"] = _fmt(getattr(self.retry, rf.name))
+            if setting is not None and v is not None:
+                out[setting.key] = _fmt(v)
+        for s in _RETRY_SETTINGS:
+            out[s.key] = _fmt(getattr(self.retry, s.attr))
         for logical, actual in self.columns.items():
             if logical != actual:
                 out[f"columns.{logical}"] = actual
@@ -750,62 +829,6 @@ def _did_you_mean(key: str, candidates: tuple[str, ...] | list[str]) -> str:
 
 
 # --------------------------------------------------------------------------------------- building
-_FIELD_TO_KEY = {
-    "syphon_max_wait": "syphon.max_wait",
-    "syphon_batch_size": "syphon.batch_size",
-    "syphon_prefetch": "syphon.prefetch",
-    "syphon_batch_duration": "syphon.batch_duration",
-    "provision_tries": "provision.tries",
-    "provision_retry_pause": "provision.retry_pause",
-}
-_KEY_TO_FIELD = {v: k for k, v in _FIELD_TO_KEY.items()}
-
-_DURATION_KEYS = (
-    "failover_interval",
-    "ping_primary_interval",
-    "backlog_retry_interval",
-    "send_timeout",
-    "syphon.max_wait",
-    "syphon.batch_duration",
-    "idle_timeout",
-    "provision.retry_pause",
-)
-_INT_KEYS = (
-    "backlog_queue_count",
-    "max_message_size",
-    "syphon.batch_size",
-    "syphon.prefetch",
-    "provision.tries",
-)
-_CHOICE_KEYS = {
-    "probe_mode": PROBE_MODES,
-    "backlog_selection": BACKLOG_SELECTIONS,
-    "on_reject": ON_REJECT,
-    "message_id_mode": MESSAGE_ID_MODES,
-}
-_STR_KEYS = ("entity", "state_location", "state_table_prefix", "sink_id")
-_NS_KEYS = (
-    "connection_string",
-    "fully_qualified_namespace",
-    "namespace_name",
-    "credential.kind",
-    "credential.tenant_id",
-    "credential.client_id",
-    "credential.client_secret",
-)
-_RETRY_KEYS = ("retry.total", "retry.backoff_factor", "retry.backoff_max", "retry.mode")
-KNOWN_KEYS: tuple[str, ...] = (
-    *(f"{p}.{k}" for p in ("primary", "secondary") for k in _NS_KEYS),
-    *_STR_KEYS,
-    *_DURATION_KEYS,
-    *_INT_KEYS,
-    *_CHOICE_KEYS,
-    *_RETRY_KEYS,
-    "client_cache",
-    *(f"columns.{c}" for c in LOGICAL_COLUMNS),
-)
-
-
 def _flatten(d: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
     for k, v in d.items():
         key = f"{prefix}{k}"
@@ -891,11 +914,10 @@ def _build(flat: Mapping[str, Any], resolver: _Resolver) -> ServiceBusConfig:
     assert primary is not None
 
     kwargs: dict[str, Any] = {}
-    for key, v in values.items():
-        if key.startswith(("primary.", "secondary.", "retry.", "columns.")):
-            continue
-        kwargs[_KEY_TO_FIELD.get(key, key)] = v
-    retry_kwargs = {k[len("retry.") :]: v for k, v in values.items() if k.startswith("retry.")}
+    retry_kwargs: dict[str, Any] = {}
+    for s in SETTINGS:
+        if s.key in values:
+            (retry_kwargs if s.owner == "retry" else kwargs)[s.attr] = values[s.key]
     columns = {k[len("columns.") :]: v for k, v in values.items() if k.startswith("columns.")}
     return ServiceBusConfig(
         primary=primary,
@@ -908,28 +930,7 @@ def _build(flat: Mapping[str, Any], resolver: _Resolver) -> ServiceBusConfig:
 
 
 def _convert(key: str, raw: Any) -> Any:
-    if key in _DURATION_KEYS:
-        return parse_duration(raw, key)
-    if key in _INT_KEYS:
-        return _parse_int(raw, key)
-    if key == "retry.total":
-        return _parse_int(raw, key)
-    if key in ("retry.backoff_factor", "retry.backoff_max"):
-        return _parse_float(raw, key)
-    if key == "client_cache":
-        return _parse_bool(raw, key)
-    choices: tuple[str, ...] | None = _CHOICE_KEYS.get(key) or (RETRY_MODES if key == "retry.mode" else None)
-    if key.endswith("credential.kind"):
-        choices = CREDENTIAL_KINDS
-    if choices is not None:
-        if not isinstance(raw, str) or raw.strip() not in choices:
-            raise _one_of(key, raw, choices)
-        return raw.strip()
-    if key.endswith(("connection_string", "client_secret")):
-        if not isinstance(raw, str) or not raw.strip():
-            raise _err(key, "expected a non-empty string")
-        return raw.strip()
-    return _parse_str(raw, key)
+    return _READERS[key](raw, key)
 
 
 def load_config(
