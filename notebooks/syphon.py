@@ -76,7 +76,7 @@ print(f"syphon query {query.id} started")
 # COMMAND ----------
 
 for progress in query.recentProgress[-10:]:
-    print(progress["batchId"], progress["timestamp"], "messages moved:", progress["numInputRows"])
+    print(progress.batchId, progress.timestamp, "messages moved:", progress.numInputRows)
 
 # COMMAND ----------
 
