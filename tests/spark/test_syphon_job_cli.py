@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusClient
+from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
 from spark_sb.local.model import QueueSettings
 from spark_sb.mapping import OutboundMessage, to_backlog
@@ -76,3 +76,77 @@ def test_the_job_moves_the_backlog_and_stops_cleanly_on_sigterm(namespace_pair: 
     assert secondary.broker.get_queue(BACKLOG[1]).runtime.active_message_count == 0
     for secret in (primary.key, secondary.key):
         assert secret not in out and secret not in err
+
+
+def test_killed_mid_move_and_restarted_nothing_lost_nothing_duplicated(
+    namespace_pair: Any, tmp_path: Path
+) -> None:
+    """R1: the job's process group (driver, JVM, Python workers) is SIGKILLed while it moves; the restarted job
+    (same checkpoint) moves the rest once the dead job's locks run out. Ids compared as sets; duplicate detection
+    on the primary."""
+    from datetime import timedelta
+
+    primary, secondary = namespace_pair.primary, namespace_pair.secondary
+    primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
+    for name in BACKLOG:
+        secondary.broker.create_queue(name, QueueSettings(lock_duration=timedelta(seconds=5)))
+    now = datetime.now(timezone.utc)
+    produced = [f"m{i}" for i in range(600)]
+    with ServiceBusClient.from_connection_string(secondary.connection_string) as client:
+        for q, ids in ((BACKLOG[0], produced[:300]), (BACKLOG[1], produced[300:])):
+            with client.get_queue_sender(q) as sender:
+                sender.send_messages(
+                    [to_backlog(OutboundMessage(body=i, message_id=i), "orders", now).to_sdk() for i in ids]
+                )
+    conf = tmp_path / "syphon.yaml"
+    conf.write_text(
+        "primary: {connection_string: '${env:SB_PRIMARY_CONNECTION_STRING}', namespace_name: primary}\n"
+        "secondary: {connection_string: '${env:SB_SECONDARY_CONNECTION_STRING}'}\n"
+        f"backlog_queue_count: {len(BACKLOG)}\n"
+        "send_timeout: 2s\n"
+        f"state_location: {tmp_path / 'state'}\n"
+        "syphon: {batch_duration: 10s, batch_size: 20}\n"
+    )
+    env = {
+        **os.environ,
+        "SB_PRIMARY_CONNECTION_STRING": primary.connection_string,
+        "SB_SECONDARY_CONNECTION_STRING": secondary.connection_string,
+        "REQUESTS_CA_BUNDLE": secondary.ca_file,
+    }
+    args = [sys.executable, str(ROOT / "jobs/syphon.py"), "--config", str(conf), "--trigger", "1s"]
+    primary.faults.set_latency(0.05)  # slow sends: the kill lands mid-move
+    job = subprocess.Popen(
+        args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        assert primary.wait_until(lambda: primary.counters()["messages_received"] >= 40, timeout=120)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(30)
+    primary.faults.set_latency(0)
+    moved_before = primary.broker.get_queue("orders").runtime.active_message_count
+    assert 0 < moved_before < len(produced)
+    job = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        done = primary.wait_until(
+            lambda: primary.broker.get_queue("orders").runtime.active_message_count == len(produced),
+            timeout=180,
+        )
+        job.send_signal(signal.SIGTERM)
+        job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert done
+    with (
+        ServiceBusClient.from_connection_string(primary.connection_string) as client,
+        client.get_queue_receiver(
+            "orders", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+        ) as receiver,
+    ):
+        got: list[str] = []
+        while batch := receiver.receive_messages(max_message_count=500, max_wait_time=1):
+            got.extend(str(m.message_id) for m in batch)
+    assert set(got) == set(produced) and len(got) == len(produced)  # 0 lost, 0 duplicates
+    for name in BACKLOG:
+        assert secondary.broker.get_queue(name).runtime.total_message_count == 0
