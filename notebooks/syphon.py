@@ -2,7 +2,7 @@
 # MAGIC %md
 # MAGIC # spark-servicebus: the syphon (backlog queues back to the primary)
 # MAGIC
-# MAGIC Runs the syphon as a Structured Streaming query (`spark_sb.syphon_job.run_syphon`): each trigger reads the
+# MAGIC Runs the syphon as a Structured Streaming query (the package's `run_syphon`): each trigger reads the
 # MAGIC backlog queues' message counts (management reads); a micro-batch runs only when there is something to move,
 # MAGIC one backlog queue per partition, on the executors. Each row of a micro-batch is a message moved
 # MAGIC (`numInputRows` in the query's progress); what it did per entity goes to the `events` state table.
