@@ -124,3 +124,34 @@ def test_job_moves_the_backlog_records_events_restarts_and_idles_without_receive
     assert sorted(_take(primary, "orders")) == [f"c{i}" for i in range(5)]
     for name in BACKLOG:
         assert secondary.broker.get_queue(name).runtime.active_message_count == 0
+
+
+def test_the_planner_reads_entity_states_written_by_the_store_as_hints(spark: Any, tmp_path: Path) -> None:
+    """What the state table says reaches the executors as hints (read without Spark, by delta-rs)."""
+    from spark_sb.sender import namespace_key
+    from spark_sb.state import BatchWrites, DeltaStateStore, EntityRecord, StateTables
+    from spark_sb.syphon_job import read_entity_hints
+
+    config = ServiceBusConfig.from_dict(
+        {
+            "primary": {
+                "connection_string": "Endpoint=sb://p.example:5672;SharedAccessKeyName=k;SharedAccessKey=a"
+            },
+            "secondary": {
+                "connection_string": "Endpoint=sb://s.example:5672;SharedAccessKeyName=k;SharedAccessKey=b"
+            },
+            "state_location": str(tmp_path / "state"),
+        }
+    )
+    assert read_entity_hints(config) == {}  # no table yet: every entity is probed
+    at = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    ns = namespace_key(config.primary)
+    records = (
+        EntityRecord(ns, "orders", "failed_over", at),
+        EntityRecord(ns, "audit", "healthy", at),
+        EntityRecord("other:1", "orders", "healthy", at),
+    )
+    DeltaStateStore(spark, StateTables(location=str(tmp_path / "state"))).write_batch(
+        "s", 0, BatchWrites((), records, ())
+    )
+    assert read_entity_hints(config) == {"orders": "failed_over", "audit": "healthy"}

@@ -150,3 +150,31 @@ def test_writer_appends_per_entity_events_idempotently_and_nothing_for_an_empty_
     ]
     assert {e.sink_id for e in store.read_events()} == {"syphon/p"}
     assert writer.total.moved == 10 and writer.total.by_entity == {"orders": 10}
+
+
+def test_settle_failures_are_counted_never_raised_and_a_replaced_receivers_messages_too() -> None:
+    from spark_sb.lane import Lane
+    from spark_sb.syphon import Syphon, _Held
+
+    class Receiver:
+        def complete_message(self, msg: Any) -> None:
+            raise ConnectionError("lock lost")
+
+    class Ctx:
+        receiver = Receiver()
+
+    lane: Lane[Any] = Lane("test-receiver", Ctx, lambda ctx: None)
+    syphon = Syphon(CONFIG, backlog_queues=QUEUES)
+    try:
+        outcome = SyphonOutcome()
+        lane.call(lambda ctx: None, 5)  # the receiver of generation 1
+        held = [_Held(msg=object(), generation=1), _Held(msg=object(), generation=1)]  # type: ignore[arg-type]
+        syphon._settle(lane, held, lambda r, m: r.complete_message(m), outcome)
+        assert outcome.settle_failures == 2
+        lane.reset("faulted")
+        lane.call(lambda ctx: None, 5)  # a new receiver (generation 2): the old locks cannot be settled on it
+        syphon._settle(lane, [_Held(msg=object(), generation=1)], lambda r, m: None, outcome)  # type: ignore[arg-type]
+        assert outcome.settle_failures == 3
+    finally:
+        syphon.close()
+        lane.close()
