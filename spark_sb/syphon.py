@@ -14,8 +14,8 @@ default), restores each message with :func:`spark_sb.mapping.from_backlog`, send
   call failed is replaced. :meth:`Syphon.cancel` (any thread) stops the drains: messages received and not yet
   forwarded are abandoned.
 * **Locks and lifetimes (B12).** Prefetch ``syphon.prefetch`` (0), receive batches of ``syphon.batch_size``
-  (forwarding one takes well under the lock duration); a message whose lock would run out before its batch is
-  sent, or whose time to live ran out in the backlog, is not forwarded (expired ones are dead-lettered in the
+  (forwarding one takes well under the lock duration); a message whose lock runs out within 2 s, or whose time
+  to live ran out in the backlog, is not forwarded (expired ones are dead-lettered in the
   backlog with reason ``TTLExpiredInBacklog``); a scheduled time still in the future is kept; probes dropped.
 * **Nothing stranded.** :meth:`Syphon.drain_queue` with ``dead_letter=True`` moves what a backlog queue
   dead-lettered on its own (max delivery count reached, lock lost); what the syphon parked there on purpose
@@ -61,8 +61,9 @@ PARKED_REASONS = frozenset({EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, "TTLExpir
 #: Application properties the service adds to a dead-lettered message (not forwarded to the primary).
 DEAD_LETTER_PROPERTIES = ("DeadLetterReason", "DeadLetterErrorDescription")
 
-#: A message whose lock expires within this margin (plus ``send_timeout``) is not forwarded (B12): it would be
-#: redelivered anyway, and completing it would fail.
+#: A message whose lock expires within this margin is not forwarded (B12): it would be redelivered anyway, and
+#: completing it would fail. (A lock lost during a send: the complete fails, is counted, and the redelivered copy
+#: is dropped by duplicate detection on the primary.)
 LOCK_SAFETY_MARGIN = timedelta(seconds=2)
 
 
@@ -519,7 +520,8 @@ class Syphon:
         from spark_sb.sender import is_probe
 
         now = self.clock.now()
-        lock_floor = now + LOCK_SAFETY_MARGIN + timedelta(seconds=float(self.config.send_timeout))
+        # Not send_timeout too: a (drifted) queue whose lock is shorter than send_timeout would then never move.
+        lock_floor = now + LOCK_SAFETY_MARGIN
         by_entity: dict[str, Pairs] = {}
         drop: Pairs = []
         dead: dict[str, Pairs] = {}
