@@ -205,3 +205,42 @@ def test_locks_lost_during_a_slow_move_lose_nothing_and_duplicate_nothing(pair: 
     assert again.forwarded == {"orders": 5} and again.settle_failures == 0
     got = [str(m.message_id) for m in _ids(pair.primary, "orders")]
     assert sorted(got) == [f"m{i}" for i in range(5)] + ["warm0"]  # once each
+
+
+def test_primary_flapping_while_the_syphon_moves_loses_and_duplicates_nothing(pair: Any) -> None:
+    """R1, primary flapping: connections refused and dropped every other second while the syphon drains; it backs off,
+    probes, and goes on until everything is moved: ids compared as sets, one copy of each."""
+    pair.secondary.broker.create_queue(Q, QueueSettings(max_delivery_count=2147483647))  # as provisioned
+    produced = [f"m{i}" for i in range(200)]
+    _put(pair.secondary, Q, _backlogged(200))
+    stop = threading.Event()
+
+    def flap() -> None:
+        down = False
+        while not stop.wait(1.0):  # the fault schedule's pace, not a wait for a result
+            down = not down
+            if down:
+                pair.primary.faults.refuse_connections()
+                pair.primary.faults.drop_connections()
+            else:
+                pair.primary.faults.accept_connections()
+
+    flapper = threading.Thread(target=flap, daemon=True)
+    flapper.start()
+    moved = 0
+    passes = 0
+    try:
+        with Syphon(
+            _config(pair, send_timeout="1s", syphon={"batch_size": 20}), entity_backoff=0.1
+        ) as syphon:
+            while moved < len(produced) and passes < 2000:
+                passes += 1
+                moved += syphon.drain_queue(Q, max_wait=0.2).forwarded_total
+    finally:
+        stop.set()
+        flapper.join(5)
+        pair.primary.faults.accept_connections()
+    assert moved >= len(produced)
+    got = [str(m.message_id) for m in _ids(pair.primary, "orders")]
+    assert set(got) == set(produced) and len(got) == len(produced)
+    assert pair.secondary.broker.get_queue(Q).runtime.total_message_count == 0
