@@ -150,3 +150,65 @@ def test_killed_mid_move_and_restarted_nothing_lost_nothing_duplicated(
     assert set(got) == set(produced) and len(got) == len(produced)  # 0 lost, 0 duplicates
     for name in BACKLOG:
         assert secondary.broker.get_queue(name).runtime.total_message_count == 0
+
+
+def test_spark_submit_once_moves_the_backlog(namespace_pair: Any, tmp_path: Path) -> None:
+    """``spark-submit jobs/syphon.py --once`` (the master and the Delta jars from spark-submit): one micro-batch."""
+    primary, secondary = namespace_pair.primary, namespace_pair.secondary
+    primary.broker.create_queue("orders")
+    for name in BACKLOG:
+        secondary.broker.create_queue(name)
+    now = datetime.now(timezone.utc)
+    with (
+        ServiceBusClient.from_connection_string(secondary.connection_string) as client,
+        client.get_queue_sender(BACKLOG[0]) as sender,
+    ):
+        sender.send_messages(
+            [
+                to_backlog(OutboundMessage(body="x", message_id=f"s{i}"), "orders", now).to_sdk()
+                for i in range(9)
+            ]
+        )
+    conf = tmp_path / "syphon.yaml"
+    conf.write_text(
+        "primary: {connection_string: '${env:SB_PRIMARY_CONNECTION_STRING}', namespace_name: primary}\n"
+        "secondary: {connection_string: '${env:SB_SECONDARY_CONNECTION_STRING}'}\n"
+        f"backlog_queue_count: {len(BACKLOG)}\n"
+        f"state_location: {tmp_path / 'state'}\n"
+    )
+    bin_dir = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",  # spark-submit finds pyspark's home by it
+        "PYSPARK_PYTHON": sys.executable,
+        "SB_PRIMARY_CONNECTION_STRING": primary.connection_string,
+        "SB_SECONDARY_CONNECTION_STRING": secondary.connection_string,
+        "REQUESTS_CA_BUNDLE": secondary.ca_file,
+    }
+    from spark_sb.session import delta_packages
+
+    done = subprocess.run(
+        [
+            str(bin_dir / "spark-submit"),
+            "--master",
+            "local[2]",
+            "--packages",
+            delta_packages(),
+            "--conf",
+            "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension",
+            "--conf",
+            "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog",
+            str(ROOT / "jobs/syphon.py"),
+            "--config",
+            str(conf),
+            "--once",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "moved 9 (orders=9)" in done.stdout
+    assert primary.broker.get_queue("orders").runtime.active_message_count == 9
