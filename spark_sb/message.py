@@ -176,7 +176,7 @@ def _datetime_to_ms(dt: datetime) -> int:
     return int((calendar.timegm(dt.utctimetuple()) * 1000) + (dt.microsecond / 1000))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OutboundMessage:
     """The project-level message: what the sender sends. Picklable, immutable, hashable.
 
