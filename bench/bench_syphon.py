@@ -4,8 +4,8 @@
 
 Both namespaces run in child processes (``python -m spark_sb.local``), so the brokers do not share a GIL with the
 movers. Every mover runs in its own child process (as a Spark partition runs in its own Python worker): the
-backlog queue(s) are filled with ``count`` backlog-translated messages of ``size`` bytes, then the timer starts
-when the movers start and stops when the last one has moved its share.
+backlog queue(s) are filled with ``count`` backlog-translated messages of ``size`` bytes; each mover opens its
+links, then the timer starts when all movers start and stops when the last one has moved its share.
 
 * ``raw``: the raw SDK mover: one client per namespace, a peek-lock receiver (prefetch 0) receiving up to 100
   messages, ``send_messages`` of the restored list to the entity of ``x-ms-path``, ``complete_message`` each.
@@ -25,6 +25,7 @@ import multiprocessing as mp
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import datetime, timezone
 from typing import Any
@@ -58,23 +59,22 @@ def fill(conn: str, queue: str, count: int, size: int) -> None:
             sender.send_messages(batch)
 
 
-def raw_mover(primary: str, secondary: str, queue: str, count: int) -> int:
-    """The hand-written mover: peek-lock receive, send to the primary, complete each. Returns messages moved."""
+def raw_mover(primary: str, secondary: str, queue: str) -> Callable[[int], int]:
+    """The hand-written mover (peek-lock receive, send to the primary, complete each), links opened (not timed).
+    Returns the timed part: move ``count`` messages, return how many were moved."""
     from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
 
-    moved = 0
-    with (
-        ServiceBusClient.from_connection_string(secondary) as sec,
-        ServiceBusClient.from_connection_string(primary) as pri,
-        sec.get_queue_receiver(
-            queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0
-        ) as receiver,
-        pri.get_queue_sender(DEST) as sender,
-    ):
+    sec = ServiceBusClient.from_connection_string(secondary)
+    pri = ServiceBusClient.from_connection_string(primary)
+    receiver = sec.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0)
+    sender = pri.get_queue_sender(DEST)
+    receiver.__enter__()
+    sender.__enter__()
+
+    def run(count: int) -> int:
+        moved = 0
         while moved < count:
             messages = receiver.receive_messages(max_message_count=BATCH, max_wait_time=1)
-            if not messages:
-                continue
             out = []
             for m in messages:
                 props = {
@@ -85,16 +85,22 @@ def raw_mover(primary: str, secondary: str, queue: str, count: int) -> int:
                 out.append(
                     ServiceBusMessage(b"".join(m.body), message_id=m.message_id, application_properties=props)
                 )
-            sender.send_messages(out)
+            if out:
+                sender.send_messages(out)
             for m in messages:
                 receiver.complete_message(m)
             moved += len(messages)
-    return moved
+        return moved
+
+    return run
 
 
-def syphon_mover(primary: str, secondary: str, queue: str, count: int) -> int:
+def syphon_mover(primary: str, secondary: str, queue: str) -> Callable[[int], int]:
+    """:meth:`Syphon.drain_queue`, one receive batch at a time (no empty receive's wait at the end, like the raw
+    mover), its links opened (not timed)."""
     from spark_sb.config import ServiceBusConfig
     from spark_sb.syphon import Syphon
+    from spark_sb.transport import PRIMARY, Target
 
     config = ServiceBusConfig.from_dict(
         {
@@ -104,21 +110,25 @@ def syphon_mover(primary: str, secondary: str, queue: str, count: int) -> int:
             "syphon": {"batch_size": BATCH},
         }
     )
-    moved = 0
-    with Syphon(config, backlog_queues=[queue], healthy_hints={DEST: "healthy"}) as syphon:
+    syphon = Syphon(config, backlog_queues=[queue], healthy_hints={DEST: "healthy"})
+    syphon._lane(queue, False).call(lambda ctx: None, 30)  # the receiver's link (bench only: a private hook)
+    syphon._primary.warm(Target(PRIMARY, DEST))  # the sender's link
+
+    def run(count: int) -> int:
+        moved = 0
         while moved < count:
-            moved += syphon.drain_queue(queue, max_wait=1).forwarded_total
-    return moved
+            moved += syphon.drain_queue(queue, max_wait=1, max_batches=1).forwarded_total
+        syphon.close()
+        return moved
+
+    return run
 
 
 def _worker(kind: str, primary: str, secondary: str, queue: str, count: int, start: Any, done: Any) -> None:
-    from azure.servicebus import ServiceBusClient  # noqa: F401
-
-    import spark_sb.syphon  # noqa: F401 - imports before the start line, as a Spark worker has them
-
+    run = (raw_mover if kind == "raw" else syphon_mover)(primary, secondary, queue)
+    time.sleep(0.5)  # let the background link opening (warm) finish before the start line
     start.wait()
-    moved = (raw_mover if kind == "raw" else syphon_mover)(primary, secondary, queue, count)
-    done.put(moved)
+    done.put(run(count))
 
 
 def timed(kind: str, primary: str, secondary: str, queues: list[str], count: int) -> float:
