@@ -6,8 +6,8 @@ query (file source -> ``foreachBatch(ServiceBusSink)``) sends three micro-batche
 
 1. primary healthy: every message goes to the primary queue;
 2. primary down (connections refused): after ``failover_interval`` the sink diverts to the backlog queues;
-3. primary back: the syphon moves the backlog to the primary, the probe returns the entity to healthy, and the
-   next micro-batch goes to the primary again.
+3. primary back: the syphon job (the Structured Streaming query of ``jobs/syphon.py``) moves the backlog to the
+   primary, the probe returns the entity to healthy, and the next micro-batch goes to the primary again.
 
 At the end every produced message id is compared with what the primary queue holds: 0 lost, 0 duplicated.
 Exit code 0 when that holds, 1 otherwise.
@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from spark_sb.clock import SystemClock
 from spark_sb.config import ServiceBusConfig
@@ -31,7 +32,7 @@ from spark_sb.provisioning import provision_backlog_queues
 from spark_sb.sender import SendOutcome
 from spark_sb.session import build_spark_session
 from spark_sb.sink import ServiceBusSink
-from spark_sb.syphon import Syphon
+from spark_sb.syphon_job import SyphonBatchWriter, run_syphon
 
 ENTITY = "orders"
 
@@ -87,6 +88,25 @@ def receive_all(ns: LocalNamespace, entity: str) -> list[str]:
             ids.extend(str(m.message_id) for m in batch)
 
 
+def syphon_once(spark: Any, config: ServiceBusConfig, secondary: LocalNamespace, checkpoint: Path) -> str:
+    """One micro-batch of the syphon job (the Structured Streaming query `jobs/syphon.py` runs), on the same
+    checkpoint each time; returns what it moved."""
+    writer = SyphonBatchWriter(config)
+    query = run_syphon(
+        spark,
+        config,
+        checkpoint=str(checkpoint),
+        once=True,
+        admin_kwargs={"connection_verify": secondary.ca_file},  # trust the local namespace's development CA
+        writer=writer,
+    )
+    query.awaitTermination()
+    total = writer.total
+    moved = ", ".join(f"{e}={n}" for e, n in sorted(total.by_entity.items())) or "none"
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(total.by_kind.items())) or "nothing to do"
+    return f"syphon job: moved {moved} ({kinds})"
+
+
 def run(per_batch: int, workdir: Path) -> bool:
     clock = SystemClock()
     with LocalNamespace("primary", queues=[ENTITY]) as primary, LocalNamespace("secondary") as secondary:
@@ -137,15 +157,9 @@ def run(per_batch: int, workdir: Path) -> bool:
             for line in transitions(sb_sink.last_outcome):
                 say(line)
 
-            say("\n== primary back; the syphon drains the backlog")
+            say("\n== primary back; the syphon job drains the backlog")
             primary.faults.accept_connections()
-            with Syphon(config, primary_namespace_name="primary", clock=clock) as syphon:
-                moved = syphon.drain_all(max_wait=1)
-            say(
-                f"  syphon: received {moved.received}, forwarded {moved.forwarded_total} "
-                f"({', '.join(f'{e}={n}' for e, n in moved.forwarded.items()) or 'none'}), "
-                f"expired {moved.expired}, abandoned {moved.abandoned}"
-            )
+            say("  " + syphon_once(spark, config, secondary, workdir / "syphon-checkpoint"))
 
             say("\n== batch 3: after the probe interval the primary is used again")
             time.sleep(config.ping_primary_interval)  # real time: the demo shows the real probe interval
@@ -158,10 +172,8 @@ def run(per_batch: int, workdir: Path) -> bool:
             if late:
                 # A Python worker that had not yet learned of the recovery diverted this batch (its probe runs
                 # beside the sends, never in their way); the syphon brings those messages back too.
-                say("\n== the syphon moves what was diverted while the probe ran")
-                with Syphon(config, primary_namespace_name="primary", clock=clock) as syphon:
-                    moved = syphon.drain_all(max_wait=1)
-                say(f"  syphon: received {moved.received}, forwarded {moved.forwarded_total}")
+                say("\n== the syphon job moves what was diverted while the probe ran")
+                say("  " + syphon_once(spark, config, secondary, workdir / "syphon-checkpoint"))
         finally:
             query.stop()
             spark.stop()
