@@ -4,18 +4,14 @@
   :class:`FrozenMap`, :class:`RejectError`, :class:`Reject`, the field checks, :func:`message_id_from_content`.
 * :mod:`spark_sb.rows` - row conversion: :func:`row_to_message`, :func:`validate_schema`, :func:`row_to_json`.
 * :mod:`spark_sb.wire_size` - wire size: :func:`encoded_size`, :func:`batch_cost`, :func:`batch_overhead`.
-* :mod:`spark_sb.backlog` - the backlog translation (B6).
+
+The backlog translation (B6) lives with the other backlog rules in :mod:`spark_sb.backlog`.
 
 Nothing is implemented here; import from here or from the home module, whichever reads better.
 """
 
 from __future__ import annotations
 
-# from_backlog, is_backlog_message, to_backlog: re-exported for spark_sb/syphon.py and the syphon tests, which
-# import them from here; their home is spark_sb.backlog. To be removed once those import spark_sb.backlog.
-from spark_sb.backlog import from_backlog as from_backlog
-from spark_sb.backlog import is_backlog_message as is_backlog_message
-from spark_sb.backlog import to_backlog as to_backlog
 from spark_sb.message import (
     MAX_ID_LENGTH,
     MAX_TTL_MS,

@@ -23,15 +23,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any
 
-# is_probe, primary_namespace_name, probe_message, PROBE_SCHEDULE_AHEAD, with_namespace_name: re-exported for
-# spark_sb/syphon.py, spark_sb/syphon_job.py and the syphon tests, which import them from here; their home is
-# spark_sb.backlog. To be removed once those import spark_sb.backlog.
-from spark_sb.backlog import PROBE_MODES
-from spark_sb.backlog import PROBE_SCHEDULE_AHEAD as PROBE_SCHEDULE_AHEAD
-from spark_sb.backlog import is_probe as is_probe
-from spark_sb.backlog import primary_namespace_name as primary_namespace_name
-from spark_sb.backlog import probe_message as probe_message
-from spark_sb.backlog import with_namespace_name as with_namespace_name
+from spark_sb.backlog import PROBE_MODES, PROBE_SCHEDULE_AHEAD, primary_namespace_name, probe_message
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import ServiceBusConfig
 from spark_sb.errors import (

@@ -1,7 +1,7 @@
 """The syphon: moves messages from the backlog queues back to their primary entities (SPEC B9, B11, B12).
 
 A :class:`Syphon` receives from the backlog queues of the *secondary* namespace in peek-lock mode (prefetch 0 by
-default), restores each message with :func:`spark_sb.mapping.from_backlog`, sends it to the entity named in
+default), restores each message with :func:`spark_sb.backlog.from_backlog`, sends it to the entity named in
 ``x-ms-path`` on the *primary*, and completes it in the backlog only after the primary accepted it.
 
 * **Healthy entities only (B9).** An entity is moved to when the caller's hints (the state table) say it is
@@ -41,10 +41,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+from spark_sb.backlog import from_backlog, is_backlog_message
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import ServiceBusConfig
 from spark_sb.lane import Lane
-from spark_sb.mapping import OutboundMessage, from_backlog, is_backlog_message
+from spark_sb.message import OutboundMessage
 from spark_sb.transport import PRIMARY, SdkBatch, SdkTransport, Target
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -271,7 +272,7 @@ class Syphon:
         self.config = config
         self.clock = clock or SystemClock()
         if backlog_queues is None:
-            from spark_sb.sender import primary_namespace_name as resolve_name
+            from spark_sb.backlog import primary_namespace_name as resolve_name
 
             backlog_queues = config.backlog_queue_names(
                 primary_namespace_name or resolve_name(config.primary)
@@ -517,7 +518,7 @@ class Syphon:
     ) -> bool:
         """Sort one receive batch: probes dropped, parked kept, expired and invalid dead-lettered, the rest
         forwarded per entity (or abandoned). True when anything left the queue (worth another receive)."""
-        from spark_sb.sender import is_probe
+        from spark_sb.backlog import is_probe
 
         now = self.clock.now()
         # Not send_timeout too: a (drifted) queue whose lock is shorter than send_timeout would then never move.
@@ -618,7 +619,7 @@ class Syphon:
 
     def _probe(self, entity: str) -> None:
         """One probe of the primary entity (``probe_mode``), each call within ``send_timeout``."""
-        from spark_sb.sender import PROBE_SCHEDULE_AHEAD, probe_message
+        from spark_sb.backlog import PROBE_SCHEDULE_AHEAD, probe_message
 
         target = Target(PRIMARY, entity)
         timeout = float(self.config.send_timeout)

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from connect_stream import _drain, _session  # noqa: E402 - sibling script
 
+from spark_sb.backlog import to_backlog
 from spark_sb.config import ServiceBusConfig
 from spark_sb.local.model import QueueSettings
 from spark_sb.local.server import LocalNamespace
-from spark_sb.mapping import OutboundMessage, to_backlog
+from spark_sb.mapping import OutboundMessage
 from spark_sb.syphon_job import run_syphon, stop_gracefully
 
 BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]
