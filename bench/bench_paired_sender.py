@@ -16,54 +16,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-from azure.servicebus import ServiceBusClient, ServiceBusMessage
-from azure.servicebus.exceptions import MessageSizeExceededError
+from bench_failover import paired, raw_sdk  # noqa: E402 - sibling script (the same raw baseline)
 from bench_local_namespace import namespace  # noqa: E402 - sibling script
 
 from spark_sb.config import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig
-from spark_sb.failover import FailoverRegistry
-from spark_sb.mapping import OutboundMessage
-from spark_sb.sender import PairedSender
 
 QUEUE = "bench"
-
-
-def raw_sdk(conn: str, queue: str, count: int, body: bytes) -> float:
-    """Seconds to send ``count`` messages with the raw SDK batch sender (one client, one sender)."""
-    with ServiceBusClient.from_connection_string(conn) as client, client.get_queue_sender(queue) as sender:
-        sender.send_messages(ServiceBusMessage(body))  # open the link (not timed)
-        started = time.perf_counter()
-        batch = sender.create_message_batch()
-        for _ in range(count):
-            message = ServiceBusMessage(body)
-            try:
-                batch.add_message(message)
-            except MessageSizeExceededError:
-                sender.send_messages(batch)
-                batch = sender.create_message_batch()
-                batch.add_message(message)
-        if len(batch):
-            sender.send_messages(batch)
-        return time.perf_counter() - started
-
-
-def paired(config: ServiceBusConfig, queue: str, count: int, body: bytes) -> float:
-    """Seconds to send ``count`` messages through PairedSender (streamed from a generator)."""
-
-    def rows() -> Iterator[OutboundMessage]:
-        for _ in range(count):
-            yield OutboundMessage(body=body, entity=queue)
-
-    with PairedSender(config, registry=FailoverRegistry()) as sender:
-        sender.send([OutboundMessage(body=body, entity=queue)])  # open the link (not timed)
-        started = time.perf_counter()
-        out = sender.send(rows())
-        elapsed = time.perf_counter() - started
-    assert out.sent == {queue: count}, out
-    return elapsed
 
 
 def queue_names(repeats: int) -> list[str]:
@@ -80,7 +40,7 @@ def run(
     results: dict[str, list[float]] = {"raw": [], "paired": []}
     runners: dict[str, Callable[[str], float]] = {
         "raw": lambda q: raw_sdk(conn, q, count, body),
-        "paired": lambda q: paired(config, q, count, body),
+        "paired": lambda q: paired(config, q, count, body, "sent"),
     }
     for i in range(repeats):
         for name, fn in runners.items():  # interleaved, so drift affects both alike

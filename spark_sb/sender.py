@@ -446,22 +446,21 @@ class PairedSender:
         self, batch: Batch, msg: OutboundMessage, tally: _Tally, entity: str, index: int | None
     ) -> bool | None:
         """True added, False does not fit, None rejected (cannot become an SDK message)."""
-        try:
-            return batch.try_add(msg)
-        except RejectError as err:
-            self._reject(tally, msg, err, entity, index)
-        except (ValueError, TypeError) as err:
-            self._reject(
-                tally, msg, RejectError(f"cannot build the message: {_describe(err)}"), entity, index
-            )
-        return None
+        return self._adding(lambda: batch.try_add(msg), msg, tally, entity, index)
 
     def _try_add_backlog(
         self, slot: _Open, msg: OutboundMessage, tally: _Tally, entity: str, index: int | None
     ) -> bool | None:
         """The same as :meth:`_try_add` for the translation of ``msg`` into a backlog batch."""
+        return self._adding(
+            lambda: slot.batch.try_add_backlog(msg, entity, slot.started), msg, tally, entity, index
+        )
+
+    def _adding(
+        self, add: Callable[[], bool], msg: OutboundMessage, tally: _Tally, entity: str, index: int | None
+    ) -> bool | None:
         try:
-            return slot.batch.try_add_backlog(msg, entity, slot.started)
+            return add()
         except RejectError as err:
             self._reject(tally, msg, err, entity, index)
         except (ValueError, TypeError) as err:

@@ -46,7 +46,7 @@ from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import ServiceBusConfig
 from spark_sb.lane import Lane
 from spark_sb.message import OutboundMessage
-from spark_sb.transport import PRIMARY, SdkBatch, SdkTransport, Target
+from spark_sb.transport import PRIMARY, SdkBatch, SdkTransport, Target, shut_down_socket
 
 if TYPE_CHECKING:  # pragma: no cover
     from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
@@ -223,15 +223,7 @@ def _close_receiving(ctx: _Receiving) -> None:
 
 def _unblock_receiving(ctx: _Receiving) -> None:
     """Shut the receiver's socket down so a call stuck in it (SASL without a timeout) returns. Best effort."""
-    import socket
-
-    handler = getattr(ctx.receiver, "_handler", None)
-    connection = getattr(handler, "_connection", None)
-    transport = getattr(connection, "_transport", None)
-    sock = getattr(transport, "sock", None)
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+    shut_down_socket(ctx.receiver)
 
 
 @dataclass

@@ -170,18 +170,23 @@ def _close_link(link: _Link) -> None:
     _quiet_close(link.client)
 
 
-def _unblock_link(link: _Link) -> None:
-    """Shut the link's socket down so that a call stuck in it (e.g. the SDK's SASL negotiation, which has no
-    timeout) returns with an error. Reads SDK internals; best effort."""
+def shut_down_socket(handler_owner: Any) -> None:
+    """Shut down the socket of an SDK sender or receiver so that a call stuck in it (e.g. the SDK's SASL
+    negotiation, which has no timeout) returns with an error. Reads SDK internals; best effort, never raises.
+    Called from a thread other than the stuck one (a lane's unblock)."""
     import socket
 
-    handler = getattr(link.sender, "_handler", None)
+    handler = getattr(handler_owner, "_handler", None)
     connection = getattr(handler, "_connection", None)
     transport = getattr(connection, "_transport", None)
     sock = getattr(transport, "sock", None)
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
+
+
+def _unblock_link(link: _Link) -> None:
+    shut_down_socket(link.sender)
 
 
 class SdkTransport:
