@@ -399,12 +399,7 @@ class EntityFailover:
             )
             if self._state is not EntityState.FAILED_OVER:
                 return Route.PRIMARY, transitions
-            now = self._clock.monotonic()
-            if self._probing or not probe_due(self._last_probe, now, self.ping_interval):
-                return Route.BACKLOG, transitions
-            self._last_probe = now
-            self._probing = True
-            return Route.PROBE, transitions
+            return (Route.PROBE if self._claim_locked() else Route.BACKLOG), transitions
 
     def attempt_budget(self, send_timeout: float) -> float:
         """The deadline of the next attempt on the primary entity (see :func:`attempt_budget`)."""
@@ -417,14 +412,7 @@ class EntityFailover:
     def claim_probe(self) -> bool:
         """True (once per ``ping_primary_interval`` for the whole process) when this caller should probe now."""
         with self._lock:
-            if self._state is not EntityState.FAILED_OVER:
-                return False
-            now = self._clock.monotonic()
-            if self._probing or not probe_due(self._last_probe, now, self.ping_interval):
-                return False
-            self._last_probe = now
-            self._probing = True
-            return True
+            return self._state is EntityState.FAILED_OVER and self._claim_locked()
 
     def next_probe_in(self) -> float | None:
         """Seconds until the next probe is due (None unless FAILED_OVER)."""
@@ -461,6 +449,15 @@ class EntityFailover:
             return [self._enter_failed_over(self._last_error_class, detail)]
 
     # -- internals (lock held)
+    def _claim_locked(self) -> bool:
+        """Claim the probe if one is due and none is in flight (the state is FAILED_OVER)."""
+        now = self._clock.monotonic()
+        if self._probing or not probe_due(self._last_probe, now, self.ping_interval):
+            return False
+        self._last_probe = now
+        self._probing = True
+        return True
+
     def _check_locked(self, error_class: str | None, detail: str) -> list[StateTransition]:
         if (
             self._state is EntityState.FAILING

@@ -403,11 +403,9 @@ class PairedSender:
         and report the probes that finished since the last call."""
         start = self._clock.monotonic()
         tally = _Tally()
-        for status in self._registry.statuses():
-            if status.namespace == self._primary_key and status.state is EntityState.FAILED_OVER:
-                state = self._entity(status.entity)
-                if state.claim_probe():
-                    self._start_probe(status.entity, state)
+        for state in self._failed_over():
+            if state.claim_probe():
+                self._start_probe(state.entity, state)
         self._collect_probes(tally)
         return tally.build(self._clock.monotonic() - start)
 
@@ -737,18 +735,23 @@ class PairedSender:
     def _probe_loop(self) -> None:
         while not self._stopping.is_set():
             waits: list[float] = []
-            for status in self._registry.statuses():
-                if status.namespace != self._primary_key or status.state is not EntityState.FAILED_OVER:
-                    continue
-                state = self._entity(status.entity)
+            for state in self._failed_over():
                 if state.claim_probe():
-                    self._probe(status.entity, state)
+                    self._probe(state.entity, state)
                 wait = state.next_probe_in()
                 if wait is not None:
                     waits.append(wait)
             if not waits:
                 return
             self._stopping.wait(max(0.05, min(waits)))
+
+    def _failed_over(self) -> list[EntityFailover]:
+        """This primary's entities that are failed over now (in this process)."""
+        return [
+            self._entity(s.entity)
+            for s in self._registry.statuses()
+            if s.namespace == self._primary_key and s.state is EntityState.FAILED_OVER
+        ]
 
     def _start_probe(self, entity: str, state: EntityFailover) -> None:
         if not self._background_probes:
