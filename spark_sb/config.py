@@ -55,6 +55,7 @@ __all__ = [
 BACKLOG_SELECTIONS = ("random", "session-affine")
 ON_REJECT = ("record", "fail")
 MESSAGE_ID_MODES = ("column", "content")
+STATE_WRITES = ("async", "sync")
 RETRY_MODES = ("exponential", "fixed")
 CREDENTIAL_KINDS = ("default", "client_secret", "managed_identity")
 
@@ -366,6 +367,7 @@ SETTINGS: tuple[_Setting, ...] = (
     _Setting("state_table_prefix", "state_table_prefix", _parse_str, _check_table_prefix),
     _text("sink_id", "sink_id", strip=True),
     _choice("message_id_mode", "message_id_mode", MESSAGE_ID_MODES),
+    _choice("state_writes", "state_writes", STATE_WRITES),
 )
 _RETRY_SETTINGS = tuple(s for s in SETTINGS if s.owner == "retry")
 _BY_FIELD = {s.attr: s for s in SETTINGS if not s.owner}
@@ -629,6 +631,9 @@ class ServiceBusConfig:
     sink_id: str | None = None
     #: ``column``: ids from the message_id column; ``content``: rows without one get a hash of their content.
     message_id_mode: str = "column"
+    #: ``async``: the state tables are written by a background thread on the driver (group commit), off the
+    #: batch's critical path; ``sync``: each batch reads and writes them before ``foreachBatch`` returns.
+    state_writes: str = "async"
     columns: Mapping[str, str] = field(default_factory=_default_columns)
     syphon_max_wait: float = 900.0
     syphon_batch_size: int = 100

@@ -13,8 +13,11 @@ Where things run:
 * ``ServiceBusSink.__call__`` runs on the driver (Spark calls the ``foreachBatch`` function there). It holds only
   the picklable configuration; it never builds a Service Bus client.
   At batch start it checks the schema (first batch), skips a batch id this ``sink_id`` already committed, and
-  reads the entity state table; after the batch it writes the events, entities and rejects tables
-  (:mod:`spark_sb.state`) from the per-partition results.
+  hands the tasks the entity state; after the batch it plans the rows of the events, entities and rejects
+  tables (:mod:`spark_sb.state`) from the per-partition results. With ``state_writes: async`` (default) a
+  background thread on the driver writes them (group commit) and the handoff is the driver's view of the
+  entities table, so the batch waits for neither; call ``sink.flush()`` (or use ``with sink:``) before
+  ``spark.stop()``. With ``sync`` the batch reads the table first and writes before it returns.
 * :func:`send_partition` runs in executor Python workers, once per partition task (inside ``mapInArrow``, whose
   one output row carries the pickled :class:`~spark_sb.state.PartitionResult`). It first teaches the worker's
   failover registry what the state table says (an entity failed over elsewhere starts failed over here; pulled
@@ -30,6 +33,7 @@ plus duplicate detection on the primary make retries harmless).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import os
@@ -37,6 +41,8 @@ import pickle
 import socket
 import threading
 import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -49,13 +55,19 @@ from spark_sb.message import OutboundMessage, Reject, RejectError
 from spark_sb.rows import row_to_message, validate_schema
 from spark_sb.sender import PairedSender, SendOutcome, namespace_key
 from spark_sb.state import (
+    BATCH_COMMITTED,
+    MAX_PENDING_BATCHES,
     REPLAY_SKIPPED,
+    BatchWrites,
     DeltaStateStore,
     EntityRecord,
+    EntityView,
     Event,
     PartitionResult,
     StateStore,
     StateTables,
+    StateWriteError,
+    StateWriter,
     apply_handoff,
     plan_batch,
 )
@@ -258,6 +270,39 @@ def default_sink_id(config: ServiceBusConfig) -> str:
     return f"{name}/{config.entity or '*'}"
 
 
+#: Batch ids this sink object planned, kept in memory for the replay check (more than the writer can hold).
+_RECENT_BATCHES = 4 * MAX_PENDING_BATCHES
+
+_live_sinks: weakref.WeakSet[ServiceBusSink] = weakref.WeakSet()
+_exit_hook_lock = threading.Lock()
+_exit_hook_registered = False
+
+
+def _flush_at_exit() -> None:
+    """``atexit``: write what the sinks of this process still hold (driver). A failure is logged (an exit
+    handler cannot fail a query); call :meth:`ServiceBusSink.flush` before ``spark.stop()`` to see it raised."""
+    for sb in list(_live_sinks):
+        try:
+            sb.close(timeout=120)
+        except BaseException as exc:
+            log.error("sink %s: state writes at exit failed: %s: %s", sb.sink_id, type(exc).__name__, exc)
+
+
+def _register_exit_hook(sb: ServiceBusSink) -> None:
+    # Registered at the first background write, after the Spark session exists: atexit runs handlers last
+    # registered first, so this flush runs before the session's own exit handlers.
+    global _exit_hook_registered
+    with _exit_hook_lock:
+        _live_sinks.add(sb)
+        if not _exit_hook_registered:
+            atexit.register(_flush_at_exit)
+            _exit_hook_registered = True
+
+
+def _is_connect(spark: Any) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 class ServiceBusSink:
     """A ``foreachBatch`` function that sends every row of each micro-batch to Service Bus (driver).
 
@@ -266,11 +311,34 @@ class ServiceBusSink:
     task retries, replays (a batch id already committed by this ``sink_id`` is skipped) and the syphon.
 
     Picklable: holds only the configuration. ``last_outcome`` is the merged outcome of the last batch (records
-    included), ``last_results`` its per-partition results; ``total`` keeps counts only (:class:`SinkTotals`). ``store`` overrides the state store (tests);
-    by default it is the Delta store named by ``state_location`` / ``state_table_prefix``, or none.
+    included), ``last_results`` its per-partition results; ``total`` keeps counts only (:class:`SinkTotals`).
+    ``store`` overrides the state store (tests); by default it is the Delta store named by ``state_location`` /
+    ``state_table_prefix``, or none. ``max_pending_writes``: how many batches may wait for the state writer
+    before a batch waits for it (backpressure).
+
+    State writes (``state_writes``):
+
+    * ``async`` (default): a batch hands its planned rows to a background thread on the driver
+      (:class:`~spark_sb.state.StateWriter`) and returns; the thread writes everything pending as one commit per
+      table (group commit). The tasks of the next batch get the driver's view of the entity state (the last
+      read of the table plus this sink's own planned records), so no batch waits for a Delta read or write
+      except the first. A failed write is raised by the next batch (the query fails) or by :meth:`flush`.
+      **Call** :meth:`flush` (or use the sink as a context manager) **before** ``spark.stop()``, so the last
+      batches' rows reach the tables; an ``atexit`` hook flushes too, but only logs what fails.
+      Under Spark Connect the ``foreachBatch`` function runs in a process beside the server, which the server
+      ends when the query stops and which the client's :meth:`flush` cannot reach: there the writes are
+      synchronous whatever ``state_writes`` says.
+    * ``sync``: every batch reads the entities table before its tasks and writes its rows before it returns
+      (durable before Spark's checkpoint; ~1-3 s per batch).
     """
 
-    def __init__(self, config: ServiceBusConfig, *, store: StateStore | None = None) -> None:
+    def __init__(
+        self,
+        config: ServiceBusConfig,
+        *,
+        store: StateStore | None = None,
+        max_pending_writes: int = MAX_PENDING_BATCHES,
+    ) -> None:
         # The primary's namespace name is resolved here, on the driver, and shipped in the config: executors
         # never ask the primary's admin endpoint (a worker started during an outage could not).
         self.config = with_namespace_name(config)
@@ -283,6 +351,18 @@ class ServiceBusSink:
         self._schema_checked = False
         self._last_committed: int | None = None
         self._committed_loaded = False
+        self._recent: OrderedDict[int, tuple[int, datetime]] = OrderedDict()  # batch id -> (rows, time)
+        self._view = EntityView()
+        self._writer: StateWriter | None = None
+        self._seq = 0
+        self._force_sync = False  # Spark Connect
+        self._max_pending = max_pending_writes  # batches queued for the writer before a batch waits
+
+    @property
+    def asynchronous(self) -> bool:
+        """True when this sink writes its state tables in the background (``state_writes: async``, classic
+        Spark)."""
+        return self.config.state_writes == "async" and not self._force_sync
 
     # -- the foreachBatch entry point
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
@@ -295,6 +375,13 @@ class ServiceBusSink:
             rows = batch_df.mapInArrow(partition_function(config, handoff), RESULT_SCHEMA).collect()
             return [pickle.loads(bytes(r["result"])) for r in rows]
 
+        if (
+            not self._force_sync
+            and self.config.state_writes == "async"
+            and _is_connect(batch_df.sparkSession)
+        ):
+            self._force_sync = True
+            log.info("sink %s: Spark Connect: state tables written synchronously", self.sink_id)
         self.process_batch(batch_id, run_tasks, batch_df.count, self._store_for(batch_df))
 
     def _store_for(self, batch_df: DataFrame) -> StateStore | None:
@@ -319,15 +406,24 @@ class ServiceBusSink:
     ) -> SendOutcome | None:
         """One batch, given how to run its tasks (driver; Spark-free, so unit-testable with fakes).
 
-        Returns the merged outcome, or None when the batch was skipped as a replay.
+        Returns the merged outcome, or None when the batch was skipped as a replay. With asynchronous state
+        writes it raises first the error of an earlier batch's failed write (:class:`StateWriteError`), before
+        anything of this batch is sent, so Spark does not commit this batch and runs it again on restart.
         """
         primary = namespace_key(self.config.primary)
         handoff: list[EntityRecord] = []
+        asynchronous = store is not None and self.asynchronous
         if store is not None:
+            self._raise_write_error()
             store.ensure()
             if self._replayed(store, batch_id, count_rows, now()):
                 return None
-            handoff = store.read_entities()
+            if not asynchronous:
+                handoff = store.read_entities()
+            else:
+                if not self._view.loaded:  # the first batch (or the first after an error): read now
+                    self._view.refreshed(store.read_entities())
+                handoff = self._view.records()
         results = run_tasks(handoff)
         outcome = SendOutcome()
         rows = 0
@@ -347,8 +443,18 @@ class ServiceBusSink:
                 now=now(),
                 updated_by=self.sink_id,
             )
-            store.write_batch(self.sink_id, batch_id, writes)
-            self._last_committed = batch_id
+            if asynchronous:
+                self._seq += 1
+                self._view.planned(self._seq, writes.entities)
+                self._remember(batch_id, writes)
+                try:
+                    self._writer_for(store).submit(self._seq, batch_id, writes)
+                except StateWriteError:
+                    self._forget_after_error()
+                    raise
+            else:
+                store.write_batch(self.sink_id, batch_id, writes)
+                self._remember(batch_id, writes)
         self.last_outcome = outcome
         self.last_results = list(results)
         self.total.add(outcome, rows)
@@ -364,27 +470,123 @@ class ServiceBusSink:
         )
         return outcome
 
+    # -- state writes
+    def _writer_for(self, store: StateStore) -> StateWriter:
+        if self._writer is not None and self._writer.store is not store:
+            self._writer.close()  # another store (tests): what the old one holds is written first
+            self._writer = None
+        if self._writer is None:
+            self._writer = StateWriter(store, self.sink_id, self._view, max_pending=self._max_pending)
+            _register_exit_hook(self)
+        return self._writer
+
+    def _remember(self, batch_id: int, writes: BatchWrites) -> None:
+        """Record ``batch_id`` as committed by this sink (planned or written), for the replay check."""
+        commit = next((e for e in reversed(writes.events) if e.event == BATCH_COMMITTED), None)
+        if commit is not None:
+            self._recent[batch_id] = (commit.count, commit.time)
+            self._recent.move_to_end(batch_id)
+            while len(self._recent) > _RECENT_BATCHES:
+                self._recent.popitem(last=False)
+        if self._last_committed is None or batch_id > self._last_committed:
+            self._last_committed = batch_id
+
+    def _forget_after_error(self) -> None:
+        """After a failed write the tables lack some planned rows: forget the in-memory view and batch ids, so
+        the next batch starts from a synchronous read, as the first one does."""
+        self._view.reset()
+        self._recent.clear()
+        self._last_committed = None
+        self._committed_loaded = False
+
+    def _raise_write_error(self) -> None:
+        if self._writer is None:
+            return
+        try:
+            self._writer.raise_error()
+        except StateWriteError:
+            self._forget_after_error()
+            raise
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every state write this sink holds is committed to the tables; raise
+        :class:`~spark_sb.state.StateWriteError` if one failed, ``TimeoutError`` after ``timeout`` seconds
+        (driver). Call it before ``spark.stop()``: the writes need the session. Nothing to do with
+        ``state_writes: sync`` or without state tables."""
+        if self._writer is None:
+            return
+        try:
+            self._writer.flush(timeout)
+        except StateWriteError:
+            self._forget_after_error()
+            raise
+
+    def close(self, timeout: float | None = None) -> None:
+        """:meth:`flush`, then stop the writer thread (driver). The sink stays usable: a later batch starts a
+        new thread."""
+        writer = self._writer
+        if writer is None:
+            return
+        try:
+            writer.close(timeout)
+        except StateWriteError:
+            self._forget_after_error()
+            raise
+
+    def __enter__(self) -> ServiceBusSink:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as write_error:  # the exception already on its way out stays the one raised
+            log.error("sink %s: state writes failed: %s", self.sink_id, write_error)
+
     def _replayed(
         self, store: StateStore, batch_id: int, count_rows: Callable[[], int], now: datetime
     ) -> bool:
-        """True (and recorded) when ``batch_id`` was already committed by this sink: skip it (SPEC S5)."""
+        """True (and recorded) when ``batch_id`` was already committed by this sink: skip it (SPEC S5).
+
+        "Committed" means written to the events table (by this or an earlier driver) or, with asynchronous
+        writes, planned by this sink object and handed to its writer: both count.
+
+        Why asynchronous writes do not widen the replay window: Spark writes the checkpoint's commit log right
+        after the ``foreachBatch`` function returns. A batch is replayed only if the driver dies before that
+        entry is written. If it dies after the return but before the background write, the checkpoint is
+        committed: Spark does not run the batch again (its rows are missing from the state tables, not from
+        Service Bus). If it dies between the sends and the return, the batch is replayed in both modes; with
+        ``sync`` the replay is caught only if the state write finished first, with ``async`` it is sent again
+        (message ids and duplicate detection on the primary keep one copy), which is what ``sync`` does for a
+        death during its ~1-2 s state write: the undetected window shrinks from sends-done..state-written to
+        sends-done..checkpoint-written. A write that fails is raised by the next batch before it sends, so that
+        batch is not committed and is replayed, as any failed batch.
+        """
         if not self._committed_loaded:
-            self._last_committed = store.last_committed(self.sink_id)
+            table_last = store.last_committed(self.sink_id)
+            if table_last is not None and (self._last_committed is None or table_last > self._last_committed):
+                self._last_committed = table_last
             self._committed_loaded = True
         last = self._last_committed
         if last is None or batch_id > last:
             return False
-        commit = store.committed(self.sink_id, batch_id)
-        if commit is None:
+        known = self._recent.get(batch_id)
+        if known is None:
+            commit = store.committed(self.sink_id, batch_id)
+            known = None if commit is None else (commit.count, commit.time)
+        if known is None:
             raise SinkIdConflictError(
                 f"batch {batch_id} is below the last batch committed by sink_id {self.sink_id!r} ({last}) but was "
                 "never committed by it: another query or a new checkpoint uses this sink_id and state tables; "
                 "give each streaming query (and each new checkpoint) its own sink_id"
             )
+        count, committed_at = known
         rows = count_rows()
-        if rows != commit.count:
+        if rows != count:
             raise SinkIdConflictError(
-                f"batch {batch_id} was committed by sink_id {self.sink_id!r} with {commit.count} rows, and now "
+                f"batch {batch_id} was committed by sink_id {self.sink_id!r} with {count} rows, and now "
                 f"arrives with {rows}: another query or a new checkpoint uses this sink_id and state tables; "
                 "give each streaming query (and each new checkpoint) its own sink_id"
             )
@@ -397,7 +599,7 @@ class ServiceBusSink:
                     REPLAY_SKIPPED,
                     namespace=namespace_key(self.config.primary),
                     count=rows,
-                    detail=f"already committed at {commit.time.isoformat()}",
+                    detail=f"already committed at {committed_at.isoformat()}",
                 )
             ]
         )
@@ -406,7 +608,7 @@ class ServiceBusSink:
             "sink %s batch %s: already committed at %s; skipped (replay)",
             self.sink_id,
             batch_id,
-            commit.time.isoformat(),
+            committed_at.isoformat(),
         )
         return True
 

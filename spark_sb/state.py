@@ -513,6 +513,242 @@ class MemoryStateStore:
             return [r for r in self._rejects if sink_id is None or r.sink_id == sink_id]
 
 
+# ------------------------------------------------------------------------- group commit, the driver's view
+def coalesce(group: Sequence[tuple[int, BatchWrites]]) -> tuple[int, BatchWrites]:
+    """Several batches' writes as one commit per table (pure; driver): the events and rejects of every batch in
+    batch order, and the entity records collapsed to one per (namespace, entity): the newest by ``since``, a
+    later batch winning a tie (as :func:`_newer_or_same`). Returns the highest batch id (the ``txnVersion`` of
+    the commit) and the writes. Each event keeps its own batch id, so every batch's ``batch_committed`` row
+    stays findable."""
+    if not group:
+        raise ValueError("coalesce: no batches")
+    ordered = sorted(group, key=lambda item: item[0])
+    entities: dict[tuple[str, str], EntityRecord] = {}
+    for _, writes in ordered:
+        for rec in writes.entities:
+            key = (rec.namespace, rec.entity)
+            if _newer_or_same(rec, entities.get(key)):
+                entities[key] = rec
+    return ordered[-1][0], BatchWrites(
+        tuple(e for _, w in ordered for e in w.events),
+        tuple(entities[k] for k in sorted(entities)),
+        tuple(r for _, w in ordered for r in w.rejects),
+    )
+
+
+class EntityView:
+    """The driver's latest view of the entities table (driver; thread-safe): the last read of the table
+    overlaid with the records this sink planned since (a planned record wins unless the table holds a newer
+    one, by ``since``). Planned records are dropped once a read taken after their commit reflects them.
+
+    It is the handoff to the tasks of the next batch and the ``previous`` of :func:`plan_batch`, so with
+    asynchronous state writes no batch waits for a read of the table: other writers' changes (other sinks, the
+    syphon) arrive with the read the writer makes after each commit."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._table: dict[tuple[str, str], EntityRecord] | None = None
+        self._planned: dict[tuple[str, str], tuple[int, EntityRecord]] = {}
+
+    @property
+    def loaded(self) -> bool:
+        with self._lock:
+            return self._table is not None
+
+    def reset(self) -> None:
+        """Forget everything: the next batch reads the table synchronously (first batch, after an error)."""
+        with self._lock:
+            self._table = None
+            self._planned.clear()
+
+    def planned(self, seq: int, records: Iterable[EntityRecord]) -> None:
+        """Records planned by write number ``seq`` (not necessarily written yet)."""
+        with self._lock:
+            for rec in records:
+                key = (rec.namespace, rec.entity)
+                known = self._planned.get(key)
+                if known is None or _newer_or_same(rec, known[1]):
+                    self._planned[key] = (seq, rec)
+
+    def refreshed(self, records: Iterable[EntityRecord], written_through: int | None = None) -> None:
+        """A read of the table, taken after write number ``written_through`` was committed (None: no write of
+        this sink is known to be in it)."""
+        table = {(r.namespace, r.entity): r for r in records}
+        with self._lock:
+            self._table = table
+            if written_through is not None:
+                self._planned = {k: v for k, v in self._planned.items() if v[0] > written_through}
+
+    def records(self) -> list[EntityRecord]:
+        """The view: the table's records, each replaced by this sink's planned one unless the table's is newer."""
+        with self._lock:
+            merged = dict(self._table or {})
+            for key, (_, rec) in self._planned.items():
+                if _newer_or_same(rec, merged.get(key)):
+                    merged[key] = rec
+        return [merged[k] for k in sorted(merged)]
+
+
+#: More batches than this waiting for the state writer make the sink wait (backpressure).
+MAX_PENDING_BATCHES = 16
+
+
+class StateWriteError(RuntimeError):
+    """The state writes of some batches failed after their retries (raised on the driver from the next batch,
+    ``flush()`` or ``close()``; the cause is chained)."""
+
+
+class StateWriter:
+    """Writes batches' state in the background: one daemon thread on the driver per sink (group commit).
+
+    :meth:`submit` queues one batch's :class:`BatchWrites` and returns at once (it waits only while more than
+    ``max_pending`` batches are queued). The thread takes everything queued and writes it as one commit per
+    table (:func:`coalesce`: one rejects append, one entity MERGE when a record changed, one events append, the
+    appends with ``txnAppId = sink_id`` and ``txnVersion`` = the highest batch id of the group, so a retried
+    group is skipped by Delta); Delta conflicts are retried by the store. After each commit it reads the
+    entities table again into ``view`` (other writers' changes).
+
+    A write that fails after the store's retries is never dropped silently: it is kept and raised (as
+    :class:`StateWriteError`) by the next :meth:`raise_error`, :meth:`submit` or :meth:`flush`; the writes of
+    that group are then lost from the tables (the batches were sent, and Spark's checkpoint already committed
+    them).
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        sink_id: str,
+        view: EntityView,
+        *,
+        max_pending: int = MAX_PENDING_BATCHES,
+        refresh: bool = True,
+    ) -> None:
+        self.store = store
+        self.sink_id = sink_id
+        self.view = view
+        self.max_pending = max_pending
+        self.refresh = refresh
+        self.commits = 0  # how many group commits were written
+        self._cond = threading.Condition()
+        self._queue: list[tuple[int, int, BatchWrites]] = []  # (seq, batch id, writes)
+        self._busy = False
+        self._error: BaseException | None = None
+        self._failed: list[int] = []
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def pending(self) -> int:
+        """Batches queued or being written."""
+        with self._cond:
+            return len(self._queue) + (1 if self._busy else 0)
+
+    def submit(self, seq: int, batch_id: int, writes: BatchWrites) -> None:
+        """Queue one batch's writes (driver). Waits while more than ``max_pending`` batches are queued; raises a
+        failed earlier write."""
+        with self._cond:
+            while self._error is None and len(self._queue) >= self.max_pending:
+                self._cond.wait()
+            self._raise_locked()
+            self._queue.append((seq, batch_id, writes))
+            self._closed = False
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name=f"spark-sb-state-writer[{self.sink_id}]", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+
+    def raise_error(self) -> None:
+        """Raise (once) the error of a write that failed."""
+        with self._cond:
+            self._raise_locked()
+
+    def _raise_locked(self) -> None:
+        if self._error is not None:
+            error, failed = self._error, self._failed
+            self._error, self._failed = None, []
+            raise StateWriteError(
+                f"state tables: the writes of sink {self.sink_id!r} batches {failed} failed: "
+                f"{type(error).__name__}: {error}"
+            ) from error
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued write is committed (and the view refreshed); raise a failed write's error.
+        ``TimeoutError`` after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._error is None and (self._queue or self._busy):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(
+                        f"state tables: {len(self._queue) + int(self._busy)} write(s) of sink "
+                        f"{self.sink_id!r} still pending after {timeout} s"
+                    )
+                self._cond.wait(left)
+            self._raise_locked()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush, then stop the thread (a later :meth:`submit` starts a new one)."""
+        try:
+            self.flush(timeout)
+        finally:
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+                thread = self._thread
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                group, self._queue = self._queue, []
+                self._busy = True
+                self._cond.notify_all()  # room in the queue again
+            try:
+                self._write(group)
+            except BaseException as exc:  # kept and raised on the driver's next call: never silent
+                log.error(
+                    "state tables: the writes of sink %s batches %s failed: %s: %s",
+                    self.sink_id,
+                    [b for _, b, _ in group],
+                    type(exc).__name__,
+                    exc,
+                )
+                with self._cond:
+                    if self._error is None:
+                        self._error = exc
+                    self._failed.extend(b for _, b, _ in group)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _write(self, group: Sequence[tuple[int, int, BatchWrites]]) -> None:
+        batch_id, writes = coalesce([(b, w) for _, b, w in group])
+        self.store.write_batch(self.sink_id, batch_id, writes)
+        self.commits += 1
+        if not self.refresh:
+            return
+        try:
+            records = self.store.read_entities()
+        except Exception as exc:  # the writes are committed; the view keeps what this sink planned
+            log.warning(
+                "state tables: re-reading the entities of sink %s failed (%s: %s); the next batches hand "
+                "off the previous read plus this sink's own records",
+                self.sink_id,
+                type(exc).__name__,
+                exc,
+            )
+            return
+        self.view.refreshed(records, max(seq for seq, _, _ in group))
+
+
 # ------------------------------------------------------------------------------------------ Delta store
 @dataclass(frozen=True)
 class StateTables:
@@ -796,9 +1032,11 @@ def store_for(spark: SparkSession, config: Any) -> DeltaStateStore | None:
 __all__ = [
     "BATCH_COMMITTED",
     "EVENTS",
+    "MAX_PENDING_BATCHES",
     "BatchWrites",
     "DeltaStateStore",
     "EntityRecord",
+    "EntityView",
     "Event",
     "MemoryStateStore",
     "PartitionResult",
@@ -806,7 +1044,10 @@ __all__ = [
     "RejectRecord",
     "StateStore",
     "StateTables",
+    "StateWriteError",
+    "StateWriter",
     "apply_handoff",
+    "coalesce",
     "plan_batch",
     "store_for",
 ]

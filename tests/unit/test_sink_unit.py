@@ -3,7 +3,9 @@ config keys and row conversion it relies on (sink_id, message_id_mode, state_tab
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -15,7 +17,16 @@ from spark_sb.failover import EntityState, EntityStatus, StateTransition
 from spark_sb.mapping import Reject, SchemaError, message_id_from_content, row_to_message, validate_schema
 from spark_sb.sender import SendOutcome, namespace_key
 from spark_sb.sink import ServiceBusSink, SinkIdConflictError, default_sink_id
-from spark_sb.state import BATCH_COMMITTED, REPLAY_SKIPPED, EntityRecord, MemoryStateStore, PartitionResult
+from spark_sb.state import (
+    BATCH_COMMITTED,
+    REPLAY_SKIPPED,
+    BatchWrites,
+    EntityRecord,
+    Event,
+    MemoryStateStore,
+    PartitionResult,
+    StateWriteError,
+)
 
 from .test_sender import make_config
 
@@ -49,6 +60,7 @@ def test_replayed_batch_is_skipped_and_recorded() -> None:
     first = _sink(store, sink_id="orders-stream")
     first.process_batch(0, Tasks(_result()), lambda: 3, store, now=lambda: T0)
     first.process_batch(1, Tasks(_result()), lambda: 3, store, now=lambda: T0)
+    first.flush()  # the state writes reach the tables (asynchronous by default)
     restarted = _sink(store, sink_id="orders-stream")  # driver restart: batch 1 replays before its checkpoint
     tasks = Tasks(_result())
     assert restarted.process_batch(1, tasks, lambda: 3, store, now=lambda: T0) is None
@@ -58,6 +70,7 @@ def test_replayed_batch_is_skipped_and_recorded() -> None:
     assert [(e.batch_id, e.count) for e in skipped] == [(1, 3)]
     assert restarted.total.skipped_batches == 1 and restarted.total.batches == 0
     assert restarted.process_batch(2, tasks, lambda: 3, store, now=lambda: T0) is not None
+    restarted.flush()
     assert [e.batch_id for e in events + store.read_events("orders-stream") if e.event == BATCH_COMMITTED][
         -1
     ] == 2
@@ -65,7 +78,9 @@ def test_replayed_batch_is_skipped_and_recorded() -> None:
 
 def test_sink_id_reused_by_another_query_is_an_error_not_a_silent_skip() -> None:
     store = MemoryStateStore()
-    _sink(store, sink_id="s").process_batch(4, Tasks(_result()), lambda: 3, store)
+    first = _sink(store, sink_id="s")
+    first.process_batch(4, Tasks(_result()), lambda: 3, store)
+    first.flush()
     other = _sink(store, sink_id="s")
     with pytest.raises(
         SinkIdConflictError, match="committed by sink_id 's' with 3 rows, and now arrives with 7"
@@ -117,6 +132,219 @@ def test_without_state_tables_nothing_is_stored_and_every_batch_runs() -> None:
     for _ in range(2):
         sb.process_batch(0, tasks, lambda: 3, None)
     assert len(tasks.handoffs) == 2 and sb.total.total_sent == 6
+
+
+# ------------------------------------------------------------------------- asynchronous state writes
+class GatedStore(MemoryStateStore):
+    """A memory store whose writes wait for ``gate`` and can be made to fail; records each write's batch id and
+    counts reads of the entities table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.writing = threading.Event()  # a write has started
+        self.writes: list[tuple[int, BatchWrites]] = []
+        self.entity_reads = 0
+        self.fail: BaseException | None = None
+
+    def read_entities(self) -> list[EntityRecord]:
+        self.entity_reads += 1
+        return super().read_entities()
+
+    def write_batch(self, sink_id: str, batch_id: int, writes: BatchWrites) -> None:
+        self.writing.set()
+        assert self.gate.wait(10), "test gate never opened"
+        if self.fail is not None:
+            raise self.fail
+        self.writes.append((batch_id, writes))
+        super().write_batch(sink_id, batch_id, writes)
+
+
+def _until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
+def _commits(store: MemoryStateStore) -> list[int | None]:
+    return [e.batch_id for e in store.read_events() if e.event == BATCH_COMMITTED]
+
+
+def test_state_is_written_in_the_background_and_pending_batches_become_one_commit() -> None:
+    store = GatedStore()
+    sb = _sink(store, sink_id="s")
+    assert sb.asynchronous
+    store.gate.clear()
+    sb.process_batch(0, Tasks(_result()), lambda: 3, store, now=lambda: T0)  # returns before its write
+    assert store.writing.wait(5) and _commits(store) == []
+    for batch in (1, 2, 3):  # the writer is busy with batch 0: these wait, and go as one group
+        sb.process_batch(batch, Tasks(_result()), lambda: 3, store, now=lambda: T0)
+    assert _commits(store) == []
+    store.gate.set()
+    sb.flush(timeout=5)
+    assert [b for b, _ in store.writes] == [0, 3]  # one commit per group, txnVersion = highest batch id
+    (_, group) = store.writes[1]
+    assert [e.batch_id for e in group.events if e.event == BATCH_COMMITTED] == [1, 2, 3]
+    assert _commits(store) == [0, 1, 2, 3]
+    assert store.last_committed("s") == 3 and store.committed("s", 2) is not None
+    assert store.entity_reads == 1 + 2  # the first batch's read, then one refresh after each commit
+
+
+def test_a_failed_write_fails_the_next_batch_before_it_sends() -> None:
+    store = GatedStore()
+    store.fail = OSError("the state location is read-only")
+    sb = _sink(store, sink_id="s")
+    sb.process_batch(0, Tasks(_result()), lambda: 3, store, now=lambda: T0)
+    _until(lambda: sb._writer is not None and sb._writer.pending == 0)
+    tasks = Tasks(_result())
+    with pytest.raises(
+        StateWriteError, match=r"batches \[0\] failed: OSError: the state location is read-only"
+    ):
+        sb.process_batch(1, tasks, lambda: 3, store, now=lambda: T0)
+    assert tasks.handoffs == []  # nothing of batch 1 was sent: Spark runs it again after the restart
+    store.fail = None
+    reads = store.entity_reads
+    assert sb.process_batch(1, tasks, lambda: 3, store, now=lambda: T0) is not None
+    assert store.entity_reads == reads + 1  # after an error the view is read again at once, as at the start
+    sb.flush(timeout=5)
+    assert _commits(store) == [1]
+
+
+def test_flush_raises_a_failed_write_once() -> None:
+    store = GatedStore()
+    store.fail = RuntimeError("DELTA_FILE_NOT_FOUND")
+    sb = _sink(store, sink_id="s")
+    sb.process_batch(0, Tasks(_result()), lambda: 3, store, now=lambda: T0)
+    with pytest.raises(StateWriteError, match="DELTA_FILE_NOT_FOUND") as info:
+        sb.flush(timeout=5)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    sb.flush(timeout=5)  # raised once; nothing pending
+
+
+def test_flush_times_out_while_a_write_hangs() -> None:
+    store = GatedStore()
+    store.gate.clear()
+    sb = _sink(store, sink_id="s")
+    sb.process_batch(0, Tasks(_result()), lambda: 3, store, now=lambda: T0)
+    with pytest.raises(TimeoutError, match="still pending after 0.05 s"):
+        sb.flush(timeout=0.05)
+    store.gate.set()
+    with sb:  # the context manager flushes (close) on exit
+        pass
+    assert _commits(store) == [0]
+
+
+def test_more_pending_batches_than_the_bound_make_the_batch_wait() -> None:
+    store = GatedStore()
+    store.gate.clear()
+    sb = ServiceBusSink(make_config(sink_id="s"), store=store, max_pending_writes=2)
+    sb.process_batch(0, Tasks(_result()), lambda: 3, store, now=lambda: T0)
+    assert store.writing.wait(5)  # batch 0 is being written
+    sb.process_batch(1, Tasks(_result()), lambda: 3, store, now=lambda: T0)
+    sb.process_batch(2, Tasks(_result()), lambda: 3, store, now=lambda: T0)  # two queued: the bound
+    third = threading.Thread(
+        target=sb.process_batch, args=(3, Tasks(_result()), lambda: 3, store), kwargs={"now": lambda: T0}
+    )
+    third.start()
+    third.join(0.2)
+    assert third.is_alive()  # waits for the writer
+    store.gate.set()
+    third.join(5)
+    assert not third.is_alive()
+    sb.flush(timeout=5)
+    assert _commits(store) == [0, 1, 2, 3]
+
+
+def test_replay_check_counts_batches_planned_but_not_yet_written() -> None:
+    store = GatedStore()
+    store.gate.clear()
+    sb = _sink(store, sink_id="s")
+    sb.process_batch(0, Tasks(_result()), lambda: 3, store, now=lambda: T0)
+    sb.process_batch(1, Tasks(_result()), lambda: 3, store, now=lambda: T0)
+    assert _commits(store) == []  # neither is in the table yet
+    tasks = Tasks(_result())
+    assert (
+        sb.process_batch(1, tasks, lambda: 3, store, now=lambda: T0) is None
+    )  # the query restarted: skipped
+    assert tasks.handoffs == [] and sb.total.skipped_batches == 1
+    with pytest.raises(SinkIdConflictError, match="with 3 rows, and now arrives with 5"):
+        sb.process_batch(0, tasks, lambda: 5, store, now=lambda: T0)
+    store.gate.set()
+    sb.flush(timeout=5)
+    assert _commits(store) == [0, 1]
+    assert [e.batch_id for e in store.read_events("s") if e.event == REPLAY_SKIPPED] == [1]
+
+
+def test_the_handoff_is_the_last_read_overlaid_with_this_sinks_planned_records() -> None:
+    store = GatedStore()
+    config = make_config(sink_id="s")
+    ns = namespace_key(config.primary)
+    other = EntityRecord(ns, "invoices", "failed_over", T0, "timeout", updated_by="other-sink")
+    MemoryStateStore.write_batch(  # another sink's row, not through the gate
+        store, "other-sink", 1, BatchWrites((Event(T0, "other-sink", 1, BATCH_COMMITTED),), (other,), ())
+    )
+    sb = ServiceBusSink(config, store=store)
+    store.gate.clear()
+    at = T0 + timedelta(seconds=1)
+    t = StateTransition("orders", EntityState.FAILING, EntityState.FAILED_OVER, at, "quota_exceeded", "", ns)
+    first = Tasks(PartitionResult("h1", 2, SendOutcome(transitions=(t,))))
+    sb.process_batch(0, first, lambda: 2, store, now=lambda: at)
+    assert [r.entity for r in first.handoffs[0]] == ["invoices"]  # the first batch reads the table
+    assert store.writing.wait(5)  # batch 0's write has begun (and waits at the gate)
+    second = Tasks(_result())
+    sb.process_batch(1, second, lambda: 3, store, now=lambda: at)  # batch 0 not written yet
+    assert [(r.entity, r.state) for r in second.handoffs[0]] == [
+        ("invoices", "failed_over"),
+        ("orders", "failed_over"),  # planned by this sink, handed on without waiting for the table
+    ]
+    # Meanwhile another writer returns invoices to healthy and records orders healthy later still.
+    later = T0 + timedelta(seconds=30)
+    MemoryStateStore.write_batch(  # not through the gate
+        store,
+        "other-sink",
+        2,
+        BatchWrites(
+            (Event(later, "other-sink", 2, BATCH_COMMITTED),),
+            (replace(other, state="healthy", since=later), EntityRecord(ns, "orders", "healthy", later)),
+            (),
+        ),
+    )
+    store.gate.set()
+    sb.flush(timeout=5)  # the writer re-read the table after its commit
+    third = Tasks(_result())
+    sb.process_batch(2, third, lambda: 3, store, now=lambda: later)
+    assert [(r.entity, r.state) for r in third.handoffs[0]] == [
+        ("invoices", "healthy"),
+        ("orders", "healthy"),
+    ]
+    assert store.entity_reads == 1 + 2  # one read at the start, then one after each commit (batch 0, batch 1)
+    sb.flush(timeout=5)
+
+
+def test_sync_state_writes_read_and_write_within_the_batch() -> None:
+    store = GatedStore()
+    sb = _sink(store, sink_id="s", state_writes="sync")
+    assert not sb.asynchronous
+    for batch in range(3):
+        sb.process_batch(batch, Tasks(_result()), lambda: 3, store, now=lambda: T0)
+        assert _commits(store)[-1] == batch  # durable before the batch returns
+    assert store.entity_reads == 3 and [b for b, _ in store.writes] == [0, 1, 2]
+    assert sb._writer is None
+
+
+def test_state_writes_key() -> None:
+    assert make_config().state_writes == "async"
+    base = {"primary.connection_string": "${env:CS}", "entity": "orders"}
+    env = {"CS": "Endpoint=sb://a.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v"}
+    loaded = ServiceBusConfig.from_options({**base, "state_writes": "sync"}, env=env)
+    assert (
+        loaded.state_writes == "sync"
+        and ServiceBusConfig.from_options(loaded.to_options(), env=env) == loaded
+    )
+    with pytest.raises(ConfigError, match="state_writes: 'later' is not one of 'async', 'sync'"):
+        ServiceBusConfig.from_options({**base, "state_writes": "later"}, env=env)
 
 
 # ------------------------------------------------------------------------------------------ config keys

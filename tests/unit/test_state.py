@@ -35,6 +35,7 @@ from spark_sb.state import (
     STATE_CHANGE,
     BatchWrites,
     EntityRecord,
+    EntityView,
     Event,
     MemoryStateStore,
     PartitionResult,
@@ -43,6 +44,7 @@ from spark_sb.state import (
     StateStore,
     StateTables,
     apply_handoff,
+    coalesce,
     is_conflict,
     plan_batch,
 )
@@ -181,6 +183,59 @@ class TestMemoryStore(StoreContract):
     @pytest.fixture(autouse=True)
     def _store(self) -> None:
         self.store = MemoryStateStore()
+
+
+# ------------------------------------------------------------------------------- group commit and the view
+def test_coalesce_makes_one_commit_of_several_batches() -> None:
+    t0 = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+
+    def writes(batch: int, *records: EntityRecord, rejects: int = 0) -> BatchWrites:
+        rej = tuple(RejectRecord(t0, "s", batch, "orders", "body", "null", "{}") for _ in range(rejects))
+        return BatchWrites(
+            (Event(t0, "s", batch, SENT), Event(t0, "s", batch, BATCH_COMMITTED)), records, rej
+        )
+
+    failed = EntityRecord(NS, "orders", "failed_over", t0 + timedelta(seconds=5))
+    healthy_older = EntityRecord(NS, "orders", "healthy", t0)
+    same_time_later_batch = replace(failed, updated_by="batch 9")
+    other = EntityRecord(NS, "invoices", "failing", t0)
+    version, merged = coalesce(
+        [
+            (9, writes(9, same_time_later_batch)),
+            (7, writes(7, failed, rejects=2)),
+            (8, writes(8, healthy_older, other)),
+        ]
+    )
+    assert version == 9  # the highest batch id: the group's txnVersion
+    assert [(e.batch_id, e.event) for e in merged.events if e.event == BATCH_COMMITTED] == [
+        (7, BATCH_COMMITTED),
+        (8, BATCH_COMMITTED),
+        (9, BATCH_COMMITTED),
+    ]
+    assert len(merged.events) == 6 and [r.batch_id for r in merged.rejects] == [7, 7]
+    assert merged.entities == (other, same_time_later_batch)  # newest per key; a tie goes to the later batch
+    with pytest.raises(ValueError):
+        coalesce([])
+
+
+def test_entity_view_overlays_planned_records_until_a_later_read_has_them() -> None:
+    t0 = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+    view = EntityView()
+    assert not view.loaded and view.records() == []
+    table = [EntityRecord(NS, "orders", "healthy", t0), EntityRecord(NS, "invoices", "failed_over", t0)]
+    view.refreshed(table)
+    planned = EntityRecord(NS, "orders", "failed_over", t0 + timedelta(seconds=1))
+    view.planned(1, [planned])
+    assert view.loaded and view.records() == [table[1], planned]
+    newer = EntityRecord(NS, "orders", "healthy", t0 + timedelta(seconds=9))
+    view.refreshed([newer, table[1]])  # another writer's newer row wins over the planned one
+    assert view.records() == [table[1], newer]
+    view.refreshed(table)  # a read older than the planned record's commit: the planned record still counts
+    assert view.records() == [table[1], planned]
+    view.refreshed(table, written_through=1)  # taken after write 1: what the table says is the truth
+    assert view.records() == [table[1], table[0]]
+    view.reset()
+    assert not view.loaded
 
 
 # ------------------------------------------------------------------------------------------- planning
