@@ -52,6 +52,7 @@ def test_outage_failover_and_rejects_are_in_the_tables_without_secrets(
         _write(folder, "a.json", [*rows, bad])
 
     _run_stream(spark, sb_sink, folder, tmp_path / "ckpt", [outage_batch])
+    sb_sink.flush()  # the state writes are asynchronous: flush before reading the tables
 
     tables = _tables(spark, state)
     ns = namespace_key(config.primary)
@@ -91,20 +92,31 @@ def test_outage_failover_and_rejects_are_in_the_tables_without_secrets(
     assert keys and not any(k in text for k in keys) and "SharedAccessKey" not in text
 
 
-def test_replayed_batch_is_skipped_and_recorded(spark: Any, namespace_pair: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("state_writes", ["async", "sync"])
+def test_replayed_batch_is_skipped_and_recorded(
+    spark: Any, namespace_pair: Any, tmp_path: Path, state_writes: str
+) -> None:
+    """With ``sync`` the batch's rows are in the tables when foreachBatch returns; with ``async`` this is the case
+    where the background write landed before the driver died (``flush()``)."""
     primary = namespace_pair.primary
     primary.broker.create_queue("orders", QueueSettings())  # no duplicate detection: a resend would show
     state, ckpt, folder = tmp_path / "state", tmp_path / "ckpt", tmp_path / "in"
     folder.mkdir()
-    config = _config(namespace_pair, state_location=str(state), sink_id="replay")
+    config = _config(namespace_pair, state_location=str(state), sink_id="replay", state_writes=state_writes)
     batches = [[{"body": f"{n}-{i}", "message_id": f"{n}-{i}"} for i in range(5)] for n in range(2)]
     files = [lambda n=n: _write(folder, f"{n}.json", batches[n]) for n in range(2)]
-    _run_stream(spark, ServiceBusSink(config), folder, ckpt, files)
+    first = ServiceBusSink(config)
+    _run_stream(spark, first, folder, ckpt, files)
+    if state_writes == "async":
+        first.flush()
+    else:
+        assert first._writer is None  # nothing in the background
     # The driver died after batch 1's sends and before its checkpoint commit: Spark runs batch 1 again.
     (ckpt / "commits" / "1").unlink()
     (ckpt / "commits" / ".1.crc").unlink(missing_ok=True)
     restarted = ServiceBusSink(config)
     _run_stream(spark, restarted, folder, ckpt, [lambda: None])
+    restarted.flush()
 
     received = sorted(str(m.message_id) for m in _drain(primary, "orders"))
     assert received == sorted(r["message_id"] for b in batches for r in b)  # sent once, not twice
@@ -146,7 +158,7 @@ def test_two_queries_write_the_same_tables_at_once(spark: Any, namespace_pair: A
     base = _config(namespace_pair, state_location=str(state))
     provision_backlog_queues(base, admin_client=secondary.admin_client(), retry_pause=0)
     primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")
-    queries, expected = [], []
+    queries, sinks, expected = [], [], []
     for name in ("q1", "q2"):
         folder = tmp_path / name
         folder.mkdir()
@@ -155,6 +167,7 @@ def test_two_queries_write_the_same_tables_at_once(spark: Any, namespace_pair: A
             expected.extend(r["message_id"] for r in rows)
             _write(folder, f"{n}.json", rows)
         sink = ServiceBusSink(base.with_overrides(sink_id=name))
+        sinks.append(sink)
         queries.append(
             spark.readStream.schema(SCHEMA)
             .option("maxFilesPerTrigger", 1)
@@ -170,6 +183,8 @@ def test_two_queries_write_the_same_tables_at_once(spark: Any, namespace_pair: A
         for q in queries:
             q.stop()
     assert all(q.exception() is None for q in queries)
+    for sink in sinks:
+        sink.flush()
     tables = _tables(spark, state)
     commits = sorted((e.sink_id, e.batch_id) for e in tables["events"] if e.event == "batch_committed")
     assert commits == [("q1", 0), ("q1", 1), ("q2", 0), ("q2", 1)]
@@ -208,6 +223,7 @@ def test_recorded_failover_reaches_fresh_tasks(spark: Any, namespace_pair: Any, 
     folder.mkdir()
     rows = [{"body": f"b{i}", "message_id": f"i{i}"} for i in range(12)]
     _run_stream(spark, sb_sink, folder, tmp_path / "ckpt", [lambda: _write(folder, "a.json", rows)])
+    sb_sink.flush()
 
     assert sb_sink.total.total_sent == 0
     assert sb_sink.total.diverted == {"primary/x-servicebus-transfer/1": 12}
@@ -245,6 +261,7 @@ def test_workers_that_never_saw_the_outage_start_the_next_batch_failed_over(
         seen.append(list(sb_sink.last_results))
 
     _run_stream(spark, sb_sink, folder, tmp_path / "ckpt", [batch(0), record, batch(1, 2), record])
+    sb_sink.flush()
 
     first, second = seen
     assert len(first) == 1 and first[0].outcome.elapsed >= interval  # the one task waited, then failed over

@@ -36,6 +36,34 @@ class TestDeltaPathStore(StoreContract):
         history = spark.sql(f"DESCRIBE HISTORY delta.`{tmp_path / 'state' / 'events'}`").collect()
         assert len([h for h in history if h.operation == "WRITE"]) == 1  # the repeat was skipped by Delta
 
+    def test_a_group_commit_is_one_write_per_table_and_skipped_when_retried(
+        self, spark: Any, tmp_path: Path
+    ) -> None:
+        from datetime import datetime, timezone
+
+        from spark_sb.state import BATCH_COMMITTED, BatchWrites, Event, RejectRecord, coalesce
+
+        t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+        group = [
+            (
+                b,
+                BatchWrites(
+                    (Event(t0, "g", b, BATCH_COMMITTED),),
+                    (),
+                    (RejectRecord(t0, "g", b, "q", None, "r", "{}"),),
+                ),
+            )
+            for b in (6, 7, 8)
+        ]
+        version, writes = coalesce(group)
+        self.store.write_batch("g", version, writes)
+        self.store.write_batch("g", version, writes)  # the group again (a retry): skipped
+        assert self.store.last_committed("g") == 8 and self.store.committed("g", 7) is not None
+        assert len(self.store.read_rejects("g")) == 3
+        for table in ("events", "rejects"):
+            history = spark.sql(f"DESCRIBE HISTORY delta.`{tmp_path / 'state' / table}`").collect()
+            assert len([h for h in history if h.operation == "WRITE"]) == 1
+
 
 class TestDeltaCatalogStore(StoreContract):
     @pytest.fixture(autouse=True)
