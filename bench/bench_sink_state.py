@@ -1,12 +1,16 @@
 """Benchmark: the foreachBatch sink with its Delta state tables on vs off, at 1,000-row and 50,000-row batches.
 
-    .venv/bin/python bench/bench_sink_state.py [--batches 5] [--sizes 1000,50000] [--latency 0.002]
+    .venv/bin/python bench/bench_sink_state.py [--batches 5] [--rounds 2] [--sizes 1000,50000] [--latency 0.002]
+                                               [--state-writes async|sync]
 
 Real Spark (local[2], Delta) and two local namespaces in child processes. The sink is called as Spark calls it
-(``sink(batch_df, batch_id)``) on a cached DataFrame of ``size`` rows of 200-byte bodies; each configuration
-first runs one unmeasured batch (it creates the state tables), then ``--batches`` measured ones, interleaved
-on / off so that drift affects both alike. Prints msgs/s of each, the ratio on / off (goal >= 0.95) and the
-state's cost per batch; and, as the baseline of the run, the raw SDK batch sender sending the same number of
+(``sink(batch_df, batch_id)``) on a cached DataFrame of ``size`` rows of 200-byte bodies. Each configuration
+first runs one unmeasured batch (clients, links, table creation; flushed). Then ``--rounds`` rounds, each one
+sequence of ``--batches`` batches with state on and one with state off, the order alternating between rounds so
+that drift affects both alike. A sequence with state on ends with ``sink.flush()``, inside its timing: with
+``state_writes: async`` the writes of the sequence are in the tables when its clock stops. Throughput is total
+rows / total time over the sequences (all rounds). Prints msgs/s of each, the ratio on / off (goal >= 0.95) and
+the state's cost per batch; and, as the baseline of the run, the raw SDK batch sender sending the same number of
 messages from one process.
 """
 
@@ -14,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,13 +33,28 @@ from spark_sb.session import build_spark_session  # noqa: E402
 from spark_sb.sink import ServiceBusSink  # noqa: E402
 
 
+def run_sequence(sink: ServiceBusSink, df: Any, first_batch_id: int, batches: int, size: int) -> float:
+    """Seconds for ``batches`` batches through ``sink``, the final ``flush()`` included."""
+    started = time.perf_counter()
+    for batch_id in range(first_batch_id, first_batch_id + batches):
+        sink(df, batch_id)
+        outcome = sink.last_outcome
+        assert outcome is not None and outcome.total_sent == size, outcome
+    sink.flush()
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--batches", type=int, default=5)
-    parser.add_argument("--sizes", default="1000,50000")
-    parser.add_argument("--latency", type=float, default=0.002)
+    parser.add_argument("--batches", type=int, default=5, help="batches per measured sequence (default 5)")
+    parser.add_argument("--rounds", type=int, default=2, help="on/off sequence pairs per size (default 2)")
+    parser.add_argument("--sizes", default="1000,50000", help="rows per batch, comma-separated")
+    parser.add_argument(
+        "--latency", type=float, default=0.002, help="injected latency, seconds (default 0.002)"
+    )
+    parser.add_argument("--state-writes", choices=("async", "sync"), default="async")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     spark = build_spark_session("bench-sink-state", "local[2]")
@@ -61,26 +80,32 @@ def main() -> None:
                     "entity": f"orders-{size}-{kind}",
                     "backlog_queue_count": 1,
                     "sink_id": f"bench-{size}-{kind}",
+                    "state_writes": args.state_writes,
                 }
                 if kind == "on":
                     options["state_location"] = state_dir
                 sinks[kind] = ServiceBusSink(ServiceBusConfig.from_dict(options))
                 sinks[kind](df, 0)  # unmeasured: clients, links, table creation
-            seconds: dict[str, list[float]] = {"on": [], "off": []}
-            for batch_id in range(1, args.batches + 1):
-                for kind in ("on", "off"):
-                    started = time.perf_counter()
-                    sinks[kind](df, batch_id)
-                    seconds[kind].append(time.perf_counter() - started)
-                    outcome = sinks[kind].last_outcome
-                    assert outcome is not None and outcome.total_sent == size, outcome
+                sinks[kind].flush()
+            seconds: dict[str, float] = {"on": 0.0, "off": 0.0}
+            per_round: list[str] = []
+            for r in range(args.rounds):
+                order = ("on", "off") if r % 2 == 0 else ("off", "on")
+                took = {}
+                for kind in order:
+                    took[kind] = run_sequence(sinks[kind], df, 1 + r * args.batches, args.batches, size)
+                    seconds[kind] += took[kind]
+                per_round.append(f"{took['on']:.2f}/{took['off']:.2f} s")
+            rows = size * args.batches * args.rounds
             raw = size / raw_sdk(primary, f"orders-{size}-raw", size, b"x" * 200)
-            on, off = (size / statistics.median(seconds[k]) for k in ("on", "off"))
-            cost = statistics.median(seconds["on"]) - statistics.median(seconds["off"])
+            on, off = rows / seconds["on"], rows / seconds["off"]
+            cost = (seconds["on"] - seconds["off"]) / (args.batches * args.rounds)
             print(
-                f"latency {args.latency * 1000:.0f} ms, {size}-row batches: state on {on:,.0f} msgs/s, off "
-                f"{off:,.0f} msgs/s, ratio {on / off:.2f} (goal >= 0.95); the state costs {cost:.2f} s per batch; "
-                f"raw SDK batch sender from one process {raw:,.0f} msgs/s",
+                f"latency {args.latency * 1000:.0f} ms, {size}-row batches, state_writes {args.state_writes}, "
+                f"{args.rounds} x {args.batches} batches: state on {on:,.0f} msgs/s, off {off:,.0f} msgs/s, "
+                f"ratio {on / off:.2f} (goal >= 0.95); the state costs {cost:.2f} s per batch "
+                f"(sequences on/off: {', '.join(per_round)}); raw SDK batch sender from one process "
+                f"{raw:,.0f} msgs/s",
                 flush=True,
             )
             df.unpersist()

@@ -591,6 +591,10 @@ class EntityView:
 
 #: More batches than this waiting for the state writer make the sink wait (backpressure).
 MAX_PENDING_BATCHES = 16
+#: The background writer commits at most this often (seconds), unless half of ``MAX_PENDING_BATCHES`` batches
+#: are queued or a flush asks: each commit costs the driver a few Spark jobs (~1-2 s; the ``txnAppId`` check
+#: rebuilds the events table's state), which compete with the batches' own tasks for the cores.
+COMMIT_INTERVAL = 10.0
 
 
 class StateWriteError(RuntimeError):
@@ -602,7 +606,8 @@ class StateWriter:
     """Writes batches' state in the background: one daemon thread on the driver per sink (group commit).
 
     :meth:`submit` queues one batch's :class:`BatchWrites` and returns at once (it waits only while more than
-    ``max_pending`` batches are queued). The thread takes everything queued and writes it as one commit per
+    ``max_pending`` batches are queued). The thread takes everything queued (at most every ``commit_interval``
+    seconds, at once when half of ``max_pending`` is queued or :meth:`flush` waits) and writes it as one commit per
     table (:func:`coalesce`: one rejects append, one entity MERGE when a record changed, one events append, the
     appends with ``txnAppId = sink_id`` and ``txnVersion`` = the highest batch id of the group, so a retried
     group is skipped by Delta); Delta conflicts are retried by the store. After each commit it reads the
@@ -622,12 +627,16 @@ class StateWriter:
         *,
         max_pending: int = MAX_PENDING_BATCHES,
         refresh: bool = True,
+        commit_interval: float = COMMIT_INTERVAL,
     ) -> None:
         self.store = store
         self.sink_id = sink_id
         self.view = view
         self.max_pending = max_pending
         self.refresh = refresh
+        self.commit_interval = commit_interval
+        self._last_commit = -float("inf")  # time.monotonic() of the last commit's start
+        self._flushing = 0  # callers waiting in flush(): commit now
         self.commits = 0  # how many group commits were written
         self._cond = threading.Condition()
         self._queue: list[tuple[int, int, BatchWrites]] = []  # (seq, batch id, writes)
@@ -678,14 +687,19 @@ class StateWriter:
         ``TimeoutError`` after ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._error is None and (self._queue or self._busy):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(
-                        f"state tables: {len(self._queue) + int(self._busy)} write(s) of sink "
-                        f"{self.sink_id!r} still pending after {timeout} s"
-                    )
-                self._cond.wait(left)
+            self._flushing += 1
+            self._cond.notify_all()
+            try:
+                while self._error is None and (self._queue or self._busy):
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise TimeoutError(
+                            f"state tables: {len(self._queue) + int(self._busy)} write(s) of sink "
+                            f"{self.sink_id!r} still pending after {timeout} s"
+                        )
+                    self._cond.wait(left)
+            finally:
+                self._flushing -= 1
             self._raise_locked()
 
     def close(self, timeout: float | None = None) -> None:
@@ -703,11 +717,23 @@ class StateWriter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if not self._queue:
-                    return
+                while True:
+                    if not self._queue:
+                        if self._closed:
+                            return
+                        self._cond.wait()
+                        continue
+                    wait = self._last_commit + self.commit_interval - time.monotonic()
+                    if (
+                        wait <= 0
+                        or self._flushing
+                        or self._closed
+                        or len(self._queue) * 2 >= self.max_pending
+                    ):
+                        break
+                    self._cond.wait(wait)
                 group, self._queue = self._queue, []
+                self._last_commit = time.monotonic()
                 self._busy = True
                 self._cond.notify_all()  # room in the queue again
             try:

@@ -22,10 +22,12 @@ from spark_sb.state import (
     REPLAY_SKIPPED,
     BatchWrites,
     EntityRecord,
+    EntityView,
     Event,
     MemoryStateStore,
     PartitionResult,
     StateWriteError,
+    StateWriter,
 )
 
 from .test_sender import make_config
@@ -190,6 +192,28 @@ def test_state_is_written_in_the_background_and_pending_batches_become_one_commi
     assert _commits(store) == [0, 1, 2, 3]
     assert store.last_committed("s") == 3 and store.committed("s", 2) is not None
     assert store.entity_reads == 1 + 2  # the first batch's read, then one refresh after each commit
+
+
+def test_the_writer_commits_at_most_every_commit_interval_unless_flushed_or_full() -> None:
+    store = GatedStore()
+    writer = StateWriter(store, "s", EntityView(), max_pending=8, commit_interval=60.0)
+
+    def batch(b: int) -> BatchWrites:
+        return BatchWrites((Event(T0, "s", b, BATCH_COMMITTED),), (), ())
+
+    writer.submit(1, 0, batch(0))  # the first commit goes at once
+    _until(lambda: writer.pending == 0)
+    for b in (1, 2):
+        writer.submit(b + 1, b, batch(b))
+    time.sleep(0.2)
+    assert [b for b, _ in store.writes] == [0] and writer.pending == 2  # held for the interval
+    writer.flush(timeout=5)  # a flush does not wait for the interval
+    assert [b for b, _ in store.writes] == [0, 2]
+    for b in (3, 4, 5, 6):  # half of max_pending queued: committed without waiting for the interval
+        writer.submit(b + 1, b, batch(b))
+    _until(lambda: writer.pending == 0)
+    assert [b for b, _ in store.writes][-1] == 6 and _commits(store) == [0, 1, 2, 3, 4, 5, 6]
+    writer.close(timeout=5)
 
 
 def test_a_failed_write_fails_the_next_batch_before_it_sends() -> None:
