@@ -57,6 +57,7 @@ from spark_sb.sender import PairedSender, SendOutcome, namespace_key
 from spark_sb.state import (
     BATCH_COMMITTED,
     MAX_PENDING_BATCHES,
+    MAX_VIEW_AGE,
     REPLAY_SKIPPED,
     BatchWrites,
     DeltaStateStore,
@@ -421,7 +422,7 @@ class ServiceBusSink:
             if not asynchronous:
                 handoff = store.read_entities()
             else:
-                if not self._view.loaded:  # the first batch (or the first after an error): read now
+                if self._view.age() > MAX_VIEW_AGE:  # the first batch, the first after an error or a pause
                     self._view.refreshed(store.read_entities())
                 handoff = self._view.records()
         results = run_tasks(handoff)

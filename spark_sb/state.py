@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Protocol
@@ -545,15 +545,22 @@ class EntityView:
     asynchronous state writes no batch waits for a read of the table: other writers' changes (other sinks, the
     syphon) arrive with the read the writer makes after each commit."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
+        self._clock = clock
         self._table: dict[tuple[str, str], EntityRecord] | None = None
+        self._read_at = 0.0
         self._planned: dict[tuple[str, str], tuple[int, EntityRecord]] = {}
 
     @property
     def loaded(self) -> bool:
         with self._lock:
             return self._table is not None
+
+    def age(self) -> float:
+        """Seconds since the table was last read (infinite before the first read)."""
+        with self._lock:
+            return float("inf") if self._table is None else self._clock() - self._read_at
 
     def reset(self) -> None:
         """Forget everything: the next batch reads the table synchronously (first batch, after an error)."""
@@ -576,6 +583,7 @@ class EntityView:
         table = {(r.namespace, r.entity): r for r in records}
         with self._lock:
             self._table = table
+            self._read_at = self._clock()
             if written_through is not None:
                 self._planned = {k: v for k, v in self._planned.items() if v[0] > written_through}
 
@@ -591,6 +599,8 @@ class EntityView:
 
 #: More batches than this waiting for the state writer make the sink wait (backpressure).
 MAX_PENDING_BATCHES = 16
+#: A view older than this (seconds; a stream with long pauses between batches) is read again at batch start.
+MAX_VIEW_AGE = 30.0
 #: The background writer commits at most this often (seconds), unless half of ``MAX_PENDING_BATCHES`` batches
 #: are queued or a flush asks: each commit costs the driver a few Spark jobs (~1-2 s; the ``txnAppId`` check
 #: rebuilds the events table's state), which compete with the batches' own tasks for the cores.
@@ -611,7 +621,7 @@ class StateWriter:
     table (:func:`coalesce`: one rejects append, one entity MERGE when a record changed, one events append, the
     appends with ``txnAppId = sink_id`` and ``txnVersion`` = the highest batch id of the group, so a retried
     group is skipped by Delta); Delta conflicts are retried by the store. After each commit it reads the
-    entities table again into ``view`` (other writers' changes).
+    entities table again into ``view`` (other writers' changes), as soon as the next batch is queued.
 
     A write that fails after the store's retries is never dropped silently: it is kept and raised (as
     :class:`StateWriteError`) by the next :meth:`raise_error`, :meth:`submit` or :meth:`flush`; the writes of
@@ -637,6 +647,8 @@ class StateWriter:
         self.commit_interval = commit_interval
         self._last_commit = -float("inf")  # time.monotonic() of the last commit's start
         self._flushing = 0  # callers waiting in flush(): commit now
+        self._refresh_due = False  # a commit since the last read of the entities table
+        self._written_through: int | None = None  # the write number (seq) of the last committed group
         self.commits = 0  # how many group commits were written
         self._cond = threading.Condition()
         self._queue: list[tuple[int, int, BatchWrites]] = []  # (seq, batch id, writes)
@@ -717,25 +729,12 @@ class StateWriter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while True:
-                    if not self._queue:
-                        if self._closed:
-                            return
-                        self._cond.wait()
-                        continue
-                    wait = self._last_commit + self.commit_interval - time.monotonic()
-                    if (
-                        wait <= 0
-                        or self._flushing
-                        or self._closed
-                        or len(self._queue) * 2 >= self.max_pending
-                    ):
-                        break
-                    self._cond.wait(wait)
-                group, self._queue = self._queue, []
-                self._last_commit = time.monotonic()
-                self._busy = True
-                self._cond.notify_all()  # room in the queue again
+                group = self._next_group()
+            if group is None:
+                return
+            if not group:
+                self._refresh()
+                continue
             try:
                 self._write(group)
             except BaseException as exc:  # kept and raised on the driver's next call: never silent
@@ -755,12 +754,39 @@ class StateWriter:
                     self._busy = False
                     self._cond.notify_all()
 
+    def _next_group(self) -> list[tuple[int, int, BatchWrites]] | None:
+        """(Holding the lock) wait for work: the next group to commit, ``[]`` for a due re-read of the entities
+        table, None when closed with nothing queued."""
+        while True:
+            if not self._queue:
+                if self._closed:
+                    return None
+                self._cond.wait()
+                continue
+            if self._refresh_due:
+                self._refresh_due = False
+                return []
+            wait = self._last_commit + self.commit_interval - time.monotonic()
+            if wait <= 0 or self._flushing or self._closed or len(self._queue) * 2 >= self.max_pending:
+                break
+            self._cond.wait(wait)
+        group, self._queue = self._queue, []
+        self._last_commit = time.monotonic()
+        self._busy = True
+        self._cond.notify_all()  # room in the queue again
+        return group
+
     def _write(self, group: Sequence[tuple[int, int, BatchWrites]]) -> None:
         batch_id, writes = coalesce([(b, w) for _, b, w in group])
         self.store.write_batch(self.sink_id, batch_id, writes)
         self.commits += 1
-        if not self.refresh:
-            return
+        with self._cond:
+            self._written_through = max(seq for seq, _, _ in group)
+            self._refresh_due = self.refresh
+
+    def _refresh(self) -> None:
+        """Read the entities table again (after a commit, once the next batch is queued: nobody needs the view
+        before that, and a flush need not wait for it)."""
         try:
             records = self.store.read_entities()
         except Exception as exc:  # the writes are committed; the view keeps what this sink planned
@@ -772,7 +798,7 @@ class StateWriter:
                 exc,
             )
             return
-        self.view.refreshed(records, max(seq for seq, _, _ in group))
+        self.view.refreshed(records, self._written_through)
 
 
 # ------------------------------------------------------------------------------------------ Delta store
@@ -1059,6 +1085,7 @@ __all__ = [
     "BATCH_COMMITTED",
     "EVENTS",
     "MAX_PENDING_BATCHES",
+    "MAX_VIEW_AGE",
     "BatchWrites",
     "DeltaStateStore",
     "EntityRecord",

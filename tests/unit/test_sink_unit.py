@@ -148,10 +148,13 @@ class GatedStore(MemoryStateStore):
         self.writing = threading.Event()  # a write has started
         self.writes: list[tuple[int, BatchWrites]] = []
         self.entity_reads = 0
+        self.reads_on_batch_path = 0  # reads by the thread that runs the batches (not the writer's)
         self.fail: BaseException | None = None
 
     def read_entities(self) -> list[EntityRecord]:
         self.entity_reads += 1
+        if threading.current_thread() is threading.main_thread():
+            self.reads_on_batch_path += 1
         return super().read_entities()
 
     def write_batch(self, sink_id: str, batch_id: int, writes: BatchWrites) -> None:
@@ -191,7 +194,9 @@ def test_state_is_written_in_the_background_and_pending_batches_become_one_commi
     assert [e.batch_id for e in group.events if e.event == BATCH_COMMITTED] == [1, 2, 3]
     assert _commits(store) == [0, 1, 2, 3]
     assert store.last_committed("s") == 3 and store.committed("s", 2) is not None
-    assert store.entity_reads == 1 + 2  # the first batch's read, then one refresh after each commit
+    # the first batch's read, then one re-read after commit 0 (when batch 1 was queued); none after the last
+    # commit: nobody needs the view before the next batch, and flush() does not wait for it
+    assert store.entity_reads == 1 + 1
 
 
 def test_the_writer_commits_at_most_every_commit_interval_unless_flushed_or_full() -> None:
@@ -336,14 +341,30 @@ def test_the_handoff_is_the_last_read_overlaid_with_this_sinks_planned_records()
         ),
     )
     store.gate.set()
-    sb.flush(timeout=5)  # the writer re-read the table after its commit
+    sb.flush(timeout=5)  # the writer re-read the table after batch 0's commit, before batch 1's
     third = Tasks(_result())
     sb.process_batch(2, third, lambda: 3, store, now=lambda: later)
     assert [(r.entity, r.state) for r in third.handoffs[0]] == [
         ("invoices", "healthy"),
         ("orders", "healthy"),
     ]
-    assert store.entity_reads == 1 + 2  # one read at the start, then one after each commit (batch 0, batch 1)
+    assert store.entity_reads == 1 + 1  # one read at the start, one between the two commits
+    sb.flush(timeout=5)
+
+
+def test_a_view_older_than_max_view_age_is_read_again_at_batch_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    import spark_sb.sink as sink_module
+
+    store = GatedStore()
+    sb = _sink(store, sink_id="s")
+    sb.process_batch(0, Tasks(_result()), lambda: 3, store, now=lambda: T0)
+    sb.flush(timeout=5)
+    assert store.reads_on_batch_path == 1  # the first batch's
+    sb.process_batch(1, Tasks(_result()), lambda: 3, store, now=lambda: T0)
+    assert store.reads_on_batch_path == 1  # a fresh view: no read on the batch's path
+    monkeypatch.setattr(sink_module, "MAX_VIEW_AGE", 0.0)  # as after a long pause between batches
+    sb.process_batch(2, Tasks(_result()), lambda: 3, store, now=lambda: T0)
+    assert store.reads_on_batch_path == 2
     sb.flush(timeout=5)
 
 

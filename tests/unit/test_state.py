@@ -220,10 +220,13 @@ def test_coalesce_makes_one_commit_of_several_batches() -> None:
 
 def test_entity_view_overlays_planned_records_until_a_later_read_has_them() -> None:
     t0 = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
-    view = EntityView()
-    assert not view.loaded and view.records() == []
+    clock = FakeClock()
+    view = EntityView(clock.monotonic)
+    assert not view.loaded and view.records() == [] and view.age() == float("inf")
     table = [EntityRecord(NS, "orders", "healthy", t0), EntityRecord(NS, "invoices", "failed_over", t0)]
     view.refreshed(table)
+    clock.advance(7)
+    assert view.age() == 7
     planned = EntityRecord(NS, "orders", "failed_over", t0 + timedelta(seconds=1))
     view.planned(1, [planned])
     assert view.loaded and view.records() == [table[1], planned]
