@@ -763,7 +763,7 @@ class StateWriter:
                     return None
                 self._cond.wait()
                 continue
-            if self._refresh_due:
+            if self._refresh_due and not (self._flushing or self._closed):  # a flush waits for writes only
                 self._refresh_due = False
                 return []
             wait = self._last_commit + self.commit_interval - time.monotonic()

@@ -173,6 +173,16 @@ def _until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
         time.sleep(0.005)
 
 
+def _open_gate_while_flushing(sb: ServiceBusSink, store: GatedStore) -> None:
+    """Open the gate only once a flush waits, so that the writer knows of the flush when its write returns."""
+    flusher = threading.Thread(target=sb.flush, kwargs={"timeout": 5})
+    flusher.start()
+    _until(lambda: sb._writer is not None and sb._writer._flushing > 0)
+    store.gate.set()
+    flusher.join(5)
+    assert not flusher.is_alive()
+
+
 def _commits(store: MemoryStateStore) -> list[int | None]:
     return [e.batch_id for e in store.read_events() if e.event == BATCH_COMMITTED]
 
@@ -187,16 +197,16 @@ def test_state_is_written_in_the_background_and_pending_batches_become_one_commi
     for batch in (1, 2, 3):  # the writer is busy with batch 0: these wait, and go as one group
         sb.process_batch(batch, Tasks(_result()), lambda: 3, store, now=lambda: T0)
     assert _commits(store) == []
-    store.gate.set()
-    sb.flush(timeout=5)
+    _open_gate_while_flushing(sb, store)
+    sb.flush(timeout=5)  # raises a failed write, if any
     assert [b for b, _ in store.writes] == [0, 3]  # one commit per group, txnVersion = highest batch id
     (_, group) = store.writes[1]
     assert [e.batch_id for e in group.events if e.event == BATCH_COMMITTED] == [1, 2, 3]
     assert _commits(store) == [0, 1, 2, 3]
     assert store.last_committed("s") == 3 and store.committed("s", 2) is not None
-    # the first batch's read, then one re-read after commit 0 (when batch 1 was queued); none after the last
-    # commit: nobody needs the view before the next batch, and flush() does not wait for it
-    assert store.entity_reads == 1 + 1
+    # the first batch's read only: the re-read due after commit 0 waits for the next batch (a flush is waiting
+    # here, and a flush waits for writes only)
+    assert store.entity_reads == 1
 
 
 def test_the_writer_commits_at_most_every_commit_interval_unless_flushed_or_full() -> None:
@@ -340,15 +350,18 @@ def test_the_handoff_is_the_last_read_overlaid_with_this_sinks_planned_records()
             (),
         ),
     )
-    store.gate.set()
-    sb.flush(timeout=5)  # the writer re-read the table after batch 0's commit, before batch 1's
+    _open_gate_while_flushing(sb, store)  # writes batches 0 and 1; a flush does not wait for a re-read
+    assert store.entity_reads == 1
     third = Tasks(_result())
-    sb.process_batch(2, third, lambda: 3, store, now=lambda: later)
-    assert [(r.entity, r.state) for r in third.handoffs[0]] == [
+    sb.process_batch(2, third, lambda: 3, store, now=lambda: later)  # queued: the writer re-reads the table
+    assert [r.state for r in third.handoffs[0]] == ["failed_over", "failed_over"]  # not yet
+    _until(lambda: store.entity_reads == 2)
+    fourth = Tasks(_result())
+    sb.process_batch(3, fourth, lambda: 3, store, now=lambda: later)
+    assert [(r.entity, r.state) for r in fourth.handoffs[0]] == [
         ("invoices", "healthy"),
-        ("orders", "healthy"),
+        ("orders", "healthy"),  # the other writer's newer record wins over this sink's planned one
     ]
-    assert store.entity_reads == 1 + 1  # one read at the start, one between the two commits
     sb.flush(timeout=5)
 
 
