@@ -27,6 +27,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -147,24 +148,23 @@ class Lane(Generic[C]):
         not finished after ``slow_after`` seconds, ``on_slow()`` is called (on the caller's thread; it must not
         block) and the wait goes on to the deadline.
         """
+        return self.start(fn, timeout, slow_after=slow_after, on_slow=on_slow).result()
+
+    def start(
+        self,
+        fn: Callable[[C], R],
+        timeout: float,
+        *,
+        slow_after: float | None = None,
+        on_slow: Callable[[], None] | None = None,
+    ) -> Pending[R]:
+        """Start ``fn(context)`` on the worker and return at once; :meth:`Pending.result` waits for it within
+        the same deadline (``timeout`` seconds from now, whenever ``result`` is called), so the caller may do
+        other work (pack the next batch) meanwhile. ``call`` is ``start(...).result()``."""
         job = _Call(fn)
         worker = self._current()
         worker.calls.put(job)
-        timeout = max(0.0, timeout)
-        done = False
-        if on_slow is not None and slow_after is not None and 0.0 < slow_after < timeout:
-            done = job.done.wait(slow_after)
-            if not done:
-                on_slow()
-                timeout -= slow_after
-        if not done and not job.done.wait(timeout):
-            self._abandon(worker, f"no answer within {timeout:.3g} s")
-            raise DeadlineExceeded(
-                f"{self.name}: no answer within {timeout:.3g} s (the client was abandoned and is rebuilt)"
-            )
-        if job.error is not None:
-            raise job.error
-        return job.result  # type: ignore[no-any-return]
+        return Pending(self, worker, job, max(0.0, timeout), slow_after, on_slow)
 
     def submit(self, fn: Callable[[C], object]) -> None:
         """Run ``fn(context)`` on the worker without waiting for it (e.g. open a link ahead of need). Its result
@@ -229,6 +229,60 @@ class Lane(Generic[C]):
 
     def __repr__(self) -> str:
         return f"Lane({self.name!r}, generation={self.generation}, abandoned={self.abandoned})"
+
+
+class Pending(Generic[R]):
+    """A call started with :meth:`Lane.start`: :meth:`result` waits for it until its deadline (counted from the
+    start). Used by one thread (the caller's)."""
+
+    __slots__ = ("_deadline", "_job", "_lane", "_on_slow", "_slow_at", "_timeout", "_worker")
+
+    def __init__(
+        self,
+        lane: Lane[Any],
+        worker: _Worker,
+        job: _Call,
+        timeout: float,
+        slow_after: float | None,
+        on_slow: Callable[[], None] | None,
+    ) -> None:
+        now = time.monotonic()
+        self._lane = lane
+        self._worker = worker
+        self._job = job
+        self._timeout = timeout
+        self._deadline = now + timeout
+        self._slow_at = (
+            now + slow_after
+            if on_slow is not None and slow_after is not None and 0.0 < slow_after < timeout
+            else None
+        )
+        self._on_slow = on_slow
+
+    @property
+    def done(self) -> bool:
+        """True once the call has finished (successfully or not)."""
+        return self._job.done.is_set()
+
+    def result(self) -> R:
+        """The call's result, or its exception re-raised; :class:`DeadlineExceeded` past the deadline."""
+        job = self._job
+        done = job.done.is_set()
+        if not done and self._slow_at is not None:
+            done = job.done.wait(max(0.0, self._slow_at - time.monotonic()))
+            if not done:
+                self._slow_at = None
+                assert self._on_slow is not None
+                self._on_slow()
+        if not done and not job.done.wait(max(0.0, self._deadline - time.monotonic())):
+            self._lane._abandon(self._worker, f"no answer within {self._timeout:.3g} s")
+            raise DeadlineExceeded(
+                f"{self._lane.name}: no answer within {self._timeout:.3g} s (the client was abandoned and is "
+                "rebuilt)"
+            )
+        if job.error is not None:
+            raise job.error
+        return job.result  # type: ignore[no-any-return]
 
 
 def _quietly(unblock: Callable[[Any], None], worker: _Worker) -> None:

@@ -15,6 +15,7 @@ shared with every other sender of the process through a :class:`~spark_sb.failov
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -57,7 +58,7 @@ from spark_sb.failover import (
 from spark_sb.message import OutboundMessage, Reject, RejectError
 from spark_sb.redact import redact
 from spark_sb.rows import row_to_json
-from spark_sb.transport import PRIMARY, SECONDARY, Batch, SdkTransport, Target, Transport
+from spark_sb.transport import PRIMARY, SECONDARY, Batch, SdkTransport, Sending, Target, Transport
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -144,6 +145,7 @@ class _Tally:
         self.probes: list[ProbeRecord] = []
         self.pulls: list[BacklogPull] = []
         self.retries = 0
+        self.flight: _Flight | None = None  # the batch on the wire while the next one is packed
 
     def build(self, elapsed: float) -> SendOutcome:
         return SendOutcome(
@@ -198,6 +200,20 @@ class _Open:
         self.originals: list[OutboundMessage] = []
         self.entities: list[str] = []
         self.started = started  # the backlog enqueue time recorded in its messages (B6)
+
+
+class _Flight:
+    """A full batch whose first attempt is on the wire while the caller packs the next one (one at a time: a
+    batch is settled - retried, diverted, split, counted - before the next one starts, so order holds).
+    ``slot`` is the open backlog batch for a backlog send, None for a primary one."""
+
+    __slots__ = ("batch", "sending", "slot", "started")
+
+    def __init__(self, batch: Batch, slot: _Open | None, sending: Sending, started: float) -> None:
+        self.batch = batch
+        self.slot = slot
+        self.sending = sending
+        self.started = started
 
 
 @dataclass
@@ -393,8 +409,12 @@ class PairedSender:
             self._flush_backlog(backlog, tally)
             self._collect_probes(tally)
         except SendError as err:
+            self._drain(tally)
             self._collect_probes(tally)
             err.outcome = tally.build(self._clock.monotonic() - start)
+            raise
+        except BaseException:
+            self._drain(tally)
             raise
         return tally.build(self._clock.monotonic() - start)
 
@@ -505,29 +525,27 @@ class PairedSender:
         state: EntityFailover | None = None,
         messages: int = 1,
         target: Target,
+        first: _Flight | None = None,
     ) -> _Attempted:
         """Call ``call(timeout)`` until it succeeds or :func:`decide` says otherwise (after sleeping through
         each RETRY). On the primary, each failure goes to the entity's failover timer (from the moment the
-        failing attempt started) and each attempt's deadline is what is left of the interval."""
-        first = self._clock.monotonic()
+        failing attempt started) and each attempt's deadline is what is left of the interval. ``first``: the
+        first attempt was started already (:meth:`_deliver`, :meth:`_send_backlog`); its result is awaited instead of a call."""
+        began = first.started if first is not None else self._clock.monotonic()
         attempts = 0
         while True:
-            if state is not None:
-                self._emit(tally, state.check())
-                if state.state is EntityState.FAILED_OVER:
-                    return _Attempted(Decision(Verb.DIVERT, why="failed over"))
-                timeout = state.attempt_budget(float(self._config.send_timeout))
-            elif where is Where.BACKLOG:
-                timeout = min(
-                    float(self._config.send_timeout),
-                    max(0.05, self._policy.backlog_budget - (self._clock.monotonic() - first)),
-                )
+            attempt: Callable[[], object]
+            if first is not None:
+                attempt, started, first = first.sending.result, first.started, None
             else:
-                timeout = self._probe_budget
+                timeout = self._budget(where, state, began, tally)
+                if timeout is None:
+                    return _Attempted(Decision(Verb.DIVERT, why="failed over"))
+                attempt = functools.partial(call, timeout)
+                started = self._clock.monotonic()
             attempts += 1
-            started = self._clock.monotonic()
             try:
-                call(timeout)
+                attempt()
             except Exception as exc:
                 cls = classify(exc)
                 if cls.rebuild_client and self._transport is not None:
@@ -546,7 +564,7 @@ class PairedSender:
                     where,
                     cls,
                     attempts=attempts,
-                    waited=self._clock.monotonic() - first,
+                    waited=self._clock.monotonic() - began,
                     state=entity_state,
                     remaining=remaining,
                     messages=messages,
@@ -562,29 +580,96 @@ class PairedSender:
                 self._emit(tally, state.record_success())
             return _SUCCEEDED
 
+    def _budget(
+        self, where: Where, state: EntityFailover | None, began: float, tally: _Tally | None
+    ) -> float | None:
+        """The deadline of the next attempt; None when ``state`` is failed over by now (divert instead)."""
+        if state is not None:
+            self._emit(tally, state.check())
+            if state.state is EntityState.FAILED_OVER:
+                return None
+            return state.attempt_budget(float(self._config.send_timeout))
+        if where is Where.BACKLOG:
+            return min(
+                float(self._config.send_timeout),
+                max(0.05, self._policy.backlog_budget - (self._clock.monotonic() - began)),
+            )
+        return self._probe_budget
+
+    # -- one batch on the wire while the next is packed
+    def _settle(self, backlog: dict[str, _Open], tally: _Tally) -> None:
+        """Finish the batch on the wire, if any: await its first attempt, then retry / divert / split / pull as
+        :meth:`_attempts` decides. Settling may start another batch (a split's half, pulled messages sent
+        elsewhere); that one is settled too."""
+        while tally.flight is not None:
+            flight, tally.flight = tally.flight, None
+            if flight.slot is None:
+                self._settle_primary(flight, backlog, tally)
+            else:
+                self._settle_backlog(flight, flight.slot, backlog, tally)
+
+    def _drain(self, tally: _Tally) -> None:
+        """A send call is failing: await the batch on the wire and count it if it went through (no retries, no
+        diverting: the call's error wins)."""
+        flight, tally.flight = tally.flight, None
+        if flight is None:
+            return
+        try:
+            flight.sending.result()
+        except Exception:
+            return
+        self._count(flight.batch, flight.slot, tally)
+
+    def _count(self, batch: Batch, slot: _Open | None, tally: _Tally) -> None:
+        if slot is None:
+            entity = batch.target.entity
+            tally.sent[entity] = tally.sent.get(entity, 0) + len(batch)
+            return
+        queue = batch.target.entity
+        tally.diverted[queue] = tally.diverted.get(queue, 0) + len(batch)
+        for entity in slot.entities:
+            tally.diverted_by_entity[entity] = tally.diverted_by_entity.get(entity, 0) + 1
+
     # -- delivery to the primary
     def _deliver(self, batch: Batch, backlog: dict[str, _Open], tally: _Tally) -> None:
-        """Deliver one full primary batch: to the primary, or - failed over by now - to the backlog."""
+        """Start delivering one full primary batch - to the primary, or, failed over by now, to the backlog - and
+        return while it is on the wire (settled by the next delivery or at the end of the call)."""
+        self._settle(backlog, tally)
         entity = batch.target.entity
         if self._admit(entity, tally) is Route.BACKLOG:
             self._divert(batch.messages, backlog, tally)
             return
         state = self._entity(entity)
-        transport = self.transport
+        timeout = self._budget(Where.PRIMARY, state, self._clock.monotonic(), tally)
+        if timeout is None:
+            self._divert(batch.messages, backlog, tally)
+            return
+        started = self._clock.monotonic()
+        sending = self.transport.start_send(batch, timeout, self._slow(entity))
+        tally.flight = _Flight(batch, None, sending, started)
 
+    def _slow(self, entity: str) -> Callable[[], None]:
         def slow() -> None:  # no answer yet, close to the deadline: have the backlog's link ready
             self._warm_backlog(entity)
 
+        return slow
+
+    def _settle_primary(self, flight: _Flight, backlog: dict[str, _Open], tally: _Tally) -> None:
+        batch = flight.batch
+        entity = batch.target.entity
+        transport = self.transport
+        slow = self._slow(entity)
         result = self._attempts(
             Where.PRIMARY,
             lambda timeout: transport.send(batch, timeout, slow),
             tally,
-            state=state,
+            state=self._entity(entity),
             messages=len(batch),
             target=batch.target,
+            first=flight,
         )
         if result.decision is None:
-            tally.sent[entity] = tally.sent.get(entity, 0) + len(batch)
+            self._count(batch, None, tally)
             return
         verb = result.decision.verb
         if verb is Verb.DIVERT:
@@ -649,14 +734,33 @@ class PairedSender:
         return True
 
     def _flush_backlog(self, backlog: dict[str, _Open], tally: _Tally) -> None:
-        while backlog:
-            queue = next(iter(backlog))
-            slot = backlog.pop(queue)
-            if len(slot.batch) > 0:
-                self._send_backlog(slot, backlog, tally)
+        """Send every open backlog batch and settle every batch on the wire (settling may open more)."""
+        while True:
+            while backlog:
+                queue = next(iter(backlog))
+                slot = backlog.pop(queue)
+                if len(slot.batch) > 0:
+                    self._send_backlog(slot, backlog, tally)
+            if tally.flight is None:
+                return
+            self._settle(backlog, tally)
 
     def _send_backlog(self, slot: _Open, backlog: dict[str, _Open], tally: _Tally) -> None:
-        """Send one translated batch; on the queue's failure pull it and send the originals elsewhere (B5)."""
+        """Start sending one translated batch and return while it is on the wire (see :meth:`_settle`)."""
+        self._settle(backlog, tally)
+        batch = slot.batch
+        if not self._registry.rotation.is_available(self._secondary_key, batch.target.entity):
+            # its queue was pulled while it was packed (settling the batch before it): send it elsewhere
+            for m, entity in zip(slot.originals, slot.entities, strict=True):
+                self._to_backlog(backlog, m, entity, None, tally)
+            return
+        started = self._clock.monotonic()
+        timeout = self._budget(Where.BACKLOG, None, started, tally)
+        assert timeout is not None
+        tally.flight = _Flight(batch, slot, self.transport.start_send(batch, timeout), started)
+
+    def _settle_backlog(self, flight: _Flight, slot: _Open, backlog: dict[str, _Open], tally: _Tally) -> None:
+        """On the queue's failure pull it and send the originals elsewhere (B5)."""
         batch = slot.batch
         queue = batch.target.entity
         transport = self.transport
@@ -666,12 +770,10 @@ class PairedSender:
             tally,
             messages=len(batch),
             target=batch.target,
+            first=flight,
         )
         if result.decision is None:
-            n = len(batch)
-            tally.diverted[queue] = tally.diverted.get(queue, 0) + n
-            for entity in slot.entities:
-                tally.diverted_by_entity[entity] = tally.diverted_by_entity.get(entity, 0) + 1
+            self._count(batch, slot, tally)
             return
         verb = result.decision.verb
         if verb is Verb.SPLIT:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_sb.backlog import to_backlog_sdk
 from spark_sb.errors import classify
-from spark_sb.lane import Lane, LaneClosed
+from spark_sb.lane import Lane, LaneClosed, Pending
 from spark_sb.message import OutboundMessage
 
 if TYPE_CHECKING:
@@ -76,6 +76,28 @@ class Batch(Protocol):
     def __len__(self) -> int: ...
 
 
+class Sending(Protocol):
+    """A send started with :meth:`Transport.start_send`."""
+
+    def result(self) -> None:
+        """Wait for the send (within the deadline it was started with); returns when the service accepted the
+        batch, raises what :meth:`Transport.send` would."""
+
+
+class Settled:
+    """A :class:`Sending` that has already finished: ``error`` None is success (for transports that send
+    synchronously, and for a send that could not start)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
+
+    def result(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
 class Transport(Protocol):
     """The paired sender's view of Service Bus. Every operation that does I/O takes ``timeout`` (seconds) and
     returns or raises within it (a :class:`~spark_sb.lane.DeadlineExceeded` past it). May be called from the
@@ -91,6 +113,11 @@ class Transport(Protocol):
         """Send one batch; returns when the service accepted it; raises SDK exceptions. ``on_slow`` is called
         (on the caller's thread, must not block) if no answer has come :data:`SLOW_MARGIN` before the deadline:
         the caller may prepare for the failure (e.g. open the backlog's link)."""
+
+    def start_send(self, batch: Batch, timeout: float, on_slow: Callable[[], None] | None = None) -> Sending:
+        """Start sending one batch and return at once; ``result()`` waits for it within ``timeout`` seconds of
+        the start. Lets the caller pack the next batch while this one is on the wire. Never raises: a send that
+        cannot start returns a :class:`Settled` with its error."""
 
     def schedule(self, target: Target, message: OutboundMessage, at: datetime, timeout: float) -> int:
         """Schedule ``message`` on ``target`` for ``at``; returns its sequence number."""
@@ -272,8 +299,11 @@ class SdkTransport:
         return SdkBatch(target, ServiceBusMessageBatch(max_size_in_bytes=self.max_batch_size(target)))
 
     def send(self, batch: Batch, timeout: float, on_slow: Callable[[], None] | None = None) -> None:
+        self.start_send(batch, timeout, on_slow).result()
+
+    def start_send(self, batch: Batch, timeout: float, on_slow: Callable[[], None] | None = None) -> Sending:
         if len(batch) == 0:
-            return
+            return Settled()
         if isinstance(batch, SdkBatch):
             payload: Any = batch.sdk_batch
         else:  # a foreign batch: let the SDK pack it (raises if it does not fit one batch)
@@ -283,9 +313,23 @@ class SdkTransport:
             link.sender.send_messages(payload, timeout=timeout)
             return getattr(link.sender, "_max_batch_size_on_link", None)
 
-        link_max = self._call(batch.target, send, timeout, on_slow)
+        try:
+            pending = self._lane(batch.target).start(
+                send, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow
+            )
+        except Exception as exc:  # the lane is closed
+            return Settled(exc)
+        return _SdkSending(self, batch.target, pending)
+
+    def _settled(self, target: Target, pending: Pending[Any]) -> None:
+        try:
+            link_max = pending.result()
+        except Exception as exc:
+            if classify(exc).rebuild_client:
+                self.fault(target)
+            raise
         if isinstance(link_max, int) and link_max > 0:
-            self._link_max[batch.target] = link_max
+            self._link_max[target] = link_max
 
     def schedule(self, target: Target, message: OutboundMessage, at: datetime, timeout: float) -> int:
         sdk_message = message.to_sdk()
@@ -344,6 +388,20 @@ class SdkTransport:
         with self._lock:
             live = sorted(str(t) for t, lane in self._lanes.items() if lane.live)
         return f"SdkTransport(open={live})"
+
+
+class _SdkSending:
+    """A send on a lane (see :meth:`SdkTransport.start_send`)."""
+
+    __slots__ = ("_pending", "_target", "_transport")
+
+    def __init__(self, transport: SdkTransport, target: Target, pending: Pending[Any]) -> None:
+        self._transport = transport
+        self._target = target
+        self._pending = pending
+
+    def result(self) -> None:
+        self._transport._settled(self._target, self._pending)
 
 
 def _quiet_close(obj: Any) -> None:

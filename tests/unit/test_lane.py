@@ -154,3 +154,30 @@ def test_many_threads_share_a_lane_one_call_at_a_time() -> None:
     for t in threads:
         t.join()
     assert peak == 1 and len(rig.built) == 1
+
+
+def test_a_started_call_runs_while_the_caller_works_and_its_deadline_counts_from_the_start() -> None:
+    rig = Rig()
+    release = threading.Event()
+    ran = threading.Event()
+
+    def work(ctx: Ctx) -> int:
+        ran.set()
+        release.wait(10)
+        return ctx.n
+
+    pending = rig.lane.start(work, 5.0)
+    assert ran.wait(5) and not pending.done  # running on the lane while this thread goes on
+    release.set()
+    assert pending.result() == 1 and pending.done
+
+    stuck = threading.Event()
+    late = rig.lane.start(lambda ctx: stuck.wait(10), 0.2)
+    time.sleep(0.3)  # the caller is busy (packing the next batch) past the call's deadline
+    began = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        late.result()
+    assert time.monotonic() - began < 0.1  # no second wait: the deadline was counted from the start
+    assert rig.built[0].unblocked.wait(5) and rig.lane.abandoned == 1
+    stuck.set()
+    assert rig.lane.call(lambda ctx: ctx.n, 5.0) == 2  # a fresh context
