@@ -272,7 +272,7 @@ def to_backlog_sdk(msg: OutboundMessage, entity: str, now: datetime) -> ServiceB
     case - goes straight to the SDK message, with no intermediate :class:`OutboundMessage`; any other takes the
     general path. Both give the same message. Raises :class:`RejectError` like :func:`to_backlog`.
     """
-    from spark_sb.message import _sdk_properties
+    from spark_sb.message import _sdk_properties, sdk_message_type
 
     props = msg.properties
     if (
@@ -283,12 +283,10 @@ def to_backlog_sdk(msg: OutboundMessage, entity: str, now: datetime) -> ServiceB
         or (props and (not RESERVED_PROPERTIES.isdisjoint(props) or _has_timestamp(props)))
     ):
         return to_backlog(msg, entity, now).to_sdk()
-    from azure.servicebus import ServiceBusMessage
-
     out = _sdk_properties(props) or {}
     out[BACKLOG_PATH] = entity
     out[BACKLOG_ENQUEUED] = now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now
-    return ServiceBusMessage(
+    return sdk_message_type()(
         msg.body,
         application_properties=out,
         message_id=msg.message_id,

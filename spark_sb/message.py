@@ -216,11 +216,9 @@ class OutboundMessage:
     # ------------------------------------------------------------------ SDK mapping
     def to_sdk(self) -> ServiceBusMessage:
         """The SDK message with every field mapped exactly (TTL in exact milliseconds). Runs on executors."""
-        from azure.servicebus import ServiceBusMessage
-
-        msg = ServiceBusMessage(
+        msg = sdk_message_type()(
             self.body,
-            application_properties=_sdk_properties(self.properties),
+            application_properties=_sdk_properties(self.properties) if self.properties else None,
             session_id=self.session_id,
             message_id=self.message_id,
             scheduled_enqueue_time_utc=self.scheduled_enqueue_time,
@@ -327,6 +325,20 @@ def _decode_received_value(value: Any) -> Scalar:
     if value is None or isinstance(value, (str, int, float, bool, datetime, uuid.UUID)):
         return value
     return str(value)
+
+
+_SDK_MESSAGE: Any = None
+
+
+def sdk_message_type() -> type[ServiceBusMessage]:
+    """``azure.servicebus.ServiceBusMessage``, imported on first use (the SDK loads only where messages are
+    built) and then looked up once, not per message."""
+    global _SDK_MESSAGE
+    if _SDK_MESSAGE is None:
+        from azure.servicebus import ServiceBusMessage
+
+        _SDK_MESSAGE = ServiceBusMessage
+    return _SDK_MESSAGE  # type: ignore[no-any-return]
 
 
 def _sdk_properties(props: Mapping[str, Scalar]) -> dict[str | bytes, Any] | None:

@@ -388,8 +388,11 @@ class PairedSender:
                 batch = primary.get(entity)
                 if batch is None:
                     batch = primary[entity] = self.transport.new_batch(Target(PRIMARY, entity))
-                added = self._try_add(batch, msg, tally, entity, index)
-                if added is not False:
+                try:  # the hot path, inlined (as _try_add)
+                    if batch.try_add(msg):
+                        continue
+                except (ValueError, TypeError) as err:  # RejectError is a ValueError
+                    self._cannot_build(tally, msg, err, entity, index)
                     continue
                 if len(batch) > 0:
                     del primary[entity]
@@ -479,13 +482,16 @@ class PairedSender:
     ) -> bool | None:
         try:
             return add()
-        except RejectError as err:
-            self._reject(tally, msg, err, entity, index)
         except (ValueError, TypeError) as err:
-            self._reject(
-                tally, msg, RejectError(f"cannot build the message: {_describe(err)}"), entity, index
-            )
+            self._cannot_build(tally, msg, err, entity, index)
         return None
+
+    def _cannot_build(
+        self, tally: _Tally, msg: OutboundMessage, err: Exception, entity: str, index: int | None
+    ) -> None:
+        if not isinstance(err, RejectError):
+            err = RejectError(f"cannot build the message: {_describe(err)}")
+        self._reject(tally, msg, err, entity, index)
 
     def _reject_oversize(
         self,

@@ -147,26 +147,27 @@ class SdkBatch:
         self.sdk_batch = sdk_batch
         self._messages: list[OutboundMessage] = []
         self._count = 0
+        from azure.servicebus.exceptions import MessageSizeExceededError
+
+        self._too_big = MessageSizeExceededError  # looked up once per batch, not per message
 
     @property
     def messages(self) -> list[OutboundMessage]:
         return self._messages
 
     def try_add(self, message: OutboundMessage) -> bool:
-        if not self._add(message.to_sdk()):
+        try:
+            self.sdk_batch.add_message(message.to_sdk())
+        except self._too_big:
             return False
+        self._count += 1
         self._messages.append(message)
         return True
 
     def try_add_backlog(self, original: OutboundMessage, entity: str, enqueued: datetime) -> bool:
-        return self._add(to_backlog_sdk(original, entity, enqueued))
-
-    def _add(self, sdk_message: Any) -> bool:
-        from azure.servicebus.exceptions import MessageSizeExceededError
-
         try:
-            self.sdk_batch.add_message(sdk_message)
-        except MessageSizeExceededError:
+            self.sdk_batch.add_message(to_backlog_sdk(original, entity, enqueued))
+        except self._too_big:
             return False
         self._count += 1
         return True
