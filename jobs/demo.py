@@ -175,8 +175,11 @@ def run(per_batch: int, workdir: Path) -> bool:
                 say("\n== the syphon job moves what was diverted while the probe ran")
                 say("  " + syphon_once(spark, config, secondary, workdir / "syphon-checkpoint"))
         finally:
-            query.stop()
-            spark.stop()
+            try:
+                query.stop()
+                sb_sink.flush()  # what the sink holds for its state tables (if any) needs the session
+            finally:
+                spark.stop()
 
         say("\n== checking the primary queue")
         received = receive_all(primary, ENTITY)

@@ -67,3 +67,19 @@ query = (
     .option("checkpointLocation", dbutils.widgets.get("checkpoint"))  # noqa: F821
     .start()
 )
+
+# COMMAND ----------
+
+# MAGIC %md To stop the stream, run `stop()`: it stops the query, then `sb_sink.flush()` writes what the sink still
+# MAGIC holds for the state tables (with `state_writes: async`, the default, a background thread on the driver
+# MAGIC writes them after each batch) and raises if a write failed. Do this before detaching or stopping the cluster.
+# MAGIC On standard (shared) access mode and serverless (Spark Connect) the writes are synchronous and `flush()` has
+# MAGIC nothing to do.
+
+# COMMAND ----------
+
+
+def stop() -> None:
+    """Stop the stream, then write the sink's pending state-table rows (driver)."""
+    query.stop()
+    sb_sink.flush()

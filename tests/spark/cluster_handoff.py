@@ -94,6 +94,7 @@ def main(work: Path) -> dict[str, Any]:
             finally:
                 query.stop()
             error = query.exception()
+            sb_sink.flush()  # before spark.stop(): the state writes need the session
         finally:
             spark.stop()
         backlog = sorted(
