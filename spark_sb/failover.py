@@ -141,23 +141,29 @@ def backoff_delay(attempt: int, base: float, cap: float) -> float:
 #: then recorded from the attempt's start, so failover engages at once, within half a second of the interval.
 FAILOVER_GRACE = 0.25
 
-#: The shortest deadline of an attempt on a healthy primary entity (when ``failover_interval`` is shorter): a new
-#: connection needs it (the SDK's link-ready loop alone sleeps about 0.5 s; then SASL, CBS and attach round trips).
-#: So with ``failover_interval`` below 1.25 s a stalled primary is detected after this long; every other outage
-#: shape (refused, dropped, an error condition) still fails over on its first failure.
+#: The shortest deadline of an attempt on a healthy primary entity that needs a new connection (when
+#: ``failover_interval`` is shorter): the SDK's link-ready loop alone sleeps about 0.5 s, then SASL, CBS and attach
+#: round trips. So with ``failover_interval`` below 1.25 s a primary that stalls a *new* connection is detected
+#: after this long; on a connected link (the usual case: the sender was sending) the interval + grace holds, and
+#: every other outage shape (refused, dropped, an error condition) fails over on its first failure anyway.
 MIN_ATTEMPT_BUDGET = 1.5
 
 
-def attempt_budget(send_timeout: float, failover_interval: float, failing_for: float | None) -> float:
+def attempt_budget(
+    send_timeout: float, failover_interval: float, failing_for: float | None, connected: bool = False
+) -> float:
     """The deadline (seconds) of one attempt on a primary entity, so that failover engages on time (B3).
 
     ``failing_for``: seconds since the first failing attempt started (None while healthy). A healthy entity's
-    attempt may take ``failover_interval`` + :data:`FAILOVER_GRACE` (at least :data:`MIN_ATTEMPT_BUDGET`); a
-    failing entity's attempt only what is left of the interval - an attempt that has not succeeded by then is
-    the failover. Never more than ``send_timeout``. Pure.
+    attempt may take ``failover_interval`` + :data:`FAILOVER_GRACE` - at least :data:`MIN_ATTEMPT_BUDGET` unless
+    ``connected`` (its link answered recently, so no new connection is needed); a failing entity's attempt only
+    what is left of the interval - an attempt that has not succeeded by then is the failover. Never more than
+    ``send_timeout``. Pure.
     """
     if failing_for is None:
-        left = max(failover_interval + FAILOVER_GRACE, MIN_ATTEMPT_BUDGET)
+        left = failover_interval + FAILOVER_GRACE
+        if not connected:
+            left = max(left, MIN_ATTEMPT_BUDGET)
     else:
         left = max(0.0, failover_interval - failing_for)
     return max(0.0, min(send_timeout, left))
@@ -401,13 +407,13 @@ class EntityFailover:
                 return Route.PRIMARY, transitions
             return (Route.PROBE if self._claim_locked() else Route.BACKLOG), transitions
 
-    def attempt_budget(self, send_timeout: float) -> float:
+    def attempt_budget(self, send_timeout: float, connected: bool = False) -> float:
         """The deadline of the next attempt on the primary entity (see :func:`attempt_budget`)."""
         with self._lock:
             waited = None
             if self._state is EntityState.FAILING and self._first_failure is not None:
                 waited = self._clock.monotonic() - self._first_failure
-            return attempt_budget(send_timeout, self.failover_interval, waited)
+            return attempt_budget(send_timeout, self.failover_interval, waited, connected)
 
     def claim_probe(self) -> bool:
         """True (once per ``ping_primary_interval`` for the whole process) when this caller should probe now."""

@@ -62,8 +62,11 @@ class _Call:
 class _Worker(threading.Thread):
     """One thread and the context it built; used until abandoned or closed."""
 
-    def __init__(self, name: str, factory: Callable[[], Any], closer: Callable[[Any], None]) -> None:
+    def __init__(
+        self, name: str, factory: Callable[[], Any], closer: Callable[[Any], None], generation: int = 0
+    ) -> None:
         super().__init__(name=name, daemon=True)
+        self.generation = generation
         self._factory = factory
         self._closer = closer
         self.calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
@@ -206,7 +209,9 @@ class Lane(Generic[C]):
             worker = self._worker
             if worker is None:
                 self.generation += 1
-                worker = _Worker(f"spark-sb-{self.name}-{self.generation}", self._factory, self._closer)
+                worker = _Worker(
+                    f"spark-sb-{self.name}-{self.generation}", self._factory, self._closer, self.generation
+                )
                 worker.start()
                 self._worker = worker
             return worker
@@ -235,7 +240,7 @@ class Pending(Generic[R]):
     """A call started with :meth:`Lane.start`: :meth:`result` waits for it until its deadline (counted from the
     start). Used by one thread (the caller's)."""
 
-    __slots__ = ("_deadline", "_job", "_lane", "_on_slow", "_slow_at", "_timeout", "_worker")
+    __slots__ = ("_deadline", "_job", "_lane", "_on_slow", "_slow_at", "_timeout", "_worker", "generation")
 
     def __init__(
         self,
@@ -258,6 +263,7 @@ class Pending(Generic[R]):
             else None
         )
         self._on_slow = on_slow
+        self.generation = worker.generation  # the worker (and context) the call runs on
 
     @property
     def done(self) -> bool:

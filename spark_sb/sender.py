@@ -544,7 +544,7 @@ class PairedSender:
             if first is not None:
                 attempt, started, first = first.sending.result, first.started, None
             else:
-                timeout = self._budget(where, state, began, tally)
+                timeout = self._budget(where, state, began, tally, target)
                 if timeout is None:
                     return _Attempted(Decision(Verb.DIVERT, why="failed over"))
                 attempt = functools.partial(call, timeout)
@@ -587,14 +587,19 @@ class PairedSender:
             return _SUCCEEDED
 
     def _budget(
-        self, where: Where, state: EntityFailover | None, began: float, tally: _Tally | None
+        self,
+        where: Where,
+        state: EntityFailover | None,
+        began: float,
+        tally: _Tally | None,
+        target: Target,
     ) -> float | None:
         """The deadline of the next attempt; None when ``state`` is failed over by now (divert instead)."""
         if state is not None:
             self._emit(tally, state.check())
             if state.state is EntityState.FAILED_OVER:
                 return None
-            return state.attempt_budget(float(self._config.send_timeout))
+            return state.attempt_budget(float(self._config.send_timeout), self.transport.connected(target))
         if where is Where.BACKLOG:
             return min(
                 float(self._config.send_timeout),
@@ -646,7 +651,7 @@ class PairedSender:
             self._divert(batch.messages, backlog, tally)
             return
         state = self._entity(entity)
-        timeout = self._budget(Where.PRIMARY, state, self._clock.monotonic(), tally)
+        timeout = self._budget(Where.PRIMARY, state, self._clock.monotonic(), tally, batch.target)
         if timeout is None:
             self._divert(batch.messages, backlog, tally)
             return
@@ -761,7 +766,7 @@ class PairedSender:
                 self._to_backlog(backlog, m, entity, None, tally)
             return
         started = self._clock.monotonic()
-        timeout = self._budget(Where.BACKLOG, None, started, tally)
+        timeout = self._budget(Where.BACKLOG, None, started, tally, batch.target)
         assert timeout is not None
         tally.flight = _Flight(batch, slot, self.transport.start_send(batch, timeout), started)
 

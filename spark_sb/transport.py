@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -43,6 +44,10 @@ SECONDARY = "secondary"
 #: How long before its deadline a call still unanswered counts as slow: enough to open a new connection with
 #: the SDK (about 0.5 s), so that a link opened then is ready when the call fails.
 SLOW_MARGIN = 1.0
+
+#: How recent a link's last answer must be for the link to count as connected (:meth:`Transport.connected`):
+#: well under the service's idle-connection timeout, after which a send would reconnect first.
+CONNECTED_FRESH = 60.0
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,11 @@ class Transport(Protocol):
 
     def cancel_scheduled(self, target: Target, sequence_number: int, timeout: float) -> None:
         """Cancel a scheduled message."""
+
+    def connected(self, target: Target) -> bool:
+        """True when ``target``'s link answered a call within the last :data:`CONNECTED_FRESH` seconds and its
+        client was not replaced since: a send needs no new connection, so its deadline need not allow for one
+        (no I/O)."""
 
     def warm(self, target: Target) -> None:
         """Open the link to ``target`` in the background (never blocks), so that a send soon after is fast."""
@@ -234,6 +244,9 @@ class SdkTransport:
         self._client_kwargs = {**config.client_kwargs(), "retry_total": 0, **client_kwargs}
         self._lanes: dict[Target, Lane[_Link]] = {}
         self._link_max: dict[Target, int] = {}
+        self._answered: dict[
+            Target, tuple[int, float]
+        ] = {}  # the lane generation and time of the last answer
         self._lock = threading.Lock()
         self._closed = False
         self.generation: dict[str, int] = {PRIMARY: 0, SECONDARY: 0}  # bumped each time a client is built
@@ -289,6 +302,14 @@ class SdkTransport:
         return any(lane.live for lane in lanes)
 
     # -- Transport
+    def connected(self, target: Target) -> bool:
+        answered = self._answered.get(target)
+        if answered is None or time.monotonic() - answered[1] > CONNECTED_FRESH:
+            return False
+        with self._lock:
+            lane = self._lanes.get(target)
+        return lane is not None and lane.live and lane.generation == answered[0]
+
     def max_batch_size(self, target: Target) -> int:
         limit = self._config.max_message_size
         link = self._link_max.get(target)
@@ -326,9 +347,11 @@ class SdkTransport:
         try:
             link_max = pending.result()
         except Exception as exc:
+            self._answered.pop(target, None)
             if classify(exc).rebuild_client:
                 self.fault(target)
             raise
+        self._answered[target] = (pending.generation, time.monotonic())
         if isinstance(link_max, int) and link_max > 0:
             self._link_max[target] = link_max
 

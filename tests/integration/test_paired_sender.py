@@ -511,3 +511,20 @@ def test_a_stalled_backlog_queue_is_pulled_within_send_timeout(
     assert [p.queue for p in out.pulls] == [chosen]
     assert out.total_diverted == 10 and chosen not in out.diverted
     pair.secondary.faults.stall_entity(chosen, False)
+
+
+def test_a_link_counts_as_connected_once_it_answered_and_until_its_client_is_replaced(pair: Any) -> None:
+    """What lets a stall on a live link fail over after interval + grace (no allowance for a new connection)."""
+    transport = SdkTransport(config_for(pair))
+    target = Target(PRIMARY, ENTITY)
+    try:
+        assert not transport.connected(target)  # no client yet
+        batch = transport.new_batch(target)
+        assert batch.try_add(OutboundMessage(body=b"x", message_id="connected-1"))
+        transport.send(batch, 5.0)
+        assert transport.connected(target) and not transport.connected(Target(SECONDARY, QUEUES[0]))
+        transport.fault(target)  # the client is replaced: the next send connects anew
+        assert not transport.connected(target)
+    finally:
+        transport.close()
+    assert len(receive_all(pair.primary, ENTITY, expected=1)) == 1

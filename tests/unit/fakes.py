@@ -93,6 +93,7 @@ class FakeTransport:
         self.cancelled: list[tuple[Target, int]] = []
         self.faults: list[str] = []
         self.warmed: list[Target] = []
+        self.connected_targets: set[Target] = set()  # what connected() says (tests set it)
         self.closed = 0
         self._seq = 0
 
@@ -185,6 +186,9 @@ class FakeTransport:
     ) -> None:
         self._check("send", batch.target, len(batch), timeout, on_slow)
         self.delivered.setdefault(batch.target, []).extend(batch.messages)
+
+    def connected(self, target: Target) -> bool:
+        return target in self.connected_targets
 
     def start_send(  # type: ignore[override]
         self, batch: FakeBatch, timeout: float, on_slow: Callable[[], None] | None = None

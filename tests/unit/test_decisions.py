@@ -130,22 +130,25 @@ def test_decide_is_pure() -> None:
 
 
 @pytest.mark.parametrize(
-    ("send_timeout", "interval", "failing_for", "budget"),
+    ("send_timeout", "interval", "failing_for", "connected", "budget"),
     [
-        (30.0, 60.0, None, 30.0),  # healthy: send_timeout bounds it
-        (30.0, 2.0, None, 2.0 + FAILOVER_GRACE),  # healthy: the interval (+ grace) bounds it
-        (30.0, 0.0, None, MIN_ATTEMPT_BUDGET),  # long enough for a new connection
-        (1.0, 0.0, None, 1.0),  # never more than send_timeout
-        (30.0, 60.0, 45.0, 15.0),  # failing: what is left of the interval
-        (10.0, 60.0, 45.0, 10.0),
-        (30.0, 2.0, 2.0, 0.0),  # the interval has passed: nothing left
-        (30.0, 2.0, 3.0, 0.0),
+        (30.0, 60.0, None, False, 30.0),  # healthy: send_timeout bounds it
+        (30.0, 2.0, None, False, 2.0 + FAILOVER_GRACE),  # healthy: the interval (+ grace) bounds it
+        (30.0, 0.0, None, False, MIN_ATTEMPT_BUDGET),  # long enough for a new connection
+        (30.0, 0.0, None, True, FAILOVER_GRACE),  # a connected link needs no new connection
+        (30.0, 0.5, None, True, 0.5 + FAILOVER_GRACE),
+        (30.0, 2.0, None, True, 2.0 + FAILOVER_GRACE),
+        (1.0, 0.0, None, False, 1.0),  # never more than send_timeout
+        (30.0, 60.0, 45.0, False, 15.0),  # failing: what is left of the interval
+        (10.0, 60.0, 45.0, True, 10.0),
+        (30.0, 2.0, 2.0, False, 0.0),  # the interval has passed: nothing left
+        (30.0, 2.0, 3.0, True, 0.0),
     ],
 )
 def test_attempt_budget(
-    send_timeout: float, interval: float, failing_for: float | None, budget: float
+    send_timeout: float, interval: float, failing_for: float | None, connected: bool, budget: float
 ) -> None:
-    assert attempt_budget(send_timeout, interval, failing_for) == pytest.approx(budget)
+    assert attempt_budget(send_timeout, interval, failing_for, connected) == pytest.approx(budget)
 
 
 def test_a_stalled_attempt_fails_over_within_the_grace_whatever_send_timeout() -> None:

@@ -679,6 +679,24 @@ def test_a_stalled_primary_fails_over_within_the_interval_plus_grace(
     assert all(0 < t <= send_timeout for t in primary_deadlines)
 
 
+@pytest.mark.parametrize("interval", [0.0, 0.5, 1.0])
+def test_a_connected_primary_that_stalls_fails_over_within_the_grace_even_below_the_connect_floor(
+    interval: float,
+) -> None:
+    """MIN_ATTEMPT_BUDGET allows for a new connection; a link that answered recently needs none, so a stall on it
+    is a failure after interval + grace (the sender was sending when the primary stalled)."""
+    from spark_sb.failover import FAILOVER_GRACE
+
+    rig = Rig(failover_interval=interval)
+    rig.transport.op_seconds = 0.0
+    rig.transport.connected_targets.add(Target(PRIMARY, "orders"))
+    rig.transport.stall(namespace=PRIMARY)
+    start = rig.clock.monotonic()
+    out = rig.sender.send(msgs(5))
+    assert out.diverted_by_entity == {"orders": 5} and rig.transitions[-1].to_state is FO
+    assert rig.clock.monotonic() - start == pytest.approx(interval + FAILOVER_GRACE)
+
+
 def test_a_per_entity_stall_fails_over_that_entity_only() -> None:
     rig = Rig(failover_interval=2.0)
     rig.transport.op_seconds = 0.0
