@@ -56,6 +56,7 @@ from spark_sb.rows import row_to_message, validate_schema
 from spark_sb.sender import PairedSender, SendOutcome, namespace_key
 from spark_sb.state import (
     BATCH_COMMITTED,
+    COMMIT_INTERVAL,
     MAX_PENDING_BATCHES,
     MAX_VIEW_AGE,
     REPLAY_SKIPPED,
@@ -321,7 +322,7 @@ class ServiceBusSink:
 
     * ``async`` (default): a batch hands its planned rows to a background thread on the driver
       (:class:`~spark_sb.state.StateWriter`) and returns; the thread writes everything pending as one commit per
-      table (group commit). The tasks of the next batch get the driver's view of the entity state (the last
+      table (group commit; a batch's rows wait at most ``COMMIT_INTERVAL``, 10 s, for it). The tasks of the next batch get the driver's view of the entity state (the last
       read of the table plus this sink's own planned records), so no batch waits for a Delta read or write
       except the first. A failed write is raised by the next batch (the query fails) or by :meth:`flush`.
       **Call** :meth:`flush` (or use the sink as a context manager) **before** ``spark.stop()``, so the last
@@ -477,7 +478,13 @@ class ServiceBusSink:
             self._writer.close()  # another store (tests): what the old one holds is written first
             self._writer = None
         if self._writer is None:
-            self._writer = StateWriter(store, self.sink_id, self._view, max_pending=self._max_pending)
+            self._writer = StateWriter(
+                store,
+                self.sink_id,
+                self._view,
+                max_pending=self._max_pending,
+                commit_interval=COMMIT_INTERVAL,
+            )
             _register_exit_hook(self)
         return self._writer
 

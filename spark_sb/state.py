@@ -601,9 +601,10 @@ class EntityView:
 MAX_PENDING_BATCHES = 16
 #: A view older than this (seconds; a stream with long pauses between batches) is read again at batch start.
 MAX_VIEW_AGE = 30.0
-#: The background writer commits at most this often (seconds), unless half of ``MAX_PENDING_BATCHES`` batches
-#: are queued or a flush asks: each commit costs the driver a few Spark jobs (~1-2 s; the ``txnAppId`` check
-#: rebuilds the events table's state), which compete with the batches' own tasks for the cores.
+#: A batch's rows wait at most this long (seconds) for the background writer's next commit, which takes every
+#: batch queued by then; sooner when half of ``MAX_PENDING_BATCHES`` batches are queued or a flush asks. Each
+#: commit costs the driver a few Spark jobs (~1-2 s; the ``txnAppId`` check rebuilds the events table's state),
+#: which compete with the batches' own tasks for the cores: fewer, larger commits cost the stream less.
 COMMIT_INTERVAL = 10.0
 
 
@@ -616,8 +617,9 @@ class StateWriter:
     """Writes batches' state in the background: one daemon thread on the driver per sink (group commit).
 
     :meth:`submit` queues one batch's :class:`BatchWrites` and returns at once (it waits only while more than
-    ``max_pending`` batches are queued). The thread takes everything queued (at most every ``commit_interval``
-    seconds, at once when half of ``max_pending`` is queued or :meth:`flush` waits) and writes it as one commit per
+    ``max_pending`` batches are queued). The thread takes everything queued (when the oldest queued batch has
+    waited ``commit_interval`` seconds, at once when half of ``max_pending`` is queued or :meth:`flush` waits) and
+    writes it as one commit per
     table (:func:`coalesce`: one rejects append, one entity MERGE when a record changed, one events append, the
     appends with ``txnAppId = sink_id`` and ``txnVersion`` = the highest batch id of the group, so a retried
     group is skipped by Delta); Delta conflicts are retried by the store. After each commit it reads the
@@ -645,7 +647,7 @@ class StateWriter:
         self.max_pending = max_pending
         self.refresh = refresh
         self.commit_interval = commit_interval
-        self._last_commit = -float("inf")  # time.monotonic() of the last commit's start
+        self._oldest = 0.0  # time.monotonic() when the oldest queued batch was queued
         self._flushing = 0  # callers waiting in flush(): commit now
         self._refresh_due = False  # a commit since the last read of the entities table
         self._written_through: int | None = None  # the write number (seq) of the last committed group
@@ -671,6 +673,8 @@ class StateWriter:
             while self._error is None and len(self._queue) >= self.max_pending:
                 self._cond.wait()
             self._raise_locked()
+            if not self._queue:
+                self._oldest = time.monotonic()
             self._queue.append((seq, batch_id, writes))
             self._closed = False
             if self._thread is None or not self._thread.is_alive():
@@ -766,12 +770,11 @@ class StateWriter:
             if self._refresh_due and not (self._flushing or self._closed):  # a flush waits for writes only
                 self._refresh_due = False
                 return []
-            wait = self._last_commit + self.commit_interval - time.monotonic()
+            wait = self._oldest + self.commit_interval - time.monotonic()
             if wait <= 0 or self._flushing or self._closed or len(self._queue) * 2 >= self.max_pending:
                 break
             self._cond.wait(wait)
         group, self._queue = self._queue, []
-        self._last_commit = time.monotonic()
         self._busy = True
         self._cond.notify_all()  # room in the queue again
         return group

@@ -49,6 +49,14 @@ class Tasks:
         return self.results
 
 
+@pytest.fixture(autouse=True)
+def _commit_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sinks' writers commit as soon as a batch is queued (the interval has its own test)."""
+    import spark_sb.sink as sink_module
+
+    monkeypatch.setattr(sink_module, "COMMIT_INTERVAL", 0.0)
+
+
 def _sink(store: MemoryStateStore, **cfg: Any) -> ServiceBusSink:
     return ServiceBusSink(make_config(**cfg), store=store)
 
@@ -209,25 +217,27 @@ def test_state_is_written_in_the_background_and_pending_batches_become_one_commi
     assert store.entity_reads == 1
 
 
-def test_the_writer_commits_at_most_every_commit_interval_unless_flushed_or_full() -> None:
+def test_queued_batches_wait_for_the_commit_interval_unless_flushed_or_half_the_bound() -> None:
     store = GatedStore()
     writer = StateWriter(store, "s", EntityView(), max_pending=8, commit_interval=60.0)
 
     def batch(b: int) -> BatchWrites:
         return BatchWrites((Event(T0, "s", b, BATCH_COMMITTED),), (), ())
 
-    writer.submit(1, 0, batch(0))  # the first commit goes at once
-    _until(lambda: writer.pending == 0)
-    for b in (1, 2):
+    for b in (0, 1, 2):
         writer.submit(b + 1, b, batch(b))
     time.sleep(0.2)
-    assert [b for b, _ in store.writes] == [0] and writer.pending == 2  # held for the interval
+    assert store.writes == [] and writer.pending == 3  # the oldest has not waited the interval yet
     writer.flush(timeout=5)  # a flush does not wait for the interval
-    assert [b for b, _ in store.writes] == [0, 2]
+    assert [b for b, _ in store.writes] == [2]
     for b in (3, 4, 5, 6):  # half of max_pending queued: committed without waiting for the interval
         writer.submit(b + 1, b, batch(b))
     _until(lambda: writer.pending == 0)
-    assert [b for b, _ in store.writes][-1] == 6 and _commits(store) == [0, 1, 2, 3, 4, 5, 6]
+    assert [b for b, _ in store.writes] == [2, 6] and _commits(store) == [0, 1, 2, 3, 4, 5, 6]
+    writer.commit_interval = 0.05
+    writer.submit(8, 7, batch(7))  # alone: committed once it has waited the interval
+    _until(lambda: writer.pending == 0)
+    assert [b for b, _ in store.writes] == [2, 6, 7]
     writer.close(timeout=5)
 
 
