@@ -322,9 +322,10 @@ class ServiceBusSink:
 
     * ``async`` (default): a batch hands its planned rows to a background thread on the driver
       (:class:`~spark_sb.state.StateWriter`) and returns; the thread writes everything pending as one commit per
-      table (group commit; a batch's rows wait at most ``COMMIT_INTERVAL``, 10 s, for it). The tasks of the next batch get the driver's view of the entity state (the last
-      read of the table plus this sink's own planned records), so no batch waits for a Delta read or write
-      except the first. A failed write is raised by the next batch (the query fails) or by :meth:`flush`.
+      table (group commit; a batch's rows wait at most ``COMMIT_INTERVAL``, 30 s, for it). The tasks of the
+      next batch get the driver's view of the entity state (the last read of the table plus this sink's own
+      planned records), so no batch waits for a Delta read or write except the first (and one after a pause
+      longer than ``MAX_VIEW_AGE``). A failed write is raised by the next batch (the query fails) or by :meth:`flush`.
       **Call** :meth:`flush` (or use the sink as a context manager) **before** ``spark.stop()``, so the last
       batches' rows reach the tables; an ``atexit`` hook flushes too, but only logs what fails.
       Under Spark Connect the ``foreachBatch`` function runs in a process beside the server, which the server

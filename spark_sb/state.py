@@ -600,12 +600,12 @@ class EntityView:
 #: More batches than this waiting for the state writer make the sink wait (backpressure).
 MAX_PENDING_BATCHES = 16
 #: A view older than this (seconds; a stream with long pauses between batches) is read again at batch start.
-MAX_VIEW_AGE = 30.0
+MAX_VIEW_AGE = 60.0
 #: A batch's rows wait at most this long (seconds) for the background writer's next commit, which takes every
 #: batch queued by then; sooner when half of ``MAX_PENDING_BATCHES`` batches are queued or a flush asks. Each
 #: commit costs the driver a few Spark jobs (~1-2 s; the ``txnAppId`` check rebuilds the events table's state),
 #: which compete with the batches' own tasks for the cores: fewer, larger commits cost the stream less.
-COMMIT_INTERVAL = 10.0
+COMMIT_INTERVAL = 30.0
 
 
 class StateWriteError(RuntimeError):
