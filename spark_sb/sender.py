@@ -146,6 +146,7 @@ class _Tally:
         self.pulls: list[BacklogPull] = []
         self.retries = 0
         self.flight: _Flight | None = None  # the batch on the wire while the next one is packed
+        self.sticky: dict[str, str] = {}  # entity -> its backlog queue, until the next batch boundary
 
     def build(self, elapsed: float) -> SendOutcome:
         return SendOutcome(
@@ -469,14 +470,6 @@ class PairedSender:
         """True added, False does not fit, None rejected (cannot become an SDK message)."""
         return self._adding(lambda: batch.try_add(msg), msg, tally, entity, index)
 
-    def _try_add_backlog(
-        self, slot: _Open, msg: OutboundMessage, tally: _Tally, entity: str, index: int | None
-    ) -> bool | None:
-        """The same as :meth:`_try_add` for the translation of ``msg`` into a backlog batch."""
-        return self._adding(
-            lambda: slot.batch.try_add_backlog(msg, entity, slot.started), msg, tally, entity, index
-        )
-
     def _adding(
         self, add: Callable[[], bool], msg: OutboundMessage, tally: _Tally, entity: str, index: int | None
     ) -> bool | None:
@@ -614,6 +607,7 @@ class PairedSender:
         elsewhere); that one is settled too."""
         while tally.flight is not None:
             flight, tally.flight = tally.flight, None
+            tally.sticky.clear()  # a queue may be pulled now (here or by another sender): choose again
             if flight.slot is None:
                 self._settle_primary(flight, backlog, tally)
             else:
@@ -721,20 +715,26 @@ class PairedSender:
     ) -> bool:
         """Translate ``msg`` once, straight into the open batch of its backlog queue; True if a full batch was
         sent to make room."""
-        queue = self._chooser.choose(entity, msg.session_id)
+        session = msg.session_id
+        queue = tally.sticky.get(entity) if session is None else None
         if queue is None:
-            raise self._no_backlog(entity)
+            queue = self._chooser.choose(entity, session)
+            if queue is None:
+                raise self._no_backlog(entity)
+            if session is None:  # the sticky choice holds until the next batch boundary (see _settle)
+                tally.sticky[entity] = queue
         slot = backlog.get(queue)
         if slot is None:
             slot = backlog[queue] = _Open(
                 self.transport.new_batch(Target(SECONDARY, queue)), self._clock.now()
             )
-        fits = self._try_add_backlog(slot, msg, tally, entity, index)
-        if fits is True:
-            slot.originals.append(msg)
-            slot.entities.append(entity)
-            return False
-        if fits is None:
+        try:  # the failed-over hot path (translated and encoded once)
+            if slot.batch.try_add_backlog(msg, entity, slot.started):
+                slot.originals.append(msg)
+                slot.entities.append(entity)
+                return False
+        except (ValueError, TypeError) as err:  # RejectError is a ValueError
+            self._cannot_build(tally, msg, err, entity, index)
             return False
         if len(slot.batch) == 0:
             self._reject_oversize(tally, msg, entity, slot.batch, index, translated=True)
