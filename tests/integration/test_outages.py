@@ -38,7 +38,9 @@ def test_outage_shape_fails_over_on_time_and_loses_nothing(namespace_pair: Any, 
     check(run_outage(namespace_pair, SHAPES[shape], interval=INTERVAL, ping=PING))
 
 
-@pytest.mark.parametrize("shape", ["refused", "entity-disabled", "dropped", "stall-after-sasl", "entity-stall"])
+@pytest.mark.parametrize(
+    "shape", ["refused", "entity-disabled", "dropped", "stall-after-sasl", "entity-stall"]
+)
 def test_interval_zero_fails_over_on_the_first_failure(namespace_pair: Any, shape: str) -> None:
     prepare(namespace_pair)
     timeline = run_outage(namespace_pair, SHAPES[shape], interval=0.0, ping=PING)
