@@ -618,7 +618,9 @@ class StateWriter:
 
     :meth:`submit` queues one batch's :class:`BatchWrites` and returns at once (it waits only while more than
     ``max_pending`` batches are queued). The thread takes everything queued (when the oldest queued batch has
-    waited ``commit_interval`` seconds, at once when half of ``max_pending`` is queued or :meth:`flush` waits) and
+    waited ``commit_interval`` seconds; at once when a queued batch changed an entity's state or rejected rows -
+    news that other sinks, the syphon and ``status`` should see now -, when half of ``max_pending`` is queued or
+    when :meth:`flush` waits) and
     writes it as one commit per
     table (:func:`coalesce`: one rejects append, one entity MERGE when a record changed, one events append, the
     appends with ``txnAppId = sink_id`` and ``txnVersion`` = the highest batch id of the group, so a retried
@@ -771,7 +773,13 @@ class StateWriter:
                 self._refresh_due = False
                 return []
             wait = self._oldest + self.commit_interval - time.monotonic()
-            if wait <= 0 or self._flushing or self._closed or len(self._queue) * 2 >= self.max_pending:
+            if (
+                wait <= 0
+                or self._flushing
+                or self._closed
+                or len(self._queue) * 2 >= self.max_pending
+                or any(w.entities or w.rejects for _, _, w in self._queue)  # news: a state change, a reject
+            ):
                 break
             self._cond.wait(wait)
         group, self._queue = self._queue, []

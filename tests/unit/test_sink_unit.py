@@ -26,6 +26,7 @@ from spark_sb.state import (
     Event,
     MemoryStateStore,
     PartitionResult,
+    RejectRecord,
     StateWriteError,
     StateWriter,
 )
@@ -238,6 +239,21 @@ def test_queued_batches_wait_for_the_commit_interval_unless_flushed_or_half_the_
     writer.submit(8, 7, batch(7))  # alone: committed once it has waited the interval
     _until(lambda: writer.pending == 0)
     assert [b for b, _ in store.writes] == [2, 6, 7]
+    writer.close(timeout=5)
+
+
+@pytest.mark.parametrize("news", ["state change", "reject"])
+def test_a_batch_with_news_is_committed_without_waiting_for_the_interval(news: str) -> None:
+    """Routine batches wait for the group commit; a state change or a reject is committed at once, so other
+    sinks, the syphon and ``status`` see it now."""
+    store = GatedStore()
+    writer = StateWriter(store, "s", EntityView(), max_pending=16, commit_interval=3600.0)
+    writer.submit(1, 0, BatchWrites((Event(T0, "s", 0, BATCH_COMMITTED),), (), ()))
+    entities = (EntityRecord("ns", "orders", "failed_over", T0, "timeout"),) if news == "state change" else ()
+    rejects = (RejectRecord(T0, "s", 1, "orders", "body", "null body", "{}"),) if news == "reject" else ()
+    writer.submit(2, 1, BatchWrites((Event(T0, "s", 1, BATCH_COMMITTED),), entities, rejects))
+    _until(lambda: writer.pending == 0)
+    assert [b for b, _ in store.writes] == [1]  # one commit of both batches, long before the interval
     writer.close(timeout=5)
 
 
