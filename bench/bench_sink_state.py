@@ -1,7 +1,7 @@
 """Benchmark: the foreachBatch sink with its Delta state tables on vs off, at 1,000-row and 50,000-row batches.
 
     .venv/bin/python bench/bench_sink_state.py [--batches 5] [--rounds 2] [--sizes 1000,50000] [--latency 0.002]
-                                               [--state-writes async|sync]
+                                               [--state-writes async|sync] [--seconds 75]
 
 Real Spark (local[2], Delta) and two local namespaces in child processes. The sink is called as Spark calls it
 (``sink(batch_df, batch_id)``) on a cached DataFrame of ``size`` rows of 200-byte bodies. Each configuration
@@ -12,6 +12,10 @@ that drift affects both alike. A sequence with state on ends with ``sink.flush()
 rows / total time over the sequences (all rounds). Prints msgs/s of each, the ratio on / off (goal >= 0.95) and
 the state's cost per batch; and, as the baseline of the run, the raw SDK batch sender sending the same number of
 messages from one process.
+
+With ``--seconds S`` it measures a stream in steady state instead: each configuration streams batches for S
+seconds (the group commits that fall due meanwhile are inside the timing), and the final flush a stopping stream
+pays once is timed apart and printed.
 """
 
 from __future__ import annotations
@@ -31,6 +35,26 @@ from bench_local_namespace import namespace  # noqa: E402 - sibling script
 from spark_sb.config import ServiceBusConfig  # noqa: E402
 from spark_sb.session import build_spark_session  # noqa: E402
 from spark_sb.sink import ServiceBusSink  # noqa: E402
+
+
+def steady(
+    sink: ServiceBusSink, df: Any, first_batch_id: int, seconds: float, size: int
+) -> tuple[int, float, float, int]:
+    """A stream that runs for a while: batches back to back for ``seconds`` (the group commits that fall due
+    meanwhile included), then the final ``flush()`` a stopping stream pays once, timed apart. Returns (batches,
+    seconds of the batches, seconds of the flush, group commits written)."""
+    started = time.perf_counter()
+    batch_id = first_batch_id
+    while time.perf_counter() - started < seconds:
+        sink(df, batch_id)
+        outcome = sink.last_outcome
+        assert outcome is not None and outcome.total_sent == size, outcome
+        batch_id += 1
+    ran = time.perf_counter() - started
+    flushed = time.perf_counter()
+    sink.flush()
+    writer = getattr(sink, "_writer", None)
+    return batch_id - first_batch_id, ran, time.perf_counter() - flushed, getattr(writer, "commits", 0)
 
 
 def run_sequence(sink: ServiceBusSink, df: Any, first_batch_id: int, batches: int, size: int) -> float:
@@ -55,6 +79,13 @@ def main() -> None:
         "--latency", type=float, default=0.002, help="injected latency, seconds (default 0.002)"
     )
     parser.add_argument("--state-writes", choices=("async", "sync"), default="async")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=0.0,
+        help="steady state instead: each configuration streams for this long (>= 2 x the 30 s group-commit "
+        "interval, e.g. 75), commits during the run included, the final flush timed apart",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     spark = build_spark_session("bench-sink-state", "local[2]")
@@ -87,6 +118,23 @@ def main() -> None:
                 sinks[kind] = ServiceBusSink(ServiceBusConfig.from_dict(options))
                 sinks[kind](df, 0)  # unmeasured: clients, links, table creation
                 sinks[kind].flush()
+            if args.seconds > 0:
+                got = {}
+                for kind in ("on", "off"):
+                    got[kind] = steady(sinks[kind], df, 1, args.seconds, size)
+                (n_on, t_on, f_on, commits), (n_off, t_off, _, _) = got["on"], got["off"]
+                on, off = n_on * size / t_on, n_off * size / t_off
+                raw = size / raw_sdk(primary, f"orders-{size}-raw", size, b"x" * 200)
+                print(
+                    f"latency {args.latency * 1000:.0f} ms, {size}-row batches, state_writes {args.state_writes}, "
+                    f"steady state ({args.seconds:.0f} s each): state on {n_on} batches, {on:,.0f} msgs/s "
+                    f"({commits} group commits during the run); off {n_off} batches, {off:,.0f} msgs/s; ratio "
+                    f"{on / off:.2f} (goal >= 0.95); the final flush at stop took {f_on:.2f} s; raw SDK batch "
+                    f"sender from one process {raw:,.0f} msgs/s",
+                    flush=True,
+                )
+                df.unpersist()
+                continue
             seconds: dict[str, float] = {"on": 0.0, "off": 0.0}
             per_round: list[str] = []
             for r in range(args.rounds):

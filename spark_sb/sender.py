@@ -254,6 +254,9 @@ class PairedSender:
         cancel_attempts: tries of a probe's cancel before it is recorded as failed.
         background_probes: run probes on a helper thread (default: yes with the system clock; with an
             injected clock they run inline so that tests are deterministic).
+        overlap_sends: pack the next batch while one is on the wire (its send runs on the destination's lane
+            thread); each batch is still settled - retried, diverted, split - before the next goes out, so order
+            and failover timing hold. Off by default (measured: no gain on loopback, the GIL is shared).
     """
 
     def __init__(
@@ -271,6 +274,7 @@ class PairedSender:
         backlog_attempts: int = 2,
         cancel_attempts: int = 3,
         background_probes: bool | None = None,
+        overlap_sends: bool = False,
     ) -> None:
         if config.probe_mode not in PROBE_MODES:
             raise ValueError(f"probe_mode must be one of {', '.join(PROBE_MODES)}, not {config.probe_mode!r}")
@@ -322,6 +326,10 @@ class PairedSender:
         self._stopping = threading.Event()
         self._transport_lock = threading.Lock()
         self._closed = False
+        # Pack the next batch while one is on the wire. Off by default: on this project's 2-core loopback
+        # benchmark the two threads' contention for the GIL cost more than the overlap saved (see
+        # bench/bench_failover.py and the README); a remote namespace's round trips may make it pay.
+        self._overlap = overlap_sends
 
     # -- properties
     @property
@@ -652,6 +660,8 @@ class PairedSender:
         started = self._clock.monotonic()
         sending = self.transport.start_send(batch, timeout, self._slow(entity))
         tally.flight = _Flight(batch, None, sending, started)
+        if not self._overlap:
+            self._settle(backlog, tally)
 
     def _slow(self, entity: str) -> Callable[[], None]:
         def slow() -> None:  # no answer yet, close to the deadline: have the backlog's link ready
@@ -769,6 +779,8 @@ class PairedSender:
         timeout = self._budget(Where.BACKLOG, None, started, tally, batch.target)
         assert timeout is not None
         tally.flight = _Flight(batch, slot, self.transport.start_send(batch, timeout), started)
+        if not self._overlap:
+            self._settle(backlog, tally)
 
     def _settle_backlog(self, flight: _Flight, slot: _Open, backlog: dict[str, _Open], tally: _Tally) -> None:
         """On the queue's failure pull it and send the originals elsewhere (B5)."""

@@ -71,7 +71,11 @@ class Rig:
     """A sender wired to a fake transport, a fake clock and a fresh registry."""
 
     def __init__(
-        self, registry: FailoverRegistry | None = None, transport: FakeTransport | None = None, **cfg: Any
+        self,
+        registry: FailoverRegistry | None = None,
+        transport: FakeTransport | None = None,
+        overlap_sends: bool = False,
+        **cfg: Any,
     ) -> None:
         self.clock = registry.clock if registry is not None else FakeClock()
         assert isinstance(self.clock, FakeClock)
@@ -86,6 +90,7 @@ class Rig:
             registry=self.registry,
             listener=self.transitions.append,
             rng=random.Random(42),
+            overlap_sends=overlap_sends,
         )
 
     def backlog(self) -> list[OutboundMessage]:
@@ -784,7 +789,9 @@ def test_the_next_batch_is_packed_while_one_is_on_the_wire_and_settled_before_th
 ) -> None:
     log: list[tuple[str, str, int]] = []
     rig = Rig(
-        failover_interval=0.0, transport=_Recording(log, clock=FakeClock(), max_batch=_five(failed_over))
+        failover_interval=0.0,
+        transport=_Recording(log, clock=FakeClock(), max_batch=_five(failed_over)),
+        overlap_sends=True,
     )
     if failed_over:
         rig.transport.fail(conn_error, namespace=PRIMARY)
@@ -811,7 +818,9 @@ def test_the_next_batch_is_packed_while_one_is_on_the_wire_and_settled_before_th
 
 
 def test_a_backlog_batch_packed_for_a_queue_pulled_meanwhile_goes_to_another_queue() -> None:
-    rig = Rig(failover_interval=0.0, transport=FakeTransport(FakeClock(), max_batch=_five(True)))
+    rig = Rig(
+        failover_interval=0.0, transport=FakeTransport(FakeClock(), max_batch=_five(True)), overlap_sends=True
+    )
     rig.transport.fail(conn_error, namespace=PRIMARY)
     rig.sender.send(msgs(1, prefix="warm"))  # failed over
     first = rig.sender._chooser.choose("orders")
@@ -827,3 +836,12 @@ def test_a_backlog_batch_packed_for_a_queue_pulled_meanwhile_goes_to_another_que
     assert sorted(
         m.message_id or "" for m in rig.backlog() if (m.message_id or "").startswith("m")
     ) == sorted(f"m{i}" for i in range(10))
+
+
+def test_by_default_a_batch_is_settled_before_the_next_is_packed() -> None:
+    log: list[tuple[str, str, int]] = []
+    rig = Rig(failover_interval=0.0, transport=_Recording(log, clock=FakeClock(), max_batch=_five(False)))
+    assert rig.sender.send(_streamed(log, msgs(12))).total_sent == 12
+    kinds = [e[0] for e in log]
+    starts = [i for i, k in enumerate(kinds) if k == "start"]
+    assert len(starts) == 3 and all(kinds[i + 1] == "result" for i in starts)
