@@ -597,8 +597,10 @@ class EntityView:
         return [merged[k] for k in sorted(merged)]
 
 
-#: More batches than this waiting for the state writer make the sink wait (backpressure).
-MAX_PENDING_BATCHES = 16
+#: More batches than this waiting for the state writer make the sink wait (backpressure); half of it queued
+#: makes the writer commit before ``COMMIT_INTERVAL``. Large, so that a stream of small, fast batches pays for
+#: one commit per interval, not one per few batches (each pending batch is a few event rows in memory).
+MAX_PENDING_BATCHES = 512
 #: A view older than this (seconds; a stream with long pauses between batches) is read again at batch start.
 MAX_VIEW_AGE = 60.0
 #: A batch's rows wait at most this long (seconds) for the background writer's next commit, which takes every
