@@ -645,8 +645,9 @@ class PairedSender:
 
     # -- delivery to the primary
     def _deliver(self, batch: Batch, backlog: dict[str, _Open], tally: _Tally) -> None:
-        """Start delivering one full primary batch - to the primary, or, failed over by now, to the backlog - and
-        return while it is on the wire (settled by the next delivery or at the end of the call)."""
+        """Deliver one full primary batch - to the primary, or, failed over by now, to the backlog. With
+        ``overlap_sends`` it returns while the batch is on the wire (settled by the next delivery or at the end of
+        the call); otherwise once it is settled."""
         self._settle(backlog, tally)
         entity = batch.target.entity
         if self._admit(entity, tally) is Route.BACKLOG:
@@ -767,7 +768,7 @@ class PairedSender:
             self._settle(backlog, tally)
 
     def _send_backlog(self, slot: _Open, backlog: dict[str, _Open], tally: _Tally) -> None:
-        """Start sending one translated batch and return while it is on the wire (see :meth:`_settle`)."""
+        """Send one translated batch (with ``overlap_sends``, return while it is on the wire: :meth:`_settle`)."""
         self._settle(backlog, tally)
         batch = slot.batch
         if not self._registry.rotation.is_available(self._secondary_key, batch.target.entity):
