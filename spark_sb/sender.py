@@ -397,11 +397,7 @@ class PairedSender:
                 batch = primary.get(entity)
                 if batch is None:
                     batch = primary[entity] = self.transport.new_batch(Target(PRIMARY, entity))
-                try:  # the hot path, inlined (as _try_add)
-                    if batch.try_add(msg):
-                        continue
-                except (ValueError, TypeError) as err:  # RejectError is a ValueError
-                    self._cannot_build(tally, msg, err, entity, index)
+                if self._try_add(batch, msg, tally, entity, index) is not False:
                     continue
                 if len(batch) > 0:
                     del primary[entity]
@@ -476,14 +472,9 @@ class PairedSender:
         self, batch: Batch, msg: OutboundMessage, tally: _Tally, entity: str, index: int | None
     ) -> bool | None:
         """True added, False does not fit, None rejected (cannot become an SDK message)."""
-        return self._adding(lambda: batch.try_add(msg), msg, tally, entity, index)
-
-    def _adding(
-        self, add: Callable[[], bool], msg: OutboundMessage, tally: _Tally, entity: str, index: int | None
-    ) -> bool | None:
         try:
-            return add()
-        except (ValueError, TypeError) as err:
+            return batch.try_add(msg)
+        except (ValueError, TypeError) as err:  # RejectError is a ValueError
             self._cannot_build(tally, msg, err, entity, index)
         return None
 
