@@ -4,36 +4,17 @@ task on the other executor starts failed over through the entity table; 0 lost. 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]
+from .child_report import child_report
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]
 
 
 def test_next_batch_on_the_other_executor_starts_failed_over(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.spark.cluster_handoff", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert done.returncode == 0 and lines, f"cluster run failed ({done.returncode}):\n{done.stderr[-4000:]}"
-    report = json.loads(lines[-1])
+    report = child_report(["-m", "tests.spark.cluster_handoff", str(tmp_path)], "cluster run")
     assert report["error"] is None
     first, second = report["batches"]
     interval = report["interval"]

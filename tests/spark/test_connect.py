@@ -8,14 +8,12 @@ and streams through ``foreachBatch(ServiceBusSink(config))``; the tests assert o
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .child_report import child_report
 
 pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]
 
@@ -27,22 +25,7 @@ def connect_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if importlib.util.find_spec("grpc") is None:
         pytest.skip("Spark Connect client dependencies missing: pip install -e '.[connect]'")
     work = tmp_path_factory.mktemp("connect")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPT.parents[2]), os.environ.get("PYTHONPATH")])),
-    }
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(work)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert done.returncode == 0 and lines, f"connect run failed ({done.returncode}):\n{done.stderr[-4000:]}"
-    report: dict[str, Any] = json.loads(lines[-1])
-    return report
+    return child_report([str(SCRIPT), str(work)], "connect run")
 
 
 def test_stream_under_spark_connect_sends_diverts_and_rejects(connect_report: dict[str, Any]) -> None:

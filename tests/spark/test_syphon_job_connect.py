@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from .child_report import child_report
 
 pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]
 
@@ -20,21 +18,7 @@ SCRIPT = Path(__file__).with_name("connect_syphon.py")
 def test_the_syphon_runs_under_spark_connect(tmp_path: Path) -> None:
     if importlib.util.find_spec("grpc") is None:
         pytest.skip("Spark Connect client dependencies missing: pip install -e '.[connect]'")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPT.parents[2]), os.environ.get("PYTHONPATH")])),
-    }
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert done.returncode == 0 and lines, f"connect run failed ({done.returncode}):\n{done.stderr[-4000:]}"
-    report = json.loads(lines[-1])
+    report = child_report([str(SCRIPT), str(tmp_path)], "connect run")
     assert report["session"].startswith("pyspark.sql.connect")
     assert report["error"] is None
     assert report["primary"] == sorted(f"q{i}-{j}" for i in range(2) for j in range(7))
