@@ -13,9 +13,11 @@ rows / total time over the sequences (all rounds). Prints msgs/s of each, the ra
 the state's cost per batch; and, as the baseline of the run, the raw SDK batch sender sending the same number of
 messages from one process.
 
-With ``--seconds S`` it measures a stream in steady state instead: each configuration streams batches for S
-seconds (the group commits that fall due meanwhile are inside the timing), and the final flush a stopping stream
-pays once is timed apart and printed.
+With ``--seconds S`` it measures a stream in steady state instead: after ``--warmup`` unmeasured seconds of each
+(the JVM compiles Spark's and Delta's paths meanwhile), ``--segments`` segments of S seconds per configuration
+in the order on, off, off, on, ... Within a segment the group commits that fall due are inside the timing; the
+flush that ends a segment (what a stopping stream pays once) is timed apart and printed, and done before the
+next segment starts, so that no write of one configuration runs during the other's timing.
 """
 
 from __future__ import annotations
@@ -86,6 +88,18 @@ def main() -> None:
         help="steady state instead: each configuration streams for this long (>= 2 x the 30 s group-commit "
         "interval, e.g. 75), commits during the run included, the final flush timed apart",
     )
+    parser.add_argument(
+        "--segments",
+        type=int,
+        default=2,
+        help="with --seconds: measured segments per configuration, in the order on, off, off, on, ... (default 2)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=20.0,
+        help="with --seconds: unmeasured seconds per configuration first",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     spark = build_spark_session("bench-sink-state", "local[2]")
@@ -119,18 +133,34 @@ def main() -> None:
                 sinks[kind](df, 0)  # unmeasured: clients, links, table creation
                 sinks[kind].flush()
             if args.seconds > 0:
-                got = {}
-                for kind in ("on", "off"):
-                    got[kind] = steady(sinks[kind], df, 1, args.seconds, size)
-                (n_on, t_on, f_on, commits), (n_off, t_off, _, _) = got["on"], got["off"]
+                batch_ids = {"on": 1, "off": 1}
+                for kind in ("on", "off"):  # unmeasured warm-up: JIT-compiled Spark and Delta paths for both
+                    n, _, _, _ = steady(sinks[kind], df, batch_ids[kind], args.warmup, size)
+                    batch_ids[kind] += n
+                totals = {
+                    k: [0, 0.0, 0.0, 0] for k in ("on", "off")
+                }  # batches, seconds, flush seconds, commits
+                for segment in range(args.segments):  # on, off, off, on, ...: drift affects both alike
+                    for kind in ("on", "off") if segment % 2 == 0 else ("off", "on"):
+                        n, ran, flushed, commits = steady(
+                            sinks[kind], df, batch_ids[kind], args.seconds, size
+                        )
+                        batch_ids[kind] += n
+                        done = totals[kind]
+                        done[0] += n
+                        done[1] += ran
+                        done[2] += flushed
+                        done[3] = commits
+                (n_on, t_on, f_on, commits), (n_off, t_off, _, _) = totals["on"], totals["off"]
                 on, off = n_on * size / t_on, n_off * size / t_off
                 raw = size / raw_sdk(primary, f"orders-{size}-raw", size, b"x" * 200)
                 print(
                     f"latency {args.latency * 1000:.0f} ms, {size}-row batches, state_writes {args.state_writes}, "
-                    f"steady state ({args.seconds:.0f} s each): state on {n_on} batches, {on:,.0f} msgs/s "
-                    f"({commits} group commits during the run); off {n_off} batches, {off:,.0f} msgs/s; ratio "
-                    f"{on / off:.2f} (goal >= 0.95); the final flush at stop took {f_on:.2f} s; raw SDK batch "
-                    f"sender from one process {raw:,.0f} msgs/s",
+                    f"steady state ({args.segments} x {args.seconds:.0f} s each, after {args.warmup:.0f} s of "
+                    f"warm-up): state on {n_on} batches, {on:,.0f} msgs/s ({commits} group commits in all); off "
+                    f"{n_off} batches, {off:,.0f} msgs/s; ratio {on / off:.2f} (goal >= 0.95); the final flush "
+                    f"of a segment took {f_on / args.segments:.2f} s (not in the timing); raw SDK batch sender "
+                    f"from one process {raw:,.0f} msgs/s",
                     flush=True,
                 )
                 df.unpersist()

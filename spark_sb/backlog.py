@@ -20,6 +20,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+from spark_sb.sdk_types import sdk_message_type, sdk_properties
+
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusMessage
 
@@ -272,18 +274,17 @@ def to_backlog_sdk(msg: OutboundMessage, entity: str, now: datetime) -> ServiceB
     case - goes straight to the SDK message, with no intermediate :class:`OutboundMessage`; any other takes the
     general path. Both give the same message. Raises :class:`RejectError` like :func:`to_backlog`.
     """
-    from spark_sb.message import _sdk_properties, sdk_message_type
-
     props = msg.properties
+    plain = not props  # the common case: no properties of its own
     if (
         msg.session_id is not None
         or msg.partition_key is not None
         or msg.time_to_live is not None
         or msg.scheduled_enqueue_time is not None
-        or (props and (not RESERVED_PROPERTIES.isdisjoint(props) or _has_timestamp(props)))
+        or (not plain and (not RESERVED_PROPERTIES.isdisjoint(props) or _has_timestamp(props)))
     ):
         return to_backlog(msg, entity, now).to_sdk()
-    out = _sdk_properties(props) or {}
+    out = {} if plain else (sdk_properties(props) or {})
     out[BACKLOG_PATH] = entity
     out[BACKLOG_ENQUEUED] = now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now
     return sdk_message_type()(

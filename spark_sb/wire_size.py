@@ -8,7 +8,9 @@ import uuid
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.message import _INT32_MAX, _INT32_MIN, _ONE_MS, RejectError, _type_name
+from spark_sb.message import _ONE_MS, RejectError, _type_name
+from spark_sb.sdk_types import INT32_MAX as _INT32_MAX
+from spark_sb.sdk_types import INT32_MIN as _INT32_MIN
 
 if TYPE_CHECKING:
     from spark_sb.message import OutboundMessage
