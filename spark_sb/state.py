@@ -421,6 +421,11 @@ class StateStore(Protocol):
         """Every entity record."""
         ...
 
+    def entities_version(self) -> int | None:
+        """A number that changes whenever the entities table changes (its Delta version), read without a
+        Spark job: the writer re-reads the table only when it moved. None: unknown (read it)."""
+        ...
+
     def last_committed(self, sink_id: str) -> int | None:
         """The highest batch id committed by ``sink_id`` (None: none)."""
         ...
@@ -458,6 +463,7 @@ class MemoryStateStore:
         self._entities: dict[tuple[str, str], EntityRecord] = {}
         self._rejects: list[RejectRecord] = []
         self._txn: dict[tuple[str, str], int] = {}
+        self._entity_writes = 0
 
     def ensure(self) -> None:
         return None
@@ -465,6 +471,10 @@ class MemoryStateStore:
     def read_entities(self) -> list[EntityRecord]:
         with self._lock:
             return list(self._entities.values())
+
+    def entities_version(self) -> int | None:
+        with self._lock:
+            return self._entity_writes
 
     def last_committed(self, sink_id: str) -> int | None:
         with self._lock:
@@ -493,6 +503,8 @@ class MemoryStateStore:
         with self._lock:
             if writes.rejects and self._txn_ok("rejects", sink_id, batch_id):
                 self._rejects.extend(writes.rejects)
+            if writes.entities:
+                self._entity_writes += 1  # a MERGE is a new table version, whether or not it changed rows
             for rec in writes.entities:
                 key = (rec.namespace, rec.entity)
                 if _newer_or_same(rec, self._entities.get(key)):
@@ -587,6 +599,17 @@ class EntityView:
             if written_through is not None:
                 self._planned = {k: v for k, v in self._planned.items() if v[0] > written_through}
 
+    def confirmed(self, written_through: int | None = None) -> None:
+        """The table has not changed since the last read (its version says so): as good as a new read, without
+        reading it. Only valid when the last read saw every commit up to ``written_through`` that wrote
+        entities (the table's version would have moved otherwise)."""
+        with self._lock:
+            if self._table is None:
+                return
+            self._read_at = self._clock()
+            if written_through is not None:
+                self._planned = {k: v for k, v in self._planned.items() if v[0] > written_through}
+
     def records(self) -> list[EntityRecord]:
         """The view: the table's records, each replaced by this sink's planned one unless the table's is newer."""
         with self._lock:
@@ -626,8 +649,9 @@ class StateWriter:
     writes it as one commit per
     table (:func:`coalesce`: one rejects append, one entity MERGE when a record changed, one events append, the
     appends with ``txnAppId = sink_id`` and ``txnVersion`` = the highest batch id of the group, so a retried
-    group is skipped by Delta); Delta conflicts are retried by the store. After each commit it reads the
-    entities table again into ``view`` (other writers' changes), as soon as the next batch is queued.
+    group is skipped by Delta); Delta conflicts are retried by the store. After each commit, as soon as the next
+    batch is queued, it brings ``view`` up to date: it reads the entities table again when the table's version
+    moved (other writers' changes, its own entity writes), and otherwise only confirms the view.
 
     A write that fails after the store's retries is never dropped silently: it is kept and raised (as
     :class:`StateWriteError`) by the next :meth:`raise_error`, :meth:`submit` or :meth:`flush`; the writes of
@@ -655,6 +679,7 @@ class StateWriter:
         self._flushing = 0  # callers waiting in flush(): commit now
         self._refresh_due = False  # a commit since the last read of the entities table
         self._written_through: int | None = None  # the write number (seq) of the last committed group
+        self._entities_version: int | None = None  # the entities table's version at this writer's last read
         self.commits = 0  # how many group commits were written
         self._cond = threading.Condition()
         self._queue: list[tuple[int, int, BatchWrites]] = []  # (seq, batch id, writes)
@@ -798,10 +823,19 @@ class StateWriter:
             self._refresh_due = self.refresh
 
     def _refresh(self) -> None:
-        """Read the entities table again (after a commit, once the next batch is queued: nobody needs the view
-        before that, and a flush need not wait for it)."""
+        """Bring the view up to date after a commit, once the next batch is queued (nobody needs the view before
+        that, and a flush need not wait for it). The entities table is read again only when its version moved
+        since the last read (an entity write by this sink or another writer); otherwise the view is confirmed
+        as it is, which costs no Spark job."""
         try:
-            records = self.store.read_entities()
+            version = self.store.entities_version()
+            if version is not None and version == self._entities_version and self.view.loaded:
+                self.view.confirmed(self._written_through)
+                return
+            records = (
+                self.store.read_entities()
+            )  # read after the version: a write in between is read next time
+            self._entities_version = version
         except Exception as exc:  # the writes are committed; the view keeps what this sink planned
             log.warning(
                 "state tables: re-reading the entities of sink %s failed (%s: %s); the next batches hand "
@@ -961,6 +995,11 @@ class DeltaStateStore:
             )
             for r in rows
         ]
+
+    def entities_version(self) -> int | None:
+        self.ensure()
+        rows = self.spark.sql(f"DESCRIBE HISTORY {self.tables.sql_name('entities')} LIMIT 1").collect()
+        return int(rows[0]["version"]) if rows else None
 
     def _events_df(self, sink_id: str | None) -> DataFrame:
         from pyspark.sql import functions as F

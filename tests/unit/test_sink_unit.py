@@ -158,7 +158,12 @@ class GatedStore(MemoryStateStore):
         self.writes: list[tuple[int, BatchWrites]] = []
         self.entity_reads = 0
         self.reads_on_batch_path = 0  # reads by the thread that runs the batches (not the writer's)
+        self.version_checks = 0
         self.fail: BaseException | None = None
+
+    def entities_version(self) -> int | None:
+        self.version_checks += 1
+        return super().entities_version()
 
     def read_entities(self) -> list[EntityRecord]:
         self.entity_reads += 1
@@ -404,6 +409,36 @@ def test_a_view_older_than_max_view_age_is_read_again_at_batch_start(monkeypatch
     monkeypatch.setattr(sink_module, "MAX_VIEW_AGE", 0.0)  # as after a long pause between batches
     sb.process_batch(2, Tasks(_result()), lambda: 3, store, now=lambda: T0)
     assert store.reads_on_batch_path == 2
+    sb.flush(timeout=5)
+
+
+def test_after_a_commit_the_entities_table_is_read_again_only_when_its_version_moved() -> None:
+    store = GatedStore()
+    sb = _sink(store, sink_id="s")
+    now = [0.0]
+    sb._view._clock = lambda: now[0]  # the view's age, under the test's control
+    ns = namespace_key(sb.config.primary)
+    sb.process_batch(0, Tasks(_result()), lambda: 3, store, now=lambda: T0)  # the first batch reads the table
+    sb.flush(timeout=5)
+    sb.process_batch(1, Tasks(_result()), lambda: 3, store, now=lambda: T0)  # queued: the writer catches up
+    _until(lambda: store.version_checks == 1 and store.entity_reads == 2)  # version unknown yet: a read
+    sb.flush(timeout=5)
+    now[0] = 50.0
+    sb.process_batch(2, Tasks(_result()), lambda: 3, store, now=lambda: T0)
+    _until(lambda: sb._view.age() == 0.0)  # brought up to date at t=50 ...
+    assert store.version_checks == 2 and store.entity_reads == 2  # ... by its version: nothing was read
+    sb.flush(timeout=5)
+    now[0] = 100.0  # 100 s after the last read, 50 s after the confirmation: younger than MAX_VIEW_AGE
+    other = EntityRecord(ns, "invoices", "failed_over", T0, "timeout", updated_by="other-sink")
+    MemoryStateStore.write_batch(  # another writer's entity change, not through the gate
+        store, "other-sink", 1, BatchWrites((Event(T0, "other-sink", 1, BATCH_COMMITTED),), (other,), ())
+    )
+    sb.process_batch(3, Tasks(_result()), lambda: 3, store, now=lambda: T0)
+    assert store.reads_on_batch_path == 1  # only the first batch's
+    _until(lambda: store.version_checks == 3 and store.entity_reads == 3)  # the version moved: read
+    fifth = Tasks(_result())
+    sb.process_batch(4, fifth, lambda: 3, store, now=lambda: T0)
+    assert [r.entity for r in fifth.handoffs[0]] == ["invoices"]
     sb.flush(timeout=5)
 
 

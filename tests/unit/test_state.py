@@ -146,6 +146,15 @@ class StoreContract:
         (rec,) = self.store.read_entities()
         assert rec.pulled_backlog_queues == pulls and rec.backlog_namespace == BNS
 
+    def test_entities_version_moves_with_entity_writes_only(self) -> None:
+        self.store.ensure()
+        before = self.store.entities_version()
+        self.store.write_batch("s", 0, _writes("s", 0))  # events and rejects only
+        assert self.store.entities_version() == before
+        self.store.write_batch("s", 1, _writes("s", 1, entity_state="failed_over"))
+        after = self.store.entities_version()
+        assert after is not None and after != before
+
     def test_append_events_outside_batches(self) -> None:
         self.store.append_events([Event(T0, "s", 7, "replay_skipped", count=4)])
         self.store.append_events([Event(T0, "s", 7, "replay_skipped", count=4)])
