@@ -103,7 +103,6 @@ class FrozenMap(Mapping[str, Any]):
 
 
 _EMPTY = FrozenMap()
-_PUT = object.__setattr__  # writes a slot of a frozen instance (its own __init__ only)
 
 
 class RejectError(ValueError):
@@ -177,7 +176,7 @@ def _datetime_to_ms(dt: datetime) -> int:
     return int((calendar.timegm(dt.utctimetuple()) * 1000) + (dt.microsecond / 1000))
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(frozen=True, slots=True)
 class OutboundMessage:
     """The project-level message: what the sender sends. Picklable, immutable, hashable.
 
@@ -203,57 +202,18 @@ class OutboundMessage:
     scheduled_enqueue_time: datetime | None = None
     properties: Mapping[str, Scalar] = _EMPTY
 
-    def __init__(
-        self,
-        body: bytes | str,
-        entity: str | None = None,
-        message_id: str | None = None,
-        session_id: str | None = None,
-        partition_key: str | None = None,
-        correlation_id: str | None = None,
-        content_type: str | None = None,
-        subject: str | None = None,
-        to: str | None = None,
-        reply_to: str | None = None,
-        reply_to_session_id: str | None = None,
-        time_to_live: timedelta | None = None,
-        scheduled_enqueue_time: datetime | None = None,
-        properties: Mapping[str, Scalar] = _EMPTY,
-    ) -> None:
-        # Hand-written rather than generated: one message per row on the hot path, and a generated frozen
-        # __init__ costs about 1.8 us against about 1 us here (normalising locals, then one slot write each).
-        if isinstance(body, (bytearray, memoryview)):
-            body = bytes(body)
-        if properties is not _EMPTY and (type(properties) is not FrozenMap or not properties):
-            properties = FrozenMap(properties) if properties else _EMPTY
-        if (
-            time_to_live is not None
-            and isinstance(time_to_live, timedelta)
-            and time_to_live.microseconds % 1000
-        ):
-            time_to_live = _floor_ms(time_to_live)
-        st = scheduled_enqueue_time
-        if (
-            st is not None
-            and isinstance(st, datetime)
-            and (st.tzinfo is not timezone.utc or st.microsecond % 1000)
-        ):
-            scheduled_enqueue_time = _utc_ms(st)
-        put = _PUT
-        put(self, "body", body)
-        put(self, "entity", entity)
-        put(self, "message_id", message_id)
-        put(self, "session_id", session_id)
-        put(self, "partition_key", partition_key)
-        put(self, "correlation_id", correlation_id)
-        put(self, "content_type", content_type)
-        put(self, "subject", subject)
-        put(self, "to", to)
-        put(self, "reply_to", reply_to)
-        put(self, "reply_to_session_id", reply_to_session_id)
-        put(self, "time_to_live", time_to_live)
-        put(self, "scheduled_enqueue_time", scheduled_enqueue_time)
-        put(self, "properties", properties)
+    def __post_init__(self) -> None:
+        if isinstance(self.body, (bytearray, memoryview)):
+            object.__setattr__(self, "body", bytes(self.body))
+        props = self.properties
+        if props is not _EMPTY and (type(props) is not FrozenMap or not props):
+            object.__setattr__(self, "properties", FrozenMap(props) if props else _EMPTY)
+        ttl = self.time_to_live
+        if isinstance(ttl, timedelta) and ttl.microseconds % 1000:
+            object.__setattr__(self, "time_to_live", _floor_ms(ttl))
+        st = self.scheduled_enqueue_time
+        if isinstance(st, datetime) and (st.tzinfo is not timezone.utc or st.microsecond % 1000):
+            object.__setattr__(self, "scheduled_enqueue_time", _utc_ms(st))
 
     # ------------------------------------------------------------------ SDK mapping
     def to_sdk(self) -> ServiceBusMessage:
