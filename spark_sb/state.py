@@ -595,20 +595,22 @@ class EntityView:
         table = {(r.namespace, r.entity): r for r in records}
         with self._lock:
             self._table = table
-            self._read_at = self._clock()
-            if written_through is not None:
-                self._planned = {k: v for k, v in self._planned.items() if v[0] > written_through}
+            self._up_to_date_locked(written_through)
 
     def confirmed(self, written_through: int | None = None) -> None:
         """The table has not changed since the last read (its version says so): as good as a new read, without
         reading it. Only valid when the last read saw every commit up to ``written_through`` that wrote
         entities (the table's version would have moved otherwise)."""
         with self._lock:
-            if self._table is None:
-                return
-            self._read_at = self._clock()
-            if written_through is not None:
-                self._planned = {k: v for k, v in self._planned.items() if v[0] > written_through}
+            if self._table is not None:
+                self._up_to_date_locked(written_through)
+
+    def _up_to_date_locked(self, written_through: int | None) -> None:
+        """(Holding the lock) the table as held is current now: restart the age, and drop the planned records
+        of writes up to ``written_through``, which the table has."""
+        self._read_at = self._clock()
+        if written_through is not None:
+            self._planned = {k: v for k, v in self._planned.items() if v[0] > written_through}
 
     def records(self) -> list[EntityRecord]:
         """The view: the table's records, each replaced by this sink's planned one unless the table's is newer."""
@@ -832,9 +834,8 @@ class StateWriter:
             if version is not None and version == self._entities_version and self.view.loaded:
                 self.view.confirmed(self._written_through)
                 return
-            records = (
-                self.store.read_entities()
-            )  # read after the version: a write in between is read next time
+            # read after the version: a write in between moves the version, so it is read next time
+            records = self.store.read_entities()
             self._entities_version = version
         except Exception as exc:  # the writes are committed; the view keeps what this sink planned
             log.warning(
