@@ -9,7 +9,10 @@ transport behind this interface (``tests/unit/fakes.py``).
 picklable :class:`~spark_sb.config.ServiceBusConfig`, and is not picklable. Every call has a deadline that holds
 whatever the SDK does: each target (namespace + entity) has a :class:`~spark_sb.lane.Lane` - a worker thread that
 owns that target's ``ServiceBusClient`` and ``ServiceBusSender`` - and a call that misses its deadline abandons
-the client (closed in the background, never awaited) and the next call builds a new one. SPEC B10: the two
+the client (closed in the background, never awaited) and the next call builds a new one. A batch send on a link
+known to be open runs on the caller's thread (:meth:`~spark_sb.lane.Lane.direct`: the SDK bounds that phase
+itself, the lane's watchdog keeps the deadline), which keeps the failed-over and healthy paths at the raw SDK's
+speed; connecting, SASL and CBS always run on the lane's thread. SPEC B10: the two
 namespaces' clients are a pair - closing one closes both, and the pair is rebuilt on the next use. A faulted
 client (a connection-class error) is closed and rebuilt alone: tearing the backlog's clients down with a failing
 primary's would make every failover wait for new backlog connections.
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_sb.backlog import to_backlog_sdk
 from spark_sb.errors import classify
-from spark_sb.lane import Lane, LaneClosed, Pending
+from spark_sb.lane import Finished, Lane, LaneClosed, Pending
 from spark_sb.message import OutboundMessage
 
 if TYPE_CHECKING:
@@ -116,13 +119,15 @@ class Transport(Protocol):
 
     def send(self, batch: Batch, timeout: float, on_slow: Callable[[], None] | None = None) -> None:
         """Send one batch; returns when the service accepted it; raises SDK exceptions. ``on_slow`` is called
-        (on the caller's thread, must not block) if no answer has come :data:`SLOW_MARGIN` before the deadline:
-        the caller may prepare for the failure (e.g. open the backlog's link)."""
+        (on the caller's thread or a watchdog thread: it must not block and must be thread-safe) if no answer has
+        come :data:`SLOW_MARGIN` before the deadline: the caller may prepare for the failure (e.g. open the
+        backlog's link)."""
 
     def start_send(self, batch: Batch, timeout: float, on_slow: Callable[[], None] | None = None) -> Sending:
         """Start sending one batch and return at once; ``result()`` waits for it within ``timeout`` seconds of
-        the start. Lets the caller pack the next batch while this one is on the wire. Never raises: a send that
-        cannot start returns a :class:`Settled` with its error."""
+        the start. Lets the caller pack the next batch while this one is on the wire (a transport may also send
+        at once and return it settled). Never raises: a send that cannot start returns a :class:`Settled` with
+        its error."""
 
     def schedule(self, target: Target, message: OutboundMessage, at: datetime, timeout: float) -> int:
         """Schedule ``message`` on ``target`` for ``at``; returns its sequence number."""
@@ -250,6 +255,7 @@ class SdkTransport:
         self._lock = threading.Lock()
         self._closed = False
         self.generation: dict[str, int] = {PRIMARY: 0, SECONDARY: 0}  # bumped each time a client is built
+        self.direct_sends = 0  # sends that ran on the caller's thread (Lane.direct), for tests and benchmarks
 
     # -- plumbing
     def _namespace_config(self, namespace: str) -> NamespaceConfig:
@@ -335,15 +341,32 @@ class SdkTransport:
             link.sender.send_messages(payload, timeout=timeout)
             return getattr(link.sender, "_max_batch_size_on_link", None)
 
+        target = batch.target
         try:
-            pending = self._lane(batch.target).start(
-                send, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow
+            lane = self._lane(target)
+            # On a link known to be open the SDK bounds the send itself (its timeout covers the wait for the
+            # answer; no connect, SASL or CBS): send on this thread, the lane's watchdog keeping the deadline.
+            pending: Pending[Any] | Finished[Any] | None = (
+                lane.direct(send, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow)
+                if self.connected(target)
+                else None
             )
+            if pending is None:
+                pending = lane.start(send, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow)
+            else:
+                self.direct_sends += 1
         except Exception as exc:  # the lane is closed
             return Settled(exc)
-        return _SdkSending(self, batch.target, pending)
+        sending = _SdkSending(self, target, pending)
+        if isinstance(pending, Finished):  # settle now: the next call's connected() must see this answer
+            try:
+                sending.result()
+            except Exception as exc:
+                return Settled(exc)
+            return Settled()
+        return sending
 
-    def _settled(self, target: Target, pending: Pending[Any]) -> None:
+    def _settled(self, target: Target, pending: Pending[Any] | Finished[Any]) -> None:
         try:
             link_max = pending.result()
         except Exception as exc:
@@ -419,7 +442,9 @@ class _SdkSending:
 
     __slots__ = ("_pending", "_target", "_transport")
 
-    def __init__(self, transport: SdkTransport, target: Target, pending: Pending[Any]) -> None:
+    def __init__(
+        self, transport: SdkTransport, target: Target, pending: Pending[Any] | Finished[Any]
+    ) -> None:
         self._transport = transport
         self._target = target
         self._pending = pending

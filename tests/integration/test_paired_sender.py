@@ -29,7 +29,7 @@ from spark_sb.backlog import (  # noqa: E402
     is_probe,
 )
 from spark_sb.config import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig  # noqa: E402
-from spark_sb.errors import NoBacklogAvailableError, ServiceBusConfigError  # noqa: E402
+from spark_sb.errors import NoBacklogAvailableError, ServiceBusConfigError, classify  # noqa: E402
 from spark_sb.failover import EntityState, FailoverRegistry  # noqa: E402
 from spark_sb.local.model import QueueSettings  # noqa: E402
 from spark_sb.mapping import OutboundMessage  # noqa: E402
@@ -528,3 +528,41 @@ def test_a_link_counts_as_connected_once_it_answered_and_until_its_client_is_rep
     finally:
         transport.close()
     assert len(receive_all(pair.primary, ENTITY, expected=1)) == 1
+
+
+def test_sends_on_an_open_link_run_on_the_callers_thread_and_a_stall_there_keeps_the_deadline(
+    pair: Any,
+) -> None:
+    """The hot path: once a link answered, batches are sent on the caller's thread (Lane.direct); a namespace
+    that then stops answering still costs the send no more than its deadline, and the stuck client is replaced."""
+    transport = SdkTransport(config_for(pair))
+    target = Target(PRIMARY, ENTITY)
+
+    def send(message_id: str, timeout: float) -> None:
+        batch = transport.new_batch(target)
+        assert batch.try_add(OutboundMessage(body=b"x", message_id=message_id))
+        transport.send(batch, timeout)
+
+    try:
+        send("direct-1", 5.0)  # connects: on the lane's thread
+        assert transport.direct_sends == 0
+        send("direct-2", 5.0)
+        send("direct-3", 5.0)
+        assert transport.direct_sends == 2
+        built = transport.generation[PRIMARY]
+        pair.primary.faults.stall(True)
+        started = time.monotonic()
+        with pytest.raises(Exception) as info:
+            send("stalled", 1.0)
+        assert time.monotonic() - started < 3.0, "the direct send outlived its deadline"
+        assert transport.direct_sends == 3
+        assert classify(info.value).fail_over
+        assert not transport.connected(target)  # the stuck client is dropped: the next send connects anew
+        pair.primary.faults.stall(False)
+        send("direct-4", 10.0)
+        assert transport.generation[PRIMARY] == built + 1
+    finally:
+        pair.primary.faults.stall(False)
+        transport.close()
+    got = set(ids(receive_all(pair.primary, ENTITY)))  # "stalled" too, if the service kept it
+    assert {"direct-1", "direct-2", "direct-3", "direct-4"} <= got

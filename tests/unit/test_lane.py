@@ -181,3 +181,128 @@ def test_a_started_call_runs_while_the_caller_works_and_its_deadline_counts_from
     assert rig.built[0].unblocked.wait(5) and rig.lane.abandoned == 1
     stuck.set()
     assert rig.lane.call(lambda ctx: ctx.n, 5.0) == 2  # a fresh context
+
+
+# --------------------------------------------------------------------------------- direct calls (Lane.direct)
+
+
+def test_a_direct_call_runs_on_the_calling_thread_once_the_context_is_built() -> None:
+    rig = Rig()
+
+    def where(ctx: Ctx) -> tuple[int, str]:
+        return ctx.n, threading.current_thread().name
+
+    assert rig.lane.direct(where, 5.0) is None  # no context yet: connecting is the worker's job
+    assert rig.built == []
+    rig.lane.call(where, 5.0)
+    finished = rig.lane.direct(where, 5.0)
+    assert finished is not None
+    assert finished.result() == (1, threading.current_thread().name)
+    assert finished.generation == rig.lane.generation == 1
+
+
+def test_a_direct_call_hands_its_error_to_the_caller() -> None:
+    rig = Rig()
+    rig.lane.call(lambda ctx: None, 5.0)
+
+    def boom(ctx: Ctx) -> None:
+        raise ValueError("bad")
+
+    finished = rig.lane.direct(boom, 5.0)
+    assert finished is not None
+    with pytest.raises(ValueError, match="bad"):
+        finished.result()
+    assert rig.lane.call(lambda ctx: ctx.n, 5.0) == 1  # the lane and its context go on
+
+
+def test_no_direct_call_while_the_worker_is_busy_or_after_a_reset() -> None:
+    rig = Rig()
+    rig.lane.call(lambda ctx: None, 5.0)
+    gate, running = threading.Event(), threading.Event()
+
+    def busy(ctx: Ctx) -> None:
+        running.set()
+        gate.wait(5)
+
+    pending = rig.lane.start(busy, 5.0)
+    assert running.wait(5)
+    assert rig.lane.direct(lambda ctx: ctx.n, 5.0) is None  # the worker is using the context
+    gate.set()
+    pending.result()
+    rig.lane.reset("faulted")
+    assert rig.lane.direct(lambda ctx: ctx.n, 5.0) is None  # a new context is built on the worker first
+
+
+def test_the_worker_waits_while_a_direct_call_uses_the_context() -> None:
+    rig = Rig()
+    rig.lane.call(lambda ctx: None, 5.0)
+    order: list[str] = []
+
+    def direct(ctx: Ctx) -> None:
+        order.append("direct starts")
+        queued = rig.lane.start(lambda c: order.append("worker"), 5.0)
+        assert not queued._job.done.wait(0.3)  # it would have run by now if the context were not held
+        order.append("direct ends")
+        holder.append(queued)
+
+    holder: list[Any] = []
+    finished = rig.lane.direct(direct, 5.0)
+    assert finished is not None
+    finished.result()
+    holder[0].result()
+    assert order == ["direct starts", "direct ends", "worker"]
+
+
+def test_a_direct_call_past_its_deadline_is_unblocked_abandoned_and_closed_only_once_it_let_go() -> None:
+    rig = Rig()
+    rig.lane.call(lambda ctx: None, 5.0)
+    seen: list[str] = []
+
+    def stuck(ctx: Ctx) -> None:  # an SDK call stuck on its socket until the socket is shut down
+        if ctx.unblocked.wait(10):
+            seen.append("closed while in use" if ctx.closed.is_set() else "unblocked")
+            raise ConnectionResetError("socket shut down")
+
+    started = time.monotonic()
+    finished = rig.lane.direct(stuck, 0.3)
+    assert finished is not None
+    with pytest.raises(DeadlineExceeded, match="no answer within 0.3 s") as info:
+        finished.result()
+    assert 0.3 <= time.monotonic() - started < 2.0
+    assert isinstance(info.value.__cause__, ConnectionResetError)
+    assert seen == ["unblocked"]
+    assert rig.built[0].closed.wait(5)  # the abandoned worker closed the context after the call let go
+    assert rig.lane.abandoned == 1
+    assert rig.lane.call(lambda ctx: ctx.n, 5.0) == 2  # the next call builds a fresh context
+
+
+def test_a_slow_direct_call_gets_on_slow_from_the_watchdog_and_still_finishes() -> None:
+    rig = Rig()
+    rig.lane.call(lambda ctx: None, 5.0)
+    slow = threading.Event()
+    where: list[str] = []
+
+    def on_slow() -> None:
+        where.append(threading.current_thread().name)
+        slow.set()
+
+    finished = rig.lane.direct(lambda ctx: slow.wait(5) and ctx.n, 5.0, slow_after=0.1, on_slow=on_slow)
+    assert finished is not None
+    assert finished.result() == 1
+    assert where == ["spark-sb-watchdog"]
+    assert rig.lane.abandoned == 0
+
+
+def test_the_watchdog_fires_the_earliest_deadline_first_and_never_a_cancelled_one() -> None:
+    from spark_sb.lane import _WATCHDOG
+
+    fired: list[str] = []
+    done = threading.Event()
+    now = time.monotonic()
+    _WATCHDOG.watch(now + 0.4, lambda: (fired.append("late"), done.set()))
+    cancelled = _WATCHDOG.watch(now + 0.05, lambda: fired.append("cancelled"))
+    _WATCHDOG.watch(now + 0.1, lambda: fired.append("early"))  # earlier than the sleeping watchdog's wake-up
+    assert cancelled.cancel()
+    assert done.wait(5)
+    assert fired == ["early", "late"]
+    assert cancelled.cancel()  # cancelling twice: still cancelled, never fired
