@@ -254,9 +254,10 @@ class PairedSender:
         cancel_attempts: tries of a probe's cancel before it is recorded as failed.
         background_probes: run probes on a helper thread (default: yes with the system clock; with an
             injected clock they run inline so that tests are deterministic).
-        overlap_sends: pack the next batch while one is on the wire (its send runs on the destination's lane
-            thread); each batch is still settled - retried, diverted, split - before the next goes out, so order
-            and failover timing hold. Off by default (measured: no gain on loopback, the GIL is shared).
+        overlap_sends: pack the next batch while one is on the wire, for sends that run on the destination's
+            lane thread (the transport sends on an open link on this thread, done when ``start_send`` returns);
+            each batch is still settled - retried, diverted, split - before the next goes out, so order and
+            failover timing hold. Off by default (measured: no gain on loopback, the GIL is shared).
     """
 
     def __init__(
