@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_failover.py [--repeats 3] [--interval 2] [--ping 1] [--shapes refused,dns]
                                              [--count 50000] [--size 200] [--latency 0.002] [--skip-lags]
+                                             [--skip-throughput] [--skip-steady] [--slices 20] [--slice 5000]
 
 Part 1 (lags): for each outage shape the local namespace can make (tests/outages.py: refused, dropped, stall
 after / before SASL warm and cold, DNS failure, entity disabled / not found / quota exceeded, per-entity
@@ -17,6 +18,10 @@ once straight into backlog batches; and (c) a healthy ``PairedSender`` into the 
 into the same namespace. ``--repeats-throughput`` pairs (default 9): ours and its raw baseline back to back, the
 order alternating between pairs; the ratio is the median of the per-pair ratios. Without and with injected
 latency; namespaces in child processes. Goals: failed over >= 0.9x raw, healthy >= 0.95x raw.
+
+Part 3 (steady state, ``--slices`` / ``--slice``): the same four cases with every sender kept open, as a
+streaming writer's would be, timed in ``--slices`` rounds of ``--slice`` messages, ours and raw back to back in
+each round. Finer interleaving cancels the machine's drift that single 50,000-message runs suffer from.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from functools import partial
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -202,6 +208,128 @@ def throughput(args: argparse.Namespace) -> None:
             )
 
 
+class _RawStream:
+    """The raw SDK baseline kept open across slices (one client, one sender), like a long-running writer."""
+
+    def __init__(self, conn: str, queue: str, body: bytes, backlog_form: bool) -> None:
+        self._client = ServiceBusClient.from_connection_string(conn)
+        self._sender = self._client.get_queue_sender(queue)
+        self._sender.send_messages(ServiceBusMessage(body))  # open the link
+        self._body = body
+        self._backlog_form = backlog_form
+
+    def slice(self, count: int) -> float:
+        body, sender = self._body, self._sender
+        started = time.perf_counter()
+        now = datetime.now(timezone.utc)
+        batch = sender.create_message_batch()
+        for _ in range(count):
+            if self._backlog_form:
+                props = {BACKLOG_PATH: "orders", BACKLOG_ENQUEUED: now}
+                message = ServiceBusMessage(body, application_properties=props)
+            else:
+                message = ServiceBusMessage(body)
+            try:
+                batch.add_message(message)
+            except MessageSizeExceededError:
+                sender.send_messages(batch)
+                batch = sender.create_message_batch()
+                batch.add_message(message)
+        if len(batch):
+            sender.send_messages(batch)
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self._sender.close()
+        self._client.close()
+
+
+class _PairedStream:
+    """A ``PairedSender`` kept open across slices (as the Spark sink keeps one per Python worker)."""
+
+    def __init__(self, config: ServiceBusConfig, entity: str, body: bytes, expect: str) -> None:
+        self._sender = PairedSender(config, registry=FailoverRegistry())
+        self._entity = entity
+        self._body = body
+        self._expect = expect
+        self.slice(1)  # open the links (and fail over)
+
+    def slice(self, count: int) -> float:
+        body, entity = self._body, self._entity
+        started = time.perf_counter()
+        out = self._sender.send(OutboundMessage(body=body, entity=entity) for _ in range(count))
+        elapsed = time.perf_counter() - started
+        got = out.total_diverted if self._expect == "diverted" else out.total_sent
+        assert got == count, out
+        return elapsed
+
+    def close(self) -> None:
+        self._sender.close()
+
+
+def steady(args: argparse.Namespace) -> None:
+    """Steady state: one raw sender and one ``PairedSender`` per case, kept open, and ``--slices`` rounds of
+    ``--slice`` messages each, ours and raw back to back in each round (order alternating). Slow drift of the
+    machine's speed hits both alike, and neither pays for connecting or for the other's background close. The
+    ratio is total time raw / total time ours (the median of the per-round ratios is printed too)."""
+    body = b"x" * args.size
+    refused = "Endpoint=sb://127.0.0.1:1/;SharedAccessKeyName=k;SharedAccessKey=v;UseDevelopmentEmulator=true"
+    backlog = tuple(f"st{lat}-{k}/x-servicebus-transfer/0" for lat in (0, 1) for k in ("raw", "ours"))
+    primary_queues = tuple(f"st{lat}-{k}" for lat in (0, 1) for k in ("raw", "ours"))
+    with (
+        namespace(False, "primary", primary_queues) as (primary_conn, set_primary_latency),
+        namespace(False, "secondary", backlog) as (secondary_conn, set_latency),
+    ):
+        for index, latency in enumerate((0.0, args.latency)):
+            set_latency(latency)
+            set_primary_latency(latency)
+            down = ServiceBusConfig(
+                primary=NamespaceConfig(connection_string=Secret(refused), namespace_name=f"st{index}-ours"),
+                secondary=NamespaceConfig(connection_string=Secret(secondary_conn)),
+                entity="orders",
+                backlog_queue_count=1,
+                failover_interval=0.0,
+                ping_primary_interval=3600.0,
+            )
+            up = ServiceBusConfig(
+                primary=NamespaceConfig(connection_string=Secret(primary_conn), namespace_name="primary"),
+                secondary=NamespaceConfig(connection_string=Secret(secondary_conn)),
+                backlog_queue_count=1,
+            )
+            cases: dict[str, dict[str, Any]] = {
+                "failed over": {
+                    "raw": _RawStream(secondary_conn, f"st{index}-raw/x-servicebus-transfer/0", body, True),
+                    "ours": _PairedStream(down, "orders", body, "diverted"),
+                },
+                "healthy": {
+                    "raw": _RawStream(primary_conn, f"st{index}-raw", body, False),
+                    "ours": _PairedStream(up, f"st{index}-ours", body, "sent"),
+                },
+            }
+            times: dict[str, dict[str, list[float]]] = {c: {"raw": [], "ours": []} for c in cases}
+            for case in cases.values():  # warm-up slice each, not timed
+                for stream in case.values():
+                    stream.slice(args.slice)
+            for r in range(args.slices):
+                order = ("raw", "ours") if r % 2 == 0 else ("ours", "raw")
+                for name, case in cases.items():
+                    for kind in order:
+                        times[name][kind].append(case[kind].slice(args.slice))
+            for case in cases.values():
+                for stream in case.values():
+                    stream.close()
+            for name, goal in (("failed over", 0.9), ("healthy", 0.95)):
+                raw_t, ours_t = times[name]["raw"], times[name]["ours"]
+                total = args.slice * args.slices
+                print(
+                    f"steady, latency {latency * 1000:.0f} ms, {args.slices} x {args.slice} x {args.size} B, {name}: "
+                    f"raw SDK {total / sum(raw_t):,.0f} msgs/s, PairedSender {total / sum(ours_t):,.0f} msgs/s; "
+                    f"ratio {sum(raw_t) / sum(ours_t):.2f} (goal >= {goal}); median of the per-round ratios "
+                    f"{statistics.median(r / o for r, o in zip(raw_t, ours_t, strict=True)):.2f}",
+                    flush=True,
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -214,13 +342,18 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--latency", type=float, default=0.002)
     parser.add_argument("--repeats-throughput", type=int, default=9, help="pairs per latency (median ratio)")
+    parser.add_argument("--slices", type=int, default=20, help="steady state: rounds per latency")
+    parser.add_argument("--slice", type=int, default=5_000, help="steady state: messages per slice")
     parser.add_argument("--skip-lags", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-steady", action="store_true")
     args = parser.parse_args()
     if not args.skip_lags:
         lags(args)
     if not args.skip_throughput:
         throughput(args)
+    if not args.skip_steady:
+        steady(args)
 
 
 if __name__ == "__main__":
