@@ -211,9 +211,7 @@ class Lane(Generic[C]):
                 return None
             timeout = max(0.0, timeout)
             now = time.monotonic()
-            deadline = _WATCHDOG.watch(
-                now + timeout, lambda: self._abandon(worker, f"no answer within {timeout:.3g} s")
-            )
+            deadline = _WATCHDOG.watch(now + timeout, lambda: self._abandon(worker, _no_answer(timeout)))
             slow = (
                 _WATCHDOG.watch(now + slow_after, on_slow)
                 if on_slow is not None and slow_after is not None and 0.0 < slow_after < timeout
@@ -232,9 +230,7 @@ class Lane(Generic[C]):
         finally:
             worker.use.release()
         if late:
-            exceeded = DeadlineExceeded(
-                f"{self.name}: no answer within {timeout:.3g} s (the client was abandoned and is rebuilt)"
-            )
+            exceeded = self._exceeded(timeout)
             exceeded.__cause__ = error
             return Finished(None, exceeded, worker.generation)
         return Finished(value, error, worker.generation)
@@ -302,6 +298,11 @@ class Lane(Generic[C]):
                 target=_quietly, args=(unblock, worker), name=f"{worker.name}-unblock", daemon=True
             ).start()
 
+    def _exceeded(self, timeout: float) -> DeadlineExceeded:
+        return DeadlineExceeded(
+            f"{self.name}: {_no_answer(timeout)} (the client was abandoned and is rebuilt)"
+        )
+
     def __repr__(self) -> str:
         return f"Lane({self.name!r}, generation={self.generation}, abandoned={self.abandoned})"
 
@@ -351,14 +352,15 @@ class Pending(Generic[R]):
                 assert self._on_slow is not None
                 self._on_slow()
         if not done and not job.done.wait(max(0.0, self._deadline - time.monotonic())):
-            self._lane._abandon(self._worker, f"no answer within {self._timeout:.3g} s")
-            raise DeadlineExceeded(
-                f"{self._lane.name}: no answer within {self._timeout:.3g} s (the client was abandoned and is "
-                "rebuilt)"
-            )
+            self._lane._abandon(self._worker, _no_answer(self._timeout))
+            raise self._lane._exceeded(self._timeout)
         if job.error is not None:
             raise job.error
         return job.result  # type: ignore[no-any-return]
+
+
+def _no_answer(timeout: float) -> str:
+    return f"no answer within {timeout:.3g} s"
 
 
 def _quietly(unblock: Callable[[Any], None], worker: _Worker) -> None:
@@ -401,6 +403,10 @@ class _Watch:
         self._fire = fire
         self._lock = threading.Lock()
         self._state = 0  # 0 armed, 1 cancelled, 2 fired
+
+    @property
+    def armed(self) -> bool:
+        return self._state == 0
 
     def cancel(self) -> bool:
         """Disarm; False if it fired already."""
@@ -450,9 +456,9 @@ class _Watchdog:
             with self._cond:
                 now = time.monotonic()
                 heap = self._heap
-                while heap and (heap[0][0] <= now or heap[0][2]._state != 0):
+                while heap and (heap[0][0] <= now or not heap[0][2].armed):
                     watch = heapq.heappop(heap)[2]
-                    if watch._state == 0:
+                    if watch.armed:
                         due.append(watch)
                 if not due:
                     self._wake_at = heap[0][0] if heap else float("inf")
