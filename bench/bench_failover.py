@@ -31,7 +31,6 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from functools import partial
 from typing import Any
@@ -88,17 +87,23 @@ def lags(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------- part 2: throughput
 
 
-def raw_sdk(conn: str, queue: str, count: int, body: bytes, backlog_form: bool = False) -> float:
-    """Seconds to send ``count`` messages with the raw SDK batch sender (one client, one sender). With
-    ``backlog_form`` each message carries the two properties every backlog message needs (its destination and
-    when it entered the backlog), as a hand-written failover writer's would."""
-    with ServiceBusClient.from_connection_string(conn) as client, client.get_queue_sender(queue) as sender:
-        sender.send_messages(ServiceBusMessage(body))  # open the link (not timed)
+class _RawStream:
+    """The raw SDK baseline kept open across slices (one client, one sender), like a long-running writer."""
+
+    def __init__(self, conn: str, queue: str, body: bytes, backlog_form: bool) -> None:
+        self._client = ServiceBusClient.from_connection_string(conn)
+        self._sender = self._client.get_queue_sender(queue)
+        self._sender.send_messages(ServiceBusMessage(body))  # open the link
+        self._body = body
+        self._backlog_form = backlog_form
+
+    def slice(self, count: int) -> float:
+        body, sender = self._body, self._sender
         started = time.perf_counter()
         now = datetime.now(timezone.utc)
         batch = sender.create_message_batch()
         for _ in range(count):
-            if backlog_form:
+            if self._backlog_form:
                 props = {BACKLOG_PATH: "orders", BACKLOG_ENQUEUED: now}
                 message = ServiceBusMessage(body, application_properties=props)
             else:
@@ -113,25 +118,53 @@ def raw_sdk(conn: str, queue: str, count: int, body: bytes, backlog_form: bool =
             sender.send_messages(batch)
         return time.perf_counter() - started
 
+    def close(self) -> None:
+        self._sender.close()
+        self._client.close()
+
+
+class _PairedStream:
+    """A ``PairedSender`` kept open across slices (as the Spark sink keeps one per Python worker)."""
+
+    def __init__(self, config: ServiceBusConfig, entity: str, body: bytes, expect: str) -> None:
+        self._sender = PairedSender(config, registry=FailoverRegistry())
+        self._entity = entity
+        self._body = body
+        self._expect = expect
+        self.slice(1)  # open the links (and fail over)
+
+    def slice(self, count: int) -> float:
+        body, entity = self._body, self._entity
+        started = time.perf_counter()
+        out = self._sender.send(OutboundMessage(body=body, entity=entity) for _ in range(count))
+        elapsed = time.perf_counter() - started
+        got = out.total_diverted if self._expect == "diverted" else out.total_sent
+        assert got == count, out
+        return elapsed
+
+    def close(self) -> None:
+        self._sender.close()
+
+
+def raw_sdk(conn: str, queue: str, count: int, body: bytes, backlog_form: bool = False) -> float:
+    """Seconds to send ``count`` messages with the raw SDK batch sender (one client, one sender; the link is
+    opened first, not timed). With ``backlog_form`` each message carries the two properties every backlog
+    message needs (its destination and when it entered the backlog), as a hand-written failover writer's would."""
+    stream = _RawStream(conn, queue, body, backlog_form)
+    try:
+        return stream.slice(count)
+    finally:
+        stream.close()
+
 
 def paired(config: ServiceBusConfig, entity: str, count: int, body: bytes, expect: str) -> float:
-    """Seconds to send ``count`` messages through PairedSender (streamed from a generator)."""
-
-    def rows() -> Iterator[OutboundMessage]:
-        for _ in range(count):
-            yield OutboundMessage(body=body, entity=entity)
-
-    with PairedSender(config, registry=FailoverRegistry()) as sender:
-        warm = sender.send(
-            [OutboundMessage(body=body, entity=entity)]
-        )  # open the links, fail over (not timed)
-        assert (warm.total_diverted if expect == "diverted" else warm.total_sent) == 1, warm
-        started = time.perf_counter()
-        out = sender.send(rows())
-        elapsed = time.perf_counter() - started
-    got = out.total_diverted if expect == "diverted" else out.total_sent
-    assert got == count, out
-    return elapsed
+    """Seconds to send ``count`` messages through PairedSender (streamed from a generator; the links are opened
+    and, failed over, the failover is taken first, not timed)."""
+    stream = _PairedStream(config, entity, body, expect)
+    try:
+        return stream.slice(count)
+    finally:
+        stream.close()
 
 
 def _ratios(pairs: list[tuple[float, float]]) -> tuple[float, float, float]:
@@ -206,65 +239,6 @@ def throughput(args: argparse.Namespace) -> None:
                 f"{ratio:.2f} (goal >= 0.95); pairs: " + " ".join(f"{o / r:.2f}" for o, r in healthy),
                 flush=True,
             )
-
-
-class _RawStream:
-    """The raw SDK baseline kept open across slices (one client, one sender), like a long-running writer."""
-
-    def __init__(self, conn: str, queue: str, body: bytes, backlog_form: bool) -> None:
-        self._client = ServiceBusClient.from_connection_string(conn)
-        self._sender = self._client.get_queue_sender(queue)
-        self._sender.send_messages(ServiceBusMessage(body))  # open the link
-        self._body = body
-        self._backlog_form = backlog_form
-
-    def slice(self, count: int) -> float:
-        body, sender = self._body, self._sender
-        started = time.perf_counter()
-        now = datetime.now(timezone.utc)
-        batch = sender.create_message_batch()
-        for _ in range(count):
-            if self._backlog_form:
-                props = {BACKLOG_PATH: "orders", BACKLOG_ENQUEUED: now}
-                message = ServiceBusMessage(body, application_properties=props)
-            else:
-                message = ServiceBusMessage(body)
-            try:
-                batch.add_message(message)
-            except MessageSizeExceededError:
-                sender.send_messages(batch)
-                batch = sender.create_message_batch()
-                batch.add_message(message)
-        if len(batch):
-            sender.send_messages(batch)
-        return time.perf_counter() - started
-
-    def close(self) -> None:
-        self._sender.close()
-        self._client.close()
-
-
-class _PairedStream:
-    """A ``PairedSender`` kept open across slices (as the Spark sink keeps one per Python worker)."""
-
-    def __init__(self, config: ServiceBusConfig, entity: str, body: bytes, expect: str) -> None:
-        self._sender = PairedSender(config, registry=FailoverRegistry())
-        self._entity = entity
-        self._body = body
-        self._expect = expect
-        self.slice(1)  # open the links (and fail over)
-
-    def slice(self, count: int) -> float:
-        body, entity = self._body, self._entity
-        started = time.perf_counter()
-        out = self._sender.send(OutboundMessage(body=body, entity=entity) for _ in range(count))
-        elapsed = time.perf_counter() - started
-        got = out.total_diverted if self._expect == "diverted" else out.total_sent
-        assert got == count, out
-        return elapsed
-
-    def close(self) -> None:
-        self._sender.close()
 
 
 def steady(args: argparse.Namespace) -> None:
