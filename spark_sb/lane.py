@@ -37,6 +37,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -438,6 +439,11 @@ class _Watchdog:
         self._wake_at = float("inf")
         self._thread: threading.Thread | None = None
 
+    def _after_fork(self) -> None:
+        """In a forked child (a Python worker forked by Spark's daemon): the parent's thread and calls are not
+        there, and its lock may have been held at the fork. Start afresh."""
+        self.__init__()  # type: ignore[misc]
+
     def watch(self, at: float, fire: Callable[[], None]) -> _Watch:
         """Call ``fire()`` (on the watchdog's thread) at monotonic time ``at`` unless cancelled before."""
         watch = _Watch(fire)
@@ -469,3 +475,4 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
+os.register_at_fork(after_in_child=_WATCHDOG._after_fork)

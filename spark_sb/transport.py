@@ -357,14 +357,13 @@ class SdkTransport:
                 self.direct_sends += 1
         except Exception as exc:  # the lane is closed
             return Settled(exc)
-        sending = _SdkSending(self, target, pending)
         if isinstance(pending, Finished):  # settle now: the next call's connected() must see this answer
             try:
-                sending.result()
+                self._settled(target, pending)
             except Exception as exc:
                 return Settled(exc)
             return Settled()
-        return sending
+        return _SdkSending(self, target, pending)
 
     def _settled(self, target: Target, pending: Pending[Any] | Finished[Any]) -> None:
         try:
@@ -442,9 +441,7 @@ class _SdkSending:
 
     __slots__ = ("_pending", "_target", "_transport")
 
-    def __init__(
-        self, transport: SdkTransport, target: Target, pending: Pending[Any] | Finished[Any]
-    ) -> None:
+    def __init__(self, transport: SdkTransport, target: Target, pending: Pending[Any]) -> None:
         self._transport = transport
         self._target = target
         self._pending = pending

@@ -306,3 +306,25 @@ def test_the_watchdog_fires_the_earliest_deadline_first_and_never_a_cancelled_on
     assert done.wait(5)
     assert fired == ["early", "late"]
     assert cancelled.cancel()  # cancelling twice: still cancelled, never fired
+
+
+def test_a_forked_child_gets_a_watchdog_of_its_own() -> None:
+    """Spark forks Python workers: a child must not inherit the parent's watchdog thread or a lock held at the
+    fork (here held on purpose; without the at-fork reset the child's first deadline would block for ever)."""
+    import os
+    import signal
+
+    from spark_sb.lane import _WATCHDOG
+
+    fired = threading.Event()
+    _WATCHDOG.watch(time.monotonic() + 0.01, fired.set)
+    assert fired.wait(5)  # the parent's watchdog thread is running
+    with _WATCHDOG._cond:
+        pid = os.fork()
+        if pid == 0:  # the child: kill itself if anything blocks
+            signal.alarm(10)
+            ok = threading.Event()
+            _WATCHDOG.watch(time.monotonic() + 0.05, ok.set)
+            os._exit(0 if ok.wait(5) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
