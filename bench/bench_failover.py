@@ -167,6 +167,28 @@ def paired(config: ServiceBusConfig, entity: str, count: int, body: bytes, expec
         stream.close()
 
 
+def _configs(
+    primary_conn: str, secondary_conn: str, down_name: str
+) -> tuple[ServiceBusConfig, ServiceBusConfig]:
+    """(failed over, healthy): in the first the primary refuses connections, so the first batch fails over
+    (interval 0) and nothing probes it during the run; the second sends to the live primary."""
+    refused = "Endpoint=sb://127.0.0.1:1/;SharedAccessKeyName=k;SharedAccessKey=v;UseDevelopmentEmulator=true"
+    down = ServiceBusConfig(
+        primary=NamespaceConfig(connection_string=Secret(refused), namespace_name=down_name),
+        secondary=NamespaceConfig(connection_string=Secret(secondary_conn)),
+        entity="orders",
+        backlog_queue_count=1,
+        failover_interval=0.0,
+        ping_primary_interval=3600.0,
+    )
+    up = ServiceBusConfig(
+        primary=NamespaceConfig(connection_string=Secret(primary_conn), namespace_name="primary"),
+        secondary=NamespaceConfig(connection_string=Secret(secondary_conn)),
+        backlog_queue_count=1,
+    )
+    return down, up
+
+
 def _ratios(pairs: list[tuple[float, float]]) -> tuple[float, float, float]:
     """(median ours msgs/s, median raw msgs/s, median of the per-pair ratios ours / raw)."""
     return (
@@ -186,7 +208,6 @@ def throughput(args: argparse.Namespace) -> None:
         f"fo{lat}-{k}-{i}/x-servicebus-transfer/0" for lat in (0, 1) for k in ("raw", "ours") for i in runs
     ]
     primary_queues = [f"h{lat}-{k}-{i}" for lat in (0, 1) for k in ("raw", "ours") for i in runs]
-    refused = "Endpoint=sb://127.0.0.1:1/;SharedAccessKeyName=k;SharedAccessKey=v;UseDevelopmentEmulator=true"
     with (
         namespace(False, "primary", tuple(primary_queues)) as (primary_conn, set_primary_latency),
         namespace(False, "secondary", tuple(backlog)) as (secondary_conn, set_latency),
@@ -197,21 +218,7 @@ def throughput(args: argparse.Namespace) -> None:
             failed_over: list[tuple[float, float]] = []  # (ours, raw) msgs/s per repeat
             healthy: list[tuple[float, float]] = []
             for i in runs:
-                down = ServiceBusConfig(  # the primary refuses connections: failed over on the first batch
-                    primary=NamespaceConfig(
-                        connection_string=Secret(refused), namespace_name=f"fo{index}-ours-{i}"
-                    ),
-                    secondary=NamespaceConfig(connection_string=Secret(secondary_conn)),
-                    entity="orders",
-                    backlog_queue_count=1,
-                    failover_interval=0.0,
-                    ping_primary_interval=3600.0,
-                )
-                up = ServiceBusConfig(
-                    primary=NamespaceConfig(connection_string=Secret(primary_conn), namespace_name="primary"),
-                    secondary=NamespaceConfig(connection_string=Secret(secondary_conn)),
-                    backlog_queue_count=1,
-                )
+                down, up = _configs(primary_conn, secondary_conn, f"fo{index}-ours-{i}")
                 raw_queue = f"fo{index}-raw-{i}/x-servicebus-transfer/0"
                 fo = {  # the raw baseline sends the same messages: with the two properties of a backlog message
                     "raw": partial(raw_sdk, secondary_conn, raw_queue, args.count, body, backlog_form=True),
@@ -247,7 +254,6 @@ def steady(args: argparse.Namespace) -> None:
     machine's speed hits both alike, and neither pays for connecting or for the other's background close. The
     ratio is total time raw / total time ours (the median of the per-round ratios is printed too)."""
     body = b"x" * args.size
-    refused = "Endpoint=sb://127.0.0.1:1/;SharedAccessKeyName=k;SharedAccessKey=v;UseDevelopmentEmulator=true"
     backlog = tuple(f"st{lat}-{k}/x-servicebus-transfer/0" for lat in (0, 1) for k in ("raw", "ours"))
     primary_queues = tuple(f"st{lat}-{k}" for lat in (0, 1) for k in ("raw", "ours"))
     with (
@@ -257,19 +263,7 @@ def steady(args: argparse.Namespace) -> None:
         for index, latency in enumerate((0.0, args.latency)):
             set_latency(latency)
             set_primary_latency(latency)
-            down = ServiceBusConfig(
-                primary=NamespaceConfig(connection_string=Secret(refused), namespace_name=f"st{index}-ours"),
-                secondary=NamespaceConfig(connection_string=Secret(secondary_conn)),
-                entity="orders",
-                backlog_queue_count=1,
-                failover_interval=0.0,
-                ping_primary_interval=3600.0,
-            )
-            up = ServiceBusConfig(
-                primary=NamespaceConfig(connection_string=Secret(primary_conn), namespace_name="primary"),
-                secondary=NamespaceConfig(connection_string=Secret(secondary_conn)),
-                backlog_queue_count=1,
-            )
+            down, up = _configs(primary_conn, secondary_conn, f"st{index}-ours")
             cases: dict[str, dict[str, Any]] = {
                 "failed over": {
                     "raw": _RawStream(secondary_conn, f"st{index}-raw/x-servicebus-transfer/0", body, True),
