@@ -566,3 +566,18 @@ def test_sends_on_an_open_link_run_on_the_callers_thread_and_a_stall_there_keeps
         transport.close()
     got = set(ids(receive_all(pair.primary, ENTITY)))  # "stalled" too, if the service kept it
     assert {"direct-1", "direct-2", "direct-3", "direct-4"} <= got
+
+
+def test_failed_over_batches_are_sent_on_the_callers_thread_once_the_backlog_link_answered(
+    pair: Any, make_sender: Callable[..., PairedSender]
+) -> None:
+    """The failed-over hot path: after the backlog link's first answer its batches do not change threads."""
+    sender = make_sender(backlog_queue_count=1, max_message_size=4096)
+    pair.primary.faults.refuse_connections()
+    out = sender.send(batch_of(60, size=200))  # several backlog batches of 4 KB
+    assert out.total_diverted == 60
+    transport = sender.transport
+    assert isinstance(transport, SdkTransport)
+    assert out.diverted == {QUEUES[0]: 60}
+    assert transport.direct_sends >= 3, "backlog batches after the first went through the lane's thread"
+    _assert_diverted(pair, out, 60)
