@@ -202,12 +202,10 @@ class Lane(Generic[C]):
         """
         with self._lock:
             worker = self._worker
-        if worker is None or worker.context is None or worker.retired or not worker.calls.empty():
-            return None
-        if not worker.use.acquire(blocking=False):
+        if worker is None or not worker.calls.empty() or not worker.use.acquire(blocking=False):
             return None
         try:
-            context = worker.context
+            context = worker.context  # read while held: the worker neither builds nor closes it meanwhile
             if context is None or worker.retired:
                 return None
             timeout = max(0.0, timeout)
@@ -384,10 +382,6 @@ class Finished(Generic[R]):
         self._value = value
         self._error = error
         self.generation = generation  # the worker (and context) the call used
-
-    @property
-    def done(self) -> bool:
-        return True
 
     def result(self) -> R:
         if self._error is not None:
