@@ -1,7 +1,8 @@
 """``python -m spark_sb.local``: run a local Service Bus namespace until SIGINT/SIGTERM.
 
     python -m spark_sb.local --name contoso --port 5672 [--control-port 5673] [--queue q1]... \
-        [--topic events:audit,billing]... [--topology topology.yaml] [--key-name K --key V] [--tls-dir DIR]
+        [--topic events:audit,billing]... [--topology topology.yaml] [--key-name K --key V] [--tls-dir DIR] \
+        [--max-connections N]
 
 Prints ``connection_string=<...>`` (one line), ``control_url=<...>`` when a control port is given and
 ``ca_file=<...>`` (the CA the admin client must trust: ``connection_verify=`` or ``REQUESTS_CA_BUNDLE``), then
@@ -9,6 +10,8 @@ serves in this process until SIGINT or SIGTERM, and exits 0 after a clean stop. 
 one line on stderr, exit status 2, no traceback. ``--port 0`` / ``--control-port
 0`` pick free ports (the printed lines tell which). The connection string carries the key given with ``--key``
 (or a dummy when the namespace checks no key); it is printed because starting the namespace is asking for it.
+``--max-connections N`` sets the quota of concurrent AMQP connections (default 5,000, the service's): the
+connection after the N-th open one is answered and closed with ``amqp:resource-limit-exceeded``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from types import FrameType
 
 import yaml
 
-from spark_sb.local.server import LocalNamespace
+from spark_sb.local.server import DEFAULT_MAX_CONNECTIONS, LocalNamespace
 from spark_sb.local.tls import TLS_DIR_ENV
 from spark_sb.local.topology import TopologyError, load_topology
 
@@ -33,6 +36,16 @@ def _parse_topic(text: str) -> tuple[str, list[str]]:
     if not name:
         raise argparse.ArgumentTypeError(f"--topic {text!r}: expected <topic>:<sub>,<sub>")
     return name, [s for s in subs.split(",") if s]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,6 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
             "keep the admin endpoint's CA and certificate in this directory and reuse them, so namespaces "
             "started as separate processes share one CA: REQUESTS_CA_BUNDLE=<dir>/ca.pem trusts them all "
             "(default: a CA made for this process; also $SPARK_SB_LOCAL_TLS_DIR)"
+        ),
+    )
+    p.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        metavar="N",
+        help=(
+            "quota of concurrent AMQP connections: the next one is answered and closed with "
+            f"amqp:resource-limit-exceeded, as by the service (default: {DEFAULT_MAX_CONNECTIONS})"
         ),
     )
     return p
@@ -134,6 +157,7 @@ def _start(args: argparse.Namespace, topics: dict[str, list[str]]) -> LocalNames
         key=args.key,
         control_port=args.control_port,
         topology=args.topology,
+        max_connections=args.max_connections,
     )
     try:
         ns.start()

@@ -9,8 +9,11 @@ Routes (POST bodies are JSON objects; a missing body is ``{}``)::
     GET  /status                      namespace name, port, connection string-free summary: entities with
                                       active / dead-letter / scheduled counts, current faults, operation
                                       counters ("counters": connections, sends, receive calls, management
-                                      operations, admin requests; see spark_sb.local.counters)
-    POST /counters/reset              set every operation counter to 0
+                                      operations, admin requests; see spark_sb.local.counters) with the
+                                      gauges "connections_open" and "connections_peak" (AMQP connections
+                                      open now / most at once) and "connections_refused" (over the quota);
+                                      "max_connections" is the connection quota
+    POST /counters/reset              set every operation counter to 0 (the peak to the connections open now)
     POST /faults/refuse               stop listening (connections refused)
     POST /faults/accept               listen again
     POST /faults/stall                {"on": true|false, "answer_sasl": true}   accept and read, answer
@@ -126,6 +129,7 @@ class ControlServer:
         doc["port"] = ns.port
         doc["faults"] = ns.faults.snapshot()
         doc["connections"] = ns.connection_count
+        doc["max_connections"] = ns.max_connections
         doc["counters"] = ns.counters()
         return doc
 

@@ -20,6 +20,13 @@ namespace key), sender links to queues/topics (single and batched transfers, set
 ``$deadletterqueue`` (credit, drain, peek-lock with the lock token as delivery tag, receive-and-delete
 pre-settled, every client settlement answered with the outcome applied), session receivers (session filter,
 ``com.microsoft:locked-until-utc``), and the ``$management`` request/response node (see ``_Management``).
+
+Connection quota (``max_connections``, the CLI's ``--max-connections``; 5,000 by default, the service's quota):
+as on the service, a connection beyond the quota is accepted, its SASL exchange and AMQP open are answered, and
+it is then closed with ``amqp:resource-limit-exceeded`` (:func:`connection_quota_description`). A connection
+counts from its accepted open until its close (the peer's close frame or the socket's end); the HTTPS admin
+connections on the same port do not count. ``counters()`` carries ``connections_open``, ``connections_peak``
+and ``connections_refused``.
 """
 
 from __future__ import annotations
@@ -78,7 +85,7 @@ from spark_sb.local.counters import OperationCounters
 from spark_sb.local.faults import FaultController
 from spark_sb.local.sas import check_sas
 
-__all__ = ["LocalNamespace"]
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "LocalNamespace", "connection_quota_description"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +94,21 @@ _SESSION_FILTER = "com.microsoft:session-filter"
 _RECEIVE_MODE_FIRST = 0  # receiver-settle-mode first = receive-and-delete
 _CREDIT_WINDOW = 1000
 _POLL = 0.05
+#: The service's quota of concurrent AMQP connections per namespace (Basic / Standard tier).
+DEFAULT_MAX_CONNECTIONS = 5000
+_CONNECTION_QUOTA_CONDITION = "amqp:resource-limit-exceeded"
+#: How long a connection refused for the quota may stay to answer the close before its socket is closed.
+_REFUSED_GRACE = 5.0
+
+
+def connection_quota_description(namespace: str, limit: int) -> str:
+    """The error description of a connection refused for the connection quota (the service's
+    ``ConnectionsQuotaExceeded for namespace <name>.`` with the numbers)."""
+    return (
+        f"ConnectionsQuotaExceeded for namespace {namespace}. Cannot open connection: the number of concurrent "
+        f"connections to the namespace exceeds the quota of {limit}. TrackingId:{uuid.uuid4().hex}, "
+        f"SystemTracker:{namespace}"
+    )
 
 
 def _raw_tag(dlv: Delivery) -> bytes:
@@ -173,10 +195,16 @@ class _AmqpConnection:
         self.links: set[_LinkState] = set()
         self.authorized = server.key is None
         self.want_write = False
+        self.admitted = False  # counted in the connection quota (its AMQP open was accepted, not closed yet)
+        self.refused_at: float | None = None  # monotonic time its open was refused for the quota
+        self.draining = False  # refused, closed on the AMQP level: read to the client's end, then close
 
     # ---------------------------------------------------------------- I/O
 
     def on_readable(self) -> None:
+        if self.draining:
+            self._drain()
+            return
         try:
             data = self.sock.recv(262144)
         except (BlockingIOError, InterruptedError):
@@ -280,6 +308,8 @@ class _AmqpConnection:
                 self.set_want_write(True)
                 return None
             self.outq.popleft()
+            if self.draining and not self.outq:
+                self._shut_write()
         self.set_want_write(False)
         if self.transport.closed and not self.outq:
             self.close(abrupt=False)
@@ -292,10 +322,43 @@ class _AmqpConnection:
             with contextlib.suppress(KeyError, ValueError):
                 self.server.selector.modify(self.sock, events, self)
 
+    def release_quota(self) -> None:
+        """Stop counting this connection in the connection quota (idempotent)."""
+        if self.admitted:
+            self.admitted = False
+            self.server.counters.release_connection()
+
+    def _shut_write(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_WR)
+
+    def _drain(self) -> None:
+        """Discard what a refused client still writes (the frames it ends its session with after the close)
+        until it closes its end."""
+        try:
+            data = self.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.draining = False
+            self.eof = True
+            self.close(abrupt=False)
+
     def close(self, *, abrupt: bool) -> None:
-        if self.closed:
+        if self.closed or (self.draining and not abrupt):
+            return
+        if not abrupt and self.refused_at is not None and not self.eof:
+            # Refused for the quota and closed on the AMQP level: the client still writes its session's end
+            # after the close exchange; closing the socket now would answer that with a reset, and the SDK
+            # would then report the broken pipe instead of the quota error. Send our end, read to theirs.
+            self.draining = True
+            if not self.outq:
+                self._shut_write()
             return
         self.closed = True
+        self.release_quota()
         for st in list(self.links):
             self.server.forget_link(st)
         self.links.clear()
@@ -341,6 +404,8 @@ class _AmqpConnection:
 
     def dispatch(self, ev: Any) -> None:
         t = ev.type
+        if self.refused_at is not None and t not in _REFUSED_EVENTS:
+            return  # refused for the quota: what the client pipelined after its open is not served
         if t == Event.DELIVERY:
             dlv = ev.delivery
             link = dlv.link
@@ -381,7 +446,9 @@ class _AmqpConnection:
                 conn.container = f"spark-sb-local-{self.server.broker.namespace_name}"
                 conn.properties = {symbol("product"): "spark-sb-local"}
                 conn.open()
+                self.admit()
         elif t == Event.CONNECTION_REMOTE_CLOSE:
+            self.release_quota()
             conn = ev.connection
             if conn.state & Endpoint.LOCAL_ACTIVE:
                 conn.close()
@@ -394,6 +461,21 @@ class _AmqpConnection:
         elif t == Event.TRANSPORT_CLOSED:
             for st in list(self.links):
                 self.server.forget_link(st)
+
+    def admit(self) -> None:
+        """Count this connection in the quota, or close it with the service's quota error (its open was
+        answered)."""
+        limit = self.server.max_connections
+        if self.server.counters.admit_connection(limit):
+            self.admitted = True
+            return
+        self.refused_at = time.monotonic()
+        name = self.server.broker.namespace_name
+        self.connection.condition = _condition(
+            _CONNECTION_QUOTA_CONDITION, connection_quota_description(name, limit)
+        )
+        self.connection.close()
+        logger.info("namespace %s: connection refused, the quota of %d connections is reached", name, limit)
 
     # ---------------------------------------------------------------- attach
 
@@ -685,6 +767,10 @@ class _AmqpConnection:
                 dlv.settle()
 
 
+#: The events still handled on a connection refused for the quota (its close, its transport's end).
+_REFUSED_EVENTS = frozenset({Event.CONNECTION_REMOTE_CLOSE, Event.TRANSPORT_ERROR, Event.TRANSPORT_CLOSED})
+
+
 def _condition(name: str, description: str) -> Condition:
     """An AMQP error with an info map (the SDK reads ``error[2]``; proton drops an absent info)."""
     return Condition(name, description, {symbol("com.microsoft:tracking-id"): uuid.uuid4().hex})
@@ -947,6 +1033,7 @@ class _Server:
         self.counters = ns._counters
         self.key = ns._key
         self.key_name = ns.key_name
+        self.max_connections = ns.max_connections
         self.selector = selectors.DefaultSelector()
         self.conns: dict[_AmqpConnection, None] = {}
         self.sniffing: dict[socket.socket, float] = {}
@@ -1065,6 +1152,9 @@ class _Server:
                 self._service_stalled_links()
                 for c in list(self.conns):
                     if not c.closed:
+                        if c.refused_at is not None and now - c.refused_at > _REFUSED_GRACE:
+                            c.close(abrupt=True)  # refused for the quota and never answered the close
+                            continue
                         with contextlib.suppress(Exception):
                             c.transport.tick(now)
                         c.collect_output()
@@ -1306,7 +1396,8 @@ class LocalNamespace:
     """A local Service Bus namespace: broker + AMQP/HTTPS server on ``host:port`` (+ optional control API).
 
     Start with :meth:`start` (or use as a context manager); ``port=0`` picks a free port. Runs its server in a
-    background thread of the calling process.
+    background thread of the calling process. ``max_connections`` is the quota of concurrent AMQP connections
+    (the service's 5,000 by default; see the module docstring).
     """
 
     def __init__(
@@ -1322,8 +1413,13 @@ class LocalNamespace:
         clock: Clock | None = None,
         control_port: int | None = None,
         topology: str | os.PathLike[str] | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, not {max_connections}")
         self.name = name
+        #: Concurrent AMQP connections allowed; the next one is refused with amqp:resource-limit-exceeded.
+        self.max_connections = max_connections
         self.host = host
         self._requested_port = port
         self.key_name = key_name
@@ -1477,6 +1573,11 @@ class LocalNamespace:
 
     def reset_counters(self) -> None:
         self._counters.reset()
+
+    @property
+    def connections_open(self) -> int:
+        """AMQP connections counted in the connection quota now (admitted, not closed yet)."""
+        return self._counters.connections_open
 
     @property
     def connection_count(self) -> int:
