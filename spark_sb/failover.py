@@ -169,6 +169,29 @@ def attempt_budget(
     return max(0.0, min(send_timeout, left))
 
 
+def namespace_wide(error: ErrorClass, *, connection_answered: bool) -> bool:
+    """True when a failure is evidence against the whole namespace, not only the entity it was met on (SPEC F1).
+
+    A connection-class error (refused, dropped, DNS, a socket error, the connection closed by the service, the
+    connection quota) is the namespace's. A timeout is the namespace's when the namespace's connection received
+    nothing during the attempt (``connection_answered`` False: a stall before or after SASL, a silently dropped
+    connection); when the connection kept answering (other links' answers, the service's heartbeats) only the
+    entity stalled. Every other class (quota exceeded, entity disabled / not found, a service error on one entity,
+    server busy) is the entity's. Pure.
+    """
+    if not error.fail_over:
+        return False
+    if error.name in NAMESPACE_CLASSES:
+        return True
+    if error.name == "timeout":
+        return not connection_answered
+    return False
+
+
+#: The error classes that are always the namespace's fault (see :func:`namespace_wide`).
+NAMESPACE_CLASSES = frozenset({"connection", "connection_quota"})
+
+
 class Route(str, Enum):
     """Where a batch for an entity goes (:meth:`EntityFailover.admit`)."""
 
@@ -297,6 +320,122 @@ def choose_session_affine(available: Sequence[str], session_id: str) -> str | No
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Namespace-wide evidence (F1, F4)
+
+
+class NamespaceHealth:
+    """Whether one primary namespace is answering, shared by its entities' state machines (SPEC F1, F4).
+
+    A namespace-wide fault (:func:`namespace_wide`) opens a *fault* that started when the failing attempt started:
+    every entity of the namespace that the process sends to is FAILING from that moment (its failover timer
+    starts then, whichever entity met the fault), so a batch that touches E entities has all of them diverted
+    within ``failover_interval`` of the fault, not E times it. Any answer of the namespace (a send or a probe
+    that succeeded on any entity) closes the fault. While the fault is open and the entities are failed over, the
+    namespace is probed once per ``ping_primary_interval`` (:meth:`claim_probe`), not once per entity; once it
+    answers, every failed-over entity's probe is due at once (:meth:`answered` returns True to say so).
+
+    O(1) per call; one per primary namespace in a :class:`FailoverRegistry`. Thread-safe; never takes an entity's
+    lock (entities take this one inside theirs).
+    """
+
+    def __init__(self, namespace: str, *, ping_interval: float, clock: Clock) -> None:
+        self.namespace = namespace
+        self.ping_interval = ping_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._since: float | None = None  # monotonic start of the open fault
+        self._since_wall: datetime | None = None
+        self._error_class: str | None = None
+        self._detail = ""
+        self._last_probe: float | None = None
+        self._probing = False
+        self.epoch = 0  # bumped when a fault opens: entities join each fault once
+        self._entities: list[
+            EntityFailover
+        ] = []  # bounded like the registry's entities (see FailoverRegistry)
+
+    def add(self, entity: EntityFailover) -> None:
+        with self._lock:
+            self._entities.append(entity)
+
+    def entities(self) -> list[EntityFailover]:
+        """The namespace's entities (a copy)."""
+        with self._lock:
+            return list(self._entities)
+
+    def fault(self) -> tuple[float, datetime, str | None, str, int] | None:
+        """The open fault: (monotonic start, wall start, error class, detail, epoch), or None."""
+        with self._lock:
+            if self._since is None:
+                return None
+            assert self._since_wall is not None
+            return self._since, self._since_wall, self._error_class, self._detail, self.epoch
+
+    @property
+    def faulted(self) -> bool:
+        return self._since is not None
+
+    def record_fault(self, error_class: str, detail: str, started: float) -> bool:
+        """A namespace-wide failure of an attempt that started at ``started`` (monotonic). True when this opened a
+        new fault (the caller moves the namespace's other entities to FAILING)."""
+        with self._lock:
+            self._error_class = error_class
+            self._detail = detail
+            if self._since is not None:
+                return False
+            now = self._clock.monotonic()
+            began = min(started, now)
+            self._since = began
+            self._since_wall = self._clock.now() - timedelta(seconds=now - began)
+            self._last_probe = None
+            self.epoch += 1
+            return True
+
+    def answered(self) -> bool:
+        """The namespace answered (a send or a probe succeeded). True when that closed an open fault."""
+        if self._since is None:  # the hot path: no lock while healthy
+            return False
+        with self._lock:
+            if self._since is None:
+                return False
+            self._since = None
+            self._since_wall = None
+            self._last_probe = None
+            self._probing = False
+            return True
+
+    def claim_probe(self) -> bool | None:
+        """While a fault is open: True once per ``ping_primary_interval`` for the whole namespace (the caller
+        probes one entity for the namespace), False otherwise. None when no fault is open (entities probe on their
+        own schedule)."""
+        with self._lock:
+            if self._since is None:
+                return None
+            now = self._clock.monotonic()
+            if self._probing:
+                return False
+            if self._last_probe is not None and not probe_due(self._last_probe, now, self.ping_interval):
+                return False
+            self._last_probe = now
+            self._probing = True
+            return True
+
+    def probe_done(self) -> None:
+        """The namespace probe claimed with :meth:`claim_probe` finished (whatever its result)."""
+        with self._lock:
+            self._probing = False
+
+    def next_probe_in(self) -> float | None:
+        """Seconds until the namespace's next probe is due while a fault is open (None otherwise)."""
+        with self._lock:
+            if self._since is None:
+                return None
+            if self._last_probe is None:
+                return 0.0
+            return max(0.0, self._last_probe + self.ping_interval - self._clock.monotonic())
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Per-entity state machine
 
 
@@ -315,6 +454,7 @@ class EntityFailover:
         ping_interval: float,
         clock: Clock,
         namespace: str = "",
+        health: NamespaceHealth | None = None,
     ) -> None:
         if failover_interval < 0:
             raise ValueError("failover_interval must be >= 0")
@@ -333,6 +473,10 @@ class EntityFailover:
         self._last_probe: float = 0.0
         self._probing = False
         self._last_error_class: str | None = None
+        self._health = health
+        self._joined = health.epoch if health is not None else 0  # the namespace fault this entity joined
+        self._by_namespace = False  # FAILING because of the namespace's fault, not one of its own
+        self._namespace_probe = False  # the probe in flight probes the namespace for all its entities
 
     # -- reading
     @property
@@ -360,29 +504,72 @@ class EntityFailover:
 
     # -- events
     def record_failure(
-        self, error_class: ErrorClass | str, detail: str = "", started: float | None = None
+        self,
+        error_class: ErrorClass | str,
+        detail: str = "",
+        started: float | None = None,
+        *,
+        namespace_wide: bool = False,
     ) -> list[StateTransition]:
         """A fail_over-class error on a send to the primary entity (B3). ``started`` (monotonic) is when the
-        failing attempt started: the failover timer runs from there (default: now)."""
+        failing attempt started: the failover timer runs from there (default: now). ``namespace_wide``
+        (:func:`namespace_wide`): the failure is evidence against the whole namespace - every entity of it that
+        the process sends to starts its timer from ``started`` too (F1); their transitions are returned as well."""
         name = error_class if isinstance(error_class, str) else error_class.name
+        now = self._clock.monotonic()
+        began = now if started is None else min(started, now)
+        opened = (
+            self._health.record_fault(name, detail, began)
+            if namespace_wide and self._health is not None
+            else False
+        )
         with self._lock:
             self._last_error_class = name
             out: list[StateTransition] = []
             if self._state is EntityState.HEALTHY:
-                now = self._clock.monotonic()
-                began = now if started is None else min(started, now)
                 self._first_failure = began
                 self._first_failure_wall = self._clock.now() - timedelta(seconds=now - began)
+                self._by_namespace = namespace_wide
                 out.append(self._move(EntityState.FAILING, name, detail, at=self._first_failure_wall))
+            elif self._state is EntityState.FAILING and not namespace_wide:
+                self._by_namespace = False
+            if self._health is not None:
+                self._joined = self._health.epoch
             out.extend(self._check_locked(name, detail))
-            return out
+        if opened:
+            assert self._health is not None
+            for other in self._health.entities():
+                if other is not self:
+                    out.extend(other.check())
+        return out
 
     def record_success(self, detail: str = "send succeeded") -> list[StateTransition]:
-        """A successful send to the primary entity: back to HEALTHY (resets the timer)."""
+        """A successful send to the primary entity: back to HEALTHY (resets the timer). The namespace answered:
+        an open namespace fault closes (:meth:`NamespaceHealth.answered`), and the other entities learn it."""
         with self._lock:
-            if self._state is EntityState.HEALTHY:
-                return []
-            return [self._back_to_healthy(detail)]
+            out = [] if self._state is EntityState.HEALTHY else [self._back_to_healthy(detail)]
+        out.extend(self._namespace_answered_by_me())
+        return out
+
+    def _namespace_answered_by_me(self) -> list[StateTransition]:
+        """This entity's namespace answered: if that closed a fault, release the namespace's other entities."""
+        out: list[StateTransition] = []
+        if self._health is not None and self._health.answered():
+            for other in self._health.entities():
+                if other is not self:
+                    out.extend(other.namespace_answered())
+        return out
+
+    def namespace_answered(self) -> list[StateTransition]:
+        """The namespace's fault closed (another entity's send or probe succeeded): FAILING because of the
+        namespace only -> HEALTHY; FAILED_OVER -> its probe is due now (F4: every failed-over entity returns within
+        one probe round once the namespace answers)."""
+        with self._lock:
+            if self._state is EntityState.FAILING and self._by_namespace:
+                return [self._back_to_healthy("the namespace answered again")]
+            if self._state is EntityState.FAILED_OVER and not self._probing:
+                self._last_probe = self._clock.monotonic() - self.ping_interval
+            return []
 
     def check(self) -> list[StateTransition]:
         """Apply the timer: FAILING for ``failover_interval`` without a success -> FAILED_OVER."""
@@ -410,13 +597,15 @@ class EntityFailover:
     def attempt_budget(self, send_timeout: float, connected: bool = False) -> float:
         """The deadline of the next attempt on the primary entity (see :func:`attempt_budget`)."""
         with self._lock:
+            self._join_locked()  # transitions are reported by the check() that precedes every attempt
             waited = None
             if self._state is EntityState.FAILING and self._first_failure is not None:
                 waited = self._clock.monotonic() - self._first_failure
             return attempt_budget(send_timeout, self.failover_interval, waited, connected)
 
     def claim_probe(self) -> bool:
-        """True (once per ``ping_primary_interval`` for the whole process) when this caller should probe now."""
+        """True (once per ``ping_primary_interval`` for the whole process) when this caller should probe now;
+        while the namespace has an open fault, once per interval for the whole namespace (F4)."""
         with self._lock:
             return self._state is EntityState.FAILED_OVER and self._claim_locked()
 
@@ -425,19 +614,33 @@ class EntityFailover:
         with self._lock:
             if self._state is not EntityState.FAILED_OVER:
                 return None
-            return max(0.0, self._last_probe + self.ping_interval - self._clock.monotonic())
+            own = max(0.0, self._last_probe + self.ping_interval - self._clock.monotonic())
+            shared = self._health.next_probe_in() if self._health is not None else None
+            return own if shared is None else max(own, shared)
 
     def record_probe(
-        self, ok: bool, error_class: str | None = None, detail: str = ""
+        self, ok: bool, error_class: str | None = None, detail: str = "", *, namespace_wide: bool = False
     ) -> list[StateTransition]:
-        """The result of a probe: a good one returns the entity to HEALTHY (B8)."""
+        """The result of a probe: a good one returns the entity to HEALTHY (B8) and closes the namespace's fault
+        (its other failed-over entities are probed at once). A failed one with a namespace-wide error
+        (:func:`namespace_wide`) opens a namespace fault: the namespace is then probed once per interval, not once
+        per entity (F4)."""
         with self._lock:
             self._probing = False
+            shared, self._namespace_probe = self._namespace_probe, False
+            out: list[StateTransition] = []
             if ok and self._state is not EntityState.HEALTHY:
-                return [self._back_to_healthy(detail or "probe succeeded")]
+                out.append(self._back_to_healthy(detail or "probe succeeded"))
             if not ok:
                 self._last_error_class = error_class
-            return []
+        if self._health is not None:
+            if shared:
+                self._health.probe_done()
+            if ok:
+                out.extend(self._namespace_answered_by_me())
+            elif namespace_wide:
+                self._health.record_fault(error_class or "connection", detail, self._clock.monotonic())
+        return out
 
     def restore(
         self, state: EntityState, detail: str = "restored from the state table"
@@ -456,28 +659,66 @@ class EntityFailover:
 
     # -- internals (lock held)
     def _claim_locked(self) -> bool:
-        """Claim the probe if one is due and none is in flight (the state is FAILED_OVER)."""
+        """Claim the probe if one is due and none is in flight (the state is FAILED_OVER). While the namespace has
+        an open fault the claim is the namespace's: one probe per interval whichever entity makes it."""
         now = self._clock.monotonic()
         if self._probing or not probe_due(self._last_probe, now, self.ping_interval):
             return False
+        if self._health is not None:
+            shared = self._health.claim_probe()
+            if shared is not None:
+                if shared:
+                    self._last_probe = now
+                    self._probing = self._namespace_probe = True
+                return shared
         self._last_probe = now
         self._probing = True
         return True
 
+    def _join_locked(self) -> list[StateTransition]:
+        """Join the namespace's open fault, once per fault (F1): a HEALTHY entity becomes FAILING from the fault's
+        start; a FAILING one's timer starts at the earlier of its own first failure and the fault's start."""
+        health = self._health
+        if health is None or health.epoch == self._joined or not health.faulted:
+            return []
+        fault = health.fault()
+        if fault is None:
+            return []
+        since, since_wall, error_class, detail, epoch = fault
+        self._joined = epoch
+        if self._state is EntityState.HEALTHY:
+            self._first_failure = since
+            self._first_failure_wall = since_wall
+            self._by_namespace = True
+            self._last_error_class = error_class
+            return [self._move(EntityState.FAILING, error_class, f"namespace fault: {detail}", at=since_wall)]
+        if (
+            self._state is EntityState.FAILING
+            and self._first_failure is not None
+            and since < self._first_failure
+        ):
+            self._first_failure = since
+            self._first_failure_wall = since_wall
+        return []
+
     def _check_locked(self, error_class: str | None, detail: str) -> list[StateTransition]:
+        joined = self._join_locked()
+        if joined:
+            error_class = self._last_error_class
         if (
             self._state is EntityState.FAILING
             and self._first_failure is not None
             and failover_due(self._first_failure, self._clock.monotonic(), self.failover_interval)
         ):
-            return [self._enter_failed_over(error_class, detail)]
-        return []
+            return [*joined, self._enter_failed_over(error_class, detail)]
+        return joined
 
     def _enter_failed_over(self, error_class: str | None, detail: str) -> StateTransition:
         self._last_probe = self._clock.monotonic()  # first probe one ping interval after the failover
         return self._move(EntityState.FAILED_OVER, error_class, detail)
 
     def _back_to_healthy(self, detail: str) -> StateTransition:
+        self._by_namespace = False
         self._first_failure = None
         self._first_failure_wall = None
         return self._move(EntityState.HEALTHY, None, detail)
@@ -629,7 +870,9 @@ class FailoverRegistry:
         self.clock: Clock = clock or SystemClock()
         self.rotation = BacklogRotation(self.clock)
         self._lock = threading.Lock()
+        # Bounded by the (namespace, entity) pairs this process sends to; one health per primary namespace.
         self._entities: dict[tuple[str, str], EntityFailover] = {}
+        self._health: dict[str, NamespaceHealth] = {}
 
     def entity(
         self, namespace: str, entity: str, *, failover_interval: float, ping_interval: float
@@ -639,15 +882,27 @@ class FailoverRegistry:
         with self._lock:
             found = self._entities.get(key)
             if found is None:
+                health = self._health.get(namespace)
+                if health is None:
+                    health = self._health[namespace] = NamespaceHealth(
+                        namespace, ping_interval=ping_interval, clock=self.clock
+                    )
                 found = EntityFailover(
                     entity,
                     failover_interval=failover_interval,
                     ping_interval=ping_interval,
                     clock=self.clock,
                     namespace=namespace,
+                    health=health,
                 )
+                health.add(found)
                 self._entities[key] = found
             return found
+
+    def namespace(self, namespace: str) -> NamespaceHealth | None:
+        """The namespace-wide evidence of the primary ``namespace`` (None before its first entity)."""
+        with self._lock:
+            return self._health.get(namespace)
 
     def statuses(self) -> list[EntityStatus]:
         with self._lock:
@@ -657,6 +912,7 @@ class FailoverRegistry:
     def clear(self) -> None:
         with self._lock:
             self._entities.clear()
+            self._health.clear()
         self.rotation = BacklogRotation(self.clock)
 
 

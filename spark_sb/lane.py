@@ -231,8 +231,8 @@ class Lane(Generic[C]):
         if late:
             exceeded = self._exceeded(timeout)
             exceeded.__cause__ = error
-            return Finished(None, exceeded, worker.generation)
-        return Finished(value, error, worker.generation)
+            return Finished(None, exceeded, worker.generation, now)
+        return Finished(value, error, worker.generation, now)
 
     def submit(self, fn: Callable[[C], object]) -> None:
         """Run ``fn(context)`` on the worker without waiting for it (e.g. open a link ahead of need). Its result
@@ -256,6 +256,13 @@ class Lane(Generic[C]):
         with self._lock:
             self._closed = True
         self.reset("closed")
+
+    def context(self) -> C | None:
+        """The current worker's context if it is built (None otherwise). A read for checks only (is the
+        connection still open?): the context is used by the worker or a direct call alone."""
+        with self._lock:
+            worker = self._worker
+        return None if worker is None else worker.context  # type: ignore[no-any-return]
 
     @property
     def closed(self) -> bool:
@@ -310,7 +317,17 @@ class Pending(Generic[R]):
     """A call started with :meth:`Lane.start`: :meth:`result` waits for it until its deadline (counted from the
     start). Used by one thread (the caller's)."""
 
-    __slots__ = ("_deadline", "_job", "_lane", "_on_slow", "_slow_at", "_timeout", "_worker", "generation")
+    __slots__ = (
+        "_deadline",
+        "_job",
+        "_lane",
+        "_on_slow",
+        "_slow_at",
+        "_timeout",
+        "_worker",
+        "generation",
+        "started",
+    )
 
     def __init__(
         self,
@@ -334,6 +351,7 @@ class Pending(Generic[R]):
         )
         self._on_slow = on_slow
         self.generation = worker.generation  # the worker (and context) the call runs on
+        self.started = now  # monotonic
 
     @property
     def done(self) -> bool:
@@ -376,12 +394,15 @@ class Finished(Generic[R]):
     """A call that ran on the calling thread (:meth:`Lane.direct`): ``result()`` returns its value or raises its
     error."""
 
-    __slots__ = ("_error", "_value", "generation")
+    __slots__ = ("_error", "_value", "generation", "started")
 
-    def __init__(self, value: R | None, error: BaseException | None, generation: int) -> None:
+    def __init__(
+        self, value: R | None, error: BaseException | None, generation: int, started: float = 0.0
+    ) -> None:
         self._value = value
         self._error = error
         self.generation = generation  # the worker (and context) the call used
+        self.started = started  # monotonic
 
     def result(self) -> R:
         if self._error is not None:

@@ -53,6 +53,7 @@ from spark_sb.failover import (
     Where,
     decide,
     log_transition,
+    namespace_wide,
     process_registry,
 )
 from spark_sb.message import OutboundMessage, Reject, RejectError
@@ -411,6 +412,7 @@ class PairedSender:
                     if self._try_add(batch, msg, tally, entity, index) is not False:
                         continue
                 self._reject_oversize(tally, msg, entity, batch, index, translated=False)
+            self._prepare([e for e, b in primary.items() if len(b) > 0], tally)
             for entity in list(primary):
                 batch = primary.pop(entity)
                 if len(batch) > 0:
@@ -467,6 +469,31 @@ class PairedSender:
         if route is Route.BACKLOG:
             self._ensure_prober()
         return route
+
+    def _prepare(self, entities: list[str], tally: _Tally | None) -> None:
+        """Open the links of ``entities`` (primary) concurrently before their batches go out (SPEC F3: a cold
+        start costs about one round of link openings, not one per entity). A namespace fault met here is
+        namespace-wide evidence from the moment the opening started (F1); per-entity errors are met again, and
+        handled, by each entity's own send."""
+        transport = self.transport
+        targets = [t for t in (Target(PRIMARY, e) for e in entities) if not transport.connected(t)]
+        if len(targets) < 2:
+            return
+        first = self._entity(targets[0].entity)
+        self._emit(tally, first.check())
+        if first.state is EntityState.FAILED_OVER:
+            return
+        silence = first.attempt_budget(float(self._config.send_timeout))
+        started = self._clock.monotonic()
+        try:
+            transport.prepare(targets, silence)
+        except Exception as exc:
+            cls = classify(exc)
+            if cls.rebuild_client:
+                transport.fault(targets[0])
+            if cls.fail_over and self._namespace_wide(cls, targets[0], started):
+                self._emit(tally, first.record_failure(cls, _describe(exc), started, namespace_wide=True))
+            _LOGGER.info("opening %d links failed (%s); each entity's send meets it", len(targets), cls.name)
 
     # -- packing
     def _try_add(
@@ -553,7 +580,12 @@ class PairedSender:
                 entity_state = EntityState.HEALTHY
                 if state is not None:
                     if cls.fail_over:
-                        failing = state.record_failure(cls, _describe(exc), started)
+                        failing = state.record_failure(
+                            cls,
+                            _describe(exc),
+                            started,
+                            namespace_wide=self._namespace_wide(cls, target, started),
+                        )
                         self._emit(tally, failing)
                         if failing and failing[0].to_state is EntityState.FAILING:
                             self._warm_backlog(state.entity)
@@ -578,6 +610,13 @@ class PairedSender:
             if state is not None:
                 self._emit(tally, state.record_success())
             return _SUCCEEDED
+
+    def _namespace_wide(self, cls: ErrorClass, target: Target, started: float) -> bool:
+        """Is a failure of an attempt that started at ``started`` evidence against the whole namespace (F1)?"""
+        if not cls.fail_over:
+            return False
+        answered = self.transport.answered_within(target, max(0.0, self._clock.monotonic() - started))
+        return namespace_wide(cls, connection_answered=answered)
 
     def _budget(
         self,
@@ -893,6 +932,7 @@ class PairedSender:
         cancel_ok: bool | None = None
         detail = ""
         budget = self._probe_budget
+        began = self._clock.monotonic()
         try:
             if mode == "ping":
                 batch = transport.new_batch(target)
@@ -938,7 +978,10 @@ class PairedSender:
             record = ProbeRecord(
                 entity, mode, at, False, cls.name, _describe(exc), sequence_number, cancel_attempts
             )
-            self._finish_probe(record, state.record_probe(False, cls.name, _describe(exc)))
+            wide = self._namespace_wide(cls, target, began)
+            self._finish_probe(
+                record, state.record_probe(False, cls.name, _describe(exc), namespace_wide=wide)
+            )
             return
         except BaseException:
             state.record_probe(False, "unexpected", "the probe thread was interrupted")

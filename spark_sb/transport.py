@@ -21,16 +21,18 @@ primary's would make every failover wait for new backlog connections.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_sb.backlog import to_backlog_sdk
-from spark_sb.errors import classify
+from spark_sb.errors import classify, condition_of
 from spark_sb.lane import Finished, Lane, LaneClosed, Pending
 from spark_sb.message import OutboundMessage
 
@@ -51,6 +53,11 @@ SLOW_MARGIN = 1.0
 #: How recent a link's last answer must be for the link to count as connected (:meth:`Transport.connected`):
 #: well under the service's idle-connection timeout, after which a send would reconnect first.
 CONNECTED_FRESH = 60.0
+
+#: The SDK's own timeout of a call on an open link ends this much before the lane's deadline (the SDK reads
+#: the socket in slices of its ``socket_timeout``, 0.2 s), so that a stalled entity costs its link, not the
+#: connection that the namespace's other entities share.
+SDK_MARGIN = 0.3
 
 
 @dataclass(frozen=True)
@@ -140,6 +147,16 @@ class Transport(Protocol):
         client was not replaced since: a send needs no new connection, so its deadline need not allow for one
         (no I/O)."""
 
+    def answered_within(self, target: Target, seconds: float) -> bool:
+        """True when ``target``'s namespace answered anything (on any link of its connection, heartbeats
+        included) in the last ``seconds`` seconds: a failure then was the entity's, not the namespace's (SPEC F1,
+        :func:`spark_sb.failover.namespace_wide`). No I/O."""
+
+    def prepare(self, targets: Iterable[Target], silence: float) -> dict[Target, BaseException]:
+        """Open the links to ``targets`` that are not open yet, concurrently (SPEC F3), within a deadline that
+        grows with their number; the per-target errors are returned, a namespace's connection failure (or
+        ``silence`` seconds without an answer) is raised."""
+
     def warm(self, target: Target) -> None:
         """Open the link to ``target`` in the background (never blocks), so that a send soon after is fast."""
 
@@ -198,29 +215,271 @@ class SdkBatch:
         return iter(self._messages)
 
 
-class _Link:
-    """A lane's context: one ``ServiceBusClient`` and its sender for one target (used by the lane's thread only)."""
+#: Links opened concurrently on a connection cost about this much each (CPU and frames), on top of a fixed part:
+#: the deadline of :meth:`SdkTransport.prepare` is ``PREPARE_BASE + PREPARE_PER_LINK * n`` (SPEC F3).
+PREPARE_BASE = 1.5
+PREPARE_PER_LINK = 0.02
 
-    __slots__ = ("client", "sender")
+#: The idle timeout the shared connection asks of the namespace (seconds). The namespace then sends an empty
+#: frame when it has had nothing else to send for half of it, so a live connection is heard from at least every
+#: ``HEARTBEAT / 2`` s even while one entity stalls; a silent connection is the namespace's fault (SPEC F1), and
+#: pyamqp closes a connection that said nothing for this long (a silently dropped connection, SPEC L1).
+HEARTBEAT = 4.0
 
-    def __init__(self, client: ServiceBusClient, sender: ServiceBusSender) -> None:
+
+class _Conn:
+    """A lane's context: ONE AMQP connection to a namespace and one link (an SDK ``ServiceBusSender``) per entity
+    on it (SPEC F2), as the SDK's own connection sharing intends. Used by the lane's thread, or by a direct call
+    while it holds the lane's ``use`` lock; never by two threads at once.
+
+    ``senders`` is bounded by the entities this process sends to on the namespace; a link that failed is dropped
+    (closed) and reopened on next use, the connection stays.
+    """
+
+    __slots__ = ("client", "connection", "senders")
+
+    def __init__(self, client: ServiceBusClient, connection: Any) -> None:
         self.client = client
-        self.sender = sender
+        self.connection = connection
+        self.senders: dict[str, ServiceBusSender] = {}
+
+    @property
+    def broken(self) -> bool:
+        """The connection is no longer open (closed by the service, a socket error, an idle timeout)."""
+        from azure.servicebus._pyamqp.constants import ConnectionState
+
+        return bool(self.connection.state != ConnectionState.OPENED)
+
+    def heard(self) -> float | None:
+        """When the connection last received a frame (``time.time()``), None if never."""
+        value = getattr(self.connection, "_last_frame_received_time", None)
+        return float(value) if value else None
+
+    def sender(self, entity: str, timeout: float) -> ServiceBusSender:
+        """The open link to ``entity``, opened now if needed (within ``timeout``); raises what opening raised."""
+        found = self.senders.get(entity)
+        if found is not None and getattr(found, "_running", False):
+            return found
+        errors = self.open_links([entity], timeout)
+        if entity in errors:
+            raise errors[entity]
+        return self.senders[entity]
+
+    def open_links(
+        self, entities: list[str], timeout: float, silence: float | None = None
+    ) -> dict[str, BaseException]:
+        """Open links to ``entities`` concurrently on the shared connection: every handler's begin, CBS put-token
+        and attach go out together and the answers are read as they come (SPEC F3). Returns the per-entity errors
+        (an entity that does not exist, a refused token, an attach not answered by the deadline); a connection
+        error raises (every entity has it), and so does a namespace that said nothing for ``silence`` seconds
+        while links were waiting (a ``TimeoutError``: the namespace stalled, SPEC F1)."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        errors: dict[str, BaseException] = {}
+        pending: dict[str, ServiceBusSender] = {}
+        for entity in dict.fromkeys(entities):
+            old = self.senders.get(entity)
+            if old is not None:
+                if getattr(old, "_running", False):
+                    continue
+                self.drop(entity)
+            try:
+                pending[entity] = self._begin(entity)
+            except Exception as exc:
+                if self.broken:
+                    raise
+                errors[entity] = exc
+        if pending:
+            with _short_reads(self.connection):
+                self._pump(pending, deadline, silence, errors)
+        return errors
+
+    def _pump(
+        self,
+        pending: dict[str, ServiceBusSender],
+        deadline: float,
+        silence: float | None,
+        errors: dict[str, BaseException],
+    ) -> None:
+        began = time.time()
+        while pending:
+            if silence is not None and time.time() - max(began, self.heard() or 0.0) > silence:
+                for sender in pending.values():
+                    self._quiet_close_handler(sender)
+                raise TimeoutError(
+                    f"the namespace answered nothing for {silence:.3g} s while links were opened"
+                )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                for entity in list(pending):
+                    errors[entity] = TimeoutError(f"the link to {entity!r} was not attached in time")
+                    self._quiet_close_handler(pending.pop(entity))
+                break
+            self.connection.listen(batch=256)
+            for entity, sender in list(pending.items()):
+                try:
+                    ready = self._ready(sender)
+                except Exception as exc:
+                    if self.broken:
+                        raise
+                    errors[entity] = exc
+                    self._quiet_close_handler(pending.pop(entity))
+                    continue
+                if ready:
+                    self._finish(sender)
+                    self.senders[entity] = pending.pop(entity)
+
+    def _begin(self, entity: str) -> ServiceBusSender:
+        from azure.servicebus._common.utils import create_authentication
+
+        # Topics take the same link. keep_alive 0: no SDK keep-alive thread (threads must not grow with entities).
+        sender = self.client.get_queue_sender(entity, keep_alive=0)
+        sender._create_handler(create_authentication(sender))
+        sender._handler.open(connection=self.connection)  # a session and CBS links on the shared connection
+        return sender
+
+    @staticmethod
+    def _ready(sender: ServiceBusSender) -> bool:
+        handler: Any = sender._handler
+        cbs = handler._cbs_authenticator
+        if cbs is not None and not cbs.handle_token():
+            return False
+        return bool(handler._client_ready())
+
+    @staticmethod
+    def _finish(sender: ServiceBusSender) -> None:
+        """What ``ServiceBusSender._open`` does once its link is ready (the link's size limits)."""
+        from azure.servicebus._common.constants import (
+            MAX_BATCH_SIZE_PREMIUM,
+            MAX_BATCH_SIZE_STANDARD,
+            MAX_MESSAGE_LENGTH_BYTES,
+        )
+
+        s: Any = sender
+        transport = s._amqp_transport
+        s._running = True
+        s._max_message_size_on_link = (
+            transport.get_remote_max_message_size(s._handler) or MAX_MESSAGE_LENGTH_BYTES
+        )
+        vendor = getattr(transport, "get_remote_max_message_batch_size", lambda _h: None)(s._handler)
+        if vendor is not None:
+            s._max_batch_size_on_link = vendor
+        elif s._max_message_size_on_link >= MAX_BATCH_SIZE_PREMIUM:
+            s._max_batch_size_on_link = MAX_BATCH_SIZE_PREMIUM
+        else:
+            s._max_batch_size_on_link = MAX_BATCH_SIZE_STANDARD
+
+    def drop(self, entity: str) -> None:
+        """Close the link to ``entity`` (a failure on it); the connection stays; reopened on next use."""
+        sender = self.senders.pop(entity, None)
+        if sender is not None:
+            self._quiet_close_handler(sender)
+
+    @staticmethod
+    def _quiet_close_handler(sender: ServiceBusSender) -> None:
+        s: Any = sender
+        s._running = False
+        handler = getattr(s, "_handler", None)
+        if handler is not None and not getattr(handler, "_shutdown", True):
+            try:
+                handler.close()  # its link, session and CBS links; the shared connection stays
+            except Exception as exc:  # closing a failed link may fail; it is being dropped anyway
+                _LOGGER.debug("closing a link failed: %s", type(exc).__name__)
+
+    def close(self) -> None:
+        self.senders.clear()
+        try:
+            self.connection.close()
+        except Exception as exc:  # a broken connection may fail to close; it is being dropped anyway
+            _LOGGER.info("closing a connection failed: %s", type(exc).__name__)
 
 
-def _close_link(link: _Link) -> None:
-    _quiet_close(link.sender)
-    _quiet_close(link.client)
+#: While links are opened, a read with nothing to read waits this long (the SDK's socket timeout is 0.2 s: one such
+#: wait per round of answers would cost tenths of a second per link).
+PUMP_READ_TIMEOUT = 0.005
+
+
+@contextlib.contextmanager
+def _short_reads(connection: Any) -> Iterator[None]:
+    sock = getattr(getattr(connection, "_transport", None), "sock", None)
+    previous = sock.gettimeout() if sock is not None else None
+    if sock is not None:
+        sock.settimeout(PUMP_READ_TIMEOUT)
+    try:
+        yield
+    finally:
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.settimeout(previous)
+
+
+def _open_connection(client: ServiceBusClient, timeout: float) -> Any:
+    """Open one AMQP connection to ``client``'s namespace, built as the SDK builds a sender's own (same host, TLS,
+    proxy, custom endpoint, container and properties), plus an idle timeout (:data:`HEARTBEAT`). Runs on a lane's
+    worker: TCP connect and SASL have no deadline of their own, the lane's deadline covers them."""
+    from azure.servicebus._common.utils import create_authentication
+    from azure.servicebus._pyamqp._connection import Connection
+    from azure.servicebus._pyamqp.constants import ConnectionState
+
+    template: Any = client.get_queue_sender("$connection", keep_alive=0)  # no I/O: a handler's settings
+    template._create_handler(create_authentication(template))
+    h = template._handler
+    connection = Connection(
+        ("amqps://" if h._use_tls else "amqp://") + h._hostname,
+        sasl_credential=h._auth.sasl,
+        ssl_opts=h._ssl_opts,
+        container_id=f"SBSender-{uuid.uuid4()}",
+        max_frame_size=h._max_frame_size,
+        channel_max=h._channel_max,
+        idle_timeout=HEARTBEAT,
+        properties=h._properties,
+        network_trace=False,
+        transport_type=h._transport_type,
+        http_proxy=h._http_proxy,
+        custom_endpoint_address=h._custom_endpoint_address,
+        socket_timeout=h._socket_timeout,
+        use_tls=h._use_tls,
+    )
+    connection.open()
+    deadline = time.monotonic() + timeout
+    while connection.state != ConnectionState.OPENED:
+        if connection.state in (ConnectionState.END, ConnectionState.CLOSE_RCVD, ConnectionState.DISCARDING):
+            from azure.servicebus._pyamqp.error import AMQPConnectionError, ErrorCondition
+
+            error = getattr(connection, "_error", None)
+            if error is not None:
+                raise error
+            raise AMQPConnectionError(ErrorCondition.SocketError, description="the connection was closed")
+        if time.monotonic() > deadline:
+            raise TimeoutError("the namespace did not open the connection in time")
+        connection.listen(wait=0.05)
+    return connection
+
+
+def _open_links(
+    conn: _Conn, *, entities: list[str], timeout: float, silence: float
+) -> dict[str, BaseException]:
+    return conn.open_links(entities, timeout, silence)
+
+
+def _nothing(conn: _Conn) -> None:
+    return None
+
+
+def _close_conn(conn: _Conn) -> None:
+    conn.close()
 
 
 def shut_down_socket(handler_owner: Any) -> None:
     """Shut down the socket of an SDK sender or receiver so that a call stuck in it (e.g. the SDK's SASL
     negotiation, which has no timeout) returns with an error. Reads SDK internals; best effort, never raises.
     Called from a thread other than the stuck one (a lane's unblock)."""
+    handler = getattr(handler_owner, "_handler", None)
+    _shut_down(getattr(handler, "_connection", None))
+
+
+def _shut_down(connection: Any) -> None:
     import socket
 
-    handler = getattr(handler_owner, "_handler", None)
-    connection = getattr(handler, "_connection", None)
     transport = getattr(connection, "_transport", None)
     sock = getattr(transport, "sock", None)
     if sock is not None:
@@ -228,18 +487,20 @@ def shut_down_socket(handler_owner: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
 
 
-def _unblock_link(link: _Link) -> None:
-    shut_down_socket(link.sender)
+def _unblock_conn(conn: _Conn) -> None:
+    _shut_down(conn.connection)
 
 
 class SdkTransport:
     """The real :class:`Transport` over azure-servicebus (sync). See the module docstring.
 
-    One :class:`~spark_sb.lane.Lane` per target (namespace + entity): its own worker thread, ``ServiceBusClient``
-    and ``ServiceBusSender``, so every call has a deadline that holds whatever the SDK does (a stuck client is
-    abandoned and rebuilt) and a stalled entity holds up no other. The SDK does not retry inside a call
+    One :class:`~spark_sb.lane.Lane` per namespace: its own worker thread and ONE AMQP connection, every entity a
+    link on it (SPEC F2: connections and threads do not grow with entities). Every call has a deadline that holds
+    whatever the SDK does: a connection that does not answer (before or after SASL) is abandoned and rebuilt; a
+    link that fails is closed and reopened alone, its connection and the other entities' links stay. Links to
+    many entities open concurrently (:meth:`prepare`, SPEC F3). The SDK does not retry inside a call
     (``retry_total = 0``): the paired sender's attempt loop retries, so each failed attempt reaches the failover
-    timer at once. Batches are bounded by the link's batch size (known after the first send on a link) and by
+    timer at once. Batches are bounded by the link's batch size (known once the link is open) and by
     ``config.max_message_size``. Thread-safe.
     """
 
@@ -247,15 +508,16 @@ class SdkTransport:
         self._config = config
         # retry_total 0: the attempt loop retries, so each failed attempt reaches the failover timer at once.
         self._client_kwargs = {**config.client_kwargs(), "retry_total": 0, **client_kwargs}
-        self._lanes: dict[Target, Lane[_Link]] = {}
-        self._link_max: dict[Target, int] = {}
-        self._answered: dict[
-            Target, tuple[int, float]
-        ] = {}  # the lane generation and time of the last answer
+        self._lanes: dict[str, Lane[_Conn]] = {}  # one per namespace (two at most)
+        self._last: dict[str, _Conn] = {}  # the namespace's latest connection (read by answered_within)
+        self._link_max: dict[Target, int] = {}  # bounded by the targets this process sends to
+        # The lane generation and time of each target's last answer; bounded like _link_max.
+        self._answered: dict[Target, tuple[int, float]] = {}
         self._lock = threading.Lock()
         self._closed = False
-        self.generation: dict[str, int] = {PRIMARY: 0, SECONDARY: 0}  # bumped each time a client is built
+        self.generation: dict[str, int] = {PRIMARY: 0, SECONDARY: 0}  # bumped each time a connection is built
         self.direct_sends = 0  # sends that ran on the caller's thread (Lane.direct), for tests and benchmarks
+        self.connections_opened: dict[str, int] = {PRIMARY: 0, SECONDARY: 0}  # for tests and benchmarks
 
     # -- plumbing
     def _namespace_config(self, namespace: str) -> NamespaceConfig:
@@ -267,45 +529,60 @@ class SdkTransport:
             return self._config.secondary
         raise ValueError(f"unknown namespace {namespace!r}; valid: 'primary', 'secondary'")
 
-    def _lane(self, target: Target) -> Lane[_Link]:
+    def _lane(self, namespace: str) -> Lane[_Conn]:
         with self._lock:
             if self._closed:
                 raise LaneClosed("the Service Bus transport is closed")
-            lane = self._lanes.get(target)
+            lane = self._lanes.get(namespace)
             if lane is None:
-                ns = self._namespace_config(target.namespace)
+                ns = self._namespace_config(namespace)
+                connect_timeout = float(self._config.send_timeout)
 
-                def build() -> _Link:
+                def build() -> _Conn:
                     client = ns.client(**self._client_kwargs)
                     with self._lock:
-                        self.generation[target.namespace] = self.generation.get(target.namespace, 0) + 1
-                    # Topics take the same link. keep_alive 0: no SDK keep-alive thread, which would use the
-                    # connection beside the lane's thread and which closing the sender waits for (up to 1 s).
-                    return _Link(client, client.get_queue_sender(target.entity, keep_alive=0))
+                        self.generation[namespace] = self.generation.get(namespace, 0) + 1
+                        self.connections_opened[namespace] = self.connections_opened.get(namespace, 0) + 1
+                    conn = _Conn(client, None)
+                    self._last[namespace] = conn
+                    conn.connection = _open_connection(client, connect_timeout)
+                    return conn
 
-                lane = Lane(f"{target.namespace}-{target.entity}", build, _close_link, _unblock_link)
-                self._lanes[target] = lane
+                lane = Lane(namespace, build, _close_conn, _unblock_conn)
+                self._lanes[namespace] = lane
             return lane
 
     def _call(
         self,
         target: Target,
-        fn: Callable[[_Link], Any],
+        fn: Callable[[ServiceBusSender], Any],
         timeout: float,
         on_slow: Callable[[], None] | None = None,
     ) -> Any:
+        entity = target.entity
+
+        def run(conn: _Conn) -> Any:
+            sender = conn.sender(entity, timeout)
+            try:
+                return fn(sender)
+            except Exception:
+                conn.drop(entity)
+                raise
+
+        started = time.monotonic()
         try:
-            return self._lane(target).call(fn, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow)
+            return self._lane(target.namespace).call(
+                run, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow
+            )
         except Exception as exc:
-            if classify(exc).rebuild_client:
-                self.fault(target)
+            self._failed(target, exc, started)
             raise
 
     def is_open(self, namespace: str) -> bool:
-        """True while a client for ``namespace`` exists (built and not closed)."""
+        """True while a connection for ``namespace`` exists (built and not closed)."""
         with self._lock:
-            lanes = [lane for t, lane in self._lanes.items() if t.namespace == namespace]
-        return any(lane.live for lane in lanes)
+            lane = self._lanes.get(namespace)
+        return lane is not None and lane.live
 
     # -- Transport
     def connected(self, target: Target) -> bool:
@@ -313,8 +590,13 @@ class SdkTransport:
         if answered is None or time.monotonic() - answered[1] > CONNECTED_FRESH:
             return False
         with self._lock:
-            lane = self._lanes.get(target)
+            lane = self._lanes.get(target.namespace)
         return lane is not None and lane.live and lane.generation == answered[0]
+
+    def answered_within(self, target: Target, seconds: float) -> bool:
+        conn = self._last.get(target.namespace)
+        heard = conn.heard() if conn is not None else None
+        return heard is not None and time.time() - heard <= seconds
 
     def max_batch_size(self, target: Target) -> int:
         limit = self._config.max_message_size
@@ -336,14 +618,23 @@ class SdkTransport:
             payload: Any = batch.sdk_batch
         else:  # a foreign batch: let the SDK pack it (raises if it does not fit one batch)
             payload = [m.to_sdk() for m in batch.messages]
-
-        def send(link: _Link) -> Any:
-            link.sender.send_messages(payload, timeout=timeout)
-            return getattr(link.sender, "_max_batch_size_on_link", None)
-
         target = batch.target
+        entity = target.entity
+        # The SDK's own timeout ends a send on an open link a little before the lane's deadline: a stalled entity
+        # then costs its link only, not the connection every other entity uses.
+        sdk_timeout = max(0.05, timeout - SDK_MARGIN)
+
+        def send(conn: _Conn) -> Any:
+            sender = conn.sender(entity, timeout)
+            try:
+                sender.send_messages(payload, timeout=sdk_timeout)
+            except Exception:
+                conn.drop(entity)
+                raise
+            return getattr(sender, "_max_batch_size_on_link", None)
+
         try:
-            lane = self._lane(target)
+            lane = self._lane(target.namespace)
             # On a link known to be open the SDK bounds the send itself (its timeout covers the wait for the
             # answer; no connect, SASL or CBS): send on this thread, the lane's watchdog keeping the deadline.
             pending: Pending[Any] | Finished[Any] | None = (
@@ -370,48 +661,110 @@ class SdkTransport:
             link_max = pending.result()
         except Exception as exc:
             self._answered.pop(target, None)
-            if classify(exc).rebuild_client:
-                self.fault(target)
+            self._failed(target, exc, pending.started)
             raise
         self._answered[target] = (pending.generation, time.monotonic())
         if isinstance(link_max, int) and link_max > 0:
             self._link_max[target] = link_max
 
+    def prepare(self, targets: Iterable[Target], silence: float) -> dict[Target, BaseException]:
+        """Open the links to ``targets`` that are not open yet, concurrently, one connection per namespace (SPEC
+        F3), within ``PREPARE_BASE + PREPARE_PER_LINK * n`` seconds. Returns the per-target errors; raises when a
+        namespace's connection failed (every target of it has that error): not open within ``silence`` seconds,
+        or silent for ``silence`` seconds while links wait."""
+        by_ns: dict[str, list[str]] = {}
+        for t in targets:
+            if not self.connected(t):
+                by_ns.setdefault(t.namespace, []).append(t.entity)
+        errors: dict[Target, BaseException] = {}
+        for namespace, entities in by_ns.items():
+            budget = PREPARE_BASE + PREPARE_PER_LINK * len(entities)
+            lane = self._lane(namespace)
+            try:
+                lane.call(
+                    _nothing, silence
+                )  # the connection first: a namespace that does not answer costs silence
+                failed = lane.call(
+                    functools.partial(_open_links, entities=entities, timeout=budget, silence=silence),
+                    budget + SLOW_MARGIN,
+                )
+            except Exception as exc:
+                if classify(exc).rebuild_client:
+                    self.fault(Target(namespace, entities[0]))
+                raise
+            generation = lane.generation
+            now = time.monotonic()
+            for entity in entities:
+                target = Target(namespace, entity)
+                if entity in failed:
+                    errors[target] = failed[entity]
+                else:
+                    self._answered[target] = (generation, now)
+        return errors
+
     def schedule(self, target: Target, message: OutboundMessage, at: datetime, timeout: float) -> int:
         sdk_message = message.to_sdk()
+        sdk_timeout = max(0.05, timeout - SDK_MARGIN)
         numbers = self._call(
-            target, lambda link: link.sender.schedule_messages(sdk_message, at, timeout=timeout), timeout
+            target, lambda sender: sender.schedule_messages(sdk_message, at, timeout=sdk_timeout), timeout
         )
         return int(numbers[0])
 
     def cancel_scheduled(self, target: Target, sequence_number: int, timeout: float) -> None:
+        sdk_timeout = max(0.05, timeout - SDK_MARGIN)
         self._call(
             target,
-            lambda link: link.sender.cancel_scheduled_messages(sequence_number, timeout=timeout),
+            lambda sender: sender.cancel_scheduled_messages(sequence_number, timeout=sdk_timeout),
             timeout,
         )
 
     def warm(self, target: Target) -> None:
-        self._lane(target).submit(lambda link: link.sender.__enter__())  # opens the link (SDK context entry)
+        timeout = float(self._config.send_timeout)
+        entity = target.entity
+        self._lane(target.namespace).submit(lambda conn: conn.open_links([entity], timeout))
+
+    def _failed(self, target: Target, exc: BaseException, started: float) -> None:
+        """A call to ``target`` that started at ``started`` (monotonic) failed with ``exc``: the link was closed
+        already; the connection is closed too (rebuilt on next use) unless the failure was the link's alone - a
+        link-level error condition, or a timeout while the connection kept answering (a stalled entity)."""
+        cls = classify(exc)
+        if not cls.rebuild_client:
+            return
+        condition = condition_of(exc) or ""
+        if condition.startswith("amqp:link:"):
+            return
+        if cls.name == "timeout" and self.answered_within(target, time.monotonic() - started):
+            return
+        with self._lock:
+            lane = self._lanes.get(target.namespace)
+        if lane is not None and lane.live:
+            _LOGGER.info(
+                "%s: the connection faulted (%s): it is closed and rebuilt on next use", target, cls.name
+            )
+            lane.reset("faulted")
 
     def fault(self, target: Target) -> None:
-        """Close the faulted client of ``target`` now; it is rebuilt on next use. Never blocks (its lane's
-        thread closes it). Only that client: a primary outage is exactly when the backlog's clients are needed,
-        so they are not torn down with it (a fault is not a close; B10's pair closing is :meth:`close_namespace`
-        and :meth:`close`)."""
+        """The call to ``target`` failed with a connection-class error: if its namespace's connection is broken
+        (closed, dropped, abandoned at a deadline) it is closed in the background and rebuilt on next use; if only
+        the link failed, the link was closed already and the connection stays (the other entities keep theirs).
+        Never blocks. A primary outage is exactly when the backlog's connection is needed, so it is not torn down
+        with it (B10's pair closing is :meth:`close_namespace` and :meth:`close`)."""
         with self._lock:
-            lane = self._lanes.get(target)
-        if lane is not None and lane.live:
-            _LOGGER.info("%s client faulted: it is closed and rebuilt on next use", target)
+            lane = self._lanes.get(target.namespace)
+        if lane is None or not lane.live:
+            return
+        conn = lane.context()
+        if conn is None or conn.connection is None or conn.broken:
+            _LOGGER.info("%s: the connection faulted: it is closed and rebuilt on next use", target)
             lane.reset("faulted")
 
     def close_namespace(self, namespace: str) -> None:
-        """Close one namespace's clients: its partner's are closed too (B10), all in the background."""
+        """Close one namespace's connection: its partner's is closed too (B10), all in the background."""
         self._reset_all()
 
     def close(self) -> None:
-        """Close every client in the background (never blocks). Final: a later call (a probe still running, say)
-        raises :class:`~spark_sb.lane.LaneClosed` instead of opening a client nobody would close."""
+        """Close every connection in the background (never blocks). Final: a later call (a probe still running,
+        say) raises :class:`~spark_sb.lane.LaneClosed` instead of opening a connection nobody would close."""
         with self._lock:
             self._closed = True
             lanes = list(self._lanes.values())
@@ -432,7 +785,7 @@ class SdkTransport:
 
     def __repr__(self) -> str:
         with self._lock:
-            live = sorted(str(t) for t, lane in self._lanes.items() if lane.live)
+            live = sorted(ns for ns, lane in self._lanes.items() if lane.live)
         return f"SdkTransport(open={live})"
 
 

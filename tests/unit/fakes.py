@@ -5,7 +5,7 @@ Sizes are a simple deterministic estimate (:func:`fake_size`), so batch boundari
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -94,6 +94,8 @@ class FakeTransport:
         self.faults: list[str] = []
         self.warmed: list[Target] = []
         self.connected_targets: set[Target] = set()  # what connected() says (tests set it)
+        self.answering: set[str] = set()  # namespaces whose connection keeps answering (answered_within)
+        self.prepared: list[list[Target]] = []
         self.closed = 0
         self._seq = 0
 
@@ -213,6 +215,21 @@ class FakeTransport:
 
     def warm(self, target: Target) -> None:
         self.warmed.append(target)
+
+    def answered_within(self, target: Target, seconds: float) -> bool:
+        """The namespace kept answering (its heartbeats) unless it fails as a whole: a stall or failure scripted
+        for one entity leaves the connection answering; one scripted for every entity does not."""
+        if target.namespace in self.answering:
+            return True
+        return any(
+            r.entity is not None and r.matches(r.op, Target(target.namespace, r.entity))
+            and r.entity == target.entity
+            for r in self.rules
+        )
+
+    def prepare(self, targets: Iterable[Target], silence: float) -> dict[Target, BaseException]:
+        self.prepared.append(list(targets))
+        return {}
 
     def fault(self, target: Target) -> None:
         self.faults.append(target.namespace)
