@@ -48,6 +48,11 @@ ENTITY_DISABLED = ErrorClass("entity_disabled", fail_over=True)
 ENTITY_NOT_FOUND = ErrorClass("entity_not_found", fail_over=True)
 TIMEOUT = ErrorClass("timeout", retry=True, fail_over=True, rebuild_client=True)
 CONNECTION = ErrorClass("connection", retry=True, fail_over=True, rebuild_client=True)
+# The namespace refused a new connection: it holds its quota of concurrent connections (5,000 on the service).
+# Counted as an outage of the namespace (fail_over, namespace-wide): no send of this process can reach the
+# primary until connections free up, and failing over after failover_interval keeps the stream moving with
+# nothing lost; it gets its own name so that logs and the events table tell it from a network outage.
+CONNECTION_QUOTA = ErrorClass("connection_quota", retry=True, fail_over=True, rebuild_client=True)
 SERVICE_ERROR = ErrorClass("service_error", retry=True, fail_over=True)
 MESSAGE_TOO_LARGE = ErrorClass("message_too_large", reject_message=True)
 INVALID_REQUEST = ErrorClass("invalid_request", fail_batch=True)
@@ -69,6 +74,7 @@ ALL_CLASSES: tuple[ErrorClass, ...] = (
     ENTITY_NOT_FOUND,
     TIMEOUT,
     CONNECTION,
+    CONNECTION_QUOTA,
     SERVICE_ERROR,
     MESSAGE_TOO_LARGE,
     INVALID_REQUEST,
@@ -128,6 +134,7 @@ CONDITIONS: dict[str, ErrorClass] = {
 }
 
 _HANDLER_SHUT_DOWN = "handler has already been shutdown"
+_RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 
 
 def condition_of(exc: BaseException) -> str | None:
@@ -204,6 +211,8 @@ def _classify_sdk(exc: BaseException, depth: int) -> ErrorClass | None:
         # closed for lack of rights is still a configuration error.
         if condition is not None and CONDITIONS.get(condition) is UNAUTHORIZED:
             return UNAUTHORIZED
+        if condition == _RESOURCE_LIMIT:  # a connection refused for the namespace's connection quota
+            return CONNECTION_QUOTA
         return CONNECTION
     # The generic ServiceBusError: its condition, else what it wraps, else an outage of unknown kind.
     if condition is not None and condition in CONDITIONS:
@@ -225,6 +234,8 @@ def _classify_amqp(exc: BaseException) -> ErrorClass | None:
         found = CONDITIONS[condition]
         if isinstance(exc, amqp_error.AMQPConnectionError) and found is ENTITY_NOT_FOUND:
             return CONNECTION  # the namespace (host), not the entity, was not found
+        if isinstance(exc, amqp_error.AMQPConnectionError) and condition == _RESOURCE_LIMIT:
+            return CONNECTION_QUOTA
         return found
     if isinstance(exc, (amqp_error.AMQPConnectionError, amqp_error.AMQPSessionError)):
         return CONNECTION

@@ -474,7 +474,9 @@ class EntityFailover:
         self._probing = False
         self._last_error_class: str | None = None
         self._health = health
-        self._joined = health.epoch if health is not None else 0  # the namespace fault this entity joined
+        self._joined = (
+            -1
+        )  # the namespace fault (its epoch) this entity joined; a new entity joins an open one
         self._by_namespace = False  # FAILING because of the namespace's fault, not one of its own
         self._namespace_probe = False  # the probe in flight probes the namespace for all its entities
 

@@ -235,3 +235,23 @@ def test_own_errors_classify_as_their_class_and_pickle() -> None:
     assert type(copy) is NoBacklogAvailableError
     assert str(copy) == "none left" and copy.outcome == {"sent": 1}
     assert classify(ServiceBusConfigError("unauthorized")) == UNAUTHORIZED
+
+
+def test_a_connection_refused_for_the_namespaces_connection_quota_has_its_own_class() -> None:
+    """What the local namespace (and the service) answers beyond the connection quota: a connection closed with
+    amqp:resource-limit-exceeded; the SDK raises ServiceBusConnectionError with that condition."""
+    from spark_sb.errors import CONNECTION_QUOTA
+    from spark_sb.failover import namespace_wide
+
+    sdk = sbe.ServiceBusConnectionError(
+        message="ConnectionsQuotaExceeded for namespace x.", condition=b"amqp:resource-limit-exceeded"
+    )
+    amqp = amqp_error.AMQPConnectionError(amqp_error.ErrorCondition.ResourceLimitExceeded)
+    for exc in (sdk, amqp):
+        cls = classify(exc)
+        assert cls == CONNECTION_QUOTA and cls.fail_over and cls.retry and cls.rebuild_client
+        assert namespace_wide(cls, connection_answered=True)  # the namespace's, whatever else answered
+    # On a link, the same condition is the entity's quota (entity full), not the namespace's.
+    assert (
+        classify(amqp_error.AMQPLinkError(amqp_error.ErrorCondition.ResourceLimitExceeded)) == QUOTA_EXCEEDED
+    )
