@@ -434,9 +434,13 @@ class PairedSender:
         and report the probes that finished since the last call."""
         start = self._clock.monotonic()
         tally = _Tally()
-        for state in self._failed_over():
-            if state.claim_probe():
-                self._start_probe(state.entity, state)
+        claimed = [state for state in self._failed_over() if state.claim_probe()]
+        if self._background_probes:
+            threading.Thread(
+                target=self._probe_all, args=(claimed,), name="spark-sb-probes", daemon=True
+            ).start()
+        else:
+            self._probe_all(claimed)
         self._collect_probes(tally)
         return tally.build(self._clock.monotonic() - start)
 
@@ -892,15 +896,29 @@ class PairedSender:
     def _probe_loop(self) -> None:
         while not self._stopping.is_set():
             waits: list[float] = []
+            claimed = [state for state in self._failed_over() if state.claim_probe()]
+            self._probe_all(claimed)
             for state in self._failed_over():
-                if state.claim_probe():
-                    self._probe(state.entity, state)
                 wait = state.next_probe_in()
                 if wait is not None:
                     waits.append(wait)
             if not waits:
                 return
             self._stopping.wait(max(0.05, min(waits)))
+
+    def _probe_all(self, claimed: list[EntityFailover]) -> None:
+        """Probe the claimed entities: their links are opened together first (F4: once the namespace answers,
+        a thousand failed-over entities come back in one round of link openings, not one per entity)."""
+        if len(claimed) > 1:
+            try:
+                self.transport.prepare([Target(PRIMARY, s.entity) for s in claimed], self._probe_budget)
+            except Exception as exc:  # each probe meets (and records) the failure itself
+                _LOGGER.info("opening the links of %d probes failed: %s", len(claimed), _describe(exc))
+        for state in claimed:
+            if self._stopping.is_set():
+                state.record_probe(False, "unexpected", "the sender was closed before the probe")
+                continue
+            self._probe(state.entity, state)
 
     def _failed_over(self) -> list[EntityFailover]:
         """This primary's entities that are failed over now (in this process)."""

@@ -220,6 +220,9 @@ class SdkBatch:
 PREPARE_BASE = 1.5
 PREPARE_PER_LINK = 0.02
 
+#: Links being opened at once on one connection (a wave): bounds the handlers polled per round of answers.
+OPENING_AT_ONCE = 128
+
 #: The idle timeout the shared connection asks of the namespace (seconds). The namespace then sends an empty
 #: frame when it has had nothing else to send for half of it, so a live connection is heard from at least every
 #: ``HEARTBEAT / 2`` s even while one entity stalls; a silent connection is the namespace's fault (SPEC F1), and
@@ -275,58 +278,64 @@ class _Conn:
         while links were waiting (a ``TimeoutError``: the namespace stalled, SPEC F1)."""
         deadline = time.monotonic() + max(0.0, timeout)
         errors: dict[str, BaseException] = {}
-        pending: dict[str, ServiceBusSender] = {}
+        waiting: list[str] = []
         for entity in dict.fromkeys(entities):
             old = self.senders.get(entity)
             if old is not None:
                 if getattr(old, "_running", False):
                     continue
                 self.drop(entity)
-            try:
-                pending[entity] = self._begin(entity)
-            except Exception as exc:
-                if self.broken:
-                    raise
-                errors[entity] = exc
-        if pending:
+            waiting.append(entity)
+        if waiting:
             with _short_reads(self.connection):
-                self._pump(pending, deadline, silence, errors)
+                self._pump(waiting, deadline, silence, errors)
         return errors
 
     def _pump(
-        self,
-        pending: dict[str, ServiceBusSender],
-        deadline: float,
-        silence: float | None,
-        errors: dict[str, BaseException],
+        self, waiting: list[str], deadline: float, silence: float | None, errors: dict[str, BaseException]
     ) -> None:
+        """Begin links in waves of at most :data:`OPENING_AT_ONCE` (the answers are read between waves: a long
+        silence of the reader would look like a dead connection) and finish them as their answers come."""
+        pending: dict[str, ServiceBusSender] = {}  # bounded by OPENING_AT_ONCE
+        todo = iter(waiting)
+        left_to_begin = len(waiting)
         began = time.time()
-        while pending:
-            if silence is not None and time.time() - max(began, self.heard() or 0.0) > silence:
-                for sender in pending.values():
+        try:
+            while pending or left_to_begin:
+                while left_to_begin and len(pending) < OPENING_AT_ONCE:
+                    entity = next(todo)
+                    left_to_begin -= 1
+                    try:
+                        pending[entity] = self._begin(entity)
+                    except Exception as exc:
+                        if self.broken:
+                            raise
+                        errors[entity] = exc
+                if silence is not None and time.time() - max(began, self.heard() or 0.0) > silence:
+                    raise TimeoutError(
+                        f"the namespace answered nothing for {silence:.3g} s while links were opened"
+                    )
+                if time.monotonic() >= deadline:
+                    for entity in [*pending, *todo]:
+                        errors[entity] = TimeoutError(f"the link to {entity!r} was not attached in time")
+                    break
+                self.connection.listen(batch=256)
+                for entity, sender in list(pending.items()):
+                    try:
+                        ready = self._ready(sender)
+                    except Exception as exc:
+                        if self.broken:
+                            raise
+                        errors[entity] = exc
+                        self._quiet_close_handler(pending.pop(entity))
+                        continue
+                    if ready:
+                        self._finish(sender)
+                        self.senders[entity] = pending.pop(entity)
+        finally:
+            for sender in pending.values():
+                if not getattr(sender, "_running", False):
                     self._quiet_close_handler(sender)
-                raise TimeoutError(
-                    f"the namespace answered nothing for {silence:.3g} s while links were opened"
-                )
-            left = deadline - time.monotonic()
-            if left <= 0:
-                for entity in list(pending):
-                    errors[entity] = TimeoutError(f"the link to {entity!r} was not attached in time")
-                    self._quiet_close_handler(pending.pop(entity))
-                break
-            self.connection.listen(batch=256)
-            for entity, sender in list(pending.items()):
-                try:
-                    ready = self._ready(sender)
-                except Exception as exc:
-                    if self.broken:
-                        raise
-                    errors[entity] = exc
-                    self._quiet_close_handler(pending.pop(entity))
-                    continue
-                if ready:
-                    self._finish(sender)
-                    self.senders[entity] = pending.pop(entity)
 
     def _begin(self, entity: str) -> ServiceBusSender:
         from azure.servicebus._common.utils import create_authentication
@@ -452,6 +461,10 @@ def _open_connection(client: ServiceBusClient, timeout: float) -> Any:
         if time.monotonic() > deadline:
             raise TimeoutError("the namespace did not open the connection in time")
         connection.listen(wait=0.05)
+    # The idle timeout went out in the open frame (the namespace sends heartbeats); pyamqp would also close the
+    # connection itself after that long without a frame, on its next read. Not that: the lane's deadlines and the
+    # namespace-wide evidence decide what a silence means.
+    connection._idle_timeout = None
     return connection
 
 
