@@ -76,7 +76,8 @@ class FaultController:
 
     def stall(self, on: bool = True, *, answer_sasl: bool = True) -> None:
         """Accept connections and read their bytes but answer nothing (new and existing connections).
-        When the stall ends, what was read is processed and answered (like a healed network).
+        When the stall ends, what was read is processed and answered (like a healed network). Idle-timeout
+        heartbeats stop too (a client hears nothing at all) and resume when the stall ends, not replayed.
 
         With ``answer_sasl`` (the default) the SASL exchange of a new connection is still answered and the
         silence starts at its AMQP header: the unmodified SDK negotiates SASL on a blocking socket without
@@ -133,7 +134,8 @@ class FaultController:
             self._send_faults[_norm(entity)] = SendFault(_norm(entity), condition, description, count)
 
     def stall_entity(self, entity: str, on: bool = True) -> None:
-        """Transfers to ``entity`` are never settled while on (held transfers are processed when it ends)."""
+        """Transfers to ``entity`` are never settled while on (held transfers are processed when it ends); its
+        connections keep answering everything else, idle-timeout heartbeats included."""
         with self._lock:
             if on:
                 self._stalled_entities.add(_norm(entity))

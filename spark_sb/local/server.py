@@ -21,6 +21,13 @@ namespace key), sender links to queues/topics (single and batched transfers, set
 pre-settled, every client settlement answered with the outcome applied), session receivers (session filter,
 ``com.microsoft:locked-until-utc``), and the ``$management`` request/response node (see ``_Management``).
 
+Idle-timeout heartbeats (AMQP 1.0 section 2.4.5), as the service sends them: when a client's ``open`` carries an
+``idle-time-out`` T, an empty frame goes out whenever nothing was sent on the connection for T/2 (proton's
+keepalive, driven by ticking each transport at the deadline it returns). The namespace's own ``open`` advertises no
+idle timeout, so it never closes a quiet client. Heartbeats take the path every other frame takes, so a namespace
+stall (``FaultController.stall``, before or after SASL) silences them with the rest, while a per-entity stall
+(``stall_entity``: that entity's transfers are held, unanswered) leaves them going.
+
 Connection quota (``max_connections``, the CLI's ``--max-connections``; 5,000 by default, the service's quota):
 as on the service, a connection beyond the quota is accepted, its SASL exchange and AMQP open are answered, and
 it is then closed with ``amqp:resource-limit-exceeded`` (:func:`connection_quota_description`). A connection
@@ -198,6 +205,7 @@ class _AmqpConnection:
         self.admitted = False  # counted in the connection quota (its AMQP open was accepted, not closed yet)
         self.refused_at: float | None = None  # monotonic time its open was refused for the quota
         self.draining = False  # refused, closed on the AMQP level: read to the client's end, then close
+        self.tick_deadline = 0.0  # monotonic time proton's next timer (a heartbeat) is due; 0 = none
 
     # ---------------------------------------------------------------- I/O
 
@@ -314,6 +322,20 @@ class _AmqpConnection:
         if self.transport.closed and not self.outq:
             self.close(abrupt=False)
         return None
+
+    def tick(self, now: float) -> None:
+        """Run proton's timers: an empty frame when nothing was sent for half the idle timeout the peer's open
+        asked for (``Transport.remote_idle_timeout``; AMQP 1.0 section 2.4.5), as the service does. A connection
+        a stall holds is not ticked: its heartbeats stop with everything else it would say (and do not pile up
+        to be written when the stall ends); the first tick after it sends one at once."""
+        if self.closed or self.held():
+            self.tick_deadline = 0.0
+            return
+        try:
+            self.tick_deadline = self.transport.tick(now)
+        except Exception:  # noqa: BLE001 - a transport proton gave up on has no timers left
+            self.tick_deadline = 0.0
+        self.collect_output()
 
     def set_want_write(self, on: bool) -> None:
         if on != self.want_write and not self.closed:
@@ -1155,8 +1177,7 @@ class _Server:
                         if c.refused_at is not None and now - c.refused_at > _REFUSED_GRACE:
                             c.close(abrupt=True)  # refused for the quota and never answered the close
                             continue
-                        with contextlib.suppress(Exception):
-                            c.transport.tick(now)
+                        c.tick(now)
                         c.collect_output()
                         c.flush()
             except Exception:  # noqa: BLE001 - keep serving
@@ -1170,9 +1191,12 @@ class _Server:
             timeout = min(timeout, _POLL)
         now = time.monotonic()
         for c in self.conns:
-            if c.outq and not c.held():
-                release = c.outq[0][0]
-                timeout = min(timeout, max(0.0, release - now))
+            if c.closed or c.held():
+                continue
+            if c.outq:
+                timeout = min(timeout, max(0.0, c.outq[0][0] - now))
+            if c.tick_deadline:
+                timeout = min(timeout, max(0.0, c.tick_deadline - now))
         return timeout
 
     def _accept(self) -> None:
