@@ -343,7 +343,10 @@ class _Conn:
         # Topics take the same link. keep_alive 0: no SDK keep-alive thread (threads must not grow with entities).
         sender = self.client.get_queue_sender(entity, keep_alive=0)
         sender._create_handler(create_authentication(sender))
-        sender._handler.open(connection=self.connection)  # a session and CBS links on the shared connection
+        handler: Any = sender._handler
+        handler.open(connection=self.connection)  # a session and CBS links on the shared connection
+        session = handler._session
+        session.end = functools.partial(_end_session, session, session.end)
         return sender
 
     @staticmethod
@@ -466,6 +469,18 @@ def _open_connection(client: ServiceBusClient, timeout: float) -> Any:
     # namespace-wide evidence decide what a silence means.
     connection._idle_timeout = None
     return connection
+
+
+def _end_session(session: Any, end: Callable[..., None], error: Any = None, wait: bool = False) -> None:
+    """End a session on a shared connection after detaching its links: pyamqp's ``Session.end`` sends the end
+    first and then detaches the links still attached (a management link's, say), and the service closes the whole
+    connection - every other entity's link with it - for a frame on a channel that has ended ("no such
+    channel"). Installed on each session the transport opens (``session.end``), whoever ends it: the SDK ends it
+    itself when a call on the link fails."""
+    for link in list(getattr(session, "links", {}).values()):
+        with contextlib.suppress(Exception):
+            link.detach(close=True)
+    end(error=error, wait=wait)
 
 
 def _open_links(

@@ -438,7 +438,7 @@ def test_closing_or_faulting_one_client_closes_the_pair(pair: Any) -> None:
         transport.close()
 
 
-def test_transport_serves_several_threads_each_client_on_its_own_lane(pair: Any) -> None:
+def test_transport_serves_several_threads_each_namespace_on_its_own_lane(pair: Any) -> None:
     """The sender's thread and its probe thread share one transport: every SDK client is used only by its
     lane's thread, so concurrent calls (same target or not) all go through."""
     transport = SdkTransport(config_for(pair))
@@ -470,7 +470,8 @@ def test_transport_serves_several_threads_each_client_on_its_own_lane(pair: Any)
     assert errors == []
     assert len(receive_all(pair.primary, ENTITY, expected=10)) == 10
     assert len(receive_all(pair.secondary, QUEUES[0], expected=5)) == 5
-    assert {"spark-sb-primary-orders-1", f"spark-sb-secondary-{QUEUES[0]}-1"} <= sdk_threads
+    # one lane (thread and connection) per namespace, whatever the entities (SPEC F2)
+    assert {"spark-sb-primary-1", "spark-sb-secondary-1"} <= sdk_threads
 
 
 def test_an_idle_sender_probes_on_its_own_and_the_next_send_goes_to_the_primary(
@@ -523,7 +524,9 @@ def test_a_link_counts_as_connected_once_it_answered_and_until_its_client_is_rep
         assert batch.try_add(OutboundMessage(body=b"x", message_id="connected-1"))
         transport.send(batch, 5.0)
         assert transport.connected(target) and not transport.connected(Target(SECONDARY, QUEUES[0]))
-        transport.fault(target)  # the client is replaced: the next send connects anew
+        transport.fault(target)  # a fault reported on a connection still open: the link stays
+        assert transport.connected(target)
+        transport.close_namespace(PRIMARY)  # the connection is replaced: the next send connects anew
         assert not transport.connected(target)
     finally:
         transport.close()
