@@ -222,7 +222,8 @@ class FakeTransport:
         if target.namespace in self.answering:
             return True
         return any(
-            r.entity is not None and r.matches(r.op, Target(target.namespace, r.entity))
+            r.entity is not None
+            and r.matches(r.op, Target(target.namespace, r.entity))
             and r.entity == target.entity
             for r in self.rules
         )
