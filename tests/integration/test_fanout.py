@@ -192,3 +192,30 @@ def test_a_connection_refused_for_the_quota_is_named_and_diverts() -> None:
         finally:
             holder.close()
             s.close()
+
+
+def test_a_stalled_entity_among_healthy_ones_fails_over_alone(fan: Any, sender: PairedSender) -> None:
+    """One entity stops answering on the shared connection (the namespace keeps answering: its heartbeats): only
+    that entity fails over, after failover_interval; the batch's other entities are not held up beyond it, and
+    the connection they share is not replaced."""
+    assert sender.send(batch("before")).total_sent == 2 * E
+    transport = sender.transport
+    assert isinstance(transport, SdkTransport)
+    stalled = ENTITIES[7]
+    fan.primary.faults.stall_entity(stalled, True)
+    try:
+        outage = batch("one-stalled")
+        start = time.monotonic()
+        out = sender.send(outage)
+        elapsed = time.monotonic() - start
+        assert elapsed <= INTERVAL + 0.5 + 1.0, f"one stalled entity held the batch for {elapsed:.2f} s"
+        assert out.diverted_by_entity == {stalled: 2}
+        assert out.total_sent == len(outage) - 2
+        assert sender.entity_state(stalled) is EntityState.FAILED_OVER
+        others = {sender.entity_state(n) for n in ENTITIES if n != stalled}
+        assert others == {EntityState.HEALTHY}
+        failing = {t.entity for t in out.transitions if t.to_state is not EntityState.HEALTHY}
+        assert failing == {stalled}  # no namespace-wide evidence from one entity's stall
+        assert transport.connections_opened[PRIMARY] == 1  # the shared connection stayed
+    finally:
+        fan.primary.faults.stall_entity(stalled, False)
