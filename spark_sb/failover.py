@@ -478,6 +478,7 @@ class EntityFailover:
             -1
         )  # the namespace fault (its epoch) this entity joined; a new entity joins an open one
         self._by_namespace = False  # FAILING because of the namespace's fault, not one of its own
+        self._failed_by_namespace = False  # FAILED_OVER because of the namespace's fault, not one of its own
         self._namespace_probe = False  # the probe in flight probes the namespace for all its entities
 
     # -- reading
@@ -563,14 +564,21 @@ class EntityFailover:
         return out
 
     def namespace_answered(self) -> list[StateTransition]:
-        """The namespace's fault closed (another entity's send or probe succeeded): FAILING because of the
-        namespace only -> HEALTHY; FAILED_OVER -> its probe is due now (F4: every failed-over entity returns within
-        one probe round once the namespace answers)."""
+        """The namespace's fault closed (another entity's send or probe succeeded). Evidence is scoped: an entity
+        that is FAILING or FAILED_OVER because of the namespace's fault only returns to HEALTHY now - the
+        namespace's evidence put it there and the namespace's answer takes it out, so a thousand entities come
+        back with one probe (F4); should it have a fault of its own as well, its next send meets it and it fails
+        over again after ``failover_interval``. An entity failed over for a fault of its own is probed now."""
         with self._lock:
             if self._state is EntityState.FAILING and self._by_namespace:
                 return [self._back_to_healthy("the namespace answered again")]
-            if self._state is EntityState.FAILED_OVER and not self._probing:
-                self._last_probe = self._clock.monotonic() - self.ping_interval
+            if self._state is EntityState.FAILED_OVER:
+                if self._failed_by_namespace:
+                    return [
+                        self._back_to_healthy("the namespace answered again (the failover was its fault)")
+                    ]
+                if not self._probing:
+                    self._last_probe = self._clock.monotonic() - self.ping_interval
             return []
 
     def check(self) -> list[StateTransition]:
@@ -717,10 +725,11 @@ class EntityFailover:
 
     def _enter_failed_over(self, error_class: str | None, detail: str) -> StateTransition:
         self._last_probe = self._clock.monotonic()  # first probe one ping interval after the failover
+        self._failed_by_namespace = self._by_namespace
         return self._move(EntityState.FAILED_OVER, error_class, detail)
 
     def _back_to_healthy(self, detail: str) -> StateTransition:
-        self._by_namespace = False
+        self._by_namespace = self._failed_by_namespace = False
         self._first_failure = None
         self._first_failure_wall = None
         return self._move(EntityState.HEALTHY, None, detail)

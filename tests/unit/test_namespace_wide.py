@@ -104,21 +104,24 @@ def test_an_unreachable_namespace_is_probed_once_per_interval_not_once_per_entit
         claims[0].record_probe(False, "connection", "refused", namespace_wide=True)
 
 
-def test_once_the_namespace_answers_every_failed_over_entity_is_probed_at_once() -> None:
+def test_once_the_namespace_answers_every_entity_it_failed_over_returns_with_one_probe() -> None:
     clock, _, entities = registry(1000, interval=0.0, ping=30.0)
+    own = entities[999]
+    own.record_failure(ENTITY_DISABLED, "disabled", clock.monotonic())  # failed over for a fault of its own
     entities[0].record_failure(CONNECTION, "refused", clock.monotonic(), namespace_wide=True)
     for e in entities:
         e.check()
+    assert {e.state for e in entities} == {FO}
     clock.advance(30.0)
-    (prober,) = [e for e in entities if e.claim_probe()]
+    (prober,) = [e for e in entities[:999] if e.claim_probe()]  # one probe for the namespace
     transitions = prober.record_probe(True, None, "ping probe succeeded")
-    assert prober.state is H and [t.to_state for t in transitions] == [H]
-    # the namespace answered: every other failed-over entity may be probed now, without waiting 30 s
-    claims = [e for e in entities if e.claim_probe()]
-    assert len(claims) == 999
-    for e in claims:
-        e.record_probe(True, None, "ok")
-    assert {e.state for e in entities} == {H}
+    # the namespace answered: every entity it failed over is back, without a probe of its own
+    assert {e.state for e in entities[:999]} == {H}
+    assert len([t for t in transitions if t.to_state is H]) == 999
+    # the entity failed over for its own fault stays failed over, and its probe is due at once
+    assert own.state is FO and own.claim_probe()
+    own.record_probe(False, "entity_disabled", "still disabled")
+    assert own.state is FO
 
 
 def test_a_failed_probe_with_a_namespace_fault_makes_the_namespace_probe_once_per_interval() -> None:
