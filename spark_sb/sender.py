@@ -749,12 +749,14 @@ class PairedSender:
 
     # -- diverting to the backlog
     def _divert(self, messages: Iterable[OutboundMessage], backlog: dict[str, _Open], tally: _Tally) -> None:
-        """Translate and send ``messages`` (originals) to backlog queues (B4-B6)."""
+        """Translate ``messages`` (originals) into the open batches of their backlog queues (B4-B6); a full batch
+        goes out at once, the rest with the call's other open backlog batches at its end. Not flushed here: a
+        namespace outage diverts every entity's batch, and one backlog send per entity would cost a round trip
+        per entity (F1)."""
         self._ensure_prober()
         default = self._config.entity
         for m in messages:
             self._to_backlog(backlog, m, m.entity or default or "", None, tally)
-        self._flush_backlog(backlog, tally)
 
     def _to_backlog(
         self, backlog: dict[str, _Open], msg: OutboundMessage, entity: str, index: int | None, tally: _Tally
