@@ -59,7 +59,7 @@ from spark_sb.failover import (
 from spark_sb.message import OutboundMessage, Reject, RejectError
 from spark_sb.redact import redact
 from spark_sb.rows import row_to_json
-from spark_sb.transport import PRIMARY, SECONDARY, Batch, SdkTransport, Sending, Target, Transport
+from spark_sb.transport import PRIMARY, SECONDARY, Batch, SdkTransport, Target, Transport
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -146,7 +146,6 @@ class _Tally:
         self.probes: list[ProbeRecord] = []
         self.pulls: list[BacklogPull] = []
         self.retries = 0
-        self.flight: _Flight | None = None  # the batch on the wire while the next one is packed
         self.sticky: dict[str, str] = {}  # entity -> its backlog queue, until the next batch boundary
 
     def build(self, elapsed: float) -> SendOutcome:
@@ -204,20 +203,6 @@ class _Open:
         self.started = started  # the backlog enqueue time recorded in its messages (B6)
 
 
-class _Flight:
-    """A full batch whose first attempt is on the wire while the caller packs the next one (one at a time: a
-    batch is settled - retried, diverted, split, counted - before the next one starts, so order holds).
-    ``slot`` is the open backlog batch for a backlog send, None for a primary one."""
-
-    __slots__ = ("batch", "sending", "slot", "started")
-
-    def __init__(self, batch: Batch, slot: _Open | None, sending: Sending, started: float) -> None:
-        self.batch = batch
-        self.slot = slot
-        self.sending = sending
-        self.started = started
-
-
 @dataclass
 class _Attempted:
     """How an attempt loop ended: ``decision`` None means success."""
@@ -255,10 +240,6 @@ class PairedSender:
         cancel_attempts: tries of a probe's cancel before it is recorded as failed.
         background_probes: run probes on a helper thread (default: yes with the system clock; with an
             injected clock they run inline so that tests are deterministic).
-        overlap_sends: pack the next batch while one is on the wire, for sends that run on the destination's
-            lane thread (the transport sends on an open link on this thread, done when ``start_send`` returns);
-            each batch is still settled - retried, diverted, split - before the next goes out, so order and
-            failover timing hold. Off by default (measured: no gain on loopback, the GIL is shared).
     """
 
     def __init__(
@@ -276,7 +257,6 @@ class PairedSender:
         backlog_attempts: int = 2,
         cancel_attempts: int = 3,
         background_probes: bool | None = None,
-        overlap_sends: bool = False,
     ) -> None:
         if config.probe_mode not in PROBE_MODES:
             raise ValueError(f"probe_mode must be one of {', '.join(PROBE_MODES)}, not {config.probe_mode!r}")
@@ -328,10 +308,6 @@ class PairedSender:
         self._stopping = threading.Event()
         self._transport_lock = threading.Lock()
         self._closed = False
-        # Pack the next batch while one is on the wire. Off by default: on this project's 2-core loopback
-        # benchmark the two threads' contention for the GIL cost more than the overlap saved (see
-        # bench/bench_failover.py and the README); a remote namespace's round trips may make it pay.
-        self._overlap = overlap_sends
 
     # -- properties
     @property
@@ -420,12 +396,8 @@ class PairedSender:
             self._flush_backlog(backlog, tally)
             self._collect_probes(tally)
         except SendError as err:
-            self._drain(tally)
             self._collect_probes(tally)
             err.outcome = tally.build(self._clock.monotonic() - start)
-            raise
-        except BaseException:
-            self._drain(tally)
             raise
         return tally.build(self._clock.monotonic() - start)
 
@@ -555,24 +527,18 @@ class PairedSender:
         state: EntityFailover | None = None,
         messages: int = 1,
         target: Target,
-        first: _Flight | None = None,
     ) -> _Attempted:
         """Call ``call(timeout)`` until it succeeds or :func:`decide` says otherwise (after sleeping through
         each RETRY). On the primary, each failure goes to the entity's failover timer (from the moment the
-        failing attempt started) and each attempt's deadline is what is left of the interval. ``first``: the
-        first attempt was started already (:meth:`_deliver`, :meth:`_send_backlog`); its result is awaited instead of a call."""
-        began = first.started if first is not None else self._clock.monotonic()
+        failing attempt started) and each attempt's deadline is what is left of the interval."""
+        began = self._clock.monotonic()
         attempts = 0
         while True:
-            attempt: Callable[[], object]
-            if first is not None:
-                attempt, started, first = first.sending.result, first.started, None
-            else:
-                timeout = self._budget(where, state, began, tally, target)
-                if timeout is None:
-                    return _Attempted(Decision(Verb.DIVERT, why="failed over"))
-                attempt = functools.partial(call, timeout)
-                started = self._clock.monotonic()
+            timeout = self._budget(where, state, began, tally, target)
+            if timeout is None:
+                return _Attempted(Decision(Verb.DIVERT, why="failed over"))
+            attempt = functools.partial(call, timeout)
+            started = self._clock.monotonic()
             attempts += 1
             try:
                 attempt()
@@ -643,31 +609,6 @@ class PairedSender:
             )
         return self._probe_budget
 
-    # -- one batch on the wire while the next is packed
-    def _settle(self, backlog: dict[str, _Open], tally: _Tally) -> None:
-        """Finish the batch on the wire, if any: await its first attempt, then retry / divert / split / pull as
-        :meth:`_attempts` decides. Settling may start another batch (a split's half, pulled messages sent
-        elsewhere); that one is settled too."""
-        while tally.flight is not None:
-            flight, tally.flight = tally.flight, None
-            tally.sticky.clear()  # a queue may be pulled now (here or by another sender): choose again
-            if flight.slot is None:
-                self._settle_primary(flight, backlog, tally)
-            else:
-                self._settle_backlog(flight, flight.slot, backlog, tally)
-
-    def _drain(self, tally: _Tally) -> None:
-        """A send call is failing: await the batch on the wire and count it if it went through (no retries, no
-        diverting: the call's error wins)."""
-        flight, tally.flight = tally.flight, None
-        if flight is None:
-            return
-        try:
-            flight.sending.result()
-        except Exception:
-            return
-        self._count(flight.batch, flight.slot, tally)
-
     def _count(self, batch: Batch, slot: _Open | None, tally: _Tally) -> None:
         if slot is None:
             entity = batch.target.entity
@@ -680,24 +621,15 @@ class PairedSender:
 
     # -- delivery to the primary
     def _deliver(self, batch: Batch, backlog: dict[str, _Open], tally: _Tally) -> None:
-        """Deliver one full primary batch - to the primary, or, failed over by now, to the backlog. With
-        ``overlap_sends`` it returns while the batch is on the wire (settled by the next delivery or at the end of
-        the call); otherwise once it is settled."""
-        self._settle(backlog, tally)
-        entity = batch.target.entity
-        if self._admit(entity, tally) is Route.BACKLOG:
+        """Deliver one full primary batch - to the primary, or, failed over by now, to the backlog - and settle
+        it (retried, diverted, split) before the caller packs on: one batch at a time, order holds. Sends are
+        synchronous: measured (``bench/bench_overlap.py``), packing the next batch while one was on the wire
+        gained nothing (sends on an open link run on this thread) and cost 3-13% with the GIL shared."""
+        tally.sticky.clear()  # a batch boundary: a backlog queue may have been pulled since, choose again
+        if self._admit(batch.target.entity, tally) is Route.BACKLOG:
             self._divert(batch.messages, backlog, tally)
             return
-        state = self._entity(entity)
-        timeout = self._budget(Where.PRIMARY, state, self._clock.monotonic(), tally, batch.target)
-        if timeout is None:
-            self._divert(batch.messages, backlog, tally)
-            return
-        started = self._clock.monotonic()
-        sending = self.transport.start_send(batch, timeout, self._slow(entity))
-        tally.flight = _Flight(batch, None, sending, started)
-        if not self._overlap:
-            self._settle(backlog, tally)
+        self._send_primary(batch, backlog, tally)
 
     def _slow(self, entity: str) -> Callable[[], None]:
         def slow() -> None:  # no answer yet, close to the deadline: have the backlog's link ready
@@ -705,8 +637,7 @@ class PairedSender:
 
         return slow
 
-    def _settle_primary(self, flight: _Flight, backlog: dict[str, _Open], tally: _Tally) -> None:
-        batch = flight.batch
+    def _send_primary(self, batch: Batch, backlog: dict[str, _Open], tally: _Tally) -> None:
         entity = batch.target.entity
         transport = self.transport
         slow = self._slow(entity)
@@ -717,7 +648,6 @@ class PairedSender:
             state=self._entity(entity),
             messages=len(batch),
             target=batch.target,
-            first=flight,
         )
         if result.decision is None:
             self._count(batch, None, tally)
@@ -769,7 +699,7 @@ class PairedSender:
             queue = self._chooser.choose(entity, session)
             if queue is None:
                 raise self._no_backlog(entity)
-            if session is None:  # the sticky choice holds until the next batch boundary (see _settle)
+            if session is None:  # the sticky choice holds until the next batch boundary (see _deliver)
                 tally.sticky[entity] = queue
         slot = backlog.get(queue)
         if slot is None:
@@ -793,36 +723,23 @@ class PairedSender:
         return True
 
     def _flush_backlog(self, backlog: dict[str, _Open], tally: _Tally) -> None:
-        """Send every open backlog batch and settle every batch on the wire (settling may open more)."""
-        while True:
-            while backlog:
-                queue = next(iter(backlog))
-                slot = backlog.pop(queue)
-                if len(slot.batch) > 0:
-                    self._send_backlog(slot, backlog, tally)
-            if tally.flight is None:
-                return
-            self._settle(backlog, tally)
+        """Send every open backlog batch (sending one may open more: a pulled queue's messages go elsewhere)."""
+        while backlog:
+            queue = next(iter(backlog))
+            slot = backlog.pop(queue)
+            if len(slot.batch) > 0:
+                self._send_backlog(slot, backlog, tally)
 
     def _send_backlog(self, slot: _Open, backlog: dict[str, _Open], tally: _Tally) -> None:
-        """Send one translated batch (with ``overlap_sends``, return while it is on the wire: :meth:`_settle`)."""
-        self._settle(backlog, tally)
+        """Send one translated batch and settle it: on the queue's failure pull it and send the originals
+        elsewhere (B5)."""
+        tally.sticky.clear()  # a batch boundary: a queue may be pulled now (here or by another sender)
         batch = slot.batch
         if not self._registry.rotation.is_available(self._secondary_key, batch.target.entity):
             # its queue was pulled while it was packed (settling the batch before it): send it elsewhere
             for m, entity in zip(slot.originals, slot.entities, strict=True):
                 self._to_backlog(backlog, m, entity, None, tally)
             return
-        started = self._clock.monotonic()
-        timeout = self._budget(Where.BACKLOG, None, started, tally, batch.target)
-        assert timeout is not None
-        tally.flight = _Flight(batch, slot, self.transport.start_send(batch, timeout), started)
-        if not self._overlap:
-            self._settle(backlog, tally)
-
-    def _settle_backlog(self, flight: _Flight, slot: _Open, backlog: dict[str, _Open], tally: _Tally) -> None:
-        """On the queue's failure pull it and send the originals elsewhere (B5)."""
-        batch = slot.batch
         queue = batch.target.entity
         transport = self.transport
         result = self._attempts(
@@ -831,7 +748,6 @@ class PairedSender:
             tally,
             messages=len(batch),
             target=batch.target,
-            first=flight,
         )
         if result.decision is None:
             self._count(batch, slot, tally)

@@ -91,28 +91,6 @@ class Batch(Protocol):
     def __len__(self) -> int: ...
 
 
-class Sending(Protocol):
-    """A send started with :meth:`Transport.start_send`."""
-
-    def result(self) -> None:
-        """Wait for the send (within the deadline it was started with); returns when the service accepted the
-        batch, raises what :meth:`Transport.send` would."""
-
-
-class Settled:
-    """A :class:`Sending` that has already finished: ``error`` None is success (for transports that send
-    synchronously, and for a send that could not start)."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException | None = None) -> None:
-        self.error = error
-
-    def result(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-
 class Transport(Protocol):
     """The paired sender's view of Service Bus. Every operation that does I/O takes ``timeout`` (seconds) and
     returns or raises within it (a :class:`~spark_sb.lane.DeadlineExceeded` past it). May be called from the
@@ -129,12 +107,6 @@ class Transport(Protocol):
         (on the caller's thread or a watchdog thread: it must not block and must be thread-safe) if no answer has
         come :data:`SLOW_MARGIN` before the deadline: the caller may prepare for the failure (e.g. open the
         backlog's link)."""
-
-    def start_send(self, batch: Batch, timeout: float, on_slow: Callable[[], None] | None = None) -> Sending:
-        """Start sending one batch and return at once; ``result()`` waits for it within ``timeout`` seconds of
-        the start. Lets the caller pack the next batch while this one is on the wire (a transport may also send
-        at once and return it settled). Never raises: a send that cannot start returns a :class:`Settled` with
-        its error."""
 
     def schedule(self, target: Target, message: OutboundMessage, at: datetime, timeout: float) -> int:
         """Schedule ``message`` on ``target`` for ``at``; returns its sequence number."""
@@ -637,11 +609,8 @@ class SdkTransport:
         return SdkBatch(target, ServiceBusMessageBatch(max_size_in_bytes=self.max_batch_size(target)))
 
     def send(self, batch: Batch, timeout: float, on_slow: Callable[[], None] | None = None) -> None:
-        self.start_send(batch, timeout, on_slow).result()
-
-    def start_send(self, batch: Batch, timeout: float, on_slow: Callable[[], None] | None = None) -> Sending:
         if len(batch) == 0:
-            return Settled()
+            return
         if isinstance(batch, SdkBatch):
             payload: Any = batch.sdk_batch
         else:  # a foreign batch: let the SDK pack it (raises if it does not fit one batch)
@@ -661,28 +630,19 @@ class SdkTransport:
                 raise
             return getattr(sender, "_max_batch_size_on_link", None)
 
-        try:
-            lane = self._lane(target.namespace)
-            # On a link known to be open the SDK bounds the send itself (its timeout covers the wait for the
-            # answer; no connect, SASL or CBS): send on this thread, the lane's watchdog keeping the deadline.
-            pending: Pending[Any] | Finished[Any] | None = (
-                lane.direct(send, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow)
-                if self.connected(target)
-                else None
-            )
-            if pending is None:
-                pending = lane.start(send, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow)
-            else:
-                self.direct_sends += 1
-        except Exception as exc:  # the lane is closed
-            return Settled(exc)
-        if isinstance(pending, Finished):  # settle now: the next call's connected() must see this answer
-            try:
-                self._settled(target, pending)
-            except Exception as exc:
-                return Settled(exc)
-            return Settled()
-        return _SdkSending(self, target, pending)
+        lane = self._lane(target.namespace)
+        # On a link known to be open the SDK bounds the send itself (its timeout covers the wait for the answer;
+        # no connect, SASL or CBS): send on this thread, the lane's watchdog keeping the deadline.
+        pending: Pending[Any] | Finished[Any] | None = (
+            lane.direct(send, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow)
+            if self.connected(target)
+            else None
+        )
+        if pending is None:
+            pending = lane.start(send, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow)
+        else:
+            self.direct_sends += 1
+        self._settled(target, pending)
 
     def _settled(self, target: Target, pending: Pending[Any] | Finished[Any]) -> None:
         try:
@@ -815,20 +775,6 @@ class SdkTransport:
         with self._lock:
             live = sorted(ns for ns, lane in self._lanes.items() if lane.live)
         return f"SdkTransport(open={live})"
-
-
-class _SdkSending:
-    """A send on a lane (see :meth:`SdkTransport.start_send`)."""
-
-    __slots__ = ("_pending", "_target", "_transport")
-
-    def __init__(self, transport: SdkTransport, target: Target, pending: Pending[Any]) -> None:
-        self._transport = transport
-        self._target = target
-        self._pending = pending
-
-    def result(self) -> None:
-        self._transport._settled(self._target, self._pending)
 
 
 def _quiet_close(obj: Any) -> None:

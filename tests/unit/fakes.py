@@ -13,7 +13,7 @@ from spark_sb.backlog import to_backlog
 from spark_sb.clock import FakeClock
 from spark_sb.lane import DeadlineExceeded
 from spark_sb.mapping import OutboundMessage
-from spark_sb.transport import SLOW_MARGIN, Settled, Target
+from spark_sb.transport import SLOW_MARGIN, Target
 
 BATCH_BASE = 10
 
@@ -191,16 +191,6 @@ class FakeTransport:
 
     def connected(self, target: Target) -> bool:
         return target in self.connected_targets
-
-    def start_send(  # type: ignore[override]
-        self, batch: FakeBatch, timeout: float, on_slow: Callable[[], None] | None = None
-    ) -> Settled:
-        """Sends at once (the fake clock decides how long it took); ``result()`` reports how it went."""
-        try:
-            self.send(batch, timeout, on_slow)
-        except Exception as exc:
-            return Settled(exc)
-        return Settled()
 
     def schedule(self, target: Target, message: OutboundMessage, at: datetime, timeout: float) -> int:
         self._check("schedule", target, 1, timeout)

@@ -23,7 +23,6 @@ from spark_sb.backlog import (
     is_probe,
     primary_namespace_name,
     probe_message,
-    to_backlog,
 )
 from spark_sb.clock import FakeClock
 from spark_sb.config import NamespaceConfig, Secret, ServiceBusConfig
@@ -38,7 +37,7 @@ from spark_sb.mapping import OutboundMessage
 from spark_sb.sender import PairedSender, SendOutcome
 from spark_sb.transport import PRIMARY, SECONDARY, Target
 
-from .fakes import BATCH_BASE, FakeTransport, fake_size
+from .fakes import FakeTransport
 
 pytestmark = pytest.mark.unit
 
@@ -74,7 +73,6 @@ class Rig:
         self,
         registry: FailoverRegistry | None = None,
         transport: FakeTransport | None = None,
-        overlap_sends: bool = False,
         **cfg: Any,
     ) -> None:
         self.clock = registry.clock if registry is not None else FakeClock()
@@ -90,7 +88,6 @@ class Rig:
             registry=self.registry,
             listener=self.transitions.append,
             rng=random.Random(42),
-            overlap_sends=overlap_sends,
         )
 
     def backlog(self) -> list[OutboundMessage]:
@@ -744,104 +741,36 @@ def test_a_stalled_primary_has_the_backlog_link_opened_before_its_deadline() -> 
 
 
 # ---------------------------------------------------------------------------------------------------------
-# One batch on the wire while the next is packed
+# One batch at a time (sends are synchronous: bench/bench_overlap.py measured no gain in overlapping them)
 
 
-class _Recording(FakeTransport):
-    """Sends complete only when the sender asks for their result; every start and result is logged."""
+class _Logged(FakeTransport):
+    """Logs every send next to the packing log."""
 
-    def __init__(self, log: list[tuple[str, str, int]], **kw: Any) -> None:
+    def __init__(self, log: list[tuple[str, str]], **kw: Any) -> None:
         super().__init__(**kw)
         self.log = log
 
-    def start_send(self, batch: Any, timeout: float, on_slow: Any = None) -> Any:
-        first_id = batch.messages[0].message_id if batch.messages else "?"
-        self.log.append(("start", batch.target.namespace, len(batch)))
-        sending = super().start_send(batch, timeout, on_slow)
-        log = self.log
-
-        class Later:
-            def result(self) -> None:
-                log.append(("result", first_id, len(batch)))
-                sending.result()
-
-        return Later()
+    def send(self, batch: Any, timeout: float, on_slow: Any = None) -> None:  # type: ignore[override]
+        self.log.append(("send", batch.messages[0].message_id or ""))
+        super().send(batch, timeout, on_slow)
 
 
-def _five(translated: bool) -> int:
-    """A batch size limit (fake bytes) that takes five of ``msgs(12)`` (translated for the backlog or not)."""
-    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    costs = [fake_size(to_backlog(m, "orders", now) if translated else m) for m in msgs(12)]
-    limit = BATCH_BASE + 5 * max(costs)
-    assert limit < BATCH_BASE + 6 * min(costs)
-    return limit
+def test_a_batch_is_sent_and_settled_before_the_next_is_packed() -> None:
+    from .fakes import BATCH_BASE, fake_size
 
+    log: list[tuple[str, str]] = []
+    limit = BATCH_BASE + 5 * max(fake_size(m) for m in msgs(12))
+    rig = Rig(failover_interval=0.0, transport=_Logged(log, clock=FakeClock(), max_batch=limit))
 
-def _streamed(log: list[tuple[str, str, int]], items: list[OutboundMessage]) -> Iterator[OutboundMessage]:
-    for m in items:
-        log.append(("pack", m.message_id or "", 0))
-        yield m
+    def streamed() -> Iterator[OutboundMessage]:
+        for m in msgs(12):
+            log.append(("pack", m.message_id or ""))
+            yield m
 
-
-@pytest.mark.parametrize("failed_over", [False, True])
-def test_the_next_batch_is_packed_while_one_is_on_the_wire_and_settled_before_the_next_starts(
-    failed_over: bool,
-) -> None:
-    log: list[tuple[str, str, int]] = []
-    rig = Rig(
-        failover_interval=0.0,
-        transport=_Recording(log, clock=FakeClock(), max_batch=_five(failed_over)),
-        overlap_sends=True,
-    )
-    if failed_over:
-        rig.transport.fail(conn_error, namespace=PRIMARY)
-        rig.sender.send(msgs(1, prefix="warm"))  # fails over
-        log.clear()
-    out = rig.sender.send(_streamed(log, msgs(12)))
-    assert (out.total_diverted if failed_over else out.total_sent) == 12
-    starts = [i for i, e in enumerate(log) if e[0] == "start"]
-    results = [i for i, e in enumerate(log) if e[0] == "result"]
-    assert len(starts) == len(results) == 3  # 5 + 5 + 2
-    # overlap: the second batch's messages after m5 (which the first did not take) are packed after the first
-    # batch started, before its result
-    packed_second = [
-        i for i, e in enumerate(log) if e[0] == "pack" and e[1] in {f"m{j}" for j in range(6, 10)}
-    ]
-    assert starts[0] < min(packed_second) and max(packed_second) < results[0]
-    # one batch on the wire at a time: each result comes before the next start (order holds)
-    for k in range(2):
-        assert results[k] < starts[k + 1]
-    where = SECONDARY if failed_over else PRIMARY
-    delivered = rig.backlog() if failed_over else rig.transport.at(PRIMARY, "orders")
-    assert [m.message_id for m in delivered if m.message_id != "warm0"] == [f"m{i}" for i in range(12)]
-    assert all(e[1] == where for e in log if e[0] == "start")
-
-
-def test_a_backlog_batch_packed_for_a_queue_pulled_meanwhile_goes_to_another_queue() -> None:
-    rig = Rig(
-        failover_interval=0.0, transport=FakeTransport(FakeClock(), max_batch=_five(True)), overlap_sends=True
-    )
-    rig.transport.fail(conn_error, namespace=PRIMARY)
-    rig.sender.send(msgs(1, prefix="warm"))  # failed over
-    first = rig.sender._chooser.choose("orders")
-    assert first is not None
-    rig.transport.fail(lambda: sbe.MessagingEntityDisabledError(), namespace=SECONDARY, entity=first)
-    rig.transport.calls.clear()
-    out = rig.sender.send(msgs(10))
-    # the second batch was packed for the same queue while the first was on the wire: it is not sent there
-    assert [c[3] for c in rig.transport.sends(SECONDARY) if c[1].entity == first] == [
-        "MessagingEntityDisabledError"
-    ]
-    assert [p.queue for p in out.pulls] == [first] and out.total_diverted == 10
-    assert sorted(
-        m.message_id or "" for m in rig.backlog() if (m.message_id or "").startswith("m")
-    ) == sorted(f"m{i}" for i in range(10))
-
-
-def test_by_default_a_batch_is_settled_before_the_next_is_packed() -> None:
-    log: list[tuple[str, str, int]] = []
-    rig = Rig(failover_interval=0.0, transport=_Recording(log, clock=FakeClock(), max_batch=_five(False)))
-    assert rig.sender.send(_streamed(log, msgs(12))).total_sent == 12
-    kinds = [e[0] for e in log]
-    starts = [i for i, k in enumerate(kinds) if k == "start"]
-    assert len(starts) == 3 and all(kinds[i + 1] == "result" for i in starts)
+    assert rig.sender.send(streamed()).total_sent == 12
+    sends = [i for i, e in enumerate(log) if e[0] == "send"]
+    assert [log[i][1] for i in sends] == ["m0", "m5", "m10"]  # 5 + 5 + 2
+    # m5 did not fit the first batch: the first batch went out (and was settled) before m6 was packed
+    assert sends[0] < log.index(("pack", "m6")) and sends[1] < log.index(("pack", "m11"))
+    assert rig.transport.ids(PRIMARY, "orders") == [f"m{i}" for i in range(12)]
