@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
@@ -166,7 +167,10 @@ class EntityGate:
     """Which primary entities the syphon may move to now (B9). Pure bookkeeping on an injected clock.
 
     ``decide(entity)`` returns ``"send"`` (a recent success, or the hints say healthy), ``"probe"`` (probe it
-    first) or ``"wait"`` (backing off after a failure: abandon its messages).
+    first) or ``"wait"`` (backing off after a failure: abandon its messages). A failure that is the namespace's
+    (:func:`spark_sb.failover.namespace_wide`) backs off every entity at once (SPEC F1, F4): a backlog holding
+    messages for 200 entities costs one probe of a primary that does not answer, not 200. The per-entity maps
+    are bounded by the entities met in the backlog.
     """
 
     def __init__(self, clock: Clock, *, ok_for: float, backoff: float) -> None:
@@ -176,6 +180,7 @@ class EntityGate:
         self.hints: dict[str, str] = {}
         self._ok_until: dict[str, float] = {}
         self._backoff_until: dict[str, float] = {}
+        self._namespace_until = 0.0  # the whole namespace backs off until then (a namespace-wide failure)
 
     def set_hints(self, hints: Mapping[str, str] | None) -> None:
         """The state table's view, entity -> state (``healthy`` / ``failing`` / ``failed_over``)."""
@@ -183,7 +188,7 @@ class EntityGate:
 
     def decide(self, entity: str) -> str:
         now = self.clock.monotonic()
-        if self._backoff_until.get(entity, 0.0) > now:
+        if self._namespace_until > now or self._backoff_until.get(entity, 0.0) > now:
             return "wait"
         if self._ok_until.get(entity, 0.0) > now:
             return "send"
@@ -193,11 +198,16 @@ class EntityGate:
 
     def succeeded(self, entity: str) -> None:
         self._backoff_until.pop(entity, None)
+        self._namespace_until = 0.0  # the namespace answered
         self._ok_until[entity] = self.clock.monotonic() + self.ok_for
 
-    def failed(self, entity: str) -> None:
+    def failed(self, entity: str, *, namespace_wide: bool = False) -> None:
+        now = self.clock.monotonic()
         self._ok_until.pop(entity, None)
-        self._backoff_until[entity] = self.clock.monotonic() + self.backoff
+        self._backoff_until[entity] = now + self.backoff
+        if namespace_wide:
+            self._ok_until.clear()  # no entity of a namespace that does not answer is known good any more
+            self._namespace_until = now + self.backoff
 
 
 # ------------------------------------------------------------------------------------------- receivers
@@ -574,10 +584,12 @@ class Syphon:
                 if not self._allowed(entity, outcome):
                     self._abandon(lane, pairs, outcome)
                     continue
-                if self._forward(lane, entity, pairs, outcome, dead_letter):
+                started = time.monotonic()
+                error = self._forward(lane, entity, pairs, outcome, dead_letter)
+                if error is None:
                     self.gate.succeeded(entity)
                 else:
-                    self.gate.failed(entity)
+                    self.gate.failed(entity, namespace_wide=self._namespace_wide(entity, error, started))
             left = outcome.forwarded_total - moved_before
             return left > 0 or bool(drop) or bool(dead and not dead_letter) or len(parked) > parked_before
         finally:
@@ -597,6 +609,7 @@ class Syphon:
         if decision == "wait":
             return False
         outcome.probes += 1
+        started = time.monotonic()
         try:
             self._probe(entity)
         except Exception as exc:  # noqa: BLE001 - the entity does not answer: back off
@@ -604,10 +617,19 @@ class Syphon:
             log.info(
                 "syphon: probe of primary entity %s failed (%s); backing off", entity, type(exc).__name__
             )
-            self.gate.failed(entity)
+            self.gate.failed(entity, namespace_wide=self._namespace_wide(entity, exc, started))
             return False
         self.gate.succeeded(entity)
         return True
+
+    def _namespace_wide(self, entity: str, exc: BaseException, started: float) -> bool:
+        """Is this failure of a call to ``entity`` that started at ``started`` (real monotonic time: it is set
+        against the connection's real heartbeats) the primary namespace's (F1)?"""
+        from spark_sb.errors import classify
+        from spark_sb.failover import namespace_wide
+
+        answered = self._primary.answered_within(Target(PRIMARY, entity), time.monotonic() - started)
+        return namespace_wide(classify(exc), connection_answered=answered)
 
     def _probe(self, entity: str) -> None:
         """One probe of the primary entity (``probe_mode``), each call within ``send_timeout``."""
@@ -632,9 +654,9 @@ class Syphon:
 
     def _forward(
         self, lane: Lane[_Receiving], entity: str, pairs: Pairs, outcome: SyphonOutcome, dead_letter: bool
-    ) -> bool:
+    ) -> BaseException | None:
         """Send to the primary entity in size-packed batches, each within ``send_timeout``; complete each batch's
-        messages after the primary accepted it. On a failure the rest is abandoned (False)."""
+        messages after the primary accepted it. On a failure the rest is abandoned and the failure returned."""
         target = Target(PRIMARY, entity)
         sent = 0
         try:
@@ -658,14 +680,14 @@ class Syphon:
                 sent += len(in_batch)
             if sent < len(pairs):
                 self._abandon(lane, pairs[sent:], outcome)
-            return True
+            return None
         except Exception as exc:  # noqa: BLE001 - B9/B11: abandon, back off, go on
             log.warning(
                 "syphon: send to primary entity %s failed (%s); abandoning", entity, type(exc).__name__
             )
             outcome.errors.append(f"{entity}: send failed: {type(exc).__name__}")
             self._abandon(lane, pairs[sent:], outcome)
-            return False
+            return exc
 
     def _send_and_complete(
         self,

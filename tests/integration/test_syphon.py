@@ -137,6 +137,35 @@ def test_failing_primary_abandons_backs_off_and_loses_nothing(pair: Any) -> None
     assert sorted(str(m.message_id) for m in _take(pair.primary, "orders")) == [f"m{i}" for i in range(4)]
 
 
+def test_a_primary_namespace_that_refuses_costs_one_probe_not_one_per_entity(pair: Any) -> None:
+    """A backlog holding messages for 30 entities while the primary refuses connections: the syphon probes once,
+    backs every entity off together, abandons the messages (nothing lost), and moves them all once it answers."""
+    entities = [f"tenant-{i:02d}" for i in range(30)]
+    for e in entities:
+        pair.primary.broker.create_queue(e)
+    now = datetime.now(timezone.utc)
+    _put(
+        pair.secondary,
+        BACKLOG[0],
+        [to_backlog(OutboundMessage(body=e, message_id=f"id-{e}"), e, now) for e in entities],
+    )
+    clock = FakeClock()
+    pair.primary.faults.refuse_connections()
+    with Syphon(_config(pair), clock=clock, entity_backoff=30) as syphon:
+        started = time.monotonic()
+        outage = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
+        took = time.monotonic() - started
+        assert outage.probes == 1, outage.errors
+        assert outage.forwarded_total == 0 and outage.abandoned == 30
+        assert took < 5.0
+        pair.primary.faults.accept_connections()
+        clock.advance(30)
+        healed = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
+    assert healed.forwarded_total == 30 and healed.probes <= 30
+    moved = {str(m.message_id) for e in entities for m in _take(pair.primary, e)}
+    assert moved == {f"id-{e}" for e in entities}
+
+
 def test_replay_after_a_lost_complete_is_harmless_with_duplicate_detection(pair: Any) -> None:
     now = datetime.now(timezone.utc)
     msg = to_backlog(OutboundMessage(body="once", message_id="once"), "orders", now)

@@ -46,6 +46,25 @@ def test_gate_sends_to_healthy_probes_the_rest_and_backs_off_after_a_failure() -
     assert gate.decide("b") == "probe"  # a success counts for ok_for seconds
 
 
+def test_gate_backs_off_every_entity_after_a_namespace_wide_failure_and_one_answer_lifts_it() -> None:
+    """SPEC F1/F4 for the syphon: a primary namespace that does not answer costs one probe, not one per entity."""
+    clock = FakeClock()
+    gate = EntityGate(clock, ok_for=60, backoff=5)
+    entities = [f"tenant-{i}" for i in range(200)]
+    gate.set_hints({e: "healthy" for e in entities})
+    gate.succeeded(entities[0])
+    gate.failed(entities[1], namespace_wide=True)  # connection refused: the namespace's fault
+    assert {gate.decide(e) for e in entities} == {"wait"}  # even the ones known good or hinted healthy
+    clock.advance(5)
+    # after the back-off: the entity that met the failure is probed; the others' first send is the next try
+    assert gate.decide(entities[1]) == "probe"
+    assert {gate.decide(e) for e in entities if e != entities[1]} == {"send"}
+    gate.succeeded(entities[1])  # the namespace answered
+    assert gate.decide(entities[2]) == "send"
+    gate.failed(entities[3])  # an entity's own fault backs off that entity only
+    assert gate.decide(entities[3]) == "wait" and gate.decide(entities[4]) == "send"
+
+
 @pytest.mark.parametrize(
     ("reason", "parked"),
     [
