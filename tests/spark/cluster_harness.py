@@ -1,0 +1,108 @@
+"""What the ``local-cluster[2,1,1024]`` child scripts share (``cluster_handoff.py``, ``cluster_fanout.py``): two
+local namespaces, a session with two executor JVMs that import this checkout, and the clean-up of Spark's per-run
+work folders (copies of the jars, hundreds of MB)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+@contextmanager
+def two_namespaces() -> Iterator[tuple[Any, Any]]:
+    """A started primary and secondary :class:`~spark_sb.local.server.LocalNamespace`, stopped afterwards."""
+    import pyspark
+
+    from spark_sb.local.server import LocalNamespace
+
+    primary = LocalNamespace("primary").start()
+    secondary = LocalNamespace("secondary").start()
+    spark_work = Path(pyspark.__file__).parent / "work"
+    before = set(spark_work.iterdir()) if spark_work.exists() else set()
+    try:
+        yield primary, secondary
+    finally:
+        secondary.stop()
+        primary.stop()
+        if spark_work.exists():
+            for run in set(spark_work.iterdir()) - before:
+                shutil.rmtree(run, ignore_errors=True)
+
+
+def cluster_session(app_name: str) -> Any:
+    """A SparkSession on ``local-cluster[2,1,1024]`` whose executors import this checkout (loopback only)."""
+    from spark_sb.session import build_spark_session
+
+    root = str(Path(__file__).resolve().parents[2])
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    spark = build_spark_session(
+        app_name,
+        "local-cluster[2,1,1024]",
+        {"spark.executorEnv.PYTHONPATH": root, "spark.executorEnv.SPARK_LOCAL_IP": "127.0.0.1"},
+    )
+    # Both executors registered before the first batch (on a busy machine the second may come late, and tasks
+    # would all land on the first). Test code: the product itself never touches the SparkContext.
+    status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
+    deadline = time.monotonic() + 120
+    while status.size() < 3 and time.monotonic() < deadline:  # the driver counts as one
+        time.sleep(0.2)
+        status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
+    return spark
+
+
+def run_batches(
+    spark: Any,
+    sink: Any,
+    schema: str,
+    work: Path,
+    files: list[list[dict[str, Any]]],
+    groups: tuple[tuple[int, ...], ...],
+    before: Any = None,
+) -> tuple[list[list[dict[str, Any]]], str | None]:
+    """Stream JSON files through ``sink`` (a ``ServiceBusSink``), one micro-batch per group of file indexes
+    (``before(group)`` runs first, e.g. to break the primary); returns each batch's task results (pid, elapsed,
+    sent, diverted, rejected, failing transitions) and the query's error. Stops the session afterwards."""
+    from tests.spark.connect_stream import _write
+
+    seen: list[list[dict[str, Any]]] = []
+    try:
+        folder = work / "in"
+        folder.mkdir()
+        query = (
+            spark.readStream.schema(schema)
+            .json(str(folder))
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(work / "ckpt"))
+            .start()
+        )
+        try:
+            for group in groups:
+                if before is not None:
+                    before(group)
+                for f in group:
+                    _write(folder, f"{f}.json", files[f])
+                query.processAllAvailable()
+                seen.append([_result(r) for r in sink.last_results])
+        finally:
+            query.stop()
+        error = query.exception()
+        sink.flush()  # before spark.stop(): the state writes need the session
+    finally:
+        spark.stop()
+    return seen, None if error is None else str(error)[:2000]
+
+
+def _result(r: Any) -> dict[str, Any]:
+    return {
+        "pid": r.pid,
+        "elapsed": r.outcome.elapsed,
+        "diverted": r.outcome.total_diverted,
+        "sent": r.outcome.total_sent,
+        "rejected": r.outcome.total_rejected,
+        "failing": sum(1 for t in r.outcome.transitions if t.to_state.value == "failing"),
+    }
