@@ -6,16 +6,24 @@ raise the SDK's exceptions; :func:`spark_sb.errors.classify` says what they mean
 transport behind this interface (``tests/unit/fakes.py``).
 
 :class:`SdkTransport` is the real one. It runs on executors (Python workers), is built lazily there from the
-picklable :class:`~spark_sb.config.ServiceBusConfig`, and is not picklable. Every call has a deadline that holds
-whatever the SDK does: each target (namespace + entity) has a :class:`~spark_sb.lane.Lane` - a worker thread that
-owns that target's ``ServiceBusClient`` and ``ServiceBusSender`` - and a call that misses its deadline abandons
-the client (closed in the background, never awaited) and the next call builds a new one. A batch send on a link
-known to be open runs on the caller's thread (:meth:`~spark_sb.lane.Lane.direct`: the SDK bounds that phase
-itself, the lane's watchdog keeps the deadline), which keeps the failed-over and healthy paths at the raw SDK's
-speed; connecting, SASL and CBS always run on the lane's thread. SPEC B10: the two
-namespaces' clients are a pair - closing one closes both, and the pair is rebuilt on the next use. A faulted
-client (a connection-class error) is closed and rebuilt alone: tearing the backlog's clients down with a failing
-primary's would make every failover wait for new backlog connections.
+picklable :class:`~spark_sb.config.ServiceBusConfig`, and is not picklable. Connections do not grow with entities
+(SPEC F2): each namespace has ONE AMQP connection, owned by a :class:`~spark_sb.lane.Lane` (a worker thread), and
+every entity is a link (an SDK ``ServiceBusSender`` whose handler is opened on that connection) - the connection
+sharing the SDK's ``ServiceBusClient`` leaves switched off. Links a batch needs are opened together
+(:meth:`SdkTransport.prepare`, F3). Every call has a deadline that holds whatever the SDK does: a connection that
+does not answer (TCP, SASL - which the SDK does not bound - or later) is abandoned at the deadline (its socket shut
+down, closed in the background, never awaited) and the next call builds a new one; a link that fails (an entity's
+error, an entity that stalls while the connection keeps answering) is closed alone and reopened on next use. A
+batch send on a link known to be open runs on the caller's thread (:meth:`~spark_sb.lane.Lane.direct`: the SDK
+bounds that phase itself, the lane's watchdog keeps the deadline), which keeps the failed-over and healthy paths at
+the raw SDK's speed. :meth:`SdkTransport.answered_within` reads the connection's last frame (the namespace's
+heartbeats, asked for with an idle timeout) so that the sender can tell a namespace's fault from an entity's (F1).
+SPEC B10: the two namespaces' connections are a pair - closing one closes both, and the pair is rebuilt on the next
+use. A faulted connection is closed and rebuilt alone: tearing the backlog's down with a failing primary's would
+make every failover wait for a new backlog connection.
+
+Reads SDK internals (pyamqp's ``Connection``, a handler's ``open(connection=...)``, ``_running`` and the link's size
+limits), all pinned by ``constraints-dev.txt`` and exercised by the integration tests against the unmodified SDK.
 """
 
 from __future__ import annotations
