@@ -1,4 +1,4 @@
-"""What the ``local-cluster[2,1,1024]`` child scripts share (``cluster_handoff.py``, ``cluster_fanout.py``): two
+"""What ``local-cluster[2,1,1024]`` child scripts (``cluster_fanout.py``) need: two
 local namespaces, a session with two executor JVMs that import this checkout, and the clean-up of Spark's per-run
 work folders (copies of the jars, hundreds of MB)."""
 
@@ -87,6 +87,7 @@ def run_batches(
                 for f in group:
                     _write(folder, f"{f}.json", files[f])
                 query.processAllAvailable()
+                sink.flush()  # the batch's state writes (a Spark job) done: the next batch finds the executors free
                 seen.append([_result(r) for r in sink.last_results])
         finally:
             query.stop()
