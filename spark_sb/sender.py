@@ -407,7 +407,7 @@ class PairedSender:
         start = self._clock.monotonic()
         tally = _Tally()
         claimed = [state for state in self._failed_over() if state.claim_probe()]
-        if self._background_probes:
+        if claimed and self._background_probes:
             threading.Thread(
                 target=self._probe_all, args=(claimed,), name="spark-sb-probes", daemon=True
             ).start()
@@ -463,10 +463,8 @@ class PairedSender:
         started = self._clock.monotonic()
         try:
             transport.prepare(targets, silence)
-        except Exception as exc:
+        except Exception as exc:  # the transport closed what faulted already
             cls = classify(exc)
-            if cls.rebuild_client:
-                transport.fault(targets[0])
             if cls.fail_over and self._namespace_wide(cls, targets[0], started):
                 self._emit(tally, first.record_failure(cls, _describe(exc), started, namespace_wide=True))
             _LOGGER.info("opening %d links failed (%s); each entity's send meets it", len(targets), cls.name)

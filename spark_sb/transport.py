@@ -205,8 +205,9 @@ OPENING_AT_ONCE = 128
 
 #: The idle timeout the shared connection asks of the namespace (seconds). The namespace then sends an empty
 #: frame when it has had nothing else to send for half of it, so a live connection is heard from at least every
-#: ``HEARTBEAT / 2`` s even while one entity stalls; a silent connection is the namespace's fault (SPEC F1), and
-#: pyamqp closes a connection that said nothing for this long (a silently dropped connection, SPEC L1).
+#: ``HEARTBEAT / 2`` s even while one entity stalls; a silent connection is the namespace's fault (SPEC F1). pyamqp's
+#: own close after this long without a frame is switched off (:func:`_open_connection`): the lane's deadlines and the
+#: namespace-wide evidence decide what a silence means.
 HEARTBEAT = 4.0
 
 
@@ -523,9 +524,9 @@ class SdkTransport:
         self._answered: dict[Target, tuple[int, float]] = {}
         self._lock = threading.Lock()
         self._closed = False
-        self.generation: dict[str, int] = {PRIMARY: 0, SECONDARY: 0}  # bumped each time a connection is built
+        # Connections built per namespace (bumped each time one is built): for tests and benchmarks.
+        self.generation: dict[str, int] = {PRIMARY: 0, SECONDARY: 0}
         self.direct_sends = 0  # sends that ran on the caller's thread (Lane.direct), for tests and benchmarks
-        self.connections_opened: dict[str, int] = {PRIMARY: 0, SECONDARY: 0}  # for tests and benchmarks
 
     # -- plumbing
     def _namespace_config(self, namespace: str) -> NamespaceConfig:
@@ -550,7 +551,6 @@ class SdkTransport:
                     client = ns.client(**self._client_kwargs)
                     with self._lock:
                         self.generation[namespace] = self.generation.get(namespace, 0) + 1
-                        self.connections_opened[namespace] = self.connections_opened.get(namespace, 0) + 1
                     conn = _Conn(client, None)
                     self._last[namespace] = conn
                     conn.connection = _open_connection(client, connect_timeout)
@@ -783,11 +783,3 @@ class SdkTransport:
         with self._lock:
             live = sorted(ns for ns, lane in self._lanes.items() if lane.live)
         return f"SdkTransport(open={live})"
-
-
-def _quiet_close(obj: Any) -> None:
-    """Close an SDK object; a failure to close is logged (without secrets), never raised."""
-    try:
-        obj.close()
-    except Exception as exc:  # closing a faulted client may fail; it is being dropped anyway
-        _LOGGER.info("closing %s failed: %s", type(obj).__name__, type(exc).__name__)

@@ -116,7 +116,7 @@ def test_cold_start_opens_200_links_in_one_round_on_one_connection(fan: Any, sen
     assert again.total_sent == 2 * E
     transport = sender.transport
     assert isinstance(transport, SdkTransport)
-    assert transport.connections_opened[PRIMARY] == 1
+    assert transport.generation[PRIMARY] == 1
     assert primary_total(fan) == 4 * E
 
 
@@ -216,6 +216,6 @@ def test_a_stalled_entity_among_healthy_ones_fails_over_alone(fan: Any, sender: 
         assert others == {EntityState.HEALTHY}
         failing = {t.entity for t in out.transitions if t.to_state is not EntityState.HEALTHY}
         assert failing == {stalled}  # no namespace-wide evidence from one entity's stall
-        assert transport.connections_opened[PRIMARY] == 1  # the shared connection stayed
+        assert transport.generation[PRIMARY] == 1  # the shared connection stayed
     finally:
         fan.primary.faults.stall_entity(stalled, False)
