@@ -1,4 +1,4 @@
-"""What ``local-cluster[2,1,1024]`` child scripts (``cluster_fanout.py``) need: two
+"""What the ``local-cluster[2,1,1024]`` child scripts (``cluster_handoff.py``, ``cluster_fanout.py``) share: two
 local namespaces, a session with two executor JVMs that import this checkout, and the clean-up of Spark's per-run
 work folders (copies of the jars, hundreds of MB)."""
 
