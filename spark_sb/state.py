@@ -892,11 +892,17 @@ CONFLICT_MARKERS = (
     "already exists",
 )
 
+# Seen only while another writer is creating the same table (its folder exists, its first commit does not yet):
+# a conflict for CREATE TABLE IF NOT EXISTS, an error anywhere else.
+CREATE_RACE_MARKERS = ("DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION",)
 
-def is_conflict(exc: BaseException) -> bool:
-    """True for a Delta write conflict with another writer (retry it). Pure."""
+
+def is_conflict(exc: BaseException, *, creating: bool = False) -> bool:
+    """True for a Delta write conflict with another writer (retry it). ``creating``: the statement creates the
+    table, where another writer's half-made table is a conflict too. Pure."""
     text = f"{type(exc).__name__} {exc}"
-    return any(m in text for m in CONFLICT_MARKERS)
+    markers = CONFLICT_MARKERS + CREATE_RACE_MARKERS if creating else CONFLICT_MARKERS
+    return any(m in text for m in markers)
 
 
 class DeltaStateStore:
@@ -920,12 +926,12 @@ class DeltaStateStore:
         self._ensured = False
 
     # -- plumbing
-    def _retry(self, what: str, fn: Any) -> Any:
+    def _retry(self, what: str, fn: Any, *, creating: bool = False) -> Any:
         for attempt in range(1, self.attempts + 1):
             try:
                 return fn()
             except Exception as exc:
-                if attempt >= self.attempts or not is_conflict(exc):
+                if attempt >= self.attempts or not is_conflict(exc, creating=creating):
                     raise
                 log.info(
                     "state table %s: conflict with another writer (%s), retry %d",
@@ -957,7 +963,7 @@ class DeltaStateStore:
             return
         for table, ddl in (("events", EVENTS_DDL), ("entities", ENTITIES_DDL), ("rejects", REJECTS_DDL)):
             sql = f"CREATE TABLE IF NOT EXISTS {self.tables.sql_name(table)} ({ddl}) USING DELTA"
-            self._retry(table, lambda sql=sql: self.spark.sql(sql).collect())
+            self._retry(table, lambda sql=sql: self.spark.sql(sql).collect(), creating=True)
         self._ensured = True
 
     # -- reads

@@ -385,6 +385,10 @@ def test_state_tables_names_and_conflicts() -> None:
         StateTables()
     assert is_conflict(RuntimeError("[DELTA_CONCURRENT_APPEND] ConcurrentAppendException: files were added"))
     assert not is_conflict(RuntimeError("[PATH_NOT_FOUND] no such path"))
+    # another query's half-made table: retried while creating tables, an error for an append
+    race = RuntimeError("[DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION] Cannot create table ... is not empty")
+    assert is_conflict(race, creating=True)
+    assert not is_conflict(race)
 
 
 # ------------------------------------------------------------------------------- the handoff (S4)
@@ -487,3 +491,28 @@ def test_delta_writes_retry_conflicts_with_other_writers_and_nothing_else() -> N
     with pytest.raises(RuntimeError, match="PATH_NOT_FOUND"):
         store._retry("events", broken)
     assert len(calls) == before + 1  # not a conflict: not retried
+
+
+def test_creating_the_tables_waits_out_another_writer_creating_them() -> None:
+    """Two queries sharing a state location start together: one finds the other's table folder without its first
+    commit yet. ensure() retries that; an append never does."""
+    from spark_sb.state import DeltaStateStore
+
+    statements: list[str] = []
+
+    class Result:
+        def collect(self) -> list[Any]:
+            return []
+
+    class Spark:
+        def sql(self, sql: str) -> Result:
+            statements.append(sql)
+            if len(statements) < 3:
+                raise RuntimeError("[DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION] location is not empty")
+            return Result()
+
+    waits: list[float] = []
+    store = DeltaStateStore(Spark(), StateTables(location="/x"), backoff=0.1, sleep=waits.append)  # type: ignore[arg-type]
+    store.ensure()
+    assert waits == [0.1, 0.2]
+    assert len(statements) == 2 + 3 and all("CREATE TABLE IF NOT EXISTS" in s for s in statements)
