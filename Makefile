@@ -5,16 +5,17 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 JARS := $(VENV)/.delta-jars
 
-# The pinned development set: the package with every extra, versions from constraints-dev.txt.
+# The pinned development set: the package with every extra, versions from constraints-dev.txt, and the local
+# namespace (servicebus_local/, its own distribution, which the `local` extra names) editable beside it.
 EXTRAS := spark,local,connect,test
 CONSTRAINTS := constraints-dev.txt
 
 .PHONY: install jars test test-fast lint demo bench wheel clean
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+$(STAMP): pyproject.toml servicebus_local/pyproject.toml $(CONSTRAINTS)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[$(EXTRAS)]' -c $(CONSTRAINTS)
+	$(BIN)/pip install -q -e ./servicebus_local -e '.[$(EXTRAS)]' -c $(CONSTRAINTS)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -28,27 +29,28 @@ $(JARS): $(STAMP)
 
 jars: $(JARS)
 
-# The whole suite (unit, local namespace, Spark; slow tests included).
+# The whole suite (unit, local namespace, Spark; slow tests included), and the local namespace's own tests.
 test: jars
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests servicebus_local/tests
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests -m "not spark and not slow"
+	$(BIN)/python -m pytest tests servicebus_local/tests -m "not spark and not slow"
 
 lint: $(STAMP)
-	$(BIN)/ruff check spark_sb tests jobs bench
-	$(BIN)/ruff format --check spark_sb tests jobs bench
-	$(BIN)/mypy spark_sb
+	$(BIN)/ruff check spark_sb servicebus_local tests jobs bench
+	$(BIN)/ruff format --check spark_sb servicebus_local tests jobs bench
+	$(BIN)/mypy
 
 demo: $(JARS)
 	@$(BIN)/python jobs/demo.py
 
-# The wheel to install on Databricks or anywhere else (dist/spark_servicebus-<version>-py3-none-any.whl).
+# The wheel to install on Databricks or anywhere else (dist/spark_servicebus-<version>-py3-none-any.whl), and the
+# local namespace's own (dist/servicebus_local-<version>-py3-none-any.whl).
 wheel: $(STAMP)
-	rm -rf build dist/spark_servicebus-*.whl
-	$(BIN)/pip wheel -q --no-deps -w dist .
-	rm -rf build
-	@ls dist/spark_servicebus-*.whl
+	rm -rf build servicebus_local/build dist/spark_servicebus-*.whl dist/servicebus_local-*.whl
+	$(BIN)/pip wheel -q --no-deps -w dist . ./servicebus_local
+	rm -rf build servicebus_local/build
+	@ls dist/spark_servicebus-*.whl dist/servicebus_local-*.whl
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_local_namespace.py

@@ -51,8 +51,8 @@ from spark_sb.sender import PairedSender  # noqa: E402
 
 
 def lags(args: argparse.Namespace) -> None:
-    from spark_sb.local.fixtures import NamespacePair
-    from spark_sb.local.server import LocalNamespace
+    from servicebus_local.fixtures import NamespacePair
+    from servicebus_local.server import LocalNamespace
     from tests.outages import SHAPES, prepare, run_outage
 
     names = args.shapes.split(",") if args.shapes else list(SHAPES)

@@ -6,7 +6,7 @@ SDK, outage cost and recovery per outage shape, connections and threads.
                                            [--shapes refused+dropped,stall-after-sasl,stall-before-sasl,dns]
                                            [--slices 10] [--slice 5000] [--size 200] [--verbose]
 
-For each latency and each E, three fresh local namespaces run in child processes (``python -m spark_sb.local``
+For each latency and each E, three fresh local namespaces run in child processes (``python -m servicebus_local``
 with a control port): "primary" with queues q0..q{E-1} (PairedSender's primary), "raw" with the same queues
 (the raw SDK baseline's, so that each side's connections are counted apart) and "secondary" with the backlog
 queues. The latency fault (``POST /faults/latency``) is set on all three. Every batch holds messages
@@ -87,7 +87,7 @@ class _Namespace:
     def __init__(self, name: str, queues: list[str]) -> None:
         self.name = name
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "spark_sb.local", "--name", name, "--port", "0", "--control-port", "0"]
+            [sys.executable, "-m", "servicebus_local", "--name", name, "--port", "0", "--control-port", "0"]
             + [arg for q in queues for arg in ("--queue", q)],
             stdout=subprocess.PIPE,
             text=True,

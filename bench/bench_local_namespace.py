@@ -6,7 +6,7 @@ Phases, each printed as msgs/s: batched send (``send_messages`` of size-packed `
 peek-lock receive + ``complete_message`` per message, batched send again, receive-and-delete; then the same with
 2 ms of injected latency on every write (on fewer messages: completing one message is one round trip).
 
-By default the namespace runs in a child process (``python -m spark_sb.local``), as it would next to a Spark
+By default the namespace runs in a child process (``python -m servicebus_local``), as it would next to a Spark
 job, so the broker and the SDK do not share one GIL; ``--inproc`` runs it in this process instead. Only loopback
 traffic; bounded in count and time.
 """
@@ -35,13 +35,13 @@ def namespace(
     """(connection string, set_latency(seconds)) of a fresh namespace with the given queues."""
     if inproc:
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        from spark_sb.local.server import LocalNamespace
+        from servicebus_local.server import LocalNamespace
 
         with LocalNamespace(name, queues=list(queues)) as ns:
             yield ns.connection_string, ns.faults.set_latency
         return
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spark_sb.local", "--name", name, "--port", "0", "--control-port", "0"]
+        [sys.executable, "-m", "servicebus_local", "--name", name, "--port", "0", "--control-port", "0"]
         + [arg for q in queues for arg in ("--queue", q)],
         stdout=subprocess.PIPE,
         text=True,

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_paired_sender.py [--count 100000] [--size 200] [--latency 0.002]
 
-By default both namespaces run in child processes (``python -m spark_sb.local``), so the broker does not share
+By default both namespaces run in child processes (``python -m servicebus_local``), so the broker does not share
 this process's GIL with the code being measured; ``--inproc`` runs them in this process.
 
 Sends ``count`` messages of ``size`` bytes (a) with the raw SDK (``ServiceBusMessage`` objects packed into

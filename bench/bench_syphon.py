@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_syphon.py [--count 20000] [--size 200] [--latency 0.002] [--repeats 3]
 
-Both namespaces run in child processes (``python -m spark_sb.local``), so the brokers do not share a GIL with the
+Both namespaces run in child processes (``python -m servicebus_local``), so the brokers do not share a GIL with the
 movers. Every mover runs in its own child process (as a Spark partition runs in its own Python worker): the
 backlog queue(s) are filled with ``count`` backlog-translated messages of ``size`` bytes; each mover opens its
 links, then the timer starts when all movers start and stops when the last one has moved its share.

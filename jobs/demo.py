@@ -1,7 +1,7 @@
 """The embedded demo: local Spark + two local Service Bus namespaces + a primary outage + the syphon.
 
 Run: ``make demo`` (or ``python jobs/demo.py``). Everything is local: a primary and a secondary namespace run
-in this process (``spark_sb.local``), backlog queues are provisioned in the secondary, and a Structured Streaming
+in this process (``servicebus_local``), backlog queues are provisioned in the secondary, and a Structured Streaming
 query (file source -> ``foreachBatch(ServiceBusSink)``) sends three micro-batches:
 
 1. primary healthy: every message goes to the primary queue;
@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from servicebus_local.server import LocalNamespace
 from spark_sb.clock import SystemClock
 from spark_sb.config import ServiceBusConfig
-from spark_sb.local.server import LocalNamespace
 from spark_sb.provisioning import provision_backlog_queues
 from spark_sb.sender import SendOutcome
 from spark_sb.session import build_spark_session

@@ -1,5 +1,5 @@
-"""ISO-8601 durations and the service's maximum duration: the one codec for config, provisioning and the local
-namespace's admin endpoint.
+"""ISO-8601 durations and the service's maximum duration: the one codec for config and provisioning (the local
+namespace, a distribution of its own, keeps its own copy).
 
 The grammar is the day-time subset the service speaks (``PT1M``, ``P3DT4H5M6.000007S``, ``P2W``,
 ``P10675199DT2H48M5.4775807S``): optional sign, weeks, days, hours, minutes, seconds, each with an optional

@@ -406,7 +406,7 @@ def is_retryable(exc: BaseException) -> bool:
 #: What to do about an untrusted certificate; a local namespace (development emulator) has its own CA.
 CERTIFICATE_HINT = (
     "set REQUESTS_CA_BUNDLE to the PEM file of the CA that signed it; for a local namespace "
-    "(UseDevelopmentEmulator=true) that is the ca_file printed by `python -m spark_sb.local` "
+    "(UseDevelopmentEmulator=true) that is the ca_file printed by `python -m servicebus_local` "
     "(export REQUESTS_CA_BUNDLE=<ca_file>; with --tls-dir DIR: DIR/ca.pem)"
 )
 

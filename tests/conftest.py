@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -10,10 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-# The local Service Bus namespace fixtures (namespace_pair, local_namespace) live in the package so that users of
-# the library can use them in their own tests too.
-if importlib.util.find_spec("spark_sb.local.fixtures") is not None:
-    pytest_plugins = ["spark_sb.local.fixtures"]
+# The local Service Bus namespace fixtures (namespace_pair, local_namespace) come from the servicebus-local
+# distribution's pytest plugin (its `pytest11` entry point), so that anyone's tests can use them.
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ A :class:`SendLoop` runs a :class:`~spark_sb.sender.PairedSender` in a thread, s
 numbered messages back to back and recording, for each ``send`` call, when it started and returned and how many
 messages went to the primary and to the backlog. :data:`SHAPES` are the outage shapes the local namespace can
 make (refused, dropped, stalled before and after SASL, DNS failure, entity errors, a per-entity stall), each a
-pair of callables (break, heal) on the primary :class:`~spark_sb.local.server.LocalNamespace`.
+pair of callables (break, heal) on the primary :class:`~servicebus_local.server.LocalNamespace`.
 
 From the record: the failover lag (first diverted message - fault start - ``failover_interval``), the recovery
 lag (first message accepted by the primary again - heal), and the message ids to compare as sets (0 lost).
@@ -20,10 +20,10 @@ from typing import Any
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
+from servicebus_local.model import QueueSettings
 from spark_sb.backlog import BACKLOG_PATH
 from spark_sb.config import ServiceBusConfig
 from spark_sb.failover import FailoverRegistry
-from spark_sb.local.model import QueueSettings
 from spark_sb.mapping import OutboundMessage
 from spark_sb.sender import PairedSender
 

@@ -1,1 +1,8 @@
-"""Local Service Bus namespace: an AMQP 1.0 server for the unmodified azure-servicebus SDK (SPEC E1-E6)."""
+"""The local Service Bus namespace moved to its own distribution, ``servicebus-local`` (import ``servicebus_local``).
+
+This alias keeps ``python -m spark_sb.local`` working for one release; it holds no part of the namespace.
+Install the extra (``pip install 'spark-servicebus[local]'``) and use ``python -m servicebus_local`` and
+``from servicebus_local.server import LocalNamespace``.
+"""
+
+MOVED_TO = "servicebus_local"

@@ -1,178 +1,33 @@
-"""``python -m spark_sb.local``: run a local Service Bus namespace until SIGINT/SIGTERM.
-
-    python -m spark_sb.local --name contoso --port 5672 [--control-port 5673] [--queue q1]... \
-        [--topic events:audit,billing]... [--topology topology.yaml] [--key-name K --key V] [--tls-dir DIR] \
-        [--max-connections N]
-
-Prints ``connection_string=<...>`` (one line), ``control_url=<...>`` when a control port is given and
-``ca_file=<...>`` (the CA the admin client must trust: ``connection_verify=`` or ``REQUESTS_CA_BUNDLE``), then
-serves in this process until SIGINT or SIGTERM, and exits 0 after a clean stop. User errors (port in use, a missing or invalid topology file) are reported in
-one line on stderr, exit status 2, no traceback. ``--port 0`` / ``--control-port
-0`` pick free ports (the printed lines tell which). The connection string carries the key given with ``--key``
-(or a dummy when the namespace checks no key); it is printed because starting the namespace is asking for it.
-``--max-connections N`` sets the quota of concurrent AMQP connections (default 5,000, the service's): the
-connection after the N-th open one is answered and closed with ``amqp:resource-limit-exceeded``.
+"""``python -m spark_sb.local``: the one-release alias of ``python -m servicebus_local`` (same flags, same output),
+with a note on stderr that the namespace moved. Without the ``local`` extra it says what to install and exits 2.
 """
 
 from __future__ import annotations
 
-import argparse
-import errno
-import os
-import signal
+import importlib
 import sys
-import threading
-from types import FrameType
 
-import yaml
-
-from spark_sb.local.server import DEFAULT_MAX_CONNECTIONS, LocalNamespace
-from spark_sb.local.tls import TLS_DIR_ENV
-from spark_sb.local.topology import TopologyError, load_topology
-
-
-def _parse_topic(text: str) -> tuple[str, list[str]]:
-    name, _, subs = text.partition(":")
-    if not name:
-        raise argparse.ArgumentTypeError(f"--topic {text!r}: expected <topic>:<sub>,<sub>")
-    return name, [s for s in subs.split(",") if s]
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m spark_sb.local", description="Run a local Service Bus namespace."
-    )
-    p.add_argument("--name", default="local", help="namespace name (default: local)")
-    p.add_argument("--host", default="127.0.0.1", help="listen address (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=5672, help="AMQP + HTTPS admin port (0 = any free port)")
-    p.add_argument("--control-port", type=int, default=None, help="HTTP control API port (0 = any free port)")
-    p.add_argument("--queue", action="append", default=[], help="create a queue (repeatable)")
-    p.add_argument(
-        "--topic",
-        action="append",
-        default=[],
-        type=_parse_topic,
-        help="create <topic>:<sub>,<sub> (repeatable)",
-    )
-    p.add_argument("--topology", default=None, help="YAML file of queues/topics/subscriptions with settings")
-    p.add_argument("--key-name", default="RootManageSharedAccessKey", help="shared access key name")
-    p.add_argument(
-        "--key", default=None, help="shared access key to check SAS tokens against (default: none)"
-    )
-    p.add_argument(
-        "--tls-dir",
-        default=None,
-        help=(
-            "keep the admin endpoint's CA and certificate in this directory and reuse them, so namespaces "
-            "started as separate processes share one CA: REQUESTS_CA_BUNDLE=<dir>/ca.pem trusts them all "
-            "(default: a CA made for this process; also $SPARK_SB_LOCAL_TLS_DIR)"
-        ),
-    )
-    p.add_argument(
-        "--max-connections",
-        type=_positive_int,
-        default=DEFAULT_MAX_CONNECTIONS,
-        metavar="N",
-        help=(
-            "quota of concurrent AMQP connections: the next one is answered and closed with "
-            f"amqp:resource-limit-exceeded, as by the service (default: {DEFAULT_MAX_CONNECTIONS})"
-        ),
-    )
-    return p
+NOTE = (
+    "note: the local namespace moved to its own distribution, servicebus-local: "
+    "run `python -m servicebus_local` (this alias goes away in the next release)"
+)
+MISSING = (
+    "python -m spark_sb.local: the local namespace is not installed; "
+    "pip install 'spark-servicebus[local]' (it brings servicebus-local), then run python -m servicebus_local"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.tls_dir:
-        os.environ[TLS_DIR_ENV] = args.tls_dir  # read when the admin endpoint first needs its certificate
-    topics: dict[str, list[str]] = {}
-    for name, subs in args.topic:
-        topics.setdefault(name, []).extend(subs)
+    print(NOTE, file=sys.stderr, flush=True)
     try:
-        ns = _start(args, topics)
-    except UserError as exc:
-        print(f"python -m spark_sb.local: error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        print(f"connection_string={ns.connection_string}", flush=True)
-        if ns.control_url is not None:
-            print(f"control_url={ns.control_url}", flush=True)
-        # The CA the admin client (HTTPS on the same port) must trust: connection_verify=... or
-        # REQUESTS_CA_BUNDLE=...
-        print(f"ca_file={ns.ca_file}", flush=True)
-        while not stop.wait(0.5):
-            pass
-    finally:
-        ns.stop()
-    print("stopped", flush=True)
-    return 0
-
-
-class UserError(Exception):
-    """A mistake in the command line or its files: reported in one line, exit status 2."""
-
-
-def _start(args: argparse.Namespace, topics: dict[str, list[str]]) -> LocalNamespace:
-    """Build and start the namespace; user errors (bad topology file, port in use) -> :class:`UserError`."""
-    if args.topology is not None:
-        try:
-            load_topology(args.topology)
-        except FileNotFoundError:
-            raise UserError(f"topology file not found: {args.topology}") from None
-        except IsADirectoryError:
-            raise UserError(f"topology file is a directory: {args.topology}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UserError(f"cannot read topology file {args.topology}: {exc}") from None
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            problem = getattr(exc, "problem", None) or type(exc).__name__
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            raise UserError(f"topology file {args.topology} is not valid YAML: {problem}{where}") from None
-        except TopologyError as exc:
-            raise UserError(f"topology file {args.topology}: {exc}") from None
-    ns = LocalNamespace(
-        args.name,
-        args.host,
-        args.port,
-        queues=args.queue,
-        topics=topics,
-        key_name=args.key_name,
-        key=args.key,
-        control_port=args.control_port,
-        topology=args.topology,
-        max_connections=args.max_connections,
-    )
-    try:
-        ns.start()
-    except OSError as exc:
-        ns.stop()
-        if exc.errno == errno.EADDRINUSE:
-            raise UserError(f"port {args.port} on {args.host} is already in use (try --port 0)") from None
-        if exc.errno == errno.EADDRNOTAVAIL:
-            raise UserError(f"cannot listen on {args.host}: address not available") from None
-        if exc.errno == errno.EACCES:
-            raise UserError(
-                f"not allowed to listen on port {args.port} (ports below 1024 need privileges)"
-            ) from None
-        raise UserError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
-    return ns
+        target = importlib.import_module("servicebus_local.__main__")
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and exc.name.split(".")[0] in ("servicebus_local", "proton", "trustme"):
+            print(MISSING, file=sys.stderr, flush=True)
+            return 2
+        raise
+    result: int = target.main(argv)
+    return result
 
 
 if __name__ == "__main__":

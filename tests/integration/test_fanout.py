@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("spark_sb.local.fixtures", reason="the local namespace server has not landed yet")
+pytest.importorskip("servicebus_local.fixtures", reason="the local namespace server has not landed yet")
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode  # noqa: E402
 
@@ -162,7 +162,7 @@ def test_a_connection_refused_for_the_quota_is_named_and_diverts() -> None:
     """Beyond the namespace's connection quota the connection is refused (amqp:resource-limit-exceeded): its own
     error class (connection_quota) in the transitions, namespace-wide evidence, and the messages go to the
     backlog."""
-    from spark_sb.local.server import LocalNamespace
+    from servicebus_local.server import LocalNamespace
 
     with LocalNamespace(max_connections=1) as primary, LocalNamespace() as secondary:
         for name in ENTITIES[:5]:

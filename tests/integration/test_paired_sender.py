@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("spark_sb.local.fixtures", reason="the local namespace server has not landed yet")
+pytest.importorskip("servicebus_local.fixtures", reason="the local namespace server has not landed yet")
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode  # noqa: E402
 
+from servicebus_local.model import QueueSettings  # noqa: E402
 from spark_sb.backlog import (  # noqa: E402
     BACKLOG_ENQUEUED,
     BACKLOG_PATH,
@@ -31,7 +32,6 @@ from spark_sb.backlog import (  # noqa: E402
 from spark_sb.config import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig  # noqa: E402
 from spark_sb.errors import NoBacklogAvailableError, ServiceBusConfigError, classify  # noqa: E402
 from spark_sb.failover import EntityState, FailoverRegistry  # noqa: E402
-from spark_sb.local.model import QueueSettings  # noqa: E402
 from spark_sb.mapping import OutboundMessage  # noqa: E402
 from spark_sb.sender import PairedSender  # noqa: E402
 from spark_sb.transport import PRIMARY, SECONDARY, SdkTransport, Target  # noqa: E402

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("spark_sb.local.server")
+pytest.importorskip("servicebus_local.server")
 
 from spark_sb.__main__ import main  # noqa: E402
 from spark_sb.backlog import backlog_queue_names  # noqa: E402
@@ -171,7 +171,7 @@ def test_all_failing_raises_naming_namespace_queues_and_last_error(
 def test_unauthorized_names_the_missing_right(primary_name: str) -> None:
     from azure.servicebus.management import ServiceBusAdministrationClient
 
-    from spark_sb.local.server import LocalNamespace
+    from servicebus_local.server import LocalNamespace
 
     key = "a2V5ZWQtbmFtZXNwYWNlLWtleQ=="
     with LocalNamespace("keyed", key=key) as keyed:

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode, ServiceBusSubQueue
 
+from servicebus_local.model import QueueSettings
 from spark_sb.backlog import probe_message, to_backlog
 from spark_sb.clock import FakeClock
 from spark_sb.config import ServiceBusConfig
-from spark_sb.local.model import QueueSettings
 from spark_sb.mapping import OutboundMessage
 from spark_sb.syphon import EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, Syphon
 

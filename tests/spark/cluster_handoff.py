@@ -19,8 +19,8 @@ INTERVAL = 8.0
 
 
 def main(work: Path) -> dict[str, Any]:
+    from servicebus_local.model import QueueSettings
     from spark_sb.config import ServiceBusConfig
-    from spark_sb.local.model import QueueSettings
     from spark_sb.provisioning import provision_backlog_queues
     from spark_sb.sink import ServiceBusSink
     from tests.spark.cluster_harness import cluster_session, run_batches, two_namespaces

@@ -15,10 +15,10 @@ from typing import Any
 
 @contextmanager
 def two_namespaces() -> Iterator[tuple[Any, Any]]:
-    """A started primary and secondary :class:`~spark_sb.local.server.LocalNamespace`, stopped afterwards."""
+    """A started primary and secondary :class:`~servicebus_local.server.LocalNamespace`, stopped afterwards."""
     import pyspark
 
-    from spark_sb.local.server import LocalNamespace
+    from servicebus_local.server import LocalNamespace
 
     primary = LocalNamespace("primary").start()
     secondary = LocalNamespace("secondary").start()

@@ -59,9 +59,9 @@ def _drain(connection_string: str, entity: str) -> list[str]:
 
 
 def main(work: Path) -> dict[str, Any]:
+    from servicebus_local.model import QueueSettings
+    from servicebus_local.server import LocalNamespace
     from spark_sb.config import ServiceBusConfig
-    from spark_sb.local.model import QueueSettings
-    from spark_sb.local.server import LocalNamespace
     from spark_sb.provisioning import provision_backlog_queues
     from spark_sb.sink import ServiceBusSink
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from connect_stream import _drain, _session  # noqa: E402 - sibling script
 
+from servicebus_local.model import QueueSettings
+from servicebus_local.server import LocalNamespace
 from spark_sb.backlog import to_backlog
 from spark_sb.config import ServiceBusConfig
-from spark_sb.local.model import QueueSettings
-from spark_sb.local.server import LocalNamespace
 from spark_sb.mapping import OutboundMessage
 from spark_sb.syphon_job import run_syphon, stop_gracefully
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from servicebus_local.model import QueueSettings
 from spark_sb.config import ServiceBusConfig
-from spark_sb.local.model import QueueSettings
 from spark_sb.provisioning import provision_backlog_queues
 from spark_sb.sink import ServiceBusSink
 from spark_sb.syphon import Syphon

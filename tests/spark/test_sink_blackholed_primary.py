@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from servicebus_local.model import QueueSettings
 from spark_sb.config import ServiceBusConfig
-from spark_sb.local.model import QueueSettings
 from spark_sb.sink import ServiceBusSink
 
 pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from spark_sb.local.model import QueueSettings
+from servicebus_local.model import QueueSettings
 from spark_sb.provisioning import provision_backlog_queues
 from spark_sb.sender import namespace_key
 from spark_sb.sink import ServiceBusSink

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
+from servicebus_local.model import QueueSettings
 from spark_sb.backlog import to_backlog
 from spark_sb.config import ServiceBusConfig
-from spark_sb.local.model import QueueSettings
 from spark_sb.mapping import OutboundMessage
 from spark_sb.syphon_job import run_syphon, stop_gracefully
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
+from servicebus_local.model import QueueSettings
 from spark_sb.backlog import to_backlog
-from spark_sb.local.model import QueueSettings
 from spark_sb.mapping import OutboundMessage
 
 pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]

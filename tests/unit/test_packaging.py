@@ -33,12 +33,12 @@ PROJECT = PYPROJECT["project"]
 OPTIONAL_MODULES = ("pyspark", "delta", "proton", "trustme", "pyarrow", "pandas", "grpc", "IPython")
 #: Runtime distribution -> the top-level modules the core may import at module level.
 RUNTIME_MODULES = {"azure-servicebus": {"azure"}, "azure-identity": {"azure"}, "pyyaml": {"yaml"}}
-#: The core: every module of the package but the local namespace (extra `local`) and the session builder
-#: (extra `spark`).
-CORE = sorted(
-    p
-    for p in (ROOT / "spark_sb").rglob("*.py")
-    if "local" not in p.relative_to(ROOT / "spark_sb").parts and p.name != "session.py"
+#: The core: every module of the package but the session builder (extra `spark`). The local namespace is a
+#: distribution of its own (servicebus_local/); `spark_sb.local` is only its one-release alias.
+CORE = sorted(p for p in (ROOT / "spark_sb").rglob("*.py") if p.name != "session.py")
+#: What an emulator module looks like in a file list: the modules of servicebus_local/, by name.
+EMULATOR_MODULES = sorted(
+    p.name for p in (ROOT / "servicebus_local").glob("*.py") if p.name not in ("__init__.py", "__main__.py")
 )
 
 
@@ -91,7 +91,7 @@ def test_extras_use_ranges_and_keep_heavy_packages_out_of_the_runtime() -> None:
     for name in ("pyspark", "delta-spark"):
         assert "==" not in spark[name] and ">=" in spark[name], spark[name]
     assert "!=4.4.1" in spark["delta-spark"]  # its jar is not on Maven Central
-    assert {_requirement_name(r) for r in extras["local"]} == {"python-qpid-proton", "trustme"}
+    assert {_requirement_name(r) for r in extras["local"]} == {"servicebus-local"}
     assert {_requirement_name(r) for r in extras["connect"]} >= {
         "grpcio",
         "grpcio-status",
@@ -115,10 +115,16 @@ def test_the_development_set_is_pinned_and_installed_with_every_extra() -> None:
     assert pins["delta-spark"] == "4.4.0"
     wanted = {_requirement_name(r) for extra in PROJECT["optional-dependencies"].values() for r in extra}
     wanted |= {_requirement_name(r) for r in PROJECT["dependencies"]}
+    # servicebus-local comes from this repository (installed editable); what it needs is pinned like the rest
+    wanted.discard("servicebus-local")
+    local = tomllib.loads((ROOT / "servicebus_local" / "pyproject.toml").read_text())["project"]
+    wanted |= {_requirement_name(r) for r in local["dependencies"]}
     assert not wanted - set(pins), f"unpinned: {sorted(wanted - set(pins))}"
     makefile = (ROOT / "Makefile").read_text()
     assert "EXTRAS := spark,local,connect,test" in makefile
-    assert re.search(r"pip install -q -e '\.\[\$\(EXTRAS\)\]' -c \$\(CONSTRAINTS\)", makefile)
+    assert re.search(
+        r"pip install -q -e \./servicebus_local -e '\.\[\$\(EXTRAS\)\]' -c \$\(CONSTRAINTS\)", makefile
+    )
     assert "CONSTRAINTS := constraints-dev.txt" in makefile
     assert re.search(r"^wheel:", makefile, re.M)
 
@@ -270,3 +276,109 @@ def test_the_wheel_installs_alone_in_a_fresh_venv(tmp_path: Path) -> None:
         env=env,
     )
     assert out.stdout.strip() == f"spark-servicebus {__version__}"
+
+
+# ------------------------------------------------------------------------------- the local namespace's own home
+def test_the_local_namespace_depends_on_nothing_of_the_product() -> None:
+    """servicebus_local (its modules and its tests) never imports spark_sb, even inside a function."""
+    for path in sorted((ROOT / "servicebus_local").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            stray = [n for n in names if n.split(".")[0] == "spark_sb"]
+            assert not stray, f"{path.relative_to(ROOT)}:{node.lineno} imports {stray}"
+    local = tomllib.loads((ROOT / "servicebus_local" / "pyproject.toml").read_text())
+    assert local["project"]["name"] == "servicebus-local"
+    assert local["project"]["entry-points"]["pytest11"] == {"servicebus_local": "servicebus_local.fixtures"}
+    assert not any(_requirement_name(r) == "spark-servicebus" for r in local["project"]["dependencies"])
+
+
+def _run_alias(*args: str, blocked: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    script = _BLOCKER.format(blocked=blocked) + textwrap.dedent(
+        f"""
+        import runpy
+        sys.argv = ["spark_sb.local", *{list(args)!r}]
+        runpy.run_module("spark_sb.local", run_name="__main__")
+        """
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+
+
+def test_the_old_module_name_still_starts_the_namespace_and_says_where_it_moved() -> None:
+    result = _run_alias("--help")
+    assert result.returncode == 0, result.stderr
+    assert "python -m servicebus_local" in result.stderr  # the note: where it moved
+    assert "--max-connections" in result.stdout  # the namespace's own flags, answered by the namespace
+    missing = _run_alias("--help", blocked=("servicebus_local",))
+    assert missing.returncode == 2
+    assert "pip install 'spark-servicebus[local]'" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def _build_wheel(source: Path, tmp_path: Path, pattern: str) -> Path:
+    src = tmp_path / f"src-{source.name}"
+    shutil.copytree(
+        source,
+        src,
+        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".venv", "dist", ".git"),
+    )
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(src)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    return next(dist.glob(pattern))
+
+
+@pytest.mark.slow
+def test_the_product_wheel_has_no_emulator_and_no_pytest_and_the_emulator_wheel_has_no_tests(
+    tmp_path: Path,
+) -> None:
+    import zipfile
+
+    product_src = tmp_path / "product"
+    product_src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, product_src / name)
+    shutil.copytree(ROOT / "spark_sb", product_src / "spark_sb", ignore=shutil.ignore_patterns("__pycache__"))
+    product = zipfile.ZipFile(_build_wheel(product_src, tmp_path, "spark_servicebus-*.whl"))
+    names = product.namelist()
+    modules = [n for n in names if n.endswith(".py")]
+    assert "spark_sb/sink.py" in modules
+    shipped_emulator = [n for n in modules if n.rsplit("/", 1)[-1] in EMULATOR_MODULES and "/local/" in n]
+    assert not shipped_emulator, shipped_emulator
+    assert sorted(n for n in modules if n.startswith("spark_sb/local/")) == [
+        "spark_sb/local/__init__.py",
+        "spark_sb/local/__main__.py",
+    ]
+    importing_pytest = [n for n in modules if "pytest" in _module_level_imports_of(product.read(n).decode())]
+    assert not importing_pytest, importing_pytest
+    emulator = zipfile.ZipFile(_build_wheel(ROOT / "servicebus_local", tmp_path, "servicebus_local-*.whl"))
+    emulator_modules = [n for n in emulator.namelist() if n.endswith(".py")]
+    assert (
+        "servicebus_local/server.py" in emulator_modules
+        and "servicebus_local/fixtures.py" in emulator_modules
+    )
+    assert not [n for n in emulator_modules if "/tests/" in n or n.startswith("tests/")]
+    entry_points = next(n for n in emulator.namelist() if n.endswith("entry_points.txt"))
+    assert "servicebus_local = servicebus_local.fixtures" in emulator.read(entry_points).decode()
+
+
+def _module_level_imports_of(source: str) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found

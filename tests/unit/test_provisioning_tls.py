@@ -50,12 +50,12 @@ def test_the_error_says_how_to_trust_the_certificate() -> None:
     text = describe_error(_wrapped_verify_error(), "sb://127.0.0.1:5682 (development emulator)")
     assert "not trusted" in text
     assert "REQUESTS_CA_BUNDLE" in text
-    assert "ca_file" in text and "python -m spark_sb.local" in text
+    assert "ca_file" in text and "python -m servicebus_local" in text
 
 
 @pytest.fixture
 def secondary() -> Iterator[object]:
-    from spark_sb.local.server import LocalNamespace
+    from servicebus_local.server import LocalNamespace
 
     ns = LocalNamespace("secondary").start()
     try:

@@ -54,7 +54,7 @@ def test_every_code_fence_is_closed_by_a_bare_fence() -> None:
 def test_section_headings_are_headings_not_code() -> None:
     in_source = [line[3:].strip() for line in README.splitlines() if line.startswith("## ")]
     assert _headings() == in_source
-    for expected in ("The two commands", "The local Service Bus namespace (`spark_sb.local`)", "Tests"):
+    for expected in ("The two commands", "The local Service Bus namespace (`servicebus_local`)", "Tests"):
         assert expected in _headings()
 
 

@@ -1,8 +1,8 @@
 """Topology files for the local namespace: queues, topics and subscriptions with their settings (YAML).
 
-Used by ``python -m spark_sb.local --topology <file>`` and ``LocalNamespace(topology=...)``; runs wherever the
+Used by ``python -m servicebus_local --topology <file>`` and ``LocalNamespace(topology=...)``; runs wherever the
 namespace is started. Format (every settings key is a field name of
-:class:`~spark_sb.local.model.QueueSettings` / ``TopicSettings`` / ``SubscriptionSettings``; a bare string
+:class:`~servicebus_local.model.QueueSettings` / ``TopicSettings`` / ``SubscriptionSettings``; a bare string
 is a name with default settings)::
 
     queues:
@@ -43,9 +43,9 @@ from typing import Any, TypeVar
 
 import yaml
 
-from spark_sb.durations import MAX_DURATION, parse_iso_duration
-from spark_sb.local.model import QueueSettings, SubscriptionSettings, TopicSettings
-from spark_sb.local.rules import (
+from servicebus_local.durations import MAX_DURATION, parse_iso_duration
+from servicebus_local.model import QueueSettings, SubscriptionSettings, TopicSettings
+from servicebus_local.rules import (
     CORRELATION_FIELDS,
     CorrelationFilter,
     FalseFilter,
@@ -255,8 +255,8 @@ def load_topology(path: str | os.PathLike[str]) -> Topology:
 
 
 def apply_topology(store: Any, topology: Topology) -> None:
-    """Create the missing entities of ``topology`` in a broker (``spark_sb.local.broker.Broker``)."""
-    from spark_sb.local.model import EntityNotFound
+    """Create the missing entities of ``topology`` in a broker (``servicebus_local.broker.Broker``)."""
+    from servicebus_local.model import EntityNotFound
 
     for q in topology.queues:
         store.ensure_queue(q.name, q.settings)

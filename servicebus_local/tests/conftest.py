@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from azure.servicebus import ServiceBusClient
 
-from spark_sb.local.server import LocalNamespace
+from servicebus_local.server import LocalNamespace
 
 
 @pytest.fixture

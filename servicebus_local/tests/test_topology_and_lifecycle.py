@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
-from spark_sb.durations import MAX_DURATION
-from spark_sb.local.fixtures import NamespacePair
-from spark_sb.local.server import LocalNamespace, verify_sas_token
-from spark_sb.local.topology import TopologyError, parse_duration, parse_topology
+from servicebus_local.durations import MAX_DURATION
+from servicebus_local.fixtures import NamespacePair
+from servicebus_local.server import LocalNamespace, verify_sas_token
+from servicebus_local.topology import TopologyError, parse_duration, parse_topology
 
 from .conftest import wait_for
 

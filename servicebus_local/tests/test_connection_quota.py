@@ -19,9 +19,9 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSender
 from azure.servicebus.exceptions import ServiceBusConnectionError
 
-from spark_sb.local.__main__ import build_parser
-from spark_sb.local.counters import OperationCounters
-from spark_sb.local.server import DEFAULT_MAX_CONNECTIONS, LocalNamespace
+from servicebus_local.__main__ import build_parser
+from servicebus_local.counters import OperationCounters
+from servicebus_local.server import DEFAULT_MAX_CONNECTIONS, LocalNamespace
 
 from .conftest import wait_for
 
@@ -204,7 +204,7 @@ def test_cli_max_connections_refuses_the_connection_beyond_the_quota() -> None:
         [
             sys.executable,
             "-m",
-            "spark_sb.local",
+            "servicebus_local",
             "--name",
             "cliquota",
             "--port",

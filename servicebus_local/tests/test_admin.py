@@ -1,7 +1,7 @@
 """The HTTPS administration endpoint (SPEC E3) against the unmodified SDK ``ServiceBusAdministrationClient``.
 
-A small harness serves :class:`spark_sb.local.admin.AdminEndpoint` on a listening socket of its own (real TCP,
-real TLS, the SDK's own HTTP stack) over an in-memory :class:`~spark_sb.local.model.AdminStore`, so these tests
+A small harness serves :class:`servicebus_local.admin.AdminEndpoint` on a listening socket of its own (real TCP,
+real TLS, the SDK's own HTTP stack) over an in-memory :class:`~servicebus_local.model.AdminStore`, so these tests
 do not depend on the AMQP broker.
 """
 
@@ -34,8 +34,7 @@ from azure.core.exceptions import (
 )
 from azure.servicebus.management import ServiceBusAdministrationClient, TrueRuleFilter
 
-from spark_sb.durations import MAX_DURATION, MAX_DURATION_ISO
-from spark_sb.local.admin import (
+from servicebus_local.admin import (
     QUEUE_FIELDS,
     SUBSCRIPTION_FIELDS,
     TOPIC_FIELDS,
@@ -46,7 +45,8 @@ from spark_sb.local.admin import (
     route,
     verify_sas,
 )
-from spark_sb.local.model import (
+from servicebus_local.durations import MAX_DURATION, MAX_DURATION_ISO
+from servicebus_local.model import (
     AdminFault,
     EntityExists,
     EntityNotFound,
@@ -58,8 +58,8 @@ from spark_sb.local.model import (
     TopicInfo,
     TopicSettings,
 )
-from spark_sb.local.rules import Rule, default_rule
-from spark_sb.local.tls import LocalTls
+from servicebus_local.rules import Rule, default_rule
+from servicebus_local.tls import LocalTls
 
 KEY_NAME = "RootManageSharedAccessKey"
 KEY = "bG9jYWwtdGVzdC1rZXk="  # a made-up key for the harness

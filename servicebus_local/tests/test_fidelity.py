@@ -31,9 +31,9 @@ from azure.servicebus.amqp import (
 from azure.servicebus.exceptions import ServiceBusAuthenticationError, ServiceBusConnectionError
 from azure.servicebus.management import ServiceBusAdministrationClient
 
-from spark_sb.local.model import QueueSettings, SubscriptionSettings
-from spark_sb.local.sas import Refusal, check_sas
-from spark_sb.local.server import LocalNamespace
+from servicebus_local.model import QueueSettings, SubscriptionSettings
+from servicebus_local.sas import Refusal, check_sas
+from servicebus_local.server import LocalNamespace
 
 KEY = "bG9jYWwtZmlkZWxpdHkta2V5"
 
@@ -378,12 +378,12 @@ def test_an_idle_receiver_between_calls_costs_no_receive_flows() -> None:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# python -m spark_sb.local: user errors
+# python -m servicebus_local: user errors
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "spark_sb.local", "--port", "0", *args],
+        [sys.executable, "-m", "servicebus_local", "--port", "0", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -417,7 +417,7 @@ def test_cli_user_errors_are_one_line_exit_2(tmp_path: Path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "spark_sb.local", "--port", str(port)],
+            [sys.executable, "-m", "servicebus_local", "--port", str(port)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -429,7 +429,7 @@ def test_cli_user_errors_are_one_line_exit_2(tmp_path: Path) -> None:
 
 def _frames(data: bytes) -> list[Any]:
     """Decoded AMQP performatives in a byte stream (protocol headers skipped)."""
-    from spark_sb.local.amqp import decode_value
+    from servicebus_local.amqp import decode_value
 
     out: list[Any] = []
     pos = 0

@@ -1,6 +1,6 @@
-"""Pytest fixtures for the local Service Bus namespace (a pytest plugin: ``pytest_plugins = ["spark_sb.local.fixtures"]``).
+"""Pytest fixtures for the local Service Bus namespace (a pytest plugin: ``pytest_plugins = ["servicebus_local.fixtures"]``).
 
-* ``local_namespace`` - one started :class:`~spark_sb.local.server.LocalNamespace` named ``local`` with queues
+* ``local_namespace`` - one started :class:`~servicebus_local.server.LocalNamespace` named ``local`` with queues
   ``q1`` and ``q2`` and topic ``t1`` (subscriptions ``s1``, ``s2``), on a free port; stopped after the test.
 * ``namespace_pair`` - a :class:`NamespacePair` of two started namespaces ``primary`` and ``secondary`` (no
   entities: tests or the code under test provision them), free ports, stopped after the test.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from spark_sb.local.server import LocalNamespace
+from servicebus_local.server import LocalNamespace
 
 __all__ = ["NamespacePair", "local_namespace", "namespace_pair"]
 

@@ -13,18 +13,18 @@ What is served (paths as the SDK builds them; every name is one percent-encoded 
 * ``GET /$Resources/queues|topics?$skip=&$top=`` - paged lists;
 * ``GET|PUT|DELETE /{topic}/subscriptions/{subscription}`` and ``GET /{topic}/subscriptions``;
 * ``GET|PUT|DELETE /{topic}/subscriptions/{subscription}/rules/{rule}`` and ``GET .../rules`` - subscription
-  rules (SQL, correlation, true and false filters; SQL actions), see :mod:`spark_sb.local.rules`; a filter or
+  rules (SQL, correlation, true and false filters; SQL actions), see :mod:`servicebus_local.rules`; a filter or
   action that does not parse is refused with 400 naming the position;
 * ``GET /$namespaceinfo``.
 
-Entities are read and written only through the broker's :class:`~spark_sb.local.model.AdminStore`. Entity
-properties map to the settings dataclasses of :mod:`spark_sb.local.model` through the tables
+Entities are read and written only through the broker's :class:`~servicebus_local.model.AdminStore`. Entity
+properties map to the settings dataclasses of :mod:`servicebus_local.model` through the tables
 :data:`QUEUE_FIELDS`, :data:`TOPIC_FIELDS` and :data:`SUBSCRIPTION_FIELDS`; the value codec of each field is
 chosen from the dataclass field's type.
 
 Authorization: with a key configured, every request must carry a ``SharedAccessSignature`` header (as the SDK
 writes it for a key, or ``Bearer``-prefixed for a SAS token credential), signed with that key over ``sr`` as sent
-or URL-encoded (:func:`spark_sb.local.sas.check_sas`, the same rule as the AMQP port), naming the configured key
+or URL-encoded (:func:`servicebus_local.sas.check_sas`, the same rule as the AMQP port), naming the configured key
 name and not expired; otherwise the reply is 401. Neither the key nor any signature is ever logged or put in a
 reply.
 
@@ -48,10 +48,10 @@ from typing import Any, ClassVar, Generic, TypeVar
 from urllib.parse import parse_qs, quote, unquote
 from xml.etree import ElementTree as ET
 
-from spark_sb.clock import Clock, SystemClock
-from spark_sb.durations import MAX_DURATION, MAX_DURATION_ISO, format_iso_duration, parse_iso_duration
-from spark_sb.local.counters import OperationCounters
-from spark_sb.local.model import (
+from servicebus_local.clock import Clock, SystemClock
+from servicebus_local.counters import OperationCounters
+from servicebus_local.durations import MAX_DURATION, MAX_DURATION_ISO, format_iso_duration, parse_iso_duration
+from servicebus_local.model import (
     AdminFault,
     AdminStore,
     EntityExists,
@@ -64,7 +64,7 @@ from spark_sb.local.model import (
     TopicInfo,
     TopicSettings,
 )
-from spark_sb.local.rules import (
+from servicebus_local.rules import (
     CorrelationFilter,
     FalseFilter,
     Filter,
@@ -74,7 +74,7 @@ from spark_sb.local.rules import (
     SqlSyntaxError,
     TrueFilter,
 )
-from spark_sb.local.sas import Refusal, check_sas
+from servicebus_local.sas import Refusal, check_sas
 
 __all__ = [
     "AdminEndpoint",
@@ -123,7 +123,7 @@ def parse_duration(text: str) -> timedelta:
     """Parse an ISO-8601 duration as the service accepts it (``PT1M``, ``P10675199DT2H48M5.4775807S``).
 
     Fractions below a microsecond are truncated; values within a millisecond of .NET ``TimeSpan.MaxValue`` are
-    that maximum (:data:`~spark_sb.durations.MAX_DURATION`); years and months are refused (not a fixed span).
+    that maximum (:data:`~servicebus_local.durations.MAX_DURATION`); years and months are refused (not a fixed span).
     Raises :class:`BadRequest`.
     """
     try:
@@ -492,7 +492,7 @@ def _child_text(parent: ET.Element | None, name: str) -> str | None:
     return child.text or ""
 
 
-#: CorrelationFilter elements <-> :class:`~spark_sb.local.rules.CorrelationFilter` fields.
+#: CorrelationFilter elements <-> :class:`~servicebus_local.rules.CorrelationFilter` fields.
 _CORRELATION_ELEMENTS = (
     ("CorrelationId", "correlation_id"),
     ("MessageId", "message_id"),
@@ -590,7 +590,7 @@ def rule_to_xml(rule: Rule) -> ET.Element:
 # --------------------------------------------------------------------------------------------------------------
 
 
-#: Admin wording of each refusal (the AMQP port words them as :class:`~spark_sb.local.sas.Refusal` does).
+#: Admin wording of each refusal (the AMQP port words them as :class:`~servicebus_local.sas.Refusal` does).
 _SAS_REFUSALS = {
     Refusal.NOT_SAS: "missing SharedAccessSignature authorization",
     Refusal.MALFORMED: "malformed SharedAccessSignature (sr, sig, se and skn are required)",
@@ -604,7 +604,7 @@ _SAS_REFUSALS = {
 
 def verify_sas(header: str | None, key_name: str, key: str, now: float) -> str | None:
     """Check a ``SharedAccessSignature`` Authorization header; the reason it is refused, or ``None`` if valid
-    (see :func:`spark_sb.local.sas.check_sas`: ``sr`` signed as sent or URL-encoded).
+    (see :func:`servicebus_local.sas.check_sas`: ``sr`` signed as sent or URL-encoded).
 
     The reason never contains the key or the signature.
     """
@@ -692,7 +692,7 @@ class AdminEndpoint:
     """Serves the SDK's administration client over TLS on connections handed over by the namespace server.
 
     ``store`` is the broker (thread-safe); ``ssl_context`` a server-side context (see
-    :class:`spark_sb.local.tls.LocalTls`); with ``key`` set, requests must be signed with it under
+    :class:`servicebus_local.tls.LocalTls`); with ``key`` set, requests must be signed with it under
     ``key_name``; with ``key=None`` any request is accepted. One instance serves any number of connections
     concurrently, each in the calling thread of :meth:`serve_connection`.
     """

@@ -11,8 +11,8 @@ from azure.core.exceptions import HttpResponseError
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessage
 from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusError, SessionCannotBeLockedError
 
-from spark_sb.local.model import QueueSettings, SubscriptionSettings
-from spark_sb.local.server import LocalNamespace
+from servicebus_local.model import QueueSettings, SubscriptionSettings
+from servicebus_local.server import LocalNamespace
 
 pytestmark = pytest.mark.local
 

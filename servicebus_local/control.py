@@ -1,7 +1,7 @@
 """HTTP control API of a local namespace: drive its faults and read its state from another process (SPEC E4).
 
 Started by ``LocalNamespace(control_port=...)`` (``0`` = a free port; ``ns.control_url`` tells which) and by
-``python -m spark_sb.local --control-port``. Plain HTTP on the namespace's host, JSON in and out, one thread
+``python -m servicebus_local --control-port``. Plain HTTP on the namespace's host, JSON in and out, one thread
 (``http.server.ThreadingHTTPServer``). It changes nothing but faults; it never shows keys.
 
 Routes (POST bodies are JSON objects; a missing body is ``{}``)::
@@ -9,7 +9,7 @@ Routes (POST bodies are JSON objects; a missing body is ``{}``)::
     GET  /status                      namespace name, port, connection string-free summary: entities with
                                       active / dead-letter / scheduled counts, current faults, operation
                                       counters ("counters": connections, sends, receive calls, management
-                                      operations, admin requests; see spark_sb.local.counters) with the
+                                      operations, admin requests; see servicebus_local.counters) with the
                                       gauges "connections_open" and "connections_peak" (AMQP connections
                                       open now / most at once) and "connections_refused" (over the quota);
                                       "max_connections" is the connection quota
@@ -42,7 +42,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from spark_sb.local.server import LocalNamespace
+    from servicebus_local.server import LocalNamespace
 
 __all__ = ["ControlServer"]
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from spark_sb.local import amqp
-from spark_sb.local.server import LocalNamespace
+from servicebus_local import amqp
+from servicebus_local.server import LocalNamespace
 
 from .conftest import wait_for
 

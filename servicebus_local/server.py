@@ -11,7 +11,7 @@ One background thread per namespace runs a selector loop over plain sockets and 
 *engine* (``proton.Transport`` / ``Connection`` / ``Collector``, no reactor), so every byte in and out passes
 through this module: that is what makes stalls, latency and abrupt drops possible. The first byte of a new
 connection decides its kind: ``A`` (``AMQP`` protocol header) stays here; ``0x16`` (a TLS ClientHello from the
-SDK's ``ServiceBusAdministrationClient``) is handed to :class:`spark_sb.local.admin.AdminEndpoint` in a thread
+SDK's ``ServiceBusAdministrationClient``) is handed to :class:`servicebus_local.admin.AdminEndpoint` in a thread
 of its own.
 
 AMQP handled: SASL ANONYMOUS, CBS ``put-token`` on ``$cbs`` (any token, or a SAS token verified against the
@@ -74,10 +74,9 @@ from proton import (
     ulong,
 )
 
-from spark_sb.clock import Clock
-from spark_sb.local import amqp
-from spark_sb.local.amqp import BATCH_FORMAT, AmqpDecodeError, Array, Timestamp
-from spark_sb.local.broker import (
+from servicebus_local import amqp
+from servicebus_local.amqp import BATCH_FORMAT, AmqpDecodeError, Array, Timestamp
+from servicebus_local.broker import (
     NOT_FOUND,
     SESSION_LOCK_LOST,
     TIMEOUT,
@@ -88,9 +87,10 @@ from spark_sb.local.broker import (
     EntityAddress,
     Outcome,
 )
-from spark_sb.local.counters import OperationCounters
-from spark_sb.local.faults import FaultController
-from spark_sb.local.sas import check_sas
+from servicebus_local.clock import Clock
+from servicebus_local.counters import OperationCounters
+from servicebus_local.faults import FaultController
+from servicebus_local.sas import check_sas
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "LocalNamespace", "connection_quota_description"]
 
@@ -129,7 +129,7 @@ def _raw_tag(dlv: Delivery) -> bytes:
 
 def verify_sas_token(token: str, key_name: str, key: str, now: float | None = None) -> str | None:
     """Why a ``SharedAccessSignature sr=..&sig=..&se=..&skn=..`` token is refused, or None if valid
-    (see :func:`spark_sb.local.sas.check_sas`)."""
+    (see :func:`servicebus_local.sas.check_sas`)."""
     refusal = check_sas(token, key_name, key, time.time() if now is None else now)
     return None if refusal is None else refusal.value
 
@@ -1456,7 +1456,7 @@ class LocalNamespace:
         for t, subs in (topics or {}).items():
             self.broker.ensure_topic(t, subs)
         if topology is not None:
-            from spark_sb.local.topology import apply_topology, load_topology
+            from servicebus_local.topology import apply_topology, load_topology
 
             apply_topology(self.broker, load_topology(topology))
         self._control_port = control_port
@@ -1480,7 +1480,7 @@ class LocalNamespace:
         server.start()
         self._server = server
         if self._control_port is not None:
-            from spark_sb.local.control import ControlServer
+            from servicebus_local.control import ControlServer
 
             self._control = ControlServer(self, self.host, self._control_port)
             self._control.start()
@@ -1546,7 +1546,7 @@ class LocalNamespace:
     def _ensure_tls(self) -> Any:
         with self._admin_lock:
             if self._tls is None:
-                from spark_sb.local.tls import LocalTls
+                from servicebus_local.tls import LocalTls
 
                 self._tmpdir = tempfile.mkdtemp(prefix=f"spark-sb-{self.name}-")
                 self._tls = LocalTls.create(Path(self._tmpdir))
@@ -1555,7 +1555,7 @@ class LocalNamespace:
     def _admin_endpoint(self) -> Any:
         try:
             tls = self._ensure_tls()
-            from spark_sb.local.admin import AdminEndpoint
+            from servicebus_local.admin import AdminEndpoint
         except ImportError:  # pragma: no cover - the admin modules ship with the package
             logger.warning("admin endpoint unavailable")
             return None
@@ -1591,7 +1591,7 @@ class LocalNamespace:
             time.sleep(interval)
 
     def counters(self) -> dict[str, int]:
-        """Operation counters since start (see :mod:`spark_sb.local.counters`): connections, sends, receive
+        """Operation counters since start (see :mod:`servicebus_local.counters`): connections, sends, receive
         calls (flows granting credit), management operations, admin requests."""
         return self._counters.snapshot()
 

@@ -27,7 +27,7 @@ from azure.servicebus.exceptions import (
     ServiceBusServerBusyError,
 )
 
-from spark_sb.local.server import LocalNamespace
+from servicebus_local.server import LocalNamespace
 
 from .conftest import wait_for
 
@@ -211,7 +211,7 @@ def test_cli_prints_connection_string_and_exits_cleanly_on_sigterm(tmp_path: Pat
         [
             sys.executable,
             "-m",
-            "spark_sb.local",
+            "servicebus_local",
             "--name",
             "cli",
             "--port",
@@ -316,7 +316,7 @@ def test_cli_namespaces_share_one_ca_with_tls_dir(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "spark_sb.local",
+                "servicebus_local",
                 "--name",
                 name,
                 "--port",

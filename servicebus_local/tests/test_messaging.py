@@ -23,8 +23,8 @@ from azure.servicebus.exceptions import (
     ServiceBusQuotaExceededError,
 )
 
-from spark_sb.local.model import QueueSettings
-from spark_sb.local.server import LocalNamespace
+from servicebus_local.model import QueueSettings
+from servicebus_local.server import LocalNamespace
 
 from .conftest import wait_for
 

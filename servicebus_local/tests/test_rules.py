@@ -20,7 +20,7 @@ from azure.servicebus.management import (
     TrueRuleFilter,
 )
 
-from spark_sb.local.rules import (
+from servicebus_local.rules import (
     CorrelationFilter,
     FilterEvaluationError,
     MessageView,
@@ -31,8 +31,8 @@ from spark_sb.local.rules import (
     TrueFilter,
     route,
 )
-from spark_sb.local.server import LocalNamespace
-from spark_sb.local.topology import TopologyError, parse_topology
+from servicebus_local.server import LocalNamespace
+from servicebus_local.topology import TopologyError, parse_topology
 
 VIEW = MessageView(
     system={
@@ -440,7 +440,7 @@ def test_filter_evaluation_error_dead_letters_the_subscriptions_copy() -> None:
 
 @pytest.mark.unit
 def test_the_example_topology_file_parses() -> None:
-    from spark_sb.local.topology import load_topology
+    from servicebus_local.topology import load_topology
 
     topology = load_topology(Path(__file__).parents[2] / "conf" / "local.topology.yaml")
     (events,) = topology.topics

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
-from spark_sb.local.server import LocalNamespace
+from servicebus_local.server import LocalNamespace
 
 pytestmark = pytest.mark.local
 

@@ -1,7 +1,7 @@
 """Entity model shared by the local namespace's AMQP broker and its HTTPS administration endpoint.
 
-The broker (``spark_sb.local.broker``) owns the entities and implements :class:`AdminStore`; the admin
-endpoint (``spark_sb.local.admin``) serves the SDK's ``ServiceBusAdministrationClient`` from it. Property
+The broker (``servicebus_local.broker``) owns the entities and implements :class:`AdminStore`; the admin
+endpoint (``servicebus_local.admin``) serves the SDK's ``ServiceBusAdministrationClient`` from it. Property
 names follow the SDK's ``QueueProperties`` / ``TopicProperties`` / ``SubscriptionProperties`` (snake case)
 so that what a test sets through the SDK reads back unchanged.
 
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Protocol
 
-from spark_sb.durations import MAX_DURATION
+from servicebus_local.durations import MAX_DURATION
 
 if TYPE_CHECKING:
-    from spark_sb.local.rules import Rule
+    from servicebus_local.rules import Rule
 
 
 def utcnow() -> datetime:

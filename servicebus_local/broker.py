@@ -1,9 +1,9 @@
 """The in-memory Service Bus broker of one local namespace: entities, messages, locks, time (SPEC E1).
 
-No sockets here. The AMQP server (``spark_sb.local.server``) turns wire operations into calls on
-:class:`Broker`; the HTTPS admin endpoint (``spark_sb.local.admin``) uses it as its
-:class:`~spark_sb.local.model.AdminStore`; tests may call it directly. Every public method is thread-safe
-(one re-entrant lock) and reads time from the injected :class:`~spark_sb.clock.Clock`, so lock expiry, TTL,
+No sockets here. The AMQP server (``servicebus_local.server``) turns wire operations into calls on
+:class:`Broker`; the HTTPS admin endpoint (``servicebus_local.admin``) uses it as its
+:class:`~servicebus_local.model.AdminStore`; tests may call it directly. Every public method is thread-safe
+(one re-entrant lock) and reads time from the injected :class:`~servicebus_local.clock.Clock`, so lock expiry, TTL,
 scheduled messages and duplicate detection are unit-tested with a ``FakeClock`` (time-driven changes are
 applied lazily, at the start of each operation on the entity, and by :meth:`Broker.tick`).
 
@@ -26,7 +26,7 @@ Semantics follow the service:
   (the entity's lock duration), gets that session's messages in order, renews the lock, keeps session state;
   on an entity without sessions, and in any dead-letter queue, a session id is only a property (plain
   receivers get the message);
-* topics: each subscription gets the copies its rules select (:mod:`spark_sb.local.rules`; ``$Default`` is a
+* topics: each subscription gets the copies its rules select (:mod:`servicebus_local.rules`; ``$Default`` is a
   true filter), evaluated when the message is enqueued; a filter that fails dead-letters the copy
   (``FilterEvaluationException``) when ``dead_lettering_on_filter_evaluation_exceptions``.
 """
@@ -43,10 +43,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
-from spark_sb.clock import Clock, SystemClock
-from spark_sb.local.amqp import Long, MessageParts, Symbol, Timestamp, parse_message
-from spark_sb.local.faults import FaultController
-from spark_sb.local.model import (
+from servicebus_local.amqp import Long, MessageParts, Symbol, Timestamp, parse_message
+from servicebus_local.clock import Clock, SystemClock
+from servicebus_local.faults import FaultController
+from servicebus_local.model import (
     AdminFault,
     EntityExists,
     EntityNotFound,
@@ -58,7 +58,7 @@ from spark_sb.local.model import (
     TopicInfo,
     TopicSettings,
 )
-from spark_sb.local.rules import (
+from servicebus_local.rules import (
     DEFAULT_RULE_NAME,
     FilterEvaluationError,
     MessageView,
@@ -452,7 +452,7 @@ def _strip_address(address: str) -> str:
 
 
 class Broker:
-    """One namespace's entities and messages. Implements :class:`~spark_sb.local.model.AdminStore`.
+    """One namespace's entities and messages. Implements :class:`~servicebus_local.model.AdminStore`.
 
     Thread-safe; runs in the server thread, the admin endpoint's threads and test threads alike.
     """

@@ -1,4 +1,4 @@
-"""The administration endpoint behind the real :class:`~spark_sb.local.server.LocalNamespace` (SPEC E3).
+"""The administration endpoint behind the real :class:`~servicebus_local.server.LocalNamespace` (SPEC E3).
 
 Same port as AMQP: the namespace server peeks at the first byte and hands TLS connections to the endpoint. These
 tests check that what the SDK's admin client does is what the AMQP side sees, and the other way round.
@@ -15,7 +15,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQ
 from azure.servicebus.exceptions import ServiceBusError
 from azure.servicebus.management import ServiceBusAdministrationClient
 
-from spark_sb.local.server import LocalNamespace
+from servicebus_local.server import LocalNamespace
 
 NS_KEY = "bmFtZXNwYWNlLXRlc3Qta2V5"  # made up for these tests
 BACKLOG = "contoso/x-servicebus-transfer/3"

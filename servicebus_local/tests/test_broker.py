@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 
-from spark_sb.clock import FakeClock
-from spark_sb.local import amqp
-from spark_sb.local.amqp import Timestamp, decode_value, encode_message, iter_sections
-from spark_sb.local.broker import (
+from servicebus_local import amqp
+from servicebus_local.amqp import Timestamp, decode_value, encode_message, iter_sections
+from servicebus_local.broker import (
     ENTITY_DISABLED,
     MESSAGE_LOCK_LOST,
     MESSAGE_NOT_FOUND,
@@ -26,7 +25,8 @@ from spark_sb.local.broker import (
     BrokerError,
     Outcome,
 )
-from spark_sb.local.model import EntityExists, EntityNotFound, QueueSettings, SubscriptionSettings
+from servicebus_local.clock import FakeClock
+from servicebus_local.model import EntityExists, EntityNotFound, QueueSettings, SubscriptionSettings
 
 pytestmark = pytest.mark.unit
 

@@ -1,9 +1,9 @@
 """AMQP 1.0 type codec, message sections and frame sniffing for the local Service Bus namespace.
 
-Pure functions and small value classes, no sockets and no proton: the broker (``spark_sb.local.broker``)
+Pure functions and small value classes, no sockets and no proton: the broker (``servicebus_local.broker``)
 keeps every message as the bytes the client sent and this module splits them into sections, reads the few
 fields the broker needs, and renders a delivery by re-encoding only the header and the message annotations.
-The network side (``spark_sb.local.server``) uses :class:`FrameSniffer` to learn each transfer's
+The network side (``servicebus_local.server``) uses :class:`FrameSniffer` to learn each transfer's
 ``message-format`` (proton's engine does not expose it) so that batched sends (format ``0x80013700``, a body
 of data sections each holding one encoded message) are told apart from single messages.
 

@@ -1,7 +1,7 @@
 """Fault injection for the local Service Bus namespace (SPEC E4).
 
 A :class:`FaultController` belongs to one namespace (``LocalNamespace.faults`` / ``Broker.faults``). Tests
-call it in-process; ``spark_sb.local.control`` exposes the same calls over HTTP for other processes.
+call it in-process; ``servicebus_local.control`` exposes the same calls over HTTP for other processes.
 
 Network faults (refuse, stall, latency, drop) are applied by the namespace's server thread: the controller
 records the wish, wakes the server and, for refuse/accept/drop, waits until the server has applied it, so
@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from spark_sb.local.model import AdminFault
+from servicebus_local.model import AdminFault
 
 __all__ = ["FaultController", "SendFault"]
 
