@@ -351,6 +351,8 @@ SETTINGS: tuple[_Setting, ...] = (
     _duration("syphon.batch_duration", "syphon_batch_duration", positive=True),
     _duration("idle_timeout", "idle_timeout", positive=True),
     _duration("provision.retry_pause", "provision_retry_pause", positive=False),
+    _duration("state_retention", "state_retention", positive=True),
+    _duration("state_maintain_every", "state_maintain_every", positive=False),
     _choice("probe_mode", "probe_mode", PROBE_MODES),
     _choice("backlog_selection", "backlog_selection", BACKLOG_SELECTIONS),
     _choice("on_reject", "on_reject", ON_REJECT),
@@ -634,6 +636,11 @@ class ServiceBusConfig:
     #: ``async``: the state tables are written by a background thread on the driver (group commit), off the
     #: batch's critical path; ``sync``: each batch reads and writes them before ``foreachBatch`` returns.
     state_writes: str = "async"
+    #: Events and rejects older than this are deleted by ``spark-sb maintain`` (never the entities table, never
+    #: the rows a running sink reads): 30 days.
+    state_retention: float = 30 * 86400.0
+    #: The syphon job maintains the state tables (OPTIMIZE, VACUUM, retention) this often; 0: never.
+    state_maintain_every: float = 86400.0
     columns: Mapping[str, str] = field(default_factory=_default_columns)
     syphon_max_wait: float = 900.0
     syphon_batch_size: int = 100
