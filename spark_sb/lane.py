@@ -27,6 +27,11 @@ worker call - the context's sockets are shut down, so the call returns with an e
 gets :class:`DeadlineExceeded` - and the worker closes the context only once the direct call has let go of it.
 Connecting, SASL and CBS (which the SDK does not bound) always run on the worker.
 
+**Tending** (``idle``): a lane given an ``idle`` function calls it on the worker with the context whenever no call
+has come for ``idle_every`` seconds - so that a long-lived connection is looked after between calls (its
+heartbeats read and sent, links the service detached noticed, tokens renewed, a connection that went silent
+dropped). It runs under the same lock as calls, never at the same time as one, and only while the context is built.
+
 Where it runs: wherever the sender or syphon runs (executors' Python workers, the driver in tests and the demo).
 Not picklable. Worker threads are daemons, so an abandoned, still-stuck worker never holds up the process exit.
 """
@@ -76,12 +81,20 @@ class _Worker(threading.Thread):
     """One thread and the context it built; used until abandoned or closed."""
 
     def __init__(
-        self, name: str, factory: Callable[[], Any], closer: Callable[[Any], None], generation: int = 0
+        self,
+        name: str,
+        factory: Callable[[], Any],
+        closer: Callable[[Any], None],
+        generation: int = 0,
+        idle: Callable[[Any], None] | None = None,
+        idle_every: float = 0.5,
     ) -> None:
         super().__init__(name=name, daemon=True)
         self.generation = generation
         self._factory = factory
         self._closer = closer
+        self._idle = idle
+        self._idle_every = idle_every
         self.calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self.context: Any = None
         self.retired = False  # abandoned or closed: finish the current call, close the context, exit
@@ -89,7 +102,13 @@ class _Worker(threading.Thread):
 
     def run(self) -> None:
         while True:
-            call = self.calls.get()
+            try:
+                call = (
+                    self.calls.get(timeout=self._idle_every) if self._idle is not None else self.calls.get()
+                )
+            except queue.Empty:
+                self._tend()
+                continue
             if call is None or self.retired:
                 if call is not None:
                     call.error = LaneClosed("the lane's worker was retired before the call started")
@@ -105,6 +124,21 @@ class _Worker(threading.Thread):
                     call.error = exc
             call.done.set()
         self._finish()
+
+    def _tend(self) -> None:
+        """No call came for ``idle_every`` seconds: let ``idle`` look after the context (skipped while a direct
+        call holds it). Its errors are logged, never raised: the next call meets whatever state it left."""
+        if self.retired or self.context is None or self._idle is None:
+            return
+        if not self.use.acquire(blocking=False):
+            return
+        try:
+            if self.context is not None and not self.retired:
+                self._idle(self.context)
+        except Exception as exc:
+            _LOGGER.info("%s: tending the idle client failed: %s", self.name, type(exc).__name__)
+        finally:
+            self.use.release()
 
     def _finish(self) -> None:
         with self.use:  # a direct call still using the context is let finish (its socket is shut down)
@@ -133,6 +167,8 @@ class Lane(Generic[C]):
         closer: closes a context (runs on the retiring worker; may block - nobody waits for it).
         unblock: called from a background thread on an abandoned context to make a stuck call return
             (e.g. shut its socket down). Best effort; must not block for long.
+        idle: called on the worker with the context after ``idle_every`` seconds without a call (see the
+            module docstring, "Tending"); it must return quickly (it delays a call that arrives meanwhile).
     """
 
     def __init__(
@@ -141,11 +177,16 @@ class Lane(Generic[C]):
         factory: Callable[[], C],
         closer: Callable[[C], None],
         unblock: Callable[[C], None] | None = None,
+        *,
+        idle: Callable[[C], None] | None = None,
+        idle_every: float = 0.5,
     ) -> None:
         self.name = name
         self._factory = factory
         self._closer = closer
         self._unblock = unblock
+        self._idle = idle
+        self._idle_every = idle_every
         self._lock = threading.Lock()
         self._worker: _Worker | None = None
         self._closed = False
@@ -282,7 +323,12 @@ class Lane(Generic[C]):
             if worker is None:
                 self.generation += 1
                 worker = _Worker(
-                    f"spark-sb-{self.name}-{self.generation}", self._factory, self._closer, self.generation
+                    f"spark-sb-{self.name}-{self.generation}",
+                    self._factory,
+                    self._closer,
+                    self.generation,
+                    self._idle,
+                    self._idle_every,
                 )
                 worker.start()
                 self._worker = worker
@@ -403,6 +449,10 @@ class Finished(Generic[R]):
         self._error = error
         self.generation = generation  # the worker (and context) the call used
         self.started = started  # monotonic
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
 
     def result(self) -> R:
         if self._error is not None:

@@ -211,43 +211,170 @@ OPENING_AT_ONCE = 128
 HEARTBEAT = 4.0
 
 
+#: A connection that said nothing (no frame, not even a heartbeat) for this long is dead: silently dropped on the
+#: way (a middlebox forgot the flow), or the namespace stopped answering. Half a :data:`HEARTBEAT` is the
+#: namespace's beat, so this is three missed beats; well above what a live connection's jitter reaches.
+SILENT_AFTER = 1.5 * HEARTBEAT
+
+#: How often a lane with nothing to do looks after its connection (:meth:`_Conn.tend`).
+TEND_EVERY = 0.5
+
+#: Error conditions with which the service ends a link or connection for its lifecycle, not for an outage: a link
+#: idle for 10 minutes (``detach-forced``, "IdleTimerExpired"), a token that expired (``unauthorized-access`` on a
+#: link that was authorized), a connection without links for a minute (``connection:forced``). A send that meets
+#: one is made once more on a fresh link or connection, within its own deadline, and never counts as a failure.
+RENEWABLE = frozenset({"amqp:link:detach-forced", "amqp:unauthorized-access", "amqp:connection:forced"})
+
+
 class _Conn:
     """A lane's context: ONE AMQP connection to a namespace and one link (an SDK ``ServiceBusSender``) per entity
     on it (SPEC F2), as the SDK's own connection sharing intends. Used by the lane's thread, or by a direct call
     while it holds the lane's ``use`` lock; never by two threads at once.
 
-    ``senders`` is bounded by the entities this process sends to on the namespace; a link that failed is dropped
-    (closed) and reopened on next use, the connection stays.
+    The connection lives for weeks (SPEC L1-L3): between calls :meth:`tend` reads its frames (the namespace's
+    heartbeats, a detach or close the service sends) and sends ours when due, renews the links' tokens, and drops
+    a connection that went silent or was closed; :meth:`ensure` opens a new one when the next call needs it.
+
+    ``senders`` is bounded by the entities this process sends to on the namespace; a link that failed or that the
+    service detached is dropped (closed) and reopened on next use, the connection stays.
     """
 
-    __slots__ = ("client", "connection", "senders")
+    __slots__ = ("client", "connection", "detached", "dropped", "opener", "renewed", "senders")
 
-    def __init__(self, client: ServiceBusClient, connection: Any) -> None:
+    def __init__(self, client: ServiceBusClient, opener: Callable[[float], Any]) -> None:
         self.client = client
-        self.connection = connection
+        self.opener = opener  # opens a new pyamqp connection within a timeout (and counts it)
+        self.connection: Any = None
         self.senders: dict[str, ServiceBusSender] = {}
+        self.dropped = 0  # connections found dead (silent or closed) and dropped before a call needed them
+        # calls made once more because the service had ended their link or connection (RENEWABLE)
+        self.renewed = 0
+        self.detached = (
+            0  # links found detached by the service between calls (idle, an expired token), dropped
+        )
 
     @property
     def broken(self) -> bool:
         """The connection is no longer open (closed by the service, a socket error, an idle timeout)."""
         from azure.servicebus._pyamqp.constants import ConnectionState
 
-        return bool(self.connection.state != ConnectionState.OPENED)
+        return self.connection is None or bool(self.connection.state != ConnectionState.OPENED)
 
     def heard(self) -> float | None:
         """When the connection last received a frame (``time.time()``), None if never."""
         value = getattr(self.connection, "_last_frame_received_time", None)
         return float(value) if value else None
 
-    def sender(self, entity: str, timeout: float) -> ServiceBusSender:
-        """The open link to ``entity``, opened now if needed (within ``timeout``); raises what opening raised."""
+    def silent(self) -> bool:
+        """Nothing heard for :data:`SILENT_AFTER` seconds: the connection is dead (no I/O)."""
+        heard = self.heard()
+        return heard is not None and time.time() - heard > SILENT_AFTER
+
+    def ensure(self, timeout: float, may_connect: bool = True) -> Any:
+        """The open connection; a new one (within ``timeout``) if there is none, or the one there was is closed or
+        silent. Raises what opening raised; :class:`_NeedsWorker` instead of connecting when not ``may_connect``
+        (a direct call: TCP and SASL run on the lane's worker only, see :meth:`~spark_sb.lane.Lane.direct`)."""
+        if self.connection is not None and (self.broken or self.silent()):
+            self.discard("closed" if self.broken else f"silent for more than {SILENT_AFTER:.3g} s")
+        if self.connection is None:
+            if not may_connect:
+                raise _NeedsWorker("a new connection is needed")
+            self.connection = self.opener(timeout)
+        return self.connection
+
+    def discard(self, why: str) -> None:
+        """Drop the connection and every link on it (closed without waiting: a dead socket is shut down first, so
+        nothing blocks); the next call opens a new one."""
+        connection, self.connection = self.connection, None
+        self.senders.clear()
+        if connection is None:
+            return
+        self.dropped += 1
+        _LOGGER.info("a connection was dropped (%s); a new one is opened on next use", why)
+        _shut_down(connection)
+        with contextlib.suppress(Exception):  # closing a dead connection may fail; it is being dropped anyway
+            connection.close()
+
+    def tend(self) -> None:
+        """Between calls (a lane's idle tick, on its worker): read what came (heartbeats, detaches, a close) and
+        send our empty frame when the namespace's idle timeout wants one (pyamqp's ``listen`` does both), drop the
+        connection if it went silent or was closed, drop links the service detached, and renew each link's token
+        when its refresh window opens (the SDK renews only inside its own calls). Cost: one short read plus a
+        look at each link - bounded by the entities of this namespace."""
+        if self.connection is None:
+            return
+        if self.broken or self.silent():
+            self.discard("closed" if self.broken else f"silent for more than {SILENT_AFTER:.3g} s")
+            return
+        try:
+            with _short_reads(self.connection):
+                self.connection.listen(batch=64)
+        except Exception as exc:
+            self.discard(f"reading it failed: {type(exc).__name__}")
+            return
+        if self.broken:
+            self.discard("closed by the namespace")
+            return
+        for entity, sender in list(self.senders.items()):
+            if not _attached(sender):
+                self.detached += 1
+                self.drop(entity)
+                continue
+            cbs = getattr(sender._handler, "_cbs_authenticator", None)
+            if cbs is None:
+                continue
+            try:
+                cbs.handle_token()
+            except (
+                Exception
+            ) as exc:  # the renewal failed: the link is reopened (with a new token) on next use
+                _LOGGER.info(
+                    "renewing the token of a link failed (%s): reopened on next use", type(exc).__name__
+                )
+                self.drop(entity)
+
+    def sender(self, entity: str, timeout: float, may_connect: bool = True) -> ServiceBusSender:
+        """The open link to ``entity``, opened now if needed (within ``timeout``, on a new connection if the one
+        there was is closed or silent); raises what opening raised (``may_connect``: see :meth:`ensure`)."""
+        self.ensure(timeout, may_connect)
         found = self.senders.get(entity)
-        if found is not None and getattr(found, "_running", False):
+        if found is not None and getattr(found, "_running", False) and _attached(found):
             return found
         errors = self.open_links([entity], timeout)
         if entity in errors:
             raise errors[entity]
         return self.senders[entity]
+
+    def on_link(
+        self,
+        entity: str,
+        fn: Callable[[ServiceBusSender, float], Any],
+        timeout: float,
+        may_connect: bool = True,
+    ) -> Any:
+        """``fn(sender, seconds_left)`` on the open link to ``entity``. If the service had ended that link or its
+        connection for its lifecycle (:func:`renewable`: idle, an expired token), the call is made once more on a
+        fresh link - on a fresh connection if the old one closed - within the same ``timeout``. A link that failed
+        is dropped either way (reopened on next use)."""
+        deadline = time.monotonic() + timeout
+        sender = self.sender(entity, timeout, may_connect)
+        try:
+            return fn(sender, deadline - time.monotonic())
+        except Exception as exc:
+            self.drop(entity)
+            left = deadline - time.monotonic()
+            if not renewable(exc) or left <= SDK_MARGIN:
+                raise
+            _LOGGER.info(
+                "the service ended a link (%s): the call is made once more on a fresh one", condition_of(exc)
+            )
+            self.renewed += 1
+        sender = self.sender(entity, left, may_connect)
+        try:
+            return fn(sender, deadline - time.monotonic())
+        except Exception:
+            self.drop(entity)
+            raise
 
     def open_links(
         self, entities: list[str], timeout: float, silence: float | None = None
@@ -258,12 +385,13 @@ class _Conn:
         error raises (every entity has it), and so does a namespace that said nothing for ``silence`` seconds
         while links were waiting (a ``TimeoutError``: the namespace stalled, SPEC F1)."""
         deadline = time.monotonic() + max(0.0, timeout)
+        self.ensure(timeout)
         errors: dict[str, BaseException] = {}
         waiting: list[str] = []
         for entity in dict.fromkeys(entities):
             old = self.senders.get(entity)
             if old is not None:
-                if getattr(old, "_running", False):
+                if getattr(old, "_running", False) and _attached(old):
                     continue
                 self.drop(entity)
             waiting.append(entity)
@@ -380,10 +508,36 @@ class _Conn:
 
     def close(self) -> None:
         self.senders.clear()
+        connection, self.connection = self.connection, None
+        if connection is None:
+            return
         try:
-            self.connection.close()
+            connection.close()
         except Exception as exc:  # a broken connection may fail to close; it is being dropped anyway
             _LOGGER.info("closing a connection failed: %s", type(exc).__name__)
+
+
+class _NeedsWorker(Exception):
+    """A direct call (on the caller's thread) found that it needs a new connection: it is made on the lane's
+    worker instead, within what is left of the same deadline."""
+
+
+def _attached(sender: ServiceBusSender) -> bool:
+    """The sender's link is still attached (the service did not detach it: idle, an expired token, a forced
+    detach). Reads pyamqp's link state; no I/O."""
+    from azure.servicebus._pyamqp.constants import LinkState
+
+    link = getattr(getattr(sender, "_handler", None), "_link", None)
+    return link is None or link.state == LinkState.ATTACHED
+
+
+def renewable(exc: BaseException) -> bool:
+    """The service ended the link or connection for its lifecycle (:data:`RENEWABLE`), not for an outage. Pure."""
+    return (condition_of(exc) or "") in RENEWABLE
+
+
+def _tend(conn: _Conn) -> None:
+    conn.tend()
 
 
 #: While links are opened, a read with nothing to read waits this long (the SDK's socket timeout is 0.2 s: one such
@@ -470,8 +624,8 @@ def _open_links(
     return conn.open_links(entities, timeout, silence)
 
 
-def _nothing(conn: _Conn) -> None:
-    return None
+def _ensure(conn: _Conn, *, timeout: float) -> None:
+    conn.ensure(timeout)
 
 
 def _close_conn(conn: _Conn) -> None:
@@ -497,7 +651,8 @@ def _shut_down(connection: Any) -> None:
 
 
 def _unblock_conn(conn: _Conn) -> None:
-    _shut_down(conn.connection)
+    if conn.connection is not None:
+        _shut_down(conn.connection)
 
 
 class SdkTransport:
@@ -549,33 +704,32 @@ class SdkTransport:
 
                 def build() -> _Conn:
                     client = ns.client(**self._client_kwargs)
-                    with self._lock:
-                        self.generation[namespace] = self.generation.get(namespace, 0) + 1
-                    conn = _Conn(client, None)
+
+                    def opener(timeout: float) -> Any:
+                        with self._lock:
+                            self.generation[namespace] = self.generation.get(namespace, 0) + 1
+                        return _open_connection(client, timeout)
+
+                    conn = _Conn(client, opener)
                     self._last[namespace] = conn
-                    conn.connection = _open_connection(client, connect_timeout)
+                    conn.ensure(connect_timeout)
                     return conn
 
-                lane = Lane(namespace, build, _close_conn, _unblock_conn)
+                lane = Lane(namespace, build, _close_conn, _unblock_conn, idle=_tend, idle_every=TEND_EVERY)
                 self._lanes[namespace] = lane
             return lane
 
     def _call(
         self,
         target: Target,
-        fn: Callable[[ServiceBusSender], Any],
+        fn: Callable[[ServiceBusSender, float], Any],
         timeout: float,
         on_slow: Callable[[], None] | None = None,
     ) -> Any:
         entity = target.entity
 
         def run(conn: _Conn) -> Any:
-            sender = conn.sender(entity, timeout)
-            try:
-                return fn(sender)
-            except Exception:
-                conn.drop(entity)
-                raise
+            return conn.on_link(entity, fn, timeout)
 
         started = time.monotonic()
         try:
@@ -585,6 +739,19 @@ class SdkTransport:
         except Exception as exc:
             self._failed(target, exc, started)
             raise
+
+    def lifecycle(self, namespace: str) -> dict[str, int]:
+        """What the connection's lifecycle cost so far (for tests, benchmarks and logs): ``connections`` built,
+        ``dropped`` (found silent or closed between calls), ``detached`` (links the service detached, found between
+        calls) and ``renewed`` (calls made once more on a fresh link or connection because the service had ended
+        theirs). Counted since the namespace's lane was last built. No I/O."""
+        conn = self._last.get(namespace)
+        return {
+            "connections": self.generation.get(namespace, 0),
+            "dropped": conn.dropped if conn is not None else 0,
+            "detached": conn.detached if conn is not None else 0,
+            "renewed": conn.renewed if conn is not None else 0,
+        }
 
     def is_open(self, namespace: str) -> bool:
         """True while a connection for ``namespace`` exists (built and not closed)."""
@@ -625,29 +792,33 @@ class SdkTransport:
             payload = [m.to_sdk() for m in batch.messages]
         target = batch.target
         entity = target.entity
-        # The SDK's own timeout ends a send on an open link a little before the lane's deadline: a stalled entity
-        # then costs its link only, not the connection every other entity uses.
-        sdk_timeout = max(0.05, timeout - SDK_MARGIN)
 
-        def send(conn: _Conn) -> Any:
-            sender = conn.sender(entity, timeout)
-            try:
-                sender.send_messages(payload, timeout=sdk_timeout)
-            except Exception:
-                conn.drop(entity)
-                raise
+        def on_link(sender: ServiceBusSender, left: float) -> Any:
+            # The SDK's own timeout ends a send on an open link a little before the lane's deadline: a stalled
+            # entity then costs its link only, not the connection every other entity uses.
+            sender.send_messages(payload, timeout=max(0.05, left - SDK_MARGIN))
             return getattr(sender, "_max_batch_size_on_link", None)
 
+        def send(conn: _Conn) -> Any:
+            return conn.on_link(entity, on_link, timeout)
+
+        def send_direct(conn: _Conn) -> Any:
+            return conn.on_link(entity, on_link, timeout, may_connect=False)
+
         lane = self._lane(target.namespace)
+        started = time.monotonic()
         # On a link known to be open the SDK bounds the send itself (its timeout covers the wait for the answer;
         # no connect, SASL or CBS): send on this thread, the lane's watchdog keeping the deadline.
         pending: Pending[Any] | Finished[Any] | None = (
-            lane.direct(send, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow)
+            lane.direct(send_direct, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow)
             if self.connected(target)
             else None
         )
+        if isinstance(pending, Finished) and isinstance(pending.error, _NeedsWorker):
+            pending = None  # the connection went away meanwhile: a new one is opened on the worker
         if pending is None:
-            pending = lane.start(send, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow)
+            left = max(0.0, timeout - (time.monotonic() - started))
+            pending = lane.start(send, left, slow_after=left - SLOW_MARGIN, on_slow=on_slow)
         else:
             self.direct_sends += 1
         self._settled(target, pending)
@@ -677,9 +848,8 @@ class SdkTransport:
             budget = PREPARE_BASE + PREPARE_PER_LINK * len(entities)
             lane = self._lane(namespace)
             try:
-                lane.call(
-                    _nothing, silence
-                )  # the connection first: a namespace that does not answer costs silence
+                # the connection first: a namespace that does not answer costs silence
+                lane.call(functools.partial(_ensure, timeout=silence), silence)
                 failed = lane.call(
                     functools.partial(_open_links, entities=entities, timeout=budget, silence=silence),
                     budget + SLOW_MARGIN,
@@ -700,17 +870,21 @@ class SdkTransport:
 
     def schedule(self, target: Target, message: OutboundMessage, at: datetime, timeout: float) -> int:
         sdk_message = message.to_sdk()
-        sdk_timeout = max(0.05, timeout - SDK_MARGIN)
         numbers = self._call(
-            target, lambda sender: sender.schedule_messages(sdk_message, at, timeout=sdk_timeout), timeout
+            target,
+            lambda sender, left: sender.schedule_messages(
+                sdk_message, at, timeout=max(0.05, left - SDK_MARGIN)
+            ),
+            timeout,
         )
         return int(numbers[0])
 
     def cancel_scheduled(self, target: Target, sequence_number: int, timeout: float) -> None:
-        sdk_timeout = max(0.05, timeout - SDK_MARGIN)
         self._call(
             target,
-            lambda sender: sender.cancel_scheduled_messages(sequence_number, timeout=sdk_timeout),
+            lambda sender, left: sender.cancel_scheduled_messages(
+                sequence_number, timeout=max(0.05, left - SDK_MARGIN)
+            ),
             timeout,
         )
 

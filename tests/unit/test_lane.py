@@ -328,3 +328,47 @@ def test_a_forked_child_gets_a_watchdog_of_its_own() -> None:
             os._exit(0 if ok.wait(5) else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_an_idle_lane_tends_its_context_between_calls_never_during_one() -> None:
+    """The idle hook runs on the worker with the built context when no call came for idle_every seconds; a call
+    in progress is never tended; the hook's errors are logged, not raised, and the lane goes on."""
+    tended: list[tuple[int, str]] = []
+    twice = threading.Event()
+    in_call = threading.Event()
+    release = threading.Event()
+    during_call: list[int] = []
+
+    def idle(ctx: Ctx) -> None:
+        if in_call.is_set() and not release.is_set():
+            during_call.append(ctx.n)
+        tended.append((ctx.n, threading.current_thread().name))
+        if len(tended) >= 2:
+            twice.set()
+        raise RuntimeError("tending failed")  # logged; the lane keeps working
+
+    built: list[Ctx] = []
+
+    def build() -> Ctx:
+        built.append(Ctx(len(built) + 1))
+        return built[-1]
+
+    lane: Lane[Ctx] = Lane("tend", build, Rig.close, Rig.unblock, idle=idle, idle_every=0.02)
+    assert not twice.wait(0.1) and tended == []  # no context built yet: nothing to tend
+    assert lane.call(lambda ctx: ctx.n, 5.0) == 1
+    assert twice.wait(5.0)
+    assert {n for n, _ in tended} == {1} and all(name.startswith("spark-sb-tend-") for _, name in tended)
+
+    def long_call(ctx: Ctx) -> int:
+        in_call.set()
+        release.wait(5.0)
+        return ctx.n
+
+    pending = lane.start(long_call, 5.0)
+    assert in_call.wait(5.0)
+    time.sleep(0.1)  # five idle periods pass while the call holds the context
+    release.set()
+    assert pending.result() == 1
+    assert during_call == []
+    assert lane.call(lambda ctx: ctx.n, 5.0) == 1  # the hook's errors did not retire the context
+    lane.close()
