@@ -314,9 +314,11 @@ class ServiceBusSink:
 
     Picklable: holds only the configuration. ``last_outcome`` is the merged outcome of the last batch (records
     included), ``last_results`` its per-partition results; ``total`` keeps counts only (:class:`SinkTotals`).
-    ``store`` overrides the state store (tests); by default it is the Delta store named by ``state_location`` /
-    ``state_table_prefix``, or none. ``max_pending_writes``: how many batches may wait for the state writer
-    before a batch waits for it (backpressure).
+    ``store`` overrides the state store (tests; the ``servicebus`` data source passes its deltalake store); by
+    default it is the Delta store named by ``state_location`` / ``state_table_prefix``, or none.
+    ``max_pending_writes``: how many batches may wait for the state writer before a batch waits for it
+    (backpressure). ``sync_writes``: write the state tables before a batch returns whatever ``state_writes``
+    says (the data source's ``commit`` runs in a short-lived process, where no background writer may wait).
 
     State writes (``state_writes``):
 
@@ -341,6 +343,7 @@ class ServiceBusSink:
         *,
         store: StateStore | None = None,
         max_pending_writes: int = MAX_PENDING_BATCHES,
+        sync_writes: bool = False,
     ) -> None:
         # The primary's namespace name is resolved here, on the driver, and shipped in the config: executors
         # never ask the primary's admin endpoint (a worker started during an outage could not).
@@ -358,7 +361,7 @@ class ServiceBusSink:
         self._view = EntityView()
         self._writer: StateWriter | None = None
         self._seq = 0
-        self._force_sync = False  # Spark Connect
+        self._force_sync = sync_writes  # Spark Connect, the data source's commit
         self._max_pending = max_pending_writes  # batches queued for the writer before a batch waits
 
     @property
@@ -407,27 +410,53 @@ class ServiceBusSink:
         store: StateStore | None,
         now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
     ) -> SendOutcome | None:
-        """One batch, given how to run its tasks (driver; Spark-free, so unit-testable with fakes).
+        """One batch, given how to run its tasks (driver; Spark-free, so unit-testable with fakes):
+        :meth:`begin_batch`, the tasks, :meth:`record_batch`.
 
         Returns the merged outcome, or None when the batch was skipped as a replay. With asynchronous state
         writes it raises first the error of an earlier batch's failed write (:class:`StateWriteError`), before
         anything of this batch is sent, so Spark does not commit this batch and runs it again on restart.
         """
+        handoff = self.begin_batch(batch_id, count_rows, store, now)
+        if handoff is None:
+            return None
+        return self.record_batch(batch_id, run_tasks(handoff), handoff, store, now)
+
+    def begin_batch(
+        self,
+        batch_id: int,
+        count_rows: Callable[[], int],
+        store: StateStore | None,
+        now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    ) -> list[EntityRecord] | None:
+        """Before a batch's tasks (driver): None when ``batch_id`` is a replay (recorded, skip it), else the
+        entity records to hand the tasks (empty without a store)."""
+        if store is None:
+            return []
+        self._raise_write_error()
+        store.ensure()
+        if self.skip_replayed(store, batch_id, count_rows, now()):
+            return None
+        if not self.asynchronous:
+            return store.read_entities()
+        if self._view.age() > MAX_VIEW_AGE:  # the first batch, the first after an error or a pause
+            self._view.refreshed(store.read_entities())
+        return self._view.records()
+
+    def record_batch(
+        self,
+        batch_id: int,
+        results: Sequence[PartitionResult],
+        handoff: Sequence[EntityRecord],
+        store: StateStore | None,
+        now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    ) -> SendOutcome:
+        """After a batch's tasks (driver): merge the per-partition results, plan the state tables' rows
+        (:func:`~spark_sb.state.plan_batch`, ``handoff`` being the records the tasks started from) and write them
+        (in the background with ``state_writes: async``), count the totals. Returns the merged outcome. Shared by
+        the ``foreachBatch`` sink and the ``servicebus`` data source's ``commit``."""
         primary = namespace_key(self.config.primary)
-        handoff: list[EntityRecord] = []
         asynchronous = store is not None and self.asynchronous
-        if store is not None:
-            self._raise_write_error()
-            store.ensure()
-            if self._replayed(store, batch_id, count_rows, now()):
-                return None
-            if not asynchronous:
-                handoff = store.read_entities()
-            else:
-                if self._view.age() > MAX_VIEW_AGE:  # the first batch, the first after an error or a pause
-                    self._view.refreshed(store.read_entities())
-                handoff = self._view.records()
-        results = run_tasks(handoff)
         outcome = SendOutcome()
         rows = 0
         for r in results:
@@ -554,7 +583,7 @@ class ServiceBusSink:
         except Exception as write_error:  # the exception already on its way out stays the one raised
             log.error("sink %s: state writes failed: %s", self.sink_id, write_error)
 
-    def _replayed(
+    def skip_replayed(
         self, store: StateStore, batch_id: int, count_rows: Callable[[], int], now: datetime
     ) -> bool:
         """True (and recorded) when ``batch_id`` was already committed by this sink: skip it (SPEC S5).

@@ -1,0 +1,423 @@
+"""The ``servicebus`` Python data source (SPEC S9): ``format("servicebus")`` for streaming and batch writes, with
+the behaviour of the ``foreachBatch`` sink and its code (:mod:`spark_sb.sink`).
+
+Usage (driver)::
+
+    import spark_sb
+    spark_sb.register(spark)  # once per session; also under Spark Connect
+    opts = {"primary.connection_string": "${env:SB_PRIMARY}", "secondary.connection_string": "${env:SB_SECONDARY}",
+            "entity": "orders", "state_location": "abfss://.../sb_state"}
+    df.writeStream.format("servicebus").options(**opts).option("checkpointLocation", ckpt).start()
+    df.write.format("servicebus").options(**opts).mode("append").save()
+
+Options are the flat configuration keys :func:`spark_sb.load_config` accepts (values are strings; secrets by
+reference, resolved on the driver machine), plus ``config_path`` (a YAML file, the options override it) and, for
+batch writes, ``job_id``. :func:`parse_options` checks them before anything is sent.
+
+Where things run (Spark calls every driver-side method in a Python process of its own, with no SparkSession):
+
+* ``ServiceBusDataSource.__init__`` (driver machine; when the query starts and again each micro-batch): parses
+  and checks the options, resolves the primary's namespace name (:func:`~spark_sb.backlog.with_namespace_name`).
+* ``streamWriter`` / ``writer`` (driver machine, each micro-batch / once): checks the schema (the column named),
+  the mode (append only) and ``entity``; reads from the state tables the entity records the tasks start from
+  and the last batch this ``sink_id`` committed. That :class:`WritePlan` is what the writer carries to executors
+  (picklable: the configuration and those records).
+* ``write`` (executors, once per partition task): :func:`spark_sb.sink.send_partition`, the very function the
+  ``foreachBatch`` sink's tasks run (the process-level sender cache, failover, rejects). A micro-batch whose id
+  (the task's ``streaming.sql.batchId``) this ``sink_id`` already committed is a replay: its rows are counted,
+  not sent. Returns a :class:`PartitionMessage`.
+* ``commit`` (driver machine, after every task succeeded): :meth:`spark_sb.sink.ServiceBusSink.record_batch`
+  plans and writes the state tables' rows, or :meth:`~spark_sb.sink.ServiceBusSink.skip_replayed` records the
+  replay. The tables are Delta path tables (``state_location``) written with ``deltalake``
+  (:class:`~spark_sb.state_deltars.DeltaRsStateStore`), synchronously, before Spark commits the micro-batch.
+  ``abort`` (a task failed; with ``on_reject: fail`` a bad row fails its task) records nothing, as a failed
+  ``foreachBatch`` batch.
+
+A batch write records its rows under a job id of its own: sink id ``<sink_id>/<job_id>``, batch id 0.
+``job_id`` defaults to ``write-<UTC time>-<random>``; a ``job_id`` given again after its write committed makes the
+write a replay (nothing sent).
+
+Delivery: at least once, as the ``foreachBatch`` sink (message ids and duplicate detection on the primary make
+retries harmless).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import re
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamWriter,
+    WriterCommitMessage,
+)
+
+from spark_sb.backlog import with_namespace_name
+from spark_sb.config import KNOWN_KEYS, ConfigError, ServiceBusConfig
+from spark_sb.rows import validate_schema
+from spark_sb.sink import ServiceBusSink, arrow_rows, default_sink_id, send_partition
+from spark_sb.state import EntityRecord, PartitionResult
+
+try:  # Spark 4.1+: the stream writer that takes Arrow record batches, as the foreachBatch sink's tasks do
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
+
+    STREAM_ARROW = True
+except ImportError:  # pragma: no cover - Spark 4.0: rows, turned into the same dicts
+    _StreamWriterBase = DataSourceStreamWriter  # type: ignore[misc, assignment]
+    STREAM_ARROW = False
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+    from spark_sb.sender import SendOutcome
+    from spark_sb.state_deltars import DeltaRsStateStore
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "servicebus"
+#: Options of the data source itself (beside the configuration keys).
+SOURCE_OPTIONS = ("config_path", "job_id")
+#: Options Spark passes along that are Spark's own: ignored.
+SPARK_OPTIONS = ("checkpointlocation",)
+BATCH_ID_PROPERTY = "streaming.sql.batchId"  # the task-local property Spark sets in every micro-batch job
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,99}")
+
+
+# ------------------------------------------------------------------------------------------ options
+@dataclass(frozen=True)
+class SourceOptions:
+    """The checked options: the configuration and the batch write's ``job_id`` (None: one is generated)."""
+
+    config: ServiceBusConfig
+    job_id: str | None = None
+
+
+def _option_error(errors: Sequence[tuple[str, str]]) -> ConfigError:
+    pairs = [(key, msg) for key, msg in errors]
+    return ConfigError(
+        "format('servicebus'): " + "; ".join(f"option {k!r}: {m}" for k, m in pairs),
+        [(k, m) for k, m in pairs],
+    )
+
+
+def _valid_key(key: str) -> bool:
+    return key in KNOWN_KEYS or key in SOURCE_OPTIONS or key.split(".", 1)[0].startswith("x-")
+
+
+def parse_options(
+    options: Mapping[str, Any], *, env: Mapping[str, str] | None = None, dbutils: Any = None
+) -> SourceOptions:
+    """Check the data source's options and build the configuration (pure apart from reading ``config_path``
+    and resolving secret references; driver machine). Keys are case-insensitive. Raises :class:`ConfigError`
+    naming the option and, where there is a set, the valid values: an unknown key, a value of the wrong type,
+    ``state_table_prefix`` (catalog tables need Spark), ``state_location`` without ``deltalake``."""
+    lowered: dict[str, str] = {}
+    for k, v in options.items():
+        key = str(k).strip().lower()
+        if key in SPARK_OPTIONS:
+            continue
+        if key in lowered:
+            raise _option_error([(key, "given twice (option keys are case-insensitive)")])
+        lowered[key] = v if isinstance(v, str) else str(v)
+    unknown = [k for k in lowered if not _valid_key(k)]
+    if unknown:
+        import difflib
+
+        valid = sorted({*KNOWN_KEYS, *SOURCE_OPTIONS})
+        errors = []
+        for key in unknown:
+            match = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+            hint = f" (did you mean {match[0]!r}?)" if match else ""
+            errors.append((key, f"unknown option{hint}; valid options: {', '.join(valid)}, x-*"))
+        raise _option_error(errors)
+    config_path = lowered.pop("config_path", None)
+    job_id = lowered.pop("job_id", None)
+    flat: dict[str, str] = {}
+    if config_path is not None:
+        if not config_path.strip():
+            raise _option_error([("config_path", "expected the path of a YAML configuration file, found ''")])
+        base = ServiceBusConfig.from_yaml(config_path.strip(), env=env, dbutils=dbutils)
+        flat = base.to_options(include_secrets=True)  # references stay references (resolved again below)
+    flat.update(lowered)
+    try:
+        config = ServiceBusConfig.from_options(flat, env=env, dbutils=dbutils)
+    except ConfigError as exc:
+        raise _option_error(exc.errors or [("options", str(exc))]) from None
+    if config.state_table_prefix:
+        raise _option_error(
+            [
+                (
+                    "state_table_prefix",
+                    "format('servicebus') writes its state tables outside any Spark session (Spark runs a data "
+                    "source's commit in a Python process of its own), with the deltalake package: only path "
+                    "tables are supported; set state_location, or use foreachBatch(ServiceBusSink(config)) for "
+                    "catalog tables",
+                )
+            ]
+        )
+    if config.state_location and importlib.util.find_spec("deltalake") is None:
+        raise _option_error(
+            [
+                (
+                    "state_location",
+                    "format('servicebus') writes the state tables with deltalake: pip install deltalake",
+                )
+            ]
+        )
+    if job_id is not None and not _JOB_ID.fullmatch(job_id):
+        raise _option_error(
+            [("job_id", f"expected letters, digits, '.', '_', ':' or '-' (at most 100), found {job_id!r}")]
+        )
+    return SourceOptions(config, job_id)
+
+
+def check_write(config: ServiceBusConfig, schema: StructType, overwrite: bool, *, streaming: bool) -> None:
+    """What must hold before a write starts (driver machine): append only, the schema (:class:`SchemaError`
+    names the column), an entity for every row (the ``entity`` option or an entity column)."""
+    if overwrite:
+        if streaming:
+            raise _option_error([("outputMode", "'complete' is not supported; valid: append, update")])
+        raise _option_error([("mode", "'overwrite' is not supported; valid: append")])
+    validate_schema(schema, config.columns)
+    entity_column = config.columns.get("entity", "entity")
+    if config.entity is None and entity_column not in schema.fieldNames():
+        raise _option_error(
+            [
+                (
+                    "entity",
+                    f"required: the queue or topic to send to (or a column {entity_column!r} naming one per row, "
+                    "see columns.entity)",
+                )
+            ]
+        )
+
+
+def new_job_id(now: datetime | None = None) -> str:
+    """``write-<UTC time>-<8 hex>``: the job id of a batch write that was given none."""
+    at = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    return f"write-{at}-{uuid.uuid4().hex[:8]}"
+
+
+# ------------------------------------------------------------------------------------------ the plan
+def state_store(config: ServiceBusConfig) -> DeltaRsStateStore | None:
+    """The deltalake store of ``state_location`` (None without one). Driver machine."""
+    if not config.state_location:
+        return None
+    from spark_sb.state_deltars import DeltaRsStateStore
+
+    return DeltaRsStateStore(config.state_location)
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """What the driver hands every task of one write (picklable): the configuration, the sink id the rows are
+    recorded under, the entity records read at the start, the last batch this sink id committed."""
+
+    config: ServiceBusConfig
+    sink_id: str
+    handoff: tuple[EntityRecord, ...] = ()
+    last_committed: int | None = None
+
+    def replayed(self, batch_id: int | None) -> bool:
+        """True when ``batch_id`` was committed before this write started: its tasks send nothing."""
+        return batch_id is not None and self.last_committed is not None and batch_id <= self.last_committed
+
+
+def read_plan(config: ServiceBusConfig, sink_id: str) -> WritePlan:
+    """The plan of one write: reads the state tables when there are any (driver machine)."""
+    store = state_store(config)
+    if store is None:
+        return WritePlan(config, sink_id)
+    store.ensure()
+    return WritePlan(config, sink_id, tuple(store.read_entities()), store.last_committed(sink_id))
+
+
+@dataclass(frozen=True)
+class PartitionMessage(WriterCommitMessage):
+    """One task's commit message (executor -> driver): the rows it read and what it did with them (the
+    ``foreachBatch`` sink's :class:`~spark_sb.state.PartitionResult`); ``result`` is None for a replay."""
+
+    batch_id: int
+    rows: int
+    result: PartitionResult | None
+
+
+def task_batch_id() -> int | None:
+    """The micro-batch id of the running task (executor), None outside a streaming query."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    value = context.getLocalProperty(BATCH_ID_PROPERTY) if context is not None else None
+    return None if value is None else int(value)
+
+
+def write_partition(plan: WritePlan, batches: Iterator[pa.RecordBatch], batch_id: int) -> PartitionMessage:
+    """One partition task (executor): counts a replay's rows, sends anything else with the ``foreachBatch``
+    sink's :func:`~spark_sb.sink.send_partition`."""
+    if plan.replayed(batch_id):
+        return PartitionMessage(batch_id, sum(b.num_rows for b in batches), None)
+    result = send_partition(plan.config, arrow_rows(batches), plan.handoff)
+    return PartitionMessage(batch_id, result.rows, result)
+
+
+def _row_batches(rows: Iterator[Any]) -> Iterator[Any]:  # pragma: no cover - Spark 4.0 only
+    """Rows (Spark 4.0's stream writer) as one-row "batches" that :func:`write_partition` reads alike."""
+
+    class _One:
+        num_rows = 1
+
+        def __init__(self, row: Any) -> None:
+            self.row = row
+
+        def to_pylist(self) -> list[dict[str, Any]]:
+            return [self.row.asDict(recursive=True)]
+
+    for row in rows:
+        yield _One(row)
+
+
+def commit_write(plan: WritePlan, batch_id: int, messages: Sequence[Any]) -> SendOutcome | None:
+    """After every task succeeded (driver machine): record the write in the state tables with the
+    ``foreachBatch`` sink's code. Returns the merged outcome, None for a replay (recorded as skipped)."""
+    store = state_store(plan.config)
+    sink = ServiceBusSink(plan.config.with_overrides(sink_id=plan.sink_id), store=store, sync_writes=True)
+    done = [m for m in messages if isinstance(m, PartitionMessage)]
+    results = [m.result for m in done if m.result is not None]
+    if done and not results:  # every task found the batch committed before: a replay
+        rows = sum(m.rows for m in done)
+        if store is not None and sink.skip_replayed(
+            store, batch_id, lambda: rows, datetime.now(timezone.utc)
+        ):
+            return None
+        raise RuntimeError(
+            f"sink {plan.sink_id!r} batch {batch_id}: its tasks found it committed, the state tables no longer "
+            "do; nothing was sent: run the query again"
+        )
+    handoff = plan.handoff
+    return sink.record_batch(batch_id, results, handoff, store)
+
+
+# ------------------------------------------------------------------------------------------ the writers
+class _PlannedWriter:
+    """The plan, read when first needed: on the driver before the writer is pickled to the tasks (``streamWriter``
+    / ``writer``), or in the commit process, which builds its own writer."""
+
+    def __init__(self, config: ServiceBusConfig, sink_id: str) -> None:
+        self._config = config
+        self._sink_id = sink_id
+        self._plan: WritePlan | None = None
+
+    @property
+    def plan(self) -> WritePlan:
+        if self._plan is None:
+            self._plan = read_plan(self._config, self._sink_id)
+        return self._plan
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_config": self._config, "_sink_id": self._sink_id, "_plan": self.plan}
+
+
+class ServiceBusStreamWriter(_PlannedWriter, _StreamWriterBase):  # type: ignore[misc, valid-type]
+    """The micro-batch writer. Built on the driver machine each micro-batch; ``write`` on executors,
+    ``commit`` / ``abort`` on the driver machine. Picklable (the plan)."""
+
+    def write(self, iterator: Iterator[Any]) -> PartitionMessage:
+        batch_id = task_batch_id()
+        if batch_id is None:
+            raise RuntimeError(f"no {BATCH_ID_PROPERTY} in the task: not a micro-batch of a streaming query")
+        batches = iterator if STREAM_ARROW else _row_batches(iterator)
+        return write_partition(self.plan, batches, batch_id)
+
+    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
+        commit_write(self.plan, batchId, messages)
+
+    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
+        done = [m for m in messages if isinstance(m, PartitionMessage)]
+        log.warning(
+            "sink %s batch %s aborted: %d of %d tasks finished (%d rows); nothing recorded, Spark runs it again",
+            self._sink_id,
+            batchId,
+            len(done),
+            len(messages),
+            sum(m.rows for m in done),
+        )
+
+
+class ServiceBusBatchWriter(_PlannedWriter, DataSourceArrowWriter):
+    """The batch write (``df.write``): one job, recorded as batch 0 of sink id ``<sink_id>/<job_id>``. Built on
+    the driver machine; ``write`` on executors, ``commit`` / ``abort`` on the driver machine (this object)."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> PartitionMessage:
+        return write_partition(self.plan, iterator, 0)
+
+    def commit(self, messages: list[Any]) -> None:
+        commit_write(self.plan, 0, messages)
+
+    def abort(self, messages: list[Any]) -> None:
+        done = [m for m in messages if isinstance(m, PartitionMessage)]
+        log.warning(
+            "write %s aborted: %d of %d tasks finished (%d rows); nothing recorded",
+            self._sink_id,
+            len(done),
+            len(messages),
+            sum(m.rows for m in done),
+        )
+
+
+class ServiceBusDataSource(DataSource):
+    """``format("servicebus")``. Built by Spark from the options on the driver machine (there they are
+    checked); picklable (the options and the configuration)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        parsed = parse_options(options)
+        self.settings = SourceOptions(with_namespace_name(parsed.config), parsed.job_id)
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def _sink_id(self) -> str:
+        config = self.settings.config
+        return config.sink_id or default_sink_id(config)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> ServiceBusStreamWriter:  # noqa: N802
+        if self.settings.job_id is not None:
+            raise _option_error([("job_id", "applies to batch writes (df.write) only; streams use sink_id")])
+        check_write(self.settings.config, schema, overwrite, streaming=True)
+        return ServiceBusStreamWriter(self.settings.config, self._sink_id())
+
+    def writer(self, schema: StructType, overwrite: bool) -> ServiceBusBatchWriter:
+        check_write(self.settings.config, schema, overwrite, streaming=False)
+        job_id = self.settings.job_id or new_job_id()
+        writer = ServiceBusBatchWriter(self.settings.config, f"{self._sink_id()}/{job_id}")
+        _ = writer.plan  # read now, on the driver: the commit gets this very object back
+        return writer
+
+
+def register(spark: Any) -> None:
+    """Register the ``servicebus`` data source with ``spark`` (a classic or Spark Connect session; driver).
+    Idempotent: registering again replaces it with itself."""
+    spark.dataSource.register(ServiceBusDataSource)
+
+
+__all__ = [
+    "SOURCE_NAME",
+    "PartitionMessage",
+    "ServiceBusBatchWriter",
+    "ServiceBusDataSource",
+    "ServiceBusStreamWriter",
+    "SourceOptions",
+    "WritePlan",
+    "check_write",
+    "parse_options",
+    "register",
+]

@@ -1,0 +1,355 @@
+"""The state tables (events, entities, rejects) as Delta path tables written with ``deltalake`` (delta-rs), no
+Spark session: the :class:`~spark_sb.state.StateStore` of the ``servicebus`` data source.
+
+Why a second Delta store: Spark runs a Python data source's ``commit`` (and its planning) in a Python process of
+its own on the driver machine, with no SparkSession to write through. The tables and their rows are the ones
+:class:`~spark_sb.state.DeltaStateStore` writes (same columns and types, the same ``txnAppId`` = sink id /
+``txnVersion`` = batch id on the events and rejects appends), so a data source query, a ``foreachBatch`` sink and
+``spark-sb status`` read each other's rows. Path tables only (``state_location``): catalog tables need Spark.
+
+Runs on the driver machine (the data source's planner and commit processes). Holds only the location: picklable.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from spark_sb.state import (
+    BATCH_COMMITTED,
+    EVENT_COLUMNS,
+    BatchWrites,
+    EntityRecord,
+    Event,
+    PulledQueue,
+    RejectRecord,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+TABLES = ("events", "entities", "rejects")
+
+#: Errors of a commit that lost a race with another writer (retried); matched on the type name and text.
+_CONFLICT_MARKERS = ("CommitFailed", "conflict", "Conflict", "already exists", "VersionAlreadyExists")
+
+
+def _schemas() -> dict[str, pa.Schema]:
+    import pyarrow as pa
+
+    ts = pa.timestamp("us", tz="UTC")
+    text = pa.string()
+    return {
+        "events": pa.schema(
+            [
+                ("time", ts),
+                ("sink_id", text),
+                ("batch_id", pa.int64()),
+                ("namespace", text),
+                ("entity", text),
+                ("event", text),
+                ("from_state", text),
+                ("to_state", text),
+                ("backlog_queue", text),
+                ("error_class", text),
+                ("count", pa.int64()),
+                ("executor_host", text),
+                ("detail", text),
+            ]
+        ),
+        "entities": pa.schema(
+            [
+                ("namespace", text),
+                ("entity", text),
+                ("state", text),
+                ("since", ts),
+                ("last_error_class", text),
+                ("backlog_namespace", text),
+                (
+                    "pulled_backlog_queues",
+                    pa.list_(pa.struct([("queue", text), ("until", ts), ("error_class", text)])),
+                ),
+                ("updated_at", ts),
+                ("updated_by", text),
+            ]
+        ),
+        "rejects": pa.schema(
+            [
+                ("time", ts),
+                ("sink_id", text),
+                ("batch_id", pa.int64()),
+                ("entity", text),
+                ("column", text),
+                ("reason", text),
+                ("row_json", text),
+            ]
+        ),
+    }
+
+
+def _utc(dt: datetime | None) -> datetime:
+    if dt is None:
+        return _EPOCH
+    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
+
+
+class DeltaRsStateStore:
+    """:class:`~spark_sb.state.StateStore` on the path tables under ``location`` (``<location>/events`` ...),
+    through ``deltalake``. ``storage_options`` go to delta-rs as they are (object stores); ``sleep`` is the
+    pause between retries of a commit that lost a race with another writer (injected in tests)."""
+
+    def __init__(
+        self,
+        location: str,
+        *,
+        storage_options: Mapping[str, str] | None = None,
+        attempts: int = 8,
+        backoff: float = 0.1,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.location = location.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self.attempts = attempts
+        self.backoff = backoff
+        self._sleep = sleep
+        self._ensured = False
+
+    # -- plumbing
+    def path(self, table: str) -> str:
+        return f"{self.location}/{table}"
+
+    def _table(self, table: str) -> Any:
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.path(table), storage_options=self.storage_options or None)
+
+    def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return fn()
+            except Exception as exc:
+                text = f"{type(exc).__name__} {exc}"
+                if attempt >= self.attempts or not any(m in text for m in _CONFLICT_MARKERS):
+                    raise
+                log.info(
+                    "state table %s: conflict with another writer (%s), retry %d",
+                    what,
+                    type(exc).__name__,
+                    attempt,
+                )
+                self._sleep(min(2.0, self.backoff * 2 ** (attempt - 1)))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def ensure(self) -> None:
+        """Create the three tables where they do not exist (another writer may be creating them too)."""
+        if self._ensured:
+            return
+        from deltalake import DeltaTable
+
+        for table, schema in _schemas().items():
+            path = self.path(table)
+
+            def create(path: str = path, schema: Any = schema) -> None:
+                if DeltaTable.is_deltatable(path, storage_options=self.storage_options or None):
+                    return
+                DeltaTable.create(
+                    path, schema=schema, mode="ignore", storage_options=self.storage_options or None
+                )
+
+            self._retry(table, create)
+        self._ensured = True
+
+    def _rows(
+        self, table: str, filter: Any = None, columns: Sequence[str] | None = None
+    ) -> list[dict[str, Any]]:
+        self.ensure()
+        dataset = self._table(table).to_pyarrow_dataset()
+        rows: list[dict[str, Any]] = dataset.to_table(
+            filter=filter, columns=list(columns) if columns is not None else None
+        ).to_pylist()
+        return rows
+
+    def _append(self, table: str, data: pa.Table, app_id: str | None, version: int | None) -> None:
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
+        def write() -> None:
+            dt = self._table(table)
+            commit = None
+            if app_id is not None and version is not None:
+                done = dt.transaction_version(app_id)
+                if done is not None and done >= version:
+                    return  # written before (a retried commit): idempotent as Spark's txnAppId/txnVersion
+                commit = CommitProperties(app_transactions=[Transaction(app_id=app_id, version=version)])
+            write_deltalake(dt, data, mode="append", commit_properties=commit)
+
+        self._retry(table, write)
+
+    # -- reads
+    def read_entities(self) -> list[EntityRecord]:
+        return [
+            EntityRecord(
+                r["namespace"],
+                r["entity"],
+                r["state"],
+                _utc(r["since"]),
+                r["last_error_class"],
+                r["backlog_namespace"],
+                tuple(
+                    PulledQueue(p["queue"], _utc(p["until"]), p["error_class"])
+                    for p in (r["pulled_backlog_queues"] or [])
+                ),
+                _utc(r["updated_at"]),
+                r["updated_by"],
+            )
+            for r in self._rows("entities")
+        ]
+
+    def entities_version(self) -> int | None:
+        self.ensure()
+        return int(self._table("entities").version())
+
+    def last_committed(self, sink_id: str) -> int | None:
+        """The highest batch id ``sink_id`` committed: the events table's transaction version for the sink id
+        (one read of the log, whatever the table's size), else a scan of its ``batch_committed`` rows."""
+        import pyarrow.dataset as ds
+
+        self.ensure()
+        version = self._table("events").transaction_version(sink_id)
+        if version is not None:
+            return int(version)
+        rows = self._rows(
+            "events",
+            (ds.field("sink_id") == sink_id) & (ds.field("event") == BATCH_COMMITTED),
+            ["batch_id"],
+        )
+        ids = [int(r["batch_id"]) for r in rows if r["batch_id"] is not None]
+        return max(ids) if ids else None
+
+    def committed(self, sink_id: str, batch_id: int) -> Event | None:
+        import pyarrow.dataset as ds
+
+        found = self._events(
+            (ds.field("sink_id") == sink_id)
+            & (ds.field("event") == BATCH_COMMITTED)
+            & (ds.field("batch_id") == batch_id)
+        )
+        return found[0] if found else None
+
+    def _events(self, filter: Any) -> list[Event]:
+        rows = sorted(self._rows("events", filter), key=lambda r: _utc(r["time"]))
+        return [
+            Event(
+                time=_utc(r["time"]),
+                **{c: r[c] for c in EVENT_COLUMNS if c not in ("time", "count", "detail")},
+                count=int(r["count"] or 0),
+                detail=r["detail"] or "",
+            )
+            for r in rows
+        ]
+
+    def read_events(self, sink_id: str | None = None) -> list[Event]:
+        import pyarrow.dataset as ds
+
+        return self._events(None if sink_id is None else ds.field("sink_id") == sink_id)
+
+    def read_rejects(self, sink_id: str | None = None) -> list[RejectRecord]:
+        import pyarrow.dataset as ds
+
+        rows = self._rows("rejects", None if sink_id is None else ds.field("sink_id") == sink_id)
+        return [
+            RejectRecord(
+                _utc(r["time"]),
+                r["sink_id"],
+                r["batch_id"],
+                r["entity"],
+                r["column"],
+                r["reason"],
+                r["row_json"],
+            )
+            for r in rows
+        ]
+
+    # -- writes
+    def _events_table(self, events: Sequence[Event]) -> pa.Table:
+        import pyarrow as pa
+
+        schema = _schemas()["events"]
+        return pa.Table.from_pylist(
+            [{c: getattr(e, c) for c in EVENT_COLUMNS} for e in events], schema=schema
+        )
+
+    def write_batch(self, sink_id: str, batch_id: int, writes: BatchWrites) -> None:
+        import pyarrow as pa
+
+        self.ensure()
+        if writes.rejects:
+            rows = [
+                {
+                    "time": r.time,
+                    "sink_id": r.sink_id,
+                    "batch_id": r.batch_id,
+                    "entity": r.entity,
+                    "column": r.column,
+                    "reason": r.reason,
+                    "row_json": r.row_json,
+                }
+                for r in writes.rejects
+            ]
+            self._append(
+                "rejects", pa.Table.from_pylist(rows, schema=_schemas()["rejects"]), sink_id, batch_id
+            )
+        if writes.entities:
+            self._merge_entities(writes.entities)
+        self._append("events", self._events_table(writes.events), sink_id, batch_id)
+
+    def append_events(self, events: Sequence[Event]) -> None:
+        if events:
+            self.ensure()
+            self._append("events", self._events_table(events), None, None)
+
+    def _merge_entities(self, records: Sequence[EntityRecord]) -> None:
+        import pyarrow as pa
+
+        rows = [
+            {
+                "namespace": r.namespace,
+                "entity": r.entity,
+                "state": r.state,
+                "since": r.since,
+                "last_error_class": r.last_error_class,
+                "backlog_namespace": r.backlog_namespace,
+                "pulled_backlog_queues": [
+                    {"queue": p.queue, "until": p.until, "error_class": p.error_class}
+                    for p in r.pulled_backlog_queues
+                ],
+                "updated_at": r.updated_at,
+                "updated_by": r.updated_by,
+            }
+            for r in records
+        ]
+        source = pa.Table.from_pylist(rows, schema=_schemas()["entities"])
+
+        def merge() -> None:
+            (
+                self._table("entities")
+                .merge(
+                    source=source,
+                    predicate="t.namespace = s.namespace AND t.entity = s.entity",
+                    source_alias="s",
+                    target_alias="t",
+                )
+                .when_matched_update_all(predicate="s.since >= t.since")
+                .when_not_matched_insert_all()
+                .execute()
+            )
+
+        self._retry("entities", merge)
+
+
+__all__ = ["DeltaRsStateStore"]
