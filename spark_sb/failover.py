@@ -232,14 +232,18 @@ class RetryPolicy:
 
     ``backoff_base`` / ``backoff_cap``: exponential back-off between attempts (config ``retry.backoff_factor`` /
     ``retry.backoff_max``); ``busy_retries`` / ``busy_wait``: how long "server busy" is retried before the task
-    fails (never a failover); ``backlog_attempts`` / ``backlog_budget``: tries and seconds on one backlog queue
+    fails (never a failover); ``busy_first`` / ``busy_cap``: its back-off, short and capped at about the service's
+    throttling window (a second), so that a throttled sender resumes as soon as credits come back instead of
+    sleeping through them - the throughput stays near the granted rate (SPEC L4); ``backlog_attempts`` / ``backlog_budget``: tries and seconds on one backlog queue
     before it is pulled; ``cancel_attempts``: tries of a probe's cancel.
     """
 
     backoff_base: float = 0.8
     backoff_cap: float = 120.0
-    busy_retries: int = 10
+    busy_retries: int = 1000
     busy_wait: float = 120.0
+    busy_first: float = 0.1
+    busy_cap: float = 1.0
     backlog_attempts: int = 2
     backlog_budget: float = 30.0
     cancel_attempts: int = 3
@@ -295,6 +299,9 @@ def decide(
     if error.retry:  # server busy, a client closed under us: never an outage
         if attempts > policy.busy_retries or waited >= policy.busy_wait:
             return Decision(Verb.RAISE, why="busy budget exhausted")
+        if error.name == "server_busy":  # throttled: back off briefly, capped at about the throttling window
+            delay = backoff_delay(attempts, policy.busy_first, policy.busy_cap)
+            return Decision(Verb.RETRY, min(delay, policy.busy_wait - waited), why="throttled")
         return Decision(Verb.RETRY, backoff_delay(attempts, policy.backoff_base, policy.backoff_cap))
     return Decision(Verb.RAISE, why=f"unexpected {error.name}")
 

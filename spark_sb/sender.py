@@ -99,6 +99,8 @@ class SendOutcome:
     pulls: tuple[BacklogPull, ...] = ()
     retries: int = 0
     elapsed: float = 0.0
+    #: Seconds spent backing off because the primary answered "server busy" (throttled), per entity (SPEC L4).
+    throttled: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def total_sent(self) -> int:
@@ -124,10 +126,11 @@ class SendOutcome:
             pulls=self.pulls + other.pulls,
             retries=self.retries + other.retries,
             elapsed=self.elapsed + other.elapsed,
+            throttled=_add(self.throttled, other.throttled),
         )
 
 
-def _add(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+def _add(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(a)
     for k, v in b.items():
         out[k] = out.get(k, 0) + v
@@ -146,6 +149,7 @@ class _Tally:
         self.probes: list[ProbeRecord] = []
         self.pulls: list[BacklogPull] = []
         self.retries = 0
+        self.throttled: dict[str, float] = {}  # entity -> seconds backed off on "server busy"
         self.sticky: dict[str, str] = {}  # entity -> its backlog queue, until the next batch boundary
 
     def build(self, elapsed: float) -> SendOutcome:
@@ -159,6 +163,7 @@ class _Tally:
             pulls=tuple(self.pulls),
             retries=self.retries,
             elapsed=elapsed,
+            throttled=dict(self.throttled),
         )
 
 
@@ -252,7 +257,7 @@ class PairedSender:
         registry: FailoverRegistry | None = None,
         backlog_queues: Sequence[str] | None = None,
         rng: random.Random | None = None,
-        max_busy_retries: int = 10,
+        max_busy_retries: int = 1000,
         max_busy_wait: float = 120.0,
         backlog_attempts: int = 2,
         cancel_attempts: int = 3,
@@ -399,6 +404,14 @@ class PairedSender:
             self._collect_probes(tally)
             err.outcome = tally.build(self._clock.monotonic() - start)
             raise
+        finally:
+            for entity, waited in tally.throttled.items():
+                _LOGGER.warning(
+                    "entity %r was throttled by the primary namespace (server busy): backed off %.1f s in this "
+                    "call; not an outage, nothing diverted",
+                    entity,
+                    waited,
+                )
         return tally.build(self._clock.monotonic() - start)
 
     def maintain(self) -> SendOutcome:
@@ -573,6 +586,9 @@ class PairedSender:
                     self._clock.sleep(decision.delay)
                     if tally is not None:
                         tally.retries += 1
+                        if decision.why == "throttled":
+                            waited = tally.throttled.get(target.entity, 0.0)
+                            tally.throttled[target.entity] = waited + decision.delay
                     continue
                 return _Attempted(decision, exc, cls)
             if state is not None:

@@ -408,6 +408,9 @@ def test_server_busy_backs_off_and_never_fails_over() -> None:
     assert out.sent == {"orders": 5} and rig.backlog() == []
     assert rig.transitions == [] and out.retries == 5 and len(rig.clock.sleeps) == 5
     assert rig.sender.entity_state("orders") is H
+    # short back-offs, capped at about the throttling window, and the time spent is in the outcome
+    assert rig.clock.sleeps == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0])
+    assert out.throttled == {"orders": pytest.approx(2.5)}
 
 
 def test_server_busy_forever_raises_for_a_spark_retry_and_diverts_nothing() -> None:
