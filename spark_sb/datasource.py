@@ -25,7 +25,7 @@ Where things run (Spark calls every driver-side method in a Python process of it
 * ``write`` (executors, once per partition task): :func:`spark_sb.sink.send_partition`, the very function the
   ``foreachBatch`` sink's tasks run (the process-level sender cache, failover, rejects). A micro-batch whose id
   (the task's ``streaming.sql.batchId``) this ``sink_id`` already committed is a replay: its rows are counted,
-  not sent. Returns a :class:`PartitionMessage`.
+  not sent. Returns a ``PartitionMessage`` (a :class:`TaskReport`).
 * ``commit`` (driver machine, after every task succeeded): :meth:`spark_sb.sink.ServiceBusSink.record_batch`
   plans and writes the state tables' rows, or :meth:`~spark_sb.sink.ServiceBusSink.skip_replayed` records the
   replay. The tables are Delta path tables (``state_location``) written with ``deltalake``
@@ -46,32 +46,18 @@ from __future__ import annotations
 import importlib.util
 import logging
 import re
+import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceArrowWriter,
-    DataSourceStreamWriter,
-    WriterCommitMessage,
-)
-
 from spark_sb.backlog import with_namespace_name
 from spark_sb.config import KNOWN_KEYS, ConfigError, ServiceBusConfig
 from spark_sb.rows import validate_schema
 from spark_sb.sink import ServiceBusSink, arrow_rows, default_sink_id, send_partition
 from spark_sb.state import EntityRecord, PartitionResult
-
-try:  # Spark 4.1+: the stream writer that takes Arrow record batches, as the foreachBatch sink's tasks do
-    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
-
-    STREAM_ARROW = True
-except ImportError:  # pragma: no cover - Spark 4.0: rows, turned into the same dicts
-    _StreamWriterBase = DataSourceStreamWriter  # type: ignore[misc, assignment]
-    STREAM_ARROW = False
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -241,13 +227,19 @@ def read_plan(config: ServiceBusConfig, sink_id: str) -> WritePlan:
 
 
 @dataclass(frozen=True)
-class PartitionMessage(WriterCommitMessage):
-    """One task's commit message (executor -> driver): the rows it read and what it did with them (the
-    ``foreachBatch`` sink's :class:`~spark_sb.state.PartitionResult`); ``result`` is None for a replay."""
+class TaskReport:
+    """What one task tells the driver: the rows it read and what it did with them (the ``foreachBatch`` sink's
+    :class:`~spark_sb.state.PartitionResult`); ``result`` is None for a replay. Its commit message is a
+    ``PartitionMessage`` (this plus pyspark's ``WriterCommitMessage``)."""
 
     batch_id: int
     rows: int
     result: PartitionResult | None
+
+
+def _report(batch_id: int, rows: int, result: PartitionResult | None) -> TaskReport:
+    message: type[TaskReport] = __getattr__("PartitionMessage")
+    return message(batch_id, rows, result)
 
 
 def task_batch_id() -> int | None:
@@ -259,13 +251,13 @@ def task_batch_id() -> int | None:
     return None if value is None else int(value)
 
 
-def write_partition(plan: WritePlan, batches: Iterator[pa.RecordBatch], batch_id: int) -> PartitionMessage:
+def write_partition(plan: WritePlan, batches: Iterator[pa.RecordBatch], batch_id: int) -> TaskReport:
     """One partition task (executor): counts a replay's rows, sends anything else with the ``foreachBatch``
     sink's :func:`~spark_sb.sink.send_partition`."""
     if plan.replayed(batch_id):
-        return PartitionMessage(batch_id, sum(b.num_rows for b in batches), None)
+        return _report(batch_id, sum(b.num_rows for b in batches), None)
     result = send_partition(plan.config, arrow_rows(batches), plan.handoff)
-    return PartitionMessage(batch_id, result.rows, result)
+    return _report(batch_id, result.rows, result)
 
 
 def _row_batches(rows: Iterator[Any]) -> Iterator[Any]:  # pragma: no cover - Spark 4.0 only
@@ -289,7 +281,7 @@ def commit_write(plan: WritePlan, batch_id: int, messages: Sequence[Any]) -> Sen
     ``foreachBatch`` sink's code. Returns the merged outcome, None for a replay (recorded as skipped)."""
     store = state_store(plan.config)
     sink = ServiceBusSink(plan.config.with_overrides(sink_id=plan.sink_id), store=store, sync_writes=True)
-    done = [m for m in messages if isinstance(m, PartitionMessage)]
+    done = [m for m in messages if isinstance(m, TaskReport)]
     results = [m.result for m in done if m.result is not None]
     if done and not results:  # every task found the batch committed before: a replay
         rows = sum(m.rows for m in done)
@@ -325,96 +317,149 @@ class _PlannedWriter:
         return {"_config": self._config, "_sink_id": self._sink_id, "_plan": self.plan}
 
 
-class ServiceBusStreamWriter(_PlannedWriter, _StreamWriterBase):  # type: ignore[misc, valid-type]
-    """The micro-batch writer. Built on the driver machine each micro-batch; ``write`` on executors,
-    ``commit`` / ``abort`` on the driver machine. Picklable (the plan)."""
-
-    def write(self, iterator: Iterator[Any]) -> PartitionMessage:
-        batch_id = task_batch_id()
-        if batch_id is None:
-            raise RuntimeError(f"no {BATCH_ID_PROPERTY} in the task: not a micro-batch of a streaming query")
-        batches = iterator if STREAM_ARROW else _row_batches(iterator)
-        return write_partition(self.plan, batches, batch_id)
-
-    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
-        commit_write(self.plan, batchId, messages)
-
-    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
-        done = [m for m in messages if isinstance(m, PartitionMessage)]
-        log.warning(
-            "sink %s batch %s aborted: %d of %d tasks finished (%d rows); nothing recorded, Spark runs it again",
-            self._sink_id,
-            batchId,
-            len(done),
-            len(messages),
-            sum(m.rows for m in done),
-        )
+#: Built on first use (:func:`__getattr__`), so that ``import spark_sb.datasource`` needs no pyspark; importable by
+#: name (``spark_sb.datasource.ServiceBusDataSource``) for pickling.
+_LAZY = (
+    "ServiceBusDataSource",
+    "ServiceBusStreamWriter",
+    "ServiceBusBatchWriter",
+    "PartitionMessage",
+    "STREAM_ARROW",
+)
+_build_lock = threading.Lock()
 
 
-class ServiceBusBatchWriter(_PlannedWriter, DataSourceArrowWriter):
-    """The batch write (``df.write``): one job, recorded as batch 0 of sink id ``<sink_id>/<job_id>``. Built on
-    the driver machine; ``write`` on executors, ``commit`` / ``abort`` on the driver machine (this object)."""
+def _build() -> dict[str, Any]:
+    """The classes that subclass pyspark's data source API (imports pyspark; any process)."""
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceArrowWriter,
+        DataSourceStreamWriter,
+        WriterCommitMessage,
+    )
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> PartitionMessage:
-        return write_partition(self.plan, iterator, 0)
+    stream_base: type
+    try:  # Spark 4.1+: the stream writer that takes Arrow record batches, as the foreachBatch sink's tasks do
+        from pyspark.sql.datasource import DataSourceStreamArrowWriter
 
-    def commit(self, messages: list[Any]) -> None:
-        commit_write(self.plan, 0, messages)
+        stream_base, arrow = DataSourceStreamArrowWriter, True
+    except ImportError:  # pragma: no cover - Spark 4.0: rows, turned into the same dicts
+        stream_base, arrow = DataSourceStreamWriter, False
 
-    def abort(self, messages: list[Any]) -> None:
-        done = [m for m in messages if isinstance(m, PartitionMessage)]
-        log.warning(
-            "write %s aborted: %d of %d tasks finished (%d rows); nothing recorded",
-            self._sink_id,
-            len(done),
-            len(messages),
-            sum(m.rows for m in done),
-        )
+    class PartitionMessage(TaskReport, WriterCommitMessage):
+        """A task's commit message (executor -> driver; picklable)."""
+
+    class ServiceBusStreamWriter(_PlannedWriter, stream_base):  # type: ignore[misc, valid-type]
+        """The micro-batch writer. Built on the driver machine each micro-batch; ``write`` on executors,
+        ``commit`` / ``abort`` on the driver machine. Picklable (the plan)."""
+
+        def write(self, iterator: Iterator[Any]) -> Any:  # a PartitionMessage
+            batch_id = task_batch_id()
+            if batch_id is None:
+                raise RuntimeError(
+                    f"no {BATCH_ID_PROPERTY} in the task: not a micro-batch of a streaming query"
+                )
+            batches = iterator if arrow else _row_batches(iterator)
+            return write_partition(self.plan, batches, batch_id)
+
+        def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
+            commit_write(self.plan, batchId, messages)
+
+        def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
+            done = [m for m in messages if isinstance(m, TaskReport)]
+            log.warning(
+                "sink %s batch %s aborted: %d of %d tasks finished (%d rows); nothing recorded, Spark runs it again",
+                self._sink_id,
+                batchId,
+                len(done),
+                len(messages),
+                sum(m.rows for m in done),
+            )
+
+    class ServiceBusBatchWriter(_PlannedWriter, DataSourceArrowWriter):
+        """The batch write (``df.write``): one job, recorded as batch 0 of sink id ``<sink_id>/<job_id>``. Built on
+        the driver machine; ``write`` on executors, ``commit`` / ``abort`` on the driver machine (this object)."""
+
+        def write(self, iterator: Iterator[pa.RecordBatch]) -> Any:  # a PartitionMessage
+            return write_partition(self.plan, iterator, 0)
+
+        def commit(self, messages: list[Any]) -> None:
+            commit_write(self.plan, 0, messages)
+
+        def abort(self, messages: list[Any]) -> None:
+            done = [m for m in messages if isinstance(m, TaskReport)]
+            log.warning(
+                "write %s aborted: %d of %d tasks finished (%d rows); nothing recorded",
+                self._sink_id,
+                len(done),
+                len(messages),
+                sum(m.rows for m in done),
+            )
+
+    class ServiceBusDataSource(DataSource):
+        """``format("servicebus")``. Built by Spark from the options on the driver machine (there they are
+        checked); picklable (the options and the configuration)."""
+
+        def __init__(self, options: dict[str, str]) -> None:
+            super().__init__(options)
+            parsed = parse_options(options)
+            self.settings = SourceOptions(with_namespace_name(parsed.config), parsed.job_id)
+
+        @classmethod
+        def name(cls) -> str:
+            return SOURCE_NAME
+
+        def _sink_id(self) -> str:
+            config = self.settings.config
+            return config.sink_id or default_sink_id(config)
+
+        def streamWriter(self, schema: StructType, overwrite: bool) -> ServiceBusStreamWriter:  # noqa: N802
+            if self.settings.job_id is not None:
+                raise _option_error(
+                    [("job_id", "applies to batch writes (df.write) only; streams use sink_id")]
+                )
+            check_write(self.settings.config, schema, overwrite, streaming=True)
+            return ServiceBusStreamWriter(self.settings.config, self._sink_id())
+
+        def writer(self, schema: StructType, overwrite: bool) -> ServiceBusBatchWriter:
+            check_write(self.settings.config, schema, overwrite, streaming=False)
+            job_id = self.settings.job_id or new_job_id()
+            writer = ServiceBusBatchWriter(self.settings.config, f"{self._sink_id()}/{job_id}")
+            _ = writer.plan  # read now, on the driver: the commit gets this very object back
+            return writer
+
+    built: dict[str, Any] = {
+        "ServiceBusDataSource": ServiceBusDataSource,
+        "ServiceBusStreamWriter": ServiceBusStreamWriter,
+        "ServiceBusBatchWriter": ServiceBusBatchWriter,
+        "PartitionMessage": PartitionMessage,
+        "STREAM_ARROW": arrow,
+    }
+    for name, obj in built.items():
+        if isinstance(obj, type):
+            obj.__module__ = __name__
+            obj.__qualname__ = name
+    return built
 
 
-class ServiceBusDataSource(DataSource):
-    """``format("servicebus")``. Built by Spark from the options on the driver machine (there they are
-    checked); picklable (the options and the configuration)."""
-
-    def __init__(self, options: dict[str, str]) -> None:
-        super().__init__(options)
-        parsed = parse_options(options)
-        self.settings = SourceOptions(with_namespace_name(parsed.config), parsed.job_id)
-
-    @classmethod
-    def name(cls) -> str:
-        return SOURCE_NAME
-
-    def _sink_id(self) -> str:
-        config = self.settings.config
-        return config.sink_id or default_sink_id(config)
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> ServiceBusStreamWriter:  # noqa: N802
-        if self.settings.job_id is not None:
-            raise _option_error([("job_id", "applies to batch writes (df.write) only; streams use sink_id")])
-        check_write(self.settings.config, schema, overwrite, streaming=True)
-        return ServiceBusStreamWriter(self.settings.config, self._sink_id())
-
-    def writer(self, schema: StructType, overwrite: bool) -> ServiceBusBatchWriter:
-        check_write(self.settings.config, schema, overwrite, streaming=False)
-        job_id = self.settings.job_id or new_job_id()
-        writer = ServiceBusBatchWriter(self.settings.config, f"{self._sink_id()}/{job_id}")
-        _ = writer.plan  # read now, on the driver: the commit gets this very object back
-        return writer
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _build_lock:
+        if name not in globals():
+            globals().update(_build())
+    return globals()[name]
 
 
 def register(spark: Any) -> None:
     """Register the ``servicebus`` data source with ``spark`` (a classic or Spark Connect session; driver).
     Idempotent: registering again replaces it with itself."""
-    spark.dataSource.register(ServiceBusDataSource)
+    spark.dataSource.register(__getattr__("ServiceBusDataSource"))
 
 
 __all__ = [
     "SOURCE_NAME",
-    "PartitionMessage",
-    "ServiceBusBatchWriter",
-    "ServiceBusDataSource",
-    "ServiceBusStreamWriter",
+    "TaskReport",
     "SourceOptions",
     "WritePlan",
     "check_write",

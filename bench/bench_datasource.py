@@ -1,0 +1,140 @@
+"""Benchmark: ``format("servicebus")`` against ``foreachBatch(ServiceBusSink)`` on the same rows, interleaved.
+
+    .venv/bin/python bench/bench_datasource.py [--rows 20000] [--batches 5] [--rounds 3] [--latency 0]
+                                               [--no-state]
+
+Real Spark (local[2], Delta) and two local namespaces in child processes. The input is a folder of parquet files,
+two per micro-batch (``rows`` rows of 200-byte bodies with message ids, two partitions: both cores send). Each run
+is one streaming query with ``trigger(availableNow=True)`` over that folder (``--batches`` micro-batches, then it
+stops), timed from ``start()`` to its end; the ``foreachBatch`` run's time includes ``sink.flush()`` (its state
+tables written in the background), the data source writes its tables in each micro-batch's commit. Every run
+sends to a queue of its own, whose message count is checked afterwards. The runs alternate (source, sink, sink,
+source, ...) after one unmeasured run of each, so that drift affects both alike. With state tables under
+``state_location`` (default; ``--no-state``: none).
+
+Prints msgs/s of each run, the totals (rows / seconds over all measured runs) and the ratio data source /
+foreachBatch (goal >= 0.95).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench_local_namespace import namespace  # noqa: E402 - sibling script
+
+from spark_sb import register  # noqa: E402
+from spark_sb.config import ServiceBusConfig  # noqa: E402
+from spark_sb.session import build_spark_session  # noqa: E402
+from spark_sb.sink import ServiceBusSink  # noqa: E402
+
+KINDS = ("datasource", "foreachBatch")
+
+
+def make_input(spark: Any, folder: str, rows: int, batches: int) -> None:
+    """``batches`` x 2 parquet files of ``rows / 2`` rows each (not timed)."""
+    for b in range(batches):
+        (
+            spark.range(b * rows, (b + 1) * rows, numPartitions=2)
+            .selectExpr("repeat('x', 200) AS body", "concat('m', id) AS message_id")
+            .write.mode("append")
+            .parquet(folder)
+        )
+
+
+def run(spark: Any, kind: str, folder: str, options: dict[str, str], work: str) -> float:
+    """One query over the whole folder; seconds from ``start()`` to its end (state tables written)."""
+    reader = spark.readStream.schema("body STRING, message_id STRING").option("maxFilesPerTrigger", 2)
+    df = reader.parquet(folder)
+    ckpt = tempfile.mkdtemp(prefix="ckpt-", dir=work)
+    started = time.perf_counter()
+    if kind == "datasource":
+        writer = df.writeStream.format("servicebus").options(**options)
+        query = writer.option("checkpointLocation", ckpt).trigger(availableNow=True).start()
+        query.awaitTermination()
+    else:
+        sink = ServiceBusSink(ServiceBusConfig.from_options(options))
+        writer = df.writeStream.foreachBatch(sink)
+        query = writer.option("checkpointLocation", ckpt).trigger(availableNow=True).start()
+        query.awaitTermination()
+        sink.flush()
+    elapsed = time.perf_counter() - started
+    assert query.exception() is None, query.exception()
+    return elapsed
+
+
+def queued(admin: Any, queue: str) -> int:
+    return int(admin.get_queue_runtime_properties(queue).active_message_count or 0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=20_000, help="rows per micro-batch (default 20000)")
+    parser.add_argument("--batches", type=int, default=5, help="micro-batches per run (default 5)")
+    parser.add_argument("--rounds", type=int, default=3, help="measured runs of each (default 3)")
+    parser.add_argument("--latency", type=float, default=0.0, help="injected latency, seconds (default 0)")
+    parser.add_argument("--no-state", action="store_true", help="no state tables")
+    args = parser.parse_args()
+
+    spark = build_spark_session("bench-datasource", "local[2]")
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    runs = args.rounds + 1
+    queues = tuple(f"orders-{kind}-{i}" for kind in KINDS for i in range(runs))
+    work = tempfile.mkdtemp(prefix="bench-datasource-")
+    folder = os.path.join(work, "in")
+    make_input(spark, folder, args.rows, args.batches)
+    total = args.rows * args.batches
+    with (
+        namespace(False, "primary", queues) as (primary, set_latency),
+        namespace(False, "secondary", ()) as (secondary, _),
+    ):
+        set_latency(args.latency)
+        from azure.servicebus.management import ServiceBusAdministrationClient
+
+        admin = ServiceBusAdministrationClient.from_connection_string(primary)
+        seconds: dict[str, list[float]] = {k: [] for k in KINDS}
+        for i in range(runs):
+            order = KINDS if i % 2 == 0 else KINDS[::-1]
+            for kind in order:
+                options = {
+                    "primary.connection_string": primary,
+                    "primary.namespace_name": "primary",
+                    "secondary.connection_string": secondary,
+                    "entity": f"orders-{kind}-{i}",
+                    "backlog_queue_count": "1",
+                    "sink_id": f"bench-{kind}-{i}",
+                }
+                if not args.no_state:
+                    options["state_location"] = os.path.join(work, "state")
+                took = run(spark, kind, folder, options, work)
+                got = queued(admin, f"orders-{kind}-{i}")
+                assert got == total, f"{kind} run {i}: {got} messages in the queue, expected {total}"
+                label = "warm-up (not counted)" if i == 0 else f"run {i}"
+                print(f"{kind:>12} {label:>22}: {total / took:8.0f} msgs/s ({took:.2f} s)", flush=True)
+                if i > 0:
+                    seconds[kind].append(took)
+    measured = {k: args.rounds * total / sum(v) for k, v in seconds.items()}
+    print(
+        f"rows {args.rows} x {args.batches} micro-batches, latency {args.latency}s, "
+        f"state tables {'off' if args.no_state else 'on'}"
+    )
+    for kind in KINDS:
+        print(f"{kind:>12}: {measured[kind]:8.0f} msgs/s over {args.rounds} runs")
+    ratio = measured["datasource"] / measured["foreachBatch"]
+    print(f"ratio datasource / foreachBatch: {ratio:.3f} (goal >= 0.95)")
+    spark.stop()
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Stream through ``format("servicebus")`` under Spark Connect; print what happened as JSON.
+
+Run by ``tests/spark/test_datasource.py`` in a child process (a process cannot hold the classic test session and a
+Connect one), with the Connect session, file writes and receives of ``connect_stream.py``. Two micro-batches: the
+primary healthy (plus one bad row), then a primary outage (diverted to the backlog); the syphon moves the backlog
+back; the state tables are read back.
+
+Usage: ``python tests/spark/connect_datasource.py <work dir>``
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.spark.connect_stream import _drain, _session, _write
+
+
+def main(work: Path) -> dict[str, Any]:
+    from servicebus_local.model import QueueSettings
+    from servicebus_local.server import LocalNamespace
+    from spark_sb import register
+    from spark_sb.config import ServiceBusConfig
+    from spark_sb.provisioning import provision_backlog_queues
+    from spark_sb.syphon import Syphon
+
+    primary = LocalNamespace("primary").start()
+    secondary = LocalNamespace("secondary").start()
+    try:
+        primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
+        state = work / "state"
+        opts = {
+            "primary.connection_string": primary.connection_string,
+            "primary.namespace_name": "primary",
+            "secondary.connection_string": secondary.connection_string,
+            "entity": "orders",
+            "backlog_queue_count": "2",
+            "failover_interval": "0",
+            "ping_primary_interval": "1h",
+            "send_timeout": "5s",
+            "retry.total": "0",
+            "state_location": str(state),
+            "sink_id": "connect-ds",
+        }
+        config = ServiceBusConfig.from_options(opts)
+        provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
+        spark = _session()
+        try:
+            register(spark)
+            register(spark)  # idempotent
+            folder = work / "in"
+            folder.mkdir()
+            healthy = [{"body": f"b{i}", "message_id": f"h{i}"} for i in range(10)]
+            bad = {"body": "x", "message_id": "bad", "session_id": "s" * 200}
+            outage = [{"body": f"o{i}", "message_id": f"o{i}"} for i in range(10)]
+            query = (
+                spark.readStream.schema("body STRING, message_id STRING, session_id STRING")
+                .json(str(folder))
+                .writeStream.format("servicebus")
+                .options(**opts)
+                .option("checkpointLocation", str(work / "ckpt"))
+                .start()
+            )
+            try:
+                _write(folder, "0.json", [*healthy, bad])
+                query.processAllAvailable()
+                primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")
+                _write(folder, "1.json", outage)
+                query.processAllAvailable()
+            finally:
+                query.stop()
+            error = query.exception()
+            tables = {
+                t: [r.asDict() for r in spark.read.format("delta").load(str(state / t)).collect()]
+                for t in ("events", "entities", "rejects")
+            }
+        finally:
+            spark.stop()
+        backlog = sorted(
+            mid
+            for q in config.backlog_queue_names("primary")
+            for mid in _peek(secondary.connection_string, q)
+        )
+        primary.faults.clear()
+        with Syphon(config) as syphon:
+            moved = syphon.drain_all(max_wait=0.5)
+        return {
+            "session": type(spark).__module__,
+            "error": None if error is None else str(error)[:2000],
+            "backlog": backlog,
+            "moved": dict(moved.forwarded),
+            "primary": sorted(_drain(primary.connection_string, "orders")),
+            "tables": tables,
+        }
+    finally:
+        secondary.stop()
+        primary.stop()
+
+
+def _peek(connection_string: str, queue: str) -> list[str]:
+    from azure.servicebus import ServiceBusClient
+
+    with (
+        ServiceBusClient.from_connection_string(connection_string) as client,
+        client.get_queue_receiver(queue) as receiver,
+    ):
+        return [str(m.message_id) for m in receiver.peek_messages(max_message_count=100)]
+
+
+if __name__ == "__main__":
+    report = main(Path(sys.argv[1]))
+    print(json.dumps(report, default=str))

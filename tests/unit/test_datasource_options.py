@@ -1,0 +1,155 @@
+"""The ``servicebus`` data source's options and driver-side decisions, without Spark: option parsing (flat keys,
+``config_path``, errors naming the option and the valid values), the write checks (mode, schema, entity), the
+replay decision of the tasks and the commit's recording (on a deltalake store in a temporary folder)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_sb.config import ConfigError
+from spark_sb.datasource import TaskReport, WritePlan, check_write, commit_write, new_job_id, parse_options
+from spark_sb.rows import SchemaError
+from spark_sb.sender import SendOutcome
+from spark_sb.sink import SinkIdConflictError
+from spark_sb.state import BATCH_COMMITTED, REPLAY_SKIPPED, PartitionResult
+
+pytestmark = pytest.mark.unit
+
+PRIMARY = "Endpoint=sb://primary.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=p-secret"
+SECONDARY = "Endpoint=sb://secondary.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=s-secret"
+
+
+def _opts(**extra: str) -> dict[str, str]:
+    return {"primary.connection_string": PRIMARY, "secondary.connection_string": SECONDARY, **extra}
+
+
+def _schema(ddl: str) -> Any:
+    """``"a STRING, b STRING"`` as a StructType of strings (no session needed)."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    return StructType([StructField(part.split()[0], StringType()) for part in ddl.split(", ")])
+
+
+def test_flat_options_build_the_configuration_keys_case_insensitive() -> None:
+    parsed = parse_options(
+        _opts(Entity="orders", failover_interval="5s", **{"retry.total": "2", "checkpointLocation": "/ckpt"})
+    )
+    config = parsed.config
+    assert (config.entity, config.failover_interval, config.retry.total) == ("orders", 5.0, 2)
+    assert config.secondary is not None and parsed.job_id is None
+
+
+def test_an_unknown_option_is_named_with_a_suggestion_and_the_valid_options() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_options(_opts(entity="orders", failover_intervall="5s"))
+    text = str(err.value)
+    assert "option 'failover_intervall': unknown option (did you mean 'failover_interval'?)" in text
+    assert "valid options: " in text and "config_path" in text and "state_location" in text
+    assert err.value.errors[0][0] == "failover_intervall"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("failover_interval", "soon", "option 'failover_interval'"),
+        ("backlog_queue_count", "many", "option 'backlog_queue_count'"),
+        ("on_reject", "drop", "option 'on_reject': 'drop' is not one of 'record', 'fail'"),
+        ("state_writes", "later", "option 'state_writes'.*'async', 'sync'"),
+        ("client_cache", "perhaps", "option 'client_cache'"),
+    ],
+)
+def test_a_value_of_the_wrong_type_names_the_option(key: str, value: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        parse_options(_opts(entity="orders", **{key: value}))
+
+
+def test_no_primary_is_refused() -> None:
+    with pytest.raises(ConfigError, match="option 'primary': required"):
+        parse_options({"entity": "orders"})
+
+
+def test_config_path_is_loaded_and_options_override_it(tmp_path: Path) -> None:
+    path = tmp_path / "sb.yaml"
+    path.write_text(
+        "primary:\n  connection_string: ${env:SB_PRIMARY}\nentity: orders\nfailover_interval: 30s\n"
+        "secondary:\n  connection_string: " + SECONDARY + "\n"
+    )
+    parsed = parse_options({"config_path": str(path), "entity": "payments"}, env={"SB_PRIMARY": PRIMARY})
+    config = parsed.config
+    assert (config.entity, config.failover_interval) == ("payments", 30.0)
+    assert config.primary.connection_string is not None
+    assert config.primary.connection_string.reveal() == PRIMARY
+    assert config.primary.connection_string.reference == "${env:SB_PRIMARY}"
+    assert "p-secret" not in repr(config)
+
+
+def test_a_missing_config_path_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file .*nowhere.yaml"):
+        parse_options({"config_path": str(tmp_path / "nowhere.yaml")})
+
+
+def test_catalog_state_tables_are_refused_with_the_alternative() -> None:
+    with pytest.raises(ConfigError, match="option 'state_table_prefix': .*set state_location.*foreachBatch"):
+        parse_options(_opts(entity="orders", state_table_prefix="main.sb.sb_"))
+
+
+def test_job_id_is_checked_and_generated_ids_are_distinct() -> None:
+    assert parse_options(_opts(entity="orders", job_id="backfill-2026.11")).job_id == "backfill-2026.11"
+    with pytest.raises(ConfigError, match="option 'job_id': expected letters"):
+        parse_options(_opts(entity="orders", job_id="a b"))
+    at = datetime(2026, 11, 23, 22, 0, tzinfo=timezone.utc)
+    first, second = new_job_id(at), new_job_id(at)
+    assert first.startswith("write-20261123T220000Z-") and first != second
+
+
+def test_write_checks_mode_schema_and_entity() -> None:
+    config = parse_options(_opts()).config  # no entity option
+    schema = _schema("body STRING, message_id STRING")
+    with pytest.raises(ConfigError, match="option 'mode': 'overwrite' is not supported; valid: append"):
+        check_write(config, schema, True, streaming=False)
+    with pytest.raises(
+        ConfigError, match="option 'outputMode': 'complete' is not supported; valid: append, update"
+    ):
+        check_write(config, schema, True, streaming=True)
+    with pytest.raises(ConfigError, match="option 'entity': required"):
+        check_write(config, schema, False, streaming=True)
+    check_write(config, _schema("body STRING, entity STRING"), False, streaming=True)  # an entity per row
+    with pytest.raises(SchemaError, match="body"):
+        check_write(
+            parse_options(_opts(entity="orders")).config, _schema("payload STRING"), False, streaming=True
+        )
+
+
+def test_tasks_skip_only_batches_committed_before_the_write_started() -> None:
+    config = parse_options(_opts(entity="orders")).config
+    assert not WritePlan(config, "s").replayed(0)  # nothing committed
+    plan = WritePlan(config, "s", last_committed=4)
+    assert plan.replayed(4) and plan.replayed(3) and not plan.replayed(5)
+    assert not plan.replayed(None)
+
+
+def _sent(rows: int) -> TaskReport:
+    return TaskReport(7, rows, PartitionResult("h1", rows, SendOutcome(sent={"orders": rows})))
+
+
+def test_commit_records_the_batch_and_a_replay_is_recorded_as_skipped(tmp_path: Path) -> None:
+    pytest.importorskip("deltalake")
+    from spark_sb.state_deltars import DeltaRsStateStore
+
+    state = tmp_path / "state"
+    config = parse_options(_opts(entity="orders", sink_id="s", state_location=str(state))).config
+    outcome = commit_write(WritePlan(config, "s"), 7, [_sent(3), _sent(2)])
+    assert outcome is not None and outcome.total_sent == 5
+    store = DeltaRsStateStore(str(state))
+    assert [(e.batch_id, e.count) for e in store.read_events("s") if e.event == BATCH_COMMITTED] == [(7, 5)]
+
+    replay = [TaskReport(7, 3, None), TaskReport(7, 2, None)]  # every task found batch 7 committed
+    assert commit_write(WritePlan(config, "s", last_committed=7), 7, replay) is None
+    assert [(e.batch_id, e.count) for e in store.read_events("s") if e.event == REPLAY_SKIPPED] == [(7, 5)]
+
+    with pytest.raises(SinkIdConflictError, match="with 5 rows, and now arrives with 4"):
+        commit_write(WritePlan(config, "s", last_committed=7), 7, [TaskReport(7, 4, None)])
