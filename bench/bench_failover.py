@@ -44,7 +44,7 @@ from bench_local_namespace import namespace  # noqa: E402 - sibling script
 from spark_sb.backlog import BACKLOG_ENQUEUED, BACKLOG_PATH  # noqa: E402
 from spark_sb.config import NamespaceConfig, Secret, ServiceBusConfig  # noqa: E402
 from spark_sb.failover import FailoverRegistry  # noqa: E402
-from spark_sb.mapping import OutboundMessage  # noqa: E402
+from spark_sb.message import OutboundMessage  # noqa: E402
 from spark_sb.sender import PairedSender  # noqa: E402
 
 # --------------------------------------------------------------------------------------------- part 1: lags

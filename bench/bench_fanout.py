@@ -70,7 +70,7 @@ from azure.servicebus.exceptions import MessageSizeExceededError  # noqa: E402
 from spark_sb.config import ServiceBusConfig  # noqa: E402
 from spark_sb.errors import SendError  # noqa: E402
 from spark_sb.failover import FailoverRegistry  # noqa: E402
-from spark_sb.mapping import OutboundMessage  # noqa: E402
+from spark_sb.message import OutboundMessage  # noqa: E402
 from spark_sb.sender import PairedSender  # noqa: E402
 
 SHAPES = ("refused+dropped", "stall-after-sasl", "stall-before-sasl", "dns")

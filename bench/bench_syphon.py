@@ -41,7 +41,7 @@ def fill(conn: str, queue: str, count: int, size: int) -> None:
     from azure.servicebus import ServiceBusClient
 
     from spark_sb.backlog import to_backlog_sdk
-    from spark_sb.mapping import OutboundMessage
+    from spark_sb.message import OutboundMessage
 
     now = datetime.now(timezone.utc)
     body = b"x" * size

@@ -1,31 +1,26 @@
-"""The backlog rules in one place (SPEC B1, B6, B8): backlog queue names, the primary's namespace name, the probe
-message, and the reversible translation of a message into its backlog form.
+"""The backlog rules in one place (SPEC B1, B6, B8): backlog queue names, the probe message, and the reversible
+translation of a message into its backlog form.
 
-Pure functions and constants; they run on executors (the failed-over hot path: :func:`to_backlog_sdk`), in the
-syphon (:func:`from_backlog`, :func:`is_probe`), in provisioning and in tests. No I/O except
-:func:`primary_namespace_name`, which may ask the primary's admin endpoint once per process (see there).
-
-Import order: :mod:`spark_sb.message` needs :data:`RESERVED_PROPERTIES` and :data:`BACKLOG_PATH` for its field
-checks, and the translation needs :class:`~spark_sb.message.OutboundMessage`; so this module imports
-``spark_sb.message`` only inside functions (and under ``TYPE_CHECKING``).
+Pure functions and constants, no I/O; they run on executors (the failed-over hot path: :func:`to_backlog_sdk`), in
+the syphon (:func:`from_backlog`, :func:`is_probe`), in provisioning and in tests. The primary's namespace name,
+which may need a question to the namespace, is found in :mod:`spark_sb.provisioning`.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+from spark_sb.message import OutboundMessage, RejectError, Scalar, _ms_to_datetime, _utc_ms
 from spark_sb.sdk_types import sdk_message_type, sdk_properties
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusMessage
 
-    from spark_sb.message import OutboundMessage, Scalar
 
 __all__ = [
     "BACKLOG_ENQUEUED",
@@ -49,11 +44,9 @@ __all__ = [
     "is_backlog_message",
     "is_probe",
     "parse_backlog_queue_name",
-    "primary_namespace_name",
     "probe_message",
     "to_backlog",
     "to_backlog_sdk",
-    "with_namespace_name",
 ]
 
 # ---------------------------------------------------------------------- backlog queue names (B1)
@@ -82,47 +75,6 @@ def parse_backlog_queue_name(name: str, primary_namespace_name: str) -> str | No
     return None
 
 
-# ---------------------------------------------------------------------- the primary's namespace name (B1)
-_resolved_names: dict[str, str] = {}
-_resolved_lock = threading.Lock()
-
-
-def primary_namespace_name(ns: Any) -> str:
-    """The primary's namespace name for backlog queue names (SPEC B1), by the same rule as provisioning:
-    ``namespace_name``, else the first label of its host (``contoso`` for ``contoso.servicebus.windows.net``),
-    else (an IP or ``localhost`` endpoint) the name the namespace reports about itself, asked once per process
-    and endpoint through :func:`spark_sb.provisioning.resolve_primary_namespace_name`."""
-    key = str(ns.endpoint_host())  # the secret-free identity of the namespace (sender.namespace_key)
-
-    def lookup() -> str:
-        with _resolved_lock:
-            known = _resolved_names.get(key)
-        if known is None:
-            from spark_sb.provisioning import resolve_primary_namespace_name
-
-            known = resolve_primary_namespace_name(ns)
-            with _resolved_lock:
-                _resolved_names[key] = known
-        return known
-
-    return str(ns.effective_namespace_name(lookup=lookup))
-
-
-def with_namespace_name(config: Any) -> Any:
-    """``config`` with ``primary.namespace_name`` filled in (driver side, once).
-
-    For an IP or ``localhost`` primary endpoint the namespace name (used in backlog queue names) has to be asked
-    of the namespace's admin endpoint; doing that on the driver, once, and shipping the name inside the
-    configuration means executors never call the admin API - in particular a new Python worker started while
-    the primary is down can still divert to the backlog. Without a secondary, or when the name is already known
-    (set, or the first label of an FQDN), the config is returned unchanged. Runs on the driver; may do I/O.
-    """
-    if config.secondary is None or config.primary.namespace_name:
-        return config
-    name = primary_namespace_name(config.primary)
-    return config.with_overrides(primary=replace(config.primary, namespace_name=name))
-
-
 # ---------------------------------------------------------------------- probe messages (B8)
 PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
 PROBE_PROPERTY = "x-spark-sb-probe"
@@ -137,7 +89,6 @@ def probe_message(entity: str, mode: str = "schedule-cancel") -> OutboundMessage
     In ``schedule-cancel`` mode it is scheduled far ahead and cancelled at once; the marks make
     :func:`is_probe` catch it should a cancel ever fail and it be delivered.
     """
-    from spark_sb.message import OutboundMessage
 
     if mode not in PROBE_MODES:
         raise ValueError(f"probe_mode must be one of {', '.join(PROBE_MODES)}, not {mode!r}")
@@ -156,7 +107,6 @@ def is_probe(message: Any) -> bool:
 
     Works on ``ServiceBusReceivedMessage`` / ``ServiceBusMessage`` and :class:`OutboundMessage`.
     """
-    from spark_sb.message import OutboundMessage
 
     content_type = getattr(message, "content_type", None)
     if isinstance(content_type, bytes):
@@ -208,7 +158,6 @@ def _ttl_decode(v: Any) -> timedelta:
 
 
 def _time_decode(v: Any) -> datetime:
-    from spark_sb.message import _ms_to_datetime, _utc_ms
 
     if isinstance(v, datetime):
         return v if v.tzinfo is timezone.utc else _utc_ms(v)
@@ -246,7 +195,6 @@ def to_backlog(msg: OutboundMessage, entity: str, now: datetime) -> OutboundMess
     passes unchanged. The result has ``entity=None`` (the caller picks the backlog queue). Raises
     :class:`RejectError` if ``msg`` already carries a reserved backlog property (not reversible).
     """
-    from spark_sb.message import RejectError
 
     props: dict[str, Scalar] = dict(msg.properties)
     for name in sorted(RESERVED_PROPERTIES.intersection(props)):
@@ -310,7 +258,6 @@ def from_backlog(msg: OutboundMessage) -> tuple[OutboundMessage, datetime]:
     Accepts the values as they come back from a real receive too (timestamps and TTL as ``int`` ms, strings
     as ``bytes``). Raises :class:`RejectError` if ``msg`` is not a backlog message.
     """
-    from spark_sb.message import RejectError, _ms_to_datetime
 
     props: dict[str, Any] = dict(msg.properties)
     if BACKLOG_PATH not in props:
@@ -344,7 +291,6 @@ def from_backlog(msg: OutboundMessage) -> tuple[OutboundMessage, datetime]:
 
 def is_backlog_message(msg: Any) -> bool:
     """True for a backlog-form message: an :class:`OutboundMessage` or an SDK message with ``x-ms-path``."""
-    from spark_sb.message import OutboundMessage
 
     props = (
         msg.properties if isinstance(msg, OutboundMessage) else getattr(msg, "application_properties", None)

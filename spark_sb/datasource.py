@@ -17,7 +17,7 @@ batch writes, ``job_id``. :func:`parse_options` checks them before anything is s
 Where things run (Spark calls every driver-side method in a Python process of its own, with no SparkSession):
 
 * ``ServiceBusDataSource.__init__`` (driver machine; when the query starts and again each micro-batch): parses
-  and checks the options, resolves the primary's namespace name (:func:`~spark_sb.backlog.with_namespace_name`).
+  and checks the options, resolves the primary's namespace name (:func:`~spark_sb.provisioning.with_namespace_name`).
 * ``streamWriter`` / ``writer`` (driver machine, each micro-batch / once): checks the schema (the column named),
   the mode (append only) and ``entity``; reads from the state tables the entity records the tasks start from
   and the last batch this ``sink_id`` committed. That :class:`WritePlan` is what the writer carries to executors
@@ -53,8 +53,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.backlog import with_namespace_name
 from spark_sb.config import KNOWN_KEYS, ConfigError, ServiceBusConfig
+from spark_sb.provisioning import with_namespace_name
 from spark_sb.rows import validate_schema
 from spark_sb.sink import ServiceBusSink, arrow_rows, default_sink_id, send_partition
 from spark_sb.state import EntityRecord, PartitionResult

@@ -1,10 +1,11 @@
 """The project-level message model (SPEC B7, S5, S6): :class:`OutboundMessage` and its SDK mapping,
-:class:`FrozenMap`, :class:`RejectError` / :class:`Reject`, the field checks and deterministic message ids.
+:class:`FrozenMap`, :class:`RejectError` / :class:`Reject` and deterministic message ids.
 
 Pure functions and small picklable dataclasses. They run on executors (per message, on the hot path: keep them
 cheap), in the syphon (:meth:`OutboundMessage.from_received`) and in tests. No I/O, no clock reads.
-Rows become messages in :mod:`spark_sb.rows`; wire sizes are in :mod:`spark_sb.wire_size`; the backlog
-translation (B6) is in :mod:`spark_sb.backlog`.
+Rows become messages, and are checked, in :mod:`spark_sb.rows` (the field checks live there, beside their one
+caller); wire sizes are in :mod:`spark_sb.wire_size`; the backlog translation (B6) is in :mod:`spark_sb.backlog`.
+This module imports none of them: it is the floor they stand on.
 
 Decisions taken from the azure-servicebus 7.15 SDK (``_common/message.py``, ``_pyamqp/_encode.py``):
 
@@ -32,8 +33,6 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.backlog import BACKLOG_PATH, RESERVED_PROPERTIES
-from spark_sb.redact import redact
 from spark_sb.sdk_types import sdk_message_type, sdk_properties
 
 if TYPE_CHECKING:
@@ -54,7 +53,6 @@ Scalar = str | int | float | bool | bytes | datetime | uuid.UUID | None
 
 MAX_ID_LENGTH = 128  # SDK MESSAGE_PROPERTY_MAX_LENGTH
 MAX_TTL_MS = 2**32 - 1  # AMQP header ttl is a uint of milliseconds
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ONE_MS = timedelta(milliseconds=1)
 
@@ -133,21 +131,6 @@ class Reject:
     row_json: str
     entity: str | None
     row_index: int | None = None
-
-    @classmethod
-    def from_error(
-        cls, row: Any, error: RejectError, entity: str | None = None, row_index: int | None = None
-    ) -> Reject:
-        """Build the reject record for ``row`` that failed with ``error``."""
-        from spark_sb.rows import row_to_json
-
-        return cls(
-            reason=redact(error.reason),
-            field=error.field,
-            row_json=row_to_json(row),
-            entity=entity,
-            row_index=row_index,
-        )
 
 
 def _type_name(value: Any) -> str:
@@ -295,18 +278,6 @@ class OutboundMessage:
             properties=props,
         )
 
-    # ------------------------------------------------------------------ validation
-    def validate(self, max_message_size: int) -> None:
-        """Raise :class:`RejectError` if the message cannot be sent (types, lengths, size > the limit)."""
-        from spark_sb.wire_size import encoded_size
-
-        _check_fields(self)
-        size = encoded_size(self)
-        if size > max_message_size:
-            raise RejectError(
-                f"message too large: {size} bytes encoded, over the limit of {max_message_size} bytes"
-            )
-
 
 def _str_or_none(value: Any) -> str | None:
     if value is None:
@@ -331,80 +302,6 @@ def _decode_received_value(value: Any) -> Scalar:
 
 
 # ---------------------------------------------------------------------- field checks
-_STR_FIELDS = ("correlation_id", "content_type", "subject", "to", "reply_to")
-_ID_FIELDS = ("message_id", "session_id", "partition_key", "reply_to_session_id")
-
-
-def _check_property(name: Any, value: Any, allow_reserved: bool = False) -> None:
-    if not isinstance(name, str) or not name:
-        raise RejectError(f"property names must be non-empty strings, found {name!r}", "properties")
-    if name in RESERVED_PROPERTIES and not allow_reserved:
-        raise RejectError(
-            f"property name {name!r} is reserved for the backlog translation", f"properties.{name}"
-        )
-    if value is None or isinstance(value, (str, bool, float, uuid.UUID, datetime)):
-        return
-    if isinstance(value, int):
-        if not (_INT64_MIN <= value <= _INT64_MAX):
-            raise RejectError("integer out of the 64-bit range", f"properties.{name}")
-        return
-    if isinstance(value, bytes):
-        try:
-            value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise RejectError(
-                "bytes values must be UTF-8 (the SDK sends them as strings)", f"properties.{name}"
-            ) from None
-        return
-    raise RejectError(
-        f"unsupported property value type {_type_name(value)} "
-        "(allowed: str, int, float, bool, bytes, datetime, uuid, None)",
-        f"properties.{name}",
-    )
-
-
-def _check_fields(m: OutboundMessage) -> None:
-    if not isinstance(m.body, (str, bytes)):
-        raise RejectError(f"expected str or bytes, found {_type_name(m.body)}", "body")
-    if m.entity is not None and (not isinstance(m.entity, str) or not m.entity):
-        raise RejectError(f"expected a non-empty str, found {m.entity!r}", "entity")
-    for name in _ID_FIELDS:
-        v = getattr(m, name)
-        if v is None:
-            continue
-        if not isinstance(v, str):
-            raise RejectError(f"expected str, found {_type_name(v)}", name)
-        if len(v) > MAX_ID_LENGTH:
-            raise RejectError(f"longer than {MAX_ID_LENGTH} characters ({len(v)})", name)
-    if m.message_id == "":
-        raise RejectError("must not be empty", "message_id")
-    for name in _STR_FIELDS:
-        v = getattr(m, name)
-        if v is not None and not isinstance(v, str):
-            raise RejectError(f"expected str, found {_type_name(v)}", name)
-    if m.content_type is not None and not m.content_type.isascii():
-        raise RejectError("must be ASCII (it is an AMQP symbol)", "content_type")
-    if m.partition_key and m.session_id is not None and m.partition_key != m.session_id:
-        raise RejectError("must equal session_id when both are set", "partition_key")
-    ttl = m.time_to_live
-    if ttl is not None:
-        if not isinstance(ttl, timedelta):
-            raise RejectError(f"expected timedelta, found {_type_name(ttl)}", "time_to_live")
-        ms = ttl // _ONE_MS
-        if ms <= 0:
-            raise RejectError("must be at least 1 millisecond", "time_to_live")
-        if ms > MAX_TTL_MS:
-            raise RejectError(f"at most {MAX_TTL_MS} ms (~49.7 days), found {ms} ms", "time_to_live")
-    st = m.scheduled_enqueue_time
-    if st is not None and not isinstance(st, datetime):
-        raise RejectError(f"expected datetime, found {_type_name(st)}", "scheduled_enqueue_time")
-    if not isinstance(m.properties, Mapping):
-        raise RejectError(f"expected a map, found {_type_name(m.properties)}", "properties")
-    backlog_form = BACKLOG_PATH in m.properties  # reserved names are fine in a translated message
-    for k, v in m.properties.items():
-        _check_property(k, v, backlog_form)
-
-
 # ---------------------------------------------------------------------- deterministic ids (S5)
 def _canon(value: Any) -> Any:
     if value is None or isinstance(value, (bool, str)):

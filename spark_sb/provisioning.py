@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import ssl
+import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -555,6 +556,48 @@ def _usable_backlog_queues(
         return names
 
 
+# ---------------------------------------------------------------------- the primary's namespace name (B1)
+# Its one home: the rule (NamespaceConfig.effective_namespace_name), the question to the namespace
+# (resolve_primary_namespace_name) and the per-process answer cache used by senders and sinks.
+#: Endpoint (host[:port], no secret) -> the name the namespace reported; bounded by the primaries a process uses.
+_resolved_names: dict[str, str] = {}
+_resolved_lock = threading.Lock()
+
+
+def primary_namespace_name(ns: Any) -> str:
+    """The primary's namespace name for backlog queue names (SPEC B1), by the same rule as provisioning:
+    ``namespace_name``, else the first label of its host (``contoso`` for ``contoso.servicebus.windows.net``),
+    else (an IP or ``localhost`` endpoint) the name the namespace reports about itself, asked once per process
+    and endpoint through :func:`resolve_primary_namespace_name`."""
+    key = str(ns.endpoint_host())  # the secret-free identity of the namespace (sender.namespace_key)
+
+    def lookup() -> str:
+        with _resolved_lock:
+            known = _resolved_names.get(key)
+        if known is None:
+            known = resolve_primary_namespace_name(ns)
+            with _resolved_lock:
+                _resolved_names[key] = known
+        return known
+
+    return str(ns.effective_namespace_name(lookup=lookup))
+
+
+def with_namespace_name(config: Any) -> Any:
+    """``config`` with ``primary.namespace_name`` filled in (driver side, once).
+
+    For an IP or ``localhost`` primary endpoint the namespace name (used in backlog queue names) has to be asked
+    of the namespace's admin endpoint; doing that on the driver, once, and shipping the name inside the
+    configuration means executors never call the admin API - in particular a new Python worker started while
+    the primary is down can still divert to the backlog. Without a secondary, or when the name is already known
+    (set, or the first label of an FQDN), the config is returned unchanged. Runs on the driver; may do I/O.
+    """
+    if config.secondary is None or config.primary.namespace_name:
+        return config
+    name = primary_namespace_name(config.primary)
+    return config.with_overrides(primary=replace(config.primary, namespace_name=name))
+
+
 def resolve_primary_namespace_name(
     primary: NamespaceConfig,
     *,
@@ -811,5 +854,7 @@ __all__ = [
     "is_retryable",
     "is_unauthorized",
     "provision_backlog_queues",
+    "primary_namespace_name",
     "resolve_primary_namespace_name",
+    "with_namespace_name",
 ]

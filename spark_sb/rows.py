@@ -1,5 +1,6 @@
-"""Rows -> project messages (SPEC S2, S6): :func:`row_to_message`, the schema check :func:`validate_schema`
-and the JSON written for rejected rows (:func:`row_to_json`).
+"""Rows -> project messages (SPEC S2, S6): :func:`row_to_message`, the message checks
+(:func:`validate_message`), the schema check :func:`validate_schema` and the record of a rejected row
+(:func:`reject_row`, its JSON :func:`row_to_json`).
 
 Pure functions. ``row_to_message`` runs on executors, once per row (keep it cheap); ``validate_schema`` on the
 driver at the first batch. No I/O, no clock reads.
@@ -16,24 +17,30 @@ from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
+from spark_sb.backlog import BACKLOG_PATH, RESERVED_PROPERTIES
 from spark_sb.message import (
+    _ONE_MS,
+    MAX_ID_LENGTH,
     MAX_TTL_MS,
     OutboundMessage,
+    Reject,
     RejectError,
     Scalar,
-    _check_property,
     _floor_ms,
     _type_name,
     message_id_from_content,
 )
 from spark_sb.redact import redact
+from spark_sb.wire_size import encoded_size
 
 __all__ = [
     "JSON_CONTENT_TYPE",
     "LOGICAL_COLUMNS",
     "SchemaError",
+    "reject_row",
     "row_to_json",
     "row_to_message",
+    "validate_message",
     "validate_schema",
 ]
 
@@ -223,7 +230,7 @@ def row_to_message(
     if msg.message_id is None and message_id_mode == "content":
         msg = replace(msg, message_id=message_id_from_content(msg))
     try:
-        msg.validate(max_message_size)
+        validate_message(msg, max_message_size)
     except RejectError as err:
         if err.field in LOGICAL_COLUMNS and err.field != columns.get(err.field, err.field):
             raise RejectError(err.reason, columns[err.field]) from None
@@ -307,3 +314,105 @@ def validate_schema(schema: Any, columns: Mapping[str, str]) -> None:
                 "expected map<string, string|integral|float|double|boolean|binary|timestamp>, "
                 f"found {found(dt)}",
             )
+
+
+# ---------------------------------------------------------------------------------------- message checks (B7, S6)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def validate_message(msg: OutboundMessage, max_message_size: int) -> None:
+    """Raise :class:`~spark_sb.message.RejectError` if ``msg`` cannot be sent (types, lengths, reserved property
+    names, its encoded size over ``max_message_size``). Runs on executors, once per message."""
+    _check_fields(msg)
+    size = encoded_size(msg)
+    if size > max_message_size:
+        raise RejectError(
+            f"message too large: {size} bytes encoded, over the limit of {max_message_size} bytes"
+        )
+
+
+def reject_row(
+    row: Any, error: RejectError, entity: str | None = None, row_index: int | None = None
+) -> Reject:
+    """The reject record for ``row`` that failed with ``error`` (reason and row redacted)."""
+    return Reject(
+        reason=redact(error.reason),
+        field=error.field,
+        row_json=row_to_json(row),
+        entity=entity,
+        row_index=row_index,
+    )
+
+
+_STR_FIELDS = ("correlation_id", "content_type", "subject", "to", "reply_to")
+_ID_FIELDS = ("message_id", "session_id", "partition_key", "reply_to_session_id")
+
+
+def _check_property(name: Any, value: Any, allow_reserved: bool = False) -> None:
+    if not isinstance(name, str) or not name:
+        raise RejectError(f"property names must be non-empty strings, found {name!r}", "properties")
+    if name in RESERVED_PROPERTIES and not allow_reserved:
+        raise RejectError(
+            f"property name {name!r} is reserved for the backlog translation", f"properties.{name}"
+        )
+    if value is None or isinstance(value, (str, bool, float, uuid.UUID, datetime)):
+        return
+    if isinstance(value, int):
+        if not (_INT64_MIN <= value <= _INT64_MAX):
+            raise RejectError("integer out of the 64-bit range", f"properties.{name}")
+        return
+    if isinstance(value, bytes):
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RejectError(
+                "bytes values must be UTF-8 (the SDK sends them as strings)", f"properties.{name}"
+            ) from None
+        return
+    raise RejectError(
+        f"unsupported property value type {_type_name(value)} "
+        "(allowed: str, int, float, bool, bytes, datetime, uuid, None)",
+        f"properties.{name}",
+    )
+
+
+def _check_fields(m: OutboundMessage) -> None:
+    if not isinstance(m.body, (str, bytes)):
+        raise RejectError(f"expected str or bytes, found {_type_name(m.body)}", "body")
+    if m.entity is not None and (not isinstance(m.entity, str) or not m.entity):
+        raise RejectError(f"expected a non-empty str, found {m.entity!r}", "entity")
+    for name in _ID_FIELDS:
+        v = getattr(m, name)
+        if v is None:
+            continue
+        if not isinstance(v, str):
+            raise RejectError(f"expected str, found {_type_name(v)}", name)
+        if len(v) > MAX_ID_LENGTH:
+            raise RejectError(f"longer than {MAX_ID_LENGTH} characters ({len(v)})", name)
+    if m.message_id == "":
+        raise RejectError("must not be empty", "message_id")
+    for name in _STR_FIELDS:
+        v = getattr(m, name)
+        if v is not None and not isinstance(v, str):
+            raise RejectError(f"expected str, found {_type_name(v)}", name)
+    if m.content_type is not None and not m.content_type.isascii():
+        raise RejectError("must be ASCII (it is an AMQP symbol)", "content_type")
+    if m.partition_key and m.session_id is not None and m.partition_key != m.session_id:
+        raise RejectError("must equal session_id when both are set", "partition_key")
+    ttl = m.time_to_live
+    if ttl is not None:
+        if not isinstance(ttl, timedelta):
+            raise RejectError(f"expected timedelta, found {_type_name(ttl)}", "time_to_live")
+        ms = ttl // _ONE_MS
+        if ms <= 0:
+            raise RejectError("must be at least 1 millisecond", "time_to_live")
+        if ms > MAX_TTL_MS:
+            raise RejectError(f"at most {MAX_TTL_MS} ms (~49.7 days), found {ms} ms", "time_to_live")
+    st = m.scheduled_enqueue_time
+    if st is not None and not isinstance(st, datetime):
+        raise RejectError(f"expected datetime, found {_type_name(st)}", "scheduled_enqueue_time")
+    if not isinstance(m.properties, Mapping):
+        raise RejectError(f"expected a map, found {_type_name(m.properties)}", "properties")
+    backlog_form = BACKLOG_PATH in m.properties  # reserved names are fine in a translated message
+    for k, v in m.properties.items():
+        _check_property(k, v, backlog_form)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any
 
-from spark_sb.backlog import PROBE_MODES, PROBE_SCHEDULE_AHEAD, primary_namespace_name, probe_message
+from spark_sb.backlog import PROBE_MODES, PROBE_SCHEDULE_AHEAD, probe_message
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import ServiceBusConfig
 from spark_sb.errors import (
@@ -57,6 +57,7 @@ from spark_sb.failover import (
     process_registry,
 )
 from spark_sb.message import OutboundMessage, Reject, RejectError
+from spark_sb.provisioning import primary_namespace_name
 from spark_sb.redact import redact
 from spark_sb.rows import row_to_json
 from spark_sb.transport import PRIMARY, SECONDARY, Batch, SdkTransport, Target, Transport

@@ -48,11 +48,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.backlog import with_namespace_name
 from spark_sb.config import ConfigError, ServiceBusConfig
 from spark_sb.failover import process_registry
 from spark_sb.message import OutboundMessage, Reject, RejectError
-from spark_sb.rows import row_to_message, validate_schema
+from spark_sb.provisioning import with_namespace_name
+from spark_sb.rows import reject_row, row_to_message, validate_schema
 from spark_sb.sender import PairedSender, SendOutcome, namespace_key
 from spark_sb.state import (
     BATCH_COMMITTED,
@@ -146,7 +146,7 @@ def _messages(
         except RejectError as err:
             if config.on_reject == "fail":
                 raise RejectedRowsError(f"row {index}: {err}") from None
-            rejects.append(Reject.from_error(row, err, entity=config.entity, row_index=index))
+            rejects.append(reject_row(row, err, entity=config.entity, row_index=index))
 
 
 def send_partition(
@@ -282,12 +282,86 @@ _exit_hook_registered = False
 
 def _flush_at_exit() -> None:
     """``atexit``: write what the sinks of this process still hold (driver). A failure is logged (an exit
-    handler cannot fail a query); call :meth:`ServiceBusSink.flush` before ``spark.stop()`` to see it raised."""
+    handler cannot fail a query); call :meth:`ServiceBusSink.flush` to see it raised. Works after ``spark.stop()``
+    too: the state writer finishes path tables through ``deltalake`` once the Spark session is gone."""
     for sb in list(_live_sinks):
         try:
             sb.close(timeout=120)
         except BaseException as exc:
             log.error("sink %s: state writes at exit failed: %s: %s", sb.sink_id, type(exc).__name__, exc)
+
+
+def _flush_live_sinks(why: str) -> None:
+    """Write what every sink of this process holds now (driver; a query listener's thread). Logged, not
+    raised: the batch that follows (or :meth:`ServiceBusSink.flush`) raises a failed write."""
+    for sb in list(_live_sinks):
+        try:
+            sb.flush(timeout=120)
+        except BaseException as exc:
+            log.error("sink %s: state writes (%s) failed: %s: %s", sb.sink_id, why, type(exc).__name__, exc)
+
+
+_watched_sessions: set[int] = set()
+
+
+def _watch_queries() -> None:
+    """Flush the sinks when a streaming query of this driver terminates (stopped, failed, a notebook detached):
+    a ``StreamingQueryListener`` on the session that runs the queries, registered once per session. Classic
+    Spark only (under Spark Connect the sink writes synchronously). The ``foreachBatch`` DataFrame belongs to a
+    clone of that session, whose listeners hear nothing of the query, hence the active (default) session."""
+    try:
+        from pyspark.sql import SparkSession
+        from pyspark.sql.streaming import StreamingQueryListener
+    except ImportError:  # a store without Spark (tests, tools)
+        return
+    session = SparkSession.getActiveSession()
+    if session is None or _is_connect(session) or id(session) in _watched_sessions:
+        return
+
+    class FlushOnTermination(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - the listener API's names
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+            pass
+
+        def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+            _flush_live_sinks(f"query {getattr(event, 'id', '?')} terminated")
+
+    try:
+        session.streams.addListener(FlushOnTermination())
+        _watched_sessions.add(id(session))
+    except Exception as exc:  # noqa: BLE001 - the atexit flush still covers an exit
+        log.warning(
+            "sink: no query listener (%s: %s); state rows are flushed at exit", type(exc).__name__, exc
+        )
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM as an ordinary exit: ``SystemExit`` in the main thread, so ``finally`` blocks and the
+    ``atexit`` flush run (the default action ends the process with no handler at all). A second SIGTERM ends
+    it at once."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise SystemExit(128 + signum)
+
+
+def _install_sigterm_handler() -> None:
+    """Make SIGTERM run the exit flush, when nobody else handles it (driver's main thread only; a program or a
+    platform with its own SIGTERM handler keeps it)."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # no signals here (an embedded interpreter)
+        pass
 
 
 def _register_exit_hook(sb: ServiceBusSink) -> None:
@@ -299,6 +373,7 @@ def _register_exit_hook(sb: ServiceBusSink) -> None:
         if not _exit_hook_registered:
             atexit.register(_flush_at_exit)
             _exit_hook_registered = True
+        _watch_queries()
 
 
 def _is_connect(spark: Any) -> bool:
@@ -363,6 +438,8 @@ class ServiceBusSink:
         self._seq = 0
         self._force_sync = sync_writes  # Spark Connect, the data source's commit
         self._max_pending = max_pending_writes  # batches queued for the writer before a batch waits
+        if self.config.state_writes == "async" and self._tables is not None:
+            _install_sigterm_handler()  # the driver's main thread: SIGTERM then flushes the state rows
 
     @property
     def asynchronous(self) -> bool:

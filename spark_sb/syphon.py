@@ -274,7 +274,7 @@ class Syphon:
         self.config = config
         self.clock = clock or SystemClock()
         if backlog_queues is None:
-            from spark_sb.backlog import primary_namespace_name as resolve_name
+            from spark_sb.provisioning import primary_namespace_name as resolve_name
 
             backlog_queues = config.backlog_queue_names(
                 primary_namespace_name or resolve_name(config.primary)

@@ -435,7 +435,7 @@ def run_syphon(
 ) -> StreamingQuery:
     """Start the syphon query (driver). ``once``: a single micro-batch, then the query stops. Returns the query;
     stop it with :func:`request_stop` + :func:`stop_gracefully` (or ``query.stop()``)."""
-    from spark_sb.backlog import with_namespace_name
+    from spark_sb.provisioning import with_namespace_name
 
     config = with_namespace_name(config)  # resolved once on the driver; executors never ask
     names = list(queues) if queues is not None else config.backlog_queue_names()

@@ -24,7 +24,7 @@ from servicebus_local.model import QueueSettings
 from spark_sb.backlog import BACKLOG_PATH
 from spark_sb.config import ServiceBusConfig
 from spark_sb.failover import FailoverRegistry
-from spark_sb.mapping import OutboundMessage
+from spark_sb.message import OutboundMessage
 from spark_sb.sender import PairedSender
 
 ENTITY = "orders"

@@ -24,7 +24,7 @@ from spark_sb.backlog import is_probe
 from spark_sb.clock import FakeClock
 from spark_sb.config import ServiceBusConfig
 from spark_sb.failover import EntityState
-from spark_sb.mapping import OutboundMessage
+from spark_sb.message import OutboundMessage
 from spark_sb.provisioning import provision_backlog_queues
 from spark_sb.sender import PairedSender, namespace_key
 

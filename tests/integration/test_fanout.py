@@ -20,7 +20,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode  # noqa: E4
 
 from spark_sb.config import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig  # noqa: E402
 from spark_sb.failover import EntityState, FailoverRegistry  # noqa: E402
-from spark_sb.mapping import OutboundMessage  # noqa: E402
+from spark_sb.message import OutboundMessage  # noqa: E402
 from spark_sb.sender import PairedSender  # noqa: E402
 from spark_sb.transport import PRIMARY, SdkTransport  # noqa: E402
 

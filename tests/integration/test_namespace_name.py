@@ -41,9 +41,9 @@ def test_the_driver_resolves_the_name_once_and_executors_never_ask(
     worker) while the primary is down starts, and diverts to the backlog, without asking the primary."""
     import pickle
 
-    from spark_sb import backlog as backlog_module
+    from spark_sb import provisioning as names_module
     from spark_sb.failover import FailoverRegistry
-    from spark_sb.mapping import OutboundMessage
+    from spark_sb.message import OutboundMessage
     from spark_sb.sink import ServiceBusSink
 
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", namespace_pair.primary.ca_file)
@@ -65,9 +65,9 @@ def test_the_driver_resolves_the_name_once_and_executors_never_ask(
     assert sink.config.primary.namespace_name == "primary"
     shipped = pickle.loads(pickle.dumps(sink)).config  # what an executor receives
 
-    backlog_module._resolved_names.clear()  # a fresh Python worker knows nothing
+    names_module._resolved_names.clear()  # a fresh Python worker knows nothing
     namespace_pair.primary.faults.refuse_connections()
     with PairedSender(shipped, registry=FailoverRegistry()) as sender:
         outcome = sender.send([OutboundMessage(body=b"x", message_id="m1")])
     assert outcome.total_diverted == 1
-    assert backlog_module._resolved_names == {}  # the executor never asked
+    assert names_module._resolved_names == {}  # the executor never asked

@@ -15,7 +15,7 @@ from servicebus_local.server import LocalNamespace
 from spark_sb.config import ServiceBusConfig
 from spark_sb.errors import ServiceBusConfigError
 from spark_sb.failover import FailoverRegistry
-from spark_sb.mapping import OutboundMessage
+from spark_sb.message import OutboundMessage
 from spark_sb.provisioning import provision_backlog_queues
 from spark_sb.sender import PairedSender
 from spark_sb.syphon import Syphon

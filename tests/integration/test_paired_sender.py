@@ -32,7 +32,7 @@ from spark_sb.backlog import (  # noqa: E402
 from spark_sb.config import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig  # noqa: E402
 from spark_sb.errors import NoBacklogAvailableError, ServiceBusConfigError, classify  # noqa: E402
 from spark_sb.failover import EntityState, FailoverRegistry  # noqa: E402
-from spark_sb.mapping import OutboundMessage  # noqa: E402
+from spark_sb.message import OutboundMessage  # noqa: E402
 from spark_sb.sender import PairedSender  # noqa: E402
 from spark_sb.transport import PRIMARY, SECONDARY, SdkTransport, Target  # noqa: E402
 

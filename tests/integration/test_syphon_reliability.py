@@ -16,7 +16,7 @@ from servicebus_local.model import QueueSettings
 from spark_sb.backlog import to_backlog
 from spark_sb.clock import FakeClock
 from spark_sb.config import ServiceBusConfig
-from spark_sb.mapping import OutboundMessage
+from spark_sb.message import OutboundMessage
 from spark_sb.syphon import EXPIRED_IN_BACKLOG, Syphon
 
 pytestmark = [pytest.mark.local, pytest.mark.slow]

@@ -21,7 +21,7 @@ from servicebus_local.model import QueueSettings
 from servicebus_local.server import LocalNamespace
 from spark_sb.backlog import to_backlog
 from spark_sb.config import ServiceBusConfig
-from spark_sb.mapping import OutboundMessage
+from spark_sb.message import OutboundMessage
 from spark_sb.syphon_job import run_syphon, stop_gracefully
 
 BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]

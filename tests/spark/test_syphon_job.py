@@ -16,7 +16,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 from servicebus_local.model import QueueSettings
 from spark_sb.backlog import to_backlog
 from spark_sb.config import ServiceBusConfig
-from spark_sb.mapping import OutboundMessage
+from spark_sb.message import OutboundMessage
 from spark_sb.syphon_job import run_syphon, stop_gracefully
 
 pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]

@@ -16,7 +16,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
 from servicebus_local.model import QueueSettings
 from spark_sb.backlog import to_backlog
-from spark_sb.mapping import OutboundMessage
+from spark_sb.message import OutboundMessage
 
 pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from spark_sb.backlog import to_backlog
 from spark_sb.clock import FakeClock
 from spark_sb.lane import DeadlineExceeded
-from spark_sb.mapping import OutboundMessage
+from spark_sb.message import OutboundMessage
 from spark_sb.transport import SLOW_MARGIN, Target
 
 BATCH_BASE = 10

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_sb.backlog import BACKLOG_PATH, to_backlog, to_backlog_sdk
-from spark_sb.mapping import OutboundMessage, RejectError
+from spark_sb.message import OutboundMessage, RejectError
 
 pytestmark = pytest.mark.unit
 

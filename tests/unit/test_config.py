@@ -23,8 +23,8 @@ from spark_sb.config import (
     parse_connection_string,
     parse_duration,
 )
-from spark_sb.mapping import LOGICAL_COLUMNS
 from spark_sb.redact import RedactingFilter
+from spark_sb.rows import LOGICAL_COLUMNS
 
 pytestmark = pytest.mark.unit
 

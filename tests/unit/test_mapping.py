@@ -1,4 +1,4 @@
-"""Unit tests for spark_sb.mapping: S2 row mapping, B6 backlog translation, B7 sizes, SDK mapping."""
+"""Unit tests for the message model, rows and wire sizes (spark_sb.message, .rows, .wire_size): S2 row mapping, B6 backlog translation, B7 sizes, SDK mapping."""
 
 from __future__ import annotations
 
@@ -31,20 +31,16 @@ from spark_sb.backlog import (
     is_backlog_message,
     to_backlog,
 )
-from spark_sb.mapping import (
+from spark_sb.message import MAX_TTL_MS, FrozenMap, OutboundMessage, RejectError, message_id_from_content
+from spark_sb.rows import (
     LOGICAL_COLUMNS,
-    MAX_TTL_MS,
-    FrozenMap,
-    OutboundMessage,
-    Reject,
-    RejectError,
     SchemaError,
-    batch_cost,
-    encoded_size,
-    message_id_from_content,
+    reject_row,
     row_to_message,
+    validate_message,
     validate_schema,
 )
+from spark_sb.wire_size import batch_cost, encoded_size
 
 pytestmark = pytest.mark.unit
 
@@ -263,9 +259,9 @@ def test_encoded_size_boundaries(m: OutboundMessage) -> None:
 def test_validate_rejects_too_large_with_both_numbers() -> None:
     m = OutboundMessage(b"x" * 1000, message_id="m")
     size = encoded_size(m)
-    m.validate(size)  # exactly at the limit is fine
+    validate_message(m, size)  # exactly at the limit is fine
     with pytest.raises(RejectError) as e:
-        m.validate(size - 1)
+        validate_message(m, size - 1)
     assert str(size) in str(e.value) and str(size - 1) in str(e.value)
 
 
@@ -275,12 +271,12 @@ def test_fits_before_translation_but_not_after() -> None:
     body = b"y" * (limit - encoded_size(base) - 3)  # vbin32: +3 bytes over the empty body
     m = replace(base, body=body)
     assert encoded_size(m) <= limit
-    m.validate(limit)
+    validate_message(m, limit)
     translated = to_backlog(m, "orders", NOW)
     assert encoded_size(translated) > limit
     assert encoded_size(translated) == sdk_encoded_size(translated)
     with pytest.raises(RejectError, match=str(limit)):
-        translated.validate(limit)
+        validate_message(translated, limit)
 
 
 def test_encoded_size_is_fast() -> None:
@@ -325,20 +321,23 @@ def test_encoded_size_is_fast() -> None:
 )
 def test_validate_rejects(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(RejectError) as e:
-        OutboundMessage(b"x", **kwargs).validate(LIMIT)
+        validate_message(OutboundMessage(b"x", **kwargs), LIMIT)
     assert e.value.field == field
     assert str(e.value).startswith(f"{field}: ")
 
 
 def test_validate_accepts_limits() -> None:
-    OutboundMessage(
-        b"x",
-        message_id="m" * 128,
-        session_id="s" * 128,
-        partition_key="s" * 128,
-        time_to_live=timedelta(milliseconds=MAX_TTL_MS),
-        properties={"a": None, "b": 2**63 - 1, "c": b"utf8 \xc3\xa9"},
-    ).validate(LIMIT)
+    validate_message(
+        OutboundMessage(
+            b"x",
+            message_id="m" * 128,
+            session_id="s" * 128,
+            partition_key="s" * 128,
+            time_to_live=timedelta(milliseconds=MAX_TTL_MS),
+            properties={"a": None, "b": 2**63 - 1, "c": b"utf8 \xc3\xa9"},
+        ),
+        LIMIT,
+    )
 
 
 # --------------------------------------------------------------------------- rows (S2)
@@ -461,7 +460,7 @@ def test_reject_keeps_original_row_as_json_without_secrets() -> None:
     }
     with pytest.raises(RejectError) as e:
         row_to_message(row, COLS, "q", LIMIT)
-    rej = Reject.from_error(row, e.value, entity="q", row_index=3)
+    rej = reject_row(row, e.value, entity="q", row_index=3)
     assert (rej.field, rej.entity, rej.row_index) == ("session_id", "q", 3)
     data = json.loads(rej.row_json)
     assert (
@@ -565,8 +564,8 @@ def test_to_backlog_rejects_reserved_properties_and_validate_accepts_backlog_for
     with pytest.raises(RejectError) as e:
         to_backlog(OutboundMessage(b"x", properties={BACKLOG_TTL: 5}), "q", NOW)
     assert e.value.field == f"properties.{BACKLOG_TTL}"
-    to_backlog(OutboundMessage(b"x", session_id="s", time_to_live=timedelta(seconds=1)), "q", NOW).validate(
-        LIMIT
+    validate_message(
+        to_backlog(OutboundMessage(b"x", session_id="s", time_to_live=timedelta(seconds=1)), "q", NOW), LIMIT
     )
 
 

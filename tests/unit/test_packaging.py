@@ -201,7 +201,7 @@ def test_the_core_imports_and_works_without_the_extras() -> None:
         for name in MODULES:  # every module of the core
             importlib.import_module(name)
         import spark_sb, spark_sb.config, spark_sb.sender, spark_sb.sink, spark_sb.syphon
-        import spark_sb.provisioning, spark_sb.mapping, spark_sb.errors, spark_sb.failover, spark_sb.__main__
+        import spark_sb.provisioning, spark_sb.rows, spark_sb.errors, spark_sb.failover, spark_sb.__main__
         from spark_sb import ServiceBusSink, PairedSender, Syphon, OutboundMessage, load_config, is_probe
         config = load_config({
             "primary": {"connection_string": "Endpoint=sb://a.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=s"},

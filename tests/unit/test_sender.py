@@ -21,7 +21,6 @@ from spark_sb.backlog import (
     PING_CONTENT_TYPE,
     from_backlog,
     is_probe,
-    primary_namespace_name,
     probe_message,
 )
 from spark_sb.clock import FakeClock
@@ -33,7 +32,8 @@ from spark_sb.errors import (
     ServiceBusConfigError,
 )
 from spark_sb.failover import EntityState, FailoverRegistry, StateTransition, choose_session_affine
-from spark_sb.mapping import OutboundMessage
+from spark_sb.message import OutboundMessage
+from spark_sb.provisioning import primary_namespace_name
 from spark_sb.sender import PairedSender, SendOutcome
 from spark_sb.transport import PRIMARY, SECONDARY, Target
 

@@ -14,7 +14,8 @@ import pytest
 
 from spark_sb.config import ConfigError, ServiceBusConfig
 from spark_sb.failover import EntityState, EntityStatus, StateTransition
-from spark_sb.mapping import Reject, SchemaError, message_id_from_content, row_to_message, validate_schema
+from spark_sb.message import Reject, message_id_from_content
+from spark_sb.rows import SchemaError, row_to_message, validate_schema
 from spark_sb.sender import SendOutcome, namespace_key
 from spark_sb.sink import ServiceBusSink, SinkIdConflictError, default_sink_id
 from spark_sb.state import (

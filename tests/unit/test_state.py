@@ -23,7 +23,7 @@ from spark_sb.failover import (
     FailoverRegistry,
     StateTransition,
 )
-from spark_sb.mapping import Reject
+from spark_sb.message import Reject
 from spark_sb.sender import PairedSender, SendOutcome, namespace_key
 from spark_sb.state import (
     BACKLOG_PULLED,
@@ -455,7 +455,7 @@ def test_handoff_respects_newer_local_knowledge_and_ignores_other_namespaces() -
 
 
 def _messages(n: int) -> list[Any]:
-    from spark_sb.mapping import OutboundMessage
+    from spark_sb.message import OutboundMessage
 
     return [OutboundMessage(body=f"b{i}", entity="orders", message_id=f"m{i}") for i in range(n)]
 

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from spark_sb.backlog import to_backlog
-from spark_sb.mapping import OutboundMessage
+from spark_sb.message import OutboundMessage
 from spark_sb.syphon import EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, SyphonOutcome, restore_for_primary
 
 pytestmark = pytest.mark.unit
