@@ -10,7 +10,7 @@ JARS := $(VENV)/.delta-jars
 EXTRAS := spark,local,connect,test
 CONSTRAINTS := constraints-dev.txt
 
-.PHONY: install jars test test-fast lint demo bench wheel clean
+.PHONY: install jars test test-fast lint demo bench wheel clean test-azure
 
 $(STAMP): pyproject.toml servicebus_local/pyproject.toml $(CONSTRAINTS)
 	$(PY) -m venv $(VENV)
@@ -43,6 +43,12 @@ lint: $(STAMP)
 
 demo: $(JARS)
 	@$(BIN)/python jobs/demo.py
+
+# The acceptance run against your own two namespaces (README "Try it on your own namespaces"): needs
+# SB_PRIMARY_CONNECTION_STRING and SB_SECONDARY_CONNECTION_STRING (or SB_PRIMARY_FQDN / SB_SECONDARY_FQDN);
+# without them it says what to set and exits 2. ARGS="--keep" leaves what it created.
+test-azure: $(JARS)
+	@$(BIN)/python -m tests.acceptance $(ARGS)
 
 # The wheel to install on Databricks or anywhere else (dist/spark_servicebus-<version>-py3-none-any.whl), and the
 # local namespace's own (dist/servicebus_local-<version>-py3-none-any.whl).
