@@ -9,6 +9,8 @@ Runs on a workstation, a CI runner or the Spark driver node, never on executors.
   Exit 0 when at least one backlog queue is usable, 1 otherwise, 2 on a bad configuration or bad arguments.
 * ``status --config conf/<env>.yaml [--json] [--events N] [--no-depths]``: each entity's failover state, pulled
   backlog queues, the newest events and backlog depths, from the state tables (no Spark; :mod:`spark_sb.status`).
+* ``maintain --config conf/<env>.yaml [--retention D] [--no-optimize] [--no-vacuum] [--json]``: keep the state
+  tables small (retention delete, OPTIMIZE, VACUUM: :func:`spark_sb.state.maintain`); starts a Spark session.
 
 More commands (``demo``, ``syphon``, ...) plug in by adding a ``_add_<name>(subparsers, common)`` function to
 :data:`COMMANDS`; each passes ``parents=[common]`` and sets ``func`` (``(args) -> int``) as the parser default.
@@ -183,7 +185,88 @@ def _add_status(subparsers: Any, common: argparse.ArgumentParser) -> None:
     add_status_command(subparsers, common, lambda args: run_status(args, sys.stdout, sys.stderr))
 
 
-COMMANDS: list[Callable[[Any, argparse.ArgumentParser], None]] = [_add_provision, _add_status]
+# --------------------------------------------------------------------------------------------------------------
+# maintain
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _add_maintain(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser(
+        "maintain",
+        parents=[common],
+        help="keep the Delta state tables small: retention delete, OPTIMIZE, VACUUM (starts Spark)",
+        description=(
+            "Delete events and rejects older than state_retention (never the entities table, never the rows a "
+            "running sink reads for replay skipping), OPTIMIZE and VACUUM the three state tables, and set their "
+            "table properties. Safe while sinks and the syphon run. Starts a local Spark session with Delta "
+            "(--master); on Databricks call spark_sb.state.maintain(spark, tables) from a job instead."
+        ),
+    )
+    p.add_argument("--config", required=True, help="the YAML configuration (conf/<env>.yaml)")
+    p.add_argument(
+        "--retention", default=None, help="override state_retention (a duration: '30d', '12h', 'P7D')"
+    )
+    p.add_argument("--no-optimize", action="store_true", help="skip OPTIMIZE")
+    p.add_argument("--no-vacuum", action="store_true", help="skip VACUUM")
+    p.add_argument("--master", default="local[2]", help="Spark master of the session (default local[2])")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run_maintain)
+
+
+def run_maintain(
+    args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None, spark: Any = None
+) -> int:
+    """The ``maintain`` command: 0 done, 1 failed, 2 bad configuration. ``spark``: a session to use (tests);
+    otherwise one is built and stopped."""
+    from spark_sb.config import ConfigError, load_config, parse_duration
+    from spark_sb.redact import redact
+    from spark_sb.state import StateTables, maintain
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        config = load_config(args.config)
+        retention = (
+            parse_duration(args.retention, "--retention")
+            if args.retention is not None
+            else config.state_retention
+        )
+        if retention <= 0:
+            raise ConfigError(f"--retention: must be > 0 seconds, found {args.retention!r}")
+        tables = StateTables.from_config(config)
+        if tables is None:
+            raise ConfigError("state_location or state_table_prefix: required (the state tables to maintain)")
+    except (ConfigError, OSError) as exc:
+        return _bad_config(err, args, f"bad configuration {args.config}: {exc}")
+    own = spark is None
+    try:
+        if own:
+            from spark_sb.session import build_spark_session
+
+            spark = build_spark_session("spark-sb-maintain", args.master)
+        report = maintain(
+            spark, tables, retention=retention, optimize=not args.no_optimize, vacuum=not args.no_vacuum
+        )
+    except Exception as exc:  # noqa: BLE001 - one clear line, secrets redacted
+        print(redact(f"error: {type(exc).__name__}: {exc}"), file=err)
+        return EXIT_FAILED
+    finally:
+        if own and spark is not None:
+            spark.stop()
+    if args.json:
+        _print_json(out, report.to_json())
+    else:
+        print(f"retention cutoff {report.cutoff.isoformat()}", file=out)
+        for t in report.tables:
+            print(
+                f"{t.table:<9} {t.deleted_rows:>10} rows deleted  files {t.files_before} -> {t.files_after}  "
+                f"bytes {t.bytes_before} -> {t.bytes_after}  {t.seconds:.1f} s",
+                file=out,
+            )
+    return EXIT_OK
+
+
+COMMANDS: list[Callable[[Any, argparse.ArgumentParser], None]] = [_add_provision, _add_status, _add_maintain]
 
 _VERBOSE_HELP = "more log output (-v info, -vv debug); before or after the command"
 

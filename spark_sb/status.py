@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from spark_sb.redact import redact
 
-__all__ = ["StateStatus", "add_status_command", "format_status", "read_status"]
+__all__ = ["StateStatus", "add_status_command", "format_status", "newest_events", "read_status"]
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,8 @@ class StateStatus:
         return {"entities": self.entities, "events": self.events, "backlog_depths": self.depths}
 
 
-def _read_table(location: str, table: str) -> list[dict[str, Any]]:
+def _arrow_table(location: str, table: str) -> Any:
+    """The table as an Arrow table, or None when it does not exist yet."""
     try:
         from deltalake import DeltaTable
     except ImportError:  # pragma: no cover - depends on the environment
@@ -40,11 +41,37 @@ def _read_table(location: str, table: str) -> list[dict[str, Any]]:
         ) from None
     path = f"{location.rstrip('/')}/{table}"
     try:
-        rows: list[dict[str, Any]] = DeltaTable(path).to_pyarrow_table().to_pylist()
+        return DeltaTable(path).to_pyarrow_dataset().to_table()
     except Exception as exc:
         if "TableNotFound" in type(exc).__name__ or "no log files" in str(exc).lower():
-            return []  # the sink has not written yet
+            return None  # the sink has not written yet
         raise
+
+
+def _read_table(location: str, table: str) -> list[dict[str, Any]]:
+    data = _arrow_table(location, table)
+    rows: list[dict[str, Any]] = [] if data is None else data.to_pylist()
+    return rows
+
+
+def newest_events(location: str, n: int) -> list[dict[str, Any]]:
+    """The ``n`` newest events, newest first (a batch's ``batch_committed`` before its other events of the same
+    time). Sorted in Arrow and only those ``n`` rows converted to Python: the events table holds
+    ``state_retention`` of history (hundreds of thousands of rows), which must not make ``status`` slow."""
+    import pyarrow.compute as pc
+
+    data = _arrow_table(location, "events")
+    if data is None or n <= 0 or data.num_rows == 0:
+        return []
+    if data.num_rows > n:  # only the rows at least as new as the n-th newest can be among the n newest
+        top = pc.select_k_unstable(data, k=n, sort_keys=[("time", "descending")])
+        data = data.filter(pc.greater_equal(data["time"], pc.min(data["time"].take(top))))
+    data = data.append_column("_commit", pc.equal(data["event"], "batch_committed"))
+    order = pc.sort_indices(
+        data,
+        sort_keys=[("time", "descending"), ("batch_id", "descending"), ("_commit", "descending")],
+    )  # nulls last (Arrow's default): an event without a batch id after the batch's rows of the same time
+    rows: list[dict[str, Any]] = data.take(order[:n]).drop_columns(["_commit"]).to_pylist()
     return rows
 
 
@@ -82,14 +109,9 @@ def read_status(
     entities = sorted(
         _read_table(config.state_location, "entities"), key=lambda r: (r["namespace"], r["entity"])
     )
-    events = sorted(
-        _read_table(config.state_location, "events"),
-        key=lambda r: (r["time"], r["batch_id"] or -1, r["event"] == "batch_committed"),
-        reverse=True,
-    )
     return StateStatus(
         entities=entities,
-        events=events[:last_events],
+        events=newest_events(config.state_location, last_events),
         depths=backlog_depths(config, admin_client) if depths else {},
     )
 
