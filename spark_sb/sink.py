@@ -284,7 +284,10 @@ def _flush_at_exit() -> None:
     """``atexit``: write what the sinks of this process still hold (driver). A failure is logged (an exit
     handler cannot fail a query); call :meth:`ServiceBusSink.flush` to see it raised. Works after ``spark.stop()``
     too: the state writer finishes path tables through ``deltalake`` once the Spark session is gone."""
-    for sb in list(_live_sinks):
+    sinks = list(_live_sinks)
+    for sb in sinks:  # a batch that ends from now on (its query still runs) writes before it returns
+        sb._force_sync = True
+    for sb in sinks:
         try:
             sb.close(timeout=120)
         except BaseException as exc:
