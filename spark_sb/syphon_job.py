@@ -372,6 +372,9 @@ class SyphonBatchWriter:
             store = store_for(batch_df.sparkSession, self.config)
             self._store = store
         self.record(batch_id, aggregated, store)
+        from spark_sb.state import maintain_if_due
+
+        maintain_if_due(batch_df.sparkSession, self.config)  # when state_maintain_every is due
 
     def record(
         self,
