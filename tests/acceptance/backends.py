@@ -44,6 +44,9 @@ class Backend:
     secondary: Mapping[str, Any]
     primary_admin_kwargs: Mapping[str, Any] = field(default_factory=dict)
     secondary_admin_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: The namespaces as ``format("servicebus")`` options: secrets by reference (``${env:NAME}``) where the
+    #: values come from the environment, so no key is put in a query plan.
+    options: Mapping[str, str] = field(default_factory=dict)
 
     def __repr__(self) -> str:  # never shows a connection string
         return f"Backend({self.name!r})"
@@ -60,6 +63,16 @@ def _side(environ: Mapping[str, str], side: str) -> dict[str, Any] | None:
     return None
 
 
+def _options(environ: Mapping[str, str], side: str) -> dict[str, str]:
+    conn_var, fqdn_var = ENV_VARIABLES[side]
+    if environ.get(fqdn_var, "").strip():
+        return {
+            f"{side}.fully_qualified_namespace": environ[fqdn_var].strip(),
+            f"{side}.credential.kind": "default",
+        }
+    return {f"{side}.connection_string": f"${{env:{conn_var}}}"}
+
+
 def azure_backend(environ: Mapping[str, str]) -> Backend:
     """The user's two namespaces from the environment; :class:`MissingSettings` names what is missing."""
     primary, secondary = _side(environ, "primary"), _side(environ, "secondary")
@@ -70,7 +83,12 @@ def azure_backend(environ: Mapping[str, str]) -> Backend:
     ]
     if missing or primary is None or secondary is None:
         raise MissingSettings("not set: " + ", ".join(missing))
-    return Backend("azure", primary, secondary)
+    return Backend(
+        "azure",
+        primary,
+        secondary,
+        options={**_options(environ, "primary"), **_options(environ, "secondary")},
+    )
 
 
 def local_backend(primary: Any, secondary: Any) -> Backend:
@@ -81,4 +99,9 @@ def local_backend(primary: Any, secondary: Any) -> Backend:
         {"connection_string": secondary.connection_string},
         {"connection_verify": primary.ca_file},
         {"connection_verify": secondary.ca_file},
+        # The local namespaces' key is a fixed development value, not a secret: given literally.
+        {
+            "primary.connection_string": primary.connection_string,
+            "secondary.connection_string": secondary.connection_string,
+        },
     )

@@ -284,7 +284,7 @@ class Scenario:
             finally:
                 sink.close(timeout=120)
 
-    def _syphon(self, entities: Sequence[str]) -> int:
+    def _syphon(self) -> int:
         """Syphon passes (the query of ``jobs/syphon.py --once``) until the backlog is empty; messages moved."""
         moved = 0
         for _ in range(self.settings.syphon_passes):
@@ -380,6 +380,82 @@ class Scenario:
         )
         self.report.numbers["delta_failed_over_entities"] = len(failed_over & expected_over)
 
+    def _datasource_options(self) -> dict[str, str]:
+        s = self.settings
+        return {
+            **self.backend.options,
+            "primary.namespace_name": self.prefix,
+            "entity": self.queue,
+            "backlog_queue_count": str(s.backlog_queues),
+            "failover_interval": f"{round(s.failover_interval * 1000)}ms",
+            "ping_primary_interval": f"{round(s.ping_interval * 1000)}ms",
+            "send_timeout": f"{round(s.send_timeout * 1000)}ms",
+            "retry.total": "0",
+            "state_location": str(self.workdir / "state-datasource"),
+            "sink_id": f"{self.prefix}-datasource",
+        }
+
+    def _datasource_step(self) -> int:
+        """A healthy batch and a ``SendDisabled`` outage batch through ``format("servicebus")`` (a second
+        streaming query, its own sink id and state tables); returns the rows it diverted. Skipped (with a note)
+        when the tree has no ``spark_sb.datasource``."""
+        import importlib.util
+
+        if importlib.util.find_spec("spark_sb.datasource") is None:
+            self.report.notes.append('format("servicebus") step skipped: spark_sb.datasource is not there')
+            return 0
+        import spark_sb
+
+        s = self.settings
+        spark_sb.register(self.spark)
+        input_dir = self.workdir / "input-datasource"
+        input_dir.mkdir(parents=True, exist_ok=True)
+        query = (
+            self.spark.readStream.schema("body STRING, message_id STRING, entity STRING")
+            .json(str(input_dir))
+            .writeStream.format("servicebus")
+            .options(**self._datasource_options())
+            .option("checkpointLocation", str(self.workdir / "checkpoint-datasource"))
+            .start()
+        )
+        try:
+            self.say('format("servicebus") query started')
+            rows = self._rows("ds-healthy", [self.queue], s.rows)
+            took = self._timed_batch(query, input_dir, rows)
+            sent, diverted = self._datasource_counts()
+            self.report.check(
+                'format("servicebus"): healthy batch',
+                f"{sent} of {len(rows)} sent, {diverted} diverted in {_seconds(took)}",
+                f"{len(rows)} sent, 0 diverted",
+                sent == len(rows) and diverted == 0,
+            )
+            self.set_status([self.queue], SEND_DISABLED)
+            rows = self._rows("ds-outage", [self.queue], s.rows)
+            took = self._timed_batch(query, input_dir, rows)
+            sent2, diverted2 = self._datasource_counts()
+            self.report.numbers["datasource_outage_batch_s"] = took
+            self.say(f'format("servicebus") outage batch: {diverted2 - diverted} diverted in {took:.1f} s')
+            self.report.check(
+                'format("servicebus"): outage batch diverted',
+                f"{diverted2 - diverted} of {len(rows)} diverted in {_seconds(took)}",
+                f"all, within {_seconds(s.failover_interval)} + {_seconds(s.slack)}",
+                diverted2 - diverted == len(rows) and sent2 == sent and took <= s.failover_interval + s.slack,
+            )
+            return diverted2 - diverted
+        finally:
+            try:
+                query.stop()
+            finally:
+                self.set_status([self.queue], ACTIVE)
+
+    def _datasource_counts(self) -> tuple[int, int]:
+        """Rows sent and diverted so far by the data source query, from its events table (written before Spark
+        commits each micro-batch)."""
+        events = self.spark.read.format("delta").load(str(self.workdir / "state-datasource" / "events"))
+        rows = events.where(events.event.isin("sent", "diverted")).groupBy("event").sum("count").collect()
+        counts = {r["event"]: int(r[1] or 0) for r in rows}
+        return counts.get("sent", 0), counts.get("diverted", 0)
+
     # ------------------------------------------------------------------------------------------- the run
     def run(self) -> Report:
         """The whole scenario; cleans up in a ``finally`` (also on KeyboardInterrupt). Returns the report."""
@@ -453,16 +529,6 @@ class Scenario:
                 f"after the probe, within {_seconds(bound)}",
                 returned_after is not None and returned_after <= bound,
             )
-            sink.flush(timeout=120)
-            moved = self._syphon([self.queue])
-            depth = self.backlog_depth()
-            r.numbers["syphon_moved"] = moved
-            r.check(
-                "syphon moved the backlog back",
-                f"moved {moved}, backlog left {depth}",
-                f">= {outage_diverted} moved, 0 left",
-                moved >= outage_diverted and depth == 0,
-            )
 
             # 4. fan-out: N entities disabled at once
             n = len(self.fan_queues)
@@ -490,18 +556,23 @@ class Scenario:
                 out.total_diverted == len(rows) and took <= fi + s.slack,
             )
             self.set_status(self.fan_queues, ACTIVE)
-            sink.flush(timeout=120)
-            moved = self._syphon(self.fan_queues)
-            depth = self.backlog_depth()
-            r.check(
-                "fan-out: syphon moved the backlog back",
-                f"moved {moved}, backlog left {depth}",
-                f">= {fan_diverted} moved, 0 left",
-                moved >= fan_diverted and depth == 0,
-            )
-            sink.flush(timeout=120)
 
-        # 5. the books
+        # 5. the same through format("servicebus"), when this tree has it
+        ds_diverted = self._datasource_step()
+
+        # 6. the syphon job's query moves every backlog back (one pass or a few, however much there is)
+        expected_moved = outage_diverted + fan_diverted + ds_diverted
+        moved = self._syphon()
+        depth = self.backlog_depth()
+        r.numbers["syphon_moved"] = moved
+        r.check(
+            "syphon moved the backlog back",
+            f"moved {moved}, backlog left {depth}",
+            f">= {expected_moved} moved, 0 left",
+            moved >= expected_moved and depth == 0,
+        )
+
+        # 7. the books
         self.say("comparing produced ids with the primary entities' contents")
         lost, dups = self._compare("queue: ids as sets", [self.queue])
         lost2, dups2 = self._compare("topic subscription: ids as sets", [self.topic], SUBSCRIPTION)
