@@ -16,7 +16,7 @@ import pytest
 
 from tests.acceptance.__main__ import main
 from tests.acceptance.backends import local_backend
-from tests.acceptance.scenario import Settings, run_scenario
+from tests.acceptance.scenario import Scenario, Settings, run_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "acceptance-secret-key-0123456789"
@@ -180,3 +180,49 @@ def test_throttling_is_one_line(
     p, s = keyed.primary.connection_string, keyed.secondary.connection_string
     line = _one_line(capsys, monkeypatch, keyed.ca_bundle, p, s)
     assert "primary namespace" in line and "throttling" in line
+
+
+# ---------------------------------------------------------------------------------------------- clean-up
+class _BrokenSpark:
+    """Stands in for the session where the run breaks right after creating its entities: reading the stream
+    raises what it is given (an error, or Ctrl-C)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    @property
+    def readStream(self) -> Any:  # noqa: N802 - the SparkSession attribute's name
+        raise self.exc
+
+
+def _entities(pair: Any) -> tuple[list[str], list[str], list[str]]:
+    with pair.primary.admin_client() as p, pair.secondary.admin_client() as s:
+        return (
+            [q.name for q in p.list_queues()],
+            [t.name for t in p.list_topics()],
+            [q.name for q in s.list_queues()],
+        )
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt()], ids=["failure", "ctrl-c"])
+def test_everything_created_is_deleted_after_a_failure_or_ctrl_c(
+    namespace_pair: Any, tmp_path: Path, exc: BaseException
+) -> None:
+    with namespace_pair.primary.admin_client() as admin:
+        admin.create_queue("users-own-queue")  # not the run's: must survive
+    backend = local_backend(namespace_pair.primary, namespace_pair.secondary)
+    with pytest.raises(type(exc)):
+        run_scenario(_BrokenSpark(exc), backend, tmp_path, Settings(fan_out=3), say=lambda _t: None)
+    assert _entities(namespace_pair) == (["users-own-queue"], [], [])
+
+
+def test_keep_leaves_the_entities_for_inspection(namespace_pair: Any, tmp_path: Path) -> None:
+    backend = local_backend(namespace_pair.primary, namespace_pair.secondary)
+    scenario = Scenario(_BrokenSpark(RuntimeError("x")), backend, tmp_path, Settings(fan_out=3, keep=True))
+    with pytest.raises(RuntimeError):
+        scenario.run()
+    queues, topics, backlog = _entities(namespace_pair)
+    assert sorted(queues) == sorted([scenario.queue, *scenario.fan_queues]) and topics == [scenario.topic]
+    assert backlog == [f"{scenario.prefix}/x-servicebus-transfer/{i}" for i in range(2)]
+    assert all(name.startswith(scenario.prefix) for name in [*queues, *topics, *backlog])
+    assert "--keep" in scenario.report.notes[0]
