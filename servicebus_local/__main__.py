@@ -2,7 +2,7 @@
 
     python -m servicebus_local --name contoso --port 5672 [--control-port 5673] [--queue q1]... \
         [--topic events:audit,billing]... [--topology topology.yaml] [--key-name K --key V] [--tls-dir DIR] \
-        [--max-connections N]
+        [--max-connections N] [--link-idle-timeout 10m] [--connection-idle-timeout 60s] [--throttle N]
 
 Prints ``connection_string=<...>`` (one line), ``control_url=<...>`` when a control port is given and
 ``ca_file=<...>`` (the CA the admin client must trust: ``connection_verify=`` or ``REQUESTS_CA_BUNDLE``), then
@@ -12,6 +12,9 @@ one line on stderr, exit status 2, no traceback. ``--port 0`` / ``--control-port
 (or a dummy when the namespace checks no key); it is printed because starting the namespace is asking for it.
 ``--max-connections N`` sets the quota of concurrent AMQP connections (default 5,000, the service's): the
 connection after the N-th open one is answered and closed with ``amqp:resource-limit-exceeded``.
+``--link-idle-timeout`` (default 10m) and ``--connection-idle-timeout`` (default 60s) are the service's lifecycle
+timers (durations: ``20s``, ``10m``, ``1h`` or plain seconds); ``--throttle N`` grants N messages per second to the
+namespace and answers ``com.microsoft:server-busy`` beyond (0, the default, is off).
 """
 
 from __future__ import annotations
@@ -26,7 +29,13 @@ from types import FrameType
 
 import yaml
 
-from servicebus_local.server import DEFAULT_MAX_CONNECTIONS, LocalNamespace
+from servicebus_local.durations import parse_seconds
+from servicebus_local.server import (
+    DEFAULT_CONNECTION_IDLE_TIMEOUT,
+    DEFAULT_LINK_IDLE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    LocalNamespace,
+)
 from servicebus_local.tls import TLS_DIR_ENV
 from servicebus_local.topology import TopologyError, load_topology
 
@@ -45,6 +54,26 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _duration(text: str) -> float:
+    try:
+        value = parse_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"cannot be negative, not {value}")
     return value
 
 
@@ -86,6 +115,35 @@ def build_parser() -> argparse.ArgumentParser:
         help=(
             "quota of concurrent AMQP connections: the next one is answered and closed with "
             f"amqp:resource-limit-exceeded, as by the service (default: {DEFAULT_MAX_CONNECTIONS})"
+        ),
+    )
+    p.add_argument(
+        "--link-idle-timeout",
+        type=_duration,
+        default=DEFAULT_LINK_IDLE_TIMEOUT,
+        metavar="DURATION",
+        help=(
+            "a sender or receiver link with no transfer for this long is detached with amqp:link:detach-forced "
+            "(IdleTimerExpired), as by the service (20s, 10m, 1h or seconds; default: 10m)"
+        ),
+    )
+    p.add_argument(
+        "--connection-idle-timeout",
+        type=_duration,
+        default=DEFAULT_CONNECTION_IDLE_TIMEOUT,
+        metavar="DURATION",
+        help=(
+            "a connection holding no link for this long is closed with amqp:connection:forced (default: 60s)"
+        ),
+    )
+    p.add_argument(
+        "--throttle",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help=(
+            "credits (messages) per second for the whole namespace; sends beyond are answered "
+            "com.microsoft:server-busy, as the Standard tier does (default: 0 = off)"
         ),
     )
     return p
@@ -158,6 +216,9 @@ def _start(args: argparse.Namespace, topics: dict[str, list[str]]) -> LocalNames
         control_port=args.control_port,
         topology=args.topology,
         max_connections=args.max_connections,
+        link_idle_timeout=args.link_idle_timeout,
+        connection_idle_timeout=args.connection_idle_timeout,
+        throttle=args.throttle,
     )
     try:
         ns.start()

@@ -12,7 +12,11 @@ Routes (POST bodies are JSON objects; a missing body is ``{}``)::
                                       operations, admin requests; see servicebus_local.counters) with the
                                       gauges "connections_open" and "connections_peak" (AMQP connections
                                       open now / most at once) and "connections_refused" (over the quota);
-                                      "max_connections" is the connection quota
+                                      "max_connections" is the connection quota; "lifecycle": the timers
+                                      ("link_idle_timeout", "connection_idle_timeout", seconds), "throttle"
+                                      (credits per second, 0 = off) and the counters "links_detached_idle",
+                                      "connections_closed_idle", "links_detached_token_expired",
+                                      "links_detached_fault", "connections_blackholed", "messages_throttled"
     POST /counters/reset              set every operation counter to 0 (the peak to the connections open now)
     POST /faults/refuse               stop listening (connections refused)
     POST /faults/accept               listen again
@@ -28,7 +32,13 @@ Routes (POST bodies are JSON objects; a missing body is ``{}``)::
     POST /faults/stall-entity         {"entity": "q1", "on": true|false}
     POST /faults/admin-error          {"method": "PUT", "path": "q1", "status": 500, "count": 1,
                                        "code": "", "detail": "..."}
-    POST /faults/clear                remove every fault
+    POST /faults/blackhole            {"on": true}   connections open now get no answer ever again (their
+                                      bytes are read and dropped); new connections are served normally
+    POST /faults/detach               {"entity": "q1" or null, "condition": "amqp:link:detach-forced",
+                                       "description": "..."}   detach the links of an entity (null: all)
+    POST /throttle                    {"credits_per_second": 1000}   messages per second for the namespace
+                                      beyond which sends get com.microsoft:server-busy (0 = off)
+    POST /faults/clear                remove every fault (the throttle is a setting: it stays)
 
 Answers ``{"ok": true}`` (or the status document); 400 with ``{"error": ...}`` for a bad body, 404 for an
 unknown route.
@@ -45,6 +55,13 @@ if TYPE_CHECKING:
     from servicebus_local.server import LocalNamespace
 
 __all__ = ["ControlServer"]
+
+
+def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, not {value!r}")
+    return value
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -131,6 +148,7 @@ class ControlServer:
         doc["connections"] = ns.connection_count
         doc["max_connections"] = ns.max_connections
         doc["counters"] = ns.counters()
+        doc["lifecycle"] = ns.lifecycle()
         return doc
 
     def apply(self, path: str, body: dict[str, Any]) -> bool:
@@ -170,6 +188,21 @@ class ControlServer:
                 str(body.get("code") or ""),
                 str(body.get("detail") or "injected fault"),
             )
+        elif path == "/faults/blackhole":
+            f.blackhole(_flag(body, "on", True))
+        elif path == "/faults/detach":
+            entity = body.get("entity")
+            if entity is not None and not isinstance(entity, str):
+                raise ValueError(f"entity must be a string or null, not {entity!r}")
+            kwargs = {k: str(body[k]) for k in ("condition", "description") if body.get(k) is not None}
+            f.detach(entity, **kwargs)
+        elif path == "/throttle":
+            if "credits_per_second" not in body:
+                raise ValueError("credits_per_second is required")
+            value = body["credits_per_second"]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"credits_per_second must be a whole number, not {value!r}")
+            f.set_throttle(value)
         elif path == "/faults/clear":
             f.clear()
         elif path == "/counters/reset":

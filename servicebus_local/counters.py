@@ -35,6 +35,12 @@ COUNTERS = (
     "settlements",  # dispositions of delivered messages (complete, abandon, dead-letter, defer, release)
     "management_operations",  # requests on $management nodes (see also management:<operation>)
     "admin_requests",  # HTTPS administration requests
+    "links_detached_idle",  # sender/receiver links detached for the link idle timeout (IdleTimerExpired)
+    "connections_closed_idle",  # connections closed for holding no link for the connection idle timeout
+    "links_detached_token_expired",  # links detached because their CBS token expired and was not renewed
+    "links_detached_fault",  # links detached by FaultController.detach
+    "connections_blackholed",  # connections silenced by FaultController.blackhole
+    "messages_throttled",  # messages refused with com.microsoft:server-busy by the namespace's throttle
 )
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "format_iso_duration",
     "iso_duration_seconds",
     "parse_iso_duration",
+    "parse_seconds",
 ]
 
 #: .NET ``TimeSpan.MaxValue``: what the service reports for "unlimited" TTL / auto-delete-on-idle and the largest
@@ -35,6 +36,25 @@ _ISO_DURATION = re.compile(
     re.IGNORECASE,
 )
 _UNIT_SECONDS = {"weeks": 604800, "days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
+
+
+_SHORT_DURATION = re.compile(r"^(?P<number>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>ms|s|m|h|d)?$", re.IGNORECASE)
+_SHORT_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_seconds(text: str) -> float:
+    """A command-line duration in seconds: ``20s``, ``10m``, ``1h``, ``1d``, ``500ms`` or plain seconds
+    (``90``, ``0.5``); an ISO-8601 duration (``PT10M``) is accepted too. Raises ``ValueError`` naming the
+    text otherwise (negative values included)."""
+    value = text.strip()
+    match = _SHORT_DURATION.match(value)
+    if match:
+        return float(match["number"]) * _SHORT_UNITS[(match["unit"] or "s").lower()]
+    if value[:1] in ("P", "p"):
+        seconds = iso_duration_seconds(value)
+        if seconds >= 0:
+            return float(seconds)
+    raise ValueError(f"{text!r} is not a duration (expected e.g. 20s, 10m, 1h or a number of seconds)")
 
 
 def iso_duration_seconds(text: str) -> Decimal:

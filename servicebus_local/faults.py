@@ -18,7 +18,10 @@ from dataclasses import dataclass
 
 from servicebus_local.model import AdminFault
 
-__all__ = ["FaultController", "SendFault"]
+__all__ = ["DEFAULT_DETACH_DESCRIPTION", "DetachRequest", "FaultController", "SendFault"]
+
+#: The description of a link detached by :meth:`FaultController.detach` when none is given.
+DEFAULT_DETACH_DESCRIPTION = "The link was force detached by the local namespace (injected fault)."
 
 
 @dataclass
@@ -29,6 +32,15 @@ class SendFault:
     condition: str
     description: str
     remaining: int | None
+
+
+@dataclass(frozen=True)
+class DetachRequest:
+    """Detach the links of ``entity`` (None: every entity link) with ``condition`` and ``description``."""
+
+    entity: str | None
+    condition: str
+    description: str
 
 
 @dataclass
@@ -55,6 +67,9 @@ class FaultController:
         self._drop_generation = 0
         self._close_generation = 0
         self._close_error = ("amqp:connection:forced", "closed by the local namespace")
+        self._blackhole_generation = 0
+        self._detach_requests: list[DetachRequest] = []
+        self._throttle = 0
         self._send_faults: dict[str, SendFault] = {}
         self._stalled_entities: set[str] = set()
         self._admin_rules: list[_AdminRule] = []
@@ -116,6 +131,46 @@ class FaultController:
             self._close_generation += 1
 
         self._change(bump)
+
+    def blackhole(self, on: bool = True) -> None:
+        """A middlebox's silent drop: every connection open now (AMQP or not yet identified) gets no answer ever
+        again: its bytes are read and dropped, nothing is written to it (no heartbeat, no detach, no close, no
+        FIN) until its client closes it. New connections are served normally. ``on=False`` changes nothing for
+        connections already blackholed (a dropped flow does not come back); it is accepted for symmetry with the
+        control API."""
+        if not on:
+            return
+
+        def bump() -> None:
+            self._blackhole_generation += 1
+
+        self._change(bump)
+
+    def detach(
+        self,
+        entity: str | None = None,
+        condition: str = "amqp:link:detach-forced",
+        description: str = DEFAULT_DETACH_DESCRIPTION,
+    ) -> None:
+        """Detach (closed) the sender and receiver links of ``entity`` on every connection with the AMQP error
+        ``condition`` / ``description``; None detaches every entity link. ``entity`` is a queue, a topic (its
+        senders and the receivers of its subscriptions) or ``topic/subscriptions/name``, case-insensitive. The
+        connections, their sessions and their CBS links stay. Returns once the namespace has sent the detaches."""
+        if not condition:
+            raise ValueError("condition must be a non-empty AMQP error condition")
+        request = DetachRequest(None if entity is None else _norm(entity), condition, description)
+        self._change(lambda: self._detach_requests.append(request))
+
+    def set_throttle(self, credits_per_second: int) -> None:
+        """Grant ``credits_per_second`` messages per second to the whole namespace (a token bucket holding one
+        second's worth; a batch costs one credit per message); transfers beyond are rejected with
+        ``com.microsoft:server-busy``. 0 turns throttling off."""
+        if isinstance(credits_per_second, bool) or int(credits_per_second) != credits_per_second:
+            raise ValueError(f"credits_per_second must be a whole number, not {credits_per_second!r}")
+        if credits_per_second < 0:
+            raise ValueError(f"credits_per_second cannot be negative, not {credits_per_second}")
+        with self._lock:
+            self._throttle = int(credits_per_second)
 
     # ------------------------------------------------------------------ entity faults
 
@@ -205,6 +260,21 @@ class FaultController:
         """(condition, description) of the latest :meth:`close_connections`."""
         return self._close_error
 
+    @property
+    def blackhole_generation(self) -> int:
+        return self._blackhole_generation
+
+    @property
+    def throttle(self) -> int:
+        """Messages per second granted to the namespace (0 = no throttling)."""
+        return self._throttle
+
+    def take_detach_requests(self) -> list[DetachRequest]:
+        """The detaches asked for since the last call (the server thread applies them)."""
+        with self._lock:
+            out, self._detach_requests = self._detach_requests, []
+            return out
+
     def send_fault(self, entity: str) -> tuple[str, str] | None:
         """The (condition, description) to reject a transfer to ``entity`` with, consuming one use."""
         if not self._send_faults:
@@ -252,6 +322,7 @@ class FaultController:
                 "refusing": self._refusing,
                 "stalled": self._stalled,
                 "latency": self._latency,
+                "throttle": self._throttle,
                 "send_faults": [
                     {"entity": f.entity, "condition": f.condition, "remaining": f.remaining}
                     for f in self._send_faults.values()

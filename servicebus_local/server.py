@@ -87,12 +87,19 @@ from servicebus_local.broker import (
     EntityAddress,
     Outcome,
 )
-from servicebus_local.clock import Clock
+from servicebus_local.clock import Clock, SystemClock
 from servicebus_local.counters import OperationCounters
-from servicebus_local.faults import FaultController
+from servicebus_local.faults import DetachRequest, FaultController
+from servicebus_local.sas import PREFIX as _SAS_PREFIX
 from servicebus_local.sas import check_sas
 
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "LocalNamespace", "connection_quota_description"]
+__all__ = [
+    "DEFAULT_CONNECTION_IDLE_TIMEOUT",
+    "DEFAULT_LINK_IDLE_TIMEOUT",
+    "DEFAULT_MAX_CONNECTIONS",
+    "LocalNamespace",
+    "connection_quota_description",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +113,19 @@ DEFAULT_MAX_CONNECTIONS = 5000
 _CONNECTION_QUOTA_CONDITION = "amqp:resource-limit-exceeded"
 #: How long a connection refused for the quota may stay to answer the close before its socket is closed.
 _REFUSED_GRACE = 5.0
+#: The service detaches a sender or receiver link with no transfer for 10 minutes (IdleTimerExpired).
+DEFAULT_LINK_IDLE_TIMEOUT = 600.0
+#: The service closes a connection that holds no link for a minute.
+DEFAULT_CONNECTION_IDLE_TIMEOUT = 60.0
+_LINK_DETACH_FORCED = "amqp:link:detach-forced"
+_CONNECTION_FORCED = "amqp:connection:forced"
+_SERVER_BUSY = "com.microsoft:server-busy"
+#: Link kinds that carry messages (idle timer, token expiry, injected detaches).
+_ENTITY_KINDS = frozenset({"send", "receive"})
+#: Link kinds that keep a connection from being idle (the $cbs links do not).
+_BUSY_KINDS = frozenset({"send", "receive", "pending-session", "mgmt-in", "mgmt-out"})
+#: How often lifecycle timers are looked at when the namespace reads a clock other than the system clock.
+_FAKE_CLOCK_POLL = 0.1
 
 
 def connection_quota_description(namespace: str, limit: int) -> str:
@@ -155,6 +175,8 @@ class _LinkState:
         "closed",
         "link",
         "conn",
+        "last_active",
+        "number",
     )
 
     def __init__(self, kind: str, link: Link, conn: _AmqpConnection) -> None:
@@ -171,6 +193,8 @@ class _LinkState:
         self.closed = False
         self.link = link
         self.conn = conn
+        self.last_active = 0.0  # the namespace clock's monotonic time of the link's latest transfer
+        self.number = 0
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -206,6 +230,11 @@ class _AmqpConnection:
         self.refused_at: float | None = None  # monotonic time its open was refused for the quota
         self.draining = False  # refused, closed on the AMQP level: read to the client's end, then close
         self.tick_deadline = 0.0  # monotonic time proton's next timer (a heartbeat) is due; 0 = none
+        # Lifecycle (namespace clock): since when the connection holds no link (None: it holds one or is not
+        # open yet) and, per CBS audience (entity path, "" = the namespace), when its token expires.
+        self.idle_since: float | None = None
+        self.token_deadlines: dict[str, float] = {}
+        self.token_expiry_wall: dict[str, float] = {}
 
     # ---------------------------------------------------------------- I/O
 
@@ -395,6 +424,30 @@ class _AmqpConnection:
             self.transport.unbind()
         self.server.conns.pop(self, None)
 
+    def detach_link(self, st: _LinkState, condition: str, description: str) -> None:
+        """Detach (closed) one link with an AMQP error; the connection, its session and other links stay."""
+        link = st.link
+        self.server.forget_link(st)
+        if link.state & Endpoint.LOCAL_ACTIVE:
+            link.condition = _condition(condition, description)
+            link.close()
+
+    def has_busy_link(self) -> bool:
+        """Whether the connection holds a link that keeps it from idling (any link but the $cbs pair)."""
+        return any(st.kind in _BUSY_KINDS and not st.closed for st in self.links)
+
+    def token_deadline(self, path: str) -> tuple[float, str] | None:
+        """(namespace-clock deadline, audience) of the latest-expiring CBS token put on this connection that
+        covers the entity ``path`` (an audience of the namespace, the entity or a parent of it), or None."""
+        key = path.strip("/").lower()
+        best: tuple[float, str] | None = None
+        for audience, deadline in self.token_deadlines.items():
+            if audience and audience != key and not key.startswith(audience + "/"):
+                continue
+            if best is None or deadline > best[0]:
+                best = (deadline, audience)
+        return best
+
     def close_with_error(self, condition: str, description: str) -> None:
         """Close the connection with an AMQP error (condition, description and an info map: the SDK reads all
         three)."""
@@ -444,6 +497,7 @@ class _AmqpConnection:
             if st is not None and link.is_sender and st.kind == "receive":
                 if link.credit > 0:
                     self.server.counters.add("receive_flows")
+                    st.last_active = self.server.clock.monotonic()
                 self.server.deliver(st)
         elif t == Event.LINK_REMOTE_OPEN:
             self.on_link_open(ev.link)
@@ -490,6 +544,9 @@ class _AmqpConnection:
         limit = self.server.max_connections
         if self.server.counters.admit_connection(limit):
             self.admitted = True
+            if not self.has_busy_link():
+                self.idle_since = self.server.clock.monotonic()
+                self.server.arm(self.idle_since + self.server.connection_idle_timeout)
             return
         self.refused_at = time.monotonic()
         name = self.server.broker.namespace_name
@@ -531,6 +588,13 @@ class _AmqpConnection:
         try:
             if not self.authorized:
                 raise BrokerError(UNAUTHORIZED, "Unauthorized access: no valid token was put on $cbs.")
+            covering = self.token_deadline(_node_name(address))
+            if covering is not None and self.server.clock.monotonic() >= covering[0]:
+                raise BrokerError(
+                    UNAUTHORIZED,
+                    f"Unauthorized access. ExpiredToken: the token for '{covering[1] or '/'}' is expired. "
+                    "Put a new token on $cbs.",
+                )
             if link.is_receiver:
                 addr = self.broker.resolve(address)
                 if addr.kind == "subscription" or addr.dead_letter or addr.management:
@@ -603,6 +667,13 @@ class _AmqpConnection:
         st.address = address
         link.sb_state = st
         self.links.add(st)
+        server = self.server
+        if st.kind in _BUSY_KINDS:
+            self.idle_since = None
+        if st.kind in _ENTITY_KINDS:
+            st.number = next(server.link_numbers)
+            st.last_active = server.clock.monotonic()
+            server.arm(st.last_active + server.link_idle_timeout)
 
     # ---------------------------------------------------------------- incoming transfers
 
@@ -620,6 +691,7 @@ class _AmqpConnection:
         if link.credit < _CREDIT_WINDOW // 2:
             link.flow(_CREDIT_WINDOW - link.credit)
         if st.kind == "send":
+            st.last_active = self.server.clock.monotonic()
             self.on_send(st, dlv, data, fmt)
         elif st.kind == "cbs-in":
             self.server.counters.add("cbs_put_tokens")
@@ -656,6 +728,10 @@ class _AmqpConnection:
         fault = faults.send_fault(st.addr.path)
         if fault is not None:
             _reject(dlv, fault[0], fault[1])
+            return
+        if not self.server.take_credits(len(payloads)):
+            counters.add("messages_throttled", len(payloads))
+            _reject(dlv, _SERVER_BUSY, self.server.throttled_description(st.addr))
             return
         if faults.entity_stalled(st.addr.path):
             st.held.append((dlv, payloads))
@@ -698,6 +774,8 @@ class _AmqpConnection:
                 status, description = 401, f"InvalidSignature: {reason}"
             else:
                 self.authorized = True
+        if status == 202:
+            self.record_token(app, token)
         reply = amqp.encode_reply(
             correlation_id_raw=mid_raw,
             application_properties={"status-code": status, "status-description": description},
@@ -705,6 +783,22 @@ class _AmqpConnection:
             to=reply_to,
         )
         self.send_reply("cbs-out", "$cbs", reply_to, reply, st)
+
+    def record_token(self, app: Mapping[Any, Any], token: Any) -> None:
+        """Remember when an accepted put-token's token expires (its SAS ``se``, else the request's
+        ``expiration``), for its audience: the links it covers are detached when it expires unless another
+        put-token for the same audience renews it. The lifetime left (against the wall clock that minted the
+        token) runs on the namespace's clock."""
+        audience = _str_or_none(app.get("name"))
+        text = token.decode("utf-8", "replace") if isinstance(token, bytes) else str(token or "")
+        expiry = _token_expiry(text, app.get("expiration"))
+        if audience is None or expiry is None:
+            return
+        key = _node_name(audience).lower()
+        deadline = self.server.clock.monotonic() + (expiry - time.time())
+        self.token_deadlines[key] = deadline
+        self.token_expiry_wall[key] = expiry
+        self.server.arm(deadline)
 
     def send_reply(
         self, kind: str, node: str, reply_to: str | None, payload: bytes, origin: _LinkState
@@ -780,6 +874,7 @@ class _AmqpConnection:
         link = st.link
         assert isinstance(link, Sender)
         self.server.counters.add("messages_delivered", len(items))
+        st.last_active = self.server.clock.monotonic()
         for d in items:
             tag = d.lock_token if d.lock_token is not None else next(st.tag_counter).to_bytes(8, "big")
             dlv = link.delivery(tag)  # type: ignore[arg-type]
@@ -789,6 +884,37 @@ class _AmqpConnection:
                 dlv.settle()
 
 
+class _Blackholed:
+    """A connection a blackhole silenced: what its client writes is read and dropped, nothing is ever written;
+    the socket is closed (and the connection leaves the quota) when the client closes its end."""
+
+    def __init__(self, server: _Server, sock: socket.socket, conn: _AmqpConnection | None) -> None:
+        self.server = server
+        self.sock = sock
+        self.conn = conn
+
+    def on_readable(self) -> None:
+        try:
+            data = self.sock.recv(262144)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.server.selector.unregister(self.sock)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self.server.black.pop(self.sock, None)
+        if self.conn is not None:
+            self.conn.release_quota()
+            with contextlib.suppress(Exception):
+                self.conn.transport.unbind()
+
+
 #: The events still handled on a connection refused for the quota (its close, its transport's end).
 _REFUSED_EVENTS = frozenset({Event.CONNECTION_REMOTE_CLOSE, Event.TRANSPORT_ERROR, Event.TRANSPORT_CLOSED})
 
@@ -796,6 +922,35 @@ _REFUSED_EVENTS = frozenset({Event.CONNECTION_REMOTE_CLOSE, Event.TRANSPORT_ERRO
 def _condition(name: str, description: str) -> Condition:
     """An AMQP error with an info map (the SDK reads ``error[2]``; proton drops an absent info)."""
     return Condition(name, description, {symbol("com.microsoft:tracking-id"): uuid.uuid4().hex})
+
+
+def _token_expiry(text: str, expiration: Any) -> float | None:
+    """A CBS token's expiry in epoch seconds: a SAS token's ``se``, else the put-token's ``expiration``
+    (a timestamp, or a number of seconds), else None (a token the namespace cannot date never expires)."""
+    if text.startswith(_SAS_PREFIX):
+        for pair in text[len(_SAS_PREFIX) :].split("&"):
+            key, _, value = pair.partition("=")
+            if key.strip() == "se":
+                with contextlib.suppress(ValueError):
+                    return float(int(value.strip()))
+    if isinstance(expiration, Timestamp):
+        return int(expiration) / 1000.0
+    if isinstance(expiration, (int, float)) and not isinstance(expiration, bool):
+        return float(expiration) / 1000.0 if expiration > 100_000_000_000 else float(expiration)
+    return None
+
+
+def _timespan(seconds: float) -> str:
+    """``seconds`` as .NET writes a TimeSpan (``00:10:00``, ``00:00:00.5000000``), as the service's messages do."""
+    ticks = round(seconds * 10_000_000)
+    whole, frac = divmod(ticks, 10_000_000)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}" + (f".{frac:07d}" if frac else "")
+
+
+def _utc_stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
 
 
 def _reject(dlv: Delivery, condition: str, description: str) -> None:
@@ -1056,6 +1211,17 @@ class _Server:
         self.key = ns._key
         self.key_name = ns.key_name
         self.max_connections = ns.max_connections
+        self.clock: Clock = self.broker.clock
+        self._system_clock = isinstance(self.clock, SystemClock)
+        self.link_idle_timeout = ns.link_idle_timeout
+        self.connection_idle_timeout = ns.connection_idle_timeout
+        self.link_numbers = itertools.count(1)
+        self._next_due = float("inf")  # namespace-clock time the next lifecycle timer is due
+        self._bucket_rate = 0
+        self._bucket = 0.0
+        self._bucket_at = 0.0
+        self._blackhole_generation = self.faults.blackhole_generation
+        self.black: dict[socket.socket, _Blackholed] = {}
         self.selector = selectors.DefaultSelector()
         self.conns: dict[_AmqpConnection, None] = {}
         self.sniffing: dict[socket.socket, float] = {}
@@ -1106,6 +1272,9 @@ class _Server:
             with contextlib.suppress(OSError):
                 s.close()
         self.sniffing.clear()
+        for b in list(self.black.values()):
+            b.close()
+        self.black.clear()
         if self.listener is not None:
             with contextlib.suppress(OSError):
                 self.listener.close()
@@ -1157,6 +1326,8 @@ class _Server:
                             pass
                 elif data == "sniff":
                     self._sniff(key.fileobj)  # type: ignore[arg-type]
+                elif isinstance(data, _Blackholed):
+                    data.on_readable()
                 elif isinstance(data, _AmqpConnection):
                     if mask & selectors.EVENT_READ:
                         data.on_readable()
@@ -1172,6 +1343,8 @@ class _Server:
                         last_tick = now
                     self._service_waiting()
                 self._service_stalled_links()
+                if self.clock.monotonic() >= self._next_due:
+                    self._check_lifecycle()
                 for c in list(self.conns):
                     if not c.closed:
                         if c.refused_at is not None and now - c.refused_at > _REFUSED_GRACE:
@@ -1197,7 +1370,175 @@ class _Server:
                 timeout = min(timeout, max(0.0, c.outq[0][0] - now))
             if c.tick_deadline:
                 timeout = min(timeout, max(0.0, c.tick_deadline - now))
+        if self._next_due != float("inf"):
+            if self._system_clock:
+                timeout = min(timeout, max(0.0, self._next_due - self.clock.monotonic()))
+            else:
+                timeout = min(timeout, _FAKE_CLOCK_POLL)
         return timeout
+
+    # ---------------------------------------------------------------- lifecycle timers and throttling
+
+    def arm(self, deadline: float) -> None:
+        """A lifecycle timer is due at ``deadline`` (namespace clock); the loop looks at it then."""
+        if deadline < self._next_due:
+            self._next_due = deadline
+            if threading.get_ident() != self._thread_ident:
+                self.wake()
+
+    def _check_lifecycle(self) -> None:
+        """Detach idle links and links whose token expired, close connections that hold no link for the
+        connection idle timeout; remember when the next of these timers is due."""
+        now = self.clock.monotonic()
+        self._next_due = float("inf")
+        due = float("inf")
+        for c in list(self.conns):
+            if c.closed or c.refused_at is not None or c.draining:
+                continue
+            if c.held():
+                due = min(due, now + 0.25)  # a stalled connection is looked at again when the stall ends
+                continue
+            if c.idle_since is not None:
+                deadline = c.idle_since + self.connection_idle_timeout
+                if now >= deadline:
+                    self.counters.add("connections_closed_idle")
+                    c.close_with_error(_CONNECTION_FORCED, self._idle_connection_description())
+                    continue
+                due = min(due, deadline)
+            for st in list(c.links):
+                if st.closed or st.kind not in _ENTITY_KINDS or st.addr is None:
+                    continue
+                covering = c.token_deadline(st.addr.path)
+                if covering is not None:
+                    if now >= covering[0]:
+                        self.counters.add("links_detached_token_expired")
+                        c.detach_link(st, UNAUTHORIZED, self._expired_token_description(c, st, covering[1]))
+                        continue
+                    due = min(due, covering[0])
+                deadline = st.last_active + self.link_idle_timeout
+                if now >= deadline:
+                    self.counters.add("links_detached_idle")
+                    c.detach_link(st, _LINK_DETACH_FORCED, self._idle_link_description(st))
+                    continue
+                due = min(due, deadline)
+            c.collect_output()
+        self._next_due = min(self._next_due, due)
+
+    def _tracking(self, st: _LinkState | None = None) -> str:
+        if st is not None and st.addr is not None:
+            return self._tracking_for(st.addr)
+        ns = self.broker.namespace_name
+        return f"TrackingId:{uuid.uuid4().hex}, SystemTracker:{ns}, Timestamp:{_utc_stamp()}"
+
+    def _idle_link_description(self, st: _LinkState) -> str:
+        role, kind = ("publisher", "Publisher") if st.kind == "send" else ("consumer", "Consumer")
+        return (
+            f"The link '{st.link.name}' is force detached. Code: {role}(link{st.number}). Details: "
+            f"AmqpMessage{kind}.IdleTimerExpired: Idle timeout: {_timespan(self.link_idle_timeout)}. "
+            + self._tracking(st)
+        )
+
+    def _idle_connection_description(self) -> str:
+        ms = round(self.connection_idle_timeout * 1000)
+        return (
+            f"The connection was inactive for more than the allowed {ms} milliseconds and is closed by container "
+            f"'spark-sb-local-{self.broker.namespace_name}'. " + self._tracking()
+        )
+
+    def _expired_token_description(self, c: _AmqpConnection, st: _LinkState, audience: str) -> str:
+        assert st.addr is not None
+        claim = "Send" if st.kind == "send" else "Listen"
+        expiry = c.token_expiry_wall.get(audience)
+        when = (
+            ""
+            if expiry is None
+            else time.strftime(" Expiration time: '%Y-%m-%d %H:%M:%SZ'.", time.gmtime(expiry))
+        )
+        return (
+            f"The link '{st.link.name}' is force detached. Code: RenewToken. Details: Unauthorized access. "
+            f"'{claim}' claim(s) are required to perform this operation. Resource: "
+            f"'sb://{self.host}:{self.port}/{st.addr.path}'. ExpiredToken: The token is expired.{when} "
+            + self._tracking(st)
+        )
+
+    def throttled_description(self, addr: EntityAddress) -> str:
+        ns = self.broker.namespace_name
+        return (
+            f"The request was terminated because the namespace {ns} is being throttled. Error code : 50009. "
+            "Please wait 2 seconds and try again. To know more visit https://aka.ms/sbResourceMgrExceptions "
+            + self._tracking_for(addr)
+        )
+
+    def _tracking_for(self, addr: EntityAddress) -> str:
+        ns = self.broker.namespace_name
+        return (
+            f"TrackingId:{uuid.uuid4().hex}, SystemTracker:{ns}:{addr.kind.capitalize()}:{addr.path}, "
+            f"Timestamp:{_utc_stamp()}"
+        )
+
+    def take_credits(self, n: int) -> bool:
+        """Spend ``n`` credits of the namespace's throttle (a token bucket of one second's worth, refilled at
+        ``FaultController.throttle`` per second on the namespace clock); False if they are not there. A batch
+        larger than the bucket passes when the bucket is full (and leaves it in debt)."""
+        rate = self.faults.throttle
+        if rate <= 0:
+            self._bucket_rate = 0
+            return True
+        now = self.clock.monotonic()
+        if rate != self._bucket_rate:
+            self._bucket_rate, self._bucket, self._bucket_at = rate, float(rate), now
+        else:
+            self._bucket = min(float(rate), self._bucket + (now - self._bucket_at) * rate)
+            self._bucket_at = now
+        if self._bucket < min(n, rate):
+            return False
+        self._bucket -= n
+        return True
+
+    def _blackhole(self) -> None:
+        """Silence every connection open now (see ``FaultController.blackhole``)."""
+        for c in list(self.conns):
+            if c.closed:
+                continue
+            for st in list(c.links):
+                self.forget_link(st)
+            c.links.clear()
+            c.outq.clear()
+            c.closed = True  # the loop never ticks, answers or closes it again
+            self.conns.pop(c, None)
+            self._watch_black(_Blackholed(self, c.sock, c))
+        for s in list(self.sniffing):
+            self.sniffing.pop(s, None)
+            self._watch_black(_Blackholed(self, s, None))
+
+    def _watch_black(self, b: _Blackholed) -> None:
+        self.counters.add("connections_blackholed")
+        self.black[b.sock] = b
+        try:
+            self.selector.modify(b.sock, selectors.EVENT_READ, b)
+        except (KeyError, ValueError):
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self.selector.register(b.sock, selectors.EVENT_READ, b)
+
+    def _apply_detaches(self, requests: list[DetachRequest]) -> None:
+        for req in requests:
+            for c in list(self.conns):
+                if c.closed:
+                    continue
+                for st in list(c.links):
+                    if st.closed or st.kind not in _ENTITY_KINDS or st.addr is None:
+                        continue
+                    path = st.addr.path.lower()
+                    if (
+                        req.entity is not None
+                        and path != req.entity
+                        and not path.startswith(req.entity + "/")
+                    ):
+                        continue
+                    self.counters.add("links_detached_fault")
+                    c.detach_link(st, req.condition, req.description)
+                c.collect_output()
+                c.flush()
 
     def _accept(self) -> None:
         if self.listener is None:
@@ -1292,6 +1633,12 @@ class _Server:
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     s.close()
             self.sniffing.clear()
+        if f.blackhole_generation != self._blackhole_generation:
+            self._blackhole_generation = f.blackhole_generation
+            self._blackhole()
+        detaches = f.take_detach_requests()
+        if detaches:
+            self._apply_detaches(detaches)
         if f.close_generation != self._close_generation:
             self._close_generation = f.close_generation
             for c in list(self.conns):
@@ -1395,7 +1742,17 @@ class _Server:
         self.pending_sessions.discard(st)
         self.stalled_links.discard(st)
         st.held.clear()
-        st.conn.links.discard(st)
+        conn = st.conn
+        conn.links.discard(st)
+        if (
+            st.kind in _BUSY_KINDS
+            and conn.admitted
+            and conn.idle_since is None
+            and not conn.closed
+            and not conn.has_busy_link()
+        ):
+            conn.idle_since = self.clock.monotonic()
+            self.arm(conn.idle_since + self.connection_idle_timeout)
         if st.kind == "receive" and st.session_id is not None and st.addr is not None:
             self.broker.release_session(st.addr, st.session_id, st)
         with contextlib.suppress(AttributeError, KeyError):
@@ -1438,10 +1795,23 @@ class LocalNamespace:
         control_port: int | None = None,
         topology: str | os.PathLike[str] | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        link_idle_timeout: float = DEFAULT_LINK_IDLE_TIMEOUT,
+        connection_idle_timeout: float = DEFAULT_CONNECTION_IDLE_TIMEOUT,
+        throttle: int = 0,
     ) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, not {max_connections}")
+        for option, value in (
+            ("link_idle_timeout", link_idle_timeout),
+            ("connection_idle_timeout", connection_idle_timeout),
+        ):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"{option} must be a positive number of seconds, not {value!r}")
         self.name = name
+        #: Seconds a sender or receiver link may go without a transfer before it is detached (IdleTimerExpired).
+        self.link_idle_timeout = float(link_idle_timeout)
+        #: Seconds a connection may hold no link (the $cbs pair aside) before it is closed.
+        self.connection_idle_timeout = float(connection_idle_timeout)
         #: Concurrent AMQP connections allowed; the next one is refused with amqp:resource-limit-exceeded.
         self.max_connections = max_connections
         self.host = host
@@ -1449,6 +1819,10 @@ class LocalNamespace:
         self.key_name = key_name
         self._key = key
         self.faults = FaultController()
+        try:
+            self.faults.set_throttle(throttle)
+        except ValueError as exc:
+            raise ValueError(f"throttle: {exc}") from None
         self._counters = OperationCounters()
         self.broker = Broker(name, clock=clock, faults=self.faults)
         for q in queues:
@@ -1597,6 +1971,26 @@ class LocalNamespace:
 
     def reset_counters(self) -> None:
         self._counters.reset()
+
+    @property
+    def throttle(self) -> int:
+        """Messages per second granted to the namespace now (0 = no throttling); see ``faults.set_throttle``."""
+        return self.faults.throttle
+
+    def lifecycle(self) -> dict[str, Any]:
+        """The lifecycle timers and the throttle as plain data (the control API's status carries it)."""
+        counters = self._counters.snapshot()
+        return {
+            "link_idle_timeout": self.link_idle_timeout,
+            "connection_idle_timeout": self.connection_idle_timeout,
+            "throttle": self.faults.throttle,
+            "links_detached_idle": counters["links_detached_idle"],
+            "connections_closed_idle": counters["connections_closed_idle"],
+            "links_detached_token_expired": counters["links_detached_token_expired"],
+            "links_detached_fault": counters["links_detached_fault"],
+            "connections_blackholed": counters["connections_blackholed"],
+            "messages_throttled": counters["messages_throttled"],
+        }
 
     @property
     def connections_open(self) -> int:
