@@ -34,6 +34,16 @@ it is then closed with ``amqp:resource-limit-exceeded`` (:func:`connection_quota
 counts from its accepted open until its close (the peer's close frame or the socket's end); the HTTPS admin
 connections on the same port do not count. ``counters()`` carries ``connections_open``, ``connections_peak``
 and ``connections_refused``.
+
+Lifecycle, as the service (timers on the namespace's clock, looked at when the earliest is due):
+``link_idle_timeout`` (10 min) detaches a sender/receiver link with no transfer or receive call
+(``amqp:link:detach-forced``, IdleTimerExpired); ``connection_idle_timeout`` (60 s) closes a connection holding no
+link but its ``$cbs`` pair (``amqp:connection:forced``); a link whose covering CBS token (same audience, or the
+namespace's, or a parent entity's) expired without a renewing put-token is detached with
+``amqp:unauthorized-access``; ``throttle`` (``FaultController.set_throttle``) refuses transfers beyond N messages
+per second with ``com.microsoft:server-busy``. ``FaultController.blackhole`` turns the connections open now into
+:class:`_Blackholed` sockets (read and dropped, never written, closed when the client closes them) and
+``FaultController.detach`` detaches links on demand.
 """
 
 from __future__ import annotations
