@@ -223,6 +223,9 @@ TEND_EVERY = 0.5
 #: idle for 10 minutes (``detach-forced``, "IdleTimerExpired"), a token that expired (``unauthorized-access`` on a
 #: link that was authorized), a connection without links for a minute (``connection:forced``). A send that meets
 #: one is made once more on a fresh link or connection, within its own deadline, and never counts as a failure.
+#: A renewed call needs at least this much of its deadline left (a fresh link on a live connection: a few round trips).
+RENEW_AT_LEAST = 0.05
+
 RENEWABLE = frozenset({"amqp:link:detach-forced", "amqp:unauthorized-access", "amqp:connection:forced"})
 
 
@@ -358,12 +361,17 @@ class _Conn:
         is dropped either way (reopened on next use)."""
         deadline = time.monotonic() + timeout
         sender = self.sender(entity, timeout, may_connect)
+        link = getattr(
+            getattr(sender, "_handler", None), "_link", None
+        )  # the SDK replaces the handler on errors
         try:
             return fn(sender, deadline - time.monotonic())
         except Exception as exc:
+            # The SDK reports a detach met during a send as an unknown error; the link keeps what the service said.
+            ended = _ended_by_service(link, self.connection)
             self.drop(entity)
             left = deadline - time.monotonic()
-            if not renewable(exc) or left <= SDK_MARGIN:
+            if not (renewable(exc) or ended in RENEWABLE) or left <= RENEW_AT_LEAST:
                 raise
             _LOGGER.info(
                 "the service ended a link (%s): the call is made once more on a fresh one", condition_of(exc)
@@ -529,6 +537,29 @@ def _attached(sender: ServiceBusSender) -> bool:
 
     link = getattr(getattr(sender, "_handler", None), "_link", None)
     return link is None or link.state == LinkState.ATTACHED
+
+
+def sdk_timeout(left: float) -> float:
+    """The SDK's own timeout for a call with ``left`` seconds to its deadline: :data:`SDK_MARGIN` earlier (a
+    quarter of ``left`` when that is less), so that the SDK gives up first and a stalled entity costs its link,
+    not the shared connection. Pure."""
+    return max(0.02, left - min(SDK_MARGIN, 0.25 * left))
+
+
+def _condition_text(error: Any) -> str | None:
+    condition = getattr(error, "condition", None)
+    if condition is None:
+        return None
+    condition = getattr(condition, "value", condition)
+    return condition.decode("utf-8", "replace") if isinstance(condition, bytes) else str(condition)
+
+
+def _ended_by_service(link: Any, connection: Any) -> str | None:
+    """The error condition with which the service detached ``link`` or closed ``connection``, if it did (pyamqp
+    keeps it on the link and the connection); None otherwise. No I/O."""
+    return _condition_text(getattr(link, "_error", None)) or _condition_text(
+        getattr(connection, "_error", None)
+    )
 
 
 def renewable(exc: BaseException) -> bool:
@@ -796,7 +827,7 @@ class SdkTransport:
         def on_link(sender: ServiceBusSender, left: float) -> Any:
             # The SDK's own timeout ends a send on an open link a little before the lane's deadline: a stalled
             # entity then costs its link only, not the connection every other entity uses.
-            sender.send_messages(payload, timeout=max(0.05, left - SDK_MARGIN))
+            sender.send_messages(payload, timeout=sdk_timeout(left))
             return getattr(sender, "_max_batch_size_on_link", None)
 
         def send(conn: _Conn) -> Any:
@@ -872,9 +903,7 @@ class SdkTransport:
         sdk_message = message.to_sdk()
         numbers = self._call(
             target,
-            lambda sender, left: sender.schedule_messages(
-                sdk_message, at, timeout=max(0.05, left - SDK_MARGIN)
-            ),
+            lambda sender, left: sender.schedule_messages(sdk_message, at, timeout=sdk_timeout(left)),
             timeout,
         )
         return int(numbers[0])
@@ -882,9 +911,7 @@ class SdkTransport:
     def cancel_scheduled(self, target: Target, sequence_number: int, timeout: float) -> None:
         self._call(
             target,
-            lambda sender, left: sender.cancel_scheduled_messages(
-                sequence_number, timeout=max(0.05, left - SDK_MARGIN)
-            ),
+            lambda sender, left: sender.cancel_scheduled_messages(sequence_number, timeout=sdk_timeout(left)),
             timeout,
         )
 
