@@ -380,6 +380,7 @@ _NAMESPACE_READERS: dict[str, Callable[[Any, str], Any]] = {
     "connection_string": _parse_secret_text,
     "fully_qualified_namespace": _parse_str,
     "namespace_name": _parse_str,
+    "use_development_emulator": _parse_bool,
     "credential.kind": _choice("credential.kind", "kind", CREDENTIAL_KINDS).read,
     "credential.tenant_id": _parse_str,
     "credential.client_id": _parse_str,
@@ -485,6 +486,9 @@ class NamespaceConfig:
     fully_qualified_namespace: str | None = None
     credential: CredentialConfig | None = None
     namespace_name: str | None = None
+    #: A local namespace or the Service Bus emulator reached with ``fully_qualified_namespace`` + ``credential``:
+    #: plain AMQP (no TLS) on the given port, as ``UseDevelopmentEmulator=true`` does in a connection string.
+    use_development_emulator: bool = False
 
     def check(self, prefix: str) -> None:
         """Raise :class:`ConfigError` with keys under ``prefix`` (``primary``/``secondary``) if invalid."""
@@ -563,6 +567,8 @@ class NamespaceConfig:
         if self.connection_string is not None:
             return ServiceBusClient.from_connection_string(self.connection_string.reveal(), **options)
         assert self.credential is not None
+        if self.use_development_emulator:
+            options.setdefault("use_tls", False)
         return ServiceBusClient(self._bare_fqns(), self.credential.build(), **options)
 
     def admin_client(self, retry: RetryConfig | None = None, **kwargs: Any) -> ServiceBusAdministrationClient:
@@ -805,6 +811,8 @@ class ServiceBusConfig:
                     )
             if ns.namespace_name is not None:
                 out[f"{prefix}.namespace_name"] = ns.namespace_name
+            if ns.use_development_emulator:
+                out[f"{prefix}.use_development_emulator"] = "true"
         for f in fields(self):
             setting = _BY_FIELD.get(f.name)
             v = getattr(self, f.name)
@@ -914,6 +922,7 @@ def _build(flat: Mapping[str, Any], resolver: _Resolver) -> ServiceBusConfig:
             fully_qualified_namespace=keys.get("fully_qualified_namespace"),
             credential=cred,
             namespace_name=keys.get("namespace_name"),
+            use_development_emulator=bool(keys.get("use_development_emulator", False)),
         )
 
     primary = namespace("primary")

@@ -610,3 +610,15 @@ def test_client_kwargs_bound_every_attempt_with_send_timeout() -> None:
         "retry_mode": "exponential",
         "try_timeout": 7.0,
     }
+
+
+def test_a_credential_namespace_on_a_local_emulator_speaks_plain_amqp() -> None:
+    """primary.use_development_emulator: fully_qualified_namespace + credential to a local namespace (plain AMQP on
+    its port), as UseDevelopmentEmulator=true does in a connection string; round-trips through the options."""
+    plain = {"primary.fully_qualified_namespace": "127.0.0.1:5672", "primary.credential.kind": "default"}
+    c = ServiceBusConfig.from_options({**plain, "primary.use_development_emulator": "true"})
+    assert c.primary.use_development_emulator is True
+    assert ServiceBusConfig.from_options(c.to_options()) == c
+    assert ServiceBusConfig.from_options(plain).primary.use_development_emulator is False
+    with pytest.raises(ConfigError, match="primary.use_development_emulator"):
+        ServiceBusConfig.from_options({**plain, "primary.use_development_emulator": "maybe"})
