@@ -111,7 +111,7 @@ class FaultController:
         self._change(lambda: setattr(self, "_latency", float(seconds)))
 
     def drop_connections(self) -> None:
-        """Close every live connection abruptly (TCP reset)."""
+        """Close every live connection abruptly (TCP reset), blackholed ones included."""
 
         def bump() -> None:
             self._drop_generation += 1

@@ -913,9 +913,13 @@ class _Blackholed:
         if not data:
             self.close()
 
-    def close(self) -> None:
+    def close(self, *, abrupt: bool = False) -> None:
+        """Close the socket (``abrupt``: with a TCP reset, as ``drop_connections`` does)."""
         with contextlib.suppress(KeyError, ValueError):
             self.server.selector.unregister(self.sock)
+        if abrupt:
+            with contextlib.suppress(OSError):
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         with contextlib.suppress(OSError):
             self.sock.close()
         self.server.black.pop(self.sock, None)
@@ -1636,6 +1640,8 @@ class _Server:
             self._drop_generation = f.drop_generation
             for c in list(self.conns):
                 c.close(abrupt=True)
+            for b in list(self.black.values()):
+                b.close(abrupt=True)
             for s in list(self.sniffing):
                 with contextlib.suppress(KeyError, ValueError):
                     self.selector.unregister(s)

@@ -143,10 +143,10 @@ def test_an_idle_sender_link_is_detached_with_idle_timer_expired(
 
 
 def test_transfers_keep_a_link_alive(make_ns: Callable[..., LocalNamespace]) -> None:
-    ns = make_ns(link_idle_timeout=0.6)
+    ns = make_ns(link_idle_timeout=1.0)
     with client(ns) as c, c.get_queue_sender("q") as s:
         send(s)
-        end = time.monotonic() + 1.5  # 2.5 idle timeouts, a send every 0.2 s
+        end = time.monotonic() + 2.0  # two idle timeouts, a send every 0.2 s
         while time.monotonic() < end:
             send(s)
             time.sleep(0.2)  # the pace of the sender under test, not a wait for the namespace
@@ -275,11 +275,11 @@ def test_a_link_whose_token_expired_is_detached_unauthorized(
     make_ns: Callable[..., LocalNamespace], received: Callable[[str], list[str]]
 ) -> None:
     ns = make_ns(key="lifecycle-key")
-    credential = ShortSasCredential(ns, lifetime=2)  # too short for the SDK to renew (10% = 0 s)
+    credential = ShortSasCredential(ns, lifetime=3)  # too short for the SDK to renew (10% = 0 s)
     with (
         token_client(ns, credential) as c,
         c.get_queue_sender("q") as s,
-        token_client(ns, ShortSasCredential(ns, lifetime=2)) as watched,
+        token_client(ns, ShortSasCredential(ns, lifetime=3)) as watched,
         watched.get_queue_sender("q") as w,
     ):
         send(s, "before")
@@ -315,7 +315,7 @@ def test_a_plain_sdk_sender_renews_its_token_and_keeps_its_link(
     make_ns: Callable[..., LocalNamespace],
 ) -> None:
     """pyamqp renews a token in the last 10% of its life, when the sender next pumps its connection (each send
-    does): 10 s tokens and a send every 0.25 s for 12 s, no detach, one connection."""
+    does): 10 s tokens and a send every 0.1 s for 12 s, no detach, one connection."""
     ns = make_ns(key="lifecycle-key")
     credential = ShortSasCredential(ns, lifetime=10)
     with token_client(ns, credential) as c, c.get_queue_sender("q") as s:
@@ -325,7 +325,7 @@ def test_a_plain_sdk_sender_renews_its_token_and_keeps_its_link(
         while time.monotonic() < end:
             send(s)
             sent += 1
-            time.sleep(0.25)  # the sender's pace
+            time.sleep(0.1)  # the sender's pace
     assert credential.issued >= 2
     assert count(ns, "cbs_put_tokens") >= 2
     assert count(ns, "links_detached_token_expired") == 0
@@ -630,3 +630,20 @@ def test_cli_rejects_bad_lifecycle_options(
         build_parser().parse_args(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_drop_resets_blackholed_connections_too(make_ns: Callable[..., LocalNamespace]) -> None:
+    ns = make_ns()
+    with client(ns) as c, c.get_queue_sender("q") as s:
+        send(s)
+        ns.faults.blackhole()
+        assert ns.counters()["connections_open"] == 1
+        ns.faults.drop_connections()
+        assert ns.counters()["connections_open"] == 0
+        # the reset wakes the SDK at once: its next send fails fast instead of timing out, the one after works
+        started = time.monotonic()
+        with pytest.raises(ServiceBusConnectionError):
+            send(s, timeout=10)
+        assert time.monotonic() - started < 5
+        send(s)
+    assert queued(ns) == 2
