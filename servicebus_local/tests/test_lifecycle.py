@@ -12,6 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -647,3 +651,50 @@ def test_drop_resets_blackholed_connections_too(make_ns: Callable[..., LocalName
         assert time.monotonic() - started < 5
         send(s)
     assert queued(ns) == 2
+
+
+def test_cli_starts_a_namespace_with_its_lifecycle_options() -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "servicebus_local",
+            "--port",
+            "0",
+            "--control-port",
+            "0",
+            "--queue",
+            "q",
+            "--link-idle-timeout",
+            "20s",
+            "--connection-idle-timeout",
+            "2m",
+            "--throttle",
+            "5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        control_url = proc.stdout.readline().strip().split("=", 1)[1]
+        with urllib.request.urlopen(f"{control_url}/status", timeout=5) as resp:
+            lifecycle = json.loads(resp.read())["lifecycle"]
+        assert (
+            lifecycle["link_idle_timeout"],
+            lifecycle["connection_idle_timeout"],
+            lifecycle["throttle"],
+        ) == (
+            20.0,
+            120.0,
+            5,
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
