@@ -556,6 +556,11 @@ class Scenario:
                 out.total_diverted == len(rows) and took <= fi + s.slack,
             )
             self.set_status(self.fan_queues, ACTIVE)
+            if fi + s.slack >= n * fi:
+                r.notes.append(
+                    f"the fan-out check cannot tell one failover_interval from {n}: use more queues (--fan-out) "
+                    "or a smaller --slack"
+                )
 
         # 5. the same through format("servicebus"), when this tree has it
         ds_diverted = self._datasource_step()

@@ -26,7 +26,9 @@ pytestmark = pytest.mark.local
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_scenario_against_two_local_namespaces(spark: Any, namespace_pair: Any, tmp_path: Path) -> None:
+def test_scenario_against_two_local_namespaces(
+    spark: Any, namespace_pair: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     settings = Settings(
         rows=40,
         fan_out=8,
@@ -40,7 +42,10 @@ def test_scenario_against_two_local_namespaces(spark: Any, namespace_pair: Any, 
         spark, local_backend(namespace_pair.primary, namespace_pair.secondary), tmp_path, settings, say=print
     )
     table = report.format_table()
-    print(table)
+    out, err = capfd.readouterr()
+    keys = {namespace_pair.primary.key, namespace_pair.secondary.key}
+    assert not [k for k in keys if k in out + err + table], "a key in the run's output"
+    print(out + table)  # shown with -s or -rP
     # Everything the run created is gone; nothing else was there to begin with.
     for ns in (namespace_pair.primary, namespace_pair.secondary):
         with ns.admin_client() as admin:
