@@ -11,13 +11,16 @@ partition tasks run in that session's Python workers as in production. Steps:
    healthy batch: every row to the primary;
 3. the queue's status is set to ``SendDisabled`` (the admin API; the service answers ``entity-disabled``): the
    next batch is diverted, and its wall time is the diversion time (expected: ``failover_interval`` + slack);
-4. status back to ``Active``: after the probe new rows go to the primary again; the syphon job's query
-   (:func:`spark_sb.syphon_job.run_syphon`, what ``jobs/syphon.py --once`` runs) moves the backlog back;
-5. fan-out: rows over the N queues, all ``SendDisabled`` at once: the outage batch costs about one
-   ``failover_interval``, not N of them; then they are restored and the syphon moves their backlog back;
-6. every produced id is compared, as sets, with what the primary entities hold: 0 lost, 0 duplicates; the Delta
-   tables record the diversions and state changes;
-7. everything created is deleted in a ``finally`` (also after a failure or Ctrl-C) unless ``keep``.
+4. status back to ``Active``: after the probe new rows go to the primary again;
+5. fan-out: rows over the N queues, all ``SendDisabled`` at once: the outage batch should cost about one
+   ``failover_interval``, not N of them; then they are restored;
+6. a healthy and a ``SendDisabled`` batch through ``format("servicebus")`` (a second query, its own sink id and
+   state tables; skipped with a note where ``spark_sb.datasource`` is missing);
+7. the syphon job's query (:func:`spark_sb.syphon_job.run_syphon` with ``once``, what ``jobs/syphon.py --once``
+   runs) moves every backlog back, pass after pass until the backlog is empty (at most ``syphon_passes``);
+8. every produced id is compared, as sets, with what the primary entities hold: 0 lost, 0 duplicates; the Delta
+   events table records the diversions and state changes;
+9. everything created is deleted in a ``finally`` (also after a failure or Ctrl-C) unless ``keep``.
 
 Only configuration crosses to the executors (the sink pickles its config); every client is built where it is
 used. Secrets never reach the report: entities are named by their prefix, namespaces by host.
@@ -28,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -599,9 +602,3 @@ def run_scenario(
 ) -> Report:
     """Run the scenario against ``backend`` and return its report (driver)."""
     return Scenario(spark, backend, workdir, settings, say=say, clock=clock).run()
-
-
-def settings_from(values: Mapping[str, Any]) -> Settings:
-    """Settings from a mapping of field names (the CLI's parsed options)."""
-    names = set(Settings.__dataclass_fields__)
-    return Settings(**{k: v for k, v in values.items() if k in names and v is not None})
