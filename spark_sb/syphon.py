@@ -69,6 +69,23 @@ DEAD_LETTER_PROPERTIES = ("DeadLetterReason", "DeadLetterErrorDescription")
 LOCK_SAFETY_MARGIN = timedelta(seconds=2)
 
 
+def token_expired(exc: BaseException) -> bool:
+    """The SDK refused a call because the client's token expired (pyamqp's ``TokenExpired``, raised as
+    ``ServiceBusAuthenticationError``), or the namespace detached the link for an expired token
+    (``amqp:unauthorized-access`` with "expired"). Pure."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the cause chain, bounded
+        if seen is None:
+            break
+        text = f"{type(seen).__name__} {seen}".lower()
+        if "tokenexpired" in text or (
+            "expired" in text and ("authentication" in text or "unauthorized" in text)
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 @dataclass
 class SyphonOutcome:
     """What one drain did. Small and picklable (the Spark syphon job returns these from executors).
@@ -467,6 +484,7 @@ class Syphon:
         lane = self._lane(queue, dead_letter)
         parked: Pairs = []  # dead-lettered on purpose: held (locked) through the pass, abandoned at its end
         batches = 0
+        renewed = False  # one fresh receiver per drain for a token that expired while it idled (SPEC L3)
         try:
             while (max_batches is None or batches < max_batches) and not self._cancelled.is_set():
                 if until is not None and self.clock.monotonic() >= until:
@@ -476,6 +494,15 @@ class Syphon:
                 try:
                     messages = lane.call(receive, wait + float(self.config.send_timeout))
                 except Exception as exc:  # noqa: BLE001 - B11: a faulted receiver is replaced; the loop goes on
+                    if not renewed and token_expired(exc):
+                        # The receiver idled past its token's life (the SDK renews a token only inside its own
+                        # calls, and refuses to renew one that expired): a fresh receiver, with a fresh token.
+                        renewed = True
+                        log.info("syphon: the receiver of %s idled past its token's expiry; renewed", queue)
+                        self._replace_receiver(queue, dead_letter, "token expired")
+                        lane = self._lane(queue, dead_letter)
+                        self._add(into, outcome)
+                        continue
                     outcome.errors.append(f"{queue}: receive failed: {type(exc).__name__}")
                     log.warning(
                         "syphon: receive from %s failed (%s); receiver replaced", queue, type(exc).__name__

@@ -62,3 +62,23 @@ def test_outcome_merge_adds_counts_per_entity() -> None:
     m = a.merge(b)
     assert (m.received, m.forwarded, m.expired, m.abandoned, m.errors) == (5, {"a": 3, "b": 1}, 1, 1, ["e"])
     assert m.forwarded_total == 4
+
+
+def test_token_expired_tells_an_expired_token_from_other_refusals() -> None:
+    from azure.servicebus.exceptions import ServiceBusAuthenticationError, ServiceBusConnectionError
+
+    from spark_sb.syphon import token_expired
+
+    class TokenExpired(Exception):  # pyamqp's, by name
+        pass
+
+    wrapped = ServiceBusAuthenticationError(message="CBS Authentication Expired.")
+    wrapped.__cause__ = TokenExpired("CBS Authentication Expired.")
+    assert token_expired(wrapped)
+    assert token_expired(
+        ServiceBusConnectionError(message="amqp:unauthorized-access: ExpiredToken: the token is expired")
+    )
+    assert not token_expired(
+        ServiceBusAuthenticationError(message="InvalidSignature: the token has an invalid signature")
+    )
+    assert not token_expired(ServiceBusConnectionError(message="connection refused"))
