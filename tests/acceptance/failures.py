@@ -104,6 +104,11 @@ def explain(exc: BaseException, where: str, secrets: Iterable[str] = ()) -> str:
             f"{where}: the namespace is throttling requests (server busy / HTTP 429): wait a minute and run "
             "again, or use a namespace with less traffic or a higher tier"
         )
+    elif "basic tier" in text or ("not supported" in text and "tier" in text):
+        line = (
+            f"{where}: the namespace's tier does not support what the run creates (topics, duplicate "
+            f"detection): use a Standard or Premium namespace ({said})"
+        )
     elif "timed out" in text or "timeout" in text:
         line = (
             f"{where}: no answer in time: check the network path to the namespace (proxy, firewall) ({said})"

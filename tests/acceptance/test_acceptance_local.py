@@ -4,6 +4,7 @@ Manage rights, throttling), with no secret in any output."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -15,7 +16,8 @@ from typing import Any
 import pytest
 
 from tests.acceptance.__main__ import main
-from tests.acceptance.backends import local_backend
+from tests.acceptance.backends import azure_backend, local_backend
+from tests.acceptance.failures import explain
 from tests.acceptance.scenario import Scenario, Settings, run_scenario
 
 REPO = Path(__file__).resolve().parents[2]
@@ -231,3 +233,36 @@ def test_keep_leaves_the_entities_for_inspection(namespace_pair: Any, tmp_path: 
     assert backlog == [f"{scenario.prefix}/x-servicebus-transfer/{i}" for i in range(2)]
     assert all(name.startswith(scenario.prefix) for name in [*queues, *topics, *backlog])
     assert "--keep" in scenario.report.notes[0]
+
+
+def test_basic_tier_is_one_line(keyed: KeyedPair, tmp_path: Path) -> None:
+    # What a Basic namespace answers when asked for a topic.
+    keyed.primary.faults.fail_admin(
+        "PUT", "/sbacc-*-events", 400, detail="SubCode=40000. Cannot create a topic in the Basic tier."
+    )
+    backend = azure_backend(
+        {
+            "SB_PRIMARY_CONNECTION_STRING": keyed.primary.connection_string,
+            "SB_SECONDARY_CONNECTION_STRING": keyed.secondary.connection_string,
+        }
+    )
+    backend = dataclasses.replace(
+        backend,
+        primary_admin_kwargs={"connection_verify": keyed.primary.ca_file},
+        secondary_admin_kwargs={"connection_verify": keyed.secondary.ca_file},
+    )
+    scenario = Scenario(_BrokenSpark(RuntimeError("not reached")), backend, tmp_path, Settings(fan_out=2))
+    with pytest.raises(Exception) as caught:
+        scenario.run()
+    line = explain(caught.value, "the run", [SECRET])
+    assert "Standard or Premium" in line and SECRET not in line
+    assert _entities_of(keyed) == ([], [], [])  # the queues made before the topic were deleted
+
+
+def _entities_of(pair: KeyedPair) -> tuple[list[str], list[str], list[str]]:
+    with pair.primary.admin_client() as p, pair.secondary.admin_client() as s:
+        return (
+            [q.name for q in p.list_queues()],
+            [t.name for t in p.list_topics()],
+            [q.name for q in s.list_queues()],
+        )
