@@ -88,12 +88,12 @@ def send(sender: Any, body: str = "x", **kw: Any) -> None:
     sender.send_messages(ServiceBusMessage(body), **kw)
 
 
-def pump(sender: Any) -> None:
+def pump(sender: Any, frames: int = 10) -> None:
     """Let an open SDK sender read what its connection received (the SDK reads only when it works: a detach
     or close that arrives while it is idle is read, and logged, at its next call)."""
     connection = sender._handler._connection
     with contextlib.suppress(Exception):  # listen raises the close's error; the frame is logged before
-        for _ in range(10):  # one frame per call
+        for _ in range(frames):  # one frame per call
             connection.listen(wait=0.05)
 
 
@@ -311,6 +311,24 @@ def test_token_expiry_reads_the_namespace_clock(make_ns: Callable[..., LocalName
         clock.advance(25)
         assert not ns.wait_until(lambda: count(ns, "links_detached_token_expired") > 0, timeout=0.3)
         clock.advance(10)
+        assert ns.wait_until(lambda: count(ns, "links_detached_token_expired") == 1, timeout=2)
+
+
+def test_a_renewed_token_keeps_the_link(make_ns: Callable[..., LocalNamespace]) -> None:
+    """A second put-token for the same audience on the connection (the SDK's own renewal, called when the fake
+    clock says so) moves the deadline; without another one the link goes when the renewed token expires."""
+    clock = FakeClock()
+    ns = make_ns(clock=clock)
+    credential = ShortSasCredential(ns, lifetime=30)
+    with token_client(ns, credential) as c, c.get_queue_sender("q") as s:
+        send(s)
+        puts = count(ns, "cbs_put_tokens")
+        clock.advance(25)
+        s._handler._cbs_authenticator.update_token()  # what pyamqp does in a token's last tenth
+        assert ns.wait_until(lambda: (pump(s, 1), count(ns, "cbs_put_tokens") == puts + 1)[1], timeout=SETUP)
+        clock.advance(10)  # 35 s: past the first token, within the renewed one
+        assert not ns.wait_until(lambda: count(ns, "links_detached_token_expired") > 0, timeout=0.3)
+        clock.advance(25)  # 60 s: past the renewed one too
         assert ns.wait_until(lambda: count(ns, "links_detached_token_expired") == 1, timeout=2)
 
 
