@@ -6,7 +6,7 @@ Usage (driver)::
     import spark_sb
     spark_sb.register(spark)  # once per session; also under Spark Connect
     opts = {"primary.connection_string": "${env:SB_PRIMARY}", "secondary.connection_string": "${env:SB_SECONDARY}",
-            "entity": "orders", "state_location": "abfss://.../sb_state"}
+            "entity": "orders", "state_location": "/data/sb_state"}
     df.writeStream.format("servicebus").options(**opts).option("checkpointLocation", ckpt).start()
     df.write.format("servicebus").options(**opts).mode("append").save()
 
@@ -31,7 +31,9 @@ Where things run (Spark calls every driver-side method in a Python process of it
   replay. The tables are Delta path tables (``state_location``) written with ``deltalake``
   (:class:`~spark_sb.state_deltars.DeltaRsStateStore`), synchronously, before Spark commits the micro-batch.
   ``abort`` (a task failed; with ``on_reject: fail`` a bad row fails its task) records nothing, as a failed
-  ``foreachBatch`` batch.
+  ``foreachBatch`` batch. On an object store (``abfss://`` ...) deltalake finds its credentials in the
+  environment of that process (``AZURE_STORAGE_*`` variables, a managed identity), not in Spark's configuration:
+  tested here on local paths only.
 
 A batch write records its rows under a job id of its own: sink id ``<sink_id>/<job_id>``, batch id 0.
 ``job_id`` defaults to ``write-<UTC time>-<random>``; a ``job_id`` given again after its write committed makes the
@@ -87,10 +89,9 @@ class SourceOptions:
 
 
 def _option_error(errors: Sequence[tuple[str, str]]) -> ConfigError:
-    pairs = [(key, msg) for key, msg in errors]
+    """One error naming every bad option (``errors``: (option, message) pairs)."""
     return ConfigError(
-        "format('servicebus'): " + "; ".join(f"option {k!r}: {m}" for k, m in pairs),
-        [(k, m) for k, m in pairs],
+        "format('servicebus'): " + "; ".join(f"option {k!r}: {m}" for k, m in errors), list(errors)
     )
 
 
@@ -260,7 +261,7 @@ def write_partition(plan: WritePlan, batches: Iterator[pa.RecordBatch], batch_id
     return _report(batch_id, result.rows, result)
 
 
-def _row_batches(rows: Iterator[Any]) -> Iterator[Any]:  # pragma: no cover - Spark 4.0 only
+def _row_batches(rows: Iterator[Any]) -> Iterator[Any]:
     """Rows (Spark 4.0's stream writer) as one-row "batches" that :func:`write_partition` reads alike."""
 
     class _One:

@@ -153,3 +153,17 @@ def test_commit_records_the_batch_and_a_replay_is_recorded_as_skipped(tmp_path: 
 
     with pytest.raises(SinkIdConflictError, match="with 5 rows, and now arrives with 4"):
         commit_write(WritePlan(config, "s", last_committed=7), 7, [TaskReport(7, 4, None)])
+
+
+def test_rows_of_spark_40s_stream_writer_become_the_dicts_the_arrow_path_gives() -> None:
+    from pyspark.sql import Row
+
+    from spark_sb.datasource import _row_batches
+    from spark_sb.rows import row_to_message
+    from spark_sb.sink import arrow_rows
+
+    rows = list(arrow_rows(_row_batches(iter([Row(body="x", message_id="m1", properties={"k": "v"})]))))
+    assert rows == [{"body": "x", "message_id": "m1", "properties": {"k": "v"}}]
+    config = parse_options(_opts(entity="orders")).config
+    message = row_to_message(rows[0], config.columns, "orders", config.max_message_size, "column")
+    assert (message.message_id, dict(message.properties)) == ("m1", {"k": "v"})
