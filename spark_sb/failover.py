@@ -232,9 +232,10 @@ class RetryPolicy:
 
     ``backoff_base`` / ``backoff_cap``: exponential back-off between attempts (config ``retry.backoff_factor`` /
     ``retry.backoff_max``); ``busy_retries`` / ``busy_wait``: how long "server busy" is retried before the task
-    fails (never a failover); ``busy_first`` / ``busy_cap``: its back-off, short and capped at about the service's
-    throttling window (a second), so that a throttled sender resumes as soon as credits come back instead of
-    sleeping through them - the throughput stays near the granted rate (SPEC L4); ``backlog_attempts`` / ``backlog_budget``: tries and seconds on one backlog queue
+    fails (never a failover); ``busy_first`` / ``busy_cap``: its back-off, short and capped at a quarter of the
+    service's one-second credit window, so that a throttled sender resumes within a quarter second of its credits
+    coming back instead of sleeping through them - the throughput stays near the granted rate (SPEC L4; a few
+    refused requests a second cost the namespace nothing); ``backlog_attempts`` / ``backlog_budget``: tries and seconds on one backlog queue
     before it is pulled; ``cancel_attempts``: tries of a probe's cancel.
     """
 
@@ -242,8 +243,8 @@ class RetryPolicy:
     backoff_cap: float = 120.0
     busy_retries: int = 1000
     busy_wait: float = 120.0
-    busy_first: float = 0.1
-    busy_cap: float = 1.0
+    busy_first: float = 0.05
+    busy_cap: float = 0.25
     backlog_attempts: int = 2
     backlog_budget: float = 30.0
     cancel_attempts: int = 3

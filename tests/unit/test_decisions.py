@@ -47,8 +47,8 @@ POLICY = RetryPolicy(
     backoff_cap=8.0,
     busy_retries=3,
     busy_wait=10.0,
-    busy_first=0.1,
-    busy_cap=1.0,
+    busy_first=0.05,
+    busy_cap=0.25,
     backlog_attempts=2,
     backlog_budget=30.0,
 )
@@ -70,10 +70,10 @@ TABLE: list[tuple[Where, ErrorClass, int, float, EntityState, float | None, int,
     (P, ENTITY_NOT_FOUND, 1, 0.0, FO, None, 10, Verb.DIVERT, 0.0),
     (P, QUOTA_EXCEEDED, 7, 60.0, FO, None, 10, Verb.DIVERT, 0.0),
     # primary: throttling is never an outage; retried within its budget, then the task fails
-    # throttled: a short back-off that doubles up to about the throttling window (1 s), never past busy_wait
-    (P, SERVER_BUSY, 1, 0.0, H, None, 10, Verb.RETRY, 0.1),
-    (P, SERVER_BUSY, 3, 7.0, H, None, 10, Verb.RETRY, 0.4),
-    (P, SERVER_BUSY, 3, 9.8, H, None, 10, Verb.RETRY, 0.2),
+    # throttled: a short back-off that doubles up to a quarter of the credit window, never past busy_wait
+    (P, SERVER_BUSY, 1, 0.0, H, None, 10, Verb.RETRY, 0.05),
+    (P, SERVER_BUSY, 3, 7.0, H, None, 10, Verb.RETRY, 0.2),
+    (P, SERVER_BUSY, 3, 9.9, H, None, 10, Verb.RETRY, 0.1),
     (P, SERVER_BUSY, 4, 7.0, H, None, 10, Verb.RAISE, 0.0),  # more than busy_retries
     (P, SERVER_BUSY, 2, 10.0, H, None, 10, Verb.RAISE, 0.0),  # busy_wait spent
     (P, CLIENT_CLOSED, 1, 0.0, H, None, 10, Verb.RETRY, 1.0),

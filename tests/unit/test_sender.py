@@ -408,9 +408,9 @@ def test_server_busy_backs_off_and_never_fails_over() -> None:
     assert out.sent == {"orders": 5} and rig.backlog() == []
     assert rig.transitions == [] and out.retries == 5 and len(rig.clock.sleeps) == 5
     assert rig.sender.entity_state("orders") is H
-    # short back-offs, capped at about the throttling window, and the time spent is in the outcome
-    assert rig.clock.sleeps == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0])
-    assert out.throttled == {"orders": pytest.approx(2.5)}
+    # short back-offs, capped at a quarter of the credit window, and the time spent is in the outcome
+    assert rig.clock.sleeps == pytest.approx([0.05, 0.1, 0.2, 0.25, 0.25])
+    assert out.throttled == {"orders": pytest.approx(0.85)}
 
 
 def test_server_busy_forever_raises_for_a_spark_retry_and_diverts_nothing() -> None:
