@@ -49,10 +49,37 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from servicebus_local.server import LocalNamespace
+    from servicebus_local.broker import Broker
+    from servicebus_local.faults import FaultController
+
+
+class Controlled(Protocol):
+    """What the control API reads and drives of a namespace (:class:`~servicebus_local.server.LocalNamespace` is
+    one). A protocol, so that this module needs nothing of the server: the server starts the control API, not the
+    other way round."""
+
+    name: str
+    broker: Broker
+    faults: FaultController
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def connection_count(self) -> int: ...
+
+    @property
+    def max_connections(self) -> int: ...
+
+    def counters(self) -> dict[str, Any]: ...
+
+    def lifecycle(self) -> dict[str, Any]: ...
+
+    def reset_counters(self) -> None: ...
+
 
 __all__ = ["ControlServer"]
 
@@ -110,7 +137,7 @@ class _HttpServer(ThreadingHTTPServer):
 class ControlServer:
     """The control API of one namespace (a thread serving HTTP)."""
 
-    def __init__(self, namespace: LocalNamespace, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, namespace: Controlled, host: str = "127.0.0.1", port: int = 0) -> None:
         self.namespace = namespace
         self._httpd = _HttpServer((host, port), _Handler)
         self._httpd.control = self
