@@ -523,39 +523,6 @@ def provision_backlog_queues(
     return report
 
 
-def _usable_backlog_queues(
-    config: ServiceBusConfig,
-    *,
-    assume_present_if_unauthorized: bool = False,
-    primary_namespace_name: str | None = None,
-    **kwargs: Any,
-) -> list[str]:
-    """Provision (creating what is missing) and return the usable backlog queue names, by index; raises
-    :class:`ProvisioningError` when there is none. For the paired sender at start (driver side).
-
-    A producer often holds a Send-only key, which can neither list nor create queues. With
-    ``assume_present_if_unauthorized`` such a refusal is logged as a warning and all ``backlog_queue_count``
-    names are returned as if present (a missing one then fails its first send and leaves the rotation, B5).
-    """
-    kwargs["check"] = True
-    try:
-        return provision_backlog_queues(
-            config, primary_namespace_name=primary_namespace_name, **kwargs
-        ).usable_queues
-    except ProvisioningError as exc:
-        if not (assume_present_if_unauthorized and exc.unauthorized):
-            raise
-        name = primary_namespace_name or resolve_primary_namespace_name(config.primary)
-        names = backlog_queue_names(name, kwargs.get("count") or config.backlog_queue_count)
-        _LOG.warning(
-            "cannot check the backlog queues in %s (%s); assuming %d backlog queue(s) exist",
-            exc.namespace,
-            exc.last_error,
-            len(names),
-        )
-        return names
-
-
 # ---------------------------------------------------------------------- the primary's namespace name (B1)
 # Its one home: the rule (NamespaceConfig.effective_namespace_name), the question to the namespace
 # (resolve_primary_namespace_name) and the per-process answer cache used by senders and sinks.
@@ -828,11 +795,6 @@ def _log_report(report: ProvisioningReport) -> None:
         elif q.status is QueueStatus.CREATED:
             _LOG.info("created backlog queue %s in %s", q.name, report.namespace)
     _LOG.info("backlog queues in %s: %s", report.namespace, report.summary())
-
-
-def _outcomes_by_name(report: ProvisioningReport) -> dict[str, QueueOutcome]:
-    """Rows keyed by queue name (convenience for callers and tests)."""
-    return {q.name: q for q in report.queues}
 
 
 __all__ = [

@@ -65,11 +65,6 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     return text
 
 
-def _redact_exception(exc: BaseException) -> str:
-    """``str(exc)`` with secrets removed (for messages that wrap a third-party error)."""
-    return redact(f"{type(exc).__name__}: {exc}")
-
-
 class RedactingFilter(logging.Filter):
     """A :class:`logging.Filter` that redacts secrets from every record it sees.
 
@@ -94,18 +89,3 @@ class RedactingFilter(logging.Filter):
         if record.stack_info:
             record.stack_info = redact(record.stack_info)
         return True
-
-
-def _install_redaction(logger: logging.Logger | None = None) -> RedactingFilter:
-    """Add a :class:`RedactingFilter` to every handler of ``logger`` (default: the root logger).
-
-    Returns the filter. Handlers added later are not covered: call again after configuring logging.
-    """
-    target = logger if logger is not None else logging.getLogger()
-    flt = RedactingFilter()
-    for handler in target.handlers:
-        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
-            handler.addFilter(flt)
-    if not any(isinstance(f, RedactingFilter) for f in target.filters):
-        target.addFilter(flt)
-    return flt

@@ -26,7 +26,6 @@ from spark_sb.provisioning import (  # noqa: E402
     MAX_DURATION,
     ProvisioningError,
     QueueStatus,
-    _outcomes_by_name,
     provision_backlog_queues,
 )
 
@@ -111,7 +110,7 @@ def test_drifted_queue_is_used_and_not_modified(secondary_admin: Any, primary_na
     drifted = f"{primary_name}/x-servicebus-transfer/1"
     secondary_admin.create_queue(drifted, lock_duration=timedelta(seconds=30), max_delivery_count=5)
     report = provision(secondary_admin, primary_name)
-    row = _outcomes_by_name(report)[drifted]
+    row = by_name(report)[drifted]
     assert row.status is QueueStatus.DRIFTED
     diffs = {d.name: (d.expected, d.actual) for d in row.differences}
     assert diffs["lock_duration"] == (timedelta(minutes=1), timedelta(seconds=30))
@@ -142,7 +141,7 @@ def test_failing_creation_is_retried_then_reported_while_the_rest_succeed(
     faults.fail_admin("PUT", f"/{broken}", 503, detail="broken shard")
     clock = FakeClock()
     report = provision(secondary_admin, primary_name, count=3, tries=3, retry_pause=30.0, clock=clock)
-    rows = _outcomes_by_name(report)
+    rows = by_name(report)
     assert rows[flaky].status is QueueStatus.CREATED and rows[flaky].attempts == 3
     assert rows[broken].status is QueueStatus.FAILED and rows[broken].attempts == 3
     assert "broken shard" in rows[broken].detail
@@ -349,3 +348,8 @@ def test_cli_as_a_process(tmp_path: Path, cli_env: dict[str, str], secondary_adm
     assert set(backlog_in(secondary_admin, "proc")) == set(backlog_queue_names("proc", 2))
     for cs in (cli_env["SB_TEST_PRIMARY"], cli_env["SB_TEST_SECONDARY"]):
         assert sas_key(cs) not in done.stdout + done.stderr
+
+
+def by_name(report: Any) -> dict[str, Any]:
+    """The report's rows keyed by queue name."""
+    return {q.name: q for q in report.queues}

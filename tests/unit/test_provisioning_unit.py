@@ -24,8 +24,6 @@ from spark_sb.provisioning import (
     MAX_DURATION,
     ProvisioningError,
     QueueStatus,
-    _outcomes_by_name,
-    _usable_backlog_queues,
     derive_namespace_name,
     format_duration,
     is_address_host,
@@ -286,7 +284,7 @@ def test_drifted_queue_is_used_reported_and_not_modified() -> None:
     drifted = spec_props(f"{NS}/x-servicebus-transfer/1", lock_duration=timedelta(seconds=30))
     admin.queues[drifted.name] = drifted
     report = run(admin)
-    row = _outcomes_by_name(report)[drifted.name]
+    row = by_name(report)[drifted.name]
     assert row.status is QueueStatus.DRIFTED
     assert row.usable
     assert [(d.name, d.expected, d.actual) for d in row.differences] == [
@@ -315,7 +313,7 @@ def test_extra_queues_are_left_alone_and_reported() -> None:
         f"{NS}/x-servicebus-transfer/old",
     ]
     assert not set(report.extras) & set(report.usable_queues)
-    assert "unrelated" not in _outcomes_by_name(report)
+    assert "unrelated" not in by_name(report)
     assert report.usable_queues == backlog_queue_names(NS, 4)
     assert "3 extra left alone" in report.summary()
 
@@ -326,7 +324,7 @@ def test_create_failure_is_retried_after_the_pause_and_then_succeeds() -> None:
     admin.create_failures[flaky] = [http_error(500), http_error(503)]
     clock = FakeClock()
     report = run(admin, clock, retry_pause=30.0)
-    row = _outcomes_by_name(report)[flaky]
+    row = by_name(report)[flaky]
     assert row.status is QueueStatus.CREATED
     assert row.attempts == 3
     assert row.detail == "created on try 3"
@@ -340,7 +338,7 @@ def test_queue_that_cannot_be_created_is_reported_and_left_out() -> None:
     admin.create_failures[bad] = [http_error(500, "internal error") for _ in range(5)]
     clock = FakeClock()
     report = run(admin, clock, tries=3, retry_pause=2.0)
-    row = _outcomes_by_name(report)[bad]
+    row = by_name(report)[bad]
     assert row.status is QueueStatus.FAILED
     assert row.attempts == 3
     assert "after 3 tries" in row.detail and "HTTP 500" in row.detail and "internal error" in row.detail
@@ -382,7 +380,7 @@ def test_queue_created_concurrently_is_used_as_found() -> None:
     racy = f"{NS}/x-servicebus-transfer/3"
     admin.exists_race.add(racy)
     report = run(admin)
-    row = _outcomes_by_name(report)[racy]
+    row = by_name(report)[racy]
     assert row.status is QueueStatus.DRIFTED  # the racer created it with other properties
     assert racy in report.usable_queues
 
@@ -574,34 +572,6 @@ def test_primary_name_asked_from_the_primary_admin_client_without_config() -> No
     assert primary.calls == ["namespace"] and not primary.closed
 
 
-def test_send_only_sender_may_assume_the_backlog_queues(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(
-        NamespaceConfig,
-        "admin_client",
-        lambda self, **kw: FakeAdmin(fail_all_creates=http_error(401, "claims")),
-    )
-    monkeypatch.setattr(
-        NamespaceConfig, "redacted", lambda self: "sb://secondary.example (SAS key name send)"
-    )
-    config = ServiceBusConfig(
-        primary=ns_config("prim.example.net"), secondary=ns_config("sec.example.net"), backlog_queue_count=2
-    )
-    with pytest.raises(ProvisioningError) as caught:
-        _usable_backlog_queues(config, clock=FakeClock())
-    assert caught.value.unauthorized
-    assert _usable_backlog_queues(config, clock=FakeClock(), assume_present_if_unauthorized=True) == [
-        "prim/x-servicebus-transfer/0",
-        "prim/x-servicebus-transfer/1",
-    ]
-    # other failures are never assumed away
-    monkeypatch.setattr(
-        NamespaceConfig, "admin_client", lambda self, **kw: FakeAdmin(fail_all_creates=http_error(500))
-    )
-    with pytest.raises(ProvisioningError) as caught:
-        _usable_backlog_queues(config, clock=FakeClock(), tries=1, assume_present_if_unauthorized=True)
-    assert not caught.value.unauthorized
-
-
 def test_dry_run_with_everything_present_says_so() -> None:
     admin = FakeAdmin()
     run(admin)
@@ -631,3 +601,8 @@ def test_cli_real_config_loading_errors_exit_2(tmp_path: Any, capsys: pytest.Cap
     err = capsys.readouterr().err
     assert "secondary.connection_string" in err and "SB_TEST_UNSET_VARIABLE_XYZ" in err
     assert cli.main(["provision", "--config", str(tmp_path / "missing.yaml")]) == 2
+
+
+def by_name(report: Any) -> dict[str, Any]:
+    """The report's rows keyed by queue name."""
+    return {q.name: q for q in report.queues}

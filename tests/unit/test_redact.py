@@ -10,8 +10,6 @@ import pytest
 from spark_sb.redact import (
     REDACTED,
     RedactingFilter,
-    _install_redaction,
-    _redact_exception,
     redact,
     register_secret,
 )
@@ -85,12 +83,6 @@ def test_secret_objects_register_themselves() -> None:
     assert "SelfRegisteredKey77" not in redact("oops SelfRegisteredKey77 leaked raw")
 
 
-def test_redact_exception() -> None:
-    exc = ValueError(f"bad connection string SharedAccessKey={KEY}")
-    out = _redact_exception(exc)
-    assert out.startswith("ValueError: bad connection string") and KEY not in out
-
-
 def _capture(logger_name: str) -> tuple[logging.Logger, logging.Handler, io.StringIO]:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
@@ -123,20 +115,3 @@ def test_filter_redacts_message_args_traceback_and_stack() -> None:
     assert "ConnectionError" in out and "Traceback" in out
     assert "Stack (most recent call last)" in out
     assert "broken format" in out
-
-
-def test_install_redaction_on_root_handlers() -> None:
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    logger = logging.getLogger("test_redact.install")
-    logger.propagate = False
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        _install_redaction(logger)
-        _install_redaction(logger)  # idempotent
-        assert sum(isinstance(f, RedactingFilter) for f in handler.filters) == 1
-        logging.getLogger("test_redact.install").info("SharedAccessKey=%s", KEY)
-    finally:
-        logger.removeHandler(handler)
-    assert KEY not in stream.getvalue() and "SharedAccessKey=***" in stream.getvalue()
