@@ -408,20 +408,29 @@ def _idle_detach(ns: LocalNamespace) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", ["idle-detach", "forced-detach", "idle-close", "server-busy"])
+@pytest.mark.parametrize(
+    "shape", ["idle-detach", "forced-detach", "idle-close", "token-expired", "server-busy"]
+)
 def test_the_sdk_with_its_default_retries_recovers_within_the_call(
     make_ns: Callable[..., LocalNamespace], shape: str
 ) -> None:
     ns = make_ns(
         link_idle_timeout=0.3 if shape in ("idle-detach", "idle-close") else 600,
-        connection_idle_timeout=0.8 if shape == "idle-close" else 60,
+        connection_idle_timeout=1.5 if shape == "idle-close" else 60,
+        key="lifecycle-key" if shape == "token-expired" else None,
     )
-    with ServiceBusClient.from_connection_string(ns.connection_string) as c, c.get_queue_sender("q") as s:
+    if shape == "token-expired":
+        c = ServiceBusClient(f"127.0.0.1:{ns.port}", ShortSasCredential(ns, lifetime=3), use_tls=False)
+    else:
+        c = ServiceBusClient.from_connection_string(ns.connection_string)
+    with c, c.get_queue_sender("q") as s:
         send(s, "before")
         if shape == "idle-detach":
             assert ns.wait_until(lambda: count(ns, "links_detached_idle") == 1, timeout=SETUP)
         elif shape == "idle-close":
             assert ns.wait_until(lambda: count(ns, "connections_closed_idle") == 1, timeout=SETUP)
+        elif shape == "token-expired":
+            assert ns.wait_until(lambda: count(ns, "links_detached_token_expired") == 1, timeout=SETUP)
         elif shape == "forced-detach":
             ns.faults.detach("q")
         else:
