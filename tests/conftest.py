@@ -1,4 +1,15 @@
-"""Shared fixtures: the session-scoped SparkSession (local[2], Delta) and the local namespace fixtures."""
+"""Shared fixtures (the session-scoped SparkSession, local[2] with Delta; Azure connection strings) and the test
+tiers: each test's tier marker comes from its directory, one marker per tier, so that the two never disagree.
+
+| directory            | marker  | what                                                              |
+| tests/unit           | unit    | pure logic with fakes and a fake clock                            |
+| tests/integration    | local   | the real SDK over real TCP against local namespaces               |
+| tests/spark          | spark   | the session SparkSession (local[2], Delta), local namespaces too   |
+| tests/acceptance     | spark   | the acceptance scenario, run against two local namespaces         |
+
+Tests parametrized with ``backend="azure"`` also get ``azure`` (they run when SB_PRIMARY_CONNECTION_STRING and
+SB_SECONDARY_CONNECTION_STRING are set). ``slow`` stays a file's or test's own mark.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +17,26 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+TESTS = Path(__file__).resolve().parent
+TIERS = {"unit": "unit", "integration": "local", "spark": "spark", "acceptance": "spark"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            parts = item.path.resolve().relative_to(TESTS).parts
+        except ValueError:
+            continue  # not under tests/ (the local namespace's own tests mark themselves)
+        tier = TIERS.get(parts[0]) if len(parts) > 1 else None
+        if tier is not None:
+            item.add_marker(tier)
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("backend") == "azure":
+            item.add_marker("azure")
 
 # The local Service Bus namespace fixtures (namespace_pair, local_namespace) come from the servicebus-local
 # distribution's pytest plugin (its `pytest11` entry point), so that anyone's tests can use them.

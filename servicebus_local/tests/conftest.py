@@ -1,14 +1,24 @@
-"""Helpers for the local-namespace tests: SDK clients against a namespace, entity creation with settings."""
+"""Helpers for the local-namespace tests: SDK clients against a namespace, entity creation with settings. Every
+test here is of the ``local`` tier (marked by directory, below)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from azure.servicebus import ServiceBusClient
 
 from servicebus_local.server import LocalNamespace
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in item.path.resolve().parents:
+            item.add_marker("local")
 
 
 @pytest.fixture

@@ -28,8 +28,6 @@ from servicebus_local.broker import (
 from servicebus_local.clock import FakeClock
 from servicebus_local.model import EntityExists, EntityNotFound, QueueSettings, SubscriptionSettings
 
-pytestmark = pytest.mark.unit
-
 
 def sections(payload: bytes) -> dict[int, Any]:
     return amqp.message_sections(payload)

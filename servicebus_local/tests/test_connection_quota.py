@@ -25,8 +25,6 @@ from servicebus_local.server import DEFAULT_MAX_CONNECTIONS, LocalNamespace
 
 from .conftest import wait_for
 
-pytestmark = pytest.mark.local
-
 QUOTA_CONDITION = "amqp:resource-limit-exceeded"
 
 

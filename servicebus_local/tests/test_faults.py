@@ -31,8 +31,6 @@ from servicebus_local.server import LocalNamespace
 
 from .conftest import wait_for
 
-pytestmark = pytest.mark.local
-
 
 def send_one(conn_str: str, entity: str = "q", body: str = "x", **client_kw: Any) -> None:
     with ServiceBusClient.from_connection_string(conn_str, **client_kw) as c, c.get_queue_sender(entity) as s:

@@ -20,8 +20,6 @@ from servicebus_local.server import LocalNamespace
 
 from .conftest import wait_for
 
-pytestmark = pytest.mark.local
-
 EMPTY_FRAME = b"\x00\x00\x00\x08\x02\x00\x00\x00"  # size 8, doff 2, type 0 (AMQP), channel 0, no body
 IDLE_TIMEOUT_MS = 1000  # heartbeats every 0.5 s
 

@@ -39,8 +39,6 @@ from servicebus_local.clock import FakeClock
 from servicebus_local.durations import parse_seconds
 from servicebus_local.server import LocalNamespace
 
-pytestmark = pytest.mark.local
-
 SETUP = 5.0  # deadline for what takes the SDK about half a second (connection, CBS, link)
 
 

@@ -28,8 +28,6 @@ from servicebus_local.server import LocalNamespace
 
 from .conftest import wait_for
 
-pytestmark = pytest.mark.local
-
 
 def receive_all(receiver: Any, expected: int, timeout: float = 5.0) -> list[Any]:
     out: list[Any] = []

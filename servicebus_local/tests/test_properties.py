@@ -16,8 +16,6 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
 from servicebus_local.server import LocalNamespace
 
-pytestmark = pytest.mark.local
-
 APP_VALUES: dict[str, Any] = {
     "str": "text ü",
     "empty-str": "",

@@ -14,8 +14,6 @@ from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusError, 
 from servicebus_local.model import QueueSettings, SubscriptionSettings
 from servicebus_local.server import LocalNamespace
 
-pytestmark = pytest.mark.local
-
 
 @pytest.fixture
 def sns() -> Any:

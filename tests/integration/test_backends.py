@@ -10,7 +10,6 @@ No faults are injected here (a real namespace cannot be told to fail): the fault
 from __future__ import annotations
 
 import contextlib
-import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,8 +26,6 @@ from spark_sb.failover import EntityState
 from spark_sb.message import OutboundMessage
 from spark_sb.provisioning import provision_backlog_queues
 from spark_sb.sender import PairedSender, namespace_key
-
-pytestmark = pytest.mark.local
 
 
 @dataclass
@@ -89,10 +86,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
             pair.secondary.admin_client(),
         )
     else:
-        primary = os.environ.get("SB_PRIMARY_CONNECTION_STRING")
-        secondary = os.environ.get("SB_SECONDARY_CONNECTION_STRING")
-        if not primary or not secondary:
-            pytest.skip("SB_PRIMARY_CONNECTION_STRING / SB_SECONDARY_CONNECTION_STRING not set")
+        primary, secondary = request.getfixturevalue("azure_connection_strings")  # skips when not set
         b = Backend(
             "azure",
             primary,

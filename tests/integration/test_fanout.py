@@ -24,7 +24,7 @@ from spark_sb.message import OutboundMessage  # noqa: E402
 from spark_sb.sender import PairedSender  # noqa: E402
 from spark_sb.transport import PRIMARY, SdkTransport  # noqa: E402
 
-pytestmark = [pytest.mark.local, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 E = 200
 ENTITIES = [f"tenant-{i:03d}" for i in range(E)]

@@ -29,7 +29,7 @@ from spark_sb.sender import PairedSender
 from spark_sb.syphon import Syphon
 from spark_sb.transport import PRIMARY, SILENT_AFTER, SdkTransport
 
-pytestmark = [pytest.mark.local, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 ENTITY = "orders"
 BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]

@@ -11,8 +11,6 @@ from spark_sb.provisioning import provision_backlog_queues
 from spark_sb.sender import PairedSender
 from spark_sb.syphon import Syphon
 
-pytestmark = pytest.mark.local
-
 
 def test_address_endpoint_uses_the_name_the_namespace_reports(
     namespace_pair: Any, monkeypatch: pytest.MonkeyPatch

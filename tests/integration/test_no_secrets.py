@@ -20,7 +20,7 @@ from spark_sb.provisioning import provision_backlog_queues
 from spark_sb.sender import PairedSender
 from spark_sb.syphon import Syphon
 
-pytestmark = [pytest.mark.local, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 KEY_P = "cHJpbWFyeS1zZWNyZXQta2V5LXZhbHVlLTEyMzQ1Ng=="
 KEY_S = "c2Vjb25kYXJ5LXNlY3JldC1rZXktdmFsdWUtNjU0MzI="

@@ -15,7 +15,7 @@ import pytest
 
 from tests.outages import SHAPES, Timeline, prepare, run_outage
 
-pytestmark = [pytest.mark.local, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 INTERVAL = 2.0
 PING = 1.0

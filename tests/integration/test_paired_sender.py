@@ -36,8 +36,6 @@ from spark_sb.message import OutboundMessage  # noqa: E402
 from spark_sb.sender import PairedSender  # noqa: E402
 from spark_sb.transport import PRIMARY, SECONDARY, SdkTransport, Target  # noqa: E402
 
-pytestmark = pytest.mark.local
-
 ENTITY = "orders"
 COUNT = 3
 QUEUES = [f"primary/x-servicebus-transfer/{i}" for i in range(COUNT)]

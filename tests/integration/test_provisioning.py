@@ -29,8 +29,6 @@ from spark_sb.provisioning import (  # noqa: E402
     provision_backlog_queues,
 )
 
-pytestmark = pytest.mark.local
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

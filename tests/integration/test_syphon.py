@@ -17,7 +17,7 @@ from spark_sb.config import ServiceBusConfig
 from spark_sb.message import OutboundMessage
 from spark_sb.syphon import EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, Syphon
 
-pytestmark = [pytest.mark.local, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 BACKLOG = ["primary/x-servicebus-transfer/0", "primary/x-servicebus-transfer/1"]
 

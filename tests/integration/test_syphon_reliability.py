@@ -19,7 +19,7 @@ from spark_sb.config import ServiceBusConfig
 from spark_sb.message import OutboundMessage
 from spark_sb.syphon import EXPIRED_IN_BACKLOG, Syphon
 
-pytestmark = [pytest.mark.local, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 Q = "primary/x-servicebus-transfer/0"
 

@@ -10,7 +10,7 @@ import pytest
 
 from .child_report import child_report
 
-pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 def test_next_batch_on_the_other_executor_starts_failed_over(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from spark_sb.syphon import Syphon
 from .child_report import child_report
 from .test_sink import _drain, _write
 
-pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 SCHEMA = "body STRING, message_id STRING, session_id STRING"
 

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
-pytestmark = pytest.mark.spark
-
 
 def test_delta_write_read_and_merge(spark, tmp_path) -> None:
     from delta.tables import DeltaTable

@@ -14,7 +14,7 @@ from spark_sb.provisioning import provision_backlog_queues
 from spark_sb.sink import ServiceBusSink
 from spark_sb.syphon import Syphon
 
-pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 SCHEMA = "body STRING, message_id STRING, session_id STRING, properties MAP<STRING, STRING>"
 

@@ -14,7 +14,7 @@ from servicebus_local.model import QueueSettings
 from spark_sb.config import ServiceBusConfig
 from spark_sb.sink import ServiceBusSink
 
-pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 def test_a_blackholed_primary_diverts_instead_of_hanging_the_task(

@@ -23,7 +23,7 @@ from spark_sb.status import read_status
 
 from .test_sink import SCHEMA, _config, _drain, _run_stream, _write
 
-pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 def _tables(spark: Any, state: Path) -> dict[str, list[Any]]:

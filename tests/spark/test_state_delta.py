@@ -12,7 +12,7 @@ import pytest
 from spark_sb.state import DeltaStateStore, StateTables
 from tests.unit.test_state import StoreContract
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 class TestDeltaPathStore(StoreContract):

@@ -19,7 +19,7 @@ from spark_sb.config import ServiceBusConfig
 from spark_sb.message import OutboundMessage
 from spark_sb.syphon_job import run_syphon, stop_gracefully
 
-pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]
 

@@ -18,7 +18,7 @@ from servicebus_local.model import QueueSettings
 from spark_sb.backlog import to_backlog
 from spark_sb.message import OutboundMessage
 
-pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]

@@ -10,7 +10,7 @@ import pytest
 
 from .child_report import child_report
 
-pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).with_name("connect_syphon.py")
 

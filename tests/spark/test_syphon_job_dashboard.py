@@ -14,7 +14,7 @@ from spark_sb.state import BatchWrites, DeltaStateStore, Event, RejectRecord, St
 
 from ..unit.test_notebooks import cells
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)

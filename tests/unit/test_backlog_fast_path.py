@@ -16,8 +16,6 @@ from hypothesis import strategies as st
 from spark_sb.backlog import BACKLOG_PATH, to_backlog, to_backlog_sdk
 from spark_sb.message import OutboundMessage, RejectError
 
-pytestmark = pytest.mark.unit
-
 NOW = datetime(2026, 11, 22, 12, 0, 0, 123000, tzinfo=timezone.utc)
 
 

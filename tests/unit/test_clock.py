@@ -7,8 +7,6 @@ import pytest
 
 from spark_sb.clock import Clock, FakeClock, SystemClock
 
-pytestmark = pytest.mark.unit
-
 
 def test_fake_clock_moves_only_when_told() -> None:
     clock = FakeClock()

@@ -26,8 +26,6 @@ from spark_sb.config import (
 from spark_sb.redact import RedactingFilter
 from spark_sb.rows import LOGICAL_COLUMNS
 
-pytestmark = pytest.mark.unit
-
 KEY1 = "PrimaryKeyValue0123456789abcdef="
 KEY2 = "SecondaryKeyValue9876543210zyx="
 CLIENT_SECRET = "AadClientSecret~42~xyz"

@@ -17,8 +17,6 @@ from spark_sb.sender import SendOutcome
 from spark_sb.sink import SinkIdConflictError
 from spark_sb.state import BATCH_COMMITTED, REPLAY_SKIPPED, PartitionResult
 
-pytestmark = pytest.mark.unit
-
 PRIMARY = "Endpoint=sb://primary.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=p-secret"
 SECONDARY = "Endpoint=sb://secondary.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=s-secret"
 

@@ -38,8 +38,6 @@ from spark_sb.failover import (
     decide,
 )
 
-pytestmark = pytest.mark.unit
-
 H, F, FO = EntityState.HEALTHY, EntityState.FAILING, EntityState.FAILED_OVER
 P, B, PR = Where.PRIMARY, Where.BACKLOG, Where.PROBE
 POLICY = RetryPolicy(

@@ -37,8 +37,6 @@ from spark_sb.errors import (
     classify,
 )
 
-pytestmark = pytest.mark.unit
-
 # Every exception class of azure.servicebus.exceptions must be listed here: a class added by a future SDK
 # fails test_every_sdk_exception_is_classified until someone decides what it means for the paired sender.
 EXPECTED_SDK: dict[str, ErrorClass] = {

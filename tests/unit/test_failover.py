@@ -24,8 +24,6 @@ from spark_sb.failover import (
     process_registry,
 )
 
-pytestmark = pytest.mark.unit
-
 H, F, FO = EntityState.HEALTHY, EntityState.FAILING, EntityState.FAILED_OVER
 
 

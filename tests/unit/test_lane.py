@@ -13,8 +13,6 @@ import pytest
 from spark_sb.errors import classify
 from spark_sb.lane import DeadlineExceeded, Lane, LaneClosed
 
-pytestmark = pytest.mark.unit
-
 
 class Ctx:
     def __init__(self, n: int) -> None:

@@ -42,8 +42,6 @@ from spark_sb.rows import (
 )
 from spark_sb.wire_size import batch_cost, encoded_size
 
-pytestmark = pytest.mark.unit
-
 UTC = timezone.utc
 COLS: dict[str, str] = {}
 LIMIT = 262144

@@ -17,8 +17,6 @@ from spark_sb.errors import (
 )
 from spark_sb.failover import EntityState, FailoverRegistry, namespace_wide
 
-pytestmark = pytest.mark.unit
-
 H, F, FO = EntityState.HEALTHY, EntityState.FAILING, EntityState.FAILED_OVER
 NS = "primary.example:5671"
 

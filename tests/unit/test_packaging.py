@@ -21,8 +21,6 @@ import pytest
 from spark_sb import __main__ as cli
 from spark_sb import __version__
 
-pytestmark = pytest.mark.unit
-
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -32,8 +32,6 @@ from spark_sb.provisioning import (
     resolve_primary_namespace_name,
 )
 
-pytestmark = pytest.mark.unit
-
 NS = "contoso"
 
 

@@ -13,8 +13,6 @@ import yaml
 
 from spark_sb.config import KNOWN_KEYS
 
-pytestmark = pytest.mark.unit
-
 markdown_it = pytest.importorskip("markdown_it")
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,8 +14,6 @@ from spark_sb.redact import (
     register_secret,
 )
 
-pytestmark = pytest.mark.unit
-
 KEY = "q1w2e3r4t5y6u7i8o9p0AbCdEfGhIjKlMnOpQrStUvW="
 
 

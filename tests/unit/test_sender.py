@@ -39,8 +39,6 @@ from spark_sb.transport import PRIMARY, SECONDARY, Target
 
 from .fakes import FakeTransport
 
-pytestmark = pytest.mark.unit
-
 SECRET = "c2VjcmV0LWtleS1kby1ub3QtbG9n"
 H, F, FO = EntityState.HEALTHY, EntityState.FAILING, EntityState.FAILED_OVER
 QUEUES = [f"primary/x-servicebus-transfer/{i}" for i in range(3)]

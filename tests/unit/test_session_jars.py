@@ -16,8 +16,6 @@ from pyspark.sql import SparkSession  # noqa: E402
 
 from spark_sb import session as session_module  # noqa: E402
 
-pytestmark = pytest.mark.unit
-
 
 class _FakeSession:
     def __init__(self, jars: str) -> None:

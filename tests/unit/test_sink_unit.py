@@ -34,8 +34,6 @@ from spark_sb.state import (
 
 from .test_sender import make_config
 
-pytestmark = pytest.mark.unit
-
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 
 

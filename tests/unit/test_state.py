@@ -53,8 +53,6 @@ from spark_sb.transport import PRIMARY, SECONDARY, Target
 from .fakes import FakeTransport
 from .test_sender import QUEUES, SECRET, make_config
 
-pytestmark = pytest.mark.unit
-
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 NS = "primary.servicebus.windows.net"
 BNS = "secondary.servicebus.windows.net"

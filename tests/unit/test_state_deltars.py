@@ -15,8 +15,6 @@ pytest.importorskip("deltalake")
 
 from spark_sb.state_deltars import DeltaRsStateStore  # noqa: E402
 
-pytestmark = pytest.mark.unit
-
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 

@@ -15,7 +15,6 @@ from spark_sb.status import format_status, read_status
 
 from .test_sender import make_config
 
-pytestmark = pytest.mark.unit
 deltalake = pytest.importorskip("deltalake")
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)

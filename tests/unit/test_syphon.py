@@ -10,8 +10,6 @@ from spark_sb.backlog import to_backlog
 from spark_sb.message import OutboundMessage
 from spark_sb.syphon import EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, SyphonOutcome, restore_for_primary
 
-pytestmark = pytest.mark.unit
-
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 
 

@@ -15,8 +15,6 @@ from spark_sb.state import MemoryStateStore
 from spark_sb.syphon import EXPIRED_IN_BACKLOG, EntityGate, SyphonOutcome, is_parked
 from spark_sb.syphon_job import BacklogWatcher, SyphonBatchWriter, outcome_rows
 
-pytestmark = pytest.mark.unit
-
 CONFIG = ServiceBusConfig.from_dict(
     {
         "primary": {
