@@ -33,7 +33,9 @@ PROG = "test-azure"
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--keep", action="store_true", help="leave the created entities for inspection")
+    p.add_argument(
+        "--keep", action="store_true", help="leave the created entities and the Delta tables for inspection"
+    )
     p.add_argument("--rows", type=int, default=100, help="rows per micro-batch (default 100)")
     p.add_argument("--fan-out", type=int, default=10, help="queues of the fan-out step (default 10)")
     p.add_argument("--failover-interval", type=float, default=5.0, help="seconds (default 5)")
@@ -133,8 +135,10 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         try:
             if own_session and spark is not None:
                 spark.stop()
-            if args.workdir is None:
+            if args.workdir is None and not args.keep:
                 shutil.rmtree(workdir, ignore_errors=True)
+            elif args.keep:
+                _say(f"{PROG}: --keep: checkpoints and Delta state tables in {workdir}")
         finally:
             signal.signal(signal.SIGINT, previous)
     _say(report.format_table())
