@@ -22,6 +22,8 @@ from tests.acceptance.scenario import Scenario, Settings, run_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "acceptance-secret-key-0123456789"
+
+
 @pytest.mark.slow
 def test_scenario_against_two_local_namespaces(
     spark: Any, namespace_pair: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
