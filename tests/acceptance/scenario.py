@@ -289,6 +289,11 @@ class Scenario:
 
     def _syphon(self) -> int:
         """Syphon passes (the query of ``jobs/syphon.py --once``) until the backlog is empty; messages moved."""
+        import inspect
+
+        # jobs/syphon.py --available-now where this tree has it (Trigger.AvailableNow), else --once.
+        available_now = "available_now" in inspect.signature(run_syphon).parameters
+        trigger: dict[str, bool] = {"available_now": True} if available_now else {"once": True}
         moved = 0
         for _ in range(self.settings.syphon_passes):
             writer = SyphonBatchWriter(self.config)
@@ -296,7 +301,7 @@ class Scenario:
                 self.spark,
                 self.config,
                 checkpoint=str(self.workdir / "syphon-checkpoint"),
-                once=True,
+                **trigger,  # type: ignore[arg-type]
                 admin_kwargs={**ADMIN_TIMEOUTS, **self.backend.secondary_admin_kwargs},
                 writer=writer,
                 query_name=None,
@@ -304,7 +309,8 @@ class Scenario:
             query.awaitTermination()
             moved += writer.total.moved
             depth = self.backlog_depth()
-            self.say(f"syphon pass: moved {writer.total.moved}, backlog left {depth}")
+            mode = "available-now" if available_now else "once"
+            self.say(f"syphon pass ({mode}): moved {writer.total.moved}, backlog left {depth}")
             if depth == 0:
                 break
         return moved
