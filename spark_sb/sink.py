@@ -332,7 +332,11 @@ def _watch_queries() -> None:
             pass
 
         def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
-            _flush_live_sinks(f"query {getattr(event, 'id', '?')} terminated")
+            # in a thread of its own: the listener bus (every query's events) never waits for a Delta commit
+            why = f"query {getattr(event, 'id', '?')} terminated"
+            threading.Thread(
+                target=_flush_live_sinks, args=(why,), name="spark-sb-flush", daemon=True
+            ).start()
 
     try:
         session.streams.addListener(FlushOnTermination())

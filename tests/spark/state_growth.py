@@ -158,8 +158,11 @@ class Costs:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
 
 
-def measure(spark: Any, location: str, *, repeat: int = 5, batch_id: int = 10_000_000) -> Costs:
-    """What a sink and ``status`` pay to read the tables under ``location`` now."""
+def measure(
+    spark: Any, location: str, *, repeat: int = 5, batch_id: int = 10_000_000, commits: bool = True
+) -> Costs:
+    """What a sink and ``status`` pay to read the tables under ``location`` now (``commits``: and what one group
+    commit costs, else 0)."""
     tables = StateTables(location=location)
     sink = SINKS[0]
 
@@ -201,7 +204,7 @@ def measure(spark: Any, location: str, *, repeat: int = 5, batch_id: int = 10_00
     return Costs(
         first_batch=median_seconds(first_batch, repeat),
         per_batch=median_seconds(per_batch, repeat),
-        commit=median_seconds(commit, max(1, repeat // 2)),
+        commit=median_seconds(commit, max(1, repeat // 2)) if commits else 0.0,
         status=median_seconds(lambda: read_status(config, depths=False), max(1, repeat // 2)),
         files=files,
     )

@@ -1,0 +1,131 @@
+"""State tables that stay small (smaller numbers than ``bench/bench_state_growth.py``): tables grown by months of
+batches, then ``spark-sb maintain``: old events and rejects go, the entities and the rows replay skipping reads
+stay, the files are compacted, the table properties set, and what a sink and ``status`` read at batch start costs
+about what it costs on young tables."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_sb.state import (
+    BATCH_COMMITTED,
+    MAINTAINED,
+    TABLE_PROPERTIES,
+    BatchWrites,
+    DeltaStateStore,
+    Event,
+    RejectRecord,
+    StateTables,
+    maintain_if_due,
+)
+
+from .state_growth import SINKS, bulk_history, entity_records, measure, seed, small_commits
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+NOW = datetime.now(timezone.utc).replace(microsecond=0)
+BATCHES = 3_000  # one every 20 minutes: ~42 days, the oldest ~12 days beyond a 30-day retention
+
+
+def _maintain_cli(spark: Any, config: Path) -> dict[str, Any]:
+    from spark_sb.__main__ import build_parser, run_maintain
+
+    args: argparse.Namespace = build_parser().parse_args(["maintain", "--config", str(config), "--json"])
+    out, err = io.StringIO(), io.StringIO()
+    assert run_maintain(args, out=out, err=err, spark=spark) == 0, err.getvalue()
+    report: dict[str, Any] = json.loads(out.getvalue())
+    return report
+
+
+@pytest.mark.timeout(900)  # ~1.5 min alone; a 2-core machine shared with other Spark runs triples it
+def test_maintain_keeps_the_tables_small_and_what_sinks_need(spark: Any, tmp_path: Path) -> None:
+    fresh, grown = str(tmp_path / "fresh"), str(tmp_path / "grown")
+    records = entity_records(NOW)
+    seed(spark, fresh, NOW, records)
+    # the grown tables were made before the table properties existed
+    for table, ddl in (("events", "EVENTS_DDL"), ("entities", "ENTITIES_DDL"), ("rejects", "REJECTS_DDL")):
+        import spark_sb.state as state
+
+        spark.sql(f"CREATE TABLE delta.`{grown}/{table}` ({getattr(state, ddl)}) USING DELTA").collect()
+    store = seed(spark, grown, NOW, records)
+    bulk_history(spark, grown, BATCHES, end=NOW - timedelta(minutes=5), every=20 * 60, files=20)
+    small_commits(grown, 20, end=NOW, first_batch=BATCHES)
+    # a sink that stopped long ago: its newest commit is older than the retention, and stays
+    old = NOW - timedelta(days=60)
+    store.write_batch(
+        "retired", 41, BatchWrites((Event(old, "retired", 41, BATCH_COMMITTED, count=9),), (), ())
+    )
+    store.write_batch(
+        "orders-ns/orders",
+        BATCHES + 100,
+        BatchWrites(
+            (Event(NOW, "orders-ns/orders", BATCHES + 100, BATCH_COMMITTED),),
+            (),
+            (
+                RejectRecord(old, "orders-ns/orders", 1, "orders", "body", "too large", "{}"),
+                RejectRecord(NOW, "orders-ns/orders", 2, "orders", "body", "too large", "{}"),
+            ),
+        ),
+    )
+    last = {s: store.last_committed(s) for s in (*SINKS, "retired")}
+    base = measure(spark, fresh, repeat=1, commits=False)
+
+    config = tmp_path / "conf.yaml"
+    config.write_text(
+        "primary:\n  connection_string: Endpoint=sb://orders-ns.servicebus.windows.net/;"
+        "SharedAccessKeyName=k;SharedAccessKey=x\n"
+        f"state_location: {grown}\nstate_retention: 30d\nstate_maintain_every: 1d\n"
+    )
+    report = _maintain_cli(spark, config)
+    tables = {t["table"]: t for t in report["tables"]}
+    assert tables["entities"]["deleted_rows"] == 0
+    assert tables["rejects"]["deleted_rows"] == 1
+    assert tables["events"]["deleted_rows"] > 0
+    assert tables["events"]["files_after"] <= 2 < 20 <= tables["events"]["files_before"]
+
+    after = DeltaStateStore(spark, StateTables(location=grown))
+    events = after.read_events()
+    cutoff = NOW - timedelta(days=30)
+    kept_old = [e for e in events if e.time < cutoff - timedelta(minutes=1)]
+    assert kept_old and all(e.event == BATCH_COMMITTED for e in kept_old)
+    assert {s: after.last_committed(s) for s in last} == last  # replay skipping reads the same
+    for sink in SINKS:  # each sink's newest commits, whatever their age
+        assert after.committed(sink, last[sink] or 0) is not None
+    assert after.committed("retired", 41) is not None
+    assert min(e.time for e in events if e.event != BATCH_COMMITTED and e.sink_id in SINKS) >= cutoff
+    assert sorted((r.entity, r.state) for r in after.read_entities()) == sorted(
+        (r.entity, r.state) for r in records
+    )
+    assert [r.batch_id for r in after.read_rejects()] == [2]
+    assert [e.event for e in events if e.sink_id == "spark-sb/maintain"] == [MAINTAINED]
+    for table in ("events", "entities", "rejects"):
+        props = {
+            r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{grown}/{table}`").collect()
+        }
+        assert {k: props.get(k) for k in TABLE_PROPERTIES} == TABLE_PROPERTIES
+
+    # what a sink and status pay at batch start: about the young tables' cost again (the bench holds the 10%)
+    maintained = measure(spark, grown, repeat=1, commits=False)
+    assert maintained.per_batch <= 1.5 * base.per_batch + 0.3, (base, maintained)
+    assert maintained.first_batch <= 1.5 * base.first_batch + 0.5, (base, maintained)
+    assert maintained.status < 3.0
+
+    # the syphon job's schedule: not due within a day of the maintenance
+    from spark_sb.config import load_config
+
+    assert maintain_if_due(spark, load_config(str(config)), now=NOW + timedelta(hours=23)) is None
+
+
+def test_new_tables_are_created_with_the_properties(spark: Any, tmp_path: Path) -> None:
+    DeltaStateStore(spark, StateTables(location=str(tmp_path / "s"))).ensure()
+    props = {
+        r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{tmp_path}/s/events`").collect()
+    }
+    assert {k: props.get(k) for k in TABLE_PROPERTIES} == TABLE_PROPERTIES
