@@ -21,18 +21,18 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from datetime import timedelta
-from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spark_sb import clients
 from spark_sb.backlog import PROBE_MODES, backlog_queue_names
-from spark_sb.durations import iso_duration_seconds
+from spark_sb.durations import parse_duration
 from spark_sb.endpoints import ConnectionStringInfo, derive_namespace_name, parse_connection_string
 from spark_sb.errors import ConfigError
 from spark_sb.message import FrozenMap
-from spark_sb.redact import redact, register_secret
+from spark_sb.redact import redact
 from spark_sb.rows import LOGICAL_COLUMNS
+from spark_sb.secret import Resolver, Secret
 
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential
@@ -64,140 +64,6 @@ _err = ConfigError.at
 
 def _one_of(key: str, value: Any, valid: tuple[str, ...]) -> ConfigError:
     return _err(key, f"{value!r} is not one of {', '.join(repr(v) for v in valid)}")
-
-
-# ---------------------------------------------------------------------------------------------- secrets
-@dataclass(frozen=True)
-class Secret:
-    """A secret string. ``repr``/``str`` give ``Secret('***')``; :meth:`reveal` returns the value.
-
-    ``reference`` is the text it was resolved from (e.g. ``${env:SB_PRIMARY}``), or ``None`` for a literal.
-    Picklable (the value travels to executors); on creation and unpickling the value is registered with
-    :func:`spark_sb.redact.register_secret`.
-    """
-
-    value: str = field(repr=False)
-    reference: str | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.value, str):
-            raise TypeError("Secret value must be a str")
-        register_secret(self.value)
-        for part in re.findall(r"(?:SharedAccessKey|SharedAccessSignature)=([^;]+)", self.value):
-            register_secret(part)
-
-    def reveal(self) -> str:
-        return self.value
-
-    def __repr__(self) -> str:
-        return "Secret('***')"
-
-    __str__ = __repr__
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Secret, (self.value, self.reference))
-
-
-_ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
-_DBX_REF = re.compile(r"\{\{secrets/([^/{}]+)/([^/{}]+)\}\}")
-
-
-def _find_dbutils() -> Any:
-    """``dbutils`` on a Databricks runtime, else ``None``. Runs on the driver."""
-    if not os.environ.get("DATABRICKS_RUNTIME_VERSION"):
-        return None
-    try:  # notebooks
-        import IPython  # type: ignore[import-not-found]
-
-        ip = IPython.get_ipython()
-        if ip is not None and "dbutils" in ip.user_ns:
-            return ip.user_ns["dbutils"]
-    except Exception:  # noqa: BLE001 - fall through to the job path
-        pass
-    try:  # jobs
-        from pyspark.dbutils import DBUtils  # type: ignore[import-not-found]
-        from pyspark.sql import SparkSession
-
-        return DBUtils(SparkSession.getActiveSession())
-    except Exception:  # noqa: BLE001
-        return None
-
-
-@dataclass
-class _Resolver:
-    env: Mapping[str, str]
-    dbutils: Any = None
-    _dbutils_looked: bool = False
-
-    def resolve(self, key: str, raw: str) -> tuple[str, bool]:
-        """Substitute references in ``raw``; returns (value, had_reference)."""
-        had = False
-
-        def env_sub(m: re.Match[str]) -> str:
-            nonlocal had
-            had = True
-            name = m.group(1)
-            if name not in self.env:
-                raise _err(key, f"environment variable {name!r} (referenced as ${{env:{name}}}) is not set")
-            return self.env[name]
-
-        def dbx_sub(m: re.Match[str]) -> str:
-            nonlocal had
-            had = True
-            if self.dbutils is None and not self._dbutils_looked:
-                self.dbutils = _find_dbutils()
-                self._dbutils_looked = True
-            if self.dbutils is None:
-                raise _err(
-                    key,
-                    f"secret reference {m.group(0)} needs Databricks (dbutils.secrets) and this is not a "
-                    "Databricks runtime; use ${env:NAME} instead",
-                )
-            try:
-                return str(self.dbutils.secrets.get(scope=m.group(1), key=m.group(2)))
-            except Exception as exc:  # noqa: BLE001 - report, never with the value
-                raise _err(key, f"cannot read Databricks secret {m.group(0)}: {type(exc).__name__}") from None
-
-        value = _ENV_REF.sub(env_sub, raw)
-        value = _DBX_REF.sub(dbx_sub, value)
-        return value, had
-
-
-# ------------------------------------------------------------------------------------------ durations
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
-_UNIT = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(value: Any, key: str = "duration") -> float:
-    """Seconds from ``30``, ``30.5``, ``"30s"``, ``"5m"``, ``"1h"``, ``"250ms"``, ``"2d"``, ISO-8601 ``"PT1M"``
-    or a ``timedelta``. Raises :class:`ConfigError` naming ``key``."""
-    if isinstance(value, bool):
-        raise _err(key, f"expected a duration, found {value!r}")
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        m = _DURATION.match(text)
-        if m:
-            seconds = float(m.group(1)) * _UNIT[(m.group(2) or "s").lower()]
-        else:
-            try:
-                iso: Decimal | None = iso_duration_seconds(text)
-            except ValueError:
-                iso = None
-            if iso is None or iso < 0:  # a negative ISO duration is not one here
-                raise _err(
-                    key,
-                    f"{value!r} is not a duration (examples: 30, 30.5, '30s', '5m', '1h', '250ms', 'PT1M')",
-                )
-            seconds = float(iso)
-    else:
-        raise _err(key, f"expected a duration, found {type(value).__name__}")
-    if math.isnan(seconds) or math.isinf(seconds):
-        raise _err(key, f"{value!r} is not a finite duration")
-    return seconds
 
 
 def _parse_int(value: Any, key: str) -> int:
@@ -423,23 +289,8 @@ class CredentialConfig:
 
     def build(self) -> TokenCredential:
         """A live azure-identity credential. Call where the client is built (executor), never pickle it."""
-        import azure.identity as identity
-
-        if self.kind == "client_secret":
-            assert self.tenant_id and self.client_id and self.client_secret
-            return identity.ClientSecretCredential(
-                self.tenant_id, self.client_id, self.client_secret.reveal()
-            )
-        if self.kind == "managed_identity":
-            if self.client_id:
-                return identity.ManagedIdentityCredential(client_id=self.client_id)
-            return identity.ManagedIdentityCredential()
-        kwargs: dict[str, Any] = {}
-        if self.client_id:
-            kwargs["managed_identity_client_id"] = self.client_id
-        if self.tenant_id:
-            kwargs["additionally_allowed_tenants"] = [self.tenant_id]
-        return identity.DefaultAzureCredential(**kwargs)
+        secret = self.client_secret.reveal() if self.client_secret is not None else None
+        return clients.credential(self.kind, self.tenant_id, self.client_id, secret)
 
 
 @dataclass(frozen=True)
@@ -561,31 +412,32 @@ class NamespaceConfig:
 
     def client(self, retry: RetryConfig | None = None, **kwargs: Any) -> ServiceBusClient:
         """A new ``ServiceBusClient`` with the retry settings of ``retry`` (``kwargs`` win)."""
-        from azure.servicebus import ServiceBusClient
-
         options = {**(retry or RetryConfig()).client_kwargs(), **kwargs}
-        if self.connection_string is not None:
-            return ServiceBusClient.from_connection_string(self.connection_string.reveal(), **options)
-        assert self.credential is not None
-        if self.use_development_emulator:
-            options.setdefault("use_tls", False)
-        return ServiceBusClient(self._bare_fqns(), self.credential.build(), **options)
+        return clients.service_bus_client(
+            self.connection_string.reveal() if self.connection_string is not None else None,
+            self._bare_fqns(),
+            self.credential.build()
+            if self.connection_string is None and self.credential is not None
+            else None,
+            plain_amqp=self.use_development_emulator,
+            **options,
+        )
 
     def admin_client(self, retry: RetryConfig | None = None, **kwargs: Any) -> ServiceBusAdministrationClient:
         """A new ``ServiceBusAdministrationClient`` (HTTPS). Pass ``connection_verify=<ca.pem>`` for the local
         namespace."""
-        from azure.servicebus.management import ServiceBusAdministrationClient
-
         options = {**kwargs}
         if retry is not None:
             options = {"retry_total": retry.total, "retry_backoff_factor": retry.backoff_factor,
                        "retry_backoff_max": retry.backoff_max, **options}  # fmt: skip
-        if self.connection_string is not None:
-            return ServiceBusAdministrationClient.from_connection_string(
-                self.connection_string.reveal(), **options
-            )
-        assert self.credential is not None
-        return ServiceBusAdministrationClient(self._bare_fqns(), self.credential.build(), **options)
+        return clients.admin_client(
+            self.connection_string.reveal() if self.connection_string is not None else None,
+            self._bare_fqns(),
+            self.credential.build()
+            if self.connection_string is None and self.credential is not None
+            else None,
+            **options,
+        )
 
     def redacted(self) -> str:
         """A log-safe description, e.g. ``sb://127.0.0.1:5671 (SAS key name RootManageSharedAccessKey)``."""
@@ -757,7 +609,7 @@ class ServiceBusConfig:
         """Build from a nested dict, a flat dotted dict, or a mix. Secret references are resolved now."""
         flat: dict[str, Any] = {}
         _flatten(d, "", flat)
-        return _build(flat, _Resolver(env if env is not None else os.environ, dbutils))
+        return _build(flat, Resolver(env if env is not None else os.environ, dbutils))
 
     @classmethod
     def from_options(
@@ -770,7 +622,7 @@ class ServiceBusConfig:
             if key in lowered:
                 raise _err(key, "given twice (option keys are case-insensitive)")
             lowered[key] = v
-        return _build(lowered, _Resolver(env if env is not None else os.environ, dbutils))
+        return _build(lowered, Resolver(env if env is not None else os.environ, dbutils))
 
     def to_options(self, include_secrets: bool = False) -> dict[str, str]:
         """Flat Spark-options form; ``from_options(cfg.to_options())`` equals ``cfg``.
@@ -864,7 +716,7 @@ def _flatten(d: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
             out[key] = v
 
 
-def _build(flat: Mapping[str, Any], resolver: _Resolver) -> ServiceBusConfig:
+def _build(flat: Mapping[str, Any], resolver: Resolver) -> ServiceBusConfig:
     errors: list[tuple[str, str]] = []
     values: dict[str, Any] = {}
     extra: dict[str, str] = {}

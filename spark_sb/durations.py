@@ -1,5 +1,6 @@
-"""ISO-8601 durations and the service's maximum duration: the one codec for config and provisioning (the local
-namespace, a distribution of its own, keeps its own copy).
+"""Durations: the configuration's (``30``, ``"30s"``, ``"5m"``, ``"250ms"``, ISO ``"PT1M"``: :func:`parse_duration`)
+and ISO-8601 with the service's maximum duration, the one codec for config and provisioning (the local namespace,
+a distribution of its own, keeps its own copy).
 
 The grammar is the day-time subset the service speaks (``PT1M``, ``P3DT4H5M6.000007S``, ``P2W``,
 ``P10675199DT2H48M5.4775807S``): optional sign, weeks, days, hours, minutes, seconds, each with an optional
@@ -9,15 +10,20 @@ their own rules (a sign, the maximum) and their own error types. Pure; runs anyw
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
+
+from spark_sb.errors import ConfigError
 
 __all__ = [
     "MAX_DURATION",
     "MAX_DURATION_ISO",
     "format_iso_duration",
     "iso_duration_seconds",
+    "parse_duration",
     "parse_iso_duration",
 ]
 
@@ -85,3 +91,41 @@ def format_iso_duration(value: timedelta) -> str:
     if time_part:
         text += "T" + time_part
     return "PT0S" if text in ("P", "-P") else text
+
+
+# ------------------------------------------------------------------------------ the configuration's durations
+_err = ConfigError.at
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
+_UNIT = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: Any, key: str = "duration") -> float:
+    """Seconds from ``30``, ``30.5``, ``"30s"``, ``"5m"``, ``"1h"``, ``"250ms"``, ``"2d"``, ISO-8601 ``"PT1M"``
+    or a ``timedelta``. Raises :class:`~spark_sb.errors.ConfigError` naming ``key``."""
+    if isinstance(value, bool):
+        raise _err(key, f"expected a duration, found {value!r}")
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        m = _DURATION.match(text)
+        if m:
+            seconds = float(m.group(1)) * _UNIT[(m.group(2) or "s").lower()]
+        else:
+            try:
+                iso: Decimal | None = iso_duration_seconds(text)
+            except ValueError:
+                iso = None
+            if iso is None or iso < 0:  # a negative ISO duration is not one here
+                raise _err(
+                    key,
+                    f"{value!r} is not a duration (examples: 30, 30.5, '30s', '5m', '1h', '250ms', 'PT1M')",
+                )
+            seconds = float(iso)
+    else:
+        raise _err(key, f"expected a duration, found {type(value).__name__}")
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise _err(key, f"{value!r} is not a finite duration")
+    return seconds
