@@ -1430,9 +1430,8 @@ def last_maintained(spark: SparkSession, tables: StateTables) -> datetime | None
 
 
 def _created_at(spark: SparkSession, tables: StateTables) -> datetime | None:
-    row = spark.sql(f"DESCRIBE DETAIL {tables.sql_name('events')}").collect()[0]
-    created = row["createdAt"]
-    return None if created is None else _utc(created)
+    detail = spark.sql(f"DESCRIBE DETAIL {tables.sql_name('events')}")
+    return _from_micros(detail.selectExpr("unix_micros(createdAt) AS t").collect()[0]["t"])
 
 
 #: When each set of tables (by :meth:`StateTables.sql_name` of events) was last maintained, as far as this

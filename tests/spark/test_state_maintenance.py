@@ -129,3 +129,20 @@ def test_new_tables_are_created_with_the_properties(spark: Any, tmp_path: Path) 
         r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{tmp_path}/s/events`").collect()
     }
     assert {k: props.get(k) for k in TABLE_PROPERTIES} == TABLE_PROPERTIES
+
+
+def test_the_schedule_counts_from_the_tables_creation(spark: Any, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    location = str(tmp_path / "young")
+    DeltaStateStore(spark, StateTables(location=location)).ensure()
+    config = SimpleNamespace(
+        state_location=location,
+        state_table_prefix=None,
+        state_maintain_every=86400.0,
+        state_retention=30 * 86400.0,
+    )
+    now = datetime.now(timezone.utc)
+    assert maintain_if_due(spark, config, now=now + timedelta(hours=20)) is None  # created just now
+    off = SimpleNamespace(**{**config.__dict__, "state_maintain_every": 0.0})
+    assert maintain_if_due(spark, off, now=now + timedelta(days=400)) is None  # 0: never
