@@ -365,7 +365,8 @@ class Timeline:
 
     def fault_at(self, t: float, slack: float, until: float | None = None) -> str:
         """The event whose window (widened by ``slack`` s after it) meets [t, until]; "" for none."""
-        for start, end, what in self.fault_windows:
+        # A flap first: its drop resets connections at once, so its failovers can fall in another event's slack.
+        for start, end, what in sorted(self.fault_windows, key=lambda w: w[2] != "flap"):
             if start - 1 <= (t if until is None else until) and t <= end + slack:
                 return what
         return ""
@@ -407,8 +408,9 @@ def run_schedule(
             feeder.running.clear()
             timeline.mark("quiet before the silent drop")
             time.sleep(4.0)
+            open_now = primary.status().get("connections")
             primary.post("/faults/blackhole", {"on": True})
-            timeline.mark("primary blackholed (its open connections get no answer ever again)")
+            timeline.mark(f"primary blackholed: its {open_now} open connection(s) get no answer ever again")
             time.sleep(duration - 4.0)
             feeder.running.set()
             timeline.mark("input resumes on the blackholed connections")
