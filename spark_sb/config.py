@@ -299,8 +299,8 @@ class RetryConfig:
 
     ``total`` is the SDK's own retry count for the clients that keep it (the syphon's receivers, the admin client).
     The paired sender's clients do not retry inside a call: its attempt loop retries, with ``backoff_factor`` and
-    ``backoff_max``, so that every failed attempt reaches the failover timer at once and failover is on time
-    whatever these settings are."""
+    ``backoff_max`` (doubling, or the same step every time with ``mode: fixed``), so that every failed attempt
+    reaches the failover timer at once and failover is on time whatever these settings are."""
 
     total: int = 3
     backoff_factor: float = 0.8

@@ -245,6 +245,7 @@ class RetryPolicy:
     busy_wait: float = 120.0
     busy_first: float = 0.05
     busy_cap: float = 0.25
+    fixed: bool = False
     backlog_attempts: int = 2
     backlog_budget: float = 30.0
     cancel_attempts: int = 3
@@ -267,13 +268,19 @@ def decide(
     after the failure was recorded; ``remaining``: seconds left on its failover timer (None unless failing);
     ``messages``: how many messages the failed batch held.
     """
+
+    def backoff(n: int) -> float:
+        if policy.fixed:
+            return min(policy.backoff_base, policy.backoff_cap) if n >= 1 else 0.0
+        return backoff_delay(n, policy.backoff_base, policy.backoff_cap)
+
     if error.fail_batch:
         return Decision(Verb.RAISE, why="configuration error")
     if where is Where.PROBE:
         if error.name == "message_not_found":
             return Decision(Verb.RAISE, why="nothing to cancel")
         if attempts < policy.cancel_attempts:
-            return Decision(Verb.RETRY, backoff_delay(attempts, policy.backoff_base, policy.backoff_cap))
+            return Decision(Verb.RETRY, backoff(attempts))
         return Decision(Verb.RAISE, why="cancel attempts exhausted")
     if error.reject_message:
         return (
@@ -282,18 +289,14 @@ def decide(
     if where is Where.BACKLOG:
         left = policy.backlog_budget - waited
         if error.retry and attempts < policy.backlog_attempts and left > 0:
-            delay = min(backoff_delay(attempts, policy.backoff_base, policy.backoff_cap), left)
+            delay = min(backoff(attempts), left)
             return Decision(Verb.RETRY, delay)
         return Decision(Verb.PULL, why=error.name)
     if error.fail_over:
         if state is EntityState.FAILED_OVER:
             return Decision(Verb.DIVERT, why=error.name)
         # A connection-class error on a client that was fine: the rebuilt client is tried at once.
-        delay = (
-            0.0
-            if attempts == 1 and error.rebuild_client
-            else backoff_delay(attempts, policy.backoff_base, policy.backoff_cap)
-        )
+        delay = 0.0 if attempts == 1 and error.rebuild_client else backoff(attempts)
         if remaining is not None:
             delay = min(delay, remaining)
         return Decision(Verb.RETRY, delay)
@@ -303,7 +306,7 @@ def decide(
         if error.name == "server_busy":  # throttled: back off briefly, capped at about the throttling window
             delay = backoff_delay(attempts, policy.busy_first, policy.busy_cap)
             return Decision(Verb.RETRY, min(delay, policy.busy_wait - waited), why="throttled")
-        return Decision(Verb.RETRY, backoff_delay(attempts, policy.backoff_base, policy.backoff_cap))
+        return Decision(Verb.RETRY, backoff(attempts))
     return Decision(Verb.RAISE, why=f"unexpected {error.name}")
 
 

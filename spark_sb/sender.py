@@ -221,6 +221,14 @@ class _Attempted:
 _SUCCEEDED = _Attempted()
 
 
+@dataclass
+class _Progress:
+    """Where one batch's attempt loop stands, kept across deferred retries (see :meth:`PairedSender._flush`)."""
+
+    began: float
+    attempts: int = 0
+
+
 class PairedSender:
     """Sends :class:`OutboundMessage` streams to the primary namespace with failover to backlog queues.
 
@@ -294,6 +302,7 @@ class PairedSender:
         self._policy = RetryPolicy(
             backoff_base=base,
             backoff_cap=max(base, float(config.retry.backoff_max)),
+            fixed=config.retry.mode == "fixed",
             busy_retries=max_busy_retries,
             busy_wait=max_busy_wait,
             backlog_attempts=max(1, backlog_attempts),
@@ -395,10 +404,8 @@ class PairedSender:
                         continue
                 self._reject_oversize(tally, msg, entity, batch, index, translated=False)
             self._prepare([e for e, b in primary.items() if len(b) > 0], tally)
-            for entity in list(primary):
-                batch = primary.pop(entity)
-                if len(batch) > 0:
-                    self._deliver(batch, backlog, tally)
+            self._flush([b for b in primary.values() if len(b) > 0], backlog, tally)
+            primary.clear()
             self._flush_backlog(backlog, tally)
             self._collect_probes(tally)
         except SendError as err:
@@ -539,19 +546,25 @@ class PairedSender:
         state: EntityFailover | None = None,
         messages: int = 1,
         target: Target,
+        progress: _Progress | None = None,
+        defer: bool = False,
     ) -> _Attempted:
         """Call ``call(timeout)`` until it succeeds or :func:`decide` says otherwise (after sleeping through
         each RETRY). On the primary, each failure goes to the entity's failover timer (from the moment the
-        failing attempt started) and each attempt's deadline is what is left of the interval."""
-        began = self._clock.monotonic()
-        attempts = 0
+        failing attempt started) and each attempt's deadline is what is left of the interval. ``defer``: a RETRY
+        is returned (its delay in the decision) instead of slept through, ``progress`` carrying the loop's state
+        to the next call - so that the caller can wait for many entities' retries at once."""
+        if progress is None:
+            progress = _Progress(self._clock.monotonic())
+        began = progress.began
         while True:
             timeout = self._budget(where, state, began, tally, target)
             if timeout is None:
                 return _Attempted(Decision(Verb.DIVERT, why="failed over"))
             attempt = functools.partial(call, timeout)
             started = self._clock.monotonic()
-            attempts += 1
+            progress.attempts += 1
+            attempts = progress.attempts
             try:
                 attempt()
             except Exception as exc:
@@ -584,12 +597,15 @@ class PairedSender:
                     policy=self._policy,
                 )
                 if decision.verb is Verb.RETRY:
-                    self._clock.sleep(decision.delay)
+                    if not defer:
+                        self._clock.sleep(decision.delay)
                     if tally is not None:
                         tally.retries += 1
                         if decision.why == "throttled":
                             waited = tally.throttled.get(target.entity, 0.0)
                             tally.throttled[target.entity] = waited + decision.delay
+                    if defer:
+                        return _Attempted(decision, exc, cls)
                     continue
                 return _Attempted(decision, exc, cls)
             if state is not None:
@@ -635,7 +651,14 @@ class PairedSender:
             tally.diverted_by_entity[entity] = tally.diverted_by_entity.get(entity, 0) + 1
 
     # -- delivery to the primary
-    def _deliver(self, batch: Batch, backlog: dict[str, _Open], tally: _Tally) -> None:
+    def _deliver(
+        self,
+        batch: Batch,
+        backlog: dict[str, _Open],
+        tally: _Tally,
+        progress: _Progress | None = None,
+        defer: bool = False,
+    ) -> float | None:
         """Deliver one full primary batch - to the primary, or, failed over by now, to the backlog - and settle
         it (retried, diverted, split) before the caller packs on: one batch at a time, order holds. Sends are
         synchronous: measured (``bench/bench_overlap.py``), packing the next batch while one was on the wire
@@ -643,8 +666,33 @@ class PairedSender:
         tally.sticky.clear()  # a batch boundary: a backlog queue may have been pulled since, choose again
         if self._admit(batch.target.entity, tally) is Route.BACKLOG:
             self._divert(batch.messages, backlog, tally)
-            return
-        self._send_primary(batch, backlog, tally)
+            return None
+        return self._send_primary(batch, backlog, tally, progress, defer)
+
+    def _flush(self, batches: list[Batch], backlog: dict[str, _Open], tally: _Tally) -> None:
+        """Deliver the call's last batches, one per entity, waiting for their retries together: an entity whose
+        send failed is tried again when its back-off is over while the others go on, so E entities failing at
+        once (all disabled, say) cost about one ``failover_interval``, not E of them (SPEC F1). Each entity's
+        messages stay in order (one batch per entity, retried whole). ``waiting`` is bounded by the batches."""
+        waiting: list[tuple[float, int, Batch, _Progress]] = []
+        for n, batch in enumerate(batches):
+            progress = _Progress(self._clock.monotonic())
+            delay = self._deliver(batch, backlog, tally, progress, defer=True)
+            if delay is not None:
+                waiting.append((self._clock.monotonic() + delay, n, batch, progress))
+        while waiting:
+            waiting.sort(key=lambda w: w[0])
+            due = waiting[0][0]
+            now = self._clock.monotonic()
+            if due > now:
+                self._clock.sleep(due - now)
+            ready = [w for w in waiting if w[0] <= self._clock.monotonic()] or waiting[:1]
+            taken = {w[1] for w in ready}
+            waiting = [w for w in waiting if w[1] not in taken]
+            for _, n, batch, progress in ready:
+                delay = self._deliver(batch, backlog, tally, progress, defer=True)
+                if delay is not None:
+                    waiting.append((self._clock.monotonic() + delay, n, batch, progress))
 
     def _slow(self, entity: str) -> Callable[[], None]:
         def slow() -> None:  # no answer yet, close to the deadline: have the backlog's link ready
@@ -652,7 +700,16 @@ class PairedSender:
 
         return slow
 
-    def _send_primary(self, batch: Batch, backlog: dict[str, _Open], tally: _Tally) -> None:
+    def _send_primary(
+        self,
+        batch: Batch,
+        backlog: dict[str, _Open],
+        tally: _Tally,
+        progress: _Progress | None = None,
+        defer: bool = False,
+    ) -> float | None:
+        """Send ``batch`` to the primary and settle it; with ``defer``, a retry is not waited for here: its delay
+        is returned (``progress`` holds the loop's state) and the caller delivers the batch again after it."""
         entity = batch.target.entity
         transport = self.transport
         slow = self._slow(entity)
@@ -663,11 +720,15 @@ class PairedSender:
             state=self._entity(entity),
             messages=len(batch),
             target=batch.target,
+            progress=progress,
+            defer=defer,
         )
         if result.decision is None:
             self._count(batch, None, tally)
-            return
+            return None
         verb = result.decision.verb
+        if verb is Verb.RETRY:
+            return result.decision.delay
         if verb is Verb.DIVERT:
             self._divert(batch.messages, backlog, tally)
         elif verb is Verb.SPLIT:
@@ -679,6 +740,7 @@ class PairedSender:
                 self._reject(tally, m, RejectError(reason), entity, None)
         else:
             raise self._raise(result, PRIMARY, entity)
+        return None
 
     def _halves(self, batch: Batch) -> list[Batch]:
         msgs = list(batch.messages)

@@ -38,6 +38,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if callspec is not None and callspec.params.get("backend") == "azure":
             item.add_marker("azure")
 
+
 # The local Service Bus namespace fixtures (namespace_pair, local_namespace) come from the servicebus-local
 # distribution's pytest plugin (its `pytest11` entry point), so that anyone's tests can use them.
 

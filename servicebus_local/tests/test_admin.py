@@ -317,10 +317,14 @@ def admin(harness: Harness) -> Iterator[ServiceBusAdministrationClient]:
 )
 def test_parse_duration(text: str, expected: timedelta) -> None:
     assert parse_duration(text) == expected
+
+
 @pytest.mark.parametrize("text", ["", "P", "PT", "1M", "P1Y", "P1M", "-PT1M", "P10675200D", "PTxS"])
 def test_parse_duration_refuses(text: str) -> None:
     with pytest.raises(BadRequest):
         parse_duration(text)
+
+
 @pytest.mark.parametrize(
     "value",
     [timedelta(0), timedelta(minutes=1), timedelta(seconds=30.25), timedelta(days=400, microseconds=1),
@@ -328,11 +332,15 @@ def test_parse_duration_refuses(text: str) -> None:
 )  # fmt: skip
 def test_format_then_parse_is_identity(value: timedelta) -> None:
     assert parse_duration(format_duration(value)) == value
+
+
 def test_format_duration_texts() -> None:
     assert format_duration(timedelta(minutes=1)) == "PT1M"
     assert format_duration(timedelta(days=1, seconds=1.5)) == "P1DT1.5S"
     assert format_duration(timedelta(0)) == "PT0S"
     assert format_duration(MAX_DURATION) == MAX_DURATION_ISO
+
+
 @pytest.mark.parametrize(
     ("table", "settings_type"),
     [
@@ -344,6 +352,8 @@ def test_format_duration_texts() -> None:
 def test_tables_cover_every_settings_field(table: Any, settings_type: type) -> None:
     assert sorted(spec.attr for spec in table) == sorted(f.name for f in dataclasses.fields(settings_type))
     assert len({spec.xml_name for spec in table}) == len(table)
+
+
 @pytest.mark.parametrize(
     ("path", "target", "names"),
     [
@@ -369,6 +379,8 @@ def _sas(uri: str, key_name: str, key: str, expiry: int) -> str:
     return "SharedAccessSignature " + urlencode(
         {"sr": uri, "sig": signature, "se": str(expiry), "skn": key_name}
     )
+
+
 def test_verify_sas() -> None:
     uri, now = "https://127.0.0.1:5671", 1_000_000.0
     assert verify_sas(_sas(uri, KEY_NAME, KEY, 1_000_060), KEY_NAME, KEY, now) is None
@@ -383,6 +395,8 @@ def test_verify_sas() -> None:
     assert verify_sas("Bearer abc", KEY_NAME, KEY, now) is not None
     for refusal in (verify_sas(_sas(uri, KEY_NAME, "other", 1_000_060), KEY_NAME, KEY, now) or "",):
         assert KEY not in refusal
+
+
 def test_local_tls_is_cached_and_writes_the_ca(tmp_path: Path) -> None:
     first = LocalTls.create(tmp_path / "a")
     started = time.perf_counter()
@@ -427,6 +441,8 @@ def test_queue_create_get_update_list_delete(
     with pytest.raises(ResourceNotFoundError):
         admin.get_queue("orders")
     assert list(admin.list_queues()) == []
+
+
 def test_queue_defaults_are_the_services(admin: ServiceBusAdministrationClient) -> None:
     queue = admin.create_queue("plain")
     assert queue.default_message_time_to_live == SDK_MAX
@@ -441,6 +457,8 @@ def test_queue_defaults_are_the_services(admin: ServiceBusAdministrationClient) 
     again = admin.get_queue("plain")
     assert again.default_message_time_to_live == SDK_MAX
     assert again.auto_delete_on_idle == SDK_MAX
+
+
 def test_queue_names_with_slashes(admin: ServiceBusAdministrationClient, store: MemoryStore) -> None:
     names = [f"contoso/x-servicebus-transfer/{i}" for i in range(3)]
     for name in names:
@@ -456,6 +474,8 @@ def test_queue_names_with_slashes(admin: ServiceBusAdministrationClient, store: 
     assert sorted(store.queues) == names[1:]
     with pytest.raises(ResourceNotFoundError):
         admin.get_queue(names[0])
+
+
 def test_list_pages_through_more_than_one_page(
     admin: ServiceBusAdministrationClient, store: MemoryStore
 ) -> None:
@@ -469,6 +489,8 @@ def test_list_pages_through_more_than_one_page(
     assert store.requests == [("GET", "/$Resources/queues")] * 3  # 100 + 100 + 30
     runtime = list(admin.list_queues_runtime_properties())
     assert len(runtime) == 230 and runtime[-1].name == names[-1]
+
+
 def test_list_with_page_size(admin: ServiceBusAdministrationClient, store: MemoryStore) -> None:
     for i in range(7):
         store.create_topic(f"t{i}", TopicSettings())
@@ -512,6 +534,8 @@ def _queue_cases() -> list[tuple[str, Any, Any]]:
         ("auto_delete_on_idle", MAX_DURATION, SDK_MAX),
     ]
     return cases
+
+
 @pytest.mark.parametrize(("prop", "value", "expected"), _queue_cases())
 def test_queue_property_round_trips(
     admin: ServiceBusAdministrationClient, prop: str, value: Any, expected: Any
@@ -526,6 +550,8 @@ def test_queue_property_round_trips(
     setattr(queue, prop, value)
     admin.update_queue(queue)
     assert getattr(admin.get_queue("rt-update"), prop) == expected
+
+
 @pytest.mark.parametrize("prop", ["forward_to", "forward_dead_lettered_messages_to"])
 def test_queue_forwarding_round_trips(
     admin: ServiceBusAdministrationClient, harness: Harness, prop: str
@@ -542,6 +568,8 @@ def test_queue_forwarding_round_trips(
     setattr(queue, prop, None)
     admin.update_queue(queue)  # an update replaces the description: no element, no forwarding
     assert getattr(admin.get_queue("source"), prop) is None
+
+
 def test_queue_invalid_values_are_400(admin: ServiceBusAdministrationClient, store: MemoryStore) -> None:
     with pytest.raises(HttpResponseError) as caught:
         admin.create_queue("bad", status="Creating")
@@ -575,6 +603,8 @@ def _topic_cases() -> list[tuple[str, Any]]:
         ("user_metadata", "topic metadata"),
         ("max_message_size_in_kilobytes", 2048),
     ]
+
+
 @pytest.mark.parametrize(("prop", "value"), _topic_cases())
 def test_topic_property_round_trips(admin: ServiceBusAdministrationClient, prop: str, value: Any) -> None:
     created = admin.create_topic("rt-topic", **{prop: value})
@@ -602,6 +632,8 @@ def _subscription_cases() -> list[tuple[str, Any]]:
         ("user_metadata", "subscription metadata"),
         ("auto_delete_on_idle", timedelta(minutes=10)),
     ]
+
+
 @pytest.mark.parametrize(("prop", "value"), _subscription_cases())
 def test_subscription_property_round_trips(
     admin: ServiceBusAdministrationClient, prop: str, value: Any
@@ -617,12 +649,16 @@ def test_subscription_property_round_trips(
     assert getattr(admin.get_subscription("events/all", "sub-b"), prop) == value
     listed = {s.name: s for s in admin.list_subscriptions("events/all")}
     assert getattr(listed["sub-b"], prop) == value
+
+
 def test_subscription_forward_to(admin: ServiceBusAdministrationClient, harness: Harness) -> None:
     admin.create_topic("t")
     admin.create_queue("sink")
     sub = admin.create_subscription("t", "s", forward_to="sink", forward_dead_lettered_messages_to="sink")
     assert sub.forward_to == f"sb://127.0.0.1:{harness.port}/sink"
     assert sub.forward_dead_lettered_messages_to == f"sb://127.0.0.1:{harness.port}/sink"
+
+
 def test_topic_and_subscription_lifecycle(admin: ServiceBusAdministrationClient, store: MemoryStore) -> None:
     admin.create_topic("orders")
     for name in ("b", "a", "c"):
@@ -647,11 +683,15 @@ def test_topic_and_subscription_lifecycle(admin: ServiceBusAdministrationClient,
     assert store.topics == {} and store.subscriptions == {}
     with pytest.raises(ResourceNotFoundError):
         admin.get_topic("orders")
+
+
 def test_many_subscriptions_page(admin: ServiceBusAdministrationClient, store: MemoryStore) -> None:
     store.create_topic("wide", TopicSettings())
     for i in range(120):
         store.create_subscription("wide", f"s{i:03d}", SubscriptionSettings())
     assert [s.name for s in admin.list_subscriptions("wide")] == [f"s{i:03d}" for i in range(120)]
+
+
 def test_default_rule(admin: ServiceBusAdministrationClient) -> None:
     admin.create_topic("t")
     admin.create_subscription("t", "s")
@@ -709,6 +749,8 @@ def test_runtime_properties_counts(admin: ServiceBusAdministrationClient, store:
     assert (sub_runtime.active_message_count, sub_runtime.dead_letter_message_count) == (8, 1)
     assert sub_runtime.total_message_count == 9
     assert [r.active_message_count for r in admin.list_subscriptions_runtime_properties("tt")] == [8]
+
+
 def test_namespace_properties(admin: ServiceBusAdministrationClient) -> None:
     properties = admin.get_namespace_properties()
     assert properties.name == "harness-ns"
@@ -738,6 +780,8 @@ def test_not_found_and_conflict(admin: ServiceBusAdministrationClient) -> None:
     admin.create_topic("topic-once")
     with pytest.raises(ResourceExistsError):
         admin.create_topic("topic-once")
+
+
 def test_bad_key_is_client_authentication_error(harness: Harness, store: MemoryStore) -> None:
     with harness.client(key="d3Jvbmcta2V5") as wrong:
         with pytest.raises(ClientAuthenticationError):
@@ -748,6 +792,8 @@ def test_bad_key_is_client_authentication_error(harness: Harness, store: MemoryS
         list(other_name.list_queues())
     assert store.queues == {}
     assert store.requests == []  # refused before anything else happened
+
+
 def test_without_a_key_anything_is_accepted(tmp_path: Path, store: MemoryStore) -> None:
     running = Harness(tmp_path, store, key=None)
     try:
@@ -756,6 +802,8 @@ def test_without_a_key_anything_is_accepted(tmp_path: Path, store: MemoryStore) 
         assert "open" in store.queues
     finally:
         running.close()
+
+
 def test_injected_500_is_retried_by_the_sdk(harness: Harness, store: MemoryStore) -> None:
     store.inject("PUT", "/flaky/q", AdminFault(500, detail="injected server error"), times=2)
     with harness.client(retry_backoff_factor=0.01) as client:
@@ -763,6 +811,8 @@ def test_injected_500_is_retried_by_the_sdk(harness: Harness, store: MemoryStore
     assert created.name == "flaky/q"
     assert "flaky/q" in store.queues
     assert store.requests.count(("PUT", "/flaky/q")) == 3
+
+
 def test_injected_403_is_an_http_response_error(harness: Harness, store: MemoryStore) -> None:
     store.inject("PUT", "/forbidden", AdminFault(403, code="40301", detail="Manage claim required"))
     with harness.client() as client:
@@ -773,6 +823,8 @@ def test_injected_403_is_an_http_response_error(harness: Harness, store: MemoryS
         assert store.queues == {}
         client.create_queue("forbidden")  # the fault was used up
     assert "forbidden" in store.queues
+
+
 def test_injected_404_and_409(harness: Harness, store: MemoryStore) -> None:
     store.create_queue("there", QueueSettings())
     store.inject("GET", "/there", AdminFault(404, detail="gone for a moment"))
@@ -796,6 +848,8 @@ def test_trust_through_requests_ca_bundle(
     with client:
         client.create_queue("trusted-by-env")
     assert "trusted-by-env" in store.queues
+
+
 def test_untrusted_client_fails_verification(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
     monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
@@ -803,6 +857,8 @@ def test_untrusted_client_fails_verification(harness: Harness, monkeypatch: pyte
     with client, pytest.raises(ServiceRequestError) as caught:
         client.get_namespace_properties()
     assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
+
+
 def test_garbage_and_plain_http_do_not_hurt_the_endpoint(
     harness: Harness, admin: ServiceBusAdministrationClient
 ) -> None:
@@ -817,6 +873,8 @@ def test_garbage_and_plain_http_do_not_hurt_the_endpoint(
                 # a reset is a fine answer to garbage (after our shutdown it may surface as ENOTCONN)
                 assert isinstance(exc, ConnectionResetError) or exc.errno == errno.ENOTCONN
     assert admin.get_namespace_properties().name == "harness-ns"
+
+
 def test_keep_alive_and_close(harness: Harness, admin: ServiceBusAdministrationClient) -> None:
     for i in range(5):
         admin.create_queue(f"k{i}")
@@ -837,6 +895,8 @@ _QUEUE_BODY = (
     b'<QueueDescription xmlns="http://schemas.microsoft.com/netservices/2010/10/servicebus/connect">'
     b"<MaxDeliveryCount>4</MaxDeliveryCount></QueueDescription></content></entry>"
 )
+
+
 @pytest.mark.parametrize(
     ("method", "target", "body", "status"),
     [
@@ -860,6 +920,8 @@ def test_handle_answers_malformed_requests(
     assert b"xml" in reply.content_type.encode()
     if status >= 400:
         assert b"<Error><Code>" + str(status).encode() + b"</Code>" in reply.body
+
+
 def test_handle_turns_store_crashes_into_500(store: MemoryStore) -> None:
     def explode(name: str) -> QueueInfo:
         raise RuntimeError("broker bug")
@@ -869,6 +931,8 @@ def test_handle_turns_store_crashes_into_500(store: MemoryStore) -> None:
     reply = endpoint.handle("GET", "/q", {}, b"")
     assert reply.status == 500
     assert b"broker bug" not in reply.body
+
+
 def test_chunked_request_body_over_tls(harness: Harness, store: MemoryStore) -> None:
     import http.client
 

@@ -42,11 +42,15 @@ def admin(keyed_ns: LocalNamespace) -> Iterator[ServiceBusAdministrationClient]:
 def sb(keyed_ns: LocalNamespace) -> Iterator[ServiceBusClient]:
     with ServiceBusClient.from_connection_string(keyed_ns.connection_string, retry_total=0) as client:
         yield client
+
+
 def test_namespace_name_and_same_port(
     keyed_ns: LocalNamespace, admin: ServiceBusAdministrationClient
 ) -> None:
     assert admin.get_namespace_properties().name == "admin-ns"
     assert admin.fully_qualified_namespace == f"127.0.0.1:{keyed_ns.port}"
+
+
 def test_queue_created_through_admin_carries_messages(
     keyed_ns: LocalNamespace, admin: ServiceBusAdministrationClient, sb: ServiceBusClient
 ) -> None:
@@ -62,6 +66,8 @@ def test_queue_created_through_admin_carries_messages(
             receiver.complete_message(message)
     assert admin.get_queue_runtime_properties(BACKLOG).active_message_count == 0
     assert [q.name for q in admin.list_queues()] == [BACKLOG]
+
+
 def test_runtime_counts_follow_the_broker(
     admin: ServiceBusAdministrationClient, sb: ServiceBusClient
 ) -> None:
@@ -86,6 +92,8 @@ def test_runtime_counts_follow_the_broker(
         assert [str(m) for m in dead] == ["dead"]
         dlq.complete_message(dead[0])
     assert admin.get_queue_runtime_properties("counted").dead_letter_message_count == 0
+
+
 def test_topic_and_subscriptions_created_through_admin_fan_out(
     admin: ServiceBusAdministrationClient, sb: ServiceBusClient
 ) -> None:
@@ -105,6 +113,8 @@ def test_topic_and_subscriptions_created_through_admin_fan_out(
     admin.delete_subscription("events", "audit")
     with pytest.raises(ResourceNotFoundError):
         admin.get_subscription("events", "audit")
+
+
 def test_disabling_through_admin_stops_sends(
     admin: ServiceBusAdministrationClient, sb: ServiceBusClient
 ) -> None:
@@ -119,12 +129,16 @@ def test_disabling_through_admin_stops_sends(
     with sb.get_queue_sender("switchable") as sender:
         sender.send_messages(ServiceBusMessage("accepted"))
     assert admin.get_queue_runtime_properties("switchable").active_message_count == 1
+
+
 def test_entities_made_by_the_broker_are_listed(keyed_ns: LocalNamespace) -> None:
     with LocalNamespace("seeded", queues=["b", "a"], topics={"t": ["s1"]}) as ns, ns.admin_client() as client:
         assert [q.name for q in client.list_queues()] == ["a", "b"]
         assert [t.name for t in client.list_topics()] == ["t"]
         assert [s.name for s in client.list_subscriptions("t")] == ["s1"]
         assert client.get_namespace_properties().name == "seeded"
+
+
 def test_injected_admin_fault(keyed_ns: LocalNamespace, admin: ServiceBusAdministrationClient) -> None:
     keyed_ns.faults.fail_admin("PUT", f"/{BACKLOG}", 403, count=1, detail="no Manage claim")
     with pytest.raises(HttpResponseError) as caught:
@@ -133,6 +147,8 @@ def test_injected_admin_fault(keyed_ns: LocalNamespace, admin: ServiceBusAdminis
     assert "no Manage claim" in str(caught.value)
     admin.create_queue(BACKLOG)
     assert keyed_ns.broker.get_queue(BACKLOG).name == BACKLOG
+
+
 def test_wrong_key_is_refused(keyed_ns: LocalNamespace) -> None:
     wrong = keyed_ns.connection_string.replace(NS_KEY, "d3Jvbmc=")
     with (
@@ -143,6 +159,8 @@ def test_wrong_key_is_refused(keyed_ns: LocalNamespace) -> None:
     ):
         client.create_queue("nope")
     assert [q.name for q in keyed_ns.broker.list_queues()] == []
+
+
 def test_admin_and_amqp_share_the_port_with_several_namespaces() -> None:
     with LocalNamespace("primary") as primary, LocalNamespace("secondary") as secondary:
         with primary.admin_client() as p, secondary.admin_client() as s:

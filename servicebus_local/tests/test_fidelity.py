@@ -66,6 +66,8 @@ def test_session_id_on_entities_without_sessions_reaches_plain_receivers() -> No
                 assert str(msg) == "c" and msg.session_id == "s2"
                 receiver.complete_message(msg)
         assert ns.broker.get_queue("q").runtime.active_message_count == 0
+
+
 def test_dead_letters_of_session_entities_are_receivable_from_the_dead_letter_queue() -> None:
     with LocalNamespace("sess-dlq") as ns:
         ns.broker.create_queue("sq", QueueSettings(requires_session=True))
@@ -150,6 +152,8 @@ def _check_annotated(got: list[Any]) -> None:
     value = by_kind[AmqpMessageBodyType.VALUE]
     assert value.body == {b"a": [1, 2]} and value.application_properties == {b"kind": b"value"}
     assert list(by_kind[AmqpMessageBodyType.SEQUENCE].body) == [[1, b"a"], [2, b"b"]]
+
+
 def test_annotated_messages_round_trip_sync() -> None:
     with (
         LocalNamespace("annotated", queues=["q"]) as ns,
@@ -166,6 +170,8 @@ def test_annotated_messages_round_trip_sync() -> None:
             _check_annotated(got[3:])
             for m in got:
                 receiver.complete_message(m)
+
+
 def test_annotated_messages_round_trip_async() -> None:
     from azure.servicebus.aio import ServiceBusClient as AsyncClient
 
@@ -200,6 +206,8 @@ def _sdk_form(uri: str, key_name: str, key: str, expiry: int) -> str:
     from azure.servicebus._pyamqp.utils import generate_sas_token
 
     return generate_sas_token(uri, key_name, key, expiry)  # type: ignore[no-any-return]
+
+
 def test_check_sas_table() -> None:
     uri, now, exp = "sb://127.0.0.1:5672/q", 1_000_000.0, 1_000_060
     assert check_sas(_hand_built(uri, "Root", KEY, exp), "Root", KEY, now) is None
@@ -214,6 +222,8 @@ def test_check_sas_table() -> None:
     # a signature over another resource string does not pass
     forged = _hand_built(uri, "Root", KEY, exp).replace(f"sr={uri}", "sr=sb://127.0.0.1:5672/other")
     assert check_sas(forged, "Root", KEY, now) is Refusal.SIGNATURE
+
+
 def test_hand_built_sas_tokens_on_the_amqp_port_and_the_admin_endpoint() -> None:
     with LocalNamespace("sas", queues=["q"], key=KEY) as ns:
         host = f"127.0.0.1:{ns.port}"
@@ -279,6 +289,8 @@ def test_connection_closed_with_an_error_raises_the_sdks_connection_error() -> N
                 receiver.receive_messages(max_message_count=1, max_wait_time=1)
         assert "maintenance window" in str(caught.value)
         assert "amqp:connection:forced" in str(caught.value)
+
+
 def test_link_refused_with_an_error_names_it() -> None:
     """A detach with an error carries its description and info map: the SDK raises its own class."""
     from azure.servicebus.exceptions import ServiceBusError
@@ -327,6 +339,8 @@ def test_operation_counters_in_process_and_in_the_control_api() -> None:
         with urllib.request.urlopen(request, timeout=5):
             pass
         assert ns.counters()["messages_received"] == 0
+
+
 def test_an_idle_receiver_between_calls_costs_no_receive_flows() -> None:
     with (
         LocalNamespace("idle", queues=["q"]) as ns,
@@ -358,6 +372,8 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
     )
+
+
 def test_cli_user_errors_are_one_line_exit_2(tmp_path: Path) -> None:
     bad_yaml = tmp_path / "bad.yaml"
     bad_yaml.write_text("queues: [\n")
@@ -409,6 +425,8 @@ def _frames(data: bytes) -> list[Any]:
             out.append(decode_value(data, pos + doff * 4)[0])
         pos += size
     return out
+
+
 def test_a_protocol_error_close_carries_description_and_info_map() -> None:
     """Proton closes the connection itself on a framing error: that close carries an info map too."""
     with LocalNamespace("framing") as ns, socket.create_connection(("127.0.0.1", ns.port), timeout=5) as raw:
@@ -432,6 +450,8 @@ def test_a_protocol_error_close_carries_description_and_info_map() -> None:
         condition, description, info = error.value
         assert condition == "amqp:connection:framing-error" and description
         assert isinstance(info, dict) and info
+
+
 def test_async_client_hand_built_sas_and_error_close() -> None:
     from azure.servicebus.aio import ServiceBusClient as AsyncClient
 

@@ -95,6 +95,8 @@ FILTER_TABLE: list[tuple[str, dict[str, Any], bool]] = [
     ("TRUE", {}, True),
     ("FALSE OR (amount = 150 AND (region LIKE '%west'))", {}, True),
 ]
+
+
 @pytest.mark.parametrize(("expression", "parameters", "expected"), FILTER_TABLE)
 def test_sql_filter_table(expression: str, parameters: dict[str, Any], expected: bool) -> None:
     assert SqlFilter(expression, parameters).matches(VIEW) is expected
@@ -113,12 +115,16 @@ SYNTAX_ERRORS: list[tuple[str, int]] = [
     ("amount = #", 9),
     ("", 0),
 ]
+
+
 @pytest.mark.parametrize(("expression", "position"), SYNTAX_ERRORS)
 def test_sql_filter_syntax_errors_name_the_position(expression: str, position: int) -> None:
     with pytest.raises(SqlSyntaxError) as caught:
         SqlFilter(expression)
     assert caught.value.position == position
     assert f"column {position + 1}" in str(caught.value)
+
+
 def test_sql_action_set_and_remove_on_a_copy() -> None:
     action = SqlAction(
         "SET total = amount * price; SET sys.Label = 'big'; REMOVE region; SET tag = @t", {"@t": "x"}
@@ -130,6 +136,8 @@ def test_sql_action_set_and_remove_on_a_copy() -> None:
     for bad in ("SET = 1", "REMOVE", "DELETE x", "SET x 1"):
         with pytest.raises(SqlSyntaxError):
             SqlAction(bad)
+
+
 def test_correlation_filter_and_routing_semantics() -> None:
     assert CorrelationFilter(correlation_id="corr", label="order", properties={"amount": 150}).matches(VIEW)
     assert not CorrelationFilter(correlation_id="corr", properties={"amount": 151}).matches(VIEW)
@@ -166,6 +174,8 @@ def _receive_all(sb: ServiceBusClient, topic: str, subscription: str, expected: 
             if len(out) >= expected and not got:
                 break
     return out
+
+
 def test_routing_by_sql_and_correlation_filters_with_actions() -> None:
     subs = ["big", "eu", "corr", "none", "all", "twice"]
     with LocalNamespace("rules", topics={"orders": subs}) as ns, ns.admin_client() as admin:
@@ -222,6 +232,8 @@ def test_routing_by_sql_and_correlation_filters_with_actions() -> None:
             assert sorted(str(m) for m in _receive_all(sb, "orders", "twice", 3)) == ["1", "2", "3"]
         # the action changed the subscription's copy only
         assert ns.broker.get_subscription("orders", "big").runtime.active_message_count == 0
+
+
 def test_subscription_without_rules_gets_nothing_and_default_rule_restored() -> None:
     with LocalNamespace("norules", topics={"t": ["s"]}) as ns, ns.admin_client() as admin:
         admin.delete_rule("t", "s", "$Default")
@@ -234,6 +246,8 @@ def test_subscription_without_rules_gets_nothing_and_default_rule_restored() -> 
             with sb.get_topic_sender("t") as sender:
                 sender.send_messages(ServiceBusMessage("kept"))
             assert [str(m) for m in _receive_all(sb, "t", "s", 1)] == ["kept"]
+
+
 def test_rule_crud_sync() -> None:
     with LocalNamespace("crud", topics={"t": ["s"]}) as ns, ns.admin_client() as admin:
         created = admin.create_rule(
@@ -289,6 +303,8 @@ def test_rule_crud_sync() -> None:
             admin.create_rule("t", "s", "bad", action=SqlRuleAction("SET x ="))
         assert caught.value.status_code == 400 and "column 8" in str(caught.value)
         assert [r.name for r in admin.list_rules("t", "s")] == ["$Default", "r2"]
+
+
 def test_rule_crud_async(monkeypatch: pytest.MonkeyPatch) -> None:
     import azure.core.pipeline.transport as transports
     from azure.core.pipeline.transport import AsyncioRequestsTransport
@@ -345,6 +361,8 @@ topics:
           - name: nothing
             filter: false
 """
+
+
 def test_rules_declared_in_a_topology_file(tmp_path: Path) -> None:
     path = tmp_path / "topology.yaml"
     path.write_text(TOPOLOGY)
@@ -369,6 +387,8 @@ def test_rules_declared_in_a_topology_file(tmp_path: Path) -> None:
             assert sorted(str(m) for m in _receive_all(sb, "orders", "big", 2)) == ["corr", "large"]
             assert len(_receive_all(sb, "orders", "everything", 3)) == 3
             assert _receive_all(sb, "orders", "closed", 0) == []
+
+
 def test_topology_rules_refused_with_a_clear_error() -> None:
     def topo(rule: str) -> dict[str, Any]:
         import yaml
@@ -385,6 +405,8 @@ def test_topology_rules_refused_with_a_clear_error() -> None:
         parse_topology(topo("          - {name: r, filter: 'a = 1', correlation: {label: x}}"))
     with pytest.raises(TopologyError, match="action"):
         parse_topology(topo("          - {name: r, action: 'SET'}"))
+
+
 def test_filter_evaluation_error_dead_letters_the_subscriptions_copy() -> None:
     with LocalNamespace("filter-error", topics={"t": ["s"]}) as ns, ns.admin_client() as admin:
         admin.delete_rule("t", "s", "$Default")
@@ -403,6 +425,8 @@ def test_filter_evaluation_error_dead_letters_the_subscriptions_copy() -> None:
                 assert str(msg) == "zero" and msg.dead_letter_reason == "FilterEvaluationException"
                 assert "division by zero" in (msg.dead_letter_error_description or "")
                 receiver.complete_message(msg)
+
+
 def test_the_example_topology_file_parses() -> None:
     from servicebus_local.topology import load_topology
 

@@ -34,6 +34,8 @@ topics:
         requires_session: true
         lock_duration: 2m
 """
+
+
 def test_parse_topology() -> None:
     import yaml
 
@@ -50,6 +52,8 @@ def test_parse_topology() -> None:
     assert [s.name for s in events.subscriptions] == ["audit", "billing"]
     assert events.subscriptions[1].settings.requires_session is True
     assert events.subscriptions[1].settings.lock_duration == timedelta(minutes=2)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -64,12 +68,16 @@ def test_topology_errors_name_the_key(text: str, message: str) -> None:
 
     with pytest.raises(TopologyError, match=message):
         parse_topology(yaml.safe_load(text))
+
+
 def test_parse_duration_forms() -> None:
     assert parse_duration("PT1M", "x") == timedelta(minutes=1)
     assert parse_duration("P1DT2H", "x") == timedelta(days=1, hours=2)
     assert parse_duration(1.5, "x") == timedelta(seconds=1.5)
     assert parse_duration("500ms", "x") == timedelta(milliseconds=500)
     assert parse_duration("14d", "x") == timedelta(days=14)
+
+
 def test_verify_sas_token() -> None:
     from azure.servicebus._pyamqp.utils import generate_sas_token
 
@@ -79,12 +87,16 @@ def test_verify_sas_token() -> None:
     assert verify_sas_token(token, "Other", "k3y", now=1.0) == "unknown shared access key name"
     assert verify_sas_token(token, "Root", "k3y", now=5_000_000_000) == "expired token"
     assert verify_sas_token("Bearer x", "Root", "k3y") is not None
+
+
 def test_topology_file_creates_entities(tmp_path: Path) -> None:
     path = tmp_path / "topology.yaml"
     path.write_text(TOPOLOGY)
     with LocalNamespace("topo", topology=path) as ns:
         assert ns.broker.get_queue("payments").settings.max_delivery_count == 5
         assert ns.broker.get_subscription("events", "billing").settings.requires_session is True
+
+
 def test_connections_are_released_when_clients_close(local_namespace: LocalNamespace) -> None:
     with (
         ServiceBusClient.from_connection_string(local_namespace.connection_string) as c,
@@ -95,6 +107,8 @@ def test_connections_are_released_when_clients_close(local_namespace: LocalNames
     wait_for(lambda: local_namespace.connection_count == 0)
     assert "SharedAccessKey=" in local_namespace.connection_string
     assert "key" not in repr(local_namespace).lower()
+
+
 def test_namespace_pair_fixture(namespace_pair: NamespacePair) -> None:
     assert namespace_pair.primary.name == "primary"
     assert namespace_pair.secondary.name == "secondary"

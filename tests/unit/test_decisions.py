@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -209,3 +210,18 @@ def test_the_timer_starts_when_the_first_failing_attempt_started() -> None:
     assert state.time_until_failover() == pytest.approx(6.0)
     clock.advance(6.0)
     assert state.admit()[0] is Route.BACKLOG
+
+
+def test_fixed_mode_backs_off_by_the_same_step_every_time() -> None:
+    """retry.mode: fixed - every back-off is backoff_factor (capped by backoff_max), never doubling; throttling
+    keeps its own short back-off."""
+    fixed = replace(POLICY, fixed=True)
+    for attempts in (1, 2, 5):
+        got = decide(
+            P, CONNECTION, attempts=attempts, waited=1.0, state=F, remaining=60.0, messages=1, policy=fixed
+        )
+        assert got == Decision(Verb.RETRY, 1.0) if attempts > 1 else got.delay == 0.0
+    backlog = decide(B, CONNECTION, attempts=1, waited=0.0, state=H, remaining=None, messages=1, policy=fixed)
+    assert backlog.delay == 1.0
+    busy = decide(P, SERVER_BUSY, attempts=3, waited=1.0, state=H, remaining=None, messages=1, policy=fixed)
+    assert busy.delay == pytest.approx(0.2)

@@ -72,6 +72,8 @@ def _config(secondary: object) -> dict[str, object]:
         "secondary": {"connection_string": secondary.connection_string},  # type: ignore[attr-defined]
         "backlog_queue_count": 2,
     }
+
+
 def test_provisioning_a_local_namespace_without_its_ca_fails_with_the_hint_and_no_retry(
     secondary: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -91,6 +93,8 @@ def test_provisioning_a_local_namespace_without_its_ca_fails_with_the_hint_and_n
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", secondary.ca_file)  # type: ignore[attr-defined]
     report = provision_backlog_queues(load_config(_config(secondary)), tries=1, clock=clock)
     assert report.ok and len(report.created) == 2
+
+
 def test_the_cli_prints_the_hint(secondary: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for name in _TRUST_VARIABLES:
         monkeypatch.delenv(name, raising=False)

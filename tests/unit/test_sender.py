@@ -775,3 +775,23 @@ def test_a_batch_is_sent_and_settled_before_the_next_is_packed() -> None:
     # m5 did not fit the first batch: the first batch went out (and was settled) before m6 was packed
     assert sends[0] < log.index(("pack", "m6")) and sends[1] < log.index(("pack", "m11"))
     assert rig.transport.ids(PRIMARY, "orders") == [f"m{i}" for i in range(12)]
+
+
+def test_many_disabled_entities_in_one_call_cost_one_failover_interval_not_one_each() -> None:
+    """Eight entities, all disabled at once (an entity fault each: no namespace-wide evidence): their last batches
+    are retried together, each on its own timer, so the call diverts everything after about one
+    failover_interval, not eight of them; the healthy entity's batch goes to the primary meanwhile."""
+    rig = Rig(failover_interval=10.0)
+    rig.transport.op_seconds = 0.01
+    disabled = [f"e{i}" for i in range(8)]
+    for entity in disabled:
+        rig.transport.fail(lambda: sbe.MessagingEntityDisabledError(), namespace=PRIMARY, entity=entity)
+    batch = [m for e in [*disabled, "ok"] for m in msgs(3, prefix=f"{e}-", entity=e)]
+    start = rig.clock.monotonic()
+    out = rig.sender.send(batch)
+    took = rig.clock.monotonic() - start
+    assert out.sent == {"ok": 3}
+    assert out.diverted_by_entity == {e: 3 for e in disabled}
+    assert 10.0 <= took < 11.0, took  # one interval (and a few calls), not 8 x 10 s
+    assert all(rig.sender.entity_state(e) is EntityState.FAILED_OVER for e in disabled)
+    assert rig.sender.entity_state("ok") is H
