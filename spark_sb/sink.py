@@ -34,13 +34,11 @@ plus duplicate detection on the primary make retries harmless).
 from __future__ import annotations
 
 import atexit
-import hashlib
 import logging
 import os
 import pickle
 import socket
 import threading
-import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -51,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from spark_sb.config import ConfigError, ServiceBusConfig
 from spark_sb.failover import process_registry
 from spark_sb.message import OutboundMessage, Reject, RejectError
+from spark_sb.pool import SenderPool, config_key
 from spark_sb.provisioning import with_namespace_name
 from spark_sb.rows import reject_row, row_to_message, validate_schema
 from spark_sb.sender import PairedSender, SendOutcome, namespace_key
@@ -91,47 +90,8 @@ class SinkIdConflictError(RuntimeError):
 
 
 # -- executor side -------------------------------------------------------------------------------------------
-_cache_lock = threading.Lock()
-_idle: dict[str, list[tuple[float, PairedSender]]] = {}
-
-
-def _config_key(config: ServiceBusConfig) -> str:
-    return hashlib.sha256(pickle.dumps(config)).hexdigest()
-
-
-def _acquire(config: ServiceBusConfig) -> tuple[str, PairedSender]:
-    key = _config_key(config)
-    now = time.monotonic()
-    stale: list[PairedSender] = []
-    sender: PairedSender | None = None
-    with _cache_lock:
-        for k, entries in list(_idle.items()):
-            stale.extend(s for since, s in entries if now - since > config.idle_timeout)
-            _idle[k] = [(since, s) for since, s in entries if now - since <= config.idle_timeout]
-        entries = _idle.get(key) or []
-        if entries:
-            sender = entries.pop()[1]
-    for s in stale:
-        s.close()
-    return key, sender or PairedSender(config)
-
-
-def _release(key: str, sender: PairedSender, config: ServiceBusConfig) -> None:
-    if not config.client_cache:
-        sender.close()
-        return
-    with _cache_lock:
-        _idle.setdefault(key, []).append((time.monotonic(), sender))
-
-
-def close_cached_senders() -> int:
-    """Close every idle cached sender in this process; returns how many. Runs wherever it is called."""
-    with _cache_lock:
-        senders = [s for entries in _idle.values() for _, s in entries]
-        _idle.clear()
-    for s in senders:
-        s.close()
-    return len(senders)
+#: The executor's paired senders, kept between tasks (one task at a time each; closed after idle_timeout).
+SENDERS: SenderPool[PairedSender] = SenderPool()
 
 
 def _messages(
@@ -172,13 +132,14 @@ def send_partition(
         )
     rejects: list[Reject] = []
     counter = [0]
-    key, sender = _acquire(config)
+    key = config_key(config)
+    sender = SENDERS.acquire(key, config.idle_timeout, lambda: PairedSender(config))
     try:
         outcome = sender.send(_messages(rows, config, rejects, counter))
     except BaseException:
         sender.close()  # a failed sender is never reused: the task fails and Spark retries it
         raise
-    _release(key, sender, config)
+    SENDERS.release(key, sender, keep=config.client_cache)
     if rejects:
         outcome = SendOutcome(rejects=tuple(rejects)).merge(outcome)
     return PartitionResult(
