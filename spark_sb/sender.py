@@ -27,6 +27,7 @@ from typing import Any
 from spark_sb.backlog import PROBE_MODES, PROBE_SCHEDULE_AHEAD, probe_message
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import ServiceBusConfig
+from spark_sb.counts import merge_counts
 from spark_sb.errors import (
     UNEXPECTED,
     ErrorClass,
@@ -118,24 +119,17 @@ class SendOutcome:
     def merge(self, other: SendOutcome) -> SendOutcome:
         """The sum of two outcomes (counts added, records concatenated)."""
         return SendOutcome(
-            sent=_add(self.sent, other.sent),
-            diverted=_add(self.diverted, other.diverted),
-            diverted_by_entity=_add(self.diverted_by_entity, other.diverted_by_entity),
+            sent=merge_counts(self.sent, other.sent),
+            diverted=merge_counts(self.diverted, other.diverted),
+            diverted_by_entity=merge_counts(self.diverted_by_entity, other.diverted_by_entity),
             rejects=self.rejects + other.rejects,
             transitions=self.transitions + other.transitions,
             probes=self.probes + other.probes,
             pulls=self.pulls + other.pulls,
             retries=self.retries + other.retries,
             elapsed=self.elapsed + other.elapsed,
-            throttled=_add(self.throttled, other.throttled),
+            throttled=merge_counts(self.throttled, other.throttled),
         )
-
-
-def _add(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = out.get(k, 0) + v
-    return out
 
 
 class _Tally:

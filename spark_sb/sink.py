@@ -47,6 +47,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.config import ConfigError, ServiceBusConfig
+from spark_sb.counts import merge_counts
 from spark_sb.failover import process_registry
 from spark_sb.message import OutboundMessage, Reject, RejectError
 from spark_sb.pool import SenderPool, config_key
@@ -210,13 +211,9 @@ class SinkTotals:
     def add(self, outcome: SendOutcome, rows: int) -> None:
         self.batches += 1
         self.rows += rows
-        for mine, theirs in (
-            (self.sent, outcome.sent),
-            (self.diverted, outcome.diverted),
-            (self.diverted_by_entity, outcome.diverted_by_entity),
-        ):
-            for k, v in theirs.items():
-                mine[k] = mine.get(k, 0) + v
+        self.sent = merge_counts(self.sent, outcome.sent)
+        self.diverted = merge_counts(self.diverted, outcome.diverted)
+        self.diverted_by_entity = merge_counts(self.diverted_by_entity, outcome.diverted_by_entity)
         self.rejected += outcome.total_rejected
         self.transitions += len(outcome.transitions)
         self.probes += len(outcome.probes)

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from spark_sb.backlog import from_backlog, is_backlog_message
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import ServiceBusConfig
+from spark_sb.counts import merge_counts
 from spark_sb.lane import Lane
 from spark_sb.message import OutboundMessage
 from spark_sb.transport import PRIMARY, SdkBatch, SdkTransport, Target, shut_down_socket
@@ -119,12 +120,7 @@ class SyphonOutcome:
         return sum(self.forwarded.values())
 
     def merge(self, other: SyphonOutcome) -> SyphonOutcome:
-        def add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
-            out = dict(a)
-            for k, n in b.items():
-                out[k] = out.get(k, 0) + n
-            return out
-
+        add = merge_counts
         return SyphonOutcome(
             received=self.received + other.received,
             forwarded=add(self.forwarded, other.forwarded),
