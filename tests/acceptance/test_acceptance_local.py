@@ -52,17 +52,9 @@ def test_scenario_against_two_local_namespaces(
             assert [t.name for t in admin.list_topics()] == []
     assert report.numbers["lost"] == 0 and report.numbers["duplicates"] == 0, table
     assert report.numbers["outage_batch_s"] <= settings.failover_interval + settings.slack, table
-    fan_out = [c for c in report.checks if c.step.startswith("fan-out outage")]
-    assert [c.ok for c in report.checks if c not in fan_out] == [True] * (len(report.checks) - 1), table
-    # The fan-out outage should cost about one failover_interval, far from one per entity. Today entity faults
-    # (entity-disabled) are timed per entity and a batch delivers its entities one after the other, so N
-    # disabled entities cost N intervals: a known gap of the product, reported by this run, not hidden.
-    if report.numbers["fanout_outage_batch_s"] > settings.failover_interval + settings.slack:
-        pytest.xfail(
-            f"fan-out: {settings.fan_out} entities disabled at once cost "
-            f"{report.numbers['fanout_outage_batch_s']:.1f} s (entity faults are serial, about N x "
-            f"failover_interval)"
-        )
+    # The fan-out outage costs about one failover_interval, not one per disabled entity (each entity's retries
+    # are waited for together).
+    assert report.numbers["fanout_outage_batch_s"] <= settings.failover_interval + settings.slack, table
     assert report.ok, table
 
 
