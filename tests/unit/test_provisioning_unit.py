@@ -25,12 +25,12 @@ from spark_sb.provisioning import (
     ProvisioningError,
     QueueStatus,
     derive_namespace_name,
-    format_duration,
     is_address_host,
     is_retryable,
     provision_backlog_queues,
     resolve_primary_namespace_name,
 )
+from spark_sb.provisioning_report import format_duration
 
 NS = "contoso"
 
