@@ -29,7 +29,7 @@ Where things run (Spark calls every driver-side method in a Python process of it
 * ``commit`` (driver machine, after every task succeeded): :meth:`spark_sb.sink.ServiceBusSink.record_batch`
   plans and writes the state tables' rows, or :meth:`~spark_sb.sink.ServiceBusSink.skip_replayed` records the
   replay. The tables are Delta path tables (``state_location``) written with ``deltalake``
-  (:class:`~spark_sb.state_deltars.DeltaRsStateStore`), synchronously, before Spark commits the micro-batch.
+  (:class:`~spark_sb.state.deltars.DeltaRsStateStore`), synchronously, before Spark commits the micro-batch.
   ``abort`` (a task failed; with ``on_reject: fail`` a bad row fails its task) records nothing, as a failed
   ``foreachBatch`` batch. On an object store (``abfss://`` ...) deltalake finds its credentials in the
   environment of that process (``AZURE_STORAGE_*`` variables, a managed identity), not in Spark's configuration:
@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql.types import StructType
 
     from spark_sb.sender import SendOutcome
-    from spark_sb.state_deltars import DeltaRsStateStore
+    from spark_sb.state.deltars import DeltaRsStateStore
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ def state_store(config: ServiceBusConfig) -> DeltaRsStateStore | None:
     """The deltalake store of ``state_location`` (None without one). Driver machine."""
     if not config.state_location:
         return None
-    from spark_sb.state_deltars import DeltaRsStateStore
+    from spark_sb.state.deltars import DeltaRsStateStore
 
     return DeltaRsStateStore(config.state_location)
 

@@ -136,7 +136,7 @@ def _sent(rows: int) -> TaskReport:
 
 def test_commit_records_the_batch_and_a_replay_is_recorded_as_skipped(tmp_path: Path) -> None:
     pytest.importorskip("deltalake")
-    from spark_sb.state_deltars import DeltaRsStateStore
+    from spark_sb.state.deltars import DeltaRsStateStore
 
     state = tmp_path / "state"
     config = parse_options(_opts(entity="orders", sink_id="s", state_location=str(state))).config

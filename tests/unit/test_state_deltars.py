@@ -13,7 +13,7 @@ from tests.unit.test_state import StoreContract
 
 pytest.importorskip("deltalake")
 
-from spark_sb.state_deltars import DeltaRsStateStore  # noqa: E402
+from spark_sb.state.deltars import DeltaRsStateStore  # noqa: E402
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

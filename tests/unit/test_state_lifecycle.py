@@ -86,7 +86,7 @@ def _batch(sink: str, batch_id: int) -> BatchWrites:
 
 def test_writes_queued_when_spark_stops_reach_the_tables_through_deltalake(tmp_path: Path) -> None:
     pytest.importorskip("deltalake")
-    from spark_sb.state_deltars import DeltaRsStateStore
+    from spark_sb.state.deltars import DeltaRsStateStore
 
     location = str(tmp_path / "state")
     stopped = StoppedSparkStore(location)

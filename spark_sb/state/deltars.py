@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.state import (
+from spark_sb.state.records import (
     BATCH_COMMITTED,
     EVENT_COLUMNS,
     BatchWrites,

@@ -1,0 +1,326 @@
+"""The Delta Lake state store (:class:`DeltaStateStore`): path tables under ``state_location`` or Unity Catalog
+tables, DataFrame and SQL operations only (Spark Connect); idempotent per (sink id, batch id); conflicts with
+other writers retried. Runs on the driver (``batch_df.sparkSession``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from spark_sb.state.records import (
+    _EPOCH,
+    BATCH_COMMITTED,
+    ENTITIES_DDL,
+    EVENT_COLUMNS,
+    EVENTS_DDL,
+    REJECTS_DDL,
+    TABLE_PROPERTIES,
+    BatchWrites,
+    EntityRecord,
+    Event,
+    PulledQueue,
+    RejectRecord,
+    _from_micros,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+
+log = logging.getLogger(__name__)
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------------ Delta store
+@dataclass(frozen=True)
+class StateTables:
+    """Where the three tables live: Delta paths under ``location``, or catalog tables ``<prefix>events`` ..."""
+
+    location: str | None = None
+    prefix: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.location is None) == (self.prefix is None):
+            raise ValueError("give exactly one of location (state_location) or prefix (state_table_prefix)")
+
+    @classmethod
+    def from_config(cls, config: Any) -> StateTables | None:
+        """The tables named by ``state_location`` / ``state_table_prefix``, or None when neither is set."""
+        if getattr(config, "state_table_prefix", None):
+            return cls(prefix=config.state_table_prefix)
+        if config.state_location:
+            return cls(location=config.state_location)
+        return None
+
+    def path(self, table: str) -> str | None:
+        return None if self.location is None else f"{self.location.rstrip('/')}/{table}"
+
+    def sql_name(self, table: str) -> str:
+        """The table's name in SQL: ``delta.`<path>``` or ``<prefix><table>``."""
+        path = self.path(table)
+        if path is not None:
+            return "delta.`" + path.replace("`", "``") + "`"
+        return f"{self.prefix}{table}"
+
+
+CONFLICT_MARKERS = (
+    "Concurrent",
+    "DELTA_CONCURRENT",
+    "ProtocolChanged",
+    "MetadataChanged",
+    "DELTA_METADATA_CHANGED",
+    "DELTA_PROTOCOL_CHANGED",
+    "TABLE_OR_VIEW_ALREADY_EXISTS",
+    "already exists",
+)
+
+# Seen only while another writer is creating the same table (its folder exists, its first commit does not yet):
+# a conflict for CREATE TABLE IF NOT EXISTS, an error anywhere else.
+CREATE_RACE_MARKERS = ("DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION",)
+
+
+def is_conflict(exc: BaseException, *, creating: bool = False) -> bool:
+    """True for a Delta write conflict with another writer (retry it). ``creating``: the statement creates the
+    table, where another writer's half-made table is a conflict too. Pure."""
+    text = f"{type(exc).__name__} {exc}"
+    markers = CONFLICT_MARKERS + CREATE_RACE_MARKERS if creating else CONFLICT_MARKERS
+    return any(m in text for m in markers)
+
+
+class DeltaStateStore:
+    """The :class:`StateStore` on Delta tables (driver; DataFrame and SQL operations only, so it runs under
+    Spark Connect). ``spark`` is the session of the batch (``batch_df.sparkSession``)."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        tables: StateTables,
+        *,
+        attempts: int = 8,
+        backoff: float = 0.2,
+        sleep: Any = time.sleep,
+    ) -> None:
+        self.spark = spark
+        self.tables = tables
+        self.attempts = attempts
+        self.backoff = backoff
+        self._sleep = sleep
+        self._ensured = False
+
+    # -- plumbing
+    def _retry(self, what: str, fn: Any, *, creating: bool = False) -> Any:
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return fn()
+            except Exception as exc:
+                if attempt >= self.attempts or not is_conflict(exc, creating=creating):
+                    raise
+                log.info(
+                    "state table %s: conflict with another writer (%s), retry %d",
+                    what,
+                    type(exc).__name__,
+                    attempt,
+                )
+                self._sleep(min(5.0, self.backoff * 2 ** (attempt - 1)))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _read(self, table: str) -> DataFrame:
+        path = self.tables.path(table)
+        if path is not None:
+            return self.spark.read.format("delta").load(path)
+        return self.spark.table(self.tables.sql_name(table))
+
+    def _append(self, table: str, df: DataFrame, app_id: str | None, version: int | None) -> None:
+        # one file per commit (a small local DataFrame is split over the default parallelism otherwise)
+        writer = df.coalesce(1).write.format("delta").mode("append")
+        if app_id is not None and version is not None:
+            writer = writer.option("txnAppId", app_id).option("txnVersion", version)
+        path = self.tables.path(table)
+        if path is not None:
+            self._retry(table, lambda: writer.save(path))
+        else:
+            self._retry(table, lambda: writer.saveAsTable(self.tables.sql_name(table)))
+
+    def ensure(self) -> None:
+        """Create the tables where they do not exist, with :data:`TABLE_PROPERTIES` (older tables get them at
+        the next :func:`maintain`)."""
+        if self._ensured:
+            return
+        props = ", ".join(f"'{k}' = '{v}'" for k, v in TABLE_PROPERTIES.items())
+        for table, ddl in (("events", EVENTS_DDL), ("entities", ENTITIES_DDL), ("rejects", REJECTS_DDL)):
+            sql = (
+                f"CREATE TABLE IF NOT EXISTS {self.tables.sql_name(table)} ({ddl}) USING DELTA "
+                f"TBLPROPERTIES ({props})"
+            )
+            self._retry(table, lambda sql=sql: self.spark.sql(sql).collect(), creating=True)
+        self._ensured = True
+
+    # -- reads
+    def read_entities(self) -> list[EntityRecord]:
+        self.ensure()
+        rows = (
+            self._read("entities")
+            .selectExpr(
+                "namespace",
+                "entity",
+                "state",
+                "unix_micros(since) AS since",
+                "last_error_class",
+                "backlog_namespace",
+                "transform(pulled_backlog_queues, p -> named_struct('queue', p.queue, "
+                "'until', unix_micros(p.until), 'error_class', p.error_class)) AS pulls",
+                "unix_micros(updated_at) AS updated_at",
+                "updated_by",
+            )
+            .collect()
+        )
+        return [
+            EntityRecord(
+                r["namespace"],
+                r["entity"],
+                r["state"],
+                _from_micros(r["since"]) or _EPOCH,
+                r["last_error_class"],
+                r["backlog_namespace"],
+                tuple(
+                    PulledQueue(p["queue"], _from_micros(p["until"]) or _EPOCH, p["error_class"])
+                    for p in (r["pulls"] or [])
+                ),
+                _from_micros(r["updated_at"]) or _EPOCH,
+                r["updated_by"],
+            )
+            for r in rows
+        ]
+
+    def entities_version(self) -> int | None:
+        self.ensure()
+        rows = self.spark.sql(f"DESCRIBE HISTORY {self.tables.sql_name('entities')} LIMIT 1").collect()
+        return int(rows[0]["version"]) if rows else None
+
+    def _events_df(self, sink_id: str | None) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        df = self._read("events")
+        return df if sink_id is None else df.where(F.col("sink_id") == sink_id)
+
+    def last_committed(self, sink_id: str) -> int | None:
+        from pyspark.sql import functions as F
+
+        self.ensure()
+        row = (
+            self._events_df(sink_id)
+            .where(F.col("event") == BATCH_COMMITTED)
+            .agg(F.max("batch_id").alias("m"))
+            .collect()
+        )
+        return None if not row or row[0]["m"] is None else int(row[0]["m"])
+
+    def committed(self, sink_id: str, batch_id: int) -> Event | None:
+        from pyspark.sql import functions as F
+
+        self.ensure()
+        found = [
+            e
+            for e in self._collect_events(
+                self._events_df(sink_id).where(
+                    (F.col("event") == BATCH_COMMITTED) & (F.col("batch_id") == batch_id)
+                )
+            )
+        ]
+        return found[0] if found else None
+
+    def _collect_events(self, df: DataFrame) -> list[Event]:
+        cols = [c for c in EVENT_COLUMNS if c != "time"]
+        rows = df.selectExpr("unix_micros(time) AS time_us", *cols).orderBy("time_us").collect()
+        return [
+            Event(
+                time=_from_micros(r["time_us"]) or _EPOCH,
+                **{c: r[c] for c in cols if c not in ("count", "detail")},
+                count=int(r["count"] or 0),
+                detail=r["detail"] or "",
+            )
+            for r in rows
+        ]
+
+    def read_events(self, sink_id: str | None = None) -> list[Event]:
+        self.ensure()
+        return self._collect_events(self._events_df(sink_id))
+
+    def read_rejects(self, sink_id: str | None = None) -> list[RejectRecord]:
+        from pyspark.sql import functions as F
+
+        self.ensure()
+        df = self._read("rejects")
+        if sink_id is not None:
+            df = df.where(F.col("sink_id") == sink_id)
+        rows = df.selectExpr(
+            "unix_micros(time) AS time_us", "sink_id", "batch_id", "entity", "column", "reason", "row_json"
+        ).collect()
+        return [
+            RejectRecord(
+                _from_micros(r["time_us"]) or _EPOCH,
+                r["sink_id"],
+                r["batch_id"],
+                r["entity"],
+                r["column"],
+                r["reason"],
+                r["row_json"],
+            )
+            for r in rows
+        ]
+
+    # -- writes
+    def _events_frame(self, events: Sequence[Event]) -> DataFrame:
+        rows = [tuple(getattr(e, c) for c in EVENT_COLUMNS) for e in events]
+        return self.spark.createDataFrame(rows, EVENTS_DDL)
+
+    def write_batch(self, sink_id: str, batch_id: int, writes: BatchWrites) -> None:
+        self.ensure()
+        if writes.rejects:
+            rows = [
+                (r.time, r.sink_id, r.batch_id, r.entity, r.column, r.reason, r.row_json)
+                for r in writes.rejects
+            ]
+            self._append("rejects", self.spark.createDataFrame(rows, REJECTS_DDL), sink_id, batch_id)
+        if writes.entities:
+            self._merge_entities(writes.entities)
+        self._append("events", self._events_frame(writes.events), sink_id, batch_id)
+
+    def append_events(self, events: Sequence[Event]) -> None:
+        if events:
+            self.ensure()
+            self._append("events", self._events_frame(events), None, None)
+
+    def _merge_entities(self, records: Sequence[EntityRecord]) -> None:
+        rows = [
+            (
+                r.namespace,
+                r.entity,
+                r.state,
+                r.since,
+                r.last_error_class,
+                r.backlog_namespace,
+                [(p.queue, p.until, p.error_class) for p in r.pulled_backlog_queues],
+                r.updated_at,
+                r.updated_by,
+            )
+            for r in records
+        ]
+        view = f"spark_sb_entities_{uuid.uuid4().hex}"
+        self.spark.createDataFrame(rows, ENTITIES_DDL).createOrReplaceTempView(view)
+        sql = (
+            f"MERGE INTO {self.tables.sql_name('entities')} t USING {view} s "
+            "ON t.namespace = s.namespace AND t.entity = s.entity "
+            "WHEN MATCHED AND s.since >= t.since THEN UPDATE SET * "
+            "WHEN NOT MATCHED THEN INSERT *"
+        )
+        try:
+            self._retry("entities", lambda: self.spark.sql(sql).collect())
+        finally:
+            self.spark.catalog.dropTempView(view)

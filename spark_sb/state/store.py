@@ -1,0 +1,134 @@
+"""The state store interface (:class:`StateStore`) and the in-memory store for tests and Spark-less use
+(:class:`MemoryStateStore`). Runs on the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from spark_sb.state.records import BATCH_COMMITTED, BatchWrites, EntityRecord, Event, RejectRecord
+
+if TYPE_CHECKING:  # pragma: no cover
+    pass
+
+log = logging.getLogger(__name__)
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------- the stores
+class StateStore(Protocol):
+    """Where the sink keeps its state tables. Driver side; implementations are thread-safe."""
+
+    def ensure(self) -> None:
+        """Create the tables if they do not exist (idempotent)."""
+
+    def read_entities(self) -> list[EntityRecord]:
+        """Every entity record."""
+        ...
+
+    def entities_version(self) -> int | None:
+        """A number that changes whenever the entities table changes (its Delta version), read without a
+        Spark job: the writer re-reads the table only when it moved. None: unknown (read it)."""
+        ...
+
+    def last_committed(self, sink_id: str) -> int | None:
+        """The highest batch id committed by ``sink_id`` (None: none)."""
+        ...
+
+    def committed(self, sink_id: str, batch_id: int) -> Event | None:
+        """The ``batch_committed`` event of (``sink_id``, ``batch_id``), if that batch was committed."""
+        ...
+
+    def write_batch(self, sink_id: str, batch_id: int, writes: BatchWrites) -> None:
+        """Write one batch's rows: idempotent per (``sink_id``, ``batch_id``); a repeated or older batch id of
+        the same sink is skipped (Delta ``txnAppId``/``txnVersion`` semantics). Events are written last."""
+
+    def append_events(self, events: Sequence[Event]) -> None:
+        """Append events outside any batch (replay skipped, the syphon). Not idempotent."""
+
+    def read_events(self, sink_id: str | None = None) -> list[Event]:
+        """Events, oldest first (all sinks when ``sink_id`` is None)."""
+        ...
+
+    def read_rejects(self, sink_id: str | None = None) -> list[RejectRecord]:
+        """Rejects (all sinks when ``sink_id`` is None)."""
+        ...
+
+
+def _newer_or_same(incoming: EntityRecord, existing: EntityRecord | None) -> bool:
+    return existing is None or incoming.since >= existing.since
+
+
+class MemoryStateStore:
+    """An in-memory :class:`StateStore` with the Delta store's semantics (tests, tools). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[Event] = []
+        self._entities: dict[tuple[str, str], EntityRecord] = {}
+        self._rejects: list[RejectRecord] = []
+        self._txn: dict[tuple[str, str], int] = {}
+        self._entity_writes = 0
+
+    def ensure(self) -> None:
+        return None
+
+    def read_entities(self) -> list[EntityRecord]:
+        with self._lock:
+            return list(self._entities.values())
+
+    def entities_version(self) -> int | None:
+        with self._lock:
+            return self._entity_writes
+
+    def last_committed(self, sink_id: str) -> int | None:
+        with self._lock:
+            ids = [
+                e.batch_id
+                for e in self._events
+                if e.sink_id == sink_id and e.event == BATCH_COMMITTED and e.batch_id is not None
+            ]
+        return max(ids) if ids else None
+
+    def committed(self, sink_id: str, batch_id: int) -> Event | None:
+        with self._lock:
+            for e in self._events:
+                if e.sink_id == sink_id and e.batch_id == batch_id and e.event == BATCH_COMMITTED:
+                    return e
+        return None
+
+    def _txn_ok(self, table: str, app_id: str, version: int) -> bool:
+        last = self._txn.get((table, app_id))
+        if last is not None and version <= last:
+            return False
+        self._txn[(table, app_id)] = version
+        return True
+
+    def write_batch(self, sink_id: str, batch_id: int, writes: BatchWrites) -> None:
+        with self._lock:
+            if writes.rejects and self._txn_ok("rejects", sink_id, batch_id):
+                self._rejects.extend(writes.rejects)
+            if writes.entities:
+                self._entity_writes += 1  # a MERGE is a new table version, whether or not it changed rows
+            for rec in writes.entities:
+                key = (rec.namespace, rec.entity)
+                if _newer_or_same(rec, self._entities.get(key)):
+                    self._entities[key] = rec
+            if self._txn_ok("events", sink_id, batch_id):
+                self._events.extend(writes.events)
+
+    def append_events(self, events: Sequence[Event]) -> None:
+        with self._lock:
+            self._events.extend(events)
+
+    def read_events(self, sink_id: str | None = None) -> list[Event]:
+        with self._lock:
+            return [e for e in self._events if sink_id is None or e.sink_id == sink_id]
+
+    def read_rejects(self, sink_id: str | None = None) -> list[RejectRecord]:
+        with self._lock:
+            return [r for r in self._rejects if sink_id is None or r.sink_id == sink_id]
