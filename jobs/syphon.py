@@ -1,12 +1,15 @@
 """The syphon job: moves backlog messages back to their primary entities as a Structured Streaming query.
 
-    spark-submit jobs/syphon.py --config conf/prod.yaml [--trigger 10s] [--once] [--checkpoint PATH]
+    spark-submit jobs/syphon.py --config conf/prod.yaml [--trigger 10s | --once | --available-now]
+                                [--checkpoint PATH]
     python jobs/syphon.py --config conf/local.yaml            # local[2] unless --master / --remote
 
 Wiring only (the library is :mod:`spark_sb.syphon_job`): builds the session (``build_spark_session``; under
 spark-submit the master comes from spark-submit), starts the query, and waits. SIGTERM or SIGINT stops it
 cleanly: the running micro-batch finishes (every message it holds is completed or abandoned), no new one starts,
 then the query and the session stop; exit status 0. The checkpoint defaults to ``<state_location>/_syphon``.
+``--available-now`` (``Trigger.AvailableNow``, what serverless jobs accept) drains what the backlog queues hold
+at the start and exits; ``--once`` runs one micro-batch (``Trigger.Once``) and exits.
 """
 
 from __future__ import annotations
@@ -30,7 +33,13 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--config", required=True, help="YAML configuration (conf/<env>.yaml)")
     p.add_argument("--trigger", default="10s", help="processing-time trigger (default 10s)")
-    p.add_argument("--once", action="store_true", help="one micro-batch, then stop")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--once", action="store_true", help="one micro-batch (Trigger.Once), then stop")
+    when.add_argument(
+        "--available-now",
+        action="store_true",
+        help="drain what the backlog holds now, then stop (Trigger.AvailableNow; for serverless jobs)",
+    )
     p.add_argument(
         "--checkpoint", default=None, help="checkpoint location (default <state_location>/_syphon)"
     )
@@ -89,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint=checkpoint,
         trigger=f"{trigger_seconds} seconds",
         once=args.once,
+        available_now=args.available_now,
         stop_file=stop_file,
         writer=writer,
     )

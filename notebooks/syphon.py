@@ -11,7 +11,11 @@
 # MAGIC    install it for this notebook and restart Python.
 # MAGIC 2. Keep the connection strings in a secret scope (`scope` widget; keys `primary-connection-string`,
 # MAGIC    `secondary-connection-string`). They are referenced, never written here, and never logged.
-# MAGIC 3. Run the cells. Stop the query with the last cell (it lets the running micro-batch finish).
+# MAGIC 3. Pick how it runs in the `run` widget. `available now` (the default; the trigger serverless compute
+# MAGIC    accepts, `Trigger.AvailableNow`): the query drains what the backlog queues hold, stops by itself, and the
+# MAGIC    notebook ends, so a scheduled job runs it again later. `continuous` (classic compute): a micro-batch every
+# MAGIC    `trigger`, until you stop it with the last cell (it lets the running micro-batch finish).
+# MAGIC 4. Run the cells.
 
 # COMMAND ----------
 
@@ -19,7 +23,8 @@ dbutils.widgets.text("wheel", "/Volumes/main/default/libs/spark_servicebus-0.1.0
 dbutils.widgets.text("scope", "servicebus")  # noqa: F821
 dbutils.widgets.text("state_location", "/Volumes/main/ops/servicebus/state")  # noqa: F821
 dbutils.widgets.text("checkpoint", "/Volumes/main/ops/servicebus/checkpoints/syphon")  # noqa: F821
-dbutils.widgets.text("trigger", "30 seconds")  # noqa: F821
+dbutils.widgets.dropdown("run", "available now", ["available now", "continuous"])  # noqa: F821
+dbutils.widgets.text("trigger", "30 seconds")  # noqa: F821 - continuous only
 dbutils.widgets.text("backlog_queue_count", "10")  # noqa: F821
 wheel = dbutils.widgets.get("wheel")  # noqa: F821
 
@@ -59,15 +64,20 @@ print(config)  # secrets show as Secret('***')
 
 # COMMAND ----------
 
+available_now = dbutils.widgets.get("run") == "available now"  # noqa: F821
 stop_file = str(Path(tempfile.gettempdir()) / f"spark-sb-syphon-{uuid.uuid4().hex}.stop")
 query = run_syphon(
     spark,  # noqa: F821
     config,
     checkpoint=dbutils.widgets.get("checkpoint"),  # noqa: F821
     trigger=dbutils.widgets.get("trigger"),  # noqa: F821
+    available_now=available_now,
     stop_file=stop_file,
 )
 print(f"syphon query {query.id} started")
+if available_now:
+    query.awaitTermination()  # it stops by itself once what the backlog held is drained
+    print("syphon query finished: the backlog it found is drained")
 
 # COMMAND ----------
 
@@ -80,8 +90,8 @@ for progress in query.recentProgress[-10:]:
 
 # COMMAND ----------
 
-# MAGIC %md Stop cleanly: the running micro-batch finishes (what it holds is completed or abandoned), then the
-# MAGIC query stops.
+# MAGIC %md Stop cleanly (`continuous`; an `available now` query has stopped already): the running micro-batch
+# MAGIC finishes (what it holds is completed or abandoned), then the query stops.
 
 # COMMAND ----------
 

@@ -430,15 +430,25 @@ def run_syphon(
     checkpoint: str,
     trigger: str = "10 seconds",
     once: bool = False,
+    available_now: bool = False,
     queues: Sequence[str] | None = None,
     admin_kwargs: Mapping[str, Any] | None = None,
     stop_file: str | None = None,
     query_name: str | None = "servicebus-syphon",
     writer: SyphonBatchWriter | None = None,
 ) -> StreamingQuery:
-    """Start the syphon query (driver). ``once``: a single micro-batch, then the query stops. Returns the query;
-    stop it with :func:`request_stop` + :func:`stop_gracefully` (or ``query.stop()``)."""
+    """Start the syphon query (driver). Returns the query; stop it with :func:`request_stop` +
+    :func:`stop_gracefully` (or ``query.stop()``).
+
+    The trigger: ``processingTime=trigger`` by default; ``once``: a single micro-batch (``Trigger.Once``), then the
+    query stops; ``available_now``: ``Trigger.AvailableNow`` (the trigger serverless compute accepts), which drains
+    what the backlog queues hold when the query starts and stops: the planner reads the counts once, and the
+    micro-batch drains each queue that has messages for at most ``syphon.batch_duration`` (what arrives later, or
+    is left after that, waits for the next run). ``once`` and ``available_now`` exclude each other."""
     from spark_sb.provisioning import with_namespace_name
+
+    if once and available_now:
+        raise ValueError("run_syphon: give once=True or available_now=True, not both")
 
     config = with_namespace_name(config)  # resolved once on the driver; executors never ask
     names = list(queues) if queues is not None else config.backlog_queue_names()
@@ -451,7 +461,12 @@ def run_syphon(
     )
     if query_name:
         out = out.queryName(query_name)
-    out = out.trigger(once=True) if once else out.trigger(processingTime=trigger)
+    if available_now:
+        out = out.trigger(availableNow=True)
+    elif once:
+        out = out.trigger(once=True)
+    else:
+        out = out.trigger(processingTime=trigger)
     return out.start()
 
 

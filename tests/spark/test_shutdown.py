@@ -20,7 +20,7 @@ import pytest
 
 from .child_report import ROOT, child_report
 
-pytestmark = [pytest.mark.spark, pytest.mark.local, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).with_name("shutdown_child.py")
 

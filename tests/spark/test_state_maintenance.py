@@ -28,7 +28,7 @@ from spark_sb.state import (
 
 from .state_growth import SINKS, bulk_history, entity_records, measure, seed, small_commits
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 NOW = datetime.now(timezone.utc).replace(microsecond=0)
 BATCHES = 3_000  # one every 20 minutes: ~42 days, the oldest ~12 days beyond a 30-day retention

@@ -1,0 +1,32 @@
+"""Tests say what they are: the tier marker comes from the directory (tests/conftest.py), never from the file, so
+that directory and marker cannot disagree; every directory holding tests has a tier."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.conftest import TIERS
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST_FILES = sorted(
+    [*(ROOT / "tests").rglob("test_*.py"), *(ROOT / "servicebus_local" / "tests").rglob("test_*.py")]
+)
+OWN_TIER = re.compile(r"pytest\.mark\.(unit|local|spark)\b")
+
+
+def test_no_test_file_marks_its_own_tier() -> None:
+    offenders = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in TEST_FILES
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if OWN_TIER.search(line) and "-m" not in line
+    ]
+    assert not offenders, f"tier markers come from the directory (tests/conftest.py): {offenders}"
+
+
+def test_every_directory_with_tests_has_a_tier() -> None:
+    under_tests = {
+        p.relative_to(ROOT / "tests").parts[0] for p in TEST_FILES if p.is_relative_to(ROOT / "tests")
+    }
+    assert under_tests <= set(TIERS), f"no tier for {sorted(under_tests - set(TIERS))}"
