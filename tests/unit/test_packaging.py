@@ -88,7 +88,7 @@ def test_extras_use_ranges_and_keep_heavy_packages_out_of_the_runtime() -> None:
     assert {"pyspark", "delta-spark"} <= set(spark)
     for name in ("pyspark", "delta-spark"):
         assert "==" not in spark[name] and ">=" in spark[name], spark[name]
-    assert "!=4.4.1" in spark["delta-spark"]  # its jar is not on Maven Central
+    assert "<=4.4.0" in spark["delta-spark"]  # 4.4.1's jar is not on Maven Central
     assert {_requirement_name(r) for r in extras["local"]} == {"servicebus-local"}
     assert {_requirement_name(r) for r in extras["connect"]} >= {
         "grpcio",
@@ -380,3 +380,32 @@ def _module_level_imports_of(source: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.add(node.module.split(".")[0])
     return found
+
+
+#: pyspark releases tried with a delta-spark release whose jar resolves (the Spark tier and the demo passed), by
+#: pyspark minor version. A range in pyproject.toml that admits a pyspark outside these fails the test below:
+#: pyspark 4.2.1 and 4.3.0 make pip pick delta-spark 4.4.1 / 4.1.0, whose jars are not on Maven Central.
+TRIED_PAIRS: dict[str, tuple[str, ...]] = {
+    "4.0": ("4.0.1", "4.4.0"),  # pyspark 4.0.5 with delta-spark 4.0.1 and 4.4.0
+    "4.1": ("4.4.0",),  # pyspark 4.1.4 with delta-spark 4.4.0
+    "4.2": ("4.4.0",),  # pyspark 4.2.0 with delta-spark 4.4.0 (the pinned pair)
+}
+TRIED_PYSPARK = ("4.0.1", "4.0.5", "4.1.4", "4.2.0")
+
+
+def test_the_spark_ranges_admit_only_tried_pairs() -> None:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    spark = {_requirement_name(r): r for r in PROJECT["optional-dependencies"]["spark"]}
+    pyspark = SpecifierSet(spark["pyspark"][len("pyspark") :])
+    delta = SpecifierSet(spark["delta-spark"][len("delta-spark") :])
+    # releases that exist and must be refused: no delta-spark declares them with a jar on Maven Central
+    for refused in ("4.2.1", "4.3.0", "5.0.0"):
+        assert Version(refused) not in pyspark, f"pyspark {refused} is admitted by {pyspark}"
+    assert Version("4.4.1") not in delta and Version("4.1.0") not in delta  # jars not on Maven Central
+    for version in TRIED_PYSPARK:
+        assert Version(version) in pyspark, f"tried pyspark {version} is refused by {pyspark}"
+        minor = ".".join(version.split(".")[:2])
+        assert any(Version(d) in delta for d in TRIED_PAIRS[minor]), (version, delta)
+    assert Version("4.0.0") not in pyspark  # never tried
