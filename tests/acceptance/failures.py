@@ -139,7 +139,8 @@ def preflight(config: ServiceBusConfig, admin_kwargs: Mapping[str, Mapping[str, 
 
 
 def secrets_of(config: ServiceBusConfig) -> list[str]:
-    """The connection strings and their keys, for :func:`explain` to redact."""
+    """The connection strings and their keys (not the key names: they are not secret, and a registered value is
+    redacted process-wide), for :func:`explain` to redact."""
     out: list[str] = []
     for ns in (config.primary, config.secondary):
         if ns.connection_string is not None:
@@ -148,6 +149,7 @@ def secrets_of(config: ServiceBusConfig) -> list[str]:
             out.extend(
                 p.split("=", 1)[1]
                 for p in conn.split(";")
-                if p.lower().startswith("sharedaccess") and "=" in p
+                if p.split("=", 1)[0].strip().lower() in ("sharedaccesskey", "sharedaccesssignature")
+                and "=" in p
             )
     return out
