@@ -671,6 +671,11 @@ class PairedSender:
         waiting: list[tuple[float, int, Batch, _Progress]] = []
         for n, batch in enumerate(batches):
             progress = _Progress(self._clock.monotonic())
+            if waiting and self._namespace_down():
+                # The namespace is down: this entity joins its fault (its timer runs from the fault's start) and
+                # waits with the others instead of trying a dead namespace once per entity (SPEC F4).
+                waiting.append((waiting[0][0], n, batch, progress))
+                continue
             delay = self._deliver(batch, backlog, tally, progress, defer=True)
             if delay is not None:
                 waiting.append((self._clock.monotonic() + delay, n, batch, progress))
@@ -683,10 +688,26 @@ class PairedSender:
             ready = [w for w in waiting if w[0] <= self._clock.monotonic()] or waiting[:1]
             taken = {w[1] for w in ready}
             waiting = [w for w in waiting if w[1] not in taken]
+            retried: float | None = None  # when the namespace is down: the due time of the one that was tried
             for _, n, batch, progress in ready:
+                if retried is not None and self._namespace_down() and self._entity_failing(batch):
+                    waiting.append((retried, n, batch, progress))  # not tried again one by one (F4)
+                    continue
                 delay = self._deliver(batch, backlog, tally, progress, defer=True)
                 if delay is not None:
-                    waiting.append((self._clock.monotonic() + delay, n, batch, progress))
+                    due = self._clock.monotonic() + delay
+                    waiting.append((due, n, batch, progress))
+                    retried = due if retried is None else retried
+
+    def _namespace_down(self) -> bool:
+        """The primary namespace has an open fault (namespace-wide evidence, SPEC F1)."""
+        health = self._registry.namespace(self._primary_key)
+        return health is not None and health.faulted
+
+    def _entity_failing(self, batch: Batch) -> bool:
+        """The batch's entity is not failed over (a failed-over one is diverted at once, without a try). Reads the
+        state as it is; the transitions are reported by the check of the batch's next delivery."""
+        return self._entity(batch.target.entity).state is not EntityState.FAILED_OVER
 
     def _slow(self, entity: str) -> Callable[[], None]:
         def slow() -> None:  # no answer yet, close to the deadline: have the backlog's link ready

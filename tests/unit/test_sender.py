@@ -795,3 +795,16 @@ def test_many_disabled_entities_in_one_call_cost_one_failover_interval_not_one_e
     assert 10.0 <= took < 11.0, took  # one interval (and a few calls), not 8 x 10 s
     assert all(rig.sender.entity_state(e) is EntityState.FAILED_OVER for e in disabled)
     assert rig.sender.entity_state("ok") is H
+
+
+def test_a_namespace_down_is_not_tried_once_per_entity_while_the_batches_wait() -> None:
+    """The primary namespace refuses (namespace-wide evidence): the call's last batches wait together for its
+    failover, and the dead namespace is tried by one entity at a time, not by each of 50 (SPEC F4)."""
+    rig = Rig(failover_interval=10.0)
+    rig.transport.op_seconds = 0.01
+    rig.transport.fail(conn_error, namespace=PRIMARY)
+    entities = [f"e{i}" for i in range(50)]
+    out = rig.sender.send([m for e in entities for m in msgs(2, prefix=f"{e}-", entity=e)])
+    assert out.diverted_by_entity == {e: 2 for e in entities} and out.total_sent == 0
+    tries = [t for op, t, _ in rig.transport.timeouts if op == "send" and t.namespace == PRIMARY]
+    assert len(tries) <= 10, f"{len(tries)} sends to a dead namespace for 50 entities"
