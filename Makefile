@@ -10,7 +10,18 @@ JARS := $(VENV)/.delta-jars
 EXTRAS := spark,local,connect,test
 CONSTRAINTS := constraints-dev.txt
 
-.PHONY: install jars test test-fast lint demo bench wheel clean test-azure
+# The oldest pair the `spark` extra admits (pyspark 4.0.5 + delta-spark 4.0.1, constraints-oldest.txt), in a
+# venv of its own; `make test-spark-oldest` runs the Spark tier there (CI runs it beside `make test`).
+OLDEST_VENV := .venv-oldest
+OLDEST_CONSTRAINTS := constraints-oldest.txt
+# The Spark tier: every test marked `spark` (tests/spark and the acceptance scenario, tests/conftest.py).
+SPARK_TIER := tests/spark tests/acceptance
+# Says which pair a run is on: pyspark, delta-spark and the Delta jar coordinates of the venv's Python.
+SPARK_PAIR = import sys, pyspark, importlib.metadata as m; from spark_sb.session import delta_packages; \
+	print("== Spark pair:", "pyspark", pyspark.__version__, "+ delta-spark", m.version("delta-spark"), \
+	"(jars", delta_packages() + ";", "venv", sys.prefix + ")", flush=True)
+
+.PHONY: install jars test test-fast lint demo bench wheel clean test-azure spark-pair test-spark-oldest
 
 $(STAMP): pyproject.toml servicebus_local/pyproject.toml $(CONSTRAINTS)
 	$(PY) -m venv $(VENV)
@@ -29,9 +40,20 @@ $(JARS): $(STAMP)
 
 jars: $(JARS)
 
+spark-pair: $(STAMP)
+	@$(BIN)/python -c '$(SPARK_PAIR)'
+
 # The whole suite (unit, local namespace, Spark; slow tests included), and the local namespace's own tests.
 test: jars
+	@$(BIN)/python -c '$(SPARK_PAIR)'
 	$(BIN)/python -m pytest tests servicebus_local/tests
+
+# The Spark tier on the oldest pair: the same rules as above with VENV and CONSTRAINTS set (.venv-oldest has
+# its own stamp and Delta jars step).
+test-spark-oldest:
+	@$(MAKE) --no-print-directory VENV=$(OLDEST_VENV) CONSTRAINTS=$(OLDEST_CONSTRAINTS) jars
+	@$(OLDEST_VENV)/bin/python -c '$(SPARK_PAIR)'
+	$(OLDEST_VENV)/bin/python -m pytest $(SPARK_TIER) -m spark
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests servicebus_local/tests -m "not spark and not slow"
@@ -63,4 +85,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_paired_sender.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache spark-warehouse build dist
+	rm -rf $(VENV) $(OLDEST_VENV) .pytest_cache .mypy_cache .ruff_cache spark-warehouse build dist
