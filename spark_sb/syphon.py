@@ -25,240 +25,76 @@ default), restores each message with :func:`spark_sb.backlog.from_backlog`, send
   :class:`~spark_sb.lane.Lane` (receive: ``max_wait + send_timeout``; settle: ``send_timeout``), so a secondary
   that stopped answering (even before SASL) never hangs the caller: the receiver is abandoned and rebuilt.
 
+This module is the drain loop (receive, sort, probe, forward, settle). What it decides on plain data (the
+outcome type, the restore and parking rules, the entity gate) is :mod:`spark_sb.syphon_rules`, re-exported here;
+the backlog receivers and how messages are settled are :mod:`spark_sb.syphon_receivers`.
+
 Where it runs: in whichever process calls it (executors' Python workers in the Spark syphon job,
 :mod:`spark_sb.syphon_job`; the driver in tests and tools). It builds its clients lazily from the (picklable)
-:class:`~spark_sb.config.ServiceBusConfig`; a ``Syphon`` itself is not picklable; one thread drains at a time
-(:meth:`cancel` may be called from any thread).
+:class:`~spark_sb.config.ServiceBusConfig`; a ``Syphon`` itself is not picklable (what crosses processes is the
+config and the picklable :class:`SyphonOutcome`); one thread drains at a time (:meth:`cancel` may be called from
+any thread).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from collections.abc import Generator, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
-from spark_sb.backlog import from_backlog, is_backlog_message
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import ServiceBusConfig
-from spark_sb.counts import merge_counts
 from spark_sb.lane import Lane
-from spark_sb.message import OutboundMessage
-from spark_sb.transport import PRIMARY, SdkBatch, SdkTransport, Target, shut_down_socket
+from spark_sb.syphon_receivers import (
+    Held,
+    Pairs,
+    Receiving,
+    SettleAction,
+    abandon,
+    as_utc,
+    complete,
+    dead_letter_action,
+    from_received,
+    path_of,
+    receiver_lane,
+    settle,
+    text_of,
+)
+from spark_sb.syphon_rules import (  # re-exported: their public home was this module
+    DEAD_LETTER_PROPERTIES,
+    EXPIRED_IN_BACKLOG,
+    LOCK_SAFETY_MARGIN,
+    NOT_A_BACKLOG_MESSAGE,
+    PARKED_REASONS,
+    EntityGate,
+    SyphonOutcome,
+    is_parked,
+    restore_for_primary,
+    token_expired,
+)
+from spark_sb.transport import PRIMARY, SdkBatch, SdkTransport, Target
 
 if TYPE_CHECKING:  # pragma: no cover
-    from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
+    from azure.servicebus import ServiceBusReceivedMessage
+
+__all__ = [
+    "DEAD_LETTER_PROPERTIES",
+    "EXPIRED_IN_BACKLOG",
+    "LOCK_SAFETY_MARGIN",
+    "NOT_A_BACKLOG_MESSAGE",
+    "PARKED_REASONS",
+    "EntityGate",
+    "Syphon",
+    "SyphonOutcome",
+    "is_parked",
+    "restore_for_primary",
+    "token_expired",
+]
 
 log = logging.getLogger(__name__)
-
-#: Dead-letter reasons written into the backlog queue's dead-letter sub-queue.
-EXPIRED_IN_BACKLOG = "TTLExpiredInBacklog"
-NOT_A_BACKLOG_MESSAGE = "NotABacklogMessage"
-#: Dead-letter reasons that keep a message parked in a backlog queue's dead-letter queue (never moved): the
-#: syphon's own, and the service's expiry (the backlog TTL is unlimited, so only a drifted queue gives it).
-PARKED_REASONS = frozenset({EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, "TTLExpiredException"})
-#: Application properties the service adds to a dead-lettered message (not forwarded to the primary).
-DEAD_LETTER_PROPERTIES = ("DeadLetterReason", "DeadLetterErrorDescription")
-
-#: A message whose lock expires within this margin is not forwarded (B12): it would be redelivered anyway, and
-#: completing it would fail. (A lock lost during a send: the complete fails, is counted, and the redelivered copy
-#: is dropped by duplicate detection on the primary.)
-LOCK_SAFETY_MARGIN = timedelta(seconds=2)
-
-
-def token_expired(exc: BaseException) -> bool:
-    """The SDK refused a call because the client's token expired (pyamqp's ``TokenExpired``, raised as
-    ``ServiceBusAuthenticationError``), or the namespace detached the link for an expired token
-    (``amqp:unauthorized-access`` with "expired"). Pure."""
-    seen: BaseException | None = exc
-    for _ in range(8):  # the cause chain, bounded
-        if seen is None:
-            break
-        text = f"{type(seen).__name__} {seen}".lower()
-        if "tokenexpired" in text or (
-            "expired" in text and ("authentication" in text or "unauthorized" in text)
-        ):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-@dataclass
-class SyphonOutcome:
-    """What one drain did. Small and picklable (the Spark syphon job returns these from executors).
-
-    ``forwarded`` / ``expired_by_entity`` / ``abandoned_by_entity``: per primary entity. ``from_dead_letter``:
-    of the forwarded, how many came from a backlog queue's dead-letter queue. ``parked``: dead-lettered messages
-    left where they are on purpose. ``invalid``: messages without a destination, dead-lettered in the backlog.
-    """
-
-    received: int = 0
-    forwarded: dict[str, int] = field(default_factory=dict)
-    expired: int = 0
-    invalid: int = 0
-    probes_dropped: int = 0
-    abandoned: int = 0
-    skipped_lock_expiring: int = 0
-    settle_failures: int = 0
-    errors: list[str] = field(default_factory=list)
-    expired_by_entity: dict[str, int] = field(default_factory=dict)
-    abandoned_by_entity: dict[str, int] = field(default_factory=dict)
-    from_dead_letter: int = 0
-    parked: int = 0
-    receive_calls: int = 0
-    probes: int = 0
-    cancelled: bool = False
-    #: (entity, message id) of each forwarded message, when the syphon records them (the Spark job's rows).
-    moved_ids: list[tuple[str, str | None]] = field(default_factory=list)
-
-    @property
-    def forwarded_total(self) -> int:
-        return sum(self.forwarded.values())
-
-    def merge(self, other: SyphonOutcome) -> SyphonOutcome:
-        add = merge_counts
-        return SyphonOutcome(
-            received=self.received + other.received,
-            forwarded=add(self.forwarded, other.forwarded),
-            expired=self.expired + other.expired,
-            invalid=self.invalid + other.invalid,
-            probes_dropped=self.probes_dropped + other.probes_dropped,
-            abandoned=self.abandoned + other.abandoned,
-            skipped_lock_expiring=self.skipped_lock_expiring + other.skipped_lock_expiring,
-            settle_failures=self.settle_failures + other.settle_failures,
-            errors=self.errors + other.errors,
-            expired_by_entity=add(self.expired_by_entity, other.expired_by_entity),
-            abandoned_by_entity=add(self.abandoned_by_entity, other.abandoned_by_entity),
-            from_dead_letter=self.from_dead_letter + other.from_dead_letter,
-            parked=self.parked + other.parked,
-            receive_calls=self.receive_calls + other.receive_calls,
-            probes=self.probes + other.probes,
-            cancelled=self.cancelled or other.cancelled,
-            moved_ids=self.moved_ids + other.moved_ids,
-        )
-
-    def _count(self, table: dict[str, int], entity: str | None, n: int = 1) -> None:
-        key = entity or ""
-        table[key] = table.get(key, 0) + n
-
-
-def restore_for_primary(
-    received: OutboundMessage, now: datetime
-) -> tuple[OutboundMessage | None, str | None]:
-    """Decide what to forward for one backlog message (pure; B9).
-
-    Returns ``(message, None)`` with the message to send to the primary (entity set, remaining TTL, scheduled time
-    kept only while still in the future) or ``(None, reason)`` when it must be dead-lettered in the backlog.
-    """
-    if not is_backlog_message(received):
-        return None, NOT_A_BACKLOG_MESSAGE
-    restored, entered = from_backlog(received)
-    changes: dict[str, Any] = {}
-    if restored.time_to_live is not None:
-        remaining = restored.time_to_live - max(now - entered, timedelta(0))
-        if remaining <= timedelta(0):
-            return None, EXPIRED_IN_BACKLOG
-        changes["time_to_live"] = remaining
-    if restored.scheduled_enqueue_time is not None and restored.scheduled_enqueue_time <= now:
-        changes["scheduled_enqueue_time"] = None
-    if changes:
-        restored = replace(restored, **changes)
-    return restored, None
-
-
-def is_parked(dead_letter_reason: str | None) -> bool:
-    """True when a message dead-lettered in a backlog queue with this reason stays there (pure)."""
-    return (dead_letter_reason or "").split(":")[0].strip() in PARKED_REASONS
-
-
-# ------------------------------------------------------------------------------------------- entity gate
-class EntityGate:
-    """Which primary entities the syphon may move to now (B9). Pure bookkeeping on an injected clock.
-
-    ``decide(entity)`` returns ``"send"`` (a recent success, or the hints say healthy), ``"probe"`` (probe it
-    first) or ``"wait"`` (backing off after a failure: abandon its messages). A failure that is the namespace's
-    (:func:`spark_sb.failover.namespace_wide`) backs off every entity at once (SPEC F1, F4): a backlog holding
-    messages for 200 entities costs one probe of a primary that does not answer, not 200. The per-entity maps
-    are bounded by the entities met in the backlog.
-    """
-
-    def __init__(self, clock: Clock, *, ok_for: float, backoff: float) -> None:
-        self.clock = clock
-        self.ok_for = ok_for
-        self.backoff = backoff
-        self.hints: dict[str, str] = {}
-        self._ok_until: dict[str, float] = {}
-        self._backoff_until: dict[str, float] = {}
-        self._namespace_until = 0.0  # the whole namespace backs off until then (a namespace-wide failure)
-
-    def set_hints(self, hints: Mapping[str, str] | None) -> None:
-        """The state table's view, entity -> state (``healthy`` / ``failing`` / ``failed_over``)."""
-        self.hints = dict(hints or {})
-
-    def decide(self, entity: str) -> str:
-        now = self.clock.monotonic()
-        if self._namespace_until > now or self._backoff_until.get(entity, 0.0) > now:
-            return "wait"
-        if self._ok_until.get(entity, 0.0) > now:
-            return "send"
-        if entity not in self._backoff_until and self.hints.get(entity) == "healthy":
-            return "send"
-        return "probe"
-
-    def succeeded(self, entity: str) -> None:
-        self._backoff_until.pop(entity, None)
-        self._namespace_until = 0.0  # the namespace answered
-        self._ok_until[entity] = self.clock.monotonic() + self.ok_for
-
-    def failed(self, entity: str, *, namespace_wide: bool = False) -> None:
-        now = self.clock.monotonic()
-        self._ok_until.pop(entity, None)
-        self._backoff_until[entity] = now + self.backoff
-        if namespace_wide:
-            self._ok_until.clear()  # no entity of a namespace that does not answer is known good any more
-            self._namespace_until = now + self.backoff
-
-
-# ------------------------------------------------------------------------------------------- receivers
-class _Receiving:
-    """A receiver lane's context: one ``ServiceBusClient`` and its peek-lock receiver (used by its lane's thread
-    only)."""
-
-    __slots__ = ("client", "receiver")
-
-    def __init__(self, client: ServiceBusClient, receiver: ServiceBusReceiver) -> None:
-        self.client = client
-        self.receiver = receiver
-
-
-def _close_receiving(ctx: _Receiving) -> None:
-    # Closing a peek-lock receiver releases what it still holds (the SDK drains and releases the link).
-    for obj in (ctx.receiver, ctx.client):
-        try:
-            obj.close()
-        except Exception as exc:  # noqa: BLE001 - closing a broken client may fail; it is dropped anyway
-            log.debug("closing %s failed: %s", type(obj).__name__, type(exc).__name__)
-
-
-def _unblock_receiving(ctx: _Receiving) -> None:
-    """Shut the receiver's socket down so a call stuck in it (SASL without a timeout) returns. Best effort."""
-    shut_down_socket(ctx.receiver)
-
-
-@dataclass
-class _Held:
-    """A received message, the lane generation that received it, and what to do with it."""
-
-    msg: ServiceBusReceivedMessage
-    generation: int
-    restored: OutboundMessage | None = None
-
-
-Pairs = list[_Held]
 
 
 class Syphon:
@@ -303,7 +139,7 @@ class Syphon:
         # whatever the SDK does, and a stuck client is abandoned and rebuilt (SPEC B3, R1).
         self._primary = SdkTransport(config)
         # Receivers: one lane per (backlog queue, sub-queue), each with its own client and thread.
-        self._receivers: dict[tuple[str, bool], Lane[_Receiving]] = {}
+        self._receivers: dict[tuple[str, bool], Lane[Receiving]] = {}
         self._lock = threading.Lock()
         self._cancelled = threading.Event()
 
@@ -340,32 +176,12 @@ class Syphon:
         self.close()
 
     # -- receivers -----------------------------------------------------------------------------------------
-    def _lane(self, queue: str, dead_letter: bool) -> Lane[_Receiving]:
+    def _lane(self, queue: str, dead_letter: bool) -> Lane[Receiving]:
         key = (queue, dead_letter)
         with self._lock:
             lane = self._receivers.get(key)
             if lane is None:
-                config = self.config
-                assert config.secondary is not None
-                secondary = config.secondary
-
-                def build() -> _Receiving:
-                    from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
-
-                    client = secondary.client(**{**config.client_kwargs(), "retry_total": 0})
-                    receiver = client.get_queue_receiver(
-                        queue,
-                        sub_queue=ServiceBusSubQueue.DEAD_LETTER if dead_letter else None,
-                        receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                        prefetch_count=config.syphon_prefetch,
-                    )
-                    # Open the link here (inside the call's deadline), not inside the first receive, where it
-                    # would count against max_wait_time.
-                    receiver.__enter__()
-                    return _Receiving(client, receiver)
-
-                name = f"syphon-{queue}{'-dlq' if dead_letter else ''}"
-                lane = Lane(name, build, _close_receiving, _unblock_receiving)
+                lane = receiver_lane(self.config, queue, dead_letter)
                 self._receivers[key] = lane
             return lane
 
@@ -377,45 +193,11 @@ class Syphon:
             lane.reset(why)
 
     def _settle(
-        self,
-        lane: Lane[_Receiving],
-        held: Sequence[_Held],
-        action: Callable[[ServiceBusReceiver, ServiceBusReceivedMessage], None],
-        outcome: SyphonOutcome,
+        self, lane: Lane[Receiving], held: Sequence[Held], action: SettleAction, outcome: SyphonOutcome
     ) -> None:
-        """Settle ``held`` on their receiver's lane thread, in one lane call (deadline ``send_timeout``). A
-        message from a receiver that was replaced since cannot be settled: counted, it is redelivered after its
-        lock expires. Settle failures are logged and counted, never raised (B11)."""
-        if not held:
-            return
-        generation = lane.generation
-        live = [h for h in held if h.generation == generation]
-        stale = len(held) - len(live)
-        if stale:
-            outcome.settle_failures += stale
-            log.info("syphon: %d messages from a replaced receiver: they will be redelivered", stale)
-        if not live:
-            return
-
-        def settle_all(ctx: _Receiving) -> int:
-            if action is _complete and len(live) > 1 and _complete_in_one_call(ctx.receiver, live):
-                return 0
-            failed = 0
-            for h in live:
-                try:
-                    action(ctx.receiver, h.msg)
-                except Exception as exc:  # noqa: BLE001 - B11: logged and counted; redelivery follows
-                    failed += 1
-                    log.info(
-                        "syphon: settle failed (%s); the message will be redelivered", type(exc).__name__
-                    )
-            return failed
-
-        try:
-            outcome.settle_failures += lane.call(settle_all, float(self.config.send_timeout))
-        except Exception as exc:  # noqa: BLE001 - deadline or closed lane: the locks run out, redelivery follows
-            outcome.settle_failures += len(live)
-            log.info("syphon: settling %d messages failed (%s)", len(live), type(exc).__name__)
+        """Settle ``held`` on their receiver's lane thread (:func:`~spark_sb.syphon_receivers.settle`, deadline
+        ``send_timeout``): failures are counted, never raised (B11)."""
+        settle(lane, held, action, outcome, float(self.config.send_timeout))
 
     # -- draining ------------------------------------------------------------------------------------------
     def drain_all(
@@ -474,7 +256,7 @@ class Syphon:
         wait = self.config.syphon_max_wait if max_wait is None else max_wait
         count = self.config.syphon_batch_size
 
-        def receive(ctx: _Receiving) -> list[ServiceBusReceivedMessage]:
+        def receive(ctx: Receiving) -> list[ServiceBusReceivedMessage]:
             return ctx.receiver.receive_messages(max_message_count=count, max_wait_time=wait)
 
         lane = self._lane(queue, dead_letter)
@@ -513,7 +295,7 @@ class Syphon:
                     break
                 batches += 1
                 generation = lane.generation
-                held = [_Held(m, generation) for m in messages]
+                held = [Held(m, generation) for m in messages]
                 outcome.received += len(held)
                 try:
                     progressed = self._move(lane, held, outcome, dead_letter, parked)
@@ -529,7 +311,7 @@ class Syphon:
             if parked:
                 tail = SyphonOutcome()
                 tail.parked += len(parked)
-                self._settle(lane, parked, _abandon, tail)
+                self._settle(lane, parked, abandon, tail)
                 self._add(into, tail)
 
     @staticmethod
@@ -539,7 +321,7 @@ class Syphon:
             into.__dict__.update(merged.__dict__)
 
     def _move(
-        self, lane: Lane[_Receiving], held: Pairs, outcome: SyphonOutcome, dead_letter: bool, parked: Pairs
+        self, lane: Lane[Receiving], held: Pairs, outcome: SyphonOutcome, dead_letter: bool, parked: Pairs
     ) -> bool:
         """Sort one receive batch: probes dropped, parked kept, expired and invalid dead-lettered, the rest
         forwarded per entity (or abandoned). True when anything left the queue (worth another receive)."""
@@ -566,18 +348,18 @@ class Syphon:
                     drop.append(h)
                     continue
                 locked_until = getattr(msg, "locked_until_utc", None)
-                if locked_until is not None and _utc(locked_until) < lock_floor:
+                if locked_until is not None and as_utc(locked_until) < lock_floor:
                     skipped += 1  # B12: it will be redelivered; do not forward it now
                     continue
                 try:
-                    restored, reason = restore_for_primary(_from_received(msg, dead_letter), now)
+                    restored, reason = restore_for_primary(from_received(msg, dead_letter), now)
                 except Exception as exc:  # noqa: BLE001 - a malformed message must not stop the syphon
                     restored, reason = None, f"{NOT_A_BACKLOG_MESSAGE}: {type(exc).__name__}: {exc}"
                 if restored is None:
                     assert reason is not None
                     if reason == EXPIRED_IN_BACKLOG:
                         outcome.expired += 1
-                        entity = _path_of(msg)
+                        entity = path_of(msg)
                         outcome._count(outcome.expired_by_entity, entity)
                     else:
                         outcome.invalid += 1
@@ -587,14 +369,14 @@ class Syphon:
                 h.restored = restored
                 by_entity.setdefault(restored.entity, []).append(h)
             outcome.skipped_lock_expiring += skipped
-            self._settle(lane, drop, _complete, outcome)
+            self._settle(lane, drop, complete, outcome)
             for reason, items in dead.items():
                 if dead_letter:
                     # Already in the dead-letter queue: leave it there (parked) with the service's reason.
                     parked.extend(items)
                     continue
                 short = reason.split(":")[0]
-                self._settle(lane, items, _dead_letter(short, reason), outcome)
+                self._settle(lane, items, dead_letter_action(short, reason), outcome)
 
             moved_before = outcome.forwarded_total
             entities = list(by_entity)
@@ -676,7 +458,7 @@ class Syphon:
             )
 
     def _forward(
-        self, lane: Lane[_Receiving], entity: str, pairs: Pairs, outcome: SyphonOutcome, dead_letter: bool
+        self, lane: Lane[Receiving], entity: str, pairs: Pairs, outcome: SyphonOutcome, dead_letter: bool
     ) -> BaseException | None:
         """Send to the primary entity in size-packed batches, each within ``send_timeout``; complete each batch's
         messages after the primary accepted it. On a failure the rest is abandoned and the failure returned."""
@@ -714,7 +496,7 @@ class Syphon:
 
     def _send_and_complete(
         self,
-        lane: Lane[_Receiving],
+        lane: Lane[Receiving],
         batch: SdkBatch,
         pending: Pairs,
         entity: str,
@@ -726,74 +508,11 @@ class Syphon:
         if dead_letter:
             outcome.from_dead_letter += len(pending)
         if self.record_ids:
-            outcome.moved_ids.extend((entity, _str(h.msg.message_id)) for h in pending)
-        self._settle(lane, pending, _complete, outcome)
+            outcome.moved_ids.extend((entity, text_of(h.msg.message_id)) for h in pending)
+        self._settle(lane, pending, complete, outcome)
 
-    def _abandon(self, lane: Lane[_Receiving], pairs: Pairs, outcome: SyphonOutcome) -> None:
+    def _abandon(self, lane: Lane[Receiving], pairs: Pairs, outcome: SyphonOutcome) -> None:
         for h in pairs:
             outcome.abandoned += 1
-            outcome._count(outcome.abandoned_by_entity, h.restored.entity if h.restored else _path_of(h.msg))
-        self._settle(lane, pairs, _abandon, outcome)
-
-
-# -- settle actions (run on the receiver lane's thread) --------------------------------------------------------
-def _complete(receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage) -> None:
-    receiver.complete_message(msg)
-
-
-def _complete_in_one_call(receiver: ServiceBusReceiver, held: Sequence[_Held]) -> bool:
-    """Complete ``held`` with one management request (update-disposition by lock tokens: one round trip for the
-    batch instead of one per message, which the SDK's ``complete_message`` waits for). Uses the SDK's own
-    management-link settlement (a private method); False when it is unavailable or fails, so that the caller
-    completes message by message (a message completed here then fails there: counted, harmless)."""
-    settle = getattr(receiver, "_settle_message_via_mgmt_link", None)
-    if settle is None:
-        return False
-    try:
-        settle("completed", [h.msg.lock_token for h in held])
-    except Exception as exc:  # noqa: BLE001 - fall back to one complete per message
-        log.debug("syphon: completing %d messages in one call failed (%s)", len(held), type(exc).__name__)
-        return False
-    for h in held:
-        with contextlib.suppress(AttributeError):
-            h.msg._settled = True  # noqa: SLF001 - the SDK's own flag: settled, never settle again
-    return True
-
-
-def _abandon(receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage) -> None:
-    receiver.abandon_message(msg)
-
-
-def _dead_letter(
-    reason: str, description: str
-) -> Callable[[ServiceBusReceiver, ServiceBusReceivedMessage], None]:
-    def act(receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage) -> None:
-        receiver.dead_letter_message(msg, reason=reason, error_description=description)
-
-    return act
-
-
-def _utc(dt: datetime) -> datetime:
-    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
-
-
-def _from_received(msg: ServiceBusReceivedMessage, dead_letter: bool) -> OutboundMessage:
-    out = OutboundMessage.from_received(msg)
-    if dead_letter and any(k in out.properties for k in DEAD_LETTER_PROPERTIES):
-        props = {k: v for k, v in out.properties.items() if k not in DEAD_LETTER_PROPERTIES}
-        out = replace(out, properties=props)
-    return out
-
-
-def _str(value: Any) -> str | None:
-    if value is None:
-        return None
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _path_of(msg: Any) -> str | None:
-    props = getattr(msg, "application_properties", None) or {}
-    value = props.get(b"x-ms-path", props.get("x-ms-path"))
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return None if value is None else str(value)
+            outcome._count(outcome.abandoned_by_entity, h.restored.entity if h.restored else path_of(h.msg))
+        self._settle(lane, pairs, abandon, outcome)

@@ -11,10 +11,12 @@
   read every backlog queue is drained (a receive each). With ``state_location`` path tables and the
   ``deltalake`` package, the entity states ride along in the offset as hints.
 * **Draining (executors).** Each queue to drain is one input partition; ``read()`` drains it with a
-  :class:`~spark_sb.syphon.Syphon` taken from a process-level cache (Python workers are reused, so clients live
-  across micro-batches) for at most ``syphon.batch_duration``, and yields one row per message moved, plus one row
-  per (entity, kind) for anything else (expired, abandoned, dead-lettered, settle failures, errors, parked). So a
-  micro-batch's ``numInputRows`` in ``StreamingQueryProgress`` counts messages moved (plus those few summary rows).
+  :class:`~spark_sb.syphon.Syphon` taken from the worker's pool (:data:`SYPHONS`, a
+  :class:`~spark_sb.pool.SenderPool`: Python workers are reused, so clients live across micro-batches; a syphon
+  unused for ``idle_timeout`` is closed) for at most ``syphon.batch_duration``, and yields one row per message
+  moved, plus one row per (entity, kind) for anything else (expired, abandoned, dead-lettered, settle failures,
+  errors, parked). So a micro-batch's ``numInputRows`` in ``StreamingQueryProgress`` counts messages moved (plus
+  those few summary rows).
 * **Recording (driver; the ``foreachBatch`` function).** :class:`SyphonBatchWriter` aggregates the rows per
   (entity, kind) and appends them to the events table (kinds ``moved``, ``expired``, ``abandoned``,
   ``dead_lettered``, ``settle_failed``, ``syphon_error``, ``parked``), idempotently per micro-batch
@@ -36,7 +38,6 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -45,6 +46,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.config import ServiceBusConfig
+from spark_sb.pool import SenderPool, config_key
 from spark_sb.state import (  # the row kinds are the events table's event names
     ABANDONED,
     DEAD_LETTERED,
@@ -172,22 +174,8 @@ def read_entity_hints(config: ServiceBusConfig) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------- draining
-_syphons: dict[str, Syphon] = {}
-_syphons_lock = threading.Lock()
-
-
-def _cached_syphon(config: ServiceBusConfig, queues: Sequence[str]) -> Syphon:
-    """A process-level Syphon per config (executor; workers are reused across micro-batches)."""
-    import hashlib
-    import pickle
-
-    key = hashlib.sha256(pickle.dumps(config)).hexdigest()
-    with _syphons_lock:
-        syphon = _syphons.get(key)
-        if syphon is None:
-            syphon = Syphon(config, backlog_queues=queues, record_ids=True)
-            _syphons[key] = syphon
-        return syphon
+#: The executor's syphons, kept between micro-batches (one task at a time each; closed after ``idle_timeout``).
+SYPHONS: SenderPool[Syphon] = SenderPool()
 
 
 def outcome_rows(queue: str, dead_letter: bool, outcome: SyphonOutcome) -> Iterator[tuple[Any, ...]]:
@@ -219,17 +207,24 @@ def drain_partition(
     ``syphon.batch_duration``; yields rows of :data:`ROW_SCHEMA`. Executor (a Python worker). Never raises: an
     error becomes a ``syphon_error`` row (B11). If the caller stops iterating, what is held is abandoned."""
     try:
-        syphon = _cached_syphon(config, queues or [queue])
-        if hints is not None:
-            syphon.set_hints(hints)
-        until = time.monotonic() + float(config.syphon_batch_duration)
-        wait = min(float(config.syphon_max_wait), RECEIVE_WAIT)
-        batches = syphon.drain_batches(queue, max_wait=wait, dead_letter=dead_letter, until=until)
+        key = config_key(config)
+        names = list(queues or [queue])
+        syphon = SYPHONS.acquire(
+            key, float(config.idle_timeout), lambda: Syphon(config, backlog_queues=names, record_ids=True)
+        )
         try:
-            for outcome in batches:
-                yield from outcome_rows(queue, dead_letter, outcome)
+            if hints is not None:
+                syphon.set_hints(hints)
+            until = time.monotonic() + float(config.syphon_batch_duration)
+            wait = min(float(config.syphon_max_wait), RECEIVE_WAIT)
+            batches = syphon.drain_batches(queue, max_wait=wait, dead_letter=dead_letter, until=until)
+            try:
+                for outcome in batches:
+                    yield from outcome_rows(queue, dead_letter, outcome)
+            finally:
+                batches.close()
         finally:
-            batches.close()
+            SYPHONS.release(key, syphon)  # kept whatever happened, as its receivers replace themselves
     except Exception as exc:  # noqa: BLE001 - B11: the job never dies on a drain
         log.warning("syphon: draining %s failed (%s)", queue, type(exc).__name__)
         yield (queue, dead_letter, None, SYPHON_ERROR, 1, None, f"{queue}: {type(exc).__name__}")

@@ -171,7 +171,8 @@ def test_writer_appends_per_entity_events_idempotently_and_nothing_for_an_empty_
 
 def test_settle_failures_are_counted_never_raised_and_a_replaced_receivers_messages_too() -> None:
     from spark_sb.lane import Lane
-    from spark_sb.syphon import Syphon, _Held
+    from spark_sb.syphon import Syphon
+    from spark_sb.syphon_receivers import Held
 
     class Receiver:
         def complete_message(self, msg: Any) -> None:
@@ -185,13 +186,52 @@ def test_settle_failures_are_counted_never_raised_and_a_replaced_receivers_messa
     try:
         outcome = SyphonOutcome()
         lane.call(lambda ctx: None, 5)  # the receiver of generation 1
-        held = [_Held(msg=object(), generation=1), _Held(msg=object(), generation=1)]  # type: ignore[arg-type]
+        held = [Held(msg=object(), generation=1), Held(msg=object(), generation=1)]  # type: ignore[arg-type]
         syphon._settle(lane, held, lambda r, m: r.complete_message(m), outcome)
         assert outcome.settle_failures == 2
         lane.reset("faulted")
         lane.call(lambda ctx: None, 5)  # a new receiver (generation 2): the old locks cannot be settled on it
-        syphon._settle(lane, [_Held(msg=object(), generation=1)], lambda r, m: None, outcome)  # type: ignore[arg-type]
+        syphon._settle(lane, [Held(msg=object(), generation=1)], lambda r, m: None, outcome)  # type: ignore[arg-type]
         assert outcome.settle_failures == 3
     finally:
         syphon.close()
         lane.close()
+
+
+def test_the_drain_takes_its_syphon_from_the_workers_pool_which_closes_it_after_idle_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from collections.abc import Iterator
+
+    from spark_sb import syphon_job
+    from spark_sb.pool import SenderPool
+
+    built: list[FakeSyphon] = []
+
+    class FakeSyphon:
+        def __init__(self, config: ServiceBusConfig, **kwargs: Any) -> None:
+            self.kwargs = kwargs
+            self.closed = False
+            built.append(self)
+
+        def set_hints(self, hints: Any) -> None:
+            pass
+
+        def drain_batches(self, queue: str, **kwargs: Any) -> Iterator[SyphonOutcome]:
+            yield SyphonOutcome(moved_ids=[("orders", "m1")])
+
+        def close(self) -> None:
+            self.closed = True
+
+    clock = FakeClock()
+    monkeypatch.setattr(syphon_job, "SYPHONS", SenderPool(clock=clock))
+    monkeypatch.setattr(syphon_job, "Syphon", FakeSyphon)
+    rows = list(syphon_job.drain_partition(CONFIG, QUEUES[0], False, queues=QUEUES))
+    assert rows == [(QUEUES[0], False, "orders", "moved", 1, "m1", None)]
+    # the next task takes the same syphon
+    list(syphon_job.drain_partition(CONFIG, QUEUES[1], False, queues=QUEUES))
+    assert len(built) == 1 and built[0].kwargs == {"backlog_queues": QUEUES, "record_ids": True}
+    assert syphon_job.SYPHONS.idle() == 1 and not built[0].closed
+    clock.advance(CONFIG.idle_timeout + 1)  # unused for longer than idle_timeout: closed at the next acquire
+    list(syphon_job.drain_partition(CONFIG, QUEUES[0], False, queues=QUEUES))
+    assert len(built) == 2 and built[0].closed and not built[1].closed and syphon_job.SYPHONS.idle() == 1
