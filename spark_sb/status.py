@@ -147,9 +147,15 @@ def format_status(status: StateStatus, now: datetime | None = None) -> str:
         where = e.get("entity") or ""
         if e.get("backlog_queue"):
             where += f" [{e['backlog_queue']}]"
+        amount = (
+            f"backed off {(e['count'] or 0) / 1000:.1f} s"  # a throttled event counts milliseconds (SPEC L4)
+            if e["event"] == "throttled"
+            else f"count {e['count']}"
+        )
         lines.append(
             f"  {_ts(e['time'])} {e['sink_id']} batch {e['batch_id']} {what:<28} {where} "
-            f"count {e['count']}" + (f" ({e['error_class']})" if e.get("error_class") else "")
+            + amount
+            + (f" ({e['error_class']})" if e.get("error_class") else "")
         )
     return "\n".join(lines)
 

@@ -32,7 +32,13 @@ from spark_sb.state.maintenance import (
     sql_string,
     store_for,
 )
-from spark_sb.state.planning import active_pulls, apply_handoff, plan_batch, reject_records
+from spark_sb.state.planning import (
+    active_pulls,
+    apply_handoff,
+    plan_batch,
+    reject_records,
+    throttled_millis,
+)
 from spark_sb.state.records import (
     ABANDONED,
     BACKLOG_PULLED,
@@ -58,6 +64,7 @@ from spark_sb.state.records import (
     SYPHON_ERROR,
     SYPHON_EVENTS,
     TABLE_PROPERTIES,
+    THROTTLED,
     BatchWrites,
     EntityRecord,
     Event,
@@ -128,6 +135,7 @@ __all__ = [
     "StateWriter",
     "TABLES",
     "TABLE_PROPERTIES",
+    "THROTTLED",
     "TableMaintenance",
     "active_pulls",
     "apply_handoff",
@@ -142,4 +150,5 @@ __all__ = [
     "session_gone",
     "sql_string",
     "store_for",
+    "throttled_millis",
 ]

@@ -20,6 +20,7 @@ from spark_sb.state.records import (
     REJECTED,
     SENT,
     STATE_CHANGE,
+    THROTTLED,
     BatchWrites,
     EntityRecord,
     Event,
@@ -35,8 +36,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-log = logging.getLogger(__name__)
-
 
 # ------------------------------------------------------------------------------------------ pure planning
 def reject_records(
@@ -44,6 +43,11 @@ def reject_records(
 ) -> list[RejectRecord]:
     """Rejects (from the send outcomes) as rows of the rejects table."""
     return [RejectRecord(now, sink_id, batch_id, r.entity, r.field, r.reason, r.row_json) for r in rejects]
+
+
+def throttled_millis(seconds: float) -> int:
+    """The ``count`` of a ``throttled`` event: whole milliseconds backed off, at least 1 for any wait."""
+    return max(1, round(seconds * 1000))
 
 
 def _state_value(state: Any) -> str:
@@ -81,6 +85,17 @@ def plan_batch(
         rows += r.rows
         for entity, n in sorted(o.sent.items()):
             ev(SENT, r.host, namespace=namespace, entity=entity, count=n)
+        for entity, seconds in sorted(o.throttled.items()):
+            if seconds > 0:
+                ev(
+                    THROTTLED,
+                    r.host,
+                    namespace=namespace,
+                    entity=entity,
+                    error_class="server_busy",
+                    count=throttled_millis(seconds),
+                    detail=f"backed off {seconds:.1f} s on server busy (not an outage, nothing diverted)",
+                )
         only = next(iter(o.diverted_by_entity)) if len(o.diverted_by_entity) == 1 else None
         for queue, n in sorted(o.diverted.items()):
             ev(DIVERTED, r.host, namespace=namespace, entity=only, backlog_queue=queue, count=n)

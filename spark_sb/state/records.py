@@ -18,8 +18,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-log = logging.getLogger(__name__)
-
 # event names (the ``event`` column)
 SENT = "sent"
 DIVERTED = "diverted"
@@ -30,6 +28,10 @@ BACKLOG_PULLED = "backlog_pulled"
 BACKLOG_RETURNED = "backlog_returned"
 REPLAY_SKIPPED = "replay_skipped"
 BATCH_COMMITTED = "batch_committed"
+#: The primary answered "server busy" and the sender backed off (SPEC L4): one row per entity and task, ``count`` is
+#: the milliseconds spent backing off in that task (an integer column; ``sum(count) / 1000`` is seconds), ``detail``
+#: says the same in seconds. Throttling is not an outage: nothing is diverted for it.
+THROTTLED = "throttled"
 MAINTAINED = "maintained"  # spark-sb maintain (state.maintain)
 # the syphon's event names (spark_sb.syphon_job): per entity and backlog queue, per micro-batch
 MOVED = "moved"
@@ -50,6 +52,7 @@ EVENTS = (
     BACKLOG_RETURNED,
     REPLAY_SKIPPED,
     BATCH_COMMITTED,
+    THROTTLED,
     MAINTAINED,
     *SYPHON_EVENTS,
 )
