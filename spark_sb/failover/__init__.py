@@ -1,0 +1,93 @@
+"""Per-entity failover state machine, backlog rotation and backlog choice (SPEC B3, B4, B5, B8), one module per
+job: :mod:`~spark_sb.failover.records` (states, transitions, statuses), :mod:`~spark_sb.failover.decisions` (the
+pure decisions), :mod:`~spark_sb.failover.machine` (the entity state machine and namespace-wide evidence),
+:mod:`~spark_sb.failover.rotation` (backlog rotation and choice), :mod:`~spark_sb.failover.registry` (the
+process-level registry). Every public name is importable from ``spark_sb.failover``.
+
+States per destination entity (queue or topic) of the primary namespace::
+
+    HEALTHY --fail_over-class error--> FAILING --failover_interval without a success--> FAILED_OVER
+       ^                                  |                                                   |
+       +------- successful send ----------+                 (probe every ping_primary_interval)
+       +----------------------------------------- successful probe --------------------------+
+
+* ``failover_interval == 0`` fails over on the first such failure.
+* While FAILED_OVER, sends to the primary stop and a probe is due every ``ping_primary_interval``;
+  a good probe returns the entity to HEALTHY at once.
+
+Everything reads time through an injected :class:`~spark_sb.clock.Clock` (monotonic for timers, UTC wall time
+for what is recorded). Decisions are small pure functions (:func:`failover_due`, :func:`probe_due`,
+:func:`backoff_delay`, :func:`choose_random`, :func:`choose_session_affine`) tested directly.
+
+State is shared per process (SPEC B4/B5: every sender in the executor process learns at once): the
+:class:`FailoverRegistry` holds the entity states (keyed by primary namespace + entity) and the
+:class:`BacklogRotation` (keyed by secondary namespace + queue). :func:`process_registry` is the process-level
+one; tests inject a fresh registry.
+
+Runs in executors' Python workers (one registry per worker process); thread-safe; the records
+(:class:`StateTransition`, :class:`EntityStatus`, :class:`BacklogPull`) are small and picklable so that they
+travel back to the driver in the send outcome.
+"""
+
+from __future__ import annotations
+
+from spark_sb.failover.decisions import (
+    FAILOVER_GRACE,
+    MIN_ATTEMPT_BUDGET,
+    NAMESPACE_CLASSES,
+    Decision,
+    RetryPolicy,
+    Route,
+    Verb,
+    Where,
+    attempt_budget,
+    backoff_delay,
+    choose_random,
+    choose_session_affine,
+    decide,
+    failover_due,
+    namespace_wide,
+    probe_due,
+)
+from spark_sb.failover.machine import EntityFailover, NamespaceHealth
+from spark_sb.failover.records import (
+    BacklogPull,
+    EntityState,
+    EntityStatus,
+    Listener,
+    StateTransition,
+    log_transition,
+)
+from spark_sb.failover.registry import FailoverRegistry, process_registry
+from spark_sb.failover.rotation import BacklogChooser, BacklogRotation
+
+__all__ = [
+    "FAILOVER_GRACE",
+    "MIN_ATTEMPT_BUDGET",
+    "NAMESPACE_CLASSES",
+    "BacklogChooser",
+    "BacklogPull",
+    "BacklogRotation",
+    "Decision",
+    "EntityFailover",
+    "EntityState",
+    "EntityStatus",
+    "FailoverRegistry",
+    "Listener",
+    "NamespaceHealth",
+    "RetryPolicy",
+    "Route",
+    "StateTransition",
+    "Verb",
+    "Where",
+    "attempt_budget",
+    "backoff_delay",
+    "choose_random",
+    "choose_session_affine",
+    "decide",
+    "failover_due",
+    "log_transition",
+    "namespace_wide",
+    "probe_due",
+    "process_registry",
+]

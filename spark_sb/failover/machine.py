@@ -1,0 +1,441 @@
+"""The per-entity failover state machine and the namespace-wide evidence its entities share (SPEC B3, B8, F1,
+F4). Runs in executors' Python workers (and the driver's syphon); thread-safe; not picklable (locks): the records it
+returns are."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta
+
+from spark_sb.clock import Clock
+from spark_sb.errors import ErrorClass
+from spark_sb.failover.decisions import Route, attempt_budget, failover_due, probe_due
+from spark_sb.failover.records import EntityState, EntityStatus, StateTransition, redacted
+
+
+class NamespaceHealth:
+    """Whether one primary namespace is answering, shared by its entities' state machines (SPEC F1, F4).
+
+    A namespace-wide fault (:func:`namespace_wide`) opens a *fault* that started when the failing attempt started:
+    every entity of the namespace that the process sends to is FAILING from that moment (its failover timer
+    starts then, whichever entity met the fault), so a batch that touches E entities has all of them diverted
+    within ``failover_interval`` of the fault, not E times it. Any answer of the namespace (a send or a probe
+    that succeeded on any entity) closes the fault. While the fault is open and the entities are failed over, the
+    namespace is probed once per ``ping_primary_interval`` (:meth:`claim_probe`), not once per entity; once it
+    answers, every failed-over entity's probe is due at once (:meth:`answered` returns True to say so).
+
+    O(1) per call; one per primary namespace in a :class:`FailoverRegistry`. Thread-safe; never takes an entity's
+    lock (entities take this one inside theirs).
+    """
+
+    def __init__(self, namespace: str, *, ping_interval: float, clock: Clock) -> None:
+        self.namespace = namespace
+        self.ping_interval = ping_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._since: float | None = None  # monotonic start of the open fault
+        self._since_wall: datetime | None = None
+        self._error_class: str | None = None
+        self._detail = ""
+        self._last_probe: float | None = None
+        self._probing = False
+        self.epoch = 0  # bumped when a fault opens: entities join each fault once
+        self._entities: list[
+            EntityFailover
+        ] = []  # bounded like the registry's entities (see FailoverRegistry)
+
+    def add(self, entity: EntityFailover) -> None:
+        with self._lock:
+            self._entities.append(entity)
+
+    def entities(self) -> list[EntityFailover]:
+        """The namespace's entities (a copy)."""
+        with self._lock:
+            return list(self._entities)
+
+    def fault(self) -> tuple[float, datetime, str | None, str, int] | None:
+        """The open fault: (monotonic start, wall start, error class, detail, epoch), or None."""
+        with self._lock:
+            if self._since is None:
+                return None
+            assert self._since_wall is not None
+            return self._since, self._since_wall, self._error_class, self._detail, self.epoch
+
+    @property
+    def faulted(self) -> bool:
+        return self._since is not None
+
+    def record_fault(self, error_class: str, detail: str, started: float) -> bool:
+        """A namespace-wide failure of an attempt that started at ``started`` (monotonic). True when this opened a
+        new fault (the caller moves the namespace's other entities to FAILING)."""
+        with self._lock:
+            self._error_class = error_class
+            self._detail = detail
+            if self._since is not None:
+                return False
+            now = self._clock.monotonic()
+            began = min(started, now)
+            self._since = began
+            self._since_wall = self._clock.now() - timedelta(seconds=now - began)
+            self._last_probe = None
+            self.epoch += 1
+            return True
+
+    def answered(self) -> bool:
+        """The namespace answered (a send or a probe succeeded). True when that closed an open fault."""
+        if self._since is None:  # the hot path: no lock while healthy
+            return False
+        with self._lock:
+            if self._since is None:
+                return False
+            self._since = None
+            self._since_wall = None
+            self._last_probe = None
+            self._probing = False
+            return True
+
+    def claim_probe(self) -> bool | None:
+        """While a fault is open: True once per ``ping_primary_interval`` for the whole namespace (the caller
+        probes one entity for the namespace), False otherwise. None when no fault is open (entities probe on their
+        own schedule)."""
+        with self._lock:
+            if self._since is None:
+                return None
+            now = self._clock.monotonic()
+            if self._probing:
+                return False
+            if self._last_probe is not None and not probe_due(self._last_probe, now, self.ping_interval):
+                return False
+            self._last_probe = now
+            self._probing = True
+            return True
+
+    def probe_done(self) -> None:
+        """The namespace probe claimed with :meth:`claim_probe` finished (whatever its result)."""
+        with self._lock:
+            self._probing = False
+
+    def next_probe_in(self) -> float | None:
+        """Seconds until the namespace's next probe is due while a fault is open (None otherwise)."""
+        with self._lock:
+            if self._since is None:
+                return None
+            if self._last_probe is None:
+                return 0.0
+            return max(0.0, self._last_probe + self.ping_interval - self._clock.monotonic())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-entity state machine
+
+
+class EntityFailover:
+    """The failover state of one primary entity, shared by every sender of the process. Thread-safe.
+
+    Methods return the transitions they caused (possibly none); the caller hands them to its listener and
+    its send outcome.
+    """
+
+    def __init__(
+        self,
+        entity: str,
+        *,
+        failover_interval: float,
+        ping_interval: float,
+        clock: Clock,
+        namespace: str = "",
+        health: NamespaceHealth | None = None,
+    ) -> None:
+        if failover_interval < 0:
+            raise ValueError("failover_interval must be >= 0")
+        if ping_interval <= 0:
+            raise ValueError("ping_primary_interval must be > 0")
+        self.entity = entity
+        self.namespace = namespace
+        self.failover_interval = failover_interval
+        self.ping_interval = ping_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._state = EntityState.HEALTHY
+        self._since_wall = clock.now()
+        self._first_failure: float | None = None
+        self._first_failure_wall: datetime | None = None
+        self._last_probe: float = 0.0
+        self._probing = False
+        self._last_error_class: str | None = None
+        self._health = health
+        self._joined = (
+            -1
+        )  # the namespace fault (its epoch) this entity joined; a new entity joins an open one
+        self._by_namespace = False  # FAILING because of the namespace's fault, not one of its own
+        self._failed_by_namespace = False  # FAILED_OVER because of the namespace's fault, not one of its own
+        self._namespace_probe = False  # the probe in flight probes the namespace for all its entities
+
+    # -- reading
+    @property
+    def state(self) -> EntityState:
+        with self._lock:
+            return self._state
+
+    def status(self) -> EntityStatus:
+        with self._lock:
+            return EntityStatus(
+                namespace=self.namespace,
+                entity=self.entity,
+                state=self._state,
+                since=self._since_wall,
+                first_failure=self._first_failure_wall,
+                last_error_class=self._last_error_class,
+            )
+
+    def time_until_failover(self) -> float | None:
+        """Seconds left on the failover timer (None unless FAILING)."""
+        with self._lock:
+            if self._state is not EntityState.FAILING or self._first_failure is None:
+                return None
+            return max(0.0, self._first_failure + self.failover_interval - self._clock.monotonic())
+
+    # -- events
+    def record_failure(
+        self,
+        error_class: ErrorClass | str,
+        detail: str = "",
+        started: float | None = None,
+        *,
+        namespace_wide: bool = False,
+    ) -> list[StateTransition]:
+        """A fail_over-class error on a send to the primary entity (B3). ``started`` (monotonic) is when the
+        failing attempt started: the failover timer runs from there (default: now). ``namespace_wide``
+        (:func:`namespace_wide`): the failure is evidence against the whole namespace - every entity of it that
+        the process sends to starts its timer from ``started`` too (F1); their transitions are returned as well."""
+        name = error_class if isinstance(error_class, str) else error_class.name
+        now = self._clock.monotonic()
+        began = now if started is None else min(started, now)
+        opened = (
+            self._health.record_fault(name, detail, began)
+            if namespace_wide and self._health is not None
+            else False
+        )
+        with self._lock:
+            self._last_error_class = name
+            out: list[StateTransition] = []
+            if self._state is EntityState.HEALTHY:
+                self._first_failure = began
+                self._first_failure_wall = self._clock.now() - timedelta(seconds=now - began)
+                self._by_namespace = namespace_wide
+                out.append(self._move(EntityState.FAILING, name, detail, at=self._first_failure_wall))
+            elif self._state is EntityState.FAILING and not namespace_wide:
+                self._by_namespace = False
+            if self._health is not None:
+                self._joined = self._health.epoch
+            out.extend(self._check_locked(name, detail))
+        if opened:
+            assert self._health is not None
+            for other in self._health.entities():
+                if other is not self:
+                    out.extend(other.check())
+        return out
+
+    def record_success(self, detail: str = "send succeeded") -> list[StateTransition]:
+        """A successful send to the primary entity: back to HEALTHY (resets the timer). The namespace answered:
+        an open namespace fault closes (:meth:`NamespaceHealth.answered`), and the other entities learn it."""
+        with self._lock:
+            out = [] if self._state is EntityState.HEALTHY else [self._back_to_healthy(detail)]
+        out.extend(self._namespace_answered_by_me())
+        return out
+
+    def _namespace_answered_by_me(self) -> list[StateTransition]:
+        """This entity's namespace answered: if that closed a fault, release the namespace's other entities."""
+        out: list[StateTransition] = []
+        if self._health is not None and self._health.answered():
+            for other in self._health.entities():
+                if other is not self:
+                    out.extend(other.namespace_answered())
+        return out
+
+    def namespace_answered(self) -> list[StateTransition]:
+        """The namespace's fault closed (another entity's send or probe succeeded). Evidence is scoped: an entity
+        that is FAILING or FAILED_OVER because of the namespace's fault only returns to HEALTHY now - the
+        namespace's evidence put it there and the namespace's answer takes it out, so a thousand entities come
+        back with one probe (F4); should it have a fault of its own as well, its next send meets it and it fails
+        over again after ``failover_interval``. An entity failed over for a fault of its own is probed now."""
+        with self._lock:
+            if self._state is EntityState.FAILING and self._by_namespace:
+                return [self._back_to_healthy("the namespace answered again")]
+            if self._state is EntityState.FAILED_OVER:
+                if self._failed_by_namespace:
+                    return [
+                        self._back_to_healthy("the namespace answered again (the failover was its fault)")
+                    ]
+                if not self._probing:
+                    self._last_probe = self._clock.monotonic() - self.ping_interval
+            return []
+
+    def check(self) -> list[StateTransition]:
+        """Apply the timer: FAILING for ``failover_interval`` without a success -> FAILED_OVER."""
+        with self._lock:
+            return self._check_locked(self._last_error_class, "failover interval passed without a success")
+
+    def admit(self) -> tuple[Route, list[StateTransition]]:
+        """Where a batch for this entity goes now, and the transitions that deciding caused (the one entry point
+        for callers; it applies the failover timer):
+
+        * :attr:`Route.PRIMARY` - healthy or failing: send to the primary;
+        * :attr:`Route.BACKLOG` - failed over: divert;
+        * :attr:`Route.PROBE` - failed over and a probe is due: this caller has claimed it (once per
+          ``ping_primary_interval`` for the whole process, and never while another probe is in flight); it
+          starts the probe and diverts meanwhile, then reports with :meth:`record_probe`.
+        """
+        with self._lock:
+            transitions = self._check_locked(
+                self._last_error_class, "failover interval passed without a success"
+            )
+            if self._state is not EntityState.FAILED_OVER:
+                return Route.PRIMARY, transitions
+            return (Route.PROBE if self._claim_locked() else Route.BACKLOG), transitions
+
+    def attempt_budget(self, send_timeout: float, connected: bool = False) -> float:
+        """The deadline of the next attempt on the primary entity (see :func:`attempt_budget`)."""
+        with self._lock:
+            self._join_locked()  # transitions are reported by the check() that precedes every attempt
+            waited = None
+            if self._state is EntityState.FAILING and self._first_failure is not None:
+                waited = self._clock.monotonic() - self._first_failure
+            return attempt_budget(send_timeout, self.failover_interval, waited, connected)
+
+    def claim_probe(self) -> bool:
+        """True (once per ``ping_primary_interval`` for the whole process) when this caller should probe now;
+        while the namespace has an open fault, once per interval for the whole namespace (F4)."""
+        with self._lock:
+            return self._state is EntityState.FAILED_OVER and self._claim_locked()
+
+    def next_probe_in(self) -> float | None:
+        """Seconds until the next probe is due (None unless FAILED_OVER)."""
+        with self._lock:
+            if self._state is not EntityState.FAILED_OVER:
+                return None
+            own = max(0.0, self._last_probe + self.ping_interval - self._clock.monotonic())
+            shared = self._health.next_probe_in() if self._health is not None else None
+            return own if shared is None else max(own, shared)
+
+    def record_probe(
+        self, ok: bool, error_class: str | None = None, detail: str = "", *, namespace_wide: bool = False
+    ) -> list[StateTransition]:
+        """The result of a probe: a good one returns the entity to HEALTHY (B8) and closes the namespace's fault
+        (its other failed-over entities are probed at once). A failed one with a namespace-wide error
+        (:func:`namespace_wide`) opens a namespace fault: the namespace is then probed once per interval, not once
+        per entity (F4)."""
+        with self._lock:
+            self._probing = False
+            shared, self._namespace_probe = self._namespace_probe, False
+            out: list[StateTransition] = []
+            if ok and self._state is not EntityState.HEALTHY:
+                out.append(self._back_to_healthy(detail or "probe succeeded"))
+            if not ok:
+                self._last_error_class = error_class
+        if self._health is not None:
+            if shared:
+                self._health.probe_done()
+            if ok:
+                out.extend(self._namespace_answered_by_me())
+            elif namespace_wide:
+                self._health.record_fault(error_class or "connection", detail, self._clock.monotonic())
+        return out
+
+    def restore(
+        self, state: EntityState, detail: str = "restored from the state table"
+    ) -> list[StateTransition]:
+        """Start in ``state`` (e.g. FAILED_OVER known from the Delta state table, S4): no second wait."""
+        with self._lock:
+            if state is self._state:
+                return []
+            if state is EntityState.HEALTHY:
+                return [self._back_to_healthy(detail)]
+            if state is EntityState.FAILING:
+                self._first_failure = self._clock.monotonic()
+                self._first_failure_wall = self._clock.now()
+                return [self._move(EntityState.FAILING, self._last_error_class, detail)]
+            return [self._enter_failed_over(self._last_error_class, detail)]
+
+    # -- internals (lock held)
+    def _claim_locked(self) -> bool:
+        """Claim the probe if one is due and none is in flight (the state is FAILED_OVER). While the namespace has
+        an open fault the claim is the namespace's: one probe per interval whichever entity makes it."""
+        now = self._clock.monotonic()
+        if self._probing or not probe_due(self._last_probe, now, self.ping_interval):
+            return False
+        if self._health is not None:
+            shared = self._health.claim_probe()
+            if shared is not None:
+                if shared:
+                    self._last_probe = now
+                    self._probing = self._namespace_probe = True
+                return shared
+        self._last_probe = now
+        self._probing = True
+        return True
+
+    def _join_locked(self) -> list[StateTransition]:
+        """Join the namespace's open fault, once per fault (F1): a HEALTHY entity becomes FAILING from the fault's
+        start; a FAILING one's timer starts at the earlier of its own first failure and the fault's start."""
+        health = self._health
+        if health is None or health.epoch == self._joined or not health.faulted:
+            return []
+        fault = health.fault()
+        if fault is None:
+            return []
+        since, since_wall, error_class, detail, epoch = fault
+        self._joined = epoch
+        if self._state is EntityState.HEALTHY:
+            self._first_failure = since
+            self._first_failure_wall = since_wall
+            self._by_namespace = True
+            self._last_error_class = error_class
+            return [self._move(EntityState.FAILING, error_class, f"namespace fault: {detail}", at=since_wall)]
+        if (
+            self._state is EntityState.FAILING
+            and self._first_failure is not None
+            and since < self._first_failure
+        ):
+            self._first_failure = since
+            self._first_failure_wall = since_wall
+        return []
+
+    def _check_locked(self, error_class: str | None, detail: str) -> list[StateTransition]:
+        joined = self._join_locked()
+        if joined:
+            error_class = self._last_error_class
+        if (
+            self._state is EntityState.FAILING
+            and self._first_failure is not None
+            and failover_due(self._first_failure, self._clock.monotonic(), self.failover_interval)
+        ):
+            return [*joined, self._enter_failed_over(error_class, detail)]
+        return joined
+
+    def _enter_failed_over(self, error_class: str | None, detail: str) -> StateTransition:
+        self._last_probe = self._clock.monotonic()  # first probe one ping interval after the failover
+        self._failed_by_namespace = self._by_namespace
+        return self._move(EntityState.FAILED_OVER, error_class, detail)
+
+    def _back_to_healthy(self, detail: str) -> StateTransition:
+        self._by_namespace = self._failed_by_namespace = False
+        self._first_failure = None
+        self._first_failure_wall = None
+        return self._move(EntityState.HEALTHY, None, detail)
+
+    def _move(
+        self, to: EntityState, error_class: str | None, detail: str, at: datetime | None = None
+    ) -> StateTransition:
+        transition = StateTransition(
+            entity=self.entity,
+            from_state=self._state,
+            to_state=to,
+            at=at or self._clock.now(),
+            error_class=error_class,
+            detail=redacted(detail),
+            namespace=self.namespace or None,
+        )
+        self._state = to
+        self._since_wall = transition.at
+        return transition
