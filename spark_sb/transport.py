@@ -6,48 +6,71 @@ raise the SDK's exceptions; :func:`spark_sb.errors.classify` says what they mean
 transport behind this interface (``tests/unit/fakes.py``).
 
 :class:`SdkTransport` is the real one. It runs on executors (Python workers), is built lazily there from the
-picklable :class:`~spark_sb.config.ServiceBusConfig`, and is not picklable. Connections do not grow with entities
-(SPEC F2): each namespace has ONE AMQP connection, owned by a :class:`~spark_sb.lane.Lane` (a worker thread), and
-every entity is a link (an SDK ``ServiceBusSender`` whose handler is opened on that connection) - the connection
-sharing the SDK's ``ServiceBusClient`` leaves switched off. Links a batch needs are opened together
-(:meth:`SdkTransport.prepare`, F3). Every call has a deadline that holds whatever the SDK does: a connection that
-does not answer (TCP, SASL - which the SDK does not bound - or later) is abandoned at the deadline (its socket shut
-down, closed in the background, never awaited) and the next call builds a new one; a link that fails (an entity's
-error, an entity that stalls while the connection keeps answering) is closed alone and reopened on next use. A
-batch send on a link known to be open runs on the caller's thread (:meth:`~spark_sb.lane.Lane.direct`: the SDK
-bounds that phase itself, the lane's watchdog keeps the deadline), which keeps the failed-over and healthy paths at
-the raw SDK's speed. :meth:`SdkTransport.answered_within` reads the connection's last frame (the namespace's
-heartbeats, asked for with an idle timeout) so that the sender can tell a namespace's fault from an entity's (F1).
-SPEC B10: the two namespaces' connections are a pair - closing one closes both, and the pair is rebuilt on the next
-use. A faulted connection is closed and rebuilt alone: tearing the backlog's down with a failing primary's would
-make every failover wait for a new backlog connection.
+picklable :class:`~spark_sb.config.ServiceBusConfig`, and is not picklable; its methods are called from the
+sender's thread and its probe thread. Connections do not grow with entities (SPEC F2): each namespace has ONE
+AMQP connection (a :class:`~spark_sb.connection.SharedConnection`, which keeps the connection and its links and
+tends them between calls), owned by a :class:`~spark_sb.lane.Lane` (a worker thread); every entity is a link on
+it. Links a batch needs are opened together (:meth:`SdkTransport.prepare`, F3). Every call has a deadline that
+holds whatever the SDK does: a connection that does not answer (TCP, SASL - which the SDK does not bound - or
+later) is abandoned at the deadline (its socket shut down, closed in the background, never awaited) and the next
+call builds a new one; a link that fails (an entity's error, an entity that stalls while the connection keeps
+answering) is closed alone and reopened on next use. A batch send on a link known to be open runs on the caller's
+thread (:meth:`~spark_sb.lane.Lane.direct`: the SDK bounds that phase itself, the lane's watchdog keeps the
+deadline), which keeps the failed-over and healthy paths at the raw SDK's speed.
+:meth:`SdkTransport.answered_within` reads the connection's last frame (the namespace's heartbeats) so that the
+sender can tell a namespace's fault from an entity's (F1). SPEC B10: the two namespaces' connections are a pair -
+closing one closes both, and the pair is rebuilt on the next use. A faulted connection is closed and rebuilt
+alone: tearing the backlog's down with a failing primary's would make every failover wait for a new backlog
+connection.
 
-Reads SDK internals (pyamqp's ``Connection``, a handler's ``open(connection=...)``, ``_running`` and the link's size
-limits), all pinned by ``constraints-dev.txt`` and exercised by the integration tests against the unmodified SDK.
+Per-target structures (a link's batch size limit, its last answer) are bounded by the targets this process sends
+to; lanes by the two namespaces.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_sb.backlog import to_backlog_sdk
+from spark_sb.connection import (
+    SILENT_AFTER,
+    TEND_EVERY,
+    NeedsWorker,
+    SharedConnection,
+    open_connection,
+    sdk_timeout,
+    shut_down_socket,
+)
 from spark_sb.errors import classify, condition_of
 from spark_sb.lane import Finished, Lane, LaneClosed, Pending
 from spark_sb.message import OutboundMessage
 
 if TYPE_CHECKING:
-    from azure.servicebus import ServiceBusClient, ServiceBusMessageBatch, ServiceBusSender
+    from azure.servicebus import ServiceBusMessageBatch, ServiceBusSender
 
     from spark_sb.config import NamespaceConfig, ServiceBusConfig
+
+__all__ = [
+    "CONNECTED_FRESH",
+    "PRIMARY",
+    "SECONDARY",
+    "SILENT_AFTER",
+    "SLOW_MARGIN",
+    "Batch",
+    "SdkBatch",
+    "SdkTransport",
+    "Target",
+    "Transport",
+    "sdk_timeout",
+    "shut_down_socket",
+]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -61,11 +84,6 @@ SLOW_MARGIN = 1.0
 #: How recent a link's last answer must be for the link to count as connected (:meth:`Transport.connected`):
 #: well under the service's idle-connection timeout, after which a send would reconnect first.
 CONNECTED_FRESH = 60.0
-
-#: The SDK's own timeout of a call on an open link ends this much before the lane's deadline (the SDK reads
-#: the socket in slices of its ``socket_timeout``, 0.2 s), so that a stalled entity costs its link, not the
-#: connection that the namespace's other entities share.
-SDK_MARGIN = 0.3
 
 
 @dataclass(frozen=True)
@@ -200,491 +218,6 @@ class SdkBatch:
 PREPARE_BASE = 1.5
 PREPARE_PER_LINK = 0.02
 
-#: Links being opened at once on one connection (a wave): bounds the handlers polled per round of answers.
-OPENING_AT_ONCE = 128
-
-#: The idle timeout the shared connection asks of the namespace (seconds). The namespace then sends an empty
-#: frame when it has had nothing else to send for half of it, so a live connection is heard from at least every
-#: ``HEARTBEAT / 2`` s even while one entity stalls; a silent connection is the namespace's fault (SPEC F1). pyamqp's
-#: own close after this long without a frame is switched off (:func:`_open_connection`): the lane's deadlines and the
-#: namespace-wide evidence decide what a silence means.
-HEARTBEAT = 4.0
-
-
-#: A connection that said nothing (no frame, not even a heartbeat) for this long is dead: silently dropped on the
-#: way (a middlebox forgot the flow), or the namespace stopped answering. Half a :data:`HEARTBEAT` is the
-#: namespace's beat, so this is three missed beats; well above what a live connection's jitter reaches.
-SILENT_AFTER = 1.5 * HEARTBEAT
-
-#: How often a lane with nothing to do looks after its connection (:meth:`_Conn.tend`).
-TEND_EVERY = 0.5
-
-#: Error conditions with which the service ends a link or connection for its lifecycle, not for an outage: a link
-#: idle for 10 minutes (``detach-forced``, "IdleTimerExpired"), a token that expired (``unauthorized-access`` on a
-#: link that was authorized), a connection without links for a minute (``connection:forced``). A send that meets
-#: one is made once more on a fresh link or connection, within its own deadline, and never counts as a failure.
-#: A renewed call needs at least this much of its deadline left (a fresh link on a live connection: a few round trips).
-RENEW_AT_LEAST = 0.05
-
-RENEWABLE = frozenset({"amqp:link:detach-forced", "amqp:unauthorized-access", "amqp:connection:forced"})
-
-
-class _Conn:
-    """A lane's context: ONE AMQP connection to a namespace and one link (an SDK ``ServiceBusSender``) per entity
-    on it (SPEC F2), as the SDK's own connection sharing intends. Used by the lane's thread, or by a direct call
-    while it holds the lane's ``use`` lock; never by two threads at once.
-
-    The connection lives for weeks (SPEC L1-L3): between calls :meth:`tend` reads its frames (the namespace's
-    heartbeats, a detach or close the service sends) and sends ours when due, renews the links' tokens, and drops
-    a connection that went silent or was closed; :meth:`ensure` opens a new one when the next call needs it.
-
-    ``senders`` is bounded by the entities this process sends to on the namespace; a link that failed or that the
-    service detached is dropped (closed) and reopened on next use, the connection stays.
-    """
-
-    __slots__ = ("client", "connection", "detached", "dropped", "opener", "renewed", "senders")
-
-    def __init__(self, client: ServiceBusClient, opener: Callable[[float], Any]) -> None:
-        self.client = client
-        self.opener = opener  # opens a new pyamqp connection within a timeout (and counts it)
-        self.connection: Any = None
-        self.senders: dict[str, ServiceBusSender] = {}
-        self.dropped = 0  # connections found dead (silent or closed) and dropped before a call needed them
-        # calls made once more because the service had ended their link or connection (RENEWABLE)
-        self.renewed = 0
-        self.detached = (
-            0  # links found detached by the service between calls (idle, an expired token), dropped
-        )
-
-    @property
-    def broken(self) -> bool:
-        """The connection is no longer open (closed by the service, a socket error, an idle timeout)."""
-        from azure.servicebus._pyamqp.constants import ConnectionState
-
-        return self.connection is None or bool(self.connection.state != ConnectionState.OPENED)
-
-    def heard(self) -> float | None:
-        """When the connection last received a frame (``time.time()``), None if never."""
-        value = getattr(self.connection, "_last_frame_received_time", None)
-        return float(value) if value else None
-
-    def silent(self) -> bool:
-        """Nothing heard for :data:`SILENT_AFTER` seconds: the connection is dead (no I/O)."""
-        heard = self.heard()
-        return heard is not None and time.time() - heard > SILENT_AFTER
-
-    def ensure(self, timeout: float, may_connect: bool = True) -> Any:
-        """The open connection; a new one (within ``timeout``) if there is none, or the one there was is closed or
-        silent. Raises what opening raised; :class:`_NeedsWorker` instead of connecting when not ``may_connect``
-        (a direct call: TCP and SASL run on the lane's worker only, see :meth:`~spark_sb.lane.Lane.direct`)."""
-        if self.connection is not None and (self.broken or self.silent()):
-            self.discard("closed" if self.broken else f"silent for more than {SILENT_AFTER:.3g} s")
-        if self.connection is None:
-            if not may_connect:
-                raise _NeedsWorker("a new connection is needed")
-            self.connection = self.opener(timeout)
-        return self.connection
-
-    def discard(self, why: str) -> None:
-        """Drop the connection and every link on it (closed without waiting: a dead socket is shut down first, so
-        nothing blocks); the next call opens a new one."""
-        connection, self.connection = self.connection, None
-        self.senders.clear()
-        if connection is None:
-            return
-        self.dropped += 1
-        _LOGGER.info("a connection was dropped (%s); a new one is opened on next use", why)
-        _shut_down(connection)
-        with contextlib.suppress(Exception):  # closing a dead connection may fail; it is being dropped anyway
-            connection.close()
-
-    def tend(self) -> None:
-        """Between calls (a lane's idle tick, on its worker): read what came (heartbeats, detaches, a close) and
-        send our empty frame when the namespace's idle timeout wants one (pyamqp's ``listen`` does both), drop the
-        connection if it went silent or was closed, drop links the service detached, and renew each link's token
-        when its refresh window opens (the SDK renews only inside its own calls). Cost: one short read plus a
-        look at each link - bounded by the entities of this namespace."""
-        if self.connection is None:
-            return
-        if self.broken or self.silent():
-            self.discard("closed" if self.broken else f"silent for more than {SILENT_AFTER:.3g} s")
-            return
-        try:
-            with _short_reads(self.connection):
-                self.connection.listen(batch=64)
-        except Exception as exc:
-            self.discard(f"reading it failed: {type(exc).__name__}")
-            return
-        if self.broken:
-            self.discard("closed by the namespace")
-            return
-        for entity, sender in list(self.senders.items()):
-            if not _attached(sender):
-                self.detached += 1
-                self.drop(entity)
-                continue
-            cbs = getattr(sender._handler, "_cbs_authenticator", None)
-            if cbs is None:
-                continue
-            try:
-                cbs.handle_token()
-            except (
-                Exception
-            ) as exc:  # the renewal failed: the link is reopened (with a new token) on next use
-                _LOGGER.info(
-                    "renewing the token of a link failed (%s): reopened on next use", type(exc).__name__
-                )
-                self.drop(entity)
-
-    def sender(self, entity: str, timeout: float, may_connect: bool = True) -> ServiceBusSender:
-        """The open link to ``entity``, opened now if needed (within ``timeout``, on a new connection if the one
-        there was is closed or silent); raises what opening raised (``may_connect``: see :meth:`ensure`)."""
-        self.ensure(timeout, may_connect)
-        found = self.senders.get(entity)
-        if found is not None and getattr(found, "_running", False) and _attached(found):
-            return found
-        errors = self.open_links([entity], timeout)
-        if entity in errors:
-            raise errors[entity]
-        return self.senders[entity]
-
-    def on_link(
-        self,
-        entity: str,
-        fn: Callable[[ServiceBusSender, float], Any],
-        timeout: float,
-        may_connect: bool = True,
-    ) -> Any:
-        """``fn(sender, seconds_left)`` on the open link to ``entity``. If the service had ended that link or its
-        connection for its lifecycle (:func:`renewable`: idle, an expired token), the call is made once more on a
-        fresh link - on a fresh connection if the old one closed - within the same ``timeout``. A link that failed
-        is dropped either way (reopened on next use)."""
-        deadline = time.monotonic() + timeout
-        sender = self.sender(entity, timeout, may_connect)
-        link = getattr(
-            getattr(sender, "_handler", None), "_link", None
-        )  # the SDK replaces the handler on errors
-        try:
-            return fn(sender, deadline - time.monotonic())
-        except Exception as exc:
-            # The SDK reports a detach met during a send as an unknown error; the link keeps what the service said.
-            ended = _ended_by_service(link, self.connection)
-            self.drop(entity)
-            left = deadline - time.monotonic()
-            if not (renewable(exc) or ended in RENEWABLE) or left <= RENEW_AT_LEAST:
-                raise
-            _LOGGER.info(
-                "the service ended a link (%s): the call is made once more on a fresh one", condition_of(exc)
-            )
-            self.renewed += 1
-        sender = self.sender(entity, left, may_connect)
-        try:
-            return fn(sender, deadline - time.monotonic())
-        except Exception:
-            self.drop(entity)
-            raise
-
-    def open_links(
-        self, entities: list[str], timeout: float, silence: float | None = None
-    ) -> dict[str, BaseException]:
-        """Open links to ``entities`` concurrently on the shared connection: every handler's begin, CBS put-token
-        and attach go out together and the answers are read as they come (SPEC F3). Returns the per-entity errors
-        (an entity that does not exist, a refused token, an attach not answered by the deadline); a connection
-        error raises (every entity has it), and so does a namespace that said nothing for ``silence`` seconds
-        while links were waiting (a ``TimeoutError``: the namespace stalled, SPEC F1)."""
-        deadline = time.monotonic() + max(0.0, timeout)
-        self.ensure(timeout)
-        errors: dict[str, BaseException] = {}
-        waiting: list[str] = []
-        for entity in dict.fromkeys(entities):
-            old = self.senders.get(entity)
-            if old is not None:
-                if getattr(old, "_running", False) and _attached(old):
-                    continue
-                self.drop(entity)
-            waiting.append(entity)
-        if waiting:
-            with _short_reads(self.connection):
-                self._pump(waiting, deadline, silence, errors)
-        return errors
-
-    def _pump(
-        self, waiting: list[str], deadline: float, silence: float | None, errors: dict[str, BaseException]
-    ) -> None:
-        """Begin links in waves of at most :data:`OPENING_AT_ONCE` (the answers are read between waves: a long
-        silence of the reader would look like a dead connection) and finish them as their answers come."""
-        pending: dict[str, ServiceBusSender] = {}  # bounded by OPENING_AT_ONCE
-        todo = iter(waiting)
-        left_to_begin = len(waiting)
-        began = time.time()
-        try:
-            while pending or left_to_begin:
-                while left_to_begin and len(pending) < OPENING_AT_ONCE:
-                    entity = next(todo)
-                    left_to_begin -= 1
-                    try:
-                        pending[entity] = self._begin(entity)
-                    except Exception as exc:
-                        if self.broken:
-                            raise
-                        errors[entity] = exc
-                if silence is not None and time.time() - max(began, self.heard() or 0.0) > silence:
-                    raise TimeoutError(
-                        f"the namespace answered nothing for {silence:.3g} s while links were opened"
-                    )
-                if time.monotonic() >= deadline:
-                    for entity in [*pending, *todo]:
-                        errors[entity] = TimeoutError(f"the link to {entity!r} was not attached in time")
-                    break
-                self.connection.listen(batch=256)
-                for entity, sender in list(pending.items()):
-                    try:
-                        ready = self._ready(sender)
-                    except Exception as exc:
-                        if self.broken:
-                            raise
-                        errors[entity] = exc
-                        self._quiet_close_handler(pending.pop(entity))
-                        continue
-                    if ready:
-                        self._finish(sender)
-                        self.senders[entity] = pending.pop(entity)
-        finally:
-            for sender in pending.values():
-                if not getattr(sender, "_running", False):
-                    self._quiet_close_handler(sender)
-
-    def _begin(self, entity: str) -> ServiceBusSender:
-        from azure.servicebus._common.utils import create_authentication
-
-        # Topics take the same link. keep_alive 0: no SDK keep-alive thread (threads must not grow with entities).
-        sender = self.client.get_queue_sender(entity, keep_alive=0)
-        sender._create_handler(create_authentication(sender))
-        handler: Any = sender._handler
-        handler.open(connection=self.connection)  # a session and CBS links on the shared connection
-        session = handler._session
-        session.end = functools.partial(_end_session, session, session.end)
-        return sender
-
-    @staticmethod
-    def _ready(sender: ServiceBusSender) -> bool:
-        handler: Any = sender._handler
-        cbs = handler._cbs_authenticator
-        if cbs is not None and not cbs.handle_token():
-            return False
-        return bool(handler._client_ready())
-
-    @staticmethod
-    def _finish(sender: ServiceBusSender) -> None:
-        """What ``ServiceBusSender._open`` does once its link is ready (the link's size limits)."""
-        from azure.servicebus._common.constants import (
-            MAX_BATCH_SIZE_PREMIUM,
-            MAX_BATCH_SIZE_STANDARD,
-            MAX_MESSAGE_LENGTH_BYTES,
-        )
-
-        s: Any = sender
-        transport = s._amqp_transport
-        s._running = True
-        s._max_message_size_on_link = (
-            transport.get_remote_max_message_size(s._handler) or MAX_MESSAGE_LENGTH_BYTES
-        )
-        vendor = getattr(transport, "get_remote_max_message_batch_size", lambda _h: None)(s._handler)
-        if vendor is not None:
-            s._max_batch_size_on_link = vendor
-        elif s._max_message_size_on_link >= MAX_BATCH_SIZE_PREMIUM:
-            s._max_batch_size_on_link = MAX_BATCH_SIZE_PREMIUM
-        else:
-            s._max_batch_size_on_link = MAX_BATCH_SIZE_STANDARD
-
-    def drop(self, entity: str) -> None:
-        """Close the link to ``entity`` (a failure on it); the connection stays; reopened on next use."""
-        sender = self.senders.pop(entity, None)
-        if sender is not None:
-            self._quiet_close_handler(sender)
-
-    @staticmethod
-    def _quiet_close_handler(sender: ServiceBusSender) -> None:
-        s: Any = sender
-        s._running = False
-        handler = getattr(s, "_handler", None)
-        if handler is not None and not getattr(handler, "_shutdown", True):
-            try:
-                handler.close()  # its link, session and CBS links; the shared connection stays
-            except Exception as exc:  # closing a failed link may fail; it is being dropped anyway
-                _LOGGER.debug("closing a link failed: %s", type(exc).__name__)
-
-    def close(self) -> None:
-        self.senders.clear()
-        connection, self.connection = self.connection, None
-        if connection is None:
-            return
-        try:
-            connection.close()
-        except Exception as exc:  # a broken connection may fail to close; it is being dropped anyway
-            _LOGGER.info("closing a connection failed: %s", type(exc).__name__)
-
-
-class _NeedsWorker(Exception):
-    """A direct call (on the caller's thread) found that it needs a new connection: it is made on the lane's
-    worker instead, within what is left of the same deadline."""
-
-
-def _attached(sender: ServiceBusSender) -> bool:
-    """The sender's link is still attached (the service did not detach it: idle, an expired token, a forced
-    detach). Reads pyamqp's link state; no I/O."""
-    from azure.servicebus._pyamqp.constants import LinkState
-
-    link = getattr(getattr(sender, "_handler", None), "_link", None)
-    return link is None or link.state == LinkState.ATTACHED
-
-
-def sdk_timeout(left: float) -> float:
-    """The SDK's own timeout for a call with ``left`` seconds to its deadline: :data:`SDK_MARGIN` earlier (a
-    quarter of ``left`` when that is less), so that the SDK gives up first and a stalled entity costs its link,
-    not the shared connection. Pure."""
-    return max(0.02, left - min(SDK_MARGIN, 0.25 * left))
-
-
-def _condition_text(error: Any) -> str | None:
-    condition = getattr(error, "condition", None)
-    if condition is None:
-        return None
-    condition = getattr(condition, "value", condition)
-    return condition.decode("utf-8", "replace") if isinstance(condition, bytes) else str(condition)
-
-
-def _ended_by_service(link: Any, connection: Any) -> str | None:
-    """The error condition with which the service detached ``link`` or closed ``connection``, if it did (pyamqp
-    keeps it on the link and the connection); None otherwise. No I/O."""
-    return _condition_text(getattr(link, "_error", None)) or _condition_text(
-        getattr(connection, "_error", None)
-    )
-
-
-def renewable(exc: BaseException) -> bool:
-    """The service ended the link or connection for its lifecycle (:data:`RENEWABLE`), not for an outage. Pure."""
-    return (condition_of(exc) or "") in RENEWABLE
-
-
-def _tend(conn: _Conn) -> None:
-    conn.tend()
-
-
-#: While links are opened, a read with nothing to read waits this long (the SDK's socket timeout is 0.2 s: one such
-#: wait per round of answers would cost tenths of a second per link).
-PUMP_READ_TIMEOUT = 0.005
-
-
-@contextlib.contextmanager
-def _short_reads(connection: Any) -> Iterator[None]:
-    sock = getattr(getattr(connection, "_transport", None), "sock", None)
-    previous = sock.gettimeout() if sock is not None else None
-    if sock is not None:
-        sock.settimeout(PUMP_READ_TIMEOUT)
-    try:
-        yield
-    finally:
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.settimeout(previous)
-
-
-def _open_connection(client: ServiceBusClient, timeout: float) -> Any:
-    """Open one AMQP connection to ``client``'s namespace, built as the SDK builds a sender's own (same host, TLS,
-    proxy, custom endpoint, container and properties), plus an idle timeout (:data:`HEARTBEAT`). Runs on a lane's
-    worker: TCP connect and SASL have no deadline of their own, the lane's deadline covers them."""
-    from azure.servicebus._common.utils import create_authentication
-    from azure.servicebus._pyamqp._connection import Connection
-    from azure.servicebus._pyamqp.constants import ConnectionState
-
-    template: Any = client.get_queue_sender("$connection", keep_alive=0)  # no I/O: a handler's settings
-    template._create_handler(create_authentication(template))
-    h = template._handler
-    connection = Connection(
-        ("amqps://" if h._use_tls else "amqp://") + h._hostname,
-        sasl_credential=h._auth.sasl,
-        ssl_opts=h._ssl_opts,
-        container_id=f"SBSender-{uuid.uuid4()}",
-        max_frame_size=h._max_frame_size,
-        channel_max=h._channel_max,
-        idle_timeout=HEARTBEAT,
-        properties=h._properties,
-        network_trace=False,
-        transport_type=h._transport_type,
-        http_proxy=h._http_proxy,
-        custom_endpoint_address=h._custom_endpoint_address,
-        socket_timeout=h._socket_timeout,
-        use_tls=h._use_tls,
-    )
-    connection.open()
-    deadline = time.monotonic() + timeout
-    while connection.state != ConnectionState.OPENED:
-        if connection.state in (ConnectionState.END, ConnectionState.CLOSE_RCVD, ConnectionState.DISCARDING):
-            from azure.servicebus._pyamqp.error import AMQPConnectionError, ErrorCondition
-
-            error = getattr(connection, "_error", None)
-            if error is not None:
-                raise error
-            raise AMQPConnectionError(ErrorCondition.SocketError, description="the connection was closed")
-        if time.monotonic() > deadline:
-            raise TimeoutError("the namespace did not open the connection in time")
-        connection.listen(wait=0.05)
-    # The idle timeout went out in the open frame (the namespace sends heartbeats); pyamqp would also close the
-    # connection itself after that long without a frame, on its next read. Not that: the lane's deadlines and the
-    # namespace-wide evidence decide what a silence means.
-    connection._idle_timeout = None
-    return connection
-
-
-def _end_session(session: Any, end: Callable[..., None], error: Any = None, wait: bool = False) -> None:
-    """End a session on a shared connection after detaching its links: pyamqp's ``Session.end`` sends the end
-    first and then detaches the links still attached (a management link's, say), and the service closes the whole
-    connection - every other entity's link with it - for a frame on a channel that has ended ("no such
-    channel"). Installed on each session the transport opens (``session.end``), whoever ends it: the SDK ends it
-    itself when a call on the link fails."""
-    for link in list(getattr(session, "links", {}).values()):
-        with contextlib.suppress(Exception):
-            link.detach(close=True)
-    end(error=error, wait=wait)
-
-
-def _open_links(
-    conn: _Conn, *, entities: list[str], timeout: float, silence: float
-) -> dict[str, BaseException]:
-    return conn.open_links(entities, timeout, silence)
-
-
-def _ensure(conn: _Conn, *, timeout: float) -> None:
-    conn.ensure(timeout)
-
-
-def _close_conn(conn: _Conn) -> None:
-    conn.close()
-
-
-def shut_down_socket(handler_owner: Any) -> None:
-    """Shut down the socket of an SDK sender or receiver so that a call stuck in it (e.g. the SDK's SASL
-    negotiation, which has no timeout) returns with an error. Reads SDK internals; best effort, never raises.
-    Called from a thread other than the stuck one (a lane's unblock)."""
-    handler = getattr(handler_owner, "_handler", None)
-    _shut_down(getattr(handler, "_connection", None))
-
-
-def _shut_down(connection: Any) -> None:
-    import socket
-
-    transport = getattr(connection, "_transport", None)
-    sock = getattr(transport, "sock", None)
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-def _unblock_conn(conn: _Conn) -> None:
-    if conn.connection is not None:
-        _shut_down(conn.connection)
-
 
 class SdkTransport:
     """The real :class:`Transport` over azure-servicebus (sync). See the module docstring.
@@ -703,8 +236,9 @@ class SdkTransport:
         self._config = config
         # retry_total 0: the attempt loop retries, so each failed attempt reaches the failover timer at once.
         self._client_kwargs = {**config.client_kwargs(), "retry_total": 0, **client_kwargs}
-        self._lanes: dict[str, Lane[_Conn]] = {}  # one per namespace (two at most)
-        self._last: dict[str, _Conn] = {}  # the namespace's latest connection (read by answered_within)
+        self._lanes: dict[str, Lane[SharedConnection]] = {}  # one per namespace (two at most)
+        # The namespace's latest connection (read by answered_within); two at most.
+        self._last: dict[str, SharedConnection] = {}
         self._link_max: dict[Target, int] = {}  # bounded by the targets this process sends to
         # The lane generation and time of each target's last answer; bounded like _link_max.
         self._answered: dict[Target, tuple[int, float]] = {}
@@ -724,7 +258,7 @@ class SdkTransport:
             return self._config.secondary
         raise ValueError(f"unknown namespace {namespace!r}; valid: 'primary', 'secondary'")
 
-    def _lane(self, namespace: str) -> Lane[_Conn]:
+    def _lane(self, namespace: str) -> Lane[SharedConnection]:
         with self._lock:
             if self._closed:
                 raise LaneClosed("the Service Bus transport is closed")
@@ -733,20 +267,27 @@ class SdkTransport:
                 ns = self._namespace_config(namespace)
                 connect_timeout = float(self._config.send_timeout)
 
-                def build() -> _Conn:
+                def build() -> SharedConnection:
                     client = ns.client(**self._client_kwargs)
 
                     def opener(timeout: float) -> Any:
                         with self._lock:
                             self.generation[namespace] = self.generation.get(namespace, 0) + 1
-                        return _open_connection(client, timeout)
+                        return open_connection(client, timeout)
 
-                    conn = _Conn(client, opener)
+                    conn = SharedConnection(client, opener)
                     self._last[namespace] = conn
                     conn.ensure(connect_timeout)
                     return conn
 
-                lane = Lane(namespace, build, _close_conn, _unblock_conn, idle=_tend, idle_every=TEND_EVERY)
+                lane = Lane(
+                    namespace,
+                    build,
+                    SharedConnection.close,
+                    SharedConnection.unblock,
+                    idle=SharedConnection.tend,
+                    idle_every=TEND_EVERY,
+                )
                 self._lanes[namespace] = lane
             return lane
 
@@ -759,7 +300,7 @@ class SdkTransport:
     ) -> Any:
         entity = target.entity
 
-        def run(conn: _Conn) -> Any:
+        def run(conn: SharedConnection) -> Any:
             return conn.on_link(entity, fn, timeout)
 
         started = time.monotonic()
@@ -830,10 +371,10 @@ class SdkTransport:
             sender.send_messages(payload, timeout=sdk_timeout(left))
             return getattr(sender, "_max_batch_size_on_link", None)
 
-        def send(conn: _Conn) -> Any:
+        def send(conn: SharedConnection) -> Any:
             return conn.on_link(entity, on_link, timeout)
 
-        def send_direct(conn: _Conn) -> Any:
+        def send_direct(conn: SharedConnection) -> Any:
             return conn.on_link(entity, on_link, timeout, may_connect=False)
 
         lane = self._lane(target.namespace)
@@ -845,7 +386,7 @@ class SdkTransport:
             if self.connected(target)
             else None
         )
-        if isinstance(pending, Finished) and isinstance(pending.error, _NeedsWorker):
+        if isinstance(pending, Finished) and isinstance(pending.error, NeedsWorker):
             pending = None  # the connection went away meanwhile: a new one is opened on the worker
         if pending is None:
             left = max(0.0, timeout - (time.monotonic() - started))
@@ -880,9 +421,11 @@ class SdkTransport:
             lane = self._lane(namespace)
             try:
                 # the connection first: a namespace that does not answer costs silence
-                lane.call(functools.partial(_ensure, timeout=silence), silence)
+                lane.call(functools.partial(SharedConnection.ensure, timeout=silence), silence)
                 failed = lane.call(
-                    functools.partial(_open_links, entities=entities, timeout=budget, silence=silence),
+                    functools.partial(
+                        SharedConnection.open_links, entities=entities, timeout=budget, silence=silence
+                    ),
                     budget + SLOW_MARGIN,
                 )
             except Exception as exc:
