@@ -3,11 +3,14 @@ job's syphons (Spark's ``InternalKafkaProducerPool`` is the model). Keyed by a d
 object is used by one task at a time (:meth:`SenderPool.acquire` / :meth:`SenderPool.release`); idle objects are
 closed once unused for ``idle_timeout`` seconds, read from the injected clock.
 
-Where it runs: a process-level pool in each Python worker (executors; the driver in tests). Not picklable (the
-objects it holds are not).
+Where it runs: on executors, one pool per Python worker process and per kind of object (module globals:
+:data:`spark_sb.sink_partition.SENDERS`, :data:`spark_sb.syphon_job.SYPHONS`); the driver in tests and tools.
+Not picklable (the objects it holds are not); what it holds is built in the worker from a picklable config.
 
-Bounds: per key, the idle objects are at most the tasks that used the key at once; every key's idle objects go
-after ``idle_timeout`` of disuse, checked at each acquire.
+Bounds: per key, the idle objects are at most the tasks that used the key at once (a Python worker runs one task
+at a time: one); every key's idle objects are closed after ``idle_timeout`` of disuse, checked at each acquire,
+so a worker keeps nothing longer than ``idle_timeout`` past its last task that acquires from the pool. Generic
+over what it holds: ``close`` (default: the object's ``close()``) ends an object that leaves the pool.
 """
 
 from __future__ import annotations

@@ -8,23 +8,21 @@ Usage (driver)::
     sb_sink = ServiceBusSink(load_config("conf/prod.yaml"))
     df.writeStream.foreachBatch(sb_sink).option("checkpointLocation", ckpt).start()
 
-Where things run:
+This module is the driver side, the ``foreachBatch`` orchestration. Where things run:
 
 * ``ServiceBusSink.__call__`` runs on the driver (Spark calls the ``foreachBatch`` function there). It holds only
-  the picklable configuration; it never builds a Service Bus client.
+  the picklable configuration (that is all it pickles); it never builds a Service Bus client.
   At batch start it checks the schema (first batch), skips a batch id this ``sink_id`` already committed, and
   hands the tasks the entity state; after the batch it plans the rows of the events, entities and rejects
   tables (:mod:`spark_sb.state`) from the per-partition results. With ``state_writes: async`` (default) a
   background thread on the driver writes them (group commit) and the handoff is the driver's view of the
   entities table, so the batch waits for neither; call ``sink.flush()`` (or use ``with sink:``) before
-  ``spark.stop()``. With ``sync`` the batch reads the table first and writes before it returns.
-* :func:`send_partition` runs in executor Python workers, once per partition task (inside ``mapInArrow``, whose
-  one output row carries the pickled :class:`~spark_sb.state.PartitionResult`). It first teaches the worker's
-  failover registry what the state table says (an entity failed over elsewhere starts failed over here; pulled
-  backlog queues are skipped), then streams the partition's rows into a :class:`~spark_sb.sender.PairedSender`
-  taken from a process-level cache keyed by the configuration (workers are reused across tasks and
-  micro-batches, so clients live across batches), one sender per task in flight, closed when idle for
-  ``idle_timeout``. What it needs (the config, the entity records) is picklable.
+  ``spark.stop()``. With ``sync`` the batch reads the table first and writes before it returns. The process
+  hooks that flush at exit, on SIGTERM and when a query terminates are :mod:`spark_sb.sink_hooks`.
+* The tasks run :func:`~spark_sb.sink_partition.send_partition` in executor Python workers, once per partition
+  (:mod:`spark_sb.sink_partition`, the executor side; ``send_partition``, ``arrow_rows``,
+  ``partition_function``, ``RESULT_SCHEMA`` and ``RejectedRowsError`` are re-exported here). What they need
+  (the config, the entity records) is picklable.
 
 Delivery guarantee: at least once. A partition task returns only after every message was accepted by the primary,
 accepted by a backlog queue, or recorded as a reject; otherwise the task fails and Spark retries it (message ids
@@ -33,27 +31,27 @@ plus duplicate detection on the primary make retries harmless).
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import pickle
-import socket
-import threading
-import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.config import ConfigError, ServiceBusConfig
 from spark_sb.counts import merge_counts
-from spark_sb.failover import process_registry
-from spark_sb.message import OutboundMessage, Reject, RejectError
-from spark_sb.pool import SenderPool, config_key
 from spark_sb.provisioning import with_namespace_name
-from spark_sb.rows import reject_row, row_to_message, validate_schema
-from spark_sb.sender import PairedSender, SendOutcome, namespace_key
+from spark_sb.rows import validate_schema
+from spark_sb.sender import SendOutcome, namespace_key
+from spark_sb.sink_hooks import install_sigterm_handler, is_connect, register_exit_hook
+from spark_sb.sink_partition import (  # re-exported: their public home was this module
+    RESULT_SCHEMA,
+    RejectedRowsError,
+    arrow_rows,
+    partition_function,
+    send_partition,
+)
 from spark_sb.state import (
     BATCH_COMMITTED,
     COMMIT_INTERVAL,
@@ -70,19 +68,26 @@ from spark_sb.state import (
     StateTables,
     StateWriteError,
     StateWriter,
-    apply_handoff,
     plan_batch,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pyarrow as pa
     from pyspark.sql import DataFrame
 
+__all__ = [
+    "RESULT_SCHEMA",
+    "RejectedRowsError",
+    "ServiceBusSink",
+    "SinkIdConflictError",
+    "SinkTotals",
+    "arrow_rows",
+    "default_sink_id",
+    "partition_function",
+    "send_partition",
+    "sink",
+]
+
 log = logging.getLogger(__name__)
-
-
-class RejectedRowsError(ValueError):
-    """Raised (``on_reject = "fail"``) when a row cannot become a message; names the row's field and reason."""
 
 
 class SinkIdConflictError(RuntimeError):
@@ -90,96 +95,6 @@ class SinkIdConflictError(RuntimeError):
     another query (or a new checkpoint) uses the same ``sink_id`` and state tables. Set a distinct ``sink_id``."""
 
 
-# -- executor side -------------------------------------------------------------------------------------------
-#: The executor's paired senders, kept between tasks (one task at a time each; closed after idle_timeout).
-SENDERS: SenderPool[PairedSender] = SenderPool()
-
-
-def _messages(
-    rows: Iterable[Any], config: ServiceBusConfig, rejects: list[Reject], counter: list[int]
-) -> Iterator[OutboundMessage]:
-    for index, row in enumerate(rows):
-        counter[0] = index + 1
-        try:
-            yield row_to_message(
-                row, config.columns, config.entity, config.max_message_size, config.message_id_mode
-            )
-        except RejectError as err:
-            if config.on_reject == "fail":
-                raise RejectedRowsError(f"row {index}: {err}") from None
-            rejects.append(reject_row(row, err, entity=config.entity, row_index=index))
-
-
-def send_partition(
-    config: ServiceBusConfig, rows: Iterable[Any], handoff: Sequence[EntityRecord] = ()
-) -> PartitionResult:
-    """Send one partition's rows (executor). Streams the rows; returns the outcome including row rejects, and the
-    worker's view of the entity states and pulled backlog queues afterwards.
-
-    ``handoff``: the entity records the driver read at batch start; applied to this process's failover
-    registry first (SPEC S4: no second ``failover_interval`` wait, pulled backlog queues skipped).
-    """
-    registry = process_registry()
-    primary = namespace_key(config.primary)
-    secondary = namespace_key(config.secondary) if config.secondary is not None else None
-    if handoff:
-        apply_handoff(
-            registry,
-            handoff,
-            namespace=primary,
-            backlog_namespace=secondary,
-            failover_interval=float(config.failover_interval),
-            ping_interval=float(config.ping_primary_interval),
-        )
-    rejects: list[Reject] = []
-    counter = [0]
-    key = config_key(config)
-    sender = SENDERS.acquire(key, config.idle_timeout, lambda: PairedSender(config))
-    try:
-        outcome = sender.send(_messages(rows, config, rejects, counter))
-    except BaseException:
-        sender.close()  # a failed sender is never reused: the task fails and Spark retries it
-        raise
-    SENDERS.release(key, sender, keep=config.client_cache)
-    if rejects:
-        outcome = SendOutcome(rejects=tuple(rejects)).merge(outcome)
-    return PartitionResult(
-        host=socket.gethostname(),
-        rows=counter[0],
-        outcome=outcome,
-        statuses=tuple(s for s in registry.statuses() if s.namespace == primary),
-        pulled=tuple(registry.rotation.pulled(secondary)) if secondary is not None else (),
-        pid=os.getpid(),
-    )
-
-
-def arrow_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[dict[str, Any]]:
-    """Rows of Arrow record batches as dicts (maps as lists of pairs, structs as dicts). Executor."""
-    for batch in batches:
-        yield from batch.to_pylist()
-
-
-def partition_function(
-    config: ServiceBusConfig, handoff: Sequence[EntityRecord]
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function of one batch: sends the partition, yields one row ``result`` (the pickled
-    :class:`~spark_sb.state.PartitionResult`). Built on the driver, runs on executors; captures only the
-    picklable ``config`` and ``handoff``."""
-    records = tuple(handoff)
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
-
-        result = send_partition(config, arrow_rows(batches), records)
-        yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(result)], pa.binary())], names=["result"])
-
-    return run
-
-
-RESULT_SCHEMA = "result BINARY"
-
-
-# -- driver side ---------------------------------------------------------------------------------------------
 @dataclass
 class SinkTotals:
     """Counts over every batch this sink object processed (driver; bounded: counts, never records)."""
@@ -232,117 +147,6 @@ def default_sink_id(config: ServiceBusConfig) -> str:
 
 #: Batch ids this sink object planned, kept in memory for the replay check (more than the writer can hold).
 _RECENT_BATCHES = 4 * MAX_PENDING_BATCHES
-
-_live_sinks: weakref.WeakSet[ServiceBusSink] = weakref.WeakSet()
-_exit_hook_lock = threading.Lock()
-_exit_hook_registered = False
-
-
-def _flush_at_exit() -> None:
-    """``atexit``: write what the sinks of this process still hold (driver). A failure is logged (an exit
-    handler cannot fail a query); call :meth:`ServiceBusSink.flush` to see it raised. Works after ``spark.stop()``
-    too: the state writer finishes path tables through ``deltalake`` once the Spark session is gone."""
-    sinks = list(_live_sinks)
-    for sb in sinks:  # a batch that ends from now on (its query still runs) writes before it returns
-        sb._force_sync = True
-    for sb in sinks:
-        try:
-            sb.close(timeout=120)
-        except BaseException as exc:
-            log.error("sink %s: state writes at exit failed: %s: %s", sb.sink_id, type(exc).__name__, exc)
-
-
-def _flush_live_sinks(why: str) -> None:
-    """Write what every sink of this process holds now (driver; a query listener's thread). Logged, not
-    raised: the batch that follows (or :meth:`ServiceBusSink.flush`) raises a failed write."""
-    for sb in list(_live_sinks):
-        try:
-            sb.flush(timeout=120)
-        except BaseException as exc:
-            log.error("sink %s: state writes (%s) failed: %s: %s", sb.sink_id, why, type(exc).__name__, exc)
-
-
-_watched_sessions: set[int] = set()
-
-
-def _watch_queries() -> None:
-    """Flush the sinks when a streaming query of this driver terminates (stopped, failed, a notebook detached):
-    a ``StreamingQueryListener`` on the session that runs the queries, registered once per session. Classic
-    Spark only (under Spark Connect the sink writes synchronously). The ``foreachBatch`` DataFrame belongs to a
-    clone of that session, whose listeners hear nothing of the query, hence the active (default) session."""
-    try:
-        from pyspark.sql import SparkSession
-        from pyspark.sql.streaming import StreamingQueryListener
-    except ImportError:  # a store without Spark (tests, tools)
-        return
-    session = SparkSession.getActiveSession()
-    if session is None or _is_connect(session) or id(session) in _watched_sessions:
-        return
-
-    class FlushOnTermination(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - the listener API's names
-            pass
-
-        def onQueryProgress(self, event: Any) -> None:  # noqa: N802
-            pass
-
-        def onQueryIdle(self, event: Any) -> None:  # noqa: N802
-            pass
-
-        def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
-            # in a thread of its own: the listener bus (every query's events) never waits for a Delta commit
-            why = f"query {getattr(event, 'id', '?')} terminated"
-            threading.Thread(
-                target=_flush_live_sinks, args=(why,), name="spark-sb-flush", daemon=True
-            ).start()
-
-    try:
-        session.streams.addListener(FlushOnTermination())
-        _watched_sessions.add(id(session))
-    except Exception as exc:  # noqa: BLE001 - the atexit flush still covers an exit
-        log.warning(
-            "sink: no query listener (%s: %s); state rows are flushed at exit", type(exc).__name__, exc
-        )
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM as an ordinary exit: ``SystemExit`` in the main thread, so ``finally`` blocks and the
-    ``atexit`` flush run (the default action ends the process with no handler at all). A second SIGTERM ends
-    it at once."""
-    import signal
-
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    raise SystemExit(128 + signum)
-
-
-def _install_sigterm_handler() -> None:
-    """Make SIGTERM run the exit flush, when nobody else handles it (driver's main thread only; a program or a
-    platform with its own SIGTERM handler keeps it)."""
-    import signal
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _on_sigterm)
-    except (ValueError, OSError):  # no signals here (an embedded interpreter)
-        pass
-
-
-def _register_exit_hook(sb: ServiceBusSink) -> None:
-    # Registered at the first background write, after the Spark session exists: atexit runs handlers last
-    # registered first, so this flush runs before the session's own exit handlers.
-    global _exit_hook_registered
-    with _exit_hook_lock:
-        _live_sinks.add(sb)
-        if not _exit_hook_registered:
-            atexit.register(_flush_at_exit)
-            _exit_hook_registered = True
-        _watch_queries()
-
-
-def _is_connect(spark: Any) -> bool:
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 class ServiceBusSink:
@@ -404,7 +208,7 @@ class ServiceBusSink:
         self._force_sync = sync_writes  # Spark Connect, the data source's commit
         self._max_pending = max_pending_writes  # batches queued for the writer before a batch waits
         if self.config.state_writes == "async" and self._tables is not None:
-            _install_sigterm_handler()  # the driver's main thread: SIGTERM then flushes the state rows
+            install_sigterm_handler()  # the driver's main thread: SIGTERM then flushes the state rows
 
     @property
     def asynchronous(self) -> bool:
@@ -423,11 +227,7 @@ class ServiceBusSink:
             rows = batch_df.mapInArrow(partition_function(config, handoff), RESULT_SCHEMA).collect()
             return [pickle.loads(bytes(r["result"])) for r in rows]
 
-        if (
-            not self._force_sync
-            and self.config.state_writes == "async"
-            and _is_connect(batch_df.sparkSession)
-        ):
+        if not self._force_sync and self.config.state_writes == "async" and is_connect(batch_df.sparkSession):
             self._force_sync = True
             log.info("sink %s: Spark Connect: state tables written synchronously", self.sink_id)
         self.process_batch(batch_id, run_tasks, batch_df.count, self._store_for(batch_df))
@@ -557,7 +357,7 @@ class ServiceBusSink:
                 max_pending=self._max_pending,
                 commit_interval=COMMIT_INTERVAL,
             )
-            _register_exit_hook(self)
+            register_exit_hook(self)
         return self._writer
 
     def _remember(self, batch_id: int, writes: BatchWrites) -> None:
