@@ -47,22 +47,28 @@ from typing import TYPE_CHECKING, Any
 
 from spark_sb.config import ServiceBusConfig
 from spark_sb.pool import SenderPool, config_key
+from spark_sb.provisioning import with_namespace_name
+from spark_sb.sender import namespace_key
 from spark_sb.state import (  # the row kinds are the events table's event names
     ABANDONED,
+    BATCH_COMMITTED,
     DEAD_LETTERED,
     EXPIRED,
     MOVED,
     PARKED,
     SETTLE_FAILED,
     SYPHON_ERROR,
+    BatchWrites,
+    Event,
+    StateStore,
+    maintain_if_due,
+    store_for,
 )
 from spark_sb.syphon import Syphon, SyphonOutcome
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
-
-    from spark_sb.state import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +165,6 @@ def read_entity_hints(config: ServiceBusConfig) -> dict[str, str]:
     if not config.state_location:
         return {}
     try:
-        from spark_sb.sender import namespace_key
         from spark_sb.status import _read_table
 
         primary = namespace_key(config.primary)
@@ -323,8 +328,6 @@ class SyphonTotals:
 
 def syphon_sink_id(config: ServiceBusConfig) -> str:
     """The syphon's identity in the events table: ``syphon/<primary namespace name>``."""
-    from spark_sb.sender import namespace_key
-
     try:
         name = config.primary.effective_namespace_name()
     except Exception:  # noqa: BLE001 - an address endpoint without a resolved name
@@ -362,13 +365,9 @@ class SyphonBatchWriter:
         aggregated = [(r["queue"], r["entity"], r["kind"], int(r["n"] or 0), r["detail"]) for r in rows]
         store = self._store
         if store is None and aggregated:
-            from spark_sb.state import store_for
-
             store = store_for(batch_df.sparkSession, self.config)
             self._store = store
         self.record(batch_id, aggregated, store)
-        from spark_sb.state import maintain_if_due
-
         maintain_if_due(batch_df.sparkSession, self.config)  # when state_maintain_every is due
 
     def record(
@@ -379,9 +378,6 @@ class SyphonBatchWriter:
         now: datetime | None = None,
     ) -> None:
         """Count and write one micro-batch's aggregated rows (Spark-free: unit-testable)."""
-        from spark_sb.sender import namespace_key
-        from spark_sb.state import BATCH_COMMITTED, BatchWrites, Event
-
         if not aggregated:
             return  # an empty micro-batch (e.g. the first after a restart): nothing happened, nothing written
         self.total.batches += 1
@@ -440,8 +436,6 @@ def run_syphon(
     what the backlog queues hold when the query starts and stops: the planner reads the counts once, and the
     micro-batch drains each queue that has messages for at most ``syphon.batch_duration`` (what arrives later, or
     is left after that, waits for the next run). ``once`` and ``available_now`` exclude each other."""
-    from spark_sb.provisioning import with_namespace_name
-
     if once and available_now:
         raise ValueError("run_syphon: give once=True or available_now=True, not both")
 

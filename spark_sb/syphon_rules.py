@@ -12,7 +12,7 @@ picklable (the syphon job's rows are made from it on executors); an :class:`Enti
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -86,26 +86,18 @@ class SyphonOutcome:
         return sum(self.forwarded.values())
 
     def merge(self, other: SyphonOutcome) -> SyphonOutcome:
-        add = merge_counts
-        return SyphonOutcome(
-            received=self.received + other.received,
-            forwarded=add(self.forwarded, other.forwarded),
-            expired=self.expired + other.expired,
-            invalid=self.invalid + other.invalid,
-            probes_dropped=self.probes_dropped + other.probes_dropped,
-            abandoned=self.abandoned + other.abandoned,
-            skipped_lock_expiring=self.skipped_lock_expiring + other.skipped_lock_expiring,
-            settle_failures=self.settle_failures + other.settle_failures,
-            errors=self.errors + other.errors,
-            expired_by_entity=add(self.expired_by_entity, other.expired_by_entity),
-            abandoned_by_entity=add(self.abandoned_by_entity, other.abandoned_by_entity),
-            from_dead_letter=self.from_dead_letter + other.from_dead_letter,
-            parked=self.parked + other.parked,
-            receive_calls=self.receive_calls + other.receive_calls,
-            probes=self.probes + other.probes,
-            cancelled=self.cancelled or other.cancelled,
-            moved_ids=self.moved_ids + other.moved_ids,
-        )
+        """Field by field: per-entity counts merge, ``cancelled`` if either was, the rest add (counts) or
+        concatenate (lists)."""
+        merged: dict[str, Any] = {}
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, dict):
+                merged[f.name] = merge_counts(mine, theirs)
+            elif isinstance(mine, bool):
+                merged[f.name] = mine or theirs
+            else:
+                merged[f.name] = mine + theirs
+        return SyphonOutcome(**merged)
 
     def _count(self, table: dict[str, int], entity: str | None, n: int = 1) -> None:
         key = entity or ""

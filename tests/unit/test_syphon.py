@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
@@ -60,6 +62,22 @@ def test_outcome_merge_adds_counts_per_entity() -> None:
     m = a.merge(b)
     assert (m.received, m.forwarded, m.expired, m.abandoned, m.errors) == (5, {"a": 3, "b": 1}, 1, 1, ["e"])
     assert m.forwarded_total == 4
+
+
+def test_outcome_merge_merges_every_field_and_is_cancelled_if_either_was() -> None:
+    ones: dict[str, Any] = {f.name: 1 for f in fields(SyphonOutcome) if f.type in ("int", int)}  # the counts
+    a = SyphonOutcome(
+        **ones, forwarded={"a": 1}, expired_by_entity={"a": 1}, abandoned_by_entity={"b": 1}, errors=["x"]
+    )
+    a.moved_ids.append(("a", "1"))
+    b = SyphonOutcome(
+        **ones, forwarded={"a": 1, "c": 1}, cancelled=True, errors=["y"], moved_ids=[("a", "2")]
+    )
+    m = a.merge(b)
+    assert {name: getattr(m, name) for name in ones} == {name: 2 for name in ones} and len(ones) >= 11
+    assert (m.forwarded, m.expired_by_entity, m.abandoned_by_entity) == ({"a": 2, "c": 1}, {"a": 1}, {"b": 1})
+    assert (m.errors, m.moved_ids, m.cancelled) == (["x", "y"], [("a", "1"), ("a", "2")], True)
+    assert not a.merge(SyphonOutcome()).cancelled
 
 
 def test_token_expired_tells_an_expired_token_from_other_refusals() -> None:
