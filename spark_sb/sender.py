@@ -19,15 +19,13 @@ import functools
 import logging
 import random
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 
-from spark_sb.backlog import PROBE_MODES, PROBE_SCHEDULE_AHEAD, probe_message
+from spark_sb.backlog import PROBE_MODES
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import ServiceBusConfig
-from spark_sb.counts import merge_counts
 from spark_sb.errors import (
     UNEXPECTED,
     ErrorClass,
@@ -41,7 +39,6 @@ from spark_sb.errors import (
 from spark_sb.failover import (
     MIN_ATTEMPT_BUDGET,
     BacklogChooser,
-    BacklogPull,
     Decision,
     EntityFailover,
     EntityState,
@@ -58,134 +55,23 @@ from spark_sb.failover import (
     process_registry,
 )
 from spark_sb.message import OutboundMessage, Reject, RejectError
+from spark_sb.outcome import (
+    ProbeRecord,
+    SendOutcome,
+    Tally,
+    describe_error,
+    message_row,
+    namespace_description,
+    namespace_key,
+)
+from spark_sb.prober import Prober
 from spark_sb.provisioning import primary_namespace_name
-from spark_sb.redact import redact
 from spark_sb.rows import row_to_json
 from spark_sb.transport import PRIMARY, SECONDARY, Batch, SdkTransport, Target, Transport
 
+__all__ = ["PairedSender", "ProbeRecord", "SendOutcome", "namespace_description", "namespace_key"]
+
 _LOGGER = logging.getLogger(__name__)
-
-# ---------------------------------------------------------------------------------------------------------
-# Outcome
-
-
-@dataclass(frozen=True)
-class ProbeRecord:
-    """One probe of a failed-over primary entity (B8)."""
-
-    entity: str
-    mode: str
-    at: datetime
-    ok: bool
-    error_class: str | None = None
-    detail: str = ""
-    sequence_number: int | None = None
-    cancel_attempts: int = 0
-    cancel_ok: bool | None = None
-
-
-@dataclass(frozen=True)
-class SendOutcome:
-    """What one :meth:`PairedSender.send` call did; small and picklable (returned from executors to the driver).
-
-    ``sent``: messages accepted by the primary, per entity. ``diverted``: per backlog queue;
-    ``diverted_by_entity``: the same messages per original entity. ``rejects``: messages not sent (B7/S6).
-    """
-
-    sent: Mapping[str, int] = field(default_factory=dict)
-    diverted: Mapping[str, int] = field(default_factory=dict)
-    diverted_by_entity: Mapping[str, int] = field(default_factory=dict)
-    rejects: tuple[Reject, ...] = ()
-    transitions: tuple[StateTransition, ...] = ()
-    probes: tuple[ProbeRecord, ...] = ()
-    pulls: tuple[BacklogPull, ...] = ()
-    retries: int = 0
-    elapsed: float = 0.0
-    #: Seconds spent backing off because the primary answered "server busy" (throttled), per entity (SPEC L4).
-    throttled: Mapping[str, float] = field(default_factory=dict)
-
-    @property
-    def total_sent(self) -> int:
-        return sum(self.sent.values())
-
-    @property
-    def total_diverted(self) -> int:
-        return sum(self.diverted.values())
-
-    @property
-    def total_rejected(self) -> int:
-        return len(self.rejects)
-
-    def merge(self, other: SendOutcome) -> SendOutcome:
-        """The sum of two outcomes (counts added, records concatenated)."""
-        return SendOutcome(
-            sent=merge_counts(self.sent, other.sent),
-            diverted=merge_counts(self.diverted, other.diverted),
-            diverted_by_entity=merge_counts(self.diverted_by_entity, other.diverted_by_entity),
-            rejects=self.rejects + other.rejects,
-            transitions=self.transitions + other.transitions,
-            probes=self.probes + other.probes,
-            pulls=self.pulls + other.pulls,
-            retries=self.retries + other.retries,
-            elapsed=self.elapsed + other.elapsed,
-            throttled=merge_counts(self.throttled, other.throttled),
-        )
-
-
-class _Tally:
-    """The mutable outcome being built during one send call."""
-
-    def __init__(self) -> None:
-        self.sent: dict[str, int] = {}
-        self.diverted: dict[str, int] = {}
-        self.diverted_by_entity: dict[str, int] = {}
-        self.rejects: list[Reject] = []
-        self.transitions: list[StateTransition] = []
-        self.probes: list[ProbeRecord] = []
-        self.pulls: list[BacklogPull] = []
-        self.retries = 0
-        self.throttled: dict[str, float] = {}  # entity -> seconds backed off on "server busy"
-        self.sticky: dict[str, str] = {}  # entity -> its backlog queue, until the next batch boundary
-
-    def build(self, elapsed: float) -> SendOutcome:
-        return SendOutcome(
-            sent=dict(self.sent),
-            diverted=dict(self.diverted),
-            diverted_by_entity=dict(self.diverted_by_entity),
-            rejects=tuple(self.rejects),
-            transitions=tuple(self.transitions),
-            probes=tuple(self.probes),
-            pulls=tuple(self.pulls),
-            retries=self.retries,
-            elapsed=elapsed,
-            throttled=dict(self.throttled),
-        )
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Namespace naming without secrets
-
-
-def namespace_key(ns: Any) -> str:
-    """A secret-free identity of a namespace (host[:port]) used to key shared state."""
-    return str(ns.endpoint_host())
-
-
-def namespace_description(ns: Any) -> str:
-    """The redacted description of a namespace for error texts."""
-    return str(ns.redacted())
-
-
-def _describe(exc: BaseException) -> str:
-    text = redact(f"{type(exc).__name__}: {exc}")
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-def _message_row(msg: OutboundMessage) -> dict[str, Any]:
-    row: dict[str, Any] = {f.name: getattr(msg, f.name) for f in fields(msg)}
-    row["properties"] = dict(msg.properties)
-    return row
-
 
 # ---------------------------------------------------------------------------------------------------------
 # The sender
@@ -303,18 +189,21 @@ class PairedSender:
             backlog_budget=float(config.send_timeout),
             cancel_attempts=max(1, cancel_attempts),
         )
-        self._background_probes = (
-            isinstance(clock, SystemClock) if background_probes is None else background_probes
-        )
         # A probe's calls: over before the next probe is due, but long enough to open a new connection.
-        self._probe_budget = min(
-            float(config.send_timeout), max(float(config.ping_primary_interval), MIN_ATTEMPT_BUDGET)
+        self._probes = Prober(
+            primary_key=self._primary_key,
+            mode=config.probe_mode,
+            registry=registry,
+            clock=clock,
+            transport=lambda: self.transport,
+            entity=self._entity,
+            budget=min(
+                float(config.send_timeout), max(float(config.ping_primary_interval), MIN_ATTEMPT_BUDGET)
+            ),
+            retry=self._retry_probe,
+            namespace_wide=self._namespace_wide,
+            background=isinstance(clock, SystemClock) if background_probes is None else background_probes,
         )
-        self._finished_probes: list[tuple[ProbeRecord, list[StateTransition]]] = []
-        self._finished_lock = threading.Lock()
-        self._prober: threading.Thread | None = None
-        self._prober_lock = threading.Lock()
-        self._stopping = threading.Event()
         self._transport_lock = threading.Lock()
         self._closed = False
 
@@ -356,7 +245,7 @@ class PairedSender:
         if self._closed:
             raise RuntimeError("the paired sender is closed")
         start = self._clock.monotonic()
-        tally = _Tally()
+        tally = Tally()
         primary: dict[str, Batch] = {}  # entity -> open primary batch
         backlog: dict[str, _Open] = {}  # backlog queue -> open backlog batch
         routes: dict[str, Route] = {}  # entity -> where its messages go in this call
@@ -420,21 +309,15 @@ class PairedSender:
         """Start a probe of every failed-over entity whose probe is due (for callers that idle between sends),
         and report the probes that finished since the last call."""
         start = self._clock.monotonic()
-        tally = _Tally()
-        claimed = [state for state in self._failed_over() if state.claim_probe()]
-        if claimed and self._background_probes:
-            threading.Thread(
-                target=self._probe_all, args=(claimed,), name="spark-sb-probes", daemon=True
-            ).start()
-        else:
-            self._probe_all(claimed)
+        tally = Tally()
+        self._probes.probe_due()
         self._collect_probes(tally)
         return tally.build(self._clock.monotonic() - start)
 
     def close(self) -> None:
         """Close both clients (B10), in the background: never blocks. The sender can not be used afterwards."""
         self._closed = True
-        self._stopping.set()
+        self._probes.stop()
         if self._transport is not None:
             self._transport.close()
 
@@ -448,20 +331,20 @@ class PairedSender:
         return f"PairedSender(primary={self._primary_key!r}, backlog_queues={len(self._chooser.queues)})"
 
     # -- routing
-    def _admit(self, entity: str, tally: _Tally) -> Route:
+    def _admit(self, entity: str, tally: Tally) -> Route:
         """PRIMARY or BACKLOG for the next batch of ``entity``; starts a probe when one is due (B8)."""
         state = self._entity(entity)
         route, transitions = state.admit()
         self._emit(tally, transitions)
         if route is Route.PROBE:
-            self._start_probe(entity, state)
+            self._probes.start(entity, state)
             self._collect_probes(tally)  # an inline probe has finished already
             route = Route.BACKLOG if state.state is EntityState.FAILED_OVER else Route.PRIMARY
         if route is Route.BACKLOG:
-            self._ensure_prober()
+            self._probes.ensure_running()
         return route
 
-    def _prepare(self, entities: list[str], tally: _Tally | None) -> None:
+    def _prepare(self, entities: list[str], tally: Tally | None) -> None:
         """Open the links of ``entities`` (primary) concurrently before their batches go out (SPEC F3: a cold
         start costs about one round of link openings, not one per entity). A namespace fault met here is
         namespace-wide evidence from the moment the opening started (F1); per-entity errors are met again, and
@@ -481,12 +364,14 @@ class PairedSender:
         except Exception as exc:  # the transport closed what faulted already
             cls = classify(exc)
             if cls.fail_over and self._namespace_wide(cls, targets[0], started):
-                self._emit(tally, first.record_failure(cls, _describe(exc), started, namespace_wide=True))
+                self._emit(
+                    tally, first.record_failure(cls, describe_error(exc), started, namespace_wide=True)
+                )
             _LOGGER.info("opening %d links failed (%s); each entity's send meets it", len(targets), cls.name)
 
     # -- packing
     def _try_add(
-        self, batch: Batch, msg: OutboundMessage, tally: _Tally, entity: str, index: int | None
+        self, batch: Batch, msg: OutboundMessage, tally: Tally, entity: str, index: int | None
     ) -> bool | None:
         """True added, False does not fit, None rejected (cannot become an SDK message)."""
         try:
@@ -496,15 +381,15 @@ class PairedSender:
         return None
 
     def _cannot_build(
-        self, tally: _Tally, msg: OutboundMessage, err: Exception, entity: str, index: int | None
+        self, tally: Tally, msg: OutboundMessage, err: Exception, entity: str, index: int | None
     ) -> None:
         if not isinstance(err, RejectError):
-            err = RejectError(f"cannot build the message: {_describe(err)}")
+            err = RejectError(f"cannot build the message: {describe_error(err)}")
         self._reject(tally, msg, err, entity, index)
 
     def _reject_oversize(
         self,
-        tally: _Tally,
+        tally: Tally,
         msg: OutboundMessage,
         entity: str,
         batch: Batch,
@@ -517,12 +402,12 @@ class PairedSender:
         self._reject(tally, msg, RejectError(reason), entity, index)
 
     def _reject(
-        self, tally: _Tally, msg: OutboundMessage, err: RejectError, entity: str | None, index: int | None
+        self, tally: Tally, msg: OutboundMessage, err: RejectError, entity: str | None, index: int | None
     ) -> None:
         reject = Reject(
             reason=err.reason,
             field=err.field,
-            row_json=row_to_json(_message_row(msg)),
+            row_json=row_to_json(message_row(msg)),
             entity=entity,
             row_index=index,
         )
@@ -535,7 +420,7 @@ class PairedSender:
         self,
         where: Where,
         call: Callable[[float], object],
-        tally: _Tally | None,
+        tally: Tally | None,
         *,
         state: EntityFailover | None = None,
         messages: int = 1,
@@ -571,7 +456,7 @@ class PairedSender:
                     if cls.fail_over:
                         failing = state.record_failure(
                             cls,
-                            _describe(exc),
+                            describe_error(exc),
                             started,
                             namespace_wide=self._namespace_wide(cls, target, started),
                         )
@@ -618,7 +503,7 @@ class PairedSender:
         where: Where,
         state: EntityFailover | None,
         began: float,
-        tally: _Tally | None,
+        tally: Tally | None,
         target: Target,
     ) -> float | None:
         """The deadline of the next attempt; None when ``state`` is failed over by now (divert instead)."""
@@ -632,9 +517,9 @@ class PairedSender:
                 float(self._config.send_timeout),
                 max(0.05, self._policy.backlog_budget - (self._clock.monotonic() - began)),
             )
-        return self._probe_budget
+        return self._probes.budget
 
-    def _count(self, batch: Batch, slot: _Open | None, tally: _Tally) -> None:
+    def _count(self, batch: Batch, slot: _Open | None, tally: Tally) -> None:
         if slot is None:
             entity = batch.target.entity
             tally.sent[entity] = tally.sent.get(entity, 0) + len(batch)
@@ -649,7 +534,7 @@ class PairedSender:
         self,
         batch: Batch,
         backlog: dict[str, _Open],
-        tally: _Tally,
+        tally: Tally,
         progress: _Progress | None = None,
         defer: bool = False,
     ) -> float | None:
@@ -663,7 +548,7 @@ class PairedSender:
             return None
         return self._send_primary(batch, backlog, tally, progress, defer)
 
-    def _flush(self, batches: list[Batch], backlog: dict[str, _Open], tally: _Tally) -> None:
+    def _flush(self, batches: list[Batch], backlog: dict[str, _Open], tally: Tally) -> None:
         """Deliver the call's last batches, one per entity, waiting for their retries together: an entity whose
         send failed is tried again when its back-off is over while the others go on, so E entities failing at
         once (all disabled, say) cost about one ``failover_interval``, not E of them (SPEC F1). Each entity's
@@ -719,7 +604,7 @@ class PairedSender:
         self,
         batch: Batch,
         backlog: dict[str, _Open],
-        tally: _Tally,
+        tally: Tally,
         progress: _Progress | None = None,
         defer: bool = False,
     ) -> float | None:
@@ -770,18 +655,18 @@ class PairedSender:
         return out
 
     # -- diverting to the backlog
-    def _divert(self, messages: Iterable[OutboundMessage], backlog: dict[str, _Open], tally: _Tally) -> None:
+    def _divert(self, messages: Iterable[OutboundMessage], backlog: dict[str, _Open], tally: Tally) -> None:
         """Translate ``messages`` (originals) into the open batches of their backlog queues (B4-B6); a full batch
         goes out at once, the rest with the call's other open backlog batches at its end. Not flushed here: a
         namespace outage diverts every entity's batch, and one backlog send per entity would cost a round trip
         per entity (F1)."""
-        self._ensure_prober()
+        self._probes.ensure_running()
         default = self._config.entity
         for m in messages:
             self._to_backlog(backlog, m, m.entity or default or "", None, tally)
 
     def _to_backlog(
-        self, backlog: dict[str, _Open], msg: OutboundMessage, entity: str, index: int | None, tally: _Tally
+        self, backlog: dict[str, _Open], msg: OutboundMessage, entity: str, index: int | None, tally: Tally
     ) -> bool:
         """Translate ``msg`` once, straight into the open batch of its backlog queue; True if a full batch was
         sent to make room."""
@@ -814,7 +699,7 @@ class PairedSender:
         self._to_backlog(backlog, msg, entity, index, tally)
         return True
 
-    def _flush_backlog(self, backlog: dict[str, _Open], tally: _Tally) -> None:
+    def _flush_backlog(self, backlog: dict[str, _Open], tally: Tally) -> None:
         """Send every open backlog batch (sending one may open more: a pulled queue's messages go elsewhere)."""
         while backlog:
             queue = next(iter(backlog))
@@ -822,7 +707,7 @@ class PairedSender:
             if len(slot.batch) > 0:
                 self._send_backlog(slot, backlog, tally)
 
-    def _send_backlog(self, slot: _Open, backlog: dict[str, _Open], tally: _Tally) -> None:
+    def _send_backlog(self, slot: _Open, backlog: dict[str, _Open], tally: Tally) -> None:
         """Send one translated batch and settle it: on the queue's failure pull it and send the originals
         elsewhere (B5)."""
         tally.sticky.clear()  # a batch boundary: a queue may be pulled now (here or by another sender)
@@ -864,7 +749,7 @@ class PairedSender:
             until = self._clock.monotonic() + float(self._config.backlog_retry_interval)
             tally.pulls.append(
                 self._registry.rotation.pull(
-                    self._secondary_key, queue, until, result.error_class.name, _describe(result.error)
+                    self._secondary_key, queue, until, result.error_class.name, describe_error(result.error)
                 )
             )
             for m, entity in zip(slot.originals, slot.entities, strict=True):
@@ -890,145 +775,20 @@ class PairedSender:
             "the batch (messages not counted as sent were not sent)"
         )
 
-    # -- probing (B8): on helper threads, or inline with an injected clock
-    def _ensure_prober(self) -> None:
-        """With background probes: make sure a thread probes this sender's failed-over entities every
-        ``ping_primary_interval``, sends or no sends, so that the primary is used again as soon as it answers
-        (not only once the next batch arrives). The thread ends when no entity is failed over any more."""
-        if not self._background_probes or self._closed:
-            return
-        with self._prober_lock:
-            if self._prober is not None and self._prober.is_alive():
-                return
-            self._prober = threading.Thread(target=self._probe_loop, name="spark-sb-prober", daemon=True)
-            self._prober.start()
-
-    def _probe_loop(self) -> None:
-        while not self._stopping.is_set():
-            waits: list[float] = []
-            claimed = [state for state in self._failed_over() if state.claim_probe()]
-            self._probe_all(claimed)
-            for state in self._failed_over():
-                wait = state.next_probe_in()
-                if wait is not None:
-                    waits.append(wait)
-            if not waits:
-                return
-            self._stopping.wait(max(0.05, min(waits)))
-
-    def _probe_all(self, claimed: list[EntityFailover]) -> None:
-        """Probe the claimed entities: their links are opened together first (F4: once the namespace answers,
-        a thousand failed-over entities come back in one round of link openings, not one per entity)."""
-        if len(claimed) > 1:
-            try:
-                self.transport.prepare([Target(PRIMARY, s.entity) for s in claimed], self._probe_budget)
-            except Exception as exc:  # each probe meets (and records) the failure itself
-                _LOGGER.info("opening the links of %d probes failed: %s", len(claimed), _describe(exc))
-        for state in claimed:
-            if self._stopping.is_set():
-                state.record_probe(False, "unexpected", "the sender was closed before the probe")
-                continue
-            self._probe(state.entity, state)
-
-    def _failed_over(self) -> list[EntityFailover]:
-        """This primary's entities that are failed over now (in this process)."""
-        return [
-            self._entity(s.entity)
-            for s in self._registry.statuses()
-            if s.namespace == self._primary_key and s.state is EntityState.FAILED_OVER
-        ]
-
-    def _start_probe(self, entity: str, state: EntityFailover) -> None:
-        if not self._background_probes:
-            self._probe(entity, state)
-            return
-        threading.Thread(
-            target=self._probe, args=(entity, state), name=f"spark-sb-probe-{entity}", daemon=True
-        ).start()
-
-    def _probe(self, entity: str, state: EntityFailover) -> None:
-        """Probe ``entity`` once; the record and the transition it causes wait in ``_finished_probes`` for the
-        sender's thread. Every call is bounded by ``min(send_timeout, ping_primary_interval)`` (at least
-        ``MIN_ATTEMPT_BUDGET``), so a probe is over before the next one is due."""
-        mode = self._config.probe_mode
-        target = Target(PRIMARY, entity)
-        msg = probe_message(entity, mode)
-        at = self._clock.now()
-        transport = self.transport
-        sequence_number: int | None = None
-        cancel_attempts = 0
-        cancel_ok: bool | None = None
-        detail = ""
-        budget = self._probe_budget
-        began = self._clock.monotonic()
-        try:
-            if mode == "ping":
-                batch = transport.new_batch(target)
-                batch.try_add(msg)
-                transport.send(batch, budget)
-            else:
-                # The service's clock is real: the wire time comes from the real UTC clock (an injected test
-                # clock may be anywhere), so the probe is always scheduled far in the service's future.
-                wire_at = max(at, datetime.now(timezone.utc)) + PROBE_SCHEDULE_AHEAD
-                sequence_number = transport.schedule(target, msg, wire_at, budget)
-                number = sequence_number
-                tries: list[int] = []
-
-                def cancel(timeout: float) -> None:
-                    tries.append(1)
-                    transport.cancel_scheduled(target, number, timeout)
-
-                cancelled = self._attempts(Where.PROBE, cancel, None, target=target)
-                cancel_attempts = len(tries)
-                if cancelled.decision is None:
-                    cancel_ok = True
-                elif cancelled.error_class is not None and cancelled.error_class.name == "message_not_found":
-                    # Nothing scheduled under that number any more: an earlier cancel went through but its
-                    # answer was lost (a retry), or - on the first try - it is gone already.
-                    cancel_ok = cancel_attempts > 1
-                    detail = (
-                        "" if cancel_ok else f"cancel failed: {_describe(cancelled.error or Exception())}"
-                    )
-                else:
-                    cancel_ok = False
-                    detail = f"cancel failed: {_describe(cancelled.error or Exception())}"
-                if not cancel_ok:
-                    _LOGGER.warning(
-                        "probe of entity %r: the scheduled probe message %s could not be cancelled; it is marked "
-                        "as a probe (is_probe) with a 1 s TTL",
-                        entity,
-                        sequence_number,
-                    )
-        except Exception as exc:
-            cls: ErrorClass = classify(exc)
-            if cls.rebuild_client:
-                transport.fault(target)
-            record = ProbeRecord(
-                entity, mode, at, False, cls.name, _describe(exc), sequence_number, cancel_attempts
-            )
-            wide = self._namespace_wide(cls, target, began)
-            self._finish_probe(
-                record, state.record_probe(False, cls.name, _describe(exc), namespace_wide=wide)
-            )
-            return
-        except BaseException:
-            state.record_probe(False, "unexpected", "the probe thread was interrupted")
-            raise
-        record = ProbeRecord(
-            entity, mode, at, True, None, detail, sequence_number, cancel_attempts, cancel_ok
-        )
-        self._finish_probe(record, state.record_probe(True, None, f"{mode} probe succeeded"))
-
-    def _finish_probe(self, record: ProbeRecord, transitions: list[StateTransition]) -> None:
-        with self._finished_lock:
-            self._finished_probes.append((record, transitions))
-
-    def _collect_probes(self, tally: _Tally) -> None:
-        with self._finished_lock:
-            finished, self._finished_probes = self._finished_probes, []
-        for record, transitions in finished:
+    # -- probes (B8): run by the Prober, reported on this thread
+    def _collect_probes(self, tally: Tally) -> None:
+        for record, transitions in self._probes.collect():
             tally.probes.append(record)
             self._emit(tally, transitions)
+
+    def _retry_probe(
+        self, call: Callable[[float], object], target: Target
+    ) -> tuple[ErrorClass | None, BaseException | None]:
+        """A probe's call (its cancel) under the retry policy for probes: the last error class and error, or None."""
+        result = self._attempts(Where.PROBE, call, None, target=target)
+        if result.decision is None:
+            return None, None
+        return result.error_class or UNEXPECTED, result.error
 
     # -- helpers
     def _raise(self, result: _Attempted, namespace: str, entity: str) -> SendError:
@@ -1045,7 +805,8 @@ class PairedSender:
                 error_class=cls,
             )
         return SendError(
-            f"unexpected {cls.name} error sending to entity {entity!r}: {_describe(exc)}", error_class=cls
+            f"unexpected {cls.name} error sending to entity {entity!r}: {describe_error(exc)}",
+            error_class=cls,
         )
 
     def _config_error(self, cls: ErrorClass, exc: BaseException, namespace: str, entity: str) -> SendError:
@@ -1058,16 +819,14 @@ class PairedSender:
                 "diverted to the backlog."
             )
             return ServiceBusConfigError(text, error_class=cls)
-        text = (
-            f"Service Bus refused the send to {where}: {cls.name} ({_describe(exc)}). Nothing was diverted."
-        )
+        text = f"Service Bus refused the send to {where}: {cls.name} ({describe_error(exc)}). Nothing was diverted."
         return ServiceBusConfigError(text, error_class=cls)
 
-    def _emit(self, tally: _Tally | None, transitions: list[StateTransition]) -> None:
+    def _emit(self, tally: Tally | None, transitions: list[StateTransition]) -> None:
         for t in transitions:
             if tally is not None:
                 tally.transitions.append(t)
             try:
                 self._listener(t)
             except Exception as exc:  # the listener is observability only; its failure must not fail the send
-                _LOGGER.error("state transition listener failed: %s", _describe(exc))
+                _LOGGER.error("state transition listener failed: %s", describe_error(exc))

@@ -1,0 +1,230 @@
+"""Probes of failed-over primary entities (SPEC B8, F4): one probe of an entity per ``ping_primary_interval``,
+one of the whole namespace while it does not answer, on a helper thread (or inline with an injected clock).
+
+A probe's calls are bounded by ``min(send_timeout, ping_primary_interval)`` (at least ``MIN_ATTEMPT_BUDGET``),
+so a probe is over before the next is due. Its record and the transitions it causes wait in a queue until the
+sender's thread collects them (:meth:`Prober.collect`), so that they reach the send outcome and the listener on
+the sender's thread only.
+
+Where it runs: beside its :class:`~spark_sb.sender.PairedSender`, in an executor's Python worker (or the driver).
+Not picklable (threads, locks). What bounds it: one probe thread per sender while one of its primary's entities is
+failed over (the thread ends when none is), claimed probes are the process's failed-over entities, and the
+queue of finished probes is emptied by every send.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+from spark_sb.backlog import PROBE_SCHEDULE_AHEAD, probe_message
+from spark_sb.clock import Clock
+from spark_sb.errors import ErrorClass, classify
+from spark_sb.failover import EntityFailover, EntityState, FailoverRegistry, StateTransition
+from spark_sb.outcome import ProbeRecord, describe_error
+from spark_sb.transport import PRIMARY, Target, Transport
+
+_LOGGER = logging.getLogger(__name__)
+
+#: ``retry(call, target)``: run ``call(timeout)`` under the sender's retry policy for probes; returns the error
+#: class and error of the last attempt, or ``(None, None)`` when it succeeded.
+Retry = Callable[[Callable[[float], object], Target], tuple[ErrorClass | None, BaseException | None]]
+
+
+class Prober:
+    """Probes the failed-over entities of one primary namespace for one sender.
+
+    Args:
+        primary_key: the primary namespace's key in the registry (``namespace_key``).
+        mode: ``probe_mode`` (``ping`` sends a probe message; ``schedule`` schedules one and cancels it).
+        registry / clock: the sender's.
+        transport: a callable returning the sender's transport (built lazily).
+        entity: the sender's accessor of an entity's shared state.
+        budget: the deadline of each probe call.
+        retry: the sender's retry loop for a probe's cancel.
+        namespace_wide: is a failure of an attempt that started at the given time evidence against the namespace.
+        background: probe on helper threads (False: inline, deterministic under a fake clock).
+    """
+
+    def __init__(
+        self,
+        *,
+        primary_key: str,
+        mode: str,
+        registry: FailoverRegistry,
+        clock: Clock,
+        transport: Callable[[], Transport],
+        entity: Callable[[str], EntityFailover],
+        budget: float,
+        retry: Retry,
+        namespace_wide: Callable[[ErrorClass, Target, float], bool],
+        background: bool,
+    ) -> None:
+        self._primary_key = primary_key
+        self._mode = mode
+        self._registry = registry
+        self._clock = clock
+        self._transport = transport
+        self._entity = entity
+        self.budget = budget
+        self._retry = retry
+        self._namespace_wide = namespace_wide
+        self.background = background
+        self._finished: list[tuple[ProbeRecord, list[StateTransition]]] = []
+        self._finished_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+        self._stopping = threading.Event()
+
+    # -- the sender's side
+    def ensure_running(self) -> None:
+        """With background probes: make sure a thread probes the failed-over entities every
+        ``ping_primary_interval``, sends or no sends, so that the primary is used again as soon as it answers (not
+        only once the next batch arrives). The thread ends when no entity is failed over any more."""
+        if not self.background or self._stopping.is_set():
+            return
+        with self._thread_lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._thread = threading.Thread(target=self._loop, name="spark-sb-prober", daemon=True)
+            self._thread.start()
+
+    def start(self, entity: str, state: EntityFailover) -> None:
+        """Probe ``entity`` (its probe was claimed by the caller): on a helper thread, or inline."""
+        if not self.background:
+            self.probe(entity, state)
+            return
+        threading.Thread(
+            target=self.probe, args=(entity, state), name=f"spark-sb-probe-{entity}", daemon=True
+        ).start()
+
+    def probe_due(self) -> None:
+        """Claim and probe every failed-over entity whose probe is due (for callers that idle between sends)."""
+        claimed = [state for state in self.failed_over() if state.claim_probe()]
+        if claimed and self.background:
+            threading.Thread(
+                target=self.probe_all, args=(claimed,), name="spark-sb-probes", daemon=True
+            ).start()
+        else:
+            self.probe_all(claimed)
+
+    def collect(self) -> list[tuple[ProbeRecord, list[StateTransition]]]:
+        """The probes finished since the last call, with the transitions they caused."""
+        with self._finished_lock:
+            finished, self._finished = self._finished, []
+        return finished
+
+    def stop(self) -> None:
+        """No more probes start; a running one ends at its deadline."""
+        self._stopping.set()
+
+    # -- probing
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            waits: list[float] = []
+            claimed = [state for state in self.failed_over() if state.claim_probe()]
+            self.probe_all(claimed)
+            for state in self.failed_over():
+                wait = state.next_probe_in()
+                if wait is not None:
+                    waits.append(wait)
+            if not waits:
+                return
+            self._stopping.wait(max(0.05, min(waits)))
+
+    def probe_all(self, claimed: list[EntityFailover]) -> None:
+        """Probe the claimed entities: their links are opened together first (F4: once the namespace answers,
+        a thousand failed-over entities come back in one round of link openings, not one per entity)."""
+        if len(claimed) > 1:
+            try:
+                self._transport().prepare([Target(PRIMARY, s.entity) for s in claimed], self.budget)
+            except Exception as exc:  # each probe meets (and records) the failure itself
+                _LOGGER.info("opening the links of %d probes failed: %s", len(claimed), describe_error(exc))
+        for state in claimed:
+            if self._stopping.is_set():
+                state.record_probe(False, "unexpected", "the sender was closed before the probe")
+                continue
+            self.probe(state.entity, state)
+
+    def failed_over(self) -> list[EntityFailover]:
+        """The primary's entities that are failed over now (in this process)."""
+        return [
+            self._entity(s.entity)
+            for s in self._registry.statuses()
+            if s.namespace == self._primary_key and s.state is EntityState.FAILED_OVER
+        ]
+
+    def probe(self, entity: str, state: EntityFailover) -> None:
+        """Probe ``entity`` once; the record and the transitions it causes wait for :meth:`collect`."""
+        mode = self._mode
+        target = Target(PRIMARY, entity)
+        msg = probe_message(entity, mode)
+        at = self._clock.now()
+        transport = self._transport()
+        sequence_number: int | None = None
+        cancel_attempts = 0
+        cancel_ok: bool | None = None
+        detail = ""
+        budget = self.budget
+        began = self._clock.monotonic()
+        try:
+            if mode == "ping":
+                batch = transport.new_batch(target)
+                batch.try_add(msg)
+                transport.send(batch, budget)
+            else:
+                # The service's clock is real: the wire time comes from the real UTC clock (an injected test
+                # clock may be anywhere), so the probe is always scheduled far in the service's future.
+                wire_at = max(at, datetime.now(timezone.utc)) + PROBE_SCHEDULE_AHEAD
+                sequence_number = transport.schedule(target, msg, wire_at, budget)
+                number = sequence_number
+                tries: list[int] = []
+
+                def cancel(timeout: float) -> None:
+                    tries.append(1)
+                    transport.cancel_scheduled(target, number, timeout)
+
+                error_class, error = self._retry(cancel, target)
+                cancel_attempts = len(tries)
+                if error_class is None:
+                    cancel_ok = True
+                elif error_class.name == "message_not_found":
+                    # Nothing scheduled under that number any more: an earlier cancel went through but its
+                    # answer was lost (a retry), or - on the first try - it is gone already.
+                    cancel_ok = cancel_attempts > 1
+                    detail = "" if cancel_ok else f"cancel failed: {describe_error(error or Exception())}"
+                else:
+                    cancel_ok = False
+                    detail = f"cancel failed: {describe_error(error or Exception())}"
+                if not cancel_ok:
+                    _LOGGER.warning(
+                        "probe of entity %r: the scheduled probe message %s could not be cancelled; it is marked "
+                        "as a probe (is_probe) with a 1 s TTL",
+                        entity,
+                        sequence_number,
+                    )
+        except Exception as exc:
+            cls: ErrorClass = classify(exc)
+            if cls.rebuild_client:
+                transport.fault(target)
+            record = ProbeRecord(
+                entity, mode, at, False, cls.name, describe_error(exc), sequence_number, cancel_attempts
+            )
+            wide = self._namespace_wide(cls, target, began)
+            self._finish(
+                record, state.record_probe(False, cls.name, describe_error(exc), namespace_wide=wide)
+            )
+            return
+        except BaseException:
+            state.record_probe(False, "unexpected", "the probe thread was interrupted")
+            raise
+        record = ProbeRecord(
+            entity, mode, at, True, None, detail, sequence_number, cancel_attempts, cancel_ok
+        )
+        self._finish(record, state.record_probe(True, None, f"{mode} probe succeeded"))
+
+    def _finish(self, record: ProbeRecord, transitions: list[StateTransition]) -> None:
+        with self._finished_lock:
+            self._finished.append((record, transitions))
