@@ -210,6 +210,92 @@ def measure(
     )
 
 
+#: The steps a batch start is made of, timed one by one by :func:`sample_once`: a restarted sink's first batch
+#: (``ensure`` + ``last_committed`` + ``read_entities`` of a new store), a later batch (``entities_version`` +
+#: ``read_entities``), and ``status`` (deltalake, no Spark).
+STEPS = ("ensure", "last_committed", "read_entities", "entities_version", "read_entities_again", "status")
+
+
+def clear_delta_log_cache(spark: Any) -> None:
+    """Forget every Delta log Spark holds (``DeltaLog.clearCache``), as a restarted driver has none: the next read
+    lists ``_delta_log`` and replays the log from the last checkpoint."""
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+
+
+def sample_once(spark: Any, location: str, *, cold: bool = True) -> dict[str, float]:
+    """Seconds of each of :data:`STEPS` once on the tables under ``location``, plus the sums ``first_batch``
+    (ensure + last_committed + read_entities) and ``per_batch`` (entities_version + read_entities_again).
+    ``cold``: the Delta log cache is cleared first (a restarted driver)."""
+    if cold:
+        clear_delta_log_cache(spark)
+    store = DeltaStateStore(spark, StateTables(location=location))
+    config = SimpleNamespace(state_location=location, state_table_prefix=None, secondary=None)
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("ensure", store.ensure),
+        ("last_committed", lambda: store.last_committed(SINKS[0])),
+        ("read_entities", store.read_entities),
+        ("entities_version", store.entities_version),
+        ("read_entities_again", store.read_entities),
+        ("status", lambda: read_status(config, depths=False)),
+    ]
+    out: dict[str, float] = {}
+    for name, fn in steps:
+        started = time.perf_counter()
+        fn()
+        out[name] = time.perf_counter() - started
+    out["first_batch"] = out["ensure"] + out["last_committed"] + out["read_entities"]
+    out["per_batch"] = out["entities_version"] + out["read_entities_again"]
+    return out
+
+
+def interleaved(
+    spark: Any, locations: dict[str, str], rounds: int, *, cold: bool = True, warm_up: int = 1
+) -> dict[str, list[dict[str, float]]]:
+    """:func:`sample_once` on each set of tables in turn, ``rounds`` times, the order rotated every round so that
+    no set is always measured first or last (machine noise and JIT warm-up fall on all alike). The first
+    ``warm_up`` rounds are not kept. Returns the samples per set, in round order."""
+    names = list(locations)
+    out: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    for r in range(warm_up + rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        if r % 2:
+            order.reverse()
+        for name in order:
+            got = sample_once(spark, locations[name], cold=cold)
+            if r >= warm_up:
+                out[name].append(got)
+    return out
+
+
+def commit_once(spark: Any, location: str, batch_id: int) -> float:
+    """Seconds of one group commit (a ``sent`` and a ``batch_committed`` row, as the sink's writer commits) to the
+    tables under ``location``, as sink ``bench/commit``."""
+    store = DeltaStateStore(spark, StateTables(location=location))
+    store.ensure()
+    now = datetime.now(timezone.utc)
+    writes = BatchWrites(
+        (
+            Event(now, "bench/commit", batch_id, SENT, count=1),
+            Event(now, "bench/commit", batch_id, BATCH_COMMITTED),
+        ),
+        (),
+        (),
+    )
+    started = time.perf_counter()
+    store.write_batch("bench/commit", batch_id, writes)
+    return time.perf_counter() - started
+
+
+def medians(samples: list[dict[str, float]]) -> dict[str, float]:
+    """The median of each figure over ``samples``."""
+    return {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+
+
+def paired_ratios(a: list[dict[str, float]], b: list[dict[str, float]], key: str) -> list[float]:
+    """``b / a`` of ``key`` round by round (the two samples of a round were taken within seconds)."""
+    return [y[key] / x[key] for x, y in zip(a, b, strict=True) if x[key] > 0]
+
+
 def seed(spark: Any, location: str, now: datetime, records: Sequence[EntityRecord]) -> DeltaStateStore:
     """Tables with the entity records and one committed batch per sink (a young deployment)."""
     store = DeltaStateStore(spark, StateTables(location=location))
