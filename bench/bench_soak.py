@@ -466,6 +466,18 @@ def backlog_counts(secondary: Namespace, queues: list[str]) -> dict[str, tuple[i
         return out
 
 
+def throttled_events(state_dir: Path, sink_id: str) -> list[tuple[int | None, int]]:
+    """(batch id, milliseconds) of each ``throttled`` row of the sink's events table (read with deltalake)."""
+    from spark_sb.state import THROTTLED
+    from spark_sb.state.deltars import DeltaRsStateStore
+
+    return [
+        (e.batch_id, e.count)
+        for e in DeltaRsStateStore(str(state_dir)).read_events(sink_id)
+        if e.event == THROTTLED
+    ]
+
+
 def wait_for(what: str, check: Any, timeout: float, every: float = 2.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -488,6 +500,7 @@ class BatchRecord:
     diverted: int
     seconds: float
     transitions: list[tuple[float, str]]  # (offset s, text)
+    throttled: float = 0.0  # seconds the batch's tasks backed off on "server busy" (SendOutcome.throttled)
 
 
 def run(args: argparse.Namespace, workdir: Path) -> int:
@@ -554,6 +567,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
                     rows=sum(r.rows for r in sink.last_results) if sink.last_results else 0,
                     sent=out.total_sent if out else 0,
                     diverted=out.total_diverted if out else 0,
+                    throttled=sum(out.throttled.values()) if out else 0.0,
                     seconds=time.monotonic() - started,
                     transitions=[
                         (
@@ -622,6 +636,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         sampler.stop()
         timeline.mark("queries stopped, sink flushed")
         sink_batches = sink.total.batches
+        throttled_rows = throttled_events(state_dir, sink.sink_id)
         spark.stop()
         left = backlog_counts(secondary, backlog)
         received = drain_ids(primary.conn, ENTITY, time.monotonic() + 300)
@@ -646,6 +661,17 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         f"left in the backlog (active, dead-lettered) {left}"
     )
     say(f"  sink batches {sink_batches}, sink retries {sink.total.retries}, probes {sink.total.probes}")
+
+    say("\n== throttling (SPEC L4: backed off, never a failover; the events table has it, issue 21 item 4)")
+    backed_off = [r for r in records if r.throttled > 0]
+    in_table = sum(ms for _, ms in throttled_rows) / 1000
+    say(
+        f"  the sink's outcomes: {sum(r.throttled for r in backed_off):.1f} s backed off in {len(backed_off)} "
+        f"batch(es) ({', '.join(f'{r.batch_id}: {r.throttled:.1f} s' for r in backed_off[:10])}); the events "
+        f"table: {len(throttled_rows)} 'throttled' row(s), {in_table:.1f} s"
+    )
+    if abs(in_table - sum(r.throttled for r in backed_off)) > 0.01 * len(throttled_rows) + 0.001:
+        say("  ! the events table's throttled time differs from the sink's outcomes")
 
     say("\n== failovers (state transitions, with the fault on at the time)")
     slow = sorted(records, key=lambda r: -r.seconds)[:5]
