@@ -95,6 +95,9 @@ class Tally:
         self.pulls: list[BacklogPull] = []
         self.retries = 0
         self.throttled: dict[str, float] = {}  # entity -> seconds backed off on "server busy"
+        self.unlogged: list[
+            StateTransition
+        ] = []  # for the default listener: logged by kind at the call's end
         self.sticky: dict[str, str] = {}  # entity -> its backlog queue, until the next batch boundary
 
     def build(self, elapsed: float) -> SendOutcome:

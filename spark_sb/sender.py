@@ -51,6 +51,7 @@ from spark_sb.failover import (
     Where,
     decide,
     log_transition,
+    log_transitions,
     namespace_wide,
     process_registry,
 )
@@ -296,12 +297,18 @@ class PairedSender:
             err.outcome = tally.build(self._clock.monotonic() - start)
             raise
         finally:
-            for entity, waited in tally.throttled.items():
+            self._log_emitted(tally)
+            if tally.throttled:
+                throttled = sorted(tally.throttled.items(), key=lambda kv: -kv[1])
                 _LOGGER.warning(
-                    "entity %r was throttled by the primary namespace (server busy): backed off %.1f s in this "
-                    "call; not an outage, nothing diverted",
-                    entity,
-                    waited,
+                    "%s throttled by the primary namespace (server busy): backed off %s in this call; not an "
+                    "outage, nothing diverted",
+                    f"entity {throttled[0][0]!r} was"
+                    if len(throttled) == 1
+                    else f"{len(throttled)} entities (most: {throttled[0][0]!r}) were",
+                    f"{throttled[0][1]:.1f} s"
+                    if len(throttled) == 1
+                    else f"{sum(tally.throttled.values()):.1f} s in all",
                 )
         return tally.build(self._clock.monotonic() - start)
 
@@ -312,6 +319,7 @@ class PairedSender:
         tally = Tally()
         self._probes.probe_due()
         self._collect_probes(tally)
+        self._log_emitted(tally)
         return tally.build(self._clock.monotonic() - start)
 
     def close(self) -> None:
@@ -569,6 +577,7 @@ class PairedSender:
             due = waiting[0][0]
             now = self._clock.monotonic()
             if due > now:
+                self._log_emitted(tally)  # what happened so far is in the log while the call waits
                 self._clock.sleep(due - now)
             ready = [w for w in waiting if w[0] <= self._clock.monotonic()] or waiting[:1]
             taken = {w[1] for w in ready}
@@ -823,10 +832,20 @@ class PairedSender:
         return ServiceBusConfigError(text, error_class=cls)
 
     def _emit(self, tally: Tally | None, transitions: list[StateTransition]) -> None:
+        """Hand ``transitions`` to the outcome and the listener. The default listener (logging) gets them at the
+        call's end, grouped by kind (:meth:`_log_emitted`): a namespace outage over E entities is two lines."""
         for t in transitions:
             if tally is not None:
                 tally.transitions.append(t)
+                if self._listener is log_transition:
+                    tally.unlogged.append(t)
+                    continue
             try:
                 self._listener(t)
             except Exception as exc:  # the listener is observability only; its failure must not fail the send
                 _LOGGER.error("state transition listener failed: %s", describe_error(exc))
+
+    def _log_emitted(self, tally: Tally) -> None:
+        if tally.unlogged:
+            unlogged, tally.unlogged = tally.unlogged, []
+            log_transitions(unlogged)

@@ -57,6 +57,7 @@ from spark_sb.failover.records import (
     Listener,
     StateTransition,
     log_transition,
+    log_transitions,
 )
 from spark_sb.failover.registry import FailoverRegistry, process_registry
 from spark_sb.failover.rotation import BacklogChooser, BacklogRotation
@@ -87,6 +88,7 @@ __all__ = [
     "decide",
     "failover_due",
     "log_transition",
+    "log_transitions",
     "namespace_wide",
     "probe_due",
     "process_registry",

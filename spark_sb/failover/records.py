@@ -5,7 +5,7 @@ Pure data; runs anywhere."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -78,6 +78,33 @@ def log_transition(transition: StateTransition) -> None:
         transition.error_class or "ok",
         f": {redacted(transition.detail)}" if transition.detail else "",
     )
+
+
+def log_transitions(transitions: Sequence[StateTransition], *, named: int = 5) -> None:
+    """The default listener for the transitions of one send call: one line per kind of change (from, to, error
+    class, detail) however many entities made it - a namespace outage over a thousand entities logs two lines,
+    not two thousand - naming the first ``named`` entities. A kind that one entity made is logged as
+    :func:`log_transition` logs it. Bounded by the kinds of change, not by the entities."""
+    groups: dict[tuple[EntityState, EntityState, str | None, str], list[StateTransition]] = {}
+    for t in transitions:
+        groups.setdefault((t.from_state, t.to_state, t.error_class, t.detail), []).append(t)
+    for (from_state, to_state, error_class, detail), group in groups.items():
+        if len(group) == 1:
+            log_transition(group[0])
+            continue
+        names = ", ".join(repr(t.entity) for t in group[:named])
+        more = f" and {len(group) - named} more" if len(group) > named else ""
+        _LOGGER.log(
+            logging.INFO if to_state is EntityState.HEALTHY else logging.WARNING,
+            "%d entities (%s%s): %s -> %s (%s%s)",
+            len(group),
+            names,
+            more,
+            from_state.value,
+            to_state.value,
+            error_class or "ok",
+            f": {redacted(detail)}" if detail else "",
+        )
 
 
 def redacted(text: str) -> str:

@@ -808,3 +808,32 @@ def test_a_namespace_down_is_not_tried_once_per_entity_while_the_batches_wait() 
     assert out.diverted_by_entity == {e: 2 for e in entities} and out.total_sent == 0
     tries = [t for op, t, _ in rig.transport.timeouts if op == "send" and t.namespace == PRIMARY]
     assert len(tries) <= 10, f"{len(tries)} sends to a dead namespace for 50 entities"
+
+
+def test_a_namespace_outage_over_many_entities_logs_a_line_per_kind_of_change_not_per_entity(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With the default listener, the transitions of one call are logged by kind (from, to, error, detail): 200
+    entities failing over in one outage make a few lines naming a few entities, not 400 lines; every transition
+    is still in the outcome. A listener of the caller's own still gets each one."""
+    rig = Rig(failover_interval=10.0)
+    rig.transport.op_seconds = 0.01
+    logged = PairedSender(
+        rig.config, transport=rig.transport, clock=rig.clock, registry=rig.registry, rng=random.Random(1)
+    )
+    rig.transport.fail(conn_error, namespace=PRIMARY)
+    entities = [f"e{i}" for i in range(200)]
+    with caplog.at_level("INFO", logger="spark_sb.failover"):
+        out = logged.send([m for e in entities for m in msgs(1, prefix=f"{e}-", entity=e)])
+    assert out.total_diverted == 200 and len(out.transitions) == 400
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("spark_sb.failover")]
+    assert 2 <= len(lines) <= 4, lines
+    assert any(
+        line.startswith("199 entities ('e1', 'e2', 'e3', 'e4', 'e5' and 194 more)") for line in lines
+    ), lines
+    assert any("-> failed_over" in line and line.startswith("200 entities") for line in lines), lines
+    own = Rig(failover_interval=10.0)
+    own.transport.op_seconds = 0.01
+    own.transport.fail(conn_error, namespace=PRIMARY)
+    own.sender.send([m for e in entities for m in msgs(1, prefix=f"{e}-", entity=e)])
+    assert len(own.transitions) == 400
