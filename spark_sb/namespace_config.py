@@ -63,14 +63,22 @@ class CredentialConfig:
 
 @dataclass(frozen=True)
 class RetryConfig:
-    """SDK retry settings, stated explicitly (these are the azure-servicebus 7.15 defaults).
+    """Retry settings: the paired sender's back-off between attempts, and the SDK's own retries stated explicitly.
 
-    ``total`` is the SDK's own retry count for the clients that keep it (the syphon's receivers, the admin client).
-    The paired sender's clients do not retry inside a call: its attempt loop retries, with ``backoff_factor`` and
-    ``backoff_max`` (doubling, or the same step every time with ``mode: fixed``), so that every failed attempt
-    reaches the failover timer at once and failover is on time whatever these settings are."""
+    ``backoff_factor``, ``backoff_max`` and ``mode`` shape the paired sender's attempt loop (read into its
+    :class:`~spark_sb.failover.RetryPolicy`): the pause between tries of a send doubles from ``backoff_factor`` up
+    to ``backoff_max``, or is ``backoff_factor`` every time with ``mode: fixed``. The loop keeps trying until the
+    failover timer runs out, whatever these are, so failover is on time (SPEC B3).
 
-    total: int = 3
+    ``total`` is the SDK's own retry count inside one call, and it is 0: every client is built without SDK retries
+    (:meth:`client_kwargs`), because each layer retries itself within its deadlines - the sender's attempt loop,
+    the syphon's receive lanes, provisioning's rounds of tries - and an SDK retry inside a call would outlast
+    them. ``retry.total`` once promised SDK retries to the syphon's receivers and the admin client that no client
+    made; a config that sets another count still loads, with a ``FutureWarning`` naming the key, and its clients
+    get 0 all the same.
+    """
+
+    total: int = 0
     backoff_factor: float = 0.8
     backoff_max: float = 120.0
     mode: str = "exponential"
@@ -80,9 +88,10 @@ class RetryConfig:
             s.check(getattr(self, s.attr), f"{prefix}.{s.attr}", self)
 
     def client_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``ServiceBusClient`` / ``ServiceBusAdministrationClient`` constructors."""
+        """Keyword arguments for ``ServiceBusClient`` / ``ServiceBusAdministrationClient`` constructors: no SDK
+        retries (``retry_total`` 0), the back-off stated anyway."""
         return {
-            "retry_total": self.total,
+            "retry_total": 0,  # whatever an old config says (retry.total: not honoured, and warned about)
             "retry_backoff_factor": self.backoff_factor,
             "retry_backoff_max": self.backoff_max,
             "retry_mode": self.mode,
@@ -194,10 +203,7 @@ class NamespaceConfig:
     def admin_client(self, retry: RetryConfig | None = None, **kwargs: Any) -> ServiceBusAdministrationClient:
         """A new ``ServiceBusAdministrationClient`` (HTTPS). Pass ``connection_verify=<ca.pem>`` for the local
         namespace."""
-        options = {**kwargs}
-        if retry is not None:
-            options = {"retry_total": retry.total, "retry_backoff_factor": retry.backoff_factor,
-                       "retry_backoff_max": retry.backoff_max, **options}  # fmt: skip
+        options = {**(retry.client_kwargs() if retry is not None else {}), **kwargs}
         return clients.admin_client(
             self.connection_string.reveal() if self.connection_string is not None else None,
             self._bare_fqns(),

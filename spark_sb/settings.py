@@ -15,6 +15,7 @@ import contextlib
 import difflib
 import math
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ __all__ = [
     "READERS",
     "RETRY_MODES",
     "RETRY_SETTINGS",
+    "SDK_RETRIES_IGNORED",
     "SETTINGS",
     "STATE_WRITES",
     "Setting",
@@ -58,6 +60,14 @@ RETRY_MODES = ("exponential", "fixed")
 CREDENTIAL_KINDS = ("default", "client_secret", "managed_identity")
 
 _err = ConfigError.at
+
+#: What a non-zero ``retry.total`` is told. It once promised SDK retries to the syphon's receivers and the admin
+#: client, but no client retries inside a call: each layer retries within its own deadlines.
+SDK_RETRIES_IGNORED = (
+    "is not honoured and will be refused: no client retries inside a call (sends are retried by the sender "
+    "until failover_interval runs out - retry.backoff_factor, retry.backoff_max, retry.mode -, receives and admin "
+    "calls by the syphon's and provisioning's own tries); remove the key"
+)
 
 
 def one_of(key: str, value: Any, valid: tuple[str, ...]) -> ConfigError:
@@ -189,6 +199,15 @@ def _check_table_prefix(v: Any, key: str, config: Any) -> None:
         raise _err(key, "give state_location (paths) or state_table_prefix, not both")
 
 
+def _check_no_sdk_retries(v: Any, key: str, _: Any) -> None:
+    """``retry.total``: the SDK's own retries inside one call, which are off for every client. 0 states that; any
+    other count is not honoured, and says so (:data:`SDK_RETRIES_IGNORED`) instead of being silently ignored."""
+    if not _is_int(v) or v < 0:
+        raise _err(key, f"must be 0 (no SDK retries inside a call), found {v!r}")
+    if v:
+        warnings.warn(f"{key}: {v} {SDK_RETRIES_IGNORED}", FutureWarning, stacklevel=2)
+
+
 def _check_bool(v: Any, key: str, _: Any) -> None:
     if not isinstance(v, bool):
         raise _err(key, f"{v!r} is not one of true, false")
@@ -212,7 +231,7 @@ SETTINGS: tuple[Setting, ...] = (
     _choice("probe_mode", "probe_mode", PROBE_MODES),
     _choice("backlog_selection", "backlog_selection", BACKLOG_SELECTIONS),
     _choice("on_reject", "on_reject", ON_REJECT),
-    _integer("retry.total", "total", ">= 0", owner="retry"),
+    Setting("retry.total", "total", parse_int, _check_no_sdk_retries, owner="retry"),
     _non_negative("retry.backoff_factor", "backoff_factor", owner="retry"),
     _non_negative("retry.backoff_max", "backoff_max", owner="retry"),
     _choice("retry.mode", "mode", RETRY_MODES, owner="retry"),

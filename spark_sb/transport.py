@@ -227,15 +227,16 @@ class SdkTransport:
     whatever the SDK does: a connection that does not answer (before or after SASL) is abandoned and rebuilt; a
     link that fails is closed and reopened alone, its connection and the other entities' links stay. Links to
     many entities open concurrently (:meth:`prepare`, SPEC F3). The SDK does not retry inside a call
-    (``retry_total = 0``): the paired sender's attempt loop retries, so each failed attempt reaches the failover
-    timer at once. Batches are bounded by the link's batch size (known once the link is open) and by
-    ``config.max_message_size``. Thread-safe.
+    (``retry.total`` is 0, :class:`~spark_sb.config.RetryConfig`): the paired sender's attempt loop retries, so
+    each failed attempt reaches the failover timer at once. Batches are bounded by the link's batch size (known
+    once the link is open) and by ``config.max_message_size``. Thread-safe.
     """
 
     def __init__(self, config: ServiceBusConfig, **client_kwargs: Any) -> None:
         self._config = config
-        # retry_total 0: the attempt loop retries, so each failed attempt reaches the failover timer at once.
-        self._client_kwargs = {**config.client_kwargs(), "retry_total": 0, **client_kwargs}
+        # retry.total (always 0: RetryConfig): the attempt loop retries, so each failed attempt reaches the
+        # failover timer at once.
+        self._client_kwargs = {**config.client_kwargs(), **client_kwargs}
         self._lanes: dict[str, Lane[SharedConnection]] = {}  # one per namespace (two at most)
         # The namespace's latest connection (read by answered_within); two at most.
         self._last: dict[str, SharedConnection] = {}

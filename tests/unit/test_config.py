@@ -45,7 +45,7 @@ NESTED: dict[str, Any] = {
     "backlog_retry_interval": "2m",
     "backlog_selection": "session-affine",
     "send_timeout": 12.5,
-    "retry": {"total": 5, "backoff_factor": 0.5, "backoff_max": 30, "mode": "fixed"},
+    "retry": {"total": 0, "backoff_factor": 0.5, "backoff_max": 30, "mode": "fixed"},
     "max_message_size": 1048576,
     "on_reject": "fail",
     "state_location": "/tmp/state",
@@ -67,7 +67,7 @@ FLAT = {
     "backlog_retry_interval": "120",
     "backlog_selection": "session-affine",
     "send_timeout": "12.5",
-    "retry.total": "5",
+    "retry.total": "0",
     "retry.backoff_factor": "0.5",
     "retry.backoff_max": "30",
     "retry.mode": "fixed",
@@ -97,7 +97,7 @@ probe_mode: ping
 backlog_retry_interval: 2m
 backlog_selection: session-affine
 send_timeout: 12.5
-retry: {total: 5, backoff_factor: 0.5, backoff_max: 30, mode: fixed}
+retry: {total: 0, backoff_factor: 0.5, backoff_max: 30, mode: fixed}
 max_message_size: 1048576
 on_reject: fail
 state_location: /tmp/state
@@ -147,7 +147,7 @@ def test_values_are_parsed() -> None:
         60.0,
     )
     assert (c.probe_mode, c.backlog_retry_interval, c.backlog_selection) == ("ping", 120.0, "session-affine")
-    assert c.retry == RetryConfig(total=5, backoff_factor=0.5, backoff_max=30.0, mode="fixed")
+    assert c.retry == RetryConfig(total=0, backoff_factor=0.5, backoff_max=30.0, mode="fixed")
     assert (c.max_message_size, c.on_reject, c.state_location) == (1048576, "fail", "/tmp/state")
     assert (c.syphon_max_wait, c.syphon_batch_size, c.syphon_prefetch) == (3600.0, 50, 10)
     assert (c.idle_timeout, c.client_cache) == (0.25, False)
@@ -168,7 +168,7 @@ def test_defaults_match_the_contract() -> None:
         "random",
     )
     assert (c.send_timeout, c.max_message_size, c.on_reject) == (30.0, 262144, "record")
-    assert c.retry == RetryConfig(3, 0.8, 120.0, "exponential")
+    assert c.retry == RetryConfig(0, 0.8, 120.0, "exponential")
     assert (c.syphon_max_wait, c.syphon_batch_size, c.syphon_prefetch) == (900.0, 100, 0)
     assert (c.idle_timeout, c.client_cache, dict(c.extra)) == (600.0, True, {})
     assert dict(c.columns) == {n: n for n in LOGICAL_COLUMNS}
@@ -227,7 +227,7 @@ def test_options_keys_are_case_insensitive() -> None:
         ({"syphon": {"batch_size": 0}}, "syphon.batch_size", "> 0"),
         ({"syphon": {"prefetch": -1}}, "syphon.prefetch", ">= 0"),
         ({"client_cache": "maybe"}, "client_cache", "not one of true, false"),
-        ({"retry": {"total": -1}}, "retry.total", ">= 0"),
+        ({"retry": {"total": -1}}, "retry.total", "must be 0"),
         ({"entity": ""}, "entity", "non-empty"),
     ],
 )
@@ -450,7 +450,7 @@ def test_clients_are_built_with_retry_settings() -> None:
     client = c.primary.client(c.retry)
     try:
         assert client.fully_qualified_namespace == "127.0.0.1:5671"
-        assert client._config.retry_total == 5 and client._config.retry_backoff_factor == 0.5
+        assert client._config.retry_total == 0 and client._config.retry_backoff_factor == 0.5
         assert client._config.retry_backoff_max == 30
     finally:
         client.close()
@@ -599,10 +599,10 @@ def test_client_kwargs_bound_every_attempt_with_send_timeout() -> None:
 
     cs = "Endpoint=sb://a.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v"
     cfg = ServiceBusConfig.from_dict(
-        {"primary": {"connection_string": cs}, "send_timeout": "7s", "retry": {"total": 1}}
+        {"primary": {"connection_string": cs}, "send_timeout": "7s", "retry": {"total": 0}}
     )
     assert cfg.client_kwargs() == {
-        "retry_total": 1,
+        "retry_total": 0,
         "retry_backoff_factor": 0.8,
         "retry_backoff_max": 120.0,
         "retry_mode": "exponential",
