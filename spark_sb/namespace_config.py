@@ -187,31 +187,25 @@ class NamespaceConfig:
         Without ``lookup`` such an endpoint raises :class:`ConfigError` asking for ``namespace_name``."""
         return derive_namespace_name(self.endpoint_host(), override=self.namespace_name, lookup=lookup)
 
+    def _reach(self) -> tuple[str | None, str, TokenCredential | None]:
+        """How a client reaches the namespace: the connection string (revealed) if there is one, the bare fully
+        qualified namespace, and a live credential when there is no connection string. Call where the client is
+        built (the credential is live)."""
+        if self.connection_string is not None:
+            return self.connection_string.reveal(), self._bare_fqns(), None
+        credential = self.credential.build() if self.credential is not None else None
+        return None, self._bare_fqns(), credential
+
     def client(self, retry: RetryConfig | None = None, **kwargs: Any) -> ServiceBusClient:
         """A new ``ServiceBusClient`` with the retry settings of ``retry`` (``kwargs`` win)."""
         options = {**(retry or RetryConfig()).client_kwargs(), **kwargs}
-        return clients.service_bus_client(
-            self.connection_string.reveal() if self.connection_string is not None else None,
-            self._bare_fqns(),
-            self.credential.build()
-            if self.connection_string is None and self.credential is not None
-            else None,
-            plain_amqp=self.use_development_emulator,
-            **options,
-        )
+        return clients.service_bus_client(*self._reach(), plain_amqp=self.use_development_emulator, **options)
 
     def admin_client(self, retry: RetryConfig | None = None, **kwargs: Any) -> ServiceBusAdministrationClient:
         """A new ``ServiceBusAdministrationClient`` (HTTPS). Pass ``connection_verify=<ca.pem>`` for the local
         namespace."""
         options = {**(retry.client_kwargs() if retry is not None else {}), **kwargs}
-        return clients.admin_client(
-            self.connection_string.reveal() if self.connection_string is not None else None,
-            self._bare_fqns(),
-            self.credential.build()
-            if self.connection_string is None and self.credential is not None
-            else None,
-            **options,
-        )
+        return clients.admin_client(*self._reach(), **options)
 
     def redacted(self) -> str:
         """A log-safe description, e.g. ``sb://127.0.0.1:5671 (SAS key name RootManageSharedAccessKey)``."""
