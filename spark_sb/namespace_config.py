@@ -70,12 +70,12 @@ class RetryConfig:
     to ``backoff_max``, or is ``backoff_factor`` every time with ``mode: fixed``. The loop keeps trying until the
     failover timer runs out, whatever these are, so failover is on time (SPEC B3).
 
-    ``total`` is the SDK's own retry count inside one call, and it is 0: every client is built without SDK retries
-    (:meth:`client_kwargs`), because each layer retries itself within its deadlines - the sender's attempt loop,
-    the syphon's receive lanes, provisioning's rounds of tries - and an SDK retry inside a call would outlast
-    them. ``retry.total`` once promised SDK retries to the syphon's receivers and the admin client that no client
-    made; a config that sets another count still loads, with a ``FutureWarning`` naming the key, and its clients
-    get 0 all the same.
+    ``total`` is the SDK's own retry count inside one call, and it is 0: every client the sink, the syphon and
+    provisioning build goes without SDK retries (:meth:`client_kwargs`), because each layer retries itself within
+    its deadlines - the sender's attempt loop, the syphon's receive lanes, provisioning's rounds of tries - and an
+    SDK retry inside a call would outlast them. ``retry.total`` once promised SDK retries to the syphon's receivers
+    and the admin client that no client made; a config that sets another count still loads, with a
+    ``FutureWarning`` naming the key, and its clients get 0 all the same.
     """
 
     total: int = 0
@@ -197,8 +197,9 @@ class NamespaceConfig:
         return None, self._bare_fqns(), credential
 
     def client(self, retry: RetryConfig | None = None, **kwargs: Any) -> ServiceBusClient:
-        """A new ``ServiceBusClient`` with the retry settings of ``retry`` (``kwargs`` win)."""
-        options = {**(retry or RetryConfig()).client_kwargs(), **kwargs}
+        """A new ``ServiceBusClient`` with the retry settings of ``retry`` (none: the SDK's own defaults; ``kwargs``
+        win). The sink's and the syphon's clients pass ``ServiceBusConfig.client_kwargs()``: no SDK retries."""
+        options = {**(retry.client_kwargs() if retry is not None else {}), **kwargs}
         return clients.service_bus_client(*self._reach(), plain_amqp=self.use_development_emulator, **options)
 
     def admin_client(self, retry: RetryConfig | None = None, **kwargs: Any) -> ServiceBusAdministrationClient:

@@ -75,8 +75,8 @@ def test_the_back_off_settings_shape_the_senders_pauses_between_attempts() -> No
 
 
 def test_no_client_retries_inside_a_call() -> None:
-    """retry.total is 0, the default: every client is built with ``retry_total=0`` (the sender's through the
-    transport, the syphon's and the CLI's from ``client_kwargs``), whatever the back-off settings are."""
+    """retry.total is 0, the default: the clients are built with ``retry_total=0`` (the sender's through the
+    transport, the syphon's from ``client_kwargs``), whatever the back-off settings are."""
     config = _config(backoff_factor=0.5, backoff_max=30)
     assert config.retry.total == 0 and config.client_kwargs()["retry_total"] == 0
     transport = SdkTransport(config)  # builds no client until a call needs one
