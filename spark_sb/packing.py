@@ -61,6 +61,43 @@ def fast_path_available() -> bool:
     return _FAST is not None
 
 
+class Encoded:
+    """A message encoded ahead of its batch (:func:`encode`): the SDK message and its AMQP bytes, for
+    :func:`add_encoded`. ``data`` is None when this SDK gets the public ``add_message`` (the message is encoded
+    when it is added). Not picklable (SDK objects); lives within one send call."""
+
+    __slots__ = ("data", "message")
+
+    def __init__(self, message: ServiceBusMessage, data: bytearray | None) -> None:
+        self.message = message
+        self.data = data
+
+
+def encode(message: ServiceBusMessage) -> Encoded:
+    """Encode ``message`` for a batch of the product's (pyamqp transport, no tracing attributes of its own) as
+    the batch's add would, so that adding it later costs no encoding (used while a sender waits anyway)."""
+    if not fast_path_available():
+        return Encoded(message, None)
+    transport, _, trace_message, encode_payload = _FAST
+    outgoing = transport.to_outgoing_amqp_message(message.raw_amqp_message)
+    outgoing = trace_message(outgoing, amqp_transport=transport, additional_attributes={})
+    message._message = outgoing
+    data = bytearray()
+    encode_payload(data, outgoing)
+    return Encoded(message, data)
+
+
+def add_encoded(batch: ServiceBusMessageBatch, encoded: Encoded) -> bool:
+    """Add a message :func:`encode` made to ``batch``, as its ``add_message`` would; False when it does not fit."""
+    if (
+        encoded.data is None
+        or getattr(batch, "_amqp_transport", None) is not _FAST[0]
+        or getattr(batch, "_tracing_attributes", None)
+    ):
+        return add_to_batch(batch, encoded.message)
+    return _append(batch, encoded.message, encoded.data)
+
+
 def add_to_batch(batch: ServiceBusMessageBatch, message: ServiceBusMessage) -> bool:
     """Add ``message`` to ``batch`` as ``batch.add_message(message)`` would; False (the batch unchanged) when it
     does not fit, where ``add_message`` raises ``MessageSizeExceededError``."""
@@ -72,20 +109,27 @@ def add_to_batch(batch: ServiceBusMessageBatch, message: ServiceBusMessage) -> b
         except MessageSizeExceededError:
             return False
         return True
-    transport, overhead, trace_message, encode_payload = _FAST
-    # What ServiceBusMessageBatch._add does, with the one encoding kept (no protected-access lint: by design).
+    transport, _, trace_message, encode_payload = _FAST
+    # What ServiceBusMessageBatch._add does, with the one encoding kept.
     outgoing = transport.to_outgoing_amqp_message(message.raw_amqp_message)
     outgoing = trace_message(
         outgoing, amqp_transport=transport, additional_attributes=batch._tracing_attributes
     )
     message._message = outgoing
-    encoded = bytearray()
-    encode_payload(encoded, outgoing)
-    size = len(encoded)
+    data = bytearray()
+    encode_payload(data, outgoing)
+    return _append(batch, message, data)
+
+
+def _append(batch: ServiceBusMessageBatch, message: ServiceBusMessage, data: bytearray) -> bool:
+    """The rest of ``ServiceBusMessageBatch._add`` once the message is encoded: the size rule, the bytes, the
+    bookkeeping and, for the first message, the batch envelope."""
+    transport, overhead, _, _ = _FAST
+    size = len(data)
     after = batch._size + size + overhead[0 if size < 256 else 1]
     if after > batch.max_size_in_bytes:
         return False
-    batch._message[5].append(encoded)
+    batch._message[5].append(data)
     batch._size = after
     batch._count += 1
     batch._messages.append(message)
