@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from spark_sb.ahead import Ahead
 from spark_sb.backlog import PROBE_MODES
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import ServiceBusConfig
@@ -108,6 +109,8 @@ class _Progress:
 
     began: float
     attempts: int = 0
+    #: The batch's backlog translations made ahead (:class:`~spark_sb.ahead.Ahead`), if any by the divert.
+    ahead: Callable[[], list[object | None] | None] | None = None
 
 
 class PairedSender:
@@ -206,6 +209,7 @@ class PairedSender:
             background=isinstance(clock, SystemClock) if background_probes is None else background_probes,
         )
         self._transport_lock = threading.Lock()
+        self._ahead: Ahead | None = None  # the running _flush's translations made ahead
         self._closed = False
 
     # -- properties
@@ -552,7 +556,7 @@ class PairedSender:
         gained nothing (sends on an open link run on this thread) and cost 3-13% with the GIL shared."""
         tally.sticky.clear()  # a batch boundary: a backlog queue may have been pulled since, choose again
         if self._admit(batch.target.entity, tally) is Route.BACKLOG:
-            self._divert(batch.messages, backlog, tally)
+            self._divert(batch.messages, backlog, tally, progress)
             return None
         return self._send_primary(batch, backlog, tally, progress, defer)
 
@@ -562,36 +566,53 @@ class PairedSender:
         once (all disabled, say) cost about one ``failover_interval``, not E of them (SPEC F1). Each entity's
         messages stay in order (one batch per entity, retried whole). ``waiting`` is bounded by the batches."""
         waiting: list[tuple[float, int, Batch, _Progress]] = []
-        for n, batch in enumerate(batches):
-            progress = _Progress(self._clock.monotonic())
-            if waiting and self._namespace_down():
-                # The namespace is down: this entity joins its fault (its timer runs from the fault's start) and
-                # waits with the others instead of trying a dead namespace once per entity (SPEC F4).
-                waiting.append((waiting[0][0], n, batch, progress))
-                continue
-            delay = self._deliver(batch, backlog, tally, progress, defer=True)
-            if delay is not None:
-                waiting.append((self._clock.monotonic() + delay, n, batch, progress))
-        while waiting:
-            waiting.sort(key=lambda w: w[0])
-            due = waiting[0][0]
-            now = self._clock.monotonic()
-            if due > now:
-                self._log_emitted(tally)  # what happened so far is in the log while the call waits
-                self._clock.sleep(due - now)
-            ready = [w for w in waiting if w[0] <= self._clock.monotonic()] or waiting[:1]
-            taken = {w[1] for w in ready}
-            waiting = [w for w in waiting if w[1] not in taken]
-            retried: float | None = None  # when the namespace is down: the due time of the one that was tried
-            for _, n, batch, progress in ready:
-                if retried is not None and self._namespace_down() and self._entity_failing(batch):
-                    waiting.append((retried, n, batch, progress))  # not tried again one by one (F4)
+        # While the namespace is down the wait is used to translate the waiting batches for the backlog (inline
+        # before a sleep; on a helper thread while an attempt stalls, started by its slow signal).
+        ahead = Ahead(batches, self.transport.prepare_backlog, self._clock, self._config.entity)
+        self._ahead = ahead
+        try:
+            for n, batch in enumerate(batches):
+                progress = _Progress(self._clock.monotonic(), ahead=functools.partial(ahead.get, n))
+                if waiting and self._namespace_down():
+                    # The namespace is down: this entity joins its fault (its timer runs from the fault's start)
+                    # and waits with the others instead of trying a dead namespace once per entity (SPEC F4).
+                    waiting.append((waiting[0][0], n, batch, progress))
                     continue
+                ahead.in_flight = n
                 delay = self._deliver(batch, backlog, tally, progress, defer=True)
+                ahead.stop()  # a helper thread started by a stalled attempt: what it made is kept
                 if delay is not None:
-                    due = self._clock.monotonic() + delay
-                    waiting.append((due, n, batch, progress))
-                    retried = due if retried is None else retried
+                    waiting.append((self._clock.monotonic() + delay, n, batch, progress))
+            while waiting:
+                waiting.sort(key=lambda w: w[0])
+                due = waiting[0][0]
+                if due > self._clock.monotonic():
+                    self._log_emitted(tally)  # what happened so far is in the log while the call waits
+                    if self._namespace_down():
+                        ahead.prepare([w[1] for w in waiting], until=due)
+                    now = self._clock.monotonic()
+                    if due > now:
+                        self._clock.sleep(due - now)
+                ready = [w for w in waiting if w[0] <= self._clock.monotonic()] or waiting[:1]
+                taken = {w[1] for w in ready}
+                waiting = [w for w in waiting if w[1] not in taken]
+                retried: float | None = (
+                    None  # when the namespace is down: the due time of the one that was tried
+                )
+                for _, n, batch, progress in ready:
+                    if retried is not None and self._namespace_down() and self._entity_failing(batch):
+                        waiting.append((retried, n, batch, progress))  # not tried again one by one (F4)
+                        continue
+                    ahead.in_flight = n
+                    delay = self._deliver(batch, backlog, tally, progress, defer=True)
+                    ahead.stop()
+                    if delay is not None:
+                        due = self._clock.monotonic() + delay
+                        waiting.append((due, n, batch, progress))
+                        retried = due if retried is None else retried
+        finally:
+            self._ahead = None
+            ahead.stop()
 
     def _namespace_down(self) -> bool:
         """The primary namespace has an open fault (namespace-wide evidence, SPEC F1)."""
@@ -606,6 +627,9 @@ class PairedSender:
     def _slow(self, entity: str) -> Callable[[], None]:
         def slow() -> None:  # no answer yet, close to the deadline: have the backlog's link ready
             self._warm_backlog(entity)
+            ahead = self._ahead
+            if ahead is not None and len(ahead) > 1:  # and the call's waiting batches translated for it
+                ahead.start()
 
         return slow
 
@@ -639,7 +663,7 @@ class PairedSender:
         if verb is Verb.RETRY:
             return result.decision.delay
         if verb is Verb.DIVERT:
-            self._divert(batch.messages, backlog, tally)
+            self._divert(batch.messages, backlog, tally, progress)
         elif verb is Verb.SPLIT:
             for half in self._halves(batch):
                 self._deliver(half, backlog, tally)
@@ -664,18 +688,32 @@ class PairedSender:
         return out
 
     # -- diverting to the backlog
-    def _divert(self, messages: Iterable[OutboundMessage], backlog: dict[str, _Open], tally: Tally) -> None:
+    def _divert(
+        self,
+        messages: Iterable[OutboundMessage],
+        backlog: dict[str, _Open],
+        tally: Tally,
+        progress: _Progress | None = None,
+    ) -> None:
         """Translate ``messages`` (originals) into the open batches of their backlog queues (B4-B6); a full batch
         goes out at once, the rest with the call's other open backlog batches at its end. Not flushed here: a
         namespace outage diverts every entity's batch, and one backlog send per entity would cost a round trip
         per entity (F1)."""
         self._probes.ensure_running()
         default = self._config.entity
-        for m in messages:
-            self._to_backlog(backlog, m, m.entity or default or "", None, tally)
+        ahead = progress.ahead() if progress is not None and progress.ahead is not None else None
+        for i, m in enumerate(messages):
+            made = ahead[i] if ahead is not None else None
+            self._to_backlog(backlog, m, m.entity or default or "", None, tally, made)
 
     def _to_backlog(
-        self, backlog: dict[str, _Open], msg: OutboundMessage, entity: str, index: int | None, tally: Tally
+        self,
+        backlog: dict[str, _Open],
+        msg: OutboundMessage,
+        entity: str,
+        index: int | None,
+        tally: Tally,
+        made: object | None = None,
     ) -> bool:
         """Translate ``msg`` once, straight into the open batch of its backlog queue; True if a full batch was
         sent to make room."""
@@ -693,7 +731,7 @@ class PairedSender:
                 self.transport.new_batch(Target(SECONDARY, queue)), self._clock.now()
             )
         try:  # the failed-over hot path (translated and encoded once)
-            if slot.batch.try_add_backlog(msg, entity, slot.started):
+            if slot.batch.try_add_backlog(msg, entity, slot.started, made):
                 slot.originals.append(msg)
                 slot.entities.append(entity)
                 return False
@@ -705,7 +743,7 @@ class PairedSender:
             return False
         del backlog[queue]
         self._send_backlog(slot, backlog, tally)
-        self._to_backlog(backlog, msg, entity, index, tally)
+        self._to_backlog(backlog, msg, entity, index, tally, made)
         return True
 
     def _flush_backlog(self, backlog: dict[str, _Open], tally: Tally) -> None:

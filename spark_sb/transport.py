@@ -51,6 +51,7 @@ from spark_sb.connection import (
 from spark_sb.errors import classify, condition_of
 from spark_sb.lane import Finished, Lane, LaneClosed, Pending
 from spark_sb.message import OutboundMessage
+from spark_sb.packing import Encoded, add_encoded, add_to_batch, encode
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusMessageBatch, ServiceBusSender
@@ -110,9 +111,12 @@ class Batch(Protocol):
         """Add ``message`` if it fits; False if it does not (the batch is unchanged). May raise
         ``spark_sb.message.RejectError`` / ``ValueError`` / ``TypeError`` when it cannot become an SDK message."""
 
-    def try_add_backlog(self, original: OutboundMessage, entity: str, enqueued: datetime) -> bool:
+    def try_add_backlog(
+        self, original: OutboundMessage, entity: str, enqueued: datetime, prepared: object | None = None
+    ) -> bool:
         """Add the backlog translation (SPEC B6) of ``original``, destined for ``entity``, if it fits; translated
-        and encoded once. The caller keeps the originals. Raises like :meth:`try_add`."""
+        and encoded once. ``prepared``: that translation made ahead by :meth:`Transport.prepare_backlog` (its
+        ``enqueued`` time is then the one recorded). The caller keeps the originals. Raises like :meth:`try_add`."""
 
     def __len__(self) -> int: ...
 
@@ -155,6 +159,11 @@ class Transport(Protocol):
         grows with their number; the per-target errors are returned, a namespace's connection failure (or
         ``silence`` seconds without an answer) is raised."""
 
+    def prepare_backlog(self, original: OutboundMessage, entity: str, enqueued: datetime) -> object:
+        """The backlog translation of ``original`` made ahead of its batch (translated and encoded while the
+        sender waits anyway), for :meth:`Batch.try_add_backlog`. No I/O; thread-safe; raises like
+        :meth:`Batch.try_add`."""
+
     def warm(self, target: Target) -> None:
         """Open the link to ``target`` in the background (never blocks), so that a send soon after is fast."""
 
@@ -170,34 +179,34 @@ class Transport(Protocol):
 
 
 class SdkBatch:
-    """A :class:`Batch` backed by the SDK's ``ServiceBusMessageBatch`` (each message encoded once to size it)."""
+    """A :class:`Batch` backed by the SDK's ``ServiceBusMessageBatch``: each message encoded once, both to size
+    it and to send it (:mod:`spark_sb.packing`)."""
 
     def __init__(self, target: Target, sdk_batch: ServiceBusMessageBatch) -> None:
         self.target = target
         self.sdk_batch = sdk_batch
         self._messages: list[OutboundMessage] = []
         self._count = 0
-        from azure.servicebus.exceptions import MessageSizeExceededError
-
-        self._too_big = MessageSizeExceededError  # looked up once per batch, not per message
 
     @property
     def messages(self) -> list[OutboundMessage]:
         return self._messages
 
     def try_add(self, message: OutboundMessage) -> bool:
-        try:
-            self.sdk_batch.add_message(message.to_sdk())
-        except self._too_big:
+        if not add_to_batch(self.sdk_batch, message.to_sdk()):
             return False
         self._count += 1
         self._messages.append(message)
         return True
 
-    def try_add_backlog(self, original: OutboundMessage, entity: str, enqueued: datetime) -> bool:
-        try:
-            self.sdk_batch.add_message(to_backlog_sdk(original, entity, enqueued))
-        except self._too_big:
+    def try_add_backlog(
+        self, original: OutboundMessage, entity: str, enqueued: datetime, prepared: object | None = None
+    ) -> bool:
+        if isinstance(prepared, Encoded):
+            added = add_encoded(self.sdk_batch, prepared)
+        else:
+            added = add_to_batch(self.sdk_batch, to_backlog_sdk(original, entity, enqueued))
+        if not added:
             return False
         self._count += 1
         return True
@@ -458,6 +467,9 @@ class SdkTransport:
             lambda sender, left: sender.cancel_scheduled_messages(sequence_number, timeout=sdk_timeout(left)),
             timeout,
         )
+
+    def prepare_backlog(self, original: OutboundMessage, entity: str, enqueued: datetime) -> Encoded:
+        return encode(to_backlog_sdk(original, entity, enqueued))
 
     def warm(self, target: Target) -> None:
         timeout = float(self._config.send_timeout)

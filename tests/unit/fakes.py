@@ -48,7 +48,11 @@ class FakeBatch:
         self._messages.append(message)
         return True
 
-    def try_add_backlog(self, original: OutboundMessage, entity: str, enqueued: datetime) -> bool:
+    def try_add_backlog(
+        self, original: OutboundMessage, entity: str, enqueued: datetime, prepared: object | None = None
+    ) -> bool:
+        if isinstance(prepared, OutboundMessage):  # made ahead by FakeTransport.prepare_backlog
+            return self.try_add(prepared)
         return self.try_add(to_backlog(original, entity, enqueued))
 
     def __len__(self) -> int:
@@ -93,6 +97,10 @@ class FakeTransport:
         self.cancelled: list[tuple[Target, int]] = []
         self.faults: list[str] = []
         self.warmed: list[Target] = []
+        self.prepared_backlog = 0  # backlog translations made ahead (prepare_backlog)
+        self.after_slow: Callable[[], None] | None = (
+            None  # called after a stalled call's on_slow (tests await)
+        )
         self.connected_targets: set[Target] = set()  # what connected() says (tests set it)
         self.answering: set[str] = set()  # namespaces whose connection keeps answering (answered_within)
         self.prepared: list[list[Target]] = []
@@ -150,6 +158,8 @@ class FakeTransport:
                         if self.clock is not None:
                             self.clock.advance(timeout - SLOW_MARGIN)
                         on_slow()
+                        if self.after_slow is not None:
+                            self.after_slow()
                         timeout = SLOW_MARGIN
                     if self.clock is not None:
                         self.clock.advance(timeout)
@@ -205,6 +215,10 @@ class FakeTransport:
 
     def warm(self, target: Target) -> None:
         self.warmed.append(target)
+
+    def prepare_backlog(self, original: OutboundMessage, entity: str, enqueued: datetime) -> OutboundMessage:
+        self.prepared_backlog += 1
+        return to_backlog(original, entity, enqueued)
 
     def answered_within(self, target: Target, seconds: float) -> bool:
         """The namespace kept answering (its heartbeats) unless it fails as a whole: a stall or failure scripted
