@@ -100,6 +100,15 @@ class Tally:
         ] = []  # for the default listener: logged by kind at the call's end
         self.sticky: dict[str, str] = {}  # entity -> its backlog queue, until the next batch boundary
 
+    def count_sent(self, entity: str, count: int) -> None:
+        self.sent[entity] = self.sent.get(entity, 0) + count
+
+    def count_diverted(self, queue: str, count: int, entities: list[str]) -> None:
+        """``count`` messages accepted by backlog ``queue``; ``entities``: the original entity of each."""
+        self.diverted[queue] = self.diverted.get(queue, 0) + count
+        for entity in entities:
+            self.diverted_by_entity[entity] = self.diverted_by_entity.get(entity, 0) + 1
+
     def build(self, elapsed: float) -> SendOutcome:
         return SendOutcome(
             sent=dict(self.sent),

@@ -20,27 +20,22 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from datetime import datetime
 
 from spark_sb.ahead import Ahead
+from spark_sb.attempts import AttemptLoop, Progress
 from spark_sb.backlog import PROBE_MODES
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import ServiceBusConfig
+from spark_sb.diverter import Diverter, Open, Rejects
 from spark_sb.errors import (
     UNEXPECTED,
     ErrorClass,
-    MessageRejectedError,
-    NoBacklogAvailableError,
     SendError,
-    ServerBusyError,
-    ServiceBusConfigError,
     classify,
 )
 from spark_sb.failover import (
     MIN_ATTEMPT_BUDGET,
     BacklogChooser,
-    Decision,
     EntityFailover,
     EntityState,
     FailoverRegistry,
@@ -50,26 +45,22 @@ from spark_sb.failover import (
     StateTransition,
     Verb,
     Where,
-    decide,
     log_transition,
     log_transitions,
-    namespace_wide,
     process_registry,
 )
-from spark_sb.message import OutboundMessage, Reject, RejectError
+from spark_sb.message import OutboundMessage, RejectError
 from spark_sb.outcome import (
     ProbeRecord,
     SendOutcome,
     Tally,
     describe_error,
-    message_row,
     namespace_description,
     namespace_key,
 )
 from spark_sb.prober import Prober
 from spark_sb.provisioning import primary_namespace_name
-from spark_sb.rows import row_to_json
-from spark_sb.transport import PRIMARY, SECONDARY, Batch, SdkTransport, Target, Transport
+from spark_sb.transport import PRIMARY, Batch, SdkTransport, Target, Transport
 
 __all__ = ["PairedSender", "ProbeRecord", "SendOutcome", "namespace_description", "namespace_key"]
 
@@ -77,40 +68,6 @@ _LOGGER = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------------------
 # The sender
-
-
-class _Open:
-    """An open batch and, for a backlog batch, the original of each translated message in it."""
-
-    __slots__ = ("batch", "entities", "originals", "started")
-
-    def __init__(self, batch: Batch, started: datetime) -> None:
-        self.batch = batch
-        self.originals: list[OutboundMessage] = []
-        self.entities: list[str] = []
-        self.started = started  # the backlog enqueue time recorded in its messages (B6)
-
-
-@dataclass
-class _Attempted:
-    """How an attempt loop ended: ``decision`` None means success."""
-
-    decision: Decision | None = None
-    error: BaseException | None = None
-    error_class: ErrorClass | None = None
-
-
-_SUCCEEDED = _Attempted()
-
-
-@dataclass
-class _Progress:
-    """Where one batch's attempt loop stands, kept across deferred retries (see :meth:`PairedSender._flush`)."""
-
-    began: float
-    attempts: int = 0
-    #: The batch's backlog translations made ahead (:class:`~spark_sb.ahead.Ahead`), if any by the divert.
-    ahead: Callable[[], list[object | None] | None] | None = None
 
 
 class PairedSender:
@@ -194,6 +151,19 @@ class PairedSender:
             cancel_attempts=max(1, cancel_attempts),
         )
         # A probe's calls: over before the next probe is due, but long enough to open a new connection.
+        probe_budget = min(
+            float(config.send_timeout), max(float(config.ping_primary_interval), MIN_ATTEMPT_BUDGET)
+        )
+        self._loop = AttemptLoop(
+            config=config,
+            clock=clock,
+            policy=self._policy,
+            transport=lambda: self.transport,
+            fault=self._fault,
+            emit=self._emit,
+            warm_backlog=self._warm_backlog,
+            probe_budget=probe_budget,
+        )
         self._probes = Prober(
             primary_key=self._primary_key,
             mode=config.probe_mode,
@@ -201,12 +171,22 @@ class PairedSender:
             clock=clock,
             transport=lambda: self.transport,
             entity=self._entity,
-            budget=min(
-                float(config.send_timeout), max(float(config.ping_primary_interval), MIN_ATTEMPT_BUDGET)
-            ),
+            budget=probe_budget,
             retry=self._retry_probe,
-            namespace_wide=self._namespace_wide,
+            namespace_wide=self._loop.namespace_wide,
             background=isinstance(clock, SystemClock) if background_probes is None else background_probes,
+        )
+        self._rejects = Rejects(config, lambda: self.transport)
+        self._diverter = Diverter(
+            config=config,
+            clock=clock,
+            registry=registry,
+            chooser=self._chooser,
+            secondary_key=self._secondary_key,
+            transport=lambda: self.transport,
+            loop=self._loop,
+            rejects=self._rejects,
+            ensure_prober=lambda: self._probes.ensure_running(),
         )
         self._transport_lock = threading.Lock()
         self._ahead: Ahead | None = None  # the running _flush's translations made ahead
@@ -252,7 +232,7 @@ class PairedSender:
         start = self._clock.monotonic()
         tally = Tally()
         primary: dict[str, Batch] = {}  # entity -> open primary batch
-        backlog: dict[str, _Open] = {}  # backlog queue -> open backlog batch
+        backlog: dict[str, Open] = {}  # backlog queue -> open backlog batch
         routes: dict[str, Route] = {}  # entity -> where its messages go in this call
         default = self._config.entity
         try:
@@ -260,7 +240,7 @@ class PairedSender:
             for index, msg in enumerate(messages):
                 entity = msg.entity or default
                 if not entity:
-                    self._reject(
+                    self._rejects.reject(
                         tally,
                         msg,
                         RejectError("no destination entity: set the entity column or option", "entity"),
@@ -272,29 +252,29 @@ class PairedSender:
                 if route is None:
                     route = routes[entity] = self._admit(entity, tally)
                 if route is Route.BACKLOG:
-                    if self._to_backlog(backlog, msg, entity, index, tally):
+                    if self._diverter.to_backlog(backlog, msg, entity, index, tally):
                         routes.clear()  # a backlog batch went out: admit again (a probe may have succeeded)
                     continue
                 batch = primary.get(entity)
                 if batch is None:
                     batch = primary[entity] = self.transport.new_batch(Target(PRIMARY, entity))
-                if self._try_add(batch, msg, tally, entity, index) is not False:
+                if self._rejects.try_add(batch, msg, tally, entity, index) is not False:
                     continue
                 if len(batch) > 0:
                     del primary[entity]
                     self._deliver(batch, backlog, tally)
                     routes[entity] = route = self._admit(entity, tally)
                     if route is Route.BACKLOG:
-                        self._to_backlog(backlog, msg, entity, index, tally)
+                        self._diverter.to_backlog(backlog, msg, entity, index, tally)
                         continue
                     batch = primary[entity] = self.transport.new_batch(Target(PRIMARY, entity))
-                    if self._try_add(batch, msg, tally, entity, index) is not False:
+                    if self._rejects.try_add(batch, msg, tally, entity, index) is not False:
                         continue
-                self._reject_oversize(tally, msg, entity, batch, index, translated=False)
+                self._rejects.oversize(tally, msg, entity, batch, index, translated=False)
             self._prepare([e for e, b in primary.items() if len(b) > 0], tally)
             self._flush([b for b in primary.values() if len(b) > 0], backlog, tally)
             primary.clear()
-            self._flush_backlog(backlog, tally)
+            self._diverter.flush(backlog, tally)
             self._collect_probes(tally)
         except SendError as err:
             self._collect_probes(tally)
@@ -375,179 +355,20 @@ class PairedSender:
             transport.prepare(targets, silence)
         except Exception as exc:  # the transport closed what faulted already
             cls = classify(exc)
-            if cls.fail_over and self._namespace_wide(cls, targets[0], started):
+            if cls.fail_over and self._loop.namespace_wide(cls, targets[0], started):
                 self._emit(
                     tally, first.record_failure(cls, describe_error(exc), started, namespace_wide=True)
                 )
             _LOGGER.info("opening %d links failed (%s); each entity's send meets it", len(targets), cls.name)
 
     # -- packing
-    def _try_add(
-        self, batch: Batch, msg: OutboundMessage, tally: Tally, entity: str, index: int | None
-    ) -> bool | None:
-        """True added, False does not fit, None rejected (cannot become an SDK message)."""
-        try:
-            return batch.try_add(msg)
-        except (ValueError, TypeError) as err:  # RejectError is a ValueError
-            self._cannot_build(tally, msg, err, entity, index)
-        return None
-
-    def _cannot_build(
-        self, tally: Tally, msg: OutboundMessage, err: Exception, entity: str, index: int | None
-    ) -> None:
-        if not isinstance(err, RejectError):
-            err = RejectError(f"cannot build the message: {describe_error(err)}")
-        self._reject(tally, msg, err, entity, index)
-
-    def _reject_oversize(
-        self,
-        tally: Tally,
-        msg: OutboundMessage,
-        entity: str,
-        batch: Batch,
-        index: int | None,
-        translated: bool,
-    ) -> None:
-        limit = self.transport.max_batch_size(batch.target)
-        when = "after backlog translation (B6 adds properties)" if translated else "encoded"
-        reason = f"message too large {when}: it does not fit a batch of {limit} bytes (max_message_size)"
-        self._reject(tally, msg, RejectError(reason), entity, index)
-
-    def _reject(
-        self, tally: Tally, msg: OutboundMessage, err: RejectError, entity: str | None, index: int | None
-    ) -> None:
-        reject = Reject(
-            reason=err.reason,
-            field=err.field,
-            row_json=row_to_json(message_row(msg)),
-            entity=entity,
-            row_index=index,
-        )
-        if self._config.on_reject == "fail":
-            raise MessageRejectedError(f"message rejected (on_reject = 'fail'): {err}", reject=reject)
-        tally.rejects.append(reject)
-
-    # -- the attempt loop (primary sends, backlog sends, probe cancels)
-    def _attempts(
-        self,
-        where: Where,
-        call: Callable[[float], object],
-        tally: Tally | None,
-        *,
-        state: EntityFailover | None = None,
-        messages: int = 1,
-        target: Target,
-        progress: _Progress | None = None,
-        defer: bool = False,
-    ) -> _Attempted:
-        """Call ``call(timeout)`` until it succeeds or :func:`decide` says otherwise (after sleeping through
-        each RETRY). On the primary, each failure goes to the entity's failover timer (from the moment the
-        failing attempt started) and each attempt's deadline is what is left of the interval. ``defer``: a RETRY
-        is returned (its delay in the decision) instead of slept through, ``progress`` carrying the loop's state
-        to the next call - so that the caller can wait for many entities' retries at once."""
-        if progress is None:
-            progress = _Progress(self._clock.monotonic())
-        began = progress.began
-        while True:
-            timeout = self._budget(where, state, began, tally, target)
-            if timeout is None:
-                return _Attempted(Decision(Verb.DIVERT, why="failed over"))
-            attempt = functools.partial(call, timeout)
-            started = self._clock.monotonic()
-            progress.attempts += 1
-            attempts = progress.attempts
-            try:
-                attempt()
-            except Exception as exc:
-                cls = classify(exc)
-                if cls.rebuild_client and self._transport is not None:
-                    self._transport.fault(target)
-                remaining: float | None = None
-                entity_state = EntityState.HEALTHY
-                if state is not None:
-                    if cls.fail_over:
-                        failing = state.record_failure(
-                            cls,
-                            describe_error(exc),
-                            started,
-                            namespace_wide=self._namespace_wide(cls, target, started),
-                        )
-                        self._emit(tally, failing)
-                        if failing and failing[0].to_state is EntityState.FAILING:
-                            self._warm_backlog(state.entity)
-                    entity_state = state.state
-                    remaining = state.time_until_failover()
-                decision = decide(
-                    where,
-                    cls,
-                    attempts=attempts,
-                    waited=self._clock.monotonic() - began,
-                    state=entity_state,
-                    remaining=remaining,
-                    messages=messages,
-                    policy=self._policy,
-                )
-                if decision.verb is Verb.RETRY:
-                    if not defer:
-                        self._clock.sleep(decision.delay)
-                    if tally is not None:
-                        tally.retries += 1
-                        if decision.why == "throttled":
-                            waited = tally.throttled.get(target.entity, 0.0)
-                            tally.throttled[target.entity] = waited + decision.delay
-                    if defer:
-                        return _Attempted(decision, exc, cls)
-                    continue
-                return _Attempted(decision, exc, cls)
-            if state is not None:
-                self._emit(tally, state.record_success())
-            return _SUCCEEDED
-
-    def _namespace_wide(self, cls: ErrorClass, target: Target, started: float) -> bool:
-        """Is a failure of an attempt that started at ``started`` evidence against the whole namespace (F1)?"""
-        if not cls.fail_over:
-            return False
-        answered = self.transport.answered_within(target, max(0.0, self._clock.monotonic() - started))
-        return namespace_wide(cls, connection_answered=answered)
-
-    def _budget(
-        self,
-        where: Where,
-        state: EntityFailover | None,
-        began: float,
-        tally: Tally | None,
-        target: Target,
-    ) -> float | None:
-        """The deadline of the next attempt; None when ``state`` is failed over by now (divert instead)."""
-        if state is not None:
-            self._emit(tally, state.check())
-            if state.state is EntityState.FAILED_OVER:
-                return None
-            return state.attempt_budget(float(self._config.send_timeout), self.transport.connected(target))
-        if where is Where.BACKLOG:
-            return min(
-                float(self._config.send_timeout),
-                max(0.05, self._policy.backlog_budget - (self._clock.monotonic() - began)),
-            )
-        return self._probes.budget
-
-    def _count(self, batch: Batch, slot: _Open | None, tally: Tally) -> None:
-        if slot is None:
-            entity = batch.target.entity
-            tally.sent[entity] = tally.sent.get(entity, 0) + len(batch)
-            return
-        queue = batch.target.entity
-        tally.diverted[queue] = tally.diverted.get(queue, 0) + len(batch)
-        for entity in slot.entities:
-            tally.diverted_by_entity[entity] = tally.diverted_by_entity.get(entity, 0) + 1
-
     # -- delivery to the primary
     def _deliver(
         self,
         batch: Batch,
-        backlog: dict[str, _Open],
+        backlog: dict[str, Open],
         tally: Tally,
-        progress: _Progress | None = None,
+        progress: Progress | None = None,
         defer: bool = False,
     ) -> float | None:
         """Deliver one full primary batch - to the primary, or, failed over by now, to the backlog - and settle
@@ -556,23 +377,23 @@ class PairedSender:
         gained nothing (sends on an open link run on this thread) and cost 3-13% with the GIL shared."""
         tally.sticky.clear()  # a batch boundary: a backlog queue may have been pulled since, choose again
         if self._admit(batch.target.entity, tally) is Route.BACKLOG:
-            self._divert(batch.messages, backlog, tally, progress)
+            self._diverter.divert(batch.messages, backlog, tally, progress)
             return None
         return self._send_primary(batch, backlog, tally, progress, defer)
 
-    def _flush(self, batches: list[Batch], backlog: dict[str, _Open], tally: Tally) -> None:
+    def _flush(self, batches: list[Batch], backlog: dict[str, Open], tally: Tally) -> None:
         """Deliver the call's last batches, one per entity, waiting for their retries together: an entity whose
         send failed is tried again when its back-off is over while the others go on, so E entities failing at
         once (all disabled, say) cost about one ``failover_interval``, not E of them (SPEC F1). Each entity's
         messages stay in order (one batch per entity, retried whole). ``waiting`` is bounded by the batches."""
-        waiting: list[tuple[float, int, Batch, _Progress]] = []
+        waiting: list[tuple[float, int, Batch, Progress]] = []
         # While the namespace is down the wait is used to translate the waiting batches for the backlog (inline
         # before a sleep; on a helper thread while an attempt stalls, started by its slow signal).
         ahead = Ahead(batches, self.transport.prepare_backlog, self._clock, self._config.entity)
         self._ahead = ahead
         try:
             for n, batch in enumerate(batches):
-                progress = _Progress(self._clock.monotonic(), ahead=functools.partial(ahead.get, n))
+                progress = Progress(self._clock.monotonic(), ahead=functools.partial(ahead.get, n))
                 if waiting and self._namespace_down():
                     # The namespace is down: this entity joins its fault (its timer runs from the fault's start)
                     # and waits with the others instead of trying a dead namespace once per entity (SPEC F4).
@@ -636,9 +457,9 @@ class PairedSender:
     def _send_primary(
         self,
         batch: Batch,
-        backlog: dict[str, _Open],
+        backlog: dict[str, Open],
         tally: Tally,
-        progress: _Progress | None = None,
+        progress: Progress | None = None,
         defer: bool = False,
     ) -> float | None:
         """Send ``batch`` to the primary and settle it; with ``defer``, a retry is not waited for here: its delay
@@ -646,7 +467,7 @@ class PairedSender:
         entity = batch.target.entity
         transport = self.transport
         slow = self._slow(entity)
-        result = self._attempts(
+        result = self._loop.run(
             Where.PRIMARY,
             lambda timeout: transport.send(batch, timeout, slow),
             tally,
@@ -657,22 +478,22 @@ class PairedSender:
             defer=defer,
         )
         if result.decision is None:
-            self._count(batch, None, tally)
+            tally.count_sent(batch.target.entity, len(batch))
             return None
         verb = result.decision.verb
         if verb is Verb.RETRY:
             return result.decision.delay
         if verb is Verb.DIVERT:
-            self._divert(batch.messages, backlog, tally, progress)
+            self._diverter.divert(batch.messages, backlog, tally, progress)
         elif verb is Verb.SPLIT:
             for half in self._halves(batch):
                 self._deliver(half, backlog, tally)
         elif verb is Verb.REJECT:
             reason = "message too large: refused by the service (message size exceeded)"
             for m in batch.messages:
-                self._reject(tally, m, RejectError(reason), entity, None)
+                self._rejects.reject(tally, m, RejectError(reason), entity, None)
         else:
-            raise self._raise(result, PRIMARY, entity)
+            raise self._loop.error(result, PRIMARY, entity)
         return None
 
     def _halves(self, batch: Batch) -> list[Batch]:
@@ -687,140 +508,8 @@ class PairedSender:
             out.append(sub)
         return out
 
-    # -- diverting to the backlog
-    def _divert(
-        self,
-        messages: Iterable[OutboundMessage],
-        backlog: dict[str, _Open],
-        tally: Tally,
-        progress: _Progress | None = None,
-    ) -> None:
-        """Translate ``messages`` (originals) into the open batches of their backlog queues (B4-B6); a full batch
-        goes out at once, the rest with the call's other open backlog batches at its end. Not flushed here: a
-        namespace outage diverts every entity's batch, and one backlog send per entity would cost a round trip
-        per entity (F1)."""
-        self._probes.ensure_running()
-        default = self._config.entity
-        ahead = progress.ahead() if progress is not None and progress.ahead is not None else None
-        for i, m in enumerate(messages):
-            made = ahead[i] if ahead is not None else None
-            self._to_backlog(backlog, m, m.entity or default or "", None, tally, made)
-
-    def _to_backlog(
-        self,
-        backlog: dict[str, _Open],
-        msg: OutboundMessage,
-        entity: str,
-        index: int | None,
-        tally: Tally,
-        made: object | None = None,
-    ) -> bool:
-        """Translate ``msg`` once, straight into the open batch of its backlog queue; True if a full batch was
-        sent to make room."""
-        session = msg.session_id
-        queue = tally.sticky.get(entity) if session is None else None
-        if queue is None:
-            queue = self._chooser.choose(entity, session)
-            if queue is None:
-                raise self._no_backlog(entity)
-            if session is None:  # the sticky choice holds until the next batch boundary (see _deliver)
-                tally.sticky[entity] = queue
-        slot = backlog.get(queue)
-        if slot is None:
-            slot = backlog[queue] = _Open(
-                self.transport.new_batch(Target(SECONDARY, queue)), self._clock.now()
-            )
-        try:  # the failed-over hot path (translated and encoded once)
-            if slot.batch.try_add_backlog(msg, entity, slot.started, made):
-                slot.originals.append(msg)
-                slot.entities.append(entity)
-                return False
-        except (ValueError, TypeError) as err:  # RejectError is a ValueError
-            self._cannot_build(tally, msg, err, entity, index)
-            return False
-        if len(slot.batch) == 0:
-            self._reject_oversize(tally, msg, entity, slot.batch, index, translated=True)
-            return False
-        del backlog[queue]
-        self._send_backlog(slot, backlog, tally)
-        self._to_backlog(backlog, msg, entity, index, tally, made)
-        return True
-
-    def _flush_backlog(self, backlog: dict[str, _Open], tally: Tally) -> None:
-        """Send every open backlog batch (sending one may open more: a pulled queue's messages go elsewhere)."""
-        while backlog:
-            queue = next(iter(backlog))
-            slot = backlog.pop(queue)
-            if len(slot.batch) > 0:
-                self._send_backlog(slot, backlog, tally)
-
-    def _send_backlog(self, slot: _Open, backlog: dict[str, _Open], tally: Tally) -> None:
-        """Send one translated batch and settle it: on the queue's failure pull it and send the originals
-        elsewhere (B5)."""
-        tally.sticky.clear()  # a batch boundary: a queue may be pulled now (here or by another sender)
-        batch = slot.batch
-        if not self._registry.rotation.is_available(self._secondary_key, batch.target.entity):
-            # its queue was pulled while it was packed (settling the batch before it): send it elsewhere
-            for m, entity in zip(slot.originals, slot.entities, strict=True):
-                self._to_backlog(backlog, m, entity, None, tally)
-            return
-        queue = batch.target.entity
-        transport = self.transport
-        result = self._attempts(
-            Where.BACKLOG,
-            lambda timeout: transport.send(batch, timeout),
-            tally,
-            messages=len(batch),
-            target=batch.target,
-        )
-        if result.decision is None:
-            self._count(batch, slot, tally)
-            return
-        verb = result.decision.verb
-        if verb is Verb.SPLIT:
-            half = len(slot.originals) // 2
-            for lo, hi in ((0, half), (half, len(slot.originals))):
-                sub = _Open(self.transport.new_batch(batch.target), slot.started)
-                for i in range(lo, hi):
-                    if not sub.batch.try_add_backlog(slot.originals[i], slot.entities[i], slot.started):
-                        raise SendError("internal error: a split batch does not fit")  # pragma: no cover
-                    sub.originals.append(slot.originals[i])
-                    sub.entities.append(slot.entities[i])
-                self._send_backlog(sub, backlog, tally)
-        elif verb is Verb.REJECT:
-            reason = "message too large after backlog translation: refused by the service"
-            for m, entity in zip(slot.originals, slot.entities, strict=True):
-                self._reject(tally, m, RejectError(reason), entity, None)
-        elif verb is Verb.PULL:
-            assert result.error_class is not None and result.error is not None
-            until = self._clock.monotonic() + float(self._config.backlog_retry_interval)
-            tally.pulls.append(
-                self._registry.rotation.pull(
-                    self._secondary_key, queue, until, result.error_class.name, describe_error(result.error)
-                )
-            )
-            for m, entity in zip(slot.originals, slot.entities, strict=True):
-                self._to_backlog(backlog, m, entity, None, tally)
-        else:
-            raise self._raise(result, SECONDARY, queue)
-
     def _warm_backlog(self, entity: str) -> None:
-        """The entity started failing: open the link to its backlog queue now, so a failover diverts at once."""
-        queue = self._chooser.choose(entity) if self._config.secondary is not None else None
-        if queue is not None:
-            self.transport.warm(Target(SECONDARY, queue))
-
-    def _no_backlog(self, entity: str) -> NoBacklogAvailableError:
-        if self._config.secondary is None or not self._chooser.queues:
-            why = "no secondary namespace / backlog queues are configured"
-        else:
-            pulled = ", ".join(p.queue for p in self._registry.rotation.pulled(self._secondary_key))
-            why = f"every backlog queue is pulled from the rotation ({pulled})"
-        return NoBacklogAvailableError(
-            f"entity {entity!r} is failed over on the primary namespace "
-            f"{namespace_description(self._config.primary)} and {why}; the task fails so that Spark retries "
-            "the batch (messages not counted as sent were not sent)"
-        )
+        self._diverter.warm(entity)
 
     # -- probes (B8): run by the Prober, reported on this thread
     def _collect_probes(self, tally: Tally) -> None:
@@ -832,42 +521,15 @@ class PairedSender:
         self, call: Callable[[float], object], target: Target
     ) -> tuple[ErrorClass | None, BaseException | None]:
         """A probe's call (its cancel) under the retry policy for probes: the last error class and error, or None."""
-        result = self._attempts(Where.PROBE, call, None, target=target)
+        result = self._loop.run(Where.PROBE, call, None, target=target)
         if result.decision is None:
             return None, None
         return result.error_class or UNEXPECTED, result.error
 
     # -- helpers
-    def _raise(self, result: _Attempted, namespace: str, entity: str) -> SendError:
-        cls = result.error_class or UNEXPECTED
-        exc = result.error or Exception("unknown error")
-        if cls.fail_batch:
-            return self._config_error(cls, exc, namespace, entity)
-        if cls.retry and not cls.fail_over:
-            busy = self._policy
-            return ServerBusyError(
-                f"the {namespace} namespace {namespace_description(self._config.primary)} kept answering "
-                f"{cls.name} for entity {entity!r} (up to {busy.busy_retries} retries, {busy.busy_wait:.0f} s); "
-                "not failing over (throttling is not an outage); the task fails so that Spark retries it",
-                error_class=cls,
-            )
-        return SendError(
-            f"unexpected {cls.name} error sending to entity {entity!r}: {describe_error(exc)}",
-            error_class=cls,
-        )
-
-    def _config_error(self, cls: ErrorClass, exc: BaseException, namespace: str, entity: str) -> SendError:
-        ns = self._config.primary if namespace == PRIMARY else self._config.secondary
-        where = f"entity {entity!r} in the {namespace} namespace {namespace_description(ns)}"
-        if cls.name == "unauthorized":
-            text = (
-                f"Service Bus refused the send to {where}: unauthorized ({type(exc).__name__}). The SAS policy "
-                "or Azure AD identity needs the 'Send' right on it. This is a configuration error: nothing was "
-                "diverted to the backlog."
-            )
-            return ServiceBusConfigError(text, error_class=cls)
-        text = f"Service Bus refused the send to {where}: {cls.name} ({describe_error(exc)}). Nothing was diverted."
-        return ServiceBusConfigError(text, error_class=cls)
+    def _fault(self, target: Target) -> None:
+        if self._transport is not None:
+            self._transport.fault(target)
 
     def _emit(self, tally: Tally | None, transitions: list[StateTransition]) -> None:
         """Hand ``transitions`` to the outcome and the listener. The default listener (logging) gets them at the
