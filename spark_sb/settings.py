@@ -15,7 +15,6 @@ import contextlib
 import difflib
 import math
 import re
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -64,7 +63,7 @@ _err = ConfigError.at
 #: What a non-zero ``retry.total`` is told. It once promised SDK retries to the syphon's receivers and the admin
 #: client, but no client retries inside a call: each layer retries within its own deadlines.
 SDK_RETRIES_IGNORED = (
-    "is not honoured and will be refused: no client retries inside a call (sends are retried by the sender "
+    "is not honoured: no client retries inside a call (sends are retried by the sender "
     "until failover_interval runs out - retry.backoff_factor, retry.backoff_max, retry.mode -, receives and admin "
     "calls by the syphon's and provisioning's own tries); remove the key"
 )
@@ -201,11 +200,11 @@ def _check_table_prefix(v: Any, key: str, config: Any) -> None:
 
 def _check_no_sdk_retries(v: Any, key: str, _: Any) -> None:
     """``retry.total``: the SDK's own retries inside one call, which are off for every client. 0 states that; any
-    other count is not honoured, and says so (:data:`SDK_RETRIES_IGNORED`) instead of being silently ignored."""
+    other count (an old configuration's) is refused with :data:`SDK_RETRIES_IGNORED`, not silently ignored."""
     if not _is_int(v) or v < 0:
         raise _err(key, f"must be 0 (no SDK retries inside a call), found {v!r}")
     if v:
-        warnings.warn(f"{key}: {v} {SDK_RETRIES_IGNORED}", FutureWarning, stacklevel=2)
+        raise _err(key, f"{v} {SDK_RETRIES_IGNORED}")
 
 
 def _check_bool(v: Any, key: str, _: Any) -> None:

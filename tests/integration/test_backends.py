@@ -56,7 +56,7 @@ class Backend:
             "failover_interval": "30s",
             "ping_primary_interval": "1s",
             "send_timeout": "30s",
-            "retry": {"total": 2, "backoff_factor": 0.5, "backoff_max": 5},
+            "retry": {"backoff_factor": 0.5, "backoff_max": 5},
         }
         settings.update(overrides)
         return ServiceBusConfig.from_dict(settings)

@@ -34,10 +34,14 @@ def _schema(ddl: str) -> Any:
 
 def test_flat_options_build_the_configuration_keys_case_insensitive() -> None:
     parsed = parse_options(
-        _opts(Entity="orders", failover_interval="5s", **{"retry.total": "2", "checkpointLocation": "/ckpt"})
+        _opts(
+            Entity="orders",
+            failover_interval="5s",
+            **{"retry.backoff_max": "2", "checkpointLocation": "/ckpt"},
+        )
     )
     config = parsed.config
-    assert (config.entity, config.failover_interval, config.retry.total) == ("orders", 5.0, 2)
+    assert (config.entity, config.failover_interval, config.retry.backoff_max) == ("orders", 5.0, 2.0)
     assert config.secondary is not None and parsed.job_id is None
 
 

@@ -99,12 +99,11 @@ def test_no_client_retries_inside_a_call() -> None:
     ],
     ids=["nested", "options"],
 )
-def test_a_retry_count_the_clients_would_not_honour_is_named_not_silently_ignored(source: Any) -> None:
+def test_a_retry_count_the_clients_would_not_honour_is_refused_naming_the_key(source: Any) -> None:
     """retry.total once promised SDK retries to the syphon's receivers and the admin client that no client made: a
-    config that asks for some loads with a warning naming the key, and its clients still get none."""
-    with pytest.warns(FutureWarning, match=r"retry\.total: 3 is not honoured .* remove the key"):
-        config = load_config(source)
-    assert config.client_kwargs()["retry_total"] == 0
+    config that asks for some is refused with an error naming the key and what to do, not silently ignored."""
+    with pytest.raises(ConfigError, match=r"retry\.total: 3 is not honoured: .* remove the key"):
+        load_config(source)
 
 
 def test_a_negative_retry_total_is_refused() -> None:
