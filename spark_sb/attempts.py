@@ -64,6 +64,7 @@ class Progress:
     ahead: Callable[[], list[object | None] | None] | None = None
 
 
+@dataclass(eq=False, kw_only=True)
 class AttemptLoop:
     """Runs calls under the retry policy and the failover timers of one sender.
 
@@ -78,26 +79,14 @@ class AttemptLoop:
         probe_budget: the deadline of each probe call.
     """
 
-    def __init__(
-        self,
-        *,
-        config: ServiceBusConfig,
-        clock: Clock,
-        policy: RetryPolicy,
-        transport: Callable[[], Transport],
-        fault: Callable[[Target], None],
-        emit: Emit,
-        warm_backlog: Callable[[str], None],
-        probe_budget: float,
-    ) -> None:
-        self._config = config
-        self._clock = clock
-        self._policy = policy
-        self._transport = transport
-        self._fault = fault
-        self._emit = emit
-        self._warm_backlog = warm_backlog
-        self._probe_budget = probe_budget
+    config: ServiceBusConfig
+    clock: Clock
+    policy: RetryPolicy
+    transport: Callable[[], Transport]
+    fault: Callable[[Target], None]
+    emit: Emit
+    warm_backlog: Callable[[str], None]
+    probe_budget: float
 
     def run(
         self,
@@ -117,14 +106,14 @@ class AttemptLoop:
         is returned (its delay in the decision) instead of slept through, ``progress`` carrying the loop's state
         to the next call - so that the caller can wait for many entities' retries at once."""
         if progress is None:
-            progress = Progress(self._clock.monotonic())
+            progress = Progress(self.clock.monotonic())
         began = progress.began
         while True:
             timeout = self._budget(where, state, began, tally, target)
             if timeout is None:
                 return Attempted(Decision(Verb.DIVERT, why="failed over"))
             attempt = functools.partial(call, timeout)
-            started = self._clock.monotonic()
+            started = self.clock.monotonic()
             progress.attempts += 1
             attempts = progress.attempts
             try:
@@ -132,7 +121,7 @@ class AttemptLoop:
             except Exception as exc:
                 cls = classify(exc)
                 if cls.rebuild_client:
-                    self._fault(target)
+                    self.fault(target)
                 remaining: float | None = None
                 entity_state = EntityState.HEALTHY
                 if state is not None:
@@ -143,24 +132,24 @@ class AttemptLoop:
                             started,
                             namespace_wide=self.namespace_wide(cls, target, started),
                         )
-                        self._emit(tally, failing)
+                        self.emit(tally, failing)
                         if failing and failing[0].to_state is EntityState.FAILING:
-                            self._warm_backlog(state.entity)
+                            self.warm_backlog(state.entity)
                     entity_state = state.state
                     remaining = state.time_until_failover()
                 decision = decide(
                     where,
                     cls,
                     attempts=attempts,
-                    waited=self._clock.monotonic() - began,
+                    waited=self.clock.monotonic() - began,
                     state=entity_state,
                     remaining=remaining,
                     messages=messages,
-                    policy=self._policy,
+                    policy=self.policy,
                 )
                 if decision.verb is Verb.RETRY:
                     if not defer:
-                        self._clock.sleep(decision.delay)
+                        self.clock.sleep(decision.delay)
                     if tally is not None:
                         tally.retries += 1
                         if decision.why == "throttled":
@@ -171,14 +160,14 @@ class AttemptLoop:
                     continue
                 return Attempted(decision, exc, cls)
             if state is not None:
-                self._emit(tally, state.record_success())
+                self.emit(tally, state.record_success())
             return SUCCEEDED
 
     def namespace_wide(self, cls: ErrorClass, target: Target, started: float) -> bool:
         """Is a failure of an attempt that started at ``started`` evidence against the whole namespace (F1)?"""
         if not cls.fail_over:
             return False
-        answered = self._transport().answered_within(target, max(0.0, self._clock.monotonic() - started))
+        answered = self.transport().answered_within(target, max(0.0, self.clock.monotonic() - started))
         return namespace_wide(cls, connection_answered=answered)
 
     def _budget(
@@ -191,16 +180,16 @@ class AttemptLoop:
     ) -> float | None:
         """The deadline of the next attempt; None when ``state`` is failed over by now (divert instead)."""
         if state is not None:
-            self._emit(tally, state.check())
+            self.emit(tally, state.check())
             if state.state is EntityState.FAILED_OVER:
                 return None
-            return state.attempt_budget(float(self._config.send_timeout), self._transport().connected(target))
+            return state.attempt_budget(float(self.config.send_timeout), self.transport().connected(target))
         if where is Where.BACKLOG:
             return min(
-                float(self._config.send_timeout),
-                max(0.05, self._policy.backlog_budget - (self._clock.monotonic() - began)),
+                float(self.config.send_timeout),
+                max(0.05, self.policy.backlog_budget - (self.clock.monotonic() - began)),
             )
-        return self._probe_budget
+        return self.probe_budget
 
     def error(self, result: Attempted, namespace: str, entity: str) -> SendError:
         """The :class:`SendError` a loop that ended without success (and without a decision the caller acts on)
@@ -210,9 +199,9 @@ class AttemptLoop:
         if cls.fail_batch:
             return self._config_error(cls, exc, namespace, entity)
         if cls.retry and not cls.fail_over:
-            busy = self._policy
+            busy = self.policy
             return ServerBusyError(
-                f"the {namespace} namespace {namespace_description(self._config.primary)} kept answering "
+                f"the {namespace} namespace {namespace_description(self.config.primary)} kept answering "
                 f"{cls.name} for entity {entity!r} (up to {busy.busy_retries} retries, {busy.busy_wait:.0f} s); "
                 "not failing over (throttling is not an outage); the task fails so that Spark retries it",
                 error_class=cls,
@@ -223,7 +212,7 @@ class AttemptLoop:
         )
 
     def _config_error(self, cls: ErrorClass, exc: BaseException, namespace: str, entity: str) -> SendError:
-        ns = self._config.primary if namespace == PRIMARY else self._config.secondary
+        ns = self.config.primary if namespace == PRIMARY else self.config.secondary
         where = f"entity {entity!r} in the {namespace} namespace {namespace_description(ns)}"
         if cls.name == "unauthorized":
             text = (

@@ -11,6 +11,7 @@ open backlog batch per backlog queue in a call (``backlog_queue_count``), the ca
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
 
 from spark_sb.attempts import AttemptLoop, Progress
@@ -89,6 +90,7 @@ class Rejects:
         tally.rejects.append(reject)
 
 
+@dataclass(eq=False, kw_only=True)
 class Diverter:
     """Sends a failed-over entity's messages to the backlog queues of the secondary namespace, for one sender.
 
@@ -102,28 +104,15 @@ class Diverter:
         ensure_prober: a divert needs the failed-over entities probed (B8).
     """
 
-    def __init__(
-        self,
-        *,
-        config: ServiceBusConfig,
-        clock: Clock,
-        registry: FailoverRegistry,
-        chooser: BacklogChooser,
-        secondary_key: str,
-        transport: Callable[[], Transport],
-        loop: AttemptLoop,
-        rejects: Rejects,
-        ensure_prober: Callable[[], None],
-    ) -> None:
-        self._config = config
-        self._clock = clock
-        self._registry = registry
-        self._chooser = chooser
-        self._secondary_key = secondary_key
-        self._transport = transport
-        self._loop = loop
-        self._rejects = rejects
-        self._ensure_prober = ensure_prober
+    config: ServiceBusConfig
+    clock: Clock
+    registry: FailoverRegistry
+    chooser: BacklogChooser
+    secondary_key: str
+    transport: Callable[[], Transport]
+    loop: AttemptLoop
+    rejects: Rejects
+    ensure_prober: Callable[[], None]
 
     def divert(
         self,
@@ -136,8 +125,8 @@ class Diverter:
         goes out at once, the rest with the call's other open backlog batches at its end. Not flushed here: a
         namespace outage diverts every entity's batch, and one backlog send per entity would cost a round trip
         per entity (F1)."""
-        self._ensure_prober()
-        default = self._config.entity
+        self.ensure_prober()
+        default = self.config.entity
         ahead = progress.ahead() if progress is not None and progress.ahead is not None else None
         for i, m in enumerate(messages):
             made = ahead[i] if ahead is not None else None
@@ -157,7 +146,7 @@ class Diverter:
         session = msg.session_id
         queue = tally.sticky.get(entity) if session is None else None
         if queue is None:
-            queue = self._chooser.choose(entity, session)
+            queue = self.chooser.choose(entity, session)
             if queue is None:
                 raise self._no_backlog(entity)
             if session is None:  # the sticky choice holds until the next batch boundary (see _deliver)
@@ -165,7 +154,7 @@ class Diverter:
         slot = backlog.get(queue)
         if slot is None:
             slot = backlog[queue] = Open(
-                self._transport().new_batch(Target(SECONDARY, queue)), self._clock.now()
+                self.transport().new_batch(Target(SECONDARY, queue)), self.clock.now()
             )
         try:  # the failed-over hot path (translated and encoded once)
             if slot.batch.try_add_backlog(msg, entity, slot.started, made):
@@ -173,10 +162,10 @@ class Diverter:
                 slot.entities.append(entity)
                 return False
         except (ValueError, TypeError) as err:  # RejectError is a ValueError
-            self._rejects.cannot_build(tally, msg, err, entity, index)
+            self.rejects.cannot_build(tally, msg, err, entity, index)
             return False
         if len(slot.batch) == 0:
-            self._rejects.oversize(tally, msg, entity, slot.batch, index, translated=True)
+            self.rejects.oversize(tally, msg, entity, slot.batch, index, translated=True)
             return False
         del backlog[queue]
         self._send(slot, backlog, tally)
@@ -196,14 +185,14 @@ class Diverter:
         elsewhere (B5)."""
         tally.sticky.clear()  # a batch boundary: a queue may be pulled now (here or by another sender)
         batch = slot.batch
-        if not self._registry.rotation.is_available(self._secondary_key, batch.target.entity):
+        if not self.registry.rotation.is_available(self.secondary_key, batch.target.entity):
             # its queue was pulled while it was packed (settling the batch before it): send it elsewhere
             for m, entity in zip(slot.originals, slot.entities, strict=True):
                 self.to_backlog(backlog, m, entity, None, tally)
             return
         queue = batch.target.entity
-        transport = self._transport()
-        result = self._loop.run(
+        transport = self.transport()
+        result = self.loop.run(
             Where.BACKLOG,
             lambda timeout: transport.send(batch, timeout),
             tally,
@@ -217,7 +206,7 @@ class Diverter:
         if verb is Verb.SPLIT:
             half = len(slot.originals) // 2
             for lo, hi in ((0, half), (half, len(slot.originals))):
-                sub = Open(self._transport().new_batch(batch.target), slot.started)
+                sub = Open(self.transport().new_batch(batch.target), slot.started)
                 for i in range(lo, hi):
                     if not sub.batch.try_add_backlog(slot.originals[i], slot.entities[i], slot.started):
                         raise SendError("internal error: a split batch does not fit")  # pragma: no cover
@@ -227,34 +216,34 @@ class Diverter:
         elif verb is Verb.REJECT:
             reason = "message too large after backlog translation: refused by the service"
             for m, entity in zip(slot.originals, slot.entities, strict=True):
-                self._rejects.reject(tally, m, RejectError(reason), entity, None)
+                self.rejects.reject(tally, m, RejectError(reason), entity, None)
         elif verb is Verb.PULL:
             assert result.error_class is not None and result.error is not None
-            until = self._clock.monotonic() + float(self._config.backlog_retry_interval)
+            until = self.clock.monotonic() + float(self.config.backlog_retry_interval)
             tally.pulls.append(
-                self._registry.rotation.pull(
-                    self._secondary_key, queue, until, result.error_class.name, describe_error(result.error)
+                self.registry.rotation.pull(
+                    self.secondary_key, queue, until, result.error_class.name, describe_error(result.error)
                 )
             )
             for m, entity in zip(slot.originals, slot.entities, strict=True):
                 self.to_backlog(backlog, m, entity, None, tally)
         else:
-            raise self._loop.error(result, SECONDARY, queue)
+            raise self.loop.error(result, SECONDARY, queue)
 
     def warm(self, entity: str) -> None:
         """The entity started failing: open the link to its backlog queue now, so a failover diverts at once."""
-        queue = self._chooser.choose(entity) if self._config.secondary is not None else None
+        queue = self.chooser.choose(entity) if self.config.secondary is not None else None
         if queue is not None:
-            self._transport().warm(Target(SECONDARY, queue))
+            self.transport().warm(Target(SECONDARY, queue))
 
     def _no_backlog(self, entity: str) -> NoBacklogAvailableError:
-        if self._config.secondary is None or not self._chooser.queues:
+        if self.config.secondary is None or not self.chooser.queues:
             why = "no secondary namespace / backlog queues are configured"
         else:
-            pulled = ", ".join(p.queue for p in self._registry.rotation.pulled(self._secondary_key))
+            pulled = ", ".join(p.queue for p in self.registry.rotation.pulled(self.secondary_key))
             why = f"every backlog queue is pulled from the rotation ({pulled})"
         return NoBacklogAvailableError(
             f"entity {entity!r} is failed over on the primary namespace "
-            f"{namespace_description(self._config.primary)} and {why}; the task fails so that Spark retries "
+            f"{namespace_description(self.config.primary)} and {why}; the task fails so that Spark retries "
             "the batch (messages not counted as sent were not sent)"
         )

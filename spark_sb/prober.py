@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from spark_sb.backlog import PROBE_SCHEDULE_AHEAD, probe_message
@@ -33,6 +34,7 @@ _LOGGER = logging.getLogger(__name__)
 Retry = Callable[[Callable[[float], object], Target], tuple[ErrorClass | None, BaseException | None]]
 
 
+@dataclass(eq=False, kw_only=True)
 class Prober:
     """Probes the failed-over entities of one primary namespace for one sender.
 
@@ -48,35 +50,21 @@ class Prober:
         background: probe on helper threads (False: inline, deterministic under a fake clock).
     """
 
-    def __init__(
-        self,
-        *,
-        primary_key: str,
-        mode: str,
-        registry: FailoverRegistry,
-        clock: Clock,
-        transport: Callable[[], Transport],
-        entity: Callable[[str], EntityFailover],
-        budget: float,
-        retry: Retry,
-        namespace_wide: Callable[[ErrorClass, Target, float], bool],
-        background: bool,
-    ) -> None:
-        self._primary_key = primary_key
-        self._mode = mode
-        self._registry = registry
-        self._clock = clock
-        self._transport = transport
-        self._entity = entity
-        self.budget = budget
-        self._retry = retry
-        self._namespace_wide = namespace_wide
-        self.background = background
-        self._finished: list[tuple[ProbeRecord, list[StateTransition]]] = []
-        self._finished_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._thread_lock = threading.Lock()
-        self._stopping = threading.Event()
+    primary_key: str
+    mode: str
+    registry: FailoverRegistry
+    clock: Clock
+    transport: Callable[[], Transport]
+    entity: Callable[[str], EntityFailover]
+    budget: float
+    retry: Retry
+    namespace_wide: Callable[[ErrorClass, Target, float], bool]
+    background: bool
+    _finished: list[tuple[ProbeRecord, list[StateTransition]]] = field(default_factory=list, init=False)
+    _finished_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _thread: threading.Thread | None = field(default=None, init=False)
+    _thread_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _stopping: threading.Event = field(default_factory=threading.Event, init=False)
 
     # -- the sender's side
     def ensure_running(self) -> None:
@@ -139,7 +127,7 @@ class Prober:
         a thousand failed-over entities come back in one round of link openings, not one per entity)."""
         if len(claimed) > 1:
             try:
-                self._transport().prepare([Target(PRIMARY, s.entity) for s in claimed], self.budget)
+                self.transport().prepare([Target(PRIMARY, s.entity) for s in claimed], self.budget)
             except Exception as exc:  # each probe meets (and records) the failure itself
                 _LOGGER.info("opening the links of %d probes failed: %s", len(claimed), describe_error(exc))
         for state in claimed:
@@ -151,24 +139,24 @@ class Prober:
     def failed_over(self) -> list[EntityFailover]:
         """The primary's entities that are failed over now (in this process)."""
         return [
-            self._entity(s.entity)
-            for s in self._registry.statuses()
-            if s.namespace == self._primary_key and s.state is EntityState.FAILED_OVER
+            self.entity(s.entity)
+            for s in self.registry.statuses()
+            if s.namespace == self.primary_key and s.state is EntityState.FAILED_OVER
         ]
 
     def probe(self, entity: str, state: EntityFailover) -> None:
         """Probe ``entity`` once; the record and the transitions it causes wait for :meth:`collect`."""
-        mode = self._mode
+        mode = self.mode
         target = Target(PRIMARY, entity)
         msg = probe_message(entity, mode)
-        at = self._clock.now()
-        transport = self._transport()
+        at = self.clock.now()
+        transport = self.transport()
         sequence_number: int | None = None
         cancel_attempts = 0
         cancel_ok: bool | None = None
         detail = ""
         budget = self.budget
-        began = self._clock.monotonic()
+        began = self.clock.monotonic()
         try:
             if mode == "ping":
                 batch = transport.new_batch(target)
@@ -186,7 +174,7 @@ class Prober:
                     tries.append(1)
                     transport.cancel_scheduled(target, number, timeout)
 
-                error_class, error = self._retry(cancel, target)
+                error_class, error = self.retry(cancel, target)
                 cancel_attempts = len(tries)
                 if error_class is None:
                     cancel_ok = True
@@ -212,7 +200,7 @@ class Prober:
             record = ProbeRecord(
                 entity, mode, at, False, cls.name, describe_error(exc), sequence_number, cancel_attempts
             )
-            wide = self._namespace_wide(cls, target, began)
+            wide = self.namespace_wide(cls, target, began)
             self._finish(
                 record, state.record_probe(False, cls.name, describe_error(exc), namespace_wide=wide)
             )
