@@ -21,7 +21,7 @@ SPARK_PAIR = import sys, pyspark, importlib.metadata as m; from spark_sb.session
 	print("== Spark pair:", "pyspark", pyspark.__version__, "+ delta-spark", m.version("delta-spark"), \
 	"(jars", delta_packages() + ";", "venv", sys.prefix + ")", flush=True)
 
-.PHONY: install jars test test-fast lint demo bench wheel clean test-azure spark-pair test-spark-oldest
+.PHONY: install jars test test-fast lint demo bench wheel clean test-azure jars-oldest test-spark-oldest
 
 $(STAMP): pyproject.toml servicebus_local/pyproject.toml $(CONSTRAINTS)
 	$(PY) -m venv $(VENV)
@@ -40,18 +40,17 @@ $(JARS): $(STAMP)
 
 jars: $(JARS)
 
-spark-pair: $(STAMP)
-	@$(BIN)/python -c '$(SPARK_PAIR)'
-
 # The whole suite (unit, local namespace, Spark; slow tests included), and the local namespace's own tests.
 test: jars
 	@$(BIN)/python -c '$(SPARK_PAIR)'
 	$(BIN)/python -m pytest tests servicebus_local/tests
 
 # The Spark tier on the oldest pair: the same rules as above with VENV and CONSTRAINTS set (.venv-oldest has
-# its own stamp and Delta jars step).
-test-spark-oldest:
+# its own stamp and Delta jars step). `make jars-oldest` only builds .venv-oldest and fetches its Delta jars.
+jars-oldest:
 	@$(MAKE) --no-print-directory VENV=$(OLDEST_VENV) CONSTRAINTS=$(OLDEST_CONSTRAINTS) jars
+
+test-spark-oldest: jars-oldest
 	@$(OLDEST_VENV)/bin/python -c '$(SPARK_PAIR)'
 	$(OLDEST_VENV)/bin/python -m pytest $(SPARK_TIER) -m spark
 

@@ -409,3 +409,70 @@ def test_the_spark_ranges_admit_only_tried_pairs() -> None:
         minor = ".".join(version.split(".")[:2])
         assert any(Version(d) in delta for d in TRIED_PAIRS[minor]), (version, delta)
     assert Version("4.0.0") not in pyspark  # never tried
+
+
+def _pins(name: str) -> dict[str, str]:
+    """The exact pins of a constraints file, by normalized distribution name."""
+    pins = {}
+    for line in (ROOT / name).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            dist, _, version = line.partition("==")
+            assert version, f"{name}: not an exact pin: {line}"
+            pins[_requirement_name(dist)] = version
+    return pins
+
+
+def _lower_bound(spec: str) -> tuple[int, ...]:
+    """major.minor of a range's ``>=`` bound (``pyspark>=4.0.1,<=4.2.0`` -> (4, 0))."""
+    from packaging.version import Version
+
+    (bound,) = re.findall(r">=\s*([\w.]+)", spec)
+    return Version(bound).release[:2]
+
+
+def test_the_oldest_pair_is_the_oldest_the_spark_ranges_admit() -> None:
+    """constraints-oldest.txt pins the oldest pair of the `spark` extra: the newest tried patch of the oldest
+    pyspark minor the range admits, with the oldest tried delta-spark for it (which must be in the oldest
+    delta-spark minor the range admits); everything else pinned as in the development set."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    spark = {_requirement_name(r): r for r in PROJECT["optional-dependencies"]["spark"]}
+    pyspark = SpecifierSet(spark["pyspark"][len("pyspark") :])
+    delta = SpecifierSet(spark["delta-spark"][len("delta-spark") :])
+    oldest, dev = _pins("constraints-oldest.txt"), _pins("constraints-dev.txt")
+
+    minor = _lower_bound(spark["pyspark"])
+    assert Version(oldest["pyspark"]) in pyspark
+    assert Version(oldest["pyspark"]).release[:2] == minor, (oldest["pyspark"], spark["pyspark"])
+    newest_tried_patch = max((v for v in TRIED_PYSPARK if Version(v).release[:2] == minor), key=Version)
+    assert oldest["pyspark"] == newest_tried_patch
+    tried_delta = [d for d in TRIED_PAIRS[".".join(map(str, minor))] if Version(d) in delta]
+    assert oldest["delta-spark"] == min(tried_delta, key=Version)
+    assert Version(oldest["delta-spark"]).release[:2] == _lower_bound(spark["delta-spark"])
+    # a second pair, not the pinned one again
+    assert (oldest["pyspark"], oldest["delta-spark"]) != (dev["pyspark"], dev["delta-spark"])
+    assert set(oldest) == set(dev), sorted(set(oldest) ^ set(dev))
+
+
+def test_ci_runs_the_spark_tier_on_both_pairs() -> None:
+    """`make test` (the pinned pair, whole suite) and `make test-spark-oldest` (the oldest pair, the Spark tier:
+    tests/spark and tests/acceptance) both run in .ci/run; the second builds its own venv from
+    constraints-oldest.txt with every extra, and each run says which pair it is on."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^OLDEST_CONSTRAINTS := constraints-oldest\.txt$", makefile, re.M)
+    assert re.search(r"^OLDEST_VENV := \.venv-oldest$", makefile, re.M)
+    (tier,) = re.findall(r"^SPARK_TIER := (.+)$", makefile, re.M)
+    assert set(tier.split()) == {"tests/spark", "tests/acceptance"}  # every directory marked `spark`
+    recipes = dict(re.findall(r"^([\w-]+):[^\n]*\n((?:\t[^\n]*\n)*)", makefile, re.M))
+    oldest = recipes["test-spark-oldest"]
+    # the same install rule as .venv (every extra, the local namespace editable), with the oldest constraints
+    assert re.search(r"^test-spark-oldest: jars-oldest$", makefile, re.M)
+    assert "VENV=$(OLDEST_VENV) CONSTRAINTS=$(OLDEST_CONSTRAINTS) jars" in recipes["jars-oldest"]
+    assert "$(SPARK_PAIR)" in oldest and "$(SPARK_PAIR)" in recipes["test"]
+    assert re.search(r"^\t\$\(OLDEST_VENV\)/bin/python -m pytest \$\(SPARK_TIER\)", oldest, re.M)
+    assert ".venv-oldest/" in (ROOT / ".gitignore").read_text().splitlines()
+    commands = [line.split("#", 1)[0].strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert "make test-spark-oldest" in commands, "CI no longer runs the Spark tier on the oldest pair"
+    assert "make test" in commands, "CI no longer runs the whole suite on the pinned pair"
