@@ -287,15 +287,26 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float:
 
 
 def resource_table(samples: list[tuple[float, dict[str, float]]], run_seconds: float) -> list[str]:
+    """First, last and max of each figure, its growth per hour (least squares) after the first tenth of the run
+    and over the second half alone (a figure still warming up grows in the first, a leak in both), and every
+    sample (so a plateau shows)."""
     warm = [s for s in samples if s[0] >= run_seconds / 10] or samples
+    late = [s for s in samples if s[0] >= samples[-1][0] / 2] or samples
     lines = [
-        f"{'figure':<18} {'first':>9} {'last':>9} {'max':>9} {'growth/h':>10}   "
-        f"({len(samples)} samples; growth over {len(warm)} after {run_seconds / 10:.0f} s)"
+        f"{'figure':<18} {'first':>9} {'last':>9} {'max':>9} {'growth/h':>10} {'2nd half/h':>11}   "
+        f"({len(samples)} samples; growth over {len(warm)} after {run_seconds / 10:.0f} s, and over the "
+        f"{len(late)} of the second half)"
     ]
     for name, scale in METRICS:
         values = [v[name] * scale for _, v in samples]
         slope = slope_per_hour([(t, v[name] * scale) for t, v in warm])
-        lines.append(f"{name:<18} {values[0]:>9.1f} {values[-1]:>9.1f} {max(values):>9.1f} {slope:>+10.1f}")
+        second = slope_per_hour([(t, v[name] * scale) for t, v in late])
+        lines.append(
+            f"{name:<18} {values[0]:>9.1f} {values[-1]:>9.1f} {max(values):>9.1f} {slope:>+10.1f} {second:>+11.1f}"
+        )
+    lines.append("samples (minute: " + ", ".join(name for name, _ in METRICS) + "):")
+    for t, v in samples:
+        lines.append(f"  {t / 60:5.1f}: " + " ".join(f"{v[name] * scale:.0f}" for name, scale in METRICS))
     return lines
 
 
