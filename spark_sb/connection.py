@@ -154,7 +154,7 @@ class SharedConnection:
             return
         self.dropped += 1
         _LOGGER.info("a connection was dropped (%s); a new one is opened on next use", why)
-        _shut_down(connection)
+        shut_down_connection(connection)
         with contextlib.suppress(Exception):  # closing a dead connection may fail; it is being dropped anyway
             connection.close()
 
@@ -170,7 +170,7 @@ class SharedConnection:
             self.discard("closed" if self.broken else f"silent for more than {SILENT_AFTER:.3g} s")
             return
         try:
-            with _short_reads(self.connection):
+            with short_reads(self.connection):
                 self.connection.listen(batch=64)
         except Exception as exc:
             self.discard(f"reading it failed: {type(exc).__name__}")
@@ -263,7 +263,7 @@ class SharedConnection:
                 self.drop(entity)
             waiting.append(entity)
         if waiting:
-            with _short_reads(self.connection):
+            with short_reads(self.connection):
                 self._pump(waiting, deadline, silence, errors)
         return errors
 
@@ -322,7 +322,7 @@ class SharedConnection:
         handler: Any = sender._handler
         handler.open(connection=self.connection)  # a session and CBS links on the shared connection
         session = handler._session
-        session.end = functools.partial(_end_session, session, session.end)
+        session.end = functools.partial(end_session_after_links, session, session.end)
         return sender
 
     @staticmethod
@@ -377,7 +377,7 @@ class SharedConnection:
         """Shut the connection's socket down so that a call stuck in it returns with an error (the lane's unblock:
         runs on another thread than the stuck call's; touches nothing but the socket). Never raises."""
         if self.connection is not None:
-            _shut_down(self.connection)
+            shut_down_connection(self.connection)
 
     def close(self) -> None:
         """Close the connection and every link on it (the lane's close, on its worker)."""
@@ -439,7 +439,7 @@ PUMP_READ_TIMEOUT = 0.005
 
 
 @contextlib.contextmanager
-def _short_reads(connection: Any) -> Iterator[None]:
+def short_reads(connection: Any) -> Iterator[None]:
     sock = getattr(getattr(connection, "_transport", None), "sock", None)
     previous = sock.gettimeout() if sock is not None else None
     if sock is not None:
@@ -499,7 +499,9 @@ def open_connection(client: ServiceBusClient, timeout: float) -> Any:
     return connection
 
 
-def _end_session(session: Any, end: Callable[..., None], error: Any = None, wait: bool = False) -> None:
+def end_session_after_links(
+    session: Any, end: Callable[..., None], error: Any = None, wait: bool = False
+) -> None:
     """End a session on a shared connection after detaching its links: pyamqp's ``Session.end`` sends the end
     first and then detaches the links still attached (a management link's, say), and the service closes the whole
     connection - every other entity's link with it - for a frame on a channel that has ended ("no such
@@ -516,10 +518,10 @@ def shut_down_socket(handler_owner: Any) -> None:
     negotiation, which has no timeout) returns with an error. Reads SDK internals; best effort, never raises.
     Called from a thread other than the stuck one (a lane's unblock)."""
     handler = getattr(handler_owner, "_handler", None)
-    _shut_down(getattr(handler, "_connection", None))
+    shut_down_connection(getattr(handler, "_connection", None))
 
 
-def _shut_down(connection: Any) -> None:
+def shut_down_connection(connection: Any) -> None:
     import socket
 
     transport = getattr(connection, "_transport", None)

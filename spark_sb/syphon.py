@@ -21,13 +21,14 @@ default), restores each message with :func:`spark_sb.backlog.from_backlog`, send
   dead-lettered on its own (max delivery count reached, lock lost); what the syphon parked there on purpose
   (expired in the backlog, not a backlog message) stays, with its reason.
 * **Deadlines.** Every call has one that holds whatever the SDK does: sends to the primary go through
-  :class:`~spark_sb.transport.SdkTransport` lanes; each backlog queue's receiver lives in its own
-  :class:`~spark_sb.lane.Lane` (receive: ``max_wait + send_timeout``; settle: ``send_timeout``), so a secondary
-  that stopped answering (even before SASL) never hangs the caller: the receiver is abandoned and rebuilt.
+  :class:`~spark_sb.transport.SdkTransport` lanes; the backlog receivers are links on one connection in one
+  :class:`~spark_sb.lane.Lane` (:mod:`spark_sb.shared_receivers`; receive: ``max_wait + send_timeout``; settle:
+  ``send_timeout``), so a secondary that stopped answering (even before SASL) never hangs the caller: the
+  connection is abandoned and rebuilt.
 
 This module is the drain loop (receive, sort, probe, forward, settle). What it decides on plain data (the
 outcome type, the restore and parking rules, the entity gate) is :mod:`spark_sb.syphon_rules`, re-exported here;
-the backlog receivers and how messages are settled are :mod:`spark_sb.syphon_receivers`.
+how received messages are settled is :mod:`spark_sb.syphon_receivers`, the receivers :mod:`spark_sb.shared_receivers`.
 
 Where it runs: in whichever process calls it (executors' Python workers in the Spark syphon job,
 :mod:`spark_sb.syphon_job`; the driver in tests and tools). It builds its clients lazily from the (picklable)
@@ -48,10 +49,10 @@ from typing import TYPE_CHECKING
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import ServiceBusConfig
 from spark_sb.lane import Lane
+from spark_sb.shared_receivers import ReceiverLane, Receiving, SharedReceivers, receivers_lane
 from spark_sb.syphon_receivers import (
     Held,
     Pairs,
-    Receiving,
     SettleAction,
     abandon,
     as_utc,
@@ -59,7 +60,6 @@ from spark_sb.syphon_receivers import (
     dead_letter_action,
     from_received,
     path_of,
-    receiver_lane,
     settle,
     text_of,
 )
@@ -138,8 +138,10 @@ class Syphon:
         # Sends to the primary go through lanes (one per entity): each has a deadline (send_timeout) that holds
         # whatever the SDK does, and a stuck client is abandoned and rebuilt (SPEC B3, R1).
         self._primary = SdkTransport(config)
-        # Receivers: one lane per (backlog queue, sub-queue), each with its own client and thread.
-        self._receivers: dict[tuple[str, bool], Lane[Receiving]] = {}
+        # Receivers: links on one connection to the secondary, in one lane (one thread): the queues are drained
+        # one after another (SPEC F2). The views are bounded by the (backlog queue, sub-queue) pairs.
+        self._receiving: Lane[SharedReceivers] = receivers_lane(config)
+        self._receivers: dict[tuple[str, bool], ReceiverLane] = {}
         self._lock = threading.Lock()
         self._cancelled = threading.Event()
 
@@ -163,10 +165,8 @@ class Syphon:
     def close(self) -> None:
         """Close every receiver, sender and client (in the background: never blocks)."""
         with self._lock:
-            lanes = list(self._receivers.values())
             self._receivers.clear()
-        for lane in lanes:
-            lane.close()
+        self._receiving.close()
         self._primary.close()
 
     def __enter__(self) -> Syphon:
@@ -176,24 +176,21 @@ class Syphon:
         self.close()
 
     # -- receivers -----------------------------------------------------------------------------------------
-    def _lane(self, queue: str, dead_letter: bool) -> Lane[Receiving]:
+    def _lane(self, queue: str, dead_letter: bool) -> ReceiverLane:
         key = (queue, dead_letter)
         with self._lock:
             lane = self._receivers.get(key)
             if lane is None:
-                lane = receiver_lane(self.config, queue, dead_letter)
-                self._receivers[key] = lane
+                lane = self._receivers[key] = ReceiverLane(self._receiving, queue, dead_letter)
             return lane
 
     def _replace_receiver(self, queue: str, dead_letter: bool, why: str) -> None:
-        """A faulted receiver is replaced: its lane is reset (closed in the background), rebuilt on next use."""
-        with self._lock:
-            lane = self._receivers.get((queue, dead_letter))
-        if lane is not None:
-            lane.reset(why)
+        """A faulted receiver is replaced: the receivers' connection is dropped (closed in the background) and
+        opened again on next use. Draining is sequential: no other queue's messages are held now."""
+        self._receiving.reset(f"{queue}{' (dead-letter)' if dead_letter else ''}: {why}")
 
     def _settle(
-        self, lane: Lane[Receiving], held: Sequence[Held], action: SettleAction, outcome: SyphonOutcome
+        self, lane: ReceiverLane, held: Sequence[Held], action: SettleAction, outcome: SyphonOutcome
     ) -> None:
         """Settle ``held`` on their receiver's lane thread (:func:`~spark_sb.syphon_receivers.settle`, deadline
         ``send_timeout``): failures are counted, never raised (B11)."""
@@ -283,7 +280,10 @@ class Syphon:
                         continue
                     outcome.errors.append(f"{queue}: receive failed: {type(exc).__name__}")
                     log.warning(
-                        "syphon: receive from %s failed (%s); receiver replaced", queue, type(exc).__name__
+                        "syphon: receive from %s failed (%s); receiver replaced",
+                        queue,
+                        type(exc).__name__,
+                        exc_info=log.isEnabledFor(logging.DEBUG),
                     )
                     self._replace_receiver(queue, dead_letter, "receive failed")
                     self._add(into, outcome)
@@ -321,7 +321,7 @@ class Syphon:
             into.__dict__.update(merged.__dict__)
 
     def _move(
-        self, lane: Lane[Receiving], held: Pairs, outcome: SyphonOutcome, dead_letter: bool, parked: Pairs
+        self, lane: ReceiverLane, held: Pairs, outcome: SyphonOutcome, dead_letter: bool, parked: Pairs
     ) -> bool:
         """Sort one receive batch: probes dropped, parked kept, expired and invalid dead-lettered, the rest
         forwarded per entity (or abandoned). True when anything left the queue (worth another receive)."""
@@ -458,7 +458,7 @@ class Syphon:
             )
 
     def _forward(
-        self, lane: Lane[Receiving], entity: str, pairs: Pairs, outcome: SyphonOutcome, dead_letter: bool
+        self, lane: ReceiverLane, entity: str, pairs: Pairs, outcome: SyphonOutcome, dead_letter: bool
     ) -> BaseException | None:
         """Send to the primary entity in size-packed batches, each within ``send_timeout``; complete each batch's
         messages after the primary accepted it. On a failure the rest is abandoned and the failure returned."""
@@ -496,7 +496,7 @@ class Syphon:
 
     def _send_and_complete(
         self,
-        lane: Lane[Receiving],
+        lane: ReceiverLane,
         batch: SdkBatch,
         pending: Pairs,
         entity: str,
@@ -511,7 +511,7 @@ class Syphon:
             outcome.moved_ids.extend((entity, text_of(h.msg.message_id)) for h in pending)
         self._settle(lane, pending, complete, outcome)
 
-    def _abandon(self, lane: Lane[Receiving], pairs: Pairs, outcome: SyphonOutcome) -> None:
+    def _abandon(self, lane: ReceiverLane, pairs: Pairs, outcome: SyphonOutcome) -> None:
         for h in pairs:
             outcome.abandoned += 1
             outcome._count(outcome.abandoned_by_entity, h.restored.entity if h.restored else path_of(h.msg))

@@ -1,17 +1,13 @@
-"""The syphon's backlog side: one peek-lock receiver per (backlog queue, sub-queue) in its own
-:class:`~spark_sb.lane.Lane`, the messages it received (:class:`Held`), and how they are settled (complete,
-abandon, dead-letter) on the lane's thread within a deadline (SPEC B11, B12).
+"""The syphon's backlog side: the messages its receivers received (:class:`Held`), and how they are settled
+(complete, abandon, dead-letter) on the receivers' lane thread within a deadline (SPEC B11, B12). The receivers
+themselves are links on one connection (:mod:`spark_sb.shared_receivers`).
 
-* :func:`receiver_lane` builds a lane whose context is one ``ServiceBusClient`` of the secondary and its receiver
-  (prefetch ``syphon.prefetch``, retries off: the lane's deadline holds, and a stuck receiver is abandoned and
-  rebuilt).
 * :func:`settle` settles held messages in one lane call (deadline ``send_timeout``); a message from a receiver
   that was replaced since, or a settle that fails, is counted in the :class:`~spark_sb.syphon_rules.SyphonOutcome`
   and never raised: its lock runs out and it is redelivered.
 
 Where it runs: in the process of the :class:`~spark_sb.syphon.Syphon` that drains (executors' Python workers in
-the Spark syphon job; the driver in tests and tools); each receiver is used by its lane's thread only. Nothing
-here is picklable but the config the lanes are built from.
+the Spark syphon job; the driver in tests and tools), on the receivers' lane thread. Nothing here is picklable.
 """
 
 from __future__ import annotations
@@ -23,69 +19,17 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.config import ServiceBusConfig
-from spark_sb.lane import Lane
 from spark_sb.message import OutboundMessage
+from spark_sb.shared_receivers import ReceiverLane, Receiving
 from spark_sb.syphon_rules import DEAD_LETTER_PROPERTIES, SyphonOutcome
-from spark_sb.transport import shut_down_socket
 
 if TYPE_CHECKING:  # pragma: no cover
-    from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver
+    from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiver
 
 log = logging.getLogger(__name__)
 
 #: What a settle does to one message, on the receiver lane's thread.
 SettleAction = Callable[["ServiceBusReceiver", "ServiceBusReceivedMessage"], None]
-
-
-class Receiving:
-    """A receiver lane's context: one ``ServiceBusClient`` and its peek-lock receiver (used by its lane's thread
-    only)."""
-
-    __slots__ = ("client", "receiver")
-
-    def __init__(self, client: ServiceBusClient, receiver: ServiceBusReceiver) -> None:
-        self.client = client
-        self.receiver = receiver
-
-
-def close_receiving(ctx: Receiving) -> None:
-    # Closing a peek-lock receiver releases what it still holds (the SDK drains and releases the link).
-    for obj in (ctx.receiver, ctx.client):
-        try:
-            obj.close()
-        except Exception as exc:  # noqa: BLE001 - closing a broken client may fail; it is dropped anyway
-            log.debug("closing %s failed: %s", type(obj).__name__, type(exc).__name__)
-
-
-def unblock_receiving(ctx: Receiving) -> None:
-    """Shut the receiver's socket down so a call stuck in it (SASL without a timeout) returns. Best effort."""
-    shut_down_socket(ctx.receiver)
-
-
-def receiver_lane(config: ServiceBusConfig, queue: str, dead_letter: bool) -> Lane[Receiving]:
-    """The lane of one backlog queue's receiver (its dead-letter queue with ``dead_letter``): its own client of
-    the secondary and its own thread; the receiver is built (and its link opened) at the lane's first call."""
-    assert config.secondary is not None
-    secondary = config.secondary
-
-    def build() -> Receiving:
-        from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
-
-        client = secondary.client(**{**config.client_kwargs(), "retry_total": 0})
-        receiver = client.get_queue_receiver(
-            queue,
-            sub_queue=ServiceBusSubQueue.DEAD_LETTER if dead_letter else None,
-            receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-            prefetch_count=config.syphon_prefetch,
-        )
-        # Open the link here (inside the call's deadline), not inside the first receive, where it
-        # would count against max_wait_time.
-        receiver.__enter__()
-        return Receiving(client, receiver)
-
-    name = f"syphon-{queue}{'-dlq' if dead_letter else ''}"
-    return Lane(name, build, close_receiving, unblock_receiving)
 
 
 @dataclass
@@ -101,7 +45,7 @@ Pairs = list[Held]
 
 
 def settle(
-    lane: Lane[Receiving],
+    lane: ReceiverLane,
     held: Sequence[Held],
     action: SettleAction,
     outcome: SyphonOutcome,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -200,3 +201,27 @@ def test_a_blackholed_primary_never_hangs_the_syphon(pair: Any) -> None:
         moved = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
     assert moved.forwarded == {"orders": 3}
     assert sorted(str(m.message_id) for m in _take(pair.primary, "orders")) == ["m0", "m1", "m2"]
+
+
+def test_the_receivers_of_every_backlog_queue_share_one_connection(namespace_pair: Any) -> None:
+    """SPEC F2 (issue 20 item 6): a syphon draining 8 backlog queues and their dead-letter queues opens one
+    connection to the secondary for all 16 receivers - links on it, in one lane - not one per receiver."""
+    queues = [f"primary/x-servicebus-transfer/{i}" for i in range(8)]
+    namespace_pair.primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
+    for name in queues:
+        namespace_pair.secondary.broker.create_queue(name, QueueSettings(lock_duration=timedelta(seconds=30)))
+    now = datetime.now(timezone.utc)
+    sent = [OutboundMessage(body=f"m{i}", message_id=f"m{i}") for i in range(16)]
+    for i, name in enumerate(queues):
+        _put(namespace_pair.secondary, name, [to_backlog(m, "orders", now) for m in sent[2 * i : 2 * i + 2]])
+    config = replace(_config(namespace_pair), backlog_queue_count=8)
+    before = namespace_pair.secondary.counters()["connections_opened"]
+    with Syphon(config) as syphon:
+        outcome = syphon.drain_all(max_wait=0.3, dead_letter=True)
+        assert outcome.forwarded == {"orders": 16} and not outcome.errors
+        assert namespace_pair.secondary.counters()["connections_opened"] - before == 1
+        # and no thread per receiver (the SDK's keep-alive readers): the lane's one thread tends the connection
+        assert not [t.name for t in threading.enumerate() if "keep_alive" in t.name]
+    assert sorted(str(m.message_id) for m in _take(namespace_pair.primary, "orders")) == sorted(
+        m.message_id or "" for m in sent
+    )
