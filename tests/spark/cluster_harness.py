@@ -70,25 +70,34 @@ def run_batches(
     from tests.spark.connect_stream import _write
 
     seen: list[list[dict[str, Any]]] = []
+    # Every micro-batch's task results: a group's files written one after the other may be picked up by two
+    # micro-batches (a trigger between the writes, on a loaded machine); the group's results are all of them.
+    collected: list[Any] = []
+
+    def each(batch_df: Any, batch_id: int) -> None:
+        sink(batch_df, batch_id)
+        collected.extend(sink.last_results)
+
     try:
         folder = work / "in"
         folder.mkdir()
         query = (
             spark.readStream.schema(schema)
             .json(str(folder))
-            .writeStream.foreachBatch(sink)
+            .writeStream.foreachBatch(each)
             .option("checkpointLocation", str(work / "ckpt"))
             .start()
         )
         try:
             for group in groups:
+                collected.clear()
                 if before is not None:
                     before(group)
                 for f in group:
                     _write(folder, f"{f}.json", files[f])
                 query.processAllAvailable()
                 sink.flush()  # the batch's state writes (a Spark job) done: the next batch finds the executors free
-                seen.append([_result(r) for r in sink.last_results])
+                seen.append([_result(r) for r in collected])
         finally:
             query.stop()
         error = query.exception()
