@@ -23,15 +23,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from spark_sb import connection as amqp
 from spark_sb.config import ServiceBusConfig
-from spark_sb.connection import (
-    SILENT_AFTER,
-    TEND_EVERY,
-    end_session_after_links,
-    open_connection,
-    short_reads,
-    shut_down_connection,
-)
 from spark_sb.lane import Lane
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,10 +65,10 @@ class SharedReceivers:
         deadline = time.monotonic() + timeout
         if self.connection is not None and (_broken(self.connection) or _silent(self.connection)):
             self.discard(
-                "closed" if _broken(self.connection) else f"silent for more than {SILENT_AFTER:.3g} s"
+                "closed" if _broken(self.connection) else f"silent for more than {amqp.SILENT_AFTER:.3g} s"
             )
         if self.connection is None:
-            self.connection = open_connection(self.client, timeout)
+            self.connection = amqp.open_connection(self.client, timeout)
             self.opened += 1
         key = (queue, dead_letter)
         found = self.receivers.get(key)
@@ -115,7 +108,7 @@ class SharedReceivers:
         receiver._handler._keep_alive_interval = 0
         receiver._handler.open(connection=self.connection)  # a session and CBS links on the shared connection
         session = receiver._handler._session
-        session.end = functools.partial(end_session_after_links, session, session.end)
+        session.end = functools.partial(amqp.end_session_after_links, session, session.end)
         return receiver  # type: ignore[no-any-return]
 
     def drop(self, queue: str, dead_letter: bool) -> None:
@@ -133,10 +126,12 @@ class SharedReceivers:
         if connection is None:
             return
         if _broken(connection) or _silent(connection):
-            self.discard("closed" if _broken(connection) else f"silent for more than {SILENT_AFTER:.3g} s")
+            self.discard(
+                "closed" if _broken(connection) else f"silent for more than {amqp.SILENT_AFTER:.3g} s"
+            )
             return
         try:
-            with short_reads(connection):
+            with amqp.short_reads(connection):
                 connection.listen(batch=64)
         except Exception as exc:  # noqa: BLE001 - a dead connection: replaced on next use
             self.discard(f"reading it failed: {type(exc).__name__}")
@@ -163,7 +158,7 @@ class SharedReceivers:
         if connection is None:
             return
         log.info("the syphon's receiver connection was dropped (%s); a new one is opened on next use", why)
-        shut_down_connection(connection)
+        amqp.shut_down_connection(connection)
         for receiver in receivers:
             _quiet_close(receiver)
         with contextlib.suppress(Exception):  # closing a dead connection may fail; it is dropped anyway
@@ -172,7 +167,7 @@ class SharedReceivers:
     def unblock(self) -> None:
         """Shut the connection's socket down so a call stuck in it returns (from another thread). Never raises."""
         if self.connection is not None:
-            shut_down_connection(self.connection)
+            amqp.shut_down_connection(self.connection)
 
     def close(self) -> None:
         """Close every receiver (what they hold is released), the connection and the client (the lane's close)."""
@@ -197,7 +192,7 @@ def _broken(connection: Any) -> bool:
 
 def _silent(connection: Any) -> bool:
     heard: Any = getattr(connection, "_last_frame_received_time", None)
-    return bool(heard) and time.time() - float(heard) > SILENT_AFTER
+    return bool(heard) and time.time() - float(heard) > amqp.SILENT_AFTER
 
 
 def _quiet_close(receiver: ServiceBusReceiver) -> None:
@@ -251,5 +246,5 @@ def receivers_lane(config: ServiceBusConfig) -> Lane[SharedReceivers]:
         SharedReceivers.close,
         SharedReceivers.unblock,
         idle=SharedReceivers.tend,
-        idle_every=TEND_EVERY,
+        idle_every=amqp.TEND_EVERY,
     )
