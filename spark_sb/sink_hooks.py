@@ -136,6 +136,7 @@ def register_exit_hook(sb: FlushingSink) -> None:
         if not _exit_hook_registered:
             atexit.register(_flush_at_exit)
             _exit_hook_registered = True
+        _watch_queries()
 
 
 def is_connect(spark: Any) -> bool:
