@@ -34,7 +34,25 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-log = logging.getLogger(__name__)
+
+def transaction_version(path: str | None, app_id: str) -> int | None:
+    """The Delta transaction version ``app_id`` last committed to the table at ``path``, read from its log with
+    ``deltalake`` (delta-rs) on the driver: one read of the last checkpoint and the commits after it. None when
+    it cannot tell - no path (a catalog table), a remote path (delta-rs takes object-store credentials from the
+    environment only), no ``deltalake`` installed, a log it cannot read, or no transaction for ``app_id`` - and the
+    caller reads the table instead."""
+    if path is None or ("://" in path and not path.startswith("file:")):
+        return None
+    try:
+        from deltalake import DeltaTable
+    except ImportError:
+        return None
+    try:
+        version = DeltaTable(path).transaction_version(app_id)
+    except Exception as exc:  # noqa: BLE001 - the scan answers instead
+        log.debug("reading the transaction version of %s failed: %s", path, type(exc).__name__)
+        return None
+    return None if version is None else int(version)
 
 
 # ------------------------------------------------------------------------------------------ Delta store
@@ -210,9 +228,16 @@ class DeltaStateStore:
         return df if sink_id is None else df.where(F.col("sink_id") == sink_id)
 
     def last_committed(self, sink_id: str) -> int | None:
+        """The highest batch id ``sink_id`` committed: for a path table, the events table's Delta transaction
+        version for the sink id, read from its log (every append sets ``txnAppId`` = sink id and ``txnVersion`` =
+        its highest batch id; one read of the log, whatever the table holds); else - a catalog table, no
+        ``deltalake``, a log it cannot read - a scan of the sink's ``batch_committed`` rows."""
         from pyspark.sql import functions as F
 
         self.ensure()
+        version = transaction_version(self.tables.path("events"), sink_id)
+        if version is not None:
+            return version
         row = (
             self._events_df(sink_id)
             .where(F.col("event") == BATCH_COMMITTED)
