@@ -6,6 +6,7 @@ other writers retried. Runs on the driver (``batch_df.sparkSession``).
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -33,6 +34,19 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 log = logging.getLogger(__name__)
+
+
+def _local_table_exists(path: str | None) -> bool:
+    """A Delta table at a local ``path`` (its ``_delta_log`` holds a commit): no I/O beyond the file system."""
+    if path is None or ("://" in path and not path.startswith("file:")):
+        return False
+    local = path[len("file:") :].lstrip("/") if path.startswith("file:") else path
+    local = "/" + local if path.startswith("file:") else local
+    log_dir = os.path.join(local, "_delta_log")
+    try:
+        return any(name.endswith(".json") for name in os.listdir(log_dir))
+    except OSError:
+        return False
 
 
 def transaction_version(path: str | None, app_id: str) -> int | None:
@@ -172,6 +186,8 @@ class DeltaStateStore:
             return
         props = ", ".join(f"'{k}' = '{v}'" for k, v in TABLE_PROPERTIES.items())
         for table, ddl in (("events", EVENTS_DDL), ("entities", ENTITIES_DDL), ("rejects", REJECTS_DDL)):
+            if _local_table_exists(self.tables.path(table)):
+                continue  # what IF NOT EXISTS would find, without Spark resolving a long log (a restart's cost)
             sql = (
                 f"CREATE TABLE IF NOT EXISTS {self.tables.sql_name(table)} ({ddl}) USING DELTA "
                 f"TBLPROPERTIES ({props})"
