@@ -78,13 +78,7 @@ def encode(message: ServiceBusMessage) -> Encoded:
     the batch's add would, so that adding it later costs no encoding (used while a sender waits anyway)."""
     if not fast_path_available():
         return Encoded(message, None)
-    transport, _, trace_message, encode_payload = _FAST
-    outgoing = transport.to_outgoing_amqp_message(message.raw_amqp_message)
-    outgoing = trace_message(outgoing, amqp_transport=transport, additional_attributes={})
-    message._message = outgoing
-    data = bytearray()
-    encode_payload(data, outgoing)
-    return Encoded(message, data)
+    return Encoded(message, _encode(message, {}))
 
 
 def add_encoded(batch: ServiceBusMessageBatch, encoded: Encoded) -> bool:
@@ -109,16 +103,19 @@ def add_to_batch(batch: ServiceBusMessageBatch, message: ServiceBusMessage) -> b
         except MessageSizeExceededError:
             return False
         return True
+    return _append(batch, message, _encode(message, batch._tracing_attributes))
+
+
+def _encode(message: ServiceBusMessage, tracing: Any) -> bytearray:
+    """What ``ServiceBusMessageBatch._add`` does before it measures a message - the outgoing AMQP message, its
+    tracing - with the one encoding kept."""
     transport, _, trace_message, encode_payload = _FAST
-    # What ServiceBusMessageBatch._add does, with the one encoding kept.
     outgoing = transport.to_outgoing_amqp_message(message.raw_amqp_message)
-    outgoing = trace_message(
-        outgoing, amqp_transport=transport, additional_attributes=batch._tracing_attributes
-    )
+    outgoing = trace_message(outgoing, amqp_transport=transport, additional_attributes=tracing)
     message._message = outgoing
     data = bytearray()
     encode_payload(data, outgoing)
-    return _append(batch, message, data)
+    return data
 
 
 def _append(batch: ServiceBusMessageBatch, message: ServiceBusMessage, data: bytearray) -> bool:
