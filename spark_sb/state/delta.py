@@ -36,12 +36,19 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 
+def _local(path: str | None) -> str | None:
+    """The file-system path of a local table path (plain or ``file:``); None for a catalog table (no path) or a
+    remote one."""
+    if path is None or ("://" in path and not path.startswith("file:")):
+        return None
+    return "/" + path[len("file:") :].lstrip("/") if path.startswith("file:") else path
+
+
 def _local_table_exists(path: str | None) -> bool:
     """A Delta table at a local ``path`` (its ``_delta_log`` holds a commit): no I/O beyond the file system."""
-    if path is None or ("://" in path and not path.startswith("file:")):
+    local = _local(path)
+    if local is None:
         return False
-    local = path[len("file:") :].lstrip("/") if path.startswith("file:") else path
-    local = "/" + local if path.startswith("file:") else local
     log_dir = os.path.join(local, "_delta_log")
     try:
         return any(name.endswith(".json") for name in os.listdir(log_dir))
@@ -55,14 +62,15 @@ def transaction_version(path: str | None, app_id: str) -> int | None:
     it cannot tell - no path (a catalog table), a remote path (delta-rs takes object-store credentials from the
     environment only), no ``deltalake`` installed, a log it cannot read, or no transaction for ``app_id`` - and the
     caller reads the table instead."""
-    if path is None or ("://" in path and not path.startswith("file:")):
+    local = _local(path)
+    if local is None:
         return None
     try:
         from deltalake import DeltaTable
     except ImportError:
         return None
     try:
-        version = DeltaTable(path).transaction_version(app_id)
+        version = DeltaTable(local).transaction_version(app_id)
     except Exception as exc:  # noqa: BLE001 - the scan answers instead
         log.debug("reading the transaction version of %s failed: %s", path, type(exc).__name__)
         return None
