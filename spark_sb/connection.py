@@ -119,19 +119,15 @@ class SharedConnection:
     @property
     def broken(self) -> bool:
         """The connection is no longer open (closed by the service, a socket error, an idle timeout)."""
-        from azure.servicebus._pyamqp.constants import ConnectionState
-
-        return self.connection is None or bool(self.connection.state != ConnectionState.OPENED)
+        return self.connection is None or connection_broken(self.connection)
 
     def heard(self) -> float | None:
         """When the connection last received a frame (``time.time()``), None if never."""
-        value = getattr(self.connection, "_last_frame_received_time", None)
-        return float(value) if value else None
+        return last_heard(self.connection)
 
     def silent(self) -> bool:
         """Nothing heard for :data:`SILENT_AFTER` seconds: the connection is dead (no I/O)."""
-        heard = self.heard()
-        return heard is not None and time.time() - heard > SILENT_AFTER
+        return connection_silent(self.connection)
 
     def ensure(self, timeout: float, may_connect: bool = True) -> Any:
         """The open connection; a new one (within ``timeout``) if there is none, or the one there was is closed or
@@ -450,6 +446,25 @@ def short_reads(connection: Any) -> Iterator[None]:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.settimeout(previous)
+
+
+def connection_broken(connection: Any) -> bool:
+    """A pyamqp connection that is no longer open (closed by the service, a socket error). No I/O."""
+    from azure.servicebus._pyamqp.constants import ConnectionState
+
+    return bool(connection.state != ConnectionState.OPENED)
+
+
+def last_heard(connection: Any) -> float | None:
+    """When a pyamqp connection last received a frame (``time.time()``), None if never. No I/O."""
+    value = getattr(connection, "_last_frame_received_time", None)
+    return float(value) if value else None
+
+
+def connection_silent(connection: Any) -> bool:
+    """Nothing heard on a pyamqp connection for :data:`SILENT_AFTER` seconds: it is dead. No I/O."""
+    heard = last_heard(connection)
+    return heard is not None and time.time() - heard > SILENT_AFTER
 
 
 def open_connection(client: ServiceBusClient, timeout: float) -> Any:

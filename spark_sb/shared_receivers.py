@@ -63,9 +63,13 @@ class SharedReceivers:
         """The open receiver of ``queue`` (its dead-letter queue with ``dead_letter``), opened now if needed
         within ``timeout`` - on a new connection if there is none."""
         deadline = time.monotonic() + timeout
-        if self.connection is not None and (_broken(self.connection) or _silent(self.connection)):
+        if self.connection is not None and (
+            amqp.connection_broken(self.connection) or amqp.connection_silent(self.connection)
+        ):
             self.discard(
-                "closed" if _broken(self.connection) else f"silent for more than {amqp.SILENT_AFTER:.3g} s"
+                "closed"
+                if amqp.connection_broken(self.connection)
+                else f"silent for more than {amqp.SILENT_AFTER:.3g} s"
             )
         if self.connection is None:
             self.connection = amqp.open_connection(self.client, timeout)
@@ -125,9 +129,11 @@ class SharedReceivers:
         connection = self.connection
         if connection is None:
             return
-        if _broken(connection) or _silent(connection):
+        if amqp.connection_broken(connection) or amqp.connection_silent(connection):
             self.discard(
-                "closed" if _broken(connection) else f"silent for more than {amqp.SILENT_AFTER:.3g} s"
+                "closed"
+                if amqp.connection_broken(connection)
+                else f"silent for more than {amqp.SILENT_AFTER:.3g} s"
             )
             return
         try:
@@ -136,7 +142,7 @@ class SharedReceivers:
         except Exception as exc:  # noqa: BLE001 - a dead connection: replaced on next use
             self.discard(f"reading it failed: {type(exc).__name__}")
             return
-        if _broken(connection):
+        if amqp.connection_broken(connection):
             self.discard("closed by the namespace")
             return
         for (queue, dead_letter), receiver in list(self.receivers.items()):
@@ -182,17 +188,6 @@ class SharedReceivers:
                 connection.close()
         with contextlib.suppress(Exception):
             self.client.close()
-
-
-def _broken(connection: Any) -> bool:
-    from azure.servicebus._pyamqp.constants import ConnectionState
-
-    return bool(connection.state != ConnectionState.OPENED)
-
-
-def _silent(connection: Any) -> bool:
-    heard: Any = getattr(connection, "_last_frame_received_time", None)
-    return bool(heard) and time.time() - float(heard) > amqp.SILENT_AFTER
 
 
 def _quiet_close(receiver: ServiceBusReceiver) -> None:
