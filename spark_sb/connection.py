@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.errors import condition_of
+from spark_sb.errors import condition_of, token_expired
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusClient, ServiceBusSender
@@ -425,8 +425,11 @@ def _ended_by_service(link: Any, connection: Any) -> str | None:
 
 
 def renewable(exc: BaseException) -> bool:
-    """The service ended the link or connection for its lifecycle (:data:`RENEWABLE`), not for an outage. Pure."""
-    return (condition_of(exc) or "") in RENEWABLE
+    """The service ended the link or connection for its lifecycle (:data:`RENEWABLE`), not for an outage, or the
+    SDK itself refused the call because the link's token expired before it was renewed (pyamqp's ``TokenExpired``
+    "CBS Authentication Expired": a token whose refresh window is shorter than the time between calls). A fresh
+    link puts a fresh token. Pure."""
+    return (condition_of(exc) or "") in RENEWABLE or token_expired(exc)
 
 
 #: While links are opened, a read with nothing to read waits this long (the SDK's socket timeout is 0.2 s: one such

@@ -152,6 +152,23 @@ def condition_of(exc: BaseException) -> str | None:
     return str(value)
 
 
+def token_expired(exc: BaseException) -> bool:
+    """The SDK refused a call because the client's token expired (pyamqp's ``TokenExpired``, raised as
+    ``ServiceBusAuthenticationError``), or the namespace detached the link for an expired token
+    (``amqp:unauthorized-access`` with "expired"). Pure."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the cause chain, bounded
+        if seen is None:
+            break
+        text = f"{type(seen).__name__} {seen}".lower()
+        if "tokenexpired" in text or (
+            "expired" in text and ("authentication" in text or "unauthorized" in text)
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def classify(exc: BaseException) -> ErrorClass:
     """Classify ``exc``; pure (no I/O, no state). See the module docstring for what the flags mean."""
     return _classify(exc, depth=0)

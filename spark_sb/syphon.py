@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 
 from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import ServiceBusConfig
+from spark_sb.errors import token_expired
 from spark_sb.lane import Lane
 from spark_sb.shared_receivers import ReceiverLane, Receiving, SharedReceivers, receivers_lane
 from spark_sb.syphon_receivers import (
@@ -73,7 +74,6 @@ from spark_sb.syphon_rules import (  # re-exported: their public home was this m
     SyphonOutcome,
     is_parked,
     restore_for_primary,
-    token_expired,
 )
 from spark_sb.transport import PRIMARY, SdkBatch, SdkTransport, Target
 

@@ -1,7 +1,7 @@
 """What the syphon decides, as pure rules on plain data (SPEC B9, B11, B12): the outcome of a drain
 (:class:`SyphonOutcome`), what to forward for one backlog message (:func:`restore_for_primary`), which
 dead-lettered messages stay parked (:func:`is_parked`), whether a failure is an expired token
-(:func:`token_expired`), and which primary entities may be moved to now (:class:`EntityGate`, on an injected
+and which primary entities may be moved to now (:class:`EntityGate`, on an injected
 clock).
 
 Where it runs: wherever a :class:`~spark_sb.syphon.Syphon` drains (executors' Python workers in the Spark syphon
@@ -34,23 +34,6 @@ DEAD_LETTER_PROPERTIES = ("DeadLetterReason", "DeadLetterErrorDescription")
 #: completing it would fail. (A lock lost during a send: the complete fails, is counted, and the redelivered copy
 #: is dropped by duplicate detection on the primary.)
 LOCK_SAFETY_MARGIN = timedelta(seconds=2)
-
-
-def token_expired(exc: BaseException) -> bool:
-    """The SDK refused a call because the client's token expired (pyamqp's ``TokenExpired``, raised as
-    ``ServiceBusAuthenticationError``), or the namespace detached the link for an expired token
-    (``amqp:unauthorized-access`` with "expired"). Pure."""
-    seen: BaseException | None = exc
-    for _ in range(8):  # the cause chain, bounded
-        if seen is None:
-            break
-        text = f"{type(seen).__name__} {seen}".lower()
-        if "tokenexpired" in text or (
-            "expired" in text and ("authentication" in text or "unauthorized" in text)
-        ):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 @dataclass
