@@ -34,6 +34,7 @@ from __future__ import annotations
 from spark_sb.failover.decisions import (
     FAILOVER_GRACE,
     MIN_ATTEMPT_BUDGET,
+    MIN_SEND_BUDGET,
     NAMESPACE_CLASSES,
     Decision,
     RetryPolicy,
@@ -65,6 +66,7 @@ from spark_sb.failover.rotation import BacklogChooser, BacklogRotation
 __all__ = [
     "FAILOVER_GRACE",
     "MIN_ATTEMPT_BUDGET",
+    "MIN_SEND_BUDGET",
     "NAMESPACE_CLASSES",
     "BacklogChooser",
     "BacklogPull",

@@ -28,6 +28,7 @@ from spark_sb.errors import (
 from spark_sb.failover import (
     FAILOVER_GRACE,
     MIN_ATTEMPT_BUDGET,
+    MIN_SEND_BUDGET,
     Decision,
     EntityFailover,
     EntityState,
@@ -143,7 +144,8 @@ def test_decide_is_pure() -> None:
         (30.0, 60.0, None, False, 30.0),  # healthy: send_timeout bounds it
         (30.0, 2.0, None, False, 2.0 + FAILOVER_GRACE),  # healthy: the interval (+ grace) bounds it
         (30.0, 0.0, None, False, MIN_ATTEMPT_BUDGET),  # long enough for a new connection
-        (30.0, 0.0, None, True, FAILOVER_GRACE),  # a connected link needs no new connection
+        (30.0, 0.0, None, True, MIN_SEND_BUDGET),  # a connected link needs no new connection, but a send
+        (30.0, 0.1, None, True, MIN_SEND_BUDGET),
         (30.0, 0.5, None, True, 0.5 + FAILOVER_GRACE),
         (30.0, 2.0, None, True, 2.0 + FAILOVER_GRACE),
         (1.0, 0.0, None, False, 1.0),  # never more than send_timeout
@@ -175,6 +177,9 @@ def test_a_stalled_attempt_fails_over_within_the_grace_whatever_send_timeout() -
                 assert (
                     clock.monotonic() - started <= max(interval + FAILOVER_GRACE, MIN_ATTEMPT_BUDGET) + 1e-9
                 )
+                assert (
+                    FAILOVER_GRACE <= 0.1
+                )  # an outage's cost past the interval stays small (SPEC F1: +0.5 s)
             assert clock.monotonic() - started >= min(interval, send_timeout) - 1e-9
 
 
