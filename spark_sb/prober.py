@@ -145,61 +145,20 @@ class Prober:
         ]
 
     def probe(self, entity: str, state: EntityFailover) -> None:
-        """Probe ``entity`` once; the record and the transitions it causes wait for :meth:`collect`."""
+        """Probe ``entity`` once (:func:`probe_call`); the record and the transitions it causes wait for
+        :meth:`collect`."""
         mode = self.mode
         target = Target(PRIMARY, entity)
-        msg = probe_message(entity, mode)
         at = self.clock.now()
         transport = self.transport()
-        sequence_number: int | None = None
-        cancel_attempts = 0
-        cancel_ok: bool | None = None
-        detail = ""
-        budget = self.budget
         began = self.clock.monotonic()
         try:
-            if mode == "ping":
-                batch = transport.new_batch(target)
-                batch.try_add(msg)
-                transport.send(batch, budget)
-            else:
-                # The service's clock is real: the wire time comes from the real UTC clock (an injected test
-                # clock may be anywhere), so the probe is always scheduled far in the service's future.
-                wire_at = max(at, datetime.now(timezone.utc)) + PROBE_SCHEDULE_AHEAD
-                sequence_number = transport.schedule(target, msg, wire_at, budget)
-                number = sequence_number
-                tries: list[int] = []
-
-                def cancel(timeout: float) -> None:
-                    tries.append(1)
-                    transport.cancel_scheduled(target, number, timeout)
-
-                error_class, error = self.retry(cancel, target)
-                cancel_attempts = len(tries)
-                if error_class is None:
-                    cancel_ok = True
-                elif error_class.name == "message_not_found":
-                    # Nothing scheduled under that number any more: an earlier cancel went through but its
-                    # answer was lost (a retry), or - on the first try - it is gone already.
-                    cancel_ok = cancel_attempts > 1
-                    detail = "" if cancel_ok else f"cancel failed: {describe_error(error or Exception())}"
-                else:
-                    cancel_ok = False
-                    detail = f"cancel failed: {describe_error(error or Exception())}"
-                if not cancel_ok:
-                    _LOGGER.warning(
-                        "probe of entity %r: the scheduled probe message %s could not be cancelled; it is marked "
-                        "as a probe (is_probe) with a 1 s TTL",
-                        entity,
-                        sequence_number,
-                    )
+            probed = probe_call(transport, target, mode, self.budget, self.retry, at)
         except Exception as exc:
             cls: ErrorClass = classify(exc)
             if cls.rebuild_client:
                 transport.fault(target)
-            record = ProbeRecord(
-                entity, mode, at, False, cls.name, describe_error(exc), sequence_number, cancel_attempts
-            )
+            record = ProbeRecord(entity, mode, at, False, cls.name, describe_error(exc), None, 0)
             wide = self.namespace_wide(cls, target, began)
             self._finish(
                 record, state.record_probe(False, cls.name, describe_error(exc), namespace_wide=wide)
@@ -209,10 +168,93 @@ class Prober:
             state.record_probe(False, "unexpected", "the probe thread was interrupted")
             raise
         record = ProbeRecord(
-            entity, mode, at, True, None, detail, sequence_number, cancel_attempts, cancel_ok
+            entity,
+            mode,
+            at,
+            True,
+            None,
+            probed.detail,
+            probed.sequence_number,
+            probed.cancel_attempts,
+            probed.cancel_ok,
         )
         self._finish(record, state.record_probe(True, None, f"{mode} probe succeeded"))
 
     def _finish(self, record: ProbeRecord, transitions: list[StateTransition]) -> None:
         with self._finished_lock:
             self._finished.append((record, transitions))
+
+
+@dataclass(frozen=True)
+class Probed:
+    """What one probe of a primary entity did, when the entity answered (:func:`probe_call`)."""
+
+    #: ``schedule`` mode: the scheduled probe message's sequence number.
+    sequence_number: int | None = None
+    cancel_attempts: int = 0
+    #: ``schedule`` mode: whether the probe message was cancelled (False: it stays, marked, with a 1 s TTL).
+    cancel_ok: bool | None = None
+    detail: str = ""
+
+
+def probe_call(
+    transport: Transport, target: Target, mode: str, budget: float, retry: Retry, at: datetime
+) -> Probed:
+    """One probe of a primary entity (SPEC B8), the same for a sender's :class:`Prober` and the syphon: ``ping``
+    sends a probe message; ``schedule`` schedules one far ahead and cancels it (the cancel made under ``retry``).
+    Each call within ``budget`` seconds. Raises what the send or the schedule raised: the entity did not answer.
+    A cancel that failed is a success of the probe (the entity answered), logged; the message is marked as a
+    probe (:func:`~spark_sb.backlog.is_probe`) with a 1 s TTL. Runs on the caller's thread."""
+    entity = target.entity
+    msg = probe_message(entity, mode)
+    if mode == "ping":
+        batch = transport.new_batch(target)
+        batch.try_add(msg)
+        transport.send(batch, budget)
+        return Probed()
+    # The service's clock is real: the wire time comes from the real UTC clock (an injected test clock may be
+    # anywhere), so the probe is always scheduled far in the service's future.
+    wire_at = max(at, datetime.now(timezone.utc)) + PROBE_SCHEDULE_AHEAD
+    number = transport.schedule(target, msg, wire_at, budget)
+    tries: list[int] = []
+
+    def cancel(timeout: float) -> None:
+        tries.append(1)
+        transport.cancel_scheduled(target, number, timeout)
+
+    error_class, error = retry(cancel, target)
+    detail = ""
+    if error_class is None:
+        cancel_ok = True
+    elif error_class.name == "message_not_found":
+        # Nothing scheduled under that number any more: an earlier cancel went through but its answer was lost
+        # (a retry), or - on the first try - it is gone already.
+        cancel_ok = len(tries) > 1
+        detail = "" if cancel_ok else f"cancel failed: {describe_error(error or Exception())}"
+    else:
+        cancel_ok = False
+        detail = f"cancel failed: {describe_error(error or Exception())}"
+    if not cancel_ok:
+        _LOGGER.warning(
+            "probe of entity %r: the scheduled probe message %s could not be cancelled; it is marked as a probe "
+            "(is_probe) with a 1 s TTL",
+            entity,
+            number,
+        )
+    return Probed(number, len(tries), cancel_ok, detail)
+
+
+def single_attempt(budget: float) -> Retry:
+    """A :data:`Retry` that makes the call once, within ``budget`` (for callers without a retry policy of their
+    own: the syphon's probes)."""
+
+    def once(
+        call: Callable[[float], object], target: Target
+    ) -> tuple[ErrorClass | None, BaseException | None]:
+        try:
+            call(budget)
+        except Exception as exc:  # noqa: BLE001 - returned to the caller, as a retry loop's last error
+            return classify(exc), exc
+        return None, None
+
+    return once

@@ -50,6 +50,7 @@ from spark_sb.clock import Clock, SystemClock
 from spark_sb.config import ServiceBusConfig
 from spark_sb.errors import token_expired
 from spark_sb.lane import Lane
+from spark_sb.prober import probe_call, single_attempt
 from spark_sb.shared_receivers import ReceiverLane, Receiving, SharedReceivers, receivers_lane
 from spark_sb.syphon_receivers import (
     Held,
@@ -437,25 +438,18 @@ class Syphon:
         return namespace_wide(classify(exc), connection_answered=answered)
 
     def _probe(self, entity: str) -> None:
-        """One probe of the primary entity (``probe_mode``), each call within ``send_timeout``."""
-        from spark_sb.backlog import PROBE_SCHEDULE_AHEAD, probe_message
-
-        target = Target(PRIMARY, entity)
+        """One probe of the primary entity (``probe_mode``), the sender's own (:func:`~spark_sb.prober.probe_call`),
+        each call within ``send_timeout``; the cancel of a scheduled probe is tried once."""
         timeout = float(self.config.send_timeout)
-        msg = probe_message(entity, self.config.probe_mode)
-        if self.config.probe_mode == "ping":
-            batch = self._primary.new_batch(target)
-            batch.try_add(msg)
-            self._primary.send(batch, timeout)
-            return
-        at = datetime.now(timezone.utc) + PROBE_SCHEDULE_AHEAD  # the service's clock is real
-        number = self._primary.schedule(target, msg, at, timeout)
-        try:
-            self._primary.cancel_scheduled(target, number, timeout)
-        except Exception as exc:  # noqa: BLE001 - the entity answered; the probe is marked and expires in 1 s
-            log.warning(
-                "syphon: probe %s on %s could not be cancelled (%s)", number, entity, type(exc).__name__
-            )
+        target = Target(PRIMARY, entity)
+        probe_call(
+            self._primary,
+            target,
+            self.config.probe_mode,
+            timeout,
+            single_attempt(timeout),
+            datetime.now(timezone.utc),
+        )
 
     def _forward(
         self, lane: ReceiverLane, entity: str, pairs: Pairs, outcome: SyphonOutcome, dead_letter: bool
