@@ -51,7 +51,7 @@ from spark_sb.connection import (
 from spark_sb.errors import classify, condition_of
 from spark_sb.lane import Finished, Lane, LaneClosed, Pending
 from spark_sb.message import OutboundMessage
-from spark_sb.packing import Encoded, add_encoded, add_to_batch, encode
+from spark_sb.packing import Encoded, add_encoded, add_outbound, add_to_batch, encode
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusMessageBatch, ServiceBusSender
@@ -193,7 +193,7 @@ class SdkBatch:
         return self._messages
 
     def try_add(self, message: OutboundMessage) -> bool:
-        if not add_to_batch(self.sdk_batch, message.to_sdk()):
+        if not add_outbound(self.sdk_batch, message):
             return False
         self._count += 1
         self._messages.append(message)

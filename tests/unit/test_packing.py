@@ -4,9 +4,14 @@ the product sends (primary and backlog form)."""
 
 from __future__ import annotations
 
+import itertools
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
+from unittest import mock
 
 import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
@@ -17,7 +22,7 @@ from hypothesis import strategies as st
 from spark_sb import packing
 from spark_sb.backlog import RESERVED_PROPERTIES, to_backlog_sdk
 from spark_sb.message import OutboundMessage
-from spark_sb.packing import add_encoded, add_to_batch, encode, fast_path_available
+from spark_sb.packing import add_encoded, add_outbound, add_to_batch, encode, fast_path_available
 
 UTC = timezone.utc
 NOW = datetime(2026, 11, 26, 7, 0, 0, 123000, tzinfo=UTC)
@@ -28,6 +33,9 @@ scalars = st.one_of(
     st.floats(allow_nan=False),
     st.booleans(),
     st.text(max_size=30),
+    st.text(max_size=10).map(str.encode),  # bytes values: the SDK sends them as UTF-8 text
+    st.uuids(),
+    st.none(),
     st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)).map(
         lambda d: d.replace(microsecond=d.microsecond // 1000 * 1000)
     ),
@@ -77,14 +85,24 @@ def _sdk_add(batch: ServiceBusMessageBatch, message: ServiceBusMessage) -> bool:
     return True
 
 
+@contextmanager
+def _one_second() -> Iterator[None]:
+    """The SDK stamps a message with a time to live with the current second (``time.mktime``), once when it is
+    built and again when it is encoded: both sides of a comparison must see the same second, or one that crosses
+    a second boundary between them differs in its creation time (a rare failure of these tests until this)."""
+    with mock.patch("time.mktime", lambda _t: 1_790_000_000.0):
+        yield
+
+
 def _fill(
     add: Any, msgs: list[OutboundMessage], limit: int, backlog: bool
 ) -> tuple[ServiceBusMessageBatch, list[bool]]:
     batch = ServiceBusMessageBatch(max_size_in_bytes=limit)
     fits = []
-    for m in msgs:
-        sdk = to_backlog_sdk(m, "orders", NOW) if backlog else m.to_sdk()
-        fits.append(add(batch, sdk))
+    with _one_second():
+        for m in msgs:
+            sdk = to_backlog_sdk(m, "orders", NOW) if backlog else m.to_sdk()
+            fits.append(add(batch, sdk))
     return batch, fits
 
 
@@ -112,6 +130,9 @@ def test_a_batch_fills_to_the_same_message_and_byte() -> None:
 
 
 def test_an_sdk_it_does_not_follow_gets_the_public_add_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    # _FAST / _DIRECT too, so that the teardown restores what the real SDK gives (not this test's None)
+    monkeypatch.setattr(packing, "_FAST", packing._FAST)
+    monkeypatch.setattr(packing, "_DIRECT", packing._DIRECT)
     monkeypatch.setattr(packing, "TRIED", ("6.0",))
     monkeypatch.setattr(packing, "_LOOKED", False)
     calls: list[int] = []
@@ -135,7 +156,94 @@ def test_an_sdk_it_does_not_follow_gets_the_public_add_message(monkeypatch: pyte
 def test_a_message_encoded_ahead_is_added_as_the_sdk_adds_it(
     msgs: list[OutboundMessage], limit: int, backlog: bool
 ) -> None:
+    assert fast_path_available()
     theirs, their_fits = _fill(_sdk_add, msgs, limit, backlog)
     ours, our_fits = _fill(lambda b, m: add_encoded(b, encode(m)), msgs, limit, backlog)
     assert our_fits == their_fits
     assert _state(ours) == _state(theirs)
+
+
+# ------------------------------------------------------------------ add_outbound: no SDK message in between
+@contextmanager
+def _uuids() -> Iterator[None]:
+    """uuid4 as a counter, so that the message id the SDK (and add_outbound) give a message without one is the
+    same on both sides."""
+    count = itertools.count()
+    with mock.patch("uuid.uuid4", lambda: uuid.UUID(int=next(count))), _one_second():
+        yield
+
+
+def _fill_outbound(msgs: list[OutboundMessage], limit: int) -> tuple[ServiceBusMessageBatch, list[Any]]:
+    batch = ServiceBusMessageBatch(max_size_in_bytes=limit)
+    fits: list[Any] = []
+    with _uuids():
+        for m in msgs:
+            try:
+                fits.append(add_outbound(batch, m))
+            except (ValueError, TypeError) as exc:
+                fits.append(type(exc))
+    return batch, fits
+
+
+def _fill_sdk(msgs: list[OutboundMessage], limit: int) -> tuple[ServiceBusMessageBatch, list[Any]]:
+    batch = ServiceBusMessageBatch(max_size_in_bytes=limit)
+    fits: list[Any] = []
+    with _uuids():
+        for m in msgs:
+            try:
+                fits.append(_sdk_add(batch, m.to_sdk()))
+            except (ValueError, TypeError) as exc:
+                fits.append(type(exc))
+    return batch, fits
+
+
+plain = st.builds(
+    lambda m, no_id, str_body: replace(
+        m,
+        time_to_live=None,
+        scheduled_enqueue_time=None,
+        message_id=None if no_id else m.message_id,
+        body=m.body.decode("latin-1") if str_body and isinstance(m.body, bytes) else m.body,
+    ),
+    messages,
+    st.booleans(),
+    st.booleans(),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(msgs=st.lists(st.one_of(plain, messages), min_size=1, max_size=12), limit=st.integers(400, 20000))
+def test_a_message_built_without_the_sdk_message_gives_the_sdks_own_batch(
+    msgs: list[OutboundMessage], limit: int
+) -> None:
+    """Every shape: the plain ones (no TTL, no schedule; ids or none; str or bytes bodies; properties) are built
+    straight into pyamqp's message, the others go the SDK's way; the batch is byte for byte the SDK's."""
+    assert fast_path_available()
+    theirs, their_fits = _fill_sdk(msgs, limit)
+    ours, our_fits = _fill_outbound(msgs, limit)
+    assert our_fits == their_fits
+    assert _state(ours) == _state(theirs)
+
+
+def test_messages_the_sdk_refuses_are_refused_the_same_way() -> None:
+    long = "x" * 129
+    refused = [
+        OutboundMessage(body=b"a", message_id=long),
+        OutboundMessage(body=b"a", message_id="1", session_id=long),
+        OutboundMessage(body=b"a", message_id="1", partition_key=long),
+        OutboundMessage(body=b"a", message_id="1", session_id="s", partition_key="p"),
+    ]
+    theirs, their_fits = _fill_sdk(refused, 10000)
+    ours, our_fits = _fill_outbound(refused, 10000)
+    assert their_fits == [ValueError] * 4
+    not_utf8 = [OutboundMessage(body=b"a", message_id="1", properties={"k": b"\x80"})]
+    assert _fill_outbound(not_utf8, 10000)[1] == _fill_sdk(not_utf8, 10000)[1] == [UnicodeDecodeError]
+    assert our_fits == their_fits and _state(ours) == _state(theirs)
+
+
+def test_a_plain_message_skips_the_sdk_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The point of add_outbound: a plain message never becomes a ServiceBusMessage (half its CPU)."""
+    monkeypatch.setattr(OutboundMessage, "to_sdk", lambda self: pytest.fail("built a ServiceBusMessage"))
+    batch = ServiceBusMessageBatch(max_size_in_bytes=10000)
+    assert add_outbound(batch, OutboundMessage(body=b"a", message_id="1", properties={"k": 1}))
+    assert len(batch) == 1
