@@ -173,28 +173,26 @@ def _uuids() -> Iterator[None]:
         yield
 
 
-def _fill_outbound(msgs: list[OutboundMessage], limit: int) -> tuple[ServiceBusMessageBatch, list[Any]]:
+def _fill_each(add: Any, msgs: list[OutboundMessage], limit: int) -> tuple[ServiceBusMessageBatch, list[Any]]:
+    """``add(batch, message)`` for each message (ids and TTL stamps made the same on both sides): whether each
+    fitted, or the type of the error it raised."""
     batch = ServiceBusMessageBatch(max_size_in_bytes=limit)
     fits: list[Any] = []
     with _uuids():
         for m in msgs:
             try:
-                fits.append(add_outbound(batch, m))
+                fits.append(add(batch, m))
             except (ValueError, TypeError) as exc:
                 fits.append(type(exc))
     return batch, fits
+
+
+def _fill_outbound(msgs: list[OutboundMessage], limit: int) -> tuple[ServiceBusMessageBatch, list[Any]]:
+    return _fill_each(add_outbound, msgs, limit)
 
 
 def _fill_sdk(msgs: list[OutboundMessage], limit: int) -> tuple[ServiceBusMessageBatch, list[Any]]:
-    batch = ServiceBusMessageBatch(max_size_in_bytes=limit)
-    fits: list[Any] = []
-    with _uuids():
-        for m in msgs:
-            try:
-                fits.append(_sdk_add(batch, m.to_sdk()))
-            except (ValueError, TypeError) as exc:
-                fits.append(type(exc))
-    return batch, fits
+    return _fill_each(lambda batch, m: _sdk_add(batch, m.to_sdk()), msgs, limit)
 
 
 plain = st.builds(
