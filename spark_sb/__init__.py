@@ -5,6 +5,8 @@ The public API is small; names are imported lazily so that ``import spark_sb`` s
 * :func:`load_config` / :class:`ServiceBusConfig` - the one frozen, validated, picklable configuration (driver).
 * :class:`ServiceBusSink` / :func:`sink` - the ``foreachBatch`` function (driver; sends from executors).
 * :func:`register` - registers the ``servicebus`` data source: ``format("servicebus")`` (driver).
+* :func:`relay_state` / :class:`StateRelay` - copies that source's spool into catalog state tables
+  (``state_table_prefix``; driver, the user's process).
 * :class:`PairedSender` - the failover-aware sender, usable without Spark (any process; one per thread).
 * :class:`Syphon` - moves backlog messages back to the primary (any process; one per thread).
 * :func:`provision_backlog_queues` - creates/checks the backlog queues (driver / CLI).
@@ -30,6 +32,8 @@ _EXPORTS = {
     "ServiceBusSink": "spark_sb.sink",
     "sink": "spark_sb.sink",
     "register": "spark_sb.datasource",
+    "relay_state": "spark_sb.relay",
+    "StateRelay": "spark_sb.relay",
     "Syphon": "spark_sb.syphon",
     "provision_backlog_queues": "spark_sb.provisioning",
 }

@@ -11,8 +11,8 @@ Usage (driver)::
     df.write.format("servicebus").options(**opts).mode("append").save()
 
 Options are the flat configuration keys :func:`spark_sb.load_config` accepts (values are strings; secrets by
-reference, resolved on the driver machine), plus ``config_path`` (a YAML file, the options override it) and, for
-batch writes, ``job_id``. :func:`parse_options` checks them before anything is sent.
+reference, resolved on the driver machine), plus ``config_path`` (a YAML file, the options override it),
+``state_spool`` (with ``state_table_prefix``) and, for batch writes, ``job_id``. :func:`parse_options` checks them before anything is sent.
 
 Where things run (Spark calls every driver-side method in a Python process of its own, with no SparkSession):
 
@@ -28,8 +28,11 @@ Where things run (Spark calls every driver-side method in a Python process of it
   not sent. Returns a ``PartitionMessage`` (a :class:`TaskReport`).
 * ``commit`` (driver machine, after every task succeeded): :meth:`spark_sb.sink.ServiceBusSink.record_batch`
   plans and writes the state tables' rows, or :meth:`~spark_sb.sink.ServiceBusSink.skip_replayed` records the
-  replay. The tables are Delta path tables (``state_location``) written with ``deltalake``
-  (:class:`~spark_sb.state.deltars.DeltaRsStateStore`), synchronously, before Spark commits the micro-batch.
+  replay. The tables are Delta path tables written with ``deltalake``
+  (:class:`~spark_sb.state.deltars.DeltaRsStateStore`), synchronously, before Spark commits the micro-batch:
+  ``state_location``, or with catalog tables (``state_table_prefix``, which that process cannot write) the spool
+  (``state_spool``, default ``<checkpointLocation>/servicebus_state``) that :func:`spark_sb.relay.relay_state`
+  copies into them from the user's process.
   ``abort`` (a task failed; with ``on_reject: fail`` a bad row fails its task) records nothing, as a failed
   ``foreachBatch`` batch. On an object store (``abfss://`` ...) deltalake finds its credentials in the
   environment of that process (``AZURE_STORAGE_*`` variables, a managed identity), not in Spark's configuration:
@@ -51,7 +54,7 @@ import re
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -72,7 +75,7 @@ log = logging.getLogger(__name__)
 
 SOURCE_NAME = "servicebus"
 #: Options of the data source itself (beside the configuration keys).
-SOURCE_OPTIONS = ("config_path", "job_id")
+SOURCE_OPTIONS = ("config_path", "job_id", "state_spool")
 #: Options Spark passes along that are Spark's own: ignored.
 SPARK_OPTIONS = ("checkpointlocation",)
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # the task-local property Spark sets in every micro-batch job
@@ -86,6 +89,46 @@ class SourceOptions:
 
     config: ServiceBusConfig
     job_id: str | None = None
+    #: With ``state_table_prefix``: the path tables the source records into (``state_spool``, else
+    #: ``<checkpointLocation>/servicebus_state`` for a stream); :class:`~spark_sb.relay.StateRelay` copies them
+    #: into the catalog tables. None: no spool (no catalog tables, or a batch write that gave none).
+    state_spool: str | None = None
+
+    @property
+    def store_location(self) -> str | None:
+        """The path tables this source writes with deltalake: the spool, or ``state_location``."""
+        return self.state_spool if self.config.state_table_prefix else self.config.state_location
+
+    def require_store(self, *, streaming: bool) -> None:
+        """Catalog tables need a spool (driver machine): raises :class:`ConfigError` naming ``state_spool``."""
+        if self.config.state_table_prefix and self.state_spool is None:
+            where = (
+                "set it (or checkpointLocation)" if streaming else "a batch write has no checkpoint: set it"
+            )
+            raise _option_error(
+                [
+                    (
+                        "state_spool",
+                        "required with state_table_prefix: the path where format('servicebus') records its "
+                        "state tables with deltalake, for spark_sb.relay_state(spark, options) to copy into the "
+                        f"catalog tables (Spark runs a data source's commit without a session); {where}",
+                    )
+                ]
+            )
+
+
+SPOOL_FOLDER = "servicebus_state"  # the default spool of a stream: <checkpointLocation>/servicebus_state
+
+
+def spool_location(options: Mapping[str, Any]) -> str | None:
+    """The spool named by ``options`` (case-insensitive keys): ``state_spool``, else
+    ``<checkpointLocation>/servicebus_state``, else None. Pure."""
+    lowered = {str(k).strip().lower(): str(v) for k, v in options.items()}
+    spool = lowered.get("state_spool", "").strip()
+    if spool:
+        return spool.rstrip("/") or "/"
+    checkpoint = lowered.get("checkpointlocation", "").strip()
+    return f"{checkpoint.rstrip('/')}/{SPOOL_FOLDER}" if checkpoint else None
 
 
 def _option_error(errors: Sequence[tuple[str, str]]) -> ConfigError:
@@ -105,7 +148,8 @@ def parse_options(
     """Check the data source's options and build the configuration (pure apart from reading ``config_path``
     and resolving secret references; driver machine). Keys are case-insensitive. Raises :class:`ConfigError`
     naming the option and, where there is a set, the valid values: an unknown key, a value of the wrong type,
-    ``state_table_prefix`` (catalog tables need Spark), ``state_location`` without ``deltalake``."""
+    ``state_location`` or ``state_table_prefix`` without ``deltalake``, ``state_spool`` without
+    ``state_table_prefix``."""
     lowered: dict[str, str] = {}
     for k, v in options.items():
         key = str(k).strip().lower()
@@ -127,6 +171,7 @@ def parse_options(
         raise _option_error(errors)
     config_path = lowered.pop("config_path", None)
     job_id = lowered.pop("job_id", None)
+    spool_given = lowered.pop("state_spool", None)
     flat: dict[str, str] = {}
     if config_path is not None:
         if not config_path.strip():
@@ -138,32 +183,23 @@ def parse_options(
         config = ServiceBusConfig.from_options(flat, env=env, dbutils=dbutils)
     except ConfigError as exc:
         raise _option_error(exc.errors or [("options", str(exc))]) from None
-    if config.state_table_prefix:
+    if spool_given is not None and not spool_given.strip():
+        raise _option_error([("state_spool", "expected a path (the spool's Delta tables), found ''")])
+    if spool_given is not None and not config.state_table_prefix:
         raise _option_error(
-            [
-                (
-                    "state_table_prefix",
-                    "format('servicebus') writes its state tables outside any Spark session (Spark runs a data "
-                    "source's commit in a Python process of its own), with the deltalake package: only path "
-                    "tables are supported; set state_location, or use foreachBatch(ServiceBusSink(config)) for "
-                    "catalog tables",
-                )
-            ]
+            [("state_spool", "applies with state_table_prefix only (state_location is written directly)")]
         )
-    if config.state_location and importlib.util.find_spec("deltalake") is None:
-        raise _option_error(
-            [
-                (
-                    "state_location",
-                    "format('servicebus') writes the state tables with deltalake: pip install deltalake",
-                )
-            ]
-        )
+    for key in ("state_location", "state_table_prefix"):
+        if getattr(config, key) and importlib.util.find_spec("deltalake") is None:
+            raise _option_error(
+                [(key, "format('servicebus') writes its state tables with deltalake: pip install deltalake")]
+            )
     if job_id is not None and not _JOB_ID.fullmatch(job_id):
         raise _option_error(
             [("job_id", f"expected letters, digits, '.', '_', ':' or '-' (at most 100), found {job_id!r}")]
         )
-    return SourceOptions(config, job_id)
+    spool = spool_location(options) if config.state_table_prefix else None
+    return SourceOptions(config, job_id, spool)
 
 
 def check_write(config: ServiceBusConfig, schema: StructType, overwrite: bool, *, streaming: bool) -> None:
@@ -194,22 +230,25 @@ def new_job_id(now: datetime | None = None) -> str:
 
 
 # ------------------------------------------------------------------------------------------ the plan
-def state_store(config: ServiceBusConfig) -> DeltaRsStateStore | None:
-    """The deltalake store of ``state_location`` (None without one). Driver machine."""
-    if not config.state_location:
+def state_store(location: str | None) -> DeltaRsStateStore | None:
+    """The deltalake store of the path tables at ``location`` (``state_location`` or the spool; None: no
+    tables). Driver machine."""
+    if not location:
         return None
     from spark_sb.state.deltars import DeltaRsStateStore
 
-    return DeltaRsStateStore(config.state_location)
+    return DeltaRsStateStore(location)
 
 
 @dataclass(frozen=True)
 class WritePlan:
     """What the driver hands every task of one write (picklable): the configuration, the sink id the rows are
-    recorded under, the entity records read at the start, the last batch this sink id committed."""
+    recorded under, the entity records read at the start, the last batch this sink id committed, and the path
+    tables the commit writes (``location``: ``state_location`` or the spool; None: none)."""
 
     config: ServiceBusConfig
     sink_id: str
+    location: str | None = None
     handoff: tuple[EntityRecord, ...] = ()
     last_committed: int | None = None
 
@@ -218,13 +257,13 @@ class WritePlan:
         return batch_id is not None and self.last_committed is not None and batch_id <= self.last_committed
 
 
-def read_plan(config: ServiceBusConfig, sink_id: str) -> WritePlan:
-    """The plan of one write: reads the state tables when there are any (driver machine)."""
-    store = state_store(config)
+def read_plan(config: ServiceBusConfig, sink_id: str, location: str | None) -> WritePlan:
+    """The plan of one write: reads the path tables at ``location`` when there are any (driver machine)."""
+    store = state_store(location)
     if store is None:
         return WritePlan(config, sink_id)
     store.ensure()
-    return WritePlan(config, sink_id, tuple(store.read_entities()), store.last_committed(sink_id))
+    return WritePlan(config, sink_id, location, tuple(store.read_entities()), store.last_committed(sink_id))
 
 
 @dataclass(frozen=True)
@@ -280,7 +319,7 @@ def _row_batches(rows: Iterator[Any]) -> Iterator[Any]:
 def commit_write(plan: WritePlan, batch_id: int, messages: Sequence[Any]) -> SendOutcome | None:
     """After every task succeeded (driver machine): record the write in the state tables with the
     ``foreachBatch`` sink's code. Returns the merged outcome, None for a replay (recorded as skipped)."""
-    store = state_store(plan.config)
+    store = state_store(plan.location)
     sink = ServiceBusSink(plan.config.with_overrides(sink_id=plan.sink_id), store=store, sync_writes=True)
     done = [m for m in messages if isinstance(m, TaskReport)]
     results = [m.result for m in done if m.result is not None]
@@ -303,19 +342,25 @@ class _PlannedWriter:
     """The plan, read when first needed: on the driver before the writer is pickled to the tasks (``streamWriter``
     / ``writer``), or in the commit process, which builds its own writer."""
 
-    def __init__(self, config: ServiceBusConfig, sink_id: str) -> None:
+    def __init__(self, config: ServiceBusConfig, sink_id: str, location: str | None) -> None:
         self._config = config
         self._sink_id = sink_id
+        self._location = location
         self._plan: WritePlan | None = None
 
     @property
     def plan(self) -> WritePlan:
         if self._plan is None:
-            self._plan = read_plan(self._config, self._sink_id)
+            self._plan = read_plan(self._config, self._sink_id, self._location)
         return self._plan
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"_config": self._config, "_sink_id": self._sink_id, "_plan": self.plan}
+        return {
+            "_config": self._config,
+            "_sink_id": self._sink_id,
+            "_location": self._location,
+            "_plan": self.plan,
+        }
 
 
 #: Built on first use (:func:`__getattr__`), so that ``import spark_sb.datasource`` needs no pyspark; importable by
@@ -404,7 +449,7 @@ def _build() -> dict[str, Any]:
         def __init__(self, options: dict[str, str]) -> None:
             super().__init__(options)
             parsed = parse_options(options)
-            self.settings = SourceOptions(with_namespace_name(parsed.config), parsed.job_id)
+            self.settings = replace(parsed, config=with_namespace_name(parsed.config))
 
         @classmethod
         def name(cls) -> str:
@@ -420,12 +465,16 @@ def _build() -> dict[str, Any]:
                     [("job_id", "applies to batch writes (df.write) only; streams use sink_id")]
                 )
             check_write(self.settings.config, schema, overwrite, streaming=True)
-            return ServiceBusStreamWriter(self.settings.config, self._sink_id())
+            self.settings.require_store(streaming=True)
+            return ServiceBusStreamWriter(self.settings.config, self._sink_id(), self.settings.store_location)
 
         def writer(self, schema: StructType, overwrite: bool) -> ServiceBusBatchWriter:
             check_write(self.settings.config, schema, overwrite, streaming=False)
+            self.settings.require_store(streaming=False)
             job_id = self.settings.job_id or new_job_id()
-            writer = ServiceBusBatchWriter(self.settings.config, f"{self._sink_id()}/{job_id}")
+            writer = ServiceBusBatchWriter(
+                self.settings.config, f"{self._sink_id()}/{job_id}", self.settings.store_location
+            )
             _ = writer.plan  # read now, on the driver: the commit gets this very object back
             return writer
 

@@ -103,6 +103,14 @@ class Resolver:
                 self.dbutils = _find_dbutils()
                 self._dbutils_looked = True
             if self.dbutils is None:
+                if os.environ.get("DATABRICKS_RUNTIME_VERSION"):  # Databricks, a process without dbutils
+                    raise _err(
+                        key,
+                        f"secret reference {m.group(0)} needs dbutils.secrets, which this process has not (Spark "
+                        "runs format('servicebus')'s driver-side code in a Python process of its own): set a "
+                        f"cluster environment variable to it (SB_NAME={m.group(0)}) and give ${{env:SB_NAME}}, "
+                        "or use foreachBatch(ServiceBusSink(config))",
+                    )
                 raise _err(
                     key,
                     f"secret reference {m.group(0)} needs Databricks (dbutils.secrets) and this is not a "

@@ -346,6 +346,11 @@ class DeltaStateStore:
             self.ensure()
             self._append("events", self._events_frame(events), None, None)
 
+    def merge_entities(self, records: Sequence[EntityRecord]) -> None:
+        """Merge entity records: a newer or equal ``since`` wins (the state relay's copy)."""
+        self.ensure()
+        self._merge_entities(records)
+
     def _merge_entities(self, records: Sequence[EntityRecord]) -> None:
         rows = [
             (

@@ -3,7 +3,9 @@
 Run by ``tests/spark/test_datasource.py`` in a child process (a process cannot hold the classic test session and a
 Connect one), with the Connect session, file writes and receives of ``connect_stream.py``. Two micro-batches: the
 primary healthy (plus one bad row), then a primary outage (diverted to the backlog); the syphon moves the backlog
-back; the state tables are read back.
+back. The state tables are catalog tables (``state_table_prefix``): the source records into its spool and
+:func:`spark_sb.relay_state` copies it (its listener on the client, its ``foreachBatch`` on the server); the
+catalog tables are read back.
 
 Usage: ``python tests/spark/connect_datasource.py <work dir>``
 """
@@ -21,7 +23,7 @@ from tests.spark.connect_stream import _drain, _session, _write
 def main(work: Path) -> dict[str, Any]:
     from servicebus_local.model import QueueSettings
     from servicebus_local.server import LocalNamespace
-    from spark_sb import register
+    from spark_sb import register, relay_state
     from spark_sb.config import ServiceBusConfig
     from spark_sb.provisioning import provision_backlog_queues
     from spark_sb.syphon import Syphon
@@ -30,7 +32,6 @@ def main(work: Path) -> dict[str, Any]:
     secondary = LocalNamespace("secondary").start()
     try:
         primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
-        state = work / "state"
         opts = {
             "primary.connection_string": primary.connection_string,
             "primary.namespace_name": "primary",
@@ -41,12 +42,12 @@ def main(work: Path) -> dict[str, Any]:
             "ping_primary_interval": "1h",
             "send_timeout": "5s",
             "retry.total": "0",
-            "state_location": str(state),
+            "state_table_prefix": "default.connect_",
             "sink_id": "connect-ds",
         }
         config = ServiceBusConfig.from_options(opts)
         provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
-        spark = _session()
+        spark = _session(work / "warehouse")
         try:
             register(spark)
             register(spark)  # idempotent
@@ -55,25 +56,32 @@ def main(work: Path) -> dict[str, Any]:
             healthy = [{"body": f"b{i}", "message_id": f"h{i}"} for i in range(10)]
             bad = {"body": "x", "message_id": "bad", "session_id": "s" * 200}
             outage = [{"body": f"o{i}", "message_id": f"o{i}"} for i in range(10)]
+            ckpt = str(work / "ckpt")
+            relay = relay_state(spark, {**opts, "checkpointLocation": ckpt}, timeout=120)
             query = (
                 spark.readStream.schema("body STRING, message_id STRING, session_id STRING")
                 .json(str(folder))
                 .writeStream.format("servicebus")
                 .options(**opts)
-                .option("checkpointLocation", str(work / "ckpt"))
+                .option("checkpointLocation", ckpt)
                 .start()
             )
             try:
+                before = relay.drains_started
                 _write(folder, "0.json", [*healthy, bad])
                 query.processAllAvailable()
+                settled = relay.settle(
+                    120, wake=False, after=before
+                )  # woken by the listener, after the micro-batch
                 primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")
                 _write(folder, "1.json", outage)
                 query.processAllAvailable()
             finally:
                 query.stop()
+                relay.stop()  # the last drain
             error = query.exception()
             tables = {
-                t: [r.asDict() for r in spark.read.format("delta").load(str(state / t)).collect()]
+                t: [r.asDict() for r in spark.table(f"default.connect_{t}").collect()]
                 for t in ("events", "entities", "rejects")
             }
         finally:
@@ -93,6 +101,10 @@ def main(work: Path) -> dict[str, Any]:
             "moved": dict(moved.forwarded),
             "primary": sorted(_drain(primary.connection_string, "orders")),
             "tables": tables,
+            "relay": {
+                "settled": settled,
+                "error": None if relay.last_error is None else str(relay.last_error),
+            },
         }
     finally:
         secondary.stop()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 
-def _session() -> Any:
+def _session(warehouse: Path | None = None) -> Any:
     from delta import configure_spark_with_delta_pip
     from pyspark.sql import SparkSession
 
@@ -32,6 +32,8 @@ def _session() -> Any:
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         **LOCAL_DEFAULTS,
     }
+    if warehouse is not None:  # where catalog tables go (else ./spark-warehouse)
+        settings["spark.sql.warehouse.dir"] = str(warehouse)
     if os.environ.get("SPARK_SB_IVY_DIR"):
         settings["spark.jars.ivy"] = os.environ["SPARK_SB_IVY_DIR"]
     for key, value in settings.items():

@@ -1,7 +1,7 @@
 """The ``servicebus`` data source (``format("servicebus")``) on real Spark (local[2]) and real Delta, against two
 local namespaces (real SDK, real TCP): a stream through a primary outage, a batch write, a replayed micro-batch,
 rejects, options refused before anything is sent; and the same stream under Spark Connect (a child process,
-``connect_datasource.py``)."""
+``connect_datasource.py``), there with catalog state tables through the relay."""
 
 from __future__ import annotations
 
@@ -266,6 +266,7 @@ def test_the_same_stream_under_spark_connect(tmp_path_factory: pytest.TempPathFa
     )
     assert report["session"].startswith("pyspark.sql.connect")
     assert report["error"] is None
+    assert report["relay"] == {"settled": True, "error": None}  # the listener woke the relay under Connect
     assert report["backlog"] == sorted(f"o{i}" for i in range(10))  # diverted during the outage
     assert report["moved"] == {"orders": 10}
     assert report["primary"] == sorted(

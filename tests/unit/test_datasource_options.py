@@ -94,9 +94,45 @@ def test_a_missing_config_path_names_the_file(tmp_path: Path) -> None:
         parse_options({"config_path": str(tmp_path / "nowhere.yaml")})
 
 
-def test_catalog_state_tables_are_refused_with_the_alternative() -> None:
-    with pytest.raises(ConfigError, match="option 'state_table_prefix': .*set state_location.*foreachBatch"):
-        parse_options(_opts(entity="orders", state_table_prefix="main.sb.sb_"))
+def test_catalog_state_tables_record_into_a_spool_beside_the_checkpoint_or_where_state_spool_says() -> None:
+    prefix = {"entity": "orders", "state_table_prefix": "main.sb.sb_"}
+    streamed = parse_options(_opts(**prefix, checkpointLocation="/ckpt/q1/"))
+    assert streamed.state_spool == "/ckpt/q1/servicebus_state"
+    assert streamed.store_location == "/ckpt/q1/servicebus_state"
+    streamed.require_store(streaming=True)
+    given = parse_options(_opts(**prefix, STATE_SPOOL="/vol/spool", checkpointLocation="/ckpt/q1"))
+    assert given.store_location == "/vol/spool"  # state_spool wins over the checkpoint's default
+    paths = parse_options(_opts(entity="orders", state_location="/data/state", checkpointLocation="/ckpt"))
+    assert (paths.state_spool, paths.store_location) == (None, "/data/state")  # path tables: written directly
+
+
+def test_a_databricks_secret_reference_without_dbutils_names_the_option_and_the_way_that_works(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")  # Databricks, but a process with no dbutils
+    with pytest.raises(ConfigError, match="secondary.connection_string") as refused:
+        parse_options(_opts(entity="orders", **{"secondary.connection_string": "{{secrets/sb/secondary}}"}))
+    message = str(refused.value)
+    assert "SB_NAME={{secrets/sb/secondary}}" in message and "${env:SB_NAME}" in message
+    assert "foreachBatch(ServiceBusSink(config))" in message
+    monkeypatch.setenv("SB_NAME", SECONDARY)  # what the cluster's environment variable gives
+    parsed = parse_options(_opts(entity="orders", **{"secondary.connection_string": "${env:SB_NAME}"}))
+    assert parsed.config.secondary.connection_string is not None
+    assert parsed.config.secondary.connection_string.reveal() == SECONDARY
+
+
+def test_a_spool_is_required_with_catalog_tables_and_only_with_them() -> None:
+    batch = parse_options(_opts(entity="orders", state_table_prefix="main.sb.sb_"))  # no checkpoint
+    with pytest.raises(
+        ConfigError, match="option 'state_spool': required with state_table_prefix.*batch write"
+    ):
+        batch.require_store(streaming=False)
+    with pytest.raises(ConfigError, match="option 'state_spool': required .*or checkpointLocation"):
+        batch.require_store(streaming=True)
+    with pytest.raises(ConfigError, match="option 'state_spool': applies with state_table_prefix only"):
+        parse_options(_opts(entity="orders", state_location="/data/state", state_spool="/vol/spool"))
+    with pytest.raises(ConfigError, match="option 'state_spool': expected a path"):
+        parse_options(_opts(entity="orders", state_table_prefix="main.sb.sb_", state_spool=" "))
 
 
 def test_job_id_is_checked_and_generated_ids_are_distinct() -> None:
@@ -144,17 +180,17 @@ def test_commit_records_the_batch_and_a_replay_is_recorded_as_skipped(tmp_path: 
 
     state = tmp_path / "state"
     config = parse_options(_opts(entity="orders", sink_id="s", state_location=str(state))).config
-    outcome = commit_write(WritePlan(config, "s"), 7, [_sent(3), _sent(2)])
+    outcome = commit_write(WritePlan(config, "s", str(state)), 7, [_sent(3), _sent(2)])
     assert outcome is not None and outcome.total_sent == 5
     store = DeltaRsStateStore(str(state))
     assert [(e.batch_id, e.count) for e in store.read_events("s") if e.event == BATCH_COMMITTED] == [(7, 5)]
 
     replay = [TaskReport(7, 3, None), TaskReport(7, 2, None)]  # every task found batch 7 committed
-    assert commit_write(WritePlan(config, "s", last_committed=7), 7, replay) is None
+    assert commit_write(WritePlan(config, "s", str(state), last_committed=7), 7, replay) is None
     assert [(e.batch_id, e.count) for e in store.read_events("s") if e.event == REPLAY_SKIPPED] == [(7, 5)]
 
     with pytest.raises(SinkIdConflictError, match="with 5 rows, and now arrives with 4"):
-        commit_write(WritePlan(config, "s", last_committed=7), 7, [TaskReport(7, 4, None)])
+        commit_write(WritePlan(config, "s", str(state), last_committed=7), 7, [TaskReport(7, 4, None)])
 
 
 def test_rows_of_spark_40s_stream_writer_become_the_dicts_the_arrow_path_gives() -> None:

@@ -105,7 +105,7 @@ def test_the_data_source_commit_records_it_and_status_shows_it_in_seconds(tmp_pa
         ),
         TaskReport(7, 2, PartitionResult("h2", 2, SendOutcome(sent={"orders": 2}))),
     ]
-    outcome = commit_write(WritePlan(config, "s"), 7, reports)
+    outcome = commit_write(WritePlan(config, "s", str(state)), 7, reports)
     assert outcome is not None and outcome.throttled == {"orders": 4.2}
     events = DeltaRsStateStore(str(state)).read_events("s")
     assert [(e.batch_id, e.entity, e.count, e.executor_host) for e in events if e.event == THROTTLED] == [

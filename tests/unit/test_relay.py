@@ -1,0 +1,139 @@
+"""The state relay's thread, listener and deadline without Spark (a fake session): the listener wakes the thread
+for other queries' micro-batches and not for the relay's own; a failed drain is kept and tried again; ``stop``
+removes the listener and drains once more; a relay query past its deadline is stopped and named."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from spark_sb.relay import RELAY_QUERY_PREFIX, RelayError, RelayReport, StateRelay
+
+
+class _Streams:
+    def __init__(self) -> None:
+        self.listeners: list[Any] = []
+
+    def addListener(self, listener: Any) -> None:  # noqa: N802 - Spark's name
+        self.listeners.append(listener)
+
+    def removeListener(self, listener: Any) -> None:  # noqa: N802
+        self.listeners.remove(listener)
+
+
+class _CountingRelay(StateRelay):
+    """Drains count themselves; ``fail`` makes the next drain raise."""
+
+    def __init__(self) -> None:
+        super().__init__(SimpleNamespace(streams=_Streams()), "/spool", "main.ops.sb_", timeout=5)
+        self.drains = 0
+        self.fail: Exception | None = None
+        self.lock = threading.Lock()
+
+    def drain(self) -> RelayReport:
+        with self.lock:
+            self.drains += 1
+            if self.fail is not None:
+                error, self.fail = self.fail, None
+                raise error
+        return RelayReport({"events": self.drains}, 0)
+
+
+def _progress(name: str | None) -> Any:
+    return SimpleNamespace(progress=SimpleNamespace(name=name))
+
+
+def test_the_listener_wakes_the_thread_for_other_queries_and_not_for_the_relays_own() -> None:
+    relay = _CountingRelay().start()
+    try:
+        (listener,) = relay.spark.streams.listeners
+        before = relay.drains_started
+        listener.onQueryProgress(_progress(f"{RELAY_QUERY_PREFIX}events-1a2b3c4d"))
+        assert not relay.settle(0.3, wake=False, after=before)  # its own query: no drain
+        assert relay.drains == 0
+        listener.onQueryProgress(_progress(None))  # an unnamed user query
+        assert relay.settle(10, wake=False, after=before)
+        assert relay.drains == 1
+        listener.onQueryProgress(_progress("orders-to-servicebus"))
+        assert relay.settle(10, wake=False, after=before + 1)
+        assert relay.drains == 2
+    finally:
+        relay.stop(drain=False)
+
+
+def test_a_failed_drain_is_kept_and_the_next_wake_up_tries_again() -> None:
+    relay = _CountingRelay().start()
+    try:
+        relay.fail = RelayError("spool unreachable")
+        assert relay.settle(10)
+        assert isinstance(relay.last_error, RelayError)
+        assert relay.settle(10)
+        assert relay.last_error is None and relay.drains == 2
+    finally:
+        relay.stop(drain=False)
+
+
+def test_stop_removes_the_listener_ends_the_thread_and_drains_once_more() -> None:
+    relay = _CountingRelay().start()
+    assert relay.start() is relay  # idempotent: one thread, one listener
+    assert len(relay.spark.streams.listeners) == 1
+    report = relay.stop()
+    assert report == RelayReport({"events": 1}, 0)  # the last drain, in the caller's thread
+    assert relay.spark.streams.listeners == []
+    assert not any(t.name.startswith("spark-sb-relay:") for t in threading.enumerate())
+    failing = _CountingRelay()
+    failing.fail = RelayError("catalog refused")
+    with pytest.raises(RelayError, match="catalog refused"):
+        failing.stop()  # a batch write's drain: its failure is the caller's
+
+
+class _Chain:
+    """A fluent stand-in for ``spark.readStream ... .start()``; ``start`` returns the query."""
+
+    def __init__(self, query: Any) -> None:
+        self.query = query
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "start":
+            return lambda *a, **k: self.query
+        if name in ("readStream", "writeStream"):
+            return self
+
+        def call(*args: Any, **kwargs: Any) -> _Chain:
+            self.calls.append(name)
+            return self
+
+        return call
+
+
+class _StuckQuery:
+    def __init__(self) -> None:
+        self.stopped = False
+        self.waited: float | None = None
+        self.recentProgress: list[dict[str, Any]] = []
+
+    def awaitTermination(self, timeout: float) -> bool:  # noqa: N802 - Spark's name
+        self.waited = timeout
+        return False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_a_relay_query_past_its_deadline_is_stopped_and_named() -> None:
+    query = _StuckQuery()
+    chain = _Chain(query)
+    relay = StateRelay(
+        SimpleNamespace(readStream=chain, streams=_Streams()), "/spool/", "main.ops.sb_", timeout=7
+    )
+    assert relay.spool == "/spool"
+    with pytest.raises(
+        RelayError, match=r"relay of events from /spool to main.ops.sb_events: not done in 7 s"
+    ):
+        relay._stream("events")
+    assert query.waited == 7 and query.stopped
+    assert "foreachBatch" in chain.calls and "trigger" in chain.calls
