@@ -26,6 +26,8 @@ What a drain does (:meth:`StateRelay.drain`; DataFrame operations only):
   spool) are skipped (``skipChangeCommits``), not copied.
 * ``entities`` (one row per primary entity): merged whole into the catalog table (a newer or equal ``since``
   wins, as every store merges), when the spool's table moved since the last drain.
+* A table whose Delta version has not moved since this relay's last copy is not read at all: an idle drain is
+  three ``DESCRIBE HISTORY`` commands, no query.
 
 When: the relay's thread drains after every micro-batch of any query of the session (a
 ``StreamingQueryListener`` wakes it; the relay's own queries, named ``spark-sb-relay-...``, do not), on
@@ -94,6 +96,7 @@ class StateRelay:
         self.last_error: BaseException | None = None
         self._drain_lock = threading.Lock()
         self._entities_seen: int | None = None  # the spool's entities version of the last merge
+        self._streamed: dict[str, int] = {}  # spool table -> its version at the last copy (2 entries)
         self._state = threading.Condition()
         self._wake = False
         self._stopping = False
@@ -153,7 +156,15 @@ class StateRelay:
             if self._version("events") is None:
                 return RelayReport({}, 0, skipped=True)
             self.target.ensure()
-            rows = {table: self._stream(table) for table in STREAMED_TABLES}
+            rows = {}
+            for table in STREAMED_TABLES:
+                version = self._version(table)
+                if version is not None and version == self._streamed.get(table):
+                    rows[table] = 0  # nothing added since this relay's last copy: no query started
+                    continue
+                rows[table] = self._stream(table)
+                if version is not None:
+                    self._streamed[table] = version
             merged = 0
             version = self._version("entities")
             if version is not None and version != self._entities_seen:

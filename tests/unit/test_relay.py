@@ -137,3 +137,24 @@ def test_a_relay_query_past_its_deadline_is_stopped_and_named() -> None:
         relay._stream("events")
     assert query.waited == 7 and query.stopped
     assert "foreachBatch" in chain.calls and "trigger" in chain.calls
+
+
+def test_a_drain_reads_only_the_tables_that_moved_since_its_last_copy() -> None:
+    versions = {"events": 3, "rejects": 1, "entities": 5}
+    streamed: list[str] = []
+    merged: list[int] = []
+    relay = StateRelay(SimpleNamespace(streams=_Streams()), "/spool", "main.ops.sb_")
+    relay._version = versions.get  # type: ignore[method-assign]
+    relay._stream = lambda table: streamed.append(table) or 10  # type: ignore[method-assign]
+    relay.source = SimpleNamespace(read_entities=lambda: ["orders", "payments"])  # type: ignore[assignment]
+    relay.target = SimpleNamespace(ensure=lambda: None, merge_entities=lambda r: merged.append(len(r)))  # type: ignore[assignment]
+
+    assert relay.drain() == RelayReport({"rejects": 10, "events": 10}, 2)
+    assert relay.drain() == RelayReport({"rejects": 0, "events": 0}, 0)  # idle: no query, no merge
+    versions["events"] = 4
+    assert relay.drain() == RelayReport({"rejects": 0, "events": 10}, 0)
+    assert streamed == ["rejects", "events", "events"] and merged == [2]
+    versions["entities"] = 6
+    assert relay.drain().entities == 2 and merged == [2, 2]
+    del versions["events"]  # the source has recorded nothing yet
+    assert relay.drain() == RelayReport({}, 0, skipped=True)
