@@ -221,9 +221,9 @@ def test_on_reject_fail_aborts_the_micro_batch(spark: Any, namespace_pair: Any, 
         ({"entity": None}, "append", "option 'entity': required"),
         ({}, "overwrite", "option 'mode': 'overwrite' is not supported; valid: append"),
         (
-            {"state_table_prefix": "main.sb.sb_", "state_location": None},
+            {"state_spool": "/spool"},  # beside state_location
             "append",
-            "state_table_prefix.*state_location",
+            "option 'state_spool': applies with state_table_prefix only",
         ),
     ],
 )
