@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.spark.connect_stream import _drain, _session, _write
+from tests.spark.connect_stream import _drain, _session, healthy_then_outage
 
 
 def main(work: Path) -> dict[str, Any]:
@@ -68,14 +68,15 @@ def main(work: Path) -> dict[str, Any]:
             )
             try:
                 before = relay.drains_started
-                _write(folder, "0.json", [*healthy, bad])
-                query.processAllAvailable()
-                settled = relay.settle(
-                    120, wake=False, after=before
-                )  # woken by the listener, after the micro-batch
-                primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")
-                _write(folder, "1.json", outage)
-                query.processAllAvailable()
+                settled: list[bool] = []  # woken by the listener, after the first micro-batch
+                healthy_then_outage(
+                    query,
+                    folder,
+                    primary,
+                    [*healthy, bad],
+                    outage,
+                    lambda: settled.append(relay.settle(120, wake=False, after=before)),
+                )
             finally:
                 query.stop()
                 relay.stop()  # the last drain
@@ -102,7 +103,7 @@ def main(work: Path) -> dict[str, Any]:
             "primary": sorted(_drain(primary.connection_string, "orders")),
             "tables": tables,
             "relay": {
-                "settled": settled,
+                "settled": settled == [True],
                 "error": None if relay.last_error is None else str(relay.last_error),
             },
         }

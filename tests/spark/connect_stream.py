@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,25 @@ def _write(folder: Path, name: str, rows: list[dict[str, Any]]) -> None:
     tmp = folder / f".{name}"
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.rename(folder / name)
+
+
+def healthy_then_outage(
+    query: Any,
+    folder: Path,
+    primary: Any,
+    first: list[dict[str, Any]],
+    outage: list[dict[str, Any]],
+    between: Callable[[], None] = lambda: None,
+) -> None:
+    """The two micro-batches of the outage tests: ``first`` with the primary healthy, then ``outage`` with the
+    primary's ``orders`` refusing sends as full (``amqp:resource-limit-exceeded``). ``between`` runs after the
+    first. The caller stops the query."""
+    _write(folder, "0.json", first)
+    query.processAllAvailable()
+    between()
+    primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")
+    _write(folder, "1.json", outage)
+    query.processAllAvailable()
 
 
 def _drain(connection_string: str, entity: str) -> list[str]:
@@ -102,11 +122,7 @@ def main(work: Path) -> dict[str, Any]:
                 .start()
             )
             try:
-                _write(folder, "0.json", [*healthy, bad])
-                query.processAllAvailable()
-                primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")
-                _write(folder, "1.json", outage)
-                query.processAllAvailable()
+                healthy_then_outage(query, folder, primary, [*healthy, bad], outage)
             finally:
                 query.stop()
             error = query.exception()

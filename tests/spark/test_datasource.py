@@ -19,6 +19,7 @@ from spark_sb.provisioning import provision_backlog_queues
 from spark_sb.syphon import Syphon
 
 from .child_report import child_report
+from .connect_stream import healthy_then_outage
 from .test_sink import _drain, _write
 
 pytestmark = pytest.mark.slow
@@ -88,11 +89,9 @@ def test_stream_through_a_primary_outage_diverts_records_and_the_syphon_restores
 
     query = _start(spark, folder, tmp_path / "ckpt", opts)
     try:
-        _write(folder, "0.json", [*healthy, bad])
-        query.processAllAvailable()
-        primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")  # the primary entity is full
-        _write(folder, "1.json", outage)
-        query.processAllAvailable()
+        healthy_then_outage(
+            query, folder, primary, [*healthy, bad], outage
+        )  # then the primary entity is full
     finally:
         query.stop()
     assert query.exception() is None

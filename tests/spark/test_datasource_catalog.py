@@ -15,8 +15,9 @@ from spark_sb import ConfigError, StateRelay, relay_state
 from spark_sb.config import ServiceBusConfig
 from spark_sb.provisioning import provision_backlog_queues
 
+from .connect_stream import healthy_then_outage
 from .test_datasource import _options, _registered, _start  # noqa: F401 - _registered: the autouse fixture
-from .test_sink import _drain, _write
+from .test_sink import _drain
 
 pytestmark = pytest.mark.slow
 
@@ -63,20 +64,19 @@ def test_a_stream_with_catalog_tables_is_relayed_after_each_micro_batch_exactly_
     assert isinstance(relay, StateRelay)
     assert relay.spool == f"{ckpt}/servicebus_state"  # the default spool: beside the checkpoint
     query = _start(spark, folder, ckpt, opts)
-    try:
-        before = relay.drains_started
-        _write(folder, "0.json", [*healthy, bad])
-        query.processAllAvailable()
+    before = relay.drains_started
+
+    def relayed_after_the_first_micro_batch() -> None:
         # The listener wakes the relay's thread after the micro-batch: no explicit drain here.
         assert relay.settle(120, wake=False, after=before)
         assert relay.last_error is None
-        first = _catalog(spark, prefix)
-        assert [(e["batch_id"], e["count"]) for e in first["events"] if e["event"] == "batch_committed"] == [
-            (0, 21)
-        ]
-        primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")
-        _write(folder, "1.json", outage)
-        query.processAllAvailable()
+        first = _catalog(spark, prefix)["events"]
+        assert [(e["batch_id"], e["count"]) for e in first if e["event"] == "batch_committed"] == [(0, 21)]
+
+    try:
+        healthy_then_outage(
+            query, folder, primary, [*healthy, bad], outage, relayed_after_the_first_micro_batch
+        )
     finally:
         query.stop()
         relay.stop()  # the last drain
