@@ -38,6 +38,9 @@ wake-up; :meth:`~StateRelay.stop` raises it).
 
 Bounded: one thread and one listener per relay, whatever the entities, batches or hours; a drain's work is what
 was added since the last one plus the entities table.
+
+One relay per spool at a time (its queries' checkpoints are the spool's); several streams or batch writes may share
+a spool (their sink ids keep their rows apart), and one relay copies them all.
 """
 
 from __future__ import annotations
@@ -223,6 +226,8 @@ class StateRelay:
         """Start the thread and add the listener that wakes it after every micro-batch (idempotent)."""
         if self._thread is not None:
             return self
+        with self._state:
+            self._stopping = False  # started again after a stop
         self._thread = threading.Thread(target=self._run, name=f"spark-sb-relay:{self.prefix}", daemon=True)
         self._thread.start()
         self._listener = _listener(self)

@@ -84,6 +84,9 @@ def test_stop_removes_the_listener_ends_the_thread_and_drains_once_more() -> Non
     assert report == RelayReport({"events": 1}, 0)  # the last drain, in the caller's thread
     assert relay.spark.streams.listeners == []
     assert not any(t.name.startswith("spark-sb-relay:") for t in threading.enumerate())
+    again = relay.start()  # started again after a stop: the thread runs and drains when woken
+    assert again.settle(10) and relay.drains == 2
+    relay.stop(drain=False)
     failing = _CountingRelay()
     failing.fail = RelayError("catalog refused")
     with pytest.raises(RelayError, match="catalog refused"):
