@@ -1,7 +1,7 @@
 """Benchmark: ``format("servicebus")`` against ``foreachBatch(ServiceBusSink)`` on the same rows, interleaved.
 
     .venv/bin/python bench/bench_datasource.py [--rows 20000] [--batches 5] [--rounds 3] [--latency 0]
-                                               [--no-state]
+                                               [--no-state | --catalog]
 
 Real Spark (local[2], Delta) and two local namespaces in child processes. The input is a folder of parquet files,
 two per micro-batch (``rows`` rows of 200-byte bodies with message ids, two partitions: both cores send). Each run
@@ -10,7 +10,10 @@ stops), timed from ``start()`` to its end; the ``foreachBatch`` run's time inclu
 tables written in the background), the data source writes its tables in each micro-batch's commit. Every run
 sends to a queue of its own, drained and counted afterwards (not timed). The runs alternate (source, sink, sink,
 source, ...) after one unmeasured run of each, so that drift affects both alike. With state tables under
-``state_location`` (default; ``--no-state``: none).
+``state_location`` (default; ``--no-state``: none; ``--catalog``: catalog tables, ``state_table_prefix``: the
+``foreachBatch`` sink writes them itself, the data source into its spool while :func:`spark_sb.relay_state` copies
+the spool after each micro-batch; its run's time includes the relay's last drain, as the sink's includes
+``flush()``).
 
 Prints msgs/s of each run, the totals (rows / seconds over all measured runs) and the ratio data source /
 foreachBatch (goal >= 0.95).
@@ -30,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_local_namespace import namespace  # noqa: E402 - sibling script
 
-from spark_sb import register  # noqa: E402
+from spark_sb import register, relay_state  # noqa: E402
 from spark_sb.config import ServiceBusConfig  # noqa: E402
 from spark_sb.session import build_spark_session  # noqa: E402
 from spark_sb.sink import ServiceBusSink  # noqa: E402
@@ -56,9 +59,14 @@ def run(spark: Any, kind: str, folder: str, options: dict[str, str], work: str) 
     ckpt = tempfile.mkdtemp(prefix="ckpt-", dir=work)
     started = time.perf_counter()
     if kind == "datasource":
+        relay = None
+        if "state_table_prefix" in options:
+            relay = relay_state(spark, {**options, "checkpointLocation": ckpt})
         writer = df.writeStream.format("servicebus").options(**options)
         query = writer.option("checkpointLocation", ckpt).trigger(availableNow=True).start()
         query.awaitTermination()
+        if relay is not None:
+            relay.stop()  # the last drain: the catalog tables hold every batch
     else:
         sink = ServiceBusSink(ServiceBusConfig.from_options(options))
         writer = df.writeStream.foreachBatch(sink)
@@ -94,15 +102,21 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=5, help="micro-batches per run (default 5)")
     parser.add_argument("--rounds", type=int, default=3, help="measured runs of each (default 3)")
     parser.add_argument("--latency", type=float, default=0.0, help="injected latency, seconds (default 0)")
-    parser.add_argument("--no-state", action="store_true", help="no state tables")
+    tables = parser.add_mutually_exclusive_group()
+    tables.add_argument("--no-state", action="store_true", help="no state tables")
+    tables.add_argument(
+        "--catalog", action="store_true", help="catalog state tables (the data source: a relay)"
+    )
     args = parser.parse_args()
 
-    spark = build_spark_session("bench-datasource", "local[2]")
+    work = tempfile.mkdtemp(prefix="bench-datasource-")
+    spark = build_spark_session(
+        "bench-datasource", "local[2]", {"spark.sql.warehouse.dir": os.path.join(work, "warehouse")}
+    )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     runs = args.rounds + 1
     queues = tuple(f"orders-{kind}-{i}" for kind in KINDS for i in range(runs))
-    work = tempfile.mkdtemp(prefix="bench-datasource-")
     folder = os.path.join(work, "in")
     make_input(spark, folder, args.rows, args.batches)
     total = args.rows * args.batches
@@ -123,7 +137,9 @@ def main() -> None:
                     "backlog_queue_count": "1",
                     "sink_id": f"bench-{kind}-{i}",
                 }
-                if not args.no_state:
+                if args.catalog:
+                    options["state_table_prefix"] = f"default.bench_{kind.lower()}_"
+                elif not args.no_state:
                     options["state_location"] = os.path.join(work, "state")
                 took = run(spark, kind, folder, options, work)
                 got = drain(primary, f"orders-{kind}-{i}")
@@ -135,7 +151,7 @@ def main() -> None:
     measured = {k: args.rounds * total / sum(v) for k, v in seconds.items()}
     print(
         f"rows {args.rows} x {args.batches} micro-batches, latency {args.latency}s, "
-        f"state tables {'off' if args.no_state else 'on'}"
+        f"state tables {'off' if args.no_state else 'catalog' if args.catalog else 'paths'}"
     )
     for kind in KINDS:
         print(f"{kind:>12}: {measured[kind]:8.0f} msgs/s over {args.rounds} runs")
