@@ -24,15 +24,17 @@ What a drain does (:meth:`StateRelay.drain`; DataFrame operations only):
   across drains, restarts and crashes (Delta's source offsets and sink transactions); a drain reads only what was
   added since the last one, whatever the spool holds. Commits that delete rows (``spark-sb maintain`` on the
   spool) are skipped (``skipChangeCommits``), not copied.
-* ``entities`` (one row per primary entity): merged whole into the catalog table (a newer or equal ``since``
-  wins, as every store merges), when the spool's table moved since the last drain.
-* A table whose Delta version has not moved since this relay's last copy is not read at all: an idle drain is
-  three ``DESCRIBE HISTORY`` commands, no query.
+* ``entities`` (one row per primary entity): when the spool's table moved, the records that differ from what this
+  relay merged last are merged into the catalog table (a newer or equal ``since`` wins, as every store merges).
+* A table whose Delta version has not moved since this relay's last copy is not read at all. The versions and the
+  entities are read with deltalake where it is installed (milliseconds, no Spark command), else with Spark
+  (``DESCRIBE HISTORY``); an idle drain starts no query.
 
 When: the relay's thread drains after every micro-batch of any query of the session (a
-``StreamingQueryListener`` wakes it; the relay's own queries, named ``spark-sb-relay-...``, do not), on
-:meth:`~StateRelay.drain`, and on :meth:`~StateRelay.stop`. The catalog tables lag the spool by about one drain;
-the spool is the record of what was committed. Deadline: each query of a drain has ``timeout`` seconds; one that
+``StreamingQueryListener`` wakes it; the relay's own queries, named ``spark-sb-relay-...``, do not), at most once
+per ``interval`` (30 s: micro-batches that end closer together share a drain), on :meth:`~StateRelay.drain`,
+and on :meth:`~StateRelay.stop`. The catalog tables lag the spool by up to ``interval`` plus one drain (3-5 s
+here); the spool is the record of what was committed. Deadline: each query of a drain has ``timeout`` seconds; one that
 does not finish is stopped and the drain raises :class:`RelayError` (the thread logs it and tries again at the next
 wake-up; :meth:`~StateRelay.stop` raises it).
 
@@ -46,15 +48,22 @@ a spool (their sink ids keep their rows apart), and one relay copies them all.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import threading
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spark_sb.config import ConfigError
 from spark_sb.state.delta import DeltaStateStore, StateTables
+from spark_sb.state.writer import COMMIT_INTERVAL
+
+if TYPE_CHECKING:  # pragma: no cover
+    from spark_sb.state.deltars import DeltaRsStateStore
+    from spark_sb.state.records import EntityRecord
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +71,10 @@ log = logging.getLogger(__name__)
 RELAY_QUERY_PREFIX = "spark-sb-relay-"
 #: Seconds one query of a drain may take before it is stopped (:class:`RelayError`).
 RELAY_TIMEOUT = 300.0
+#: Seconds between the starts of two drains of the relay's thread (the first is at once): micro-batches that end
+#: closer together share a drain, and the relay's queries leave the driver to the stream. The ``foreachBatch``
+#: sink's background state writes keep rows as long (``COMMIT_INTERVAL``).
+RELAY_INTERVAL = COMMIT_INTERVAL
 #: The appended tables a drain streams (the entities table is merged).
 STREAMED_TABLES = ("rejects", "events")  # events last: a batch's ``batch_committed`` row after its rejects
 RELAY_FOLDER = "_relay"  # <spool>/_relay/<table>: the checkpoints of the relay's queries
@@ -89,16 +102,32 @@ class StateRelay:
     """Copies a ``servicebus`` source's spool into its catalog tables (driver, the user's process; holds the
     session: not picklable). Thread-safe: drains never overlap."""
 
-    def __init__(self, spark: Any, spool: str, prefix: str, *, timeout: float = RELAY_TIMEOUT) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        spool: str,
+        prefix: str,
+        *,
+        timeout: float = RELAY_TIMEOUT,
+        interval: float = RELAY_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.spark = spark
         self.spool = spool.rstrip("/") or "/"
         self.prefix = prefix
         self.timeout = timeout
+        self.interval = interval
+        self._clock = clock
+        self._last_start: float | None = None  # when the thread's last drain began (clock)
         self.source = DeltaStateStore(spark, StateTables(location=self.spool))
         self.target = DeltaStateStore(spark, StateTables(prefix=prefix))
         self.last_error: BaseException | None = None
         self._drain_lock = threading.Lock()
         self._entities_seen: int | None = None  # the spool's entities version of the last merge
+        # the spool's records at the last merge: one per entity, as the entities table itself
+        self._entities_merged: frozenset[Any] = frozenset()
+        self._rs: DeltaRsStateStore | None = None  # the deltalake reader of the spool
+        self._use_rs = True  # False: Spark reads the spool (no deltalake here, or it failed)
         self._streamed: dict[str, int] = {}  # spool table -> its version at the last copy (2 entries)
         self._state = threading.Condition()
         self._wake = False
@@ -109,8 +138,40 @@ class StateRelay:
         self._listener: Any = None
 
     # -- one drain
+    def _reader(self) -> DeltaRsStateStore | None:
+        """The spool read with deltalake, without a Spark command (milliseconds), where the package is installed
+        (the source that writes the spool needs it); None: read it with Spark."""
+        if self._rs is None and self._use_rs:
+            if importlib.util.find_spec("deltalake") is None:
+                self._use_rs = False
+            else:
+                from spark_sb.state.deltars import DeltaRsStateStore
+
+                self._rs = DeltaRsStateStore(self.spool)
+        return self._rs if self._use_rs else None
+
+    def _fall_back(self, what: str, exc: BaseException) -> None:
+        """deltalake cannot read the spool from here (credentials, a scheme it lacks): Spark reads it from now on."""
+        log.info("state relay %s: %s with deltalake failed (%s); reading with Spark", self.spool, what, exc)
+        self._use_rs = False
+
+    def _read_entities(self) -> list[EntityRecord]:
+        reader = self._reader()
+        if reader is not None:
+            try:
+                return reader.read_entities()
+            except Exception as exc:
+                self._fall_back("reading entities", exc)
+        return self.source.read_entities()
+
     def _version(self, table: str) -> int | None:
         """The spool table's Delta version, None when it does not exist yet."""
+        reader = self._reader()
+        if reader is not None:
+            try:
+                return reader.version(table)
+            except Exception as exc:
+                self._fall_back(f"the version of {table}", exc)
         try:
             rows = self.spark.sql(f"DESCRIBE HISTORY {self.source.tables.sql_name(table)} LIMIT 1").collect()
         except Exception as exc:
@@ -171,11 +232,13 @@ class StateRelay:
             merged = 0
             version = self._version("entities")
             if version is not None and version != self._entities_seen:
-                records = self.source.read_entities()
-                if records:
-                    self.target.merge_entities(records)
-                merged = len(records)
+                records = self._read_entities()
+                fresh = [r for r in records if r not in self._entities_merged]
+                if fresh:  # records this relay merged before and that did not change are not merged again
+                    self.target.merge_entities(fresh)
+                merged = len(fresh)
                 self._entities_seen = version
+                self._entities_merged = frozenset(records)
             return RelayReport(rows, merged)
 
     # -- the thread and the listener
@@ -207,11 +270,16 @@ class StateRelay:
         while True:
             with self._state:
                 self._state.wait_for(lambda: self._wake or self._stopping)
+                if self._last_start is not None:  # at most one drain per interval: later wake-ups share one
+                    due = self._last_start + self.interval
+                    while not self._stopping and self._clock() < due:
+                        self._state.wait(due - self._clock())
                 if self._stopping:
                     return
                 self._wake = False
                 self._started += 1
                 number = self._started
+                self._last_start = self._clock()
             try:
                 self.drain()
                 self.last_error = None
@@ -294,7 +362,13 @@ def _listener(relay: StateRelay) -> Any:
     return RelayListener()
 
 
-def relay_state(spark: Any, options: Mapping[str, Any], *, timeout: float = RELAY_TIMEOUT) -> StateRelay:
+def relay_state(
+    spark: Any,
+    options: Mapping[str, Any],
+    *,
+    timeout: float = RELAY_TIMEOUT,
+    interval: float = RELAY_INTERVAL,
+) -> StateRelay:
     """The started :class:`StateRelay` for a ``servicebus`` source given ``options`` (the options of
     ``format("servicebus")``; ``checkpointLocation`` among them when the spool is its default). Driver, the
     user's process. Raises :class:`ConfigError` naming ``state_table_prefix`` or ``state_spool``."""
@@ -314,7 +388,7 @@ def relay_state(spark: Any, options: Mapping[str, Any], *, timeout: float = RELA
             "tables format('servicebus') records into",
             [("state_spool", "required")],
         )
-    return StateRelay(spark, parsed.state_spool, prefix, timeout=timeout).start()
+    return StateRelay(spark, parsed.state_spool, prefix, timeout=timeout, interval=interval).start()
 
 
 __all__ = ["RELAY_QUERY_PREFIX", "RelayError", "RelayReport", "StateRelay", "relay_state"]

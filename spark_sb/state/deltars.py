@@ -214,6 +214,15 @@ class DeltaRsStateStore:
         self.ensure()
         return int(self._table("entities").version())
 
+    def version(self, table: str) -> int | None:
+        """``table``'s Delta version, None when it does not exist (one read of its log; nothing created)."""
+        from deltalake import DeltaTable
+
+        path = self.path(table)
+        if not DeltaTable.is_deltatable(path, storage_options=self.storage_options or None):
+            return None
+        return int(self._table(table).version())
+
     def last_committed(self, sink_id: str) -> int | None:
         """The highest batch id ``sink_id`` committed: the events table's transaction version for the sink id
         (one read of the log, whatever the table's size), else a scan of its ``batch_committed`` rows."""

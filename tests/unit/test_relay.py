@@ -28,7 +28,7 @@ class _CountingRelay(StateRelay):
     """Drains count themselves; ``fail`` makes the next drain raise."""
 
     def __init__(self) -> None:
-        super().__init__(SimpleNamespace(streams=_Streams()), "/spool", "main.ops.sb_", timeout=5)
+        super().__init__(SimpleNamespace(streams=_Streams()), "/spool", "main.ops.sb_", timeout=5, interval=0)
         self.drains = 0
         self.fail: Exception | None = None
         self.lock = threading.Lock()
@@ -147,9 +147,11 @@ def test_a_drain_reads_only_the_tables_that_moved_since_its_last_copy() -> None:
     streamed: list[str] = []
     merged: list[int] = []
     relay = StateRelay(SimpleNamespace(streams=_Streams()), "/spool", "main.ops.sb_")
+    relay._use_rs = False  # read through the (fake) Spark store
     relay._version = versions.get  # type: ignore[method-assign]
     relay._stream = lambda table: streamed.append(table) or 10  # type: ignore[method-assign]
-    relay.source = SimpleNamespace(read_entities=lambda: ["orders", "payments"])  # type: ignore[assignment]
+    entities = ["orders", "payments"]
+    relay.source = SimpleNamespace(read_entities=lambda: list(entities))  # type: ignore[assignment]
     relay.target = SimpleNamespace(ensure=lambda: None, merge_entities=lambda r: merged.append(len(r)))  # type: ignore[assignment]
 
     assert relay.drain() == RelayReport({"rejects": 10, "events": 10}, 2)
@@ -157,7 +159,59 @@ def test_a_drain_reads_only_the_tables_that_moved_since_its_last_copy() -> None:
     versions["events"] = 4
     assert relay.drain() == RelayReport({"rejects": 0, "events": 10}, 0)
     assert streamed == ["rejects", "events", "events"] and merged == [2]
-    versions["entities"] = 6
-    assert relay.drain().entities == 2 and merged == [2, 2]
+    versions["entities"] = 6  # the table moved, one record changed: only that one is merged
+    entities[1] = "payments, failed over"
+    assert relay.drain().entities == 1 and merged == [2, 1]
     del versions["events"]  # the source has recorded nothing yet
     assert relay.drain() == RelayReport({}, 0, skipped=True)
+
+
+def test_wake_ups_within_the_interval_share_one_drain_and_stop_still_drains() -> None:
+    now = [100.0]
+    relay = _CountingRelay()
+    relay.interval = 30.0
+    relay._clock = lambda: now[0]  # type: ignore[method-assign]
+    relay.start()
+    try:
+        assert relay.settle(10)  # the first drain: at once
+        before = relay.drains_started
+        relay.wake()
+        relay.wake()
+        assert not relay.settle(0.3, wake=False, after=before)  # 30 s not over on the clock: no drain yet
+        now[0] += 30.0
+        relay.wake()  # the thread looks at the clock again when woken
+        assert relay.settle(10, wake=False, after=before)
+        assert relay.drains == 2  # two wake-ups (and this one) shared one drain
+    finally:
+        assert relay.stop() == RelayReport({"events": 3}, 0)  # stop drains at once, whatever the interval
+
+
+def test_the_spool_is_read_with_deltalake_without_spark_and_with_spark_when_deltalake_fails(
+    tmp_path: Any,
+) -> None:
+    pytest.importorskip("deltalake")
+    from datetime import datetime, timezone
+
+    from spark_sb.state.deltars import DeltaRsStateStore
+    from spark_sb.state.records import EntityRecord
+
+    spool = DeltaRsStateStore(str(tmp_path / "spool"))
+    relay = StateRelay(SimpleNamespace(streams=_Streams()), spool.location, "main.ops.sb_")  # no spark.sql
+    assert relay._version("events") is None  # nothing recorded yet, and nothing created
+    assert not (tmp_path / "spool").exists()
+    spool.ensure()
+    record = EntityRecord("primary", "orders", "failed_over", datetime(2026, 11, 26, tzinfo=timezone.utc))
+    spool._merge_entities([record])
+    assert relay._version("events") == 0 and relay._version("entities") == 1
+    assert relay._read_entities() == [record]
+
+    class _Broken:
+        def version(self, table: str) -> int:
+            raise OSError("no credentials for this store")
+
+    sql: list[str] = []
+    relay.spark.sql = lambda text: sql.append(text) or SimpleNamespace(collect=lambda: [{"version": 7}])
+    relay._rs = _Broken()  # type: ignore[assignment]
+    assert relay._version("events") == 7  # Spark answered
+    assert sql == [f"DESCRIBE HISTORY delta.`{spool.location}/events` LIMIT 1"]
+    assert relay._version("rejects") == 7 and len(sql) == 2  # Spark from now on: deltalake is not tried again
