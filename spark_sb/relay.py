@@ -322,8 +322,14 @@ class StateRelay:
     def __enter__(self) -> StateRelay:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.stop()
+            return
+        try:  # the block's own error is the one to see; a failed last drain is logged
+            self.stop()
+        except Exception as failed:
+            log.warning("state relay %s -> %s: the last drain failed: %s", self.spool, self.prefix, failed)
 
 
 def append_batch(table: str, app_id: str, batch_df: Any, batch_id: int) -> None:

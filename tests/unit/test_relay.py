@@ -215,3 +215,15 @@ def test_the_spool_is_read_with_deltalake_without_spark_and_with_spark_when_delt
     assert relay._version("events") == 7  # Spark answered
     assert sql == [f"DESCRIBE HISTORY delta.`{spool.location}/events` LIMIT 1"]
     assert relay._version("rejects") == 7 and len(sql) == 2  # Spark from now on: deltalake is not tried again
+
+
+def test_a_failing_last_drain_does_not_hide_the_error_of_the_with_block() -> None:
+    relay = _CountingRelay()
+    relay.fail = RelayError("catalog refused")
+    with pytest.raises(KeyError, match="the stream's own error"), relay:
+        raise KeyError("the stream's own error")
+    assert relay.spark.streams.listeners == []  # stopped all the same
+    relay = _CountingRelay()
+    relay.fail = RelayError("catalog refused")
+    with pytest.raises(RelayError, match="catalog refused"), relay:
+        pass  # without an error of its own, the block's last drain failing is the error
