@@ -12,7 +12,8 @@ Usage (driver)::
 
 Options are the flat configuration keys :func:`spark_sb.load_config` accepts (values are strings; secrets by
 reference, resolved on the driver machine), plus ``config_path`` (a YAML file, the options override it),
-``state_spool`` (with ``state_table_prefix``) and, for batch writes, ``job_id``. :func:`parse_options` checks them before anything is sent.
+``state_spool`` (with ``state_table_prefix``) and, for batch writes, ``job_id``. :func:`parse_options` checks
+them before anything is sent.
 
 Where things run (Spark calls every driver-side method in a Python process of its own, with no SparkSession):
 
@@ -120,14 +121,12 @@ class SourceOptions:
 SPOOL_FOLDER = "servicebus_state"  # the default spool of a stream: <checkpointLocation>/servicebus_state
 
 
-def spool_location(options: Mapping[str, Any]) -> str | None:
-    """The spool named by ``options`` (case-insensitive keys): ``state_spool``, else
-    ``<checkpointLocation>/servicebus_state``, else None. Pure."""
-    lowered = {str(k).strip().lower(): str(v) for k, v in options.items()}
-    spool = lowered.get("state_spool", "").strip()
+def spool_location(spool: str | None, checkpoint: str | None) -> str | None:
+    """The spool: ``state_spool`` (``spool``), else ``<checkpointLocation>/servicebus_state``, else None. Pure."""
+    spool = (spool or "").strip()
     if spool:
         return spool.rstrip("/") or "/"
-    checkpoint = lowered.get("checkpointlocation", "").strip()
+    checkpoint = (checkpoint or "").strip()
     return f"{checkpoint.rstrip('/')}/{SPOOL_FOLDER}" if checkpoint else None
 
 
@@ -151,9 +150,11 @@ def parse_options(
     ``state_location`` or ``state_table_prefix`` without ``deltalake``, ``state_spool`` without
     ``state_table_prefix``."""
     lowered: dict[str, str] = {}
+    spark_options: dict[str, str] = {}  # Spark's own (checkpointLocation): only the default spool reads them
     for k, v in options.items():
         key = str(k).strip().lower()
         if key in SPARK_OPTIONS:
+            spark_options[key] = str(v)
             continue
         if key in lowered:
             raise _option_error([(key, "given twice (option keys are case-insensitive)")])
@@ -198,7 +199,11 @@ def parse_options(
         raise _option_error(
             [("job_id", f"expected letters, digits, '.', '_', ':' or '-' (at most 100), found {job_id!r}")]
         )
-    spool = spool_location(options) if config.state_table_prefix else None
+    spool = (
+        spool_location(spool_given, spark_options.get("checkpointlocation"))
+        if config.state_table_prefix
+        else None
+    )
     return SourceOptions(config, job_id, spool)
 
 
