@@ -37,7 +37,20 @@ from spark_sb.failover import (
     namespace_wide,
 )
 from spark_sb.outcome import Tally, describe_error, namespace_description
-from spark_sb.transport import PRIMARY, Target, Transport
+from spark_sb.transport import NAMESPACE_SILENCE, PRIMARY, Target, Transport
+
+#: Error classes that only the service sends back: the namespace answered the call (SPEC F7).
+ANSWERED_BY_SERVICE = frozenset(
+    {
+        "quota_exceeded",
+        "entity_disabled",
+        "entity_not_found",
+        "service_error",
+        "server_busy",
+        "message_too_large",
+        "invalid_request",
+    }
+)
 
 Emit = Callable[[Tally | None, list[StateTransition]], None]
 
@@ -126,15 +139,15 @@ class AttemptLoop:
                 entity_state = EntityState.HEALTHY
                 if state is not None:
                     if cls.fail_over:
-                        failing = state.record_failure(
-                            cls,
-                            describe_error(exc),
-                            started,
-                            namespace_wide=self.namespace_wide(cls, target, started),
-                        )
+                        wide = self.namespace_wide(cls, target, started, state)
+                        failing = state.record_failure(cls, describe_error(exc), started, namespace_wide=wide)
                         self.emit(tally, failing)
                         if failing and failing[0].to_state is EntityState.FAILING:
                             self.warm_backlog(state.entity)
+                        if not wide and self.namespace_answered(cls, target):
+                            self.emit(tally, state.namespace_answered_here())
+                    elif self.namespace_answered(cls, target):
+                        self.emit(tally, state.namespace_answered_here())
                     entity_state = state.state
                     remaining = state.time_until_failover()
                 decision = decide(
@@ -163,12 +176,44 @@ class AttemptLoop:
                 self.emit(tally, state.record_success())
             return SUCCEEDED
 
-    def namespace_wide(self, cls: ErrorClass, target: Target, started: float) -> bool:
-        """Is a failure of an attempt that started at ``started`` evidence against the whole namespace (F1)?"""
+    def namespace_wide(
+        self,
+        cls: ErrorClass,
+        target: Target,
+        started: float,
+        state: EntityFailover | None = None,
+        transport: Transport | None = None,
+    ) -> bool:
+        """Is a failure of an attempt that started at ``started`` evidence against the whole namespace (SPEC F1,
+        F7)? :func:`~spark_sb.failover.namespace_wide` on namespace facts: a connection-class error is; a timeout
+        is when the connection the attempt used (``transport``, default the sender's) has said nothing for
+        :data:`~spark_sb.transport.NAMESPACE_SILENCE` (past its heartbeat), or when it makes several distinct
+        entities of ``state``'s namespace time out with nothing heard since the first of them started
+        (:meth:`~spark_sb.failover.NamespaceHealth.entity_timed_out`). One entity's timeout alone never is."""
         if not cls.fail_over:
             return False
-        answered = self.transport().answered_within(target, max(0.0, self.clock.monotonic() - started))
-        return namespace_wide(cls, connection_answered=answered)
+        transport = transport or self.transport()
+        answered = transport.answered_within(target, NAMESPACE_SILENCE)
+        if namespace_wide(cls, connection_answered=answered):
+            return True
+        health = state.health if state is not None else None
+        if cls.name != "timeout" or health is None:
+            return False
+        first = health.first_timeout()
+        since_first = self.clock.monotonic() - min(started, first if first is not None else started)
+        silent = not transport.answered_within(target, max(0.0, since_first))
+        return health.entity_timed_out(target.entity, started, silent)
+
+    def namespace_answered(self, cls: ErrorClass, target: Target, transport: Transport | None = None) -> bool:
+        """Did a failed call to ``target`` show that the namespace answers (SPEC F7)? Yes when the service sent an
+        error condition back (an entity disabled, full, not found, busy, a refusal: the namespace itself spoke) or
+        when the connection was heard within :data:`~spark_sb.transport.NAMESPACE_SILENCE` of the failure (a
+        timeout of one entity on a live connection). A connection-class error or a closed client says nothing."""
+        if cls.name in ANSWERED_BY_SERVICE:
+            return True
+        if cls.name != "timeout":
+            return False
+        return (transport or self.transport()).answered_within(target, NAMESPACE_SILENCE)
 
     def _budget(
         self,

@@ -36,6 +36,8 @@ __all__ = [
     "PROBE_MODES",
     "PROBE_PROPERTY",
     "PROBE_SCHEDULE_AHEAD",
+    "PROBE_SESSION",
+    "PROBE_SESSION_PREFIX",
     "PROBE_TTL",
     "RESERVED_PROPERTIES",
     "backlog_queue_name",
@@ -83,8 +85,21 @@ PROBE_SCHEDULE_AHEAD = timedelta(days=30)
 PROBE_MODES = ("schedule-cancel", "ping")
 
 
+#: The session of every ``ping`` probe (issue 29, F6): a session-enabled entity refuses a message without a session
+#: id ("The SessionId was not set on a message", the service's ``invalid_request``), and a topic's session-enabled
+#: subscriptions dead-letter it. So every probe carries a session id: a ``ping`` probe goes to this one session (a
+#: session receiver that accepts it meets only probes there, and :func:`is_probe` recognises its messages);
+#: a ``schedule-cancel`` probe carries a session id of its own (:data:`PROBE_SESSION_PREFIX` + a UUID), so the
+#: scheduled-then-cancelled message never touches a session anybody uses. A session id on a message to an entity
+#: without sessions is ignored by the service.
+PROBE_SESSION = "x-spark-sb-probe"
+PROBE_SESSION_PREFIX = "x-spark-sb-probe-"
+
+
 def probe_message(entity: str, mode: str = "schedule-cancel") -> OutboundMessage:
-    """The probe message of ``mode`` for ``entity``: empty, ping content type, probe property, TTL 1 s.
+    """The probe message of ``mode`` for ``entity``: empty, ping content type, probe property, TTL 1 s, a session
+    id (:data:`PROBE_SESSION` for ``ping``; a fresh one for ``schedule-cancel``), so that it is accepted by
+    session-enabled entities too.
 
     In ``schedule-cancel`` mode it is scheduled far ahead and cancelled at once; the marks make
     :func:`is_probe` catch it should a cancel ever fail and it be delivered.
@@ -92,10 +107,12 @@ def probe_message(entity: str, mode: str = "schedule-cancel") -> OutboundMessage
 
     if mode not in PROBE_MODES:
         raise ValueError(f"probe_mode must be one of {', '.join(PROBE_MODES)}, not {mode!r}")
+    probe_id = uuid.uuid4()
     return OutboundMessage(
         body=b"",
         entity=entity,
-        message_id=f"spark-sb-probe-{uuid.uuid4()}",
+        message_id=f"spark-sb-probe-{probe_id}",
+        session_id=PROBE_SESSION if mode == "ping" else f"{PROBE_SESSION_PREFIX}{probe_id}",
         content_type=PING_CONTENT_TYPE,
         time_to_live=PROBE_TTL,
         properties={PROBE_PROPERTY: mode},
@@ -105,13 +122,17 @@ def probe_message(entity: str, mode: str = "schedule-cancel") -> OutboundMessage
 def is_probe(message: Any) -> bool:
     """True for a probe message (either mode, or the seed's ping): receivers drop these.
 
-    Works on ``ServiceBusReceivedMessage`` / ``ServiceBusMessage`` and :class:`OutboundMessage`.
+    Works on ``ServiceBusReceivedMessage`` / ``ServiceBusMessage`` and :class:`OutboundMessage`. A message of a
+    probe session (:data:`PROBE_SESSION`, :data:`PROBE_SESSION_PREFIX`) is a probe too.
     """
 
     content_type = getattr(message, "content_type", None)
     if isinstance(content_type, bytes):
         content_type = content_type.decode("utf-8", "replace")
     if content_type == PING_CONTENT_TYPE:
+        return True
+    session = getattr(message, "session_id", None)
+    if isinstance(session, str) and session.startswith(PROBE_SESSION):
         return True
     props = message.properties if isinstance(message, OutboundMessage) else None
     if props is None:

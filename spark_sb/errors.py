@@ -24,6 +24,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from spark_sb.lane import LaneClosed
+
 
 @dataclass(frozen=True)
 class ErrorClass:
@@ -186,6 +188,8 @@ def _classify(exc: BaseException, depth: int) -> ErrorClass:
     core = _classify_azure_core(exc, depth)
     if core is not None:
         return core
+    if isinstance(exc, LaneClosed):  # closed on our side (a sender or transport closing): evidence of nothing
+        return CLIENT_CLOSED
     if isinstance(exc, (TimeoutError, socket.timeout)):
         return TIMEOUT
     if isinstance(exc, (ConnectionError, socket.gaierror, EOFError, OSError)):

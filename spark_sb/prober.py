@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 
 from spark_sb.backlog import PROBE_SCHEDULE_AHEAD, probe_message
 from spark_sb.clock import Clock
-from spark_sb.errors import ErrorClass, classify
+from spark_sb.errors import CLIENT_CLOSED, ErrorClass, classify
 from spark_sb.failover import EntityFailover, EntityState, FailoverRegistry, StateTransition
 from spark_sb.outcome import ProbeRecord, describe_error
 from spark_sb.transport import PRIMARY, Target, Transport
@@ -46,7 +46,10 @@ class Prober:
         entity: the sender's accessor of an entity's shared state.
         budget: the deadline of each probe call.
         retry: the sender's retry loop for a probe's cancel.
-        namespace_wide: is a failure of an attempt that started at the given time evidence against the namespace.
+        namespace_wide: is a failure of an attempt that started at the given time evidence against the namespace
+            (given the entity's state and the transport the probe used).
+        namespace_answered: did a failed probe show that the namespace answers (a service error, a connection
+            heard): an open namespace fault then closes (SPEC F7).
         background: probe on helper threads (False: inline, deterministic under a fake clock).
     """
 
@@ -58,7 +61,8 @@ class Prober:
     entity: Callable[[str], EntityFailover]
     budget: float
     retry: Retry
-    namespace_wide: Callable[[ErrorClass, Target, float], bool]
+    namespace_wide: Callable[[ErrorClass, Target, float, EntityFailover, Transport], bool]
+    namespace_answered: Callable[[ErrorClass, Target, Transport], bool]
     background: bool
     _finished: list[tuple[ProbeRecord, list[StateTransition]]] = field(default_factory=list, init=False)
     _finished_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
@@ -90,7 +94,7 @@ class Prober:
 
     def probe_due(self) -> None:
         """Claim and probe every failed-over entity whose probe is due (for callers that idle between sends)."""
-        claimed = [state for state in self.failed_over() if state.claim_probe()]
+        claimed = [state for state in self.rotation() if state.claim_probe()]
         if claimed and self.background:
             threading.Thread(
                 target=self.probe_all, args=(claimed,), name="spark-sb-probes", daemon=True
@@ -112,7 +116,7 @@ class Prober:
     def _loop(self) -> None:
         while not self._stopping.is_set():
             waits: list[float] = []
-            claimed = [state for state in self.failed_over() if state.claim_probe()]
+            claimed = [state for state in self.rotation() if state.claim_probe()]
             self.probe_all(claimed)
             for state in self.failed_over():
                 wait = state.next_probe_in()
@@ -127,7 +131,7 @@ class Prober:
         a thousand failed-over entities come back in one round of link openings, not one per entity)."""
         if len(claimed) > 1:
             try:
-                self.transport().prepare([Target(PRIMARY, s.entity) for s in claimed], self.budget)
+                self.transport().isolated().prepare([Target(PRIMARY, s.entity) for s in claimed], self.budget)
             except Exception as exc:  # each probe meets (and records) the failure itself
                 _LOGGER.info("opening the links of %d probes failed: %s", len(claimed), describe_error(exc))
         for state in claimed:
@@ -135,6 +139,12 @@ class Prober:
                 state.record_probe(False, "unexpected", "the sender was closed before the probe")
                 continue
             self.probe(state.entity, state)
+
+    def rotation(self) -> list[EntityFailover]:
+        """The failed-over entities, the one probed longest ago first (SPEC F7): while the namespace has an open
+        fault one probe per interval speaks for all of them, and the entity that claims it changes every interval,
+        so a permanently sick entity never keeps the namespace's fault - and the others - in the backlog."""
+        return sorted(self.failed_over(), key=lambda state: state.probed_at)
 
     def failed_over(self) -> list[EntityFailover]:
         """The primary's entities that are failed over now (in this process)."""
@@ -147,22 +157,47 @@ class Prober:
     def probe(self, entity: str, state: EntityFailover) -> None:
         """Probe ``entity`` once (:func:`probe_call`); the record and the transitions it causes wait for
         :meth:`collect`."""
+        if self._stopping.is_set():  # the sender closed: no probe, nothing recorded (closing is no evidence)
+            state.release_probe()
+            return
         mode = self.mode
         target = Target(PRIMARY, entity)
         at = self.clock.now()
-        transport = self.transport()
         began = self.clock.monotonic()
+        transport: Transport | None = None
         try:
+            # Probes run on connections of their own (SPEC F6): a probe of an entity that stalls holds its own
+            # connection, never the one healthy sends use. After close() nothing is built: LaneClosed.
+            transport = self.transport().isolated()
             probed = probe_call(transport, target, mode, self.budget, self.retry, at)
         except Exception as exc:
             cls: ErrorClass = classify(exc)
+            if self._stopping.is_set() or cls is CLIENT_CLOSED:
+                # Closing is never evidence (SPEC F7): the claim is given back, the state left as it was.
+                state.release_probe()
+                return
+            if transport is None:  # the isolated transport could not be had: nothing was probed
+                state.release_probe()
+                _LOGGER.info("probe of primary entity %r not made: %s", entity, describe_error(exc))
+                return
             if cls.rebuild_client:
                 transport.fault(target)
-            record = ProbeRecord(entity, mode, at, False, cls.name, describe_error(exc), None, 0)
-            wide = self.namespace_wide(cls, target, began)
-            self._finish(
-                record, state.record_probe(False, cls.name, describe_error(exc), namespace_wide=wide)
-            )
+            detail = describe_error(exc)
+            if cls.fail_batch:
+                # No retry changes this (a refusal: invalid_request, unauthorized): say so, once per probe
+                # (at most once per ping_primary_interval); never a silent forever-failover.
+                _LOGGER.error(
+                    "probe of primary entity %r refused (%s: %s): it stays failed over until this is fixed",
+                    entity,
+                    cls.name,
+                    detail,
+                )
+            record = ProbeRecord(entity, mode, at, False, cls.name, detail, None, 0)
+            wide = self.namespace_wide(cls, target, began, state, transport)
+            transitions = state.record_probe(False, cls.name, detail, namespace_wide=wide)
+            if not wide and self.namespace_answered(cls, target, transport):
+                transitions.extend(state.namespace_answered_here())
+            self._finish(record, transitions)
             return
         except BaseException:
             state.record_probe(False, "unexpected", "the probe thread was interrupted")

@@ -49,6 +49,7 @@ from spark_sb.failover import (
     log_transitions,
     process_registry,
 )
+from spark_sb.lane import LaneClosed
 from spark_sb.message import OutboundMessage, RejectError
 from spark_sb.outcome import (
     ProbeRecord,
@@ -174,6 +175,7 @@ class PairedSender:
             budget=probe_budget,
             retry=self._retry_probe,
             namespace_wide=self._loop.namespace_wide,
+            namespace_answered=self._loop.namespace_answered,
             background=isinstance(clock, SystemClock) if background_probes is None else background_probes,
         )
         self._rejects = Rejects(config, lambda: self.transport)
@@ -199,9 +201,13 @@ class PairedSender:
 
     @property
     def transport(self) -> Transport:
+        """The sender's transport, built on first use. After :meth:`close` none is built (a probe still running
+        meets :class:`~spark_sb.lane.LaneClosed`, which is evidence of nothing)."""
         if self._transport is None:
             with self._transport_lock:
                 if self._transport is None:
+                    if self._closed:
+                        raise LaneClosed("the paired sender is closed")
                     self._transport = SdkTransport(self._config)
         return self._transport
 
@@ -355,7 +361,7 @@ class PairedSender:
             transport.prepare(targets, silence)
         except Exception as exc:  # the transport closed what faulted already
             cls = classify(exc)
-            if cls.fail_over and self._loop.namespace_wide(cls, targets[0], started):
+            if cls.fail_over and self._loop.namespace_wide(cls, targets[0], started, first):
                 self._emit(
                     tally, first.record_failure(cls, describe_error(exc), started, namespace_wide=True)
                 )

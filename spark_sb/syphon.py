@@ -420,21 +420,39 @@ class Syphon:
             self._probe(entity)
         except Exception as exc:  # noqa: BLE001 - the entity does not answer: back off
             outcome.errors.append(f"{entity}: probe failed: {type(exc).__name__}")
-            log.info(
-                "syphon: probe of primary entity %s failed (%s); backing off", entity, type(exc).__name__
+            from spark_sb.errors import classify
+            from spark_sb.outcome import describe_error
+
+            if classify(exc).fail_batch:  # a refusal no retry changes: said loudly, never a silent backlog
+                log.error(
+                    "syphon: probe of primary entity %s refused (%s: %s); its messages stay in the backlog "
+                    "until this is fixed",
+                    entity,
+                    classify(exc).name,
+                    describe_error(exc),
+                )
+            else:
+                log.info(
+                    "syphon: probe of primary entity %s failed (%s); backing off", entity, type(exc).__name__
+                )
+            self.gate.failed(
+                entity, namespace_wide=self._namespace_wide(entity, exc, started, self._primary.isolated())
             )
-            self.gate.failed(entity, namespace_wide=self._namespace_wide(entity, exc, started))
             return False
         self.gate.succeeded(entity)
         return True
 
-    def _namespace_wide(self, entity: str, exc: BaseException, started: float) -> bool:
+    def _namespace_wide(
+        self, entity: str, exc: BaseException, started: float, transport: SdkTransport | None = None
+    ) -> bool:
         """Is this failure of a call to ``entity`` that started at ``started`` (real monotonic time: it is set
         against the connection's real heartbeats) the primary namespace's (F1)?"""
         from spark_sb.errors import classify
         from spark_sb.failover import namespace_wide
+        from spark_sb.transport import NAMESPACE_SILENCE
 
-        answered = self._primary.answered_within(Target(PRIMARY, entity), time.monotonic() - started)
+        # Namespace facts (SPEC F7): its connection silent past the heartbeat, not one entity's slow answer.
+        answered = (transport or self._primary).answered_within(Target(PRIMARY, entity), NAMESPACE_SILENCE)
         return namespace_wide(classify(exc), connection_answered=answered)
 
     def _probe(self, entity: str) -> None:
@@ -443,7 +461,7 @@ class Syphon:
         timeout = float(self.config.send_timeout)
         target = Target(PRIMARY, entity)
         probe_call(
-            self._primary,
+            self._primary.isolated(),  # its own connection: a stalled entity's probe never holds the forwards (F6)
             target,
             self.config.probe_mode,
             timeout,

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_sb.backlog import to_backlog_sdk
 from spark_sb.connection import (
+    HEARTBEAT,
     SILENT_AFTER,
     TEND_EVERY,
     NeedsWorker,
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONNECTED_FRESH",
+    "NAMESPACE_SILENCE",
     "PRIMARY",
     "SECONDARY",
     "SILENT_AFTER",
@@ -81,6 +83,13 @@ SECONDARY = "secondary"
 #: How long before its deadline a call still unanswered counts as slow: enough to open a new connection with
 #: the SDK (about 0.5 s), so that a link opened then is ready when the call fails.
 SLOW_MARGIN = 1.0
+
+#: A timeout is the namespace's fault (SPEC F7) only when its connection has said nothing - no answer, no heartbeat
+#: - for this long when the attempt fails: the namespace sends an empty frame at least every ``HEARTBEAT / 2``
+#: seconds (:data:`~spark_sb.connection.HEARTBEAT`), so a connection silent past one beat and a margin is dead or
+#: its namespace stopped answering; a connection heard within it is alive and only the entity stalled, however short
+#: the attempt was (``failover_interval`` 0 and values below the heartbeat period included).
+NAMESPACE_SILENCE = HEARTBEAT / 2 + 0.5
 
 #: How recent a link's last answer must be for the link to count as connected (:meth:`Transport.connected`):
 #: well under the service's idle-connection timeout, after which a send would reconnect first.
@@ -167,6 +176,11 @@ class Transport(Protocol):
     def warm(self, target: Target) -> None:
         """Open the link to ``target`` in the background (never blocks), so that a send soon after is fast."""
 
+    def isolated(self) -> Transport:
+        """The same namespaces over connections of their own, which healthy sends never use (SPEC F6): probes of
+        failed-over entities go there, so that an entity that stalls holds its own connection, never the one the
+        namespace's healthy entities send on. Closed with this transport. No I/O."""
+
     def fault(self, target: Target) -> None:
         """The client of ``target`` faulted (a connection-class error): close it (in the background); it is
         rebuilt on next use. Other targets' clients - the backlog's above all - stay open."""
@@ -241,8 +255,13 @@ class SdkTransport:
     once the link is open) and by ``config.max_message_size``. Thread-safe.
     """
 
-    def __init__(self, config: ServiceBusConfig, **client_kwargs: Any) -> None:
+    def __init__(self, config: ServiceBusConfig, *, isolated: bool = False, **client_kwargs: Any) -> None:
         self._config = config
+        # The isolated transport (SPEC F6, :meth:`isolated`): connections of their own for probes; built on first
+        # use, closed with this one. ``_suffix`` names its lanes (threads) apart from the main ones.
+        self._suffix = "-isolated" if isolated else ""
+        self._extra_kwargs = client_kwargs
+        self._isolated: SdkTransport | None = None
         # retry.total (always 0: RetryConfig): the attempt loop retries, so each failed attempt reaches the
         # failover timer at once.
         self._client_kwargs = {**config.client_kwargs(), **client_kwargs}
@@ -291,7 +310,7 @@ class SdkTransport:
                     return conn
 
                 lane = Lane(
-                    namespace,
+                    namespace + self._suffix,
                     build,
                     SharedConnection.close,
                     SharedConnection.unblock,
@@ -471,6 +490,20 @@ class SdkTransport:
     def prepare_backlog(self, original: OutboundMessage, entity: str, enqueued: datetime) -> Encoded:
         return encode(to_backlog_sdk(original, entity, enqueued))
 
+    def isolated(self) -> SdkTransport:
+        """The isolated transport (see :meth:`Transport.isolated`): the same configuration, lanes and connections
+        of its own (one per namespace, as here), built on first use and closed with this one; on the isolated
+        transport itself, itself. Raises :class:`~spark_sb.lane.LaneClosed` once closed: nothing is built after
+        :meth:`close`."""
+        if self._suffix:
+            return self
+        with self._lock:
+            if self._closed:
+                raise LaneClosed("the Service Bus transport is closed")
+            if self._isolated is None:
+                self._isolated = SdkTransport(self._config, isolated=True, **self._extra_kwargs)
+            return self._isolated
+
     def warm(self, target: Target) -> None:
         timeout = float(self._config.send_timeout)
         entity = target.entity
@@ -486,8 +519,8 @@ class SdkTransport:
         condition = condition_of(exc) or ""
         if condition.startswith("amqp:link:"):
             return
-        if cls.name == "timeout" and self.answered_within(target, time.monotonic() - started):
-            return
+        if cls.name == "timeout" and self.answered_within(target, NAMESPACE_SILENCE):
+            return  # the connection is alive (heard within a heartbeat): only the entity stalled (F6, F7)
         with self._lock:
             lane = self._lanes.get(target.namespace)
         if lane is not None and lane.live:
@@ -516,19 +549,26 @@ class SdkTransport:
         self._reset_all()
 
     def close(self) -> None:
-        """Close every connection in the background (never blocks). Final: a later call (a probe still running,
-        say) raises :class:`~spark_sb.lane.LaneClosed` instead of opening a connection nobody would close."""
+        """Close every connection in the background (never blocks), the isolated transport's too. Final: a later
+        call (a probe still running, say) raises :class:`~spark_sb.lane.LaneClosed` instead of opening a connection
+        nobody would close."""
         with self._lock:
             self._closed = True
             lanes = list(self._lanes.values())
+            isolated = self._isolated
         for lane in lanes:
             lane.close()
+        if isolated is not None:
+            isolated.close()
 
     def _reset_all(self) -> None:
         with self._lock:
             lanes = list(self._lanes.values())
+            isolated = self._isolated
         for lane in lanes:
             lane.reset()
+        if isolated is not None:
+            isolated._reset_all()
 
     def __enter__(self) -> SdkTransport:
         return self

@@ -5,12 +5,17 @@ returns are."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from spark_sb.clock import Clock
 from spark_sb.errors import ErrorClass
 from spark_sb.failover.decisions import Route, attempt_budget, failover_due, probe_due
 from spark_sb.failover.records import EntityState, EntityStatus, StateTransition, redacted
+
+#: Distinct entities whose attempts time out with nothing heard from the namespace in between: the namespace's fault
+#: (SPEC F7), whatever the heartbeats could tell (a ``failover_interval`` below the heartbeat period).
+SEVERAL_ENTITIES = 3
 
 
 class NamespaceHealth:
@@ -40,6 +45,13 @@ class NamespaceHealth:
         self._last_probe: float | None = None
         self._probing = False
         self.epoch = 0  # bumped when a fault opens: entities join each fault once
+        # Entity -> start of its attempt that timed out since the namespace last answered (SPEC F7, several
+        # entities failing together). Bounded by the namespace's entities; cleared by any answer and by a fault.
+        self._timeouts: dict[str, float] = {}
+        # Entities known to exist for this sink (they accepted a message here, or the state table records them:
+        # SPEC F9). Bounded by the namespace's entities. ``reached``: the namespace ever answered this sink.
+        self._known: set[str] = set()
+        self.reached = False
         self._entities: list[
             EntityFailover
         ] = []  # bounded like the registry's entities (see FailoverRegistry)
@@ -78,14 +90,20 @@ class NamespaceHealth:
             self._since = began
             self._since_wall = self._clock.now() - timedelta(seconds=now - began)
             self._last_probe = None
+            self._timeouts.clear()
             self.epoch += 1
             return True
 
     def answered(self) -> bool:
-        """The namespace answered (a send or a probe succeeded). True when that closed an open fault."""
+        """The namespace answered (a send or a probe succeeded, a service error came back, its connection was heard
+        during a failed attempt: SPEC F7). True when that closed an open fault."""
         if self._since is None:  # the hot path: no lock while healthy
+            if self._timeouts:
+                with self._lock:
+                    self._timeouts.clear()
             return False
         with self._lock:
+            self._timeouts.clear()
             if self._since is None:
                 return False
             self._since = None
@@ -93,6 +111,35 @@ class NamespaceHealth:
             self._last_probe = None
             self._probing = False
             return True
+
+    def mark_known(self, entities: Iterable[str], *, reached: bool = False) -> None:
+        """``entities`` exist for this sink (the state table records them); ``reached``: the namespace answered
+        this sink before (SPEC F9)."""
+        with self._lock:
+            self._known.update(entities)
+            self.reached = self.reached or reached
+
+    def is_known(self, entity: str) -> bool:
+        with self._lock:
+            return entity in self._known
+
+    def entity_timed_out(self, entity: str, started: float, silent_since_first: bool) -> bool:
+        """An attempt on ``entity`` that started at ``started`` (monotonic) timed out, and its connection was heard
+        recently enough that the timeout alone is the entity's (SPEC F7). True when it makes
+        :data:`SEVERAL_ENTITIES` distinct entities that timed out since the namespace last answered and
+        ``silent_since_first`` (the caller saw nothing from the namespace since the first of them started): then
+        the namespace is at fault, the caller records a namespace-wide failure."""
+        with self._lock:
+            if self._since is not None:
+                return False
+            first = self._timeouts.get(entity)
+            self._timeouts[entity] = started if first is None else min(first, started)
+            return len(self._timeouts) >= SEVERAL_ENTITIES and silent_since_first
+
+    def first_timeout(self) -> float | None:
+        """The start of the earliest attempt that timed out since the namespace last answered (None if none)."""
+        with self._lock:
+            return min(self._timeouts.values()) if self._timeouts else None
 
     def claim_probe(self) -> bool | None:
         """While a fault is open: True once per ``ping_primary_interval`` for the whole namespace (the caller
@@ -170,6 +217,7 @@ class EntityFailover:
         self._by_namespace = False  # FAILING because of the namespace's fault, not one of its own
         self._failed_by_namespace = False  # FAILED_OVER because of the namespace's fault, not one of its own
         self._namespace_probe = False  # the probe in flight probes the namespace for all its entities
+        self._accepted = False  # see :attr:`accepted`
 
     # -- reading
     @property
@@ -186,7 +234,39 @@ class EntityFailover:
                 since=self._since_wall,
                 first_failure=self._first_failure_wall,
                 last_error_class=self._last_error_class,
+                accepted=self._accepted_locked(),
             )
+
+    @property
+    def accepted(self) -> bool:
+        """The entity accepted a message or a probe for this sink (here, or as the state table says): a not-found
+        answer from it is an outage (it was deleted), not a wrong destination (SPEC F9)."""
+        with self._lock:
+            return self._accepted_locked()
+
+    def _accepted_locked(self) -> bool:
+        if self._accepted:
+            return True
+        if self._health is not None and self._health.is_known(self.entity):
+            self._accepted = True
+        return self._accepted
+
+    @property
+    def health(self) -> NamespaceHealth | None:
+        """The namespace-wide evidence this entity shares with the other entities of its namespace."""
+        return self._health
+
+    @property
+    def probed_at(self) -> float:
+        """When this entity's probe was last claimed (monotonic): probes rotate by it (SPEC F7)."""
+        with self._lock:
+            return self._last_probe
+
+    def namespace_answered_here(self) -> list[StateTransition]:
+        """A call to this entity failed but the namespace answered it (a service error condition, or its connection
+        was heard during the attempt): evidence that the namespace answers (SPEC F7). Closes an open namespace
+        fault (the namespace's other entities learn it); this entity's own state is unchanged."""
+        return self._namespace_answered_by_me()
 
     def time_until_failover(self) -> float | None:
         """Seconds left on the failover timer (None unless FAILING)."""
@@ -240,7 +320,10 @@ class EntityFailover:
         """A successful send to the primary entity: back to HEALTHY (resets the timer). The namespace answered:
         an open namespace fault closes (:meth:`NamespaceHealth.answered`), and the other entities learn it."""
         with self._lock:
+            self._accepted = True
             out = [] if self._state is EntityState.HEALTHY else [self._back_to_healthy(detail)]
+        if self._health is not None:
+            self._health.reached = True
         out.extend(self._namespace_answered_by_me())
         return out
 
@@ -318,6 +401,15 @@ class EntityFailover:
             shared = self._health.next_probe_in() if self._health is not None else None
             return own if shared is None else max(own, shared)
 
+    def release_probe(self) -> None:
+        """Give back a claimed probe that was not made (the sender closed, say): nothing is recorded - closing is
+        never evidence (SPEC F7) - and the next probe is due on the usual schedule."""
+        with self._lock:
+            self._probing = False
+            shared, self._namespace_probe = self._namespace_probe, False
+        if shared and self._health is not None:
+            self._health.probe_done()
+
     def record_probe(
         self, ok: bool, error_class: str | None = None, detail: str = "", *, namespace_wide: bool = False
     ) -> list[StateTransition]:
@@ -329,6 +421,8 @@ class EntityFailover:
             self._probing = False
             shared, self._namespace_probe = self._namespace_probe, False
             out: list[StateTransition] = []
+            if ok:
+                self._accepted = True
             if ok and self._state is not EntityState.HEALTHY:
                 out.append(self._back_to_healthy(detail or "probe succeeded"))
             if not ok:
@@ -337,6 +431,7 @@ class EntityFailover:
             if shared:
                 self._health.probe_done()
             if ok:
+                self._health.reached = True
                 out.extend(self._namespace_answered_by_me())
             elif namespace_wide:
                 self._health.record_fault(error_class or "connection", detail, self._clock.monotonic())

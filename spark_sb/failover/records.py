@@ -49,6 +49,9 @@ class EntityStatus:
     since: datetime
     first_failure: datetime | None = None
     last_error_class: str | None = None
+    #: The entity accepted a message (or a probe) for this sink, here or - through the state table - elsewhere:
+    #: a not-found answer from it now is an outage, not a typo (SPEC F9).
+    accepted: bool = True
 
 
 @dataclass(frozen=True)

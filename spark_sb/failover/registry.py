@@ -30,11 +30,7 @@ class FailoverRegistry:
         with self._lock:
             found = self._entities.get(key)
             if found is None:
-                health = self._health.get(namespace)
-                if health is None:
-                    health = self._health[namespace] = NamespaceHealth(
-                        namespace, ping_interval=ping_interval, clock=self.clock
-                    )
+                health = self._health_locked(namespace, ping_interval)
                 found = EntityFailover(
                     entity,
                     failover_interval=failover_interval,
@@ -46,6 +42,19 @@ class FailoverRegistry:
                 health.add(found)
                 self._entities[key] = found
             return found
+
+    def health(self, namespace: str, *, ping_interval: float) -> NamespaceHealth:
+        """The namespace-wide evidence of the primary ``namespace`` (created on first use)."""
+        with self._lock:
+            return self._health_locked(namespace, ping_interval)
+
+    def _health_locked(self, namespace: str, ping_interval: float) -> NamespaceHealth:
+        health = self._health.get(namespace)
+        if health is None:
+            health = self._health[namespace] = NamespaceHealth(
+                namespace, ping_interval=ping_interval, clock=self.clock
+            )
+        return health
 
     def namespace(self, namespace: str) -> NamespaceHealth | None:
         """The namespace-wide evidence of the primary ``namespace`` (None before its first entity)."""

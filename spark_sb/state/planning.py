@@ -239,6 +239,13 @@ def apply_handoff(
 
     clock = registry.clock
     now = clock.now()
+    # Every entity the table records exists for this sink (SPEC F9: a not-found from it is an outage, not a typo);
+    # a healthy record means the namespace answered this sink before.
+    ours = [rec for rec in records if rec.namespace == namespace]
+    if ours:
+        registry.health(namespace, ping_interval=ping_interval).mark_known(
+            (rec.entity for rec in ours), reached=any(rec.state == "healthy" for rec in ours)
+        )
     known = {(s.namespace, s.entity) for s in registry.statuses()}
     out: list[StateTransition] = []
     for rec in records:

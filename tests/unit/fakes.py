@@ -220,6 +220,10 @@ class FakeTransport:
         self.prepared_backlog += 1
         return to_backlog(original, entity, enqueued)
 
+    def isolated(self) -> FakeTransport:
+        """The same scripted namespaces (the fake has no connections to keep apart)."""
+        return self
+
     def answered_within(self, target: Target, seconds: float) -> bool:
         """The namespace kept answering (its heartbeats) unless it fails as a whole: a stall or failure scripted
         for one entity leaves the connection answering; one scripted for every entity does not."""

@@ -99,7 +99,8 @@ def test_close_refuses_further_calls() -> None:
     assert rig.built[0].closed.wait(5)
     with pytest.raises(LaneClosed):
         rig.lane.call(lambda ctx: None, 5.0)
-    assert classify(LaneClosed("x")).name == "connection"
+    # closing is evidence of nothing (SPEC F7): not a connection fault, never a failover
+    assert classify(LaneClosed("x")).name == "client_closed" and not classify(LaneClosed("x")).fail_over
 
 
 def test_submit_does_not_wait_and_a_later_call_runs_after_it() -> None:

@@ -1,0 +1,253 @@
+"""Isolation of entities and verdicts from namespace facts (issue 29, SPEC F6, F7), with the real SDK over real TCP
+against two local namespaces; no SDK mocks.
+
+* Session entities recover: a session queue and a topic with a session subscription go through an outage, fail
+  over, come back within ``ping_primary_interval`` + 0.5 s, and the syphon moves their backlog with the session
+  ids restored (item 0).
+* A stalled entity never diverts or slows a healthy entity of the same namespace: its probes run on a connection
+  of their own, and its timeouts are its own (items 1, 2).
+* Closing is never evidence: a probe cut short by ``close()`` fails no other entity over (item 2).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+pytest.importorskip("servicebus_local.fixtures", reason="the local namespace server has not landed yet")
+
+from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode  # noqa: E402
+
+from servicebus_local.model import QueueSettings, SubscriptionSettings  # noqa: E402
+from spark_sb.backlog import is_probe  # noqa: E402
+from spark_sb.config import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig  # noqa: E402
+from spark_sb.failover import EntityState, FailoverRegistry  # noqa: E402
+from spark_sb.message import OutboundMessage  # noqa: E402
+from spark_sb.sender import PairedSender  # noqa: E402
+from spark_sb.syphon import Syphon  # noqa: E402
+from spark_sb.transport import PRIMARY  # noqa: E402
+
+COUNT = 2
+QUEUES = [f"primary/x-servicebus-transfer/{i}" for i in range(COUNT)]
+
+
+@pytest.fixture
+def pair(namespace_pair: Any) -> Any:
+    broker = namespace_pair.primary.broker
+    broker.create_queue("a")
+    broker.create_queue("b")
+    broker.create_queue("sq", QueueSettings(requires_session=True))
+    broker.create_topic("st")
+    broker.create_subscription("st", "s", SubscriptionSettings(requires_session=True))
+    for q in QUEUES:
+        namespace_pair.secondary.broker.create_queue(q, QueueSettings(lock_duration=timedelta(seconds=30)))
+    return namespace_pair
+
+
+def config_for(pair: Any, **overrides: Any) -> ServiceBusConfig:
+    base = ServiceBusConfig(
+        primary=NamespaceConfig(
+            connection_string=Secret(pair.primary.connection_string), namespace_name="primary"
+        ),
+        secondary=NamespaceConfig(connection_string=Secret(pair.secondary.connection_string)),
+        entity="a",
+        backlog_queue_count=COUNT,
+        failover_interval=0.0,
+        ping_primary_interval=1.0,
+        backlog_retry_interval=60.0,
+        send_timeout=5.0,
+        retry=RetryConfig(total=0, backoff_factor=0.05, backoff_max=0.2),
+    )
+    return replace(base, **overrides)
+
+
+@pytest.fixture
+def make_sender(pair: Any) -> Iterator[Callable[..., PairedSender]]:
+    senders: list[PairedSender] = []
+
+    def make(registry: FailoverRegistry | None = None, **overrides: Any) -> PairedSender:
+        sender = PairedSender(config_for(pair, **overrides), registry=registry or FailoverRegistry())
+        senders.append(sender)
+        return sender
+
+    yield make
+    for s in senders:
+        s.close()
+
+
+def _receive_session(ns: Any, entity: str, session: str, subscription: str | None = None) -> list[Any]:
+    with ServiceBusClient.from_connection_string(ns.connection_string) as client:
+        receiver = (
+            client.get_subscription_receiver(
+                entity,
+                subscription,
+                session_id=session,
+                receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE,
+                max_wait_time=1,
+            )
+            if subscription
+            else client.get_queue_receiver(
+                entity,
+                session_id=session,
+                receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE,
+                max_wait_time=1,
+            )
+        )
+        out: list[Any] = []
+        with receiver:
+            while batch := receiver.receive_messages(max_message_count=100, max_wait_time=0.5):
+                out.extend(batch)
+        return out
+
+
+def _session_batch(entity: str, prefix: str, n: int = 3) -> list[OutboundMessage]:
+    return [
+        OutboundMessage(
+            body=f"{prefix}{i}", message_id=f"{prefix}{i}", entity=entity, session_id=f"s-{prefix}"
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("mode", ["schedule-cancel", "ping"])
+@pytest.mark.parametrize(("entity", "subscription"), [("sq", None), ("st", "s")], ids=["queue", "topic"])
+def test_a_session_entity_fails_over_comes_back_and_its_backlog_is_moved_with_its_sessions(
+    pair: Any,
+    make_sender: Callable[..., PairedSender],
+    mode: str,
+    entity: str,
+    subscription: str | None,
+) -> None:
+    ping = 1.0
+    sender = make_sender(entity=entity, probe_mode=mode, ping_primary_interval=ping)
+    assert sender.send(_session_batch(entity, "h")).total_sent == 3  # healthy
+
+    pair.primary.faults.refuse_connections()
+    pair.primary.faults.drop_connections()
+    diverted = 0
+    deadline = time.monotonic() + 15
+    while sender.entity_state(entity) is not EntityState.FAILED_OVER and time.monotonic() < deadline:
+        diverted += sender.send(_session_batch(entity, f"o{diverted}", 1)).total_diverted
+    assert sender.entity_state(entity) is EntityState.FAILED_OVER
+    outage = sender.send(_session_batch(entity, "d"))
+    assert outage.total_diverted == 3
+
+    pair.primary.faults.accept_connections()
+    healed = time.monotonic()
+    back = None
+    n = 0
+    while time.monotonic() - healed < ping + 5:
+        n += 1
+        if sender.send(_session_batch(entity, f"r{n}", 1)).total_sent == 1:
+            back = time.monotonic() - healed
+            break
+        time.sleep(0.05)
+    assert back is not None, f"the session {entity} never came back: probes {sender.maintain().probes}"
+    assert back <= ping + 0.5, f"back on the primary {back:.2f} s after the heal (ping {ping} s)"
+    assert sender.entity_state(entity) is EntityState.HEALTHY
+
+    with Syphon(config_for(pair, entity=entity)) as syphon:
+        moved = syphon.drain_all(max_wait=0.5)
+    assert moved.abandoned == 0 and not moved.errors, moved
+    assert moved.forwarded_total >= 3
+    got = _receive_session(pair.primary, entity, "s-d", subscription)
+    assert [str(m.message_id) for m in got] == ["d0", "d1", "d2"]  # the backlog's, in order, session restored
+    assert all(m.session_id == "s-d" for m in got)
+    # no probe reached a session anybody uses; a ping probe is in its own session and is_probe knows it
+    assert not [m for m in got if is_probe(m)]
+    if mode == "ping":
+        probes = _receive_session(pair.primary, entity, "x-spark-sb-probe", subscription)
+        assert all(is_probe(m) for m in probes)
+
+
+def _send_every(
+    sender: PairedSender, entity: str, seconds: float, period: float = 0.05
+) -> tuple[list[float], int, int]:
+    """Send one message to ``entity`` every ``period`` for ``seconds``: the latency of each call, sent, diverted."""
+    latencies: list[float] = []
+    sent = diverted = 0
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        n += 1
+        started = time.monotonic()
+        out = sender.send([OutboundMessage(body=b"x", message_id=f"{entity}-{n}", entity=entity)])
+        latencies.append(time.monotonic() - started)
+        sent += out.total_sent
+        diverted += out.total_diverted
+        time.sleep(period)
+    return latencies, sent, diverted
+
+
+@pytest.mark.parametrize(
+    ("interval", "ping", "send_timeout"), [(1.0, 2.0, 5.0), (0.0, 1.0, 5.0), (10.0, 1.5, 30.0)]
+)
+def test_a_stalled_entity_never_diverts_or_slows_a_healthy_one_of_its_namespace(
+    pair: Any, make_sender: Callable[..., PairedSender], interval: float, ping: float, send_timeout: float
+) -> None:
+    registry = FailoverRegistry()
+    sender = make_sender(
+        registry,
+        failover_interval=interval,
+        ping_primary_interval=ping,
+        send_timeout=send_timeout,
+        probe_mode="schedule-cancel",
+    )
+    assert sender.send([OutboundMessage(body=b"x", message_id="w-a", entity="a")]).total_sent == 1
+    assert sender.send([OutboundMessage(body=b"x", message_id="w-b", entity="b")]).total_sent == 1
+    pair.primary.faults.stall_entity("a")
+    # `a` fails over on its own (a send to it waits at most the interval + grace, or its send timeout)
+    out = sender.send([OutboundMessage(body=b"x", message_id="s-a", entity="a")])
+    if sender.entity_state("a") is not EntityState.FAILED_OVER:  # interval 10 s: FAILING, kept retrying
+        out = sender.send([OutboundMessage(body=b"x", message_id="s-a2", entity="a")])
+    assert sender.entity_state("a") is EntityState.FAILED_OVER, out
+    connections = sender.transport.lifecycle(PRIMARY)["connections"]  # type: ignore[attr-defined]
+
+    # `b` sends every 50 ms through several probes of `a` (every `ping` s, each failing at its deadline)
+    latencies, sent, diverted = _send_every(sender, "b", seconds=max(3 * ping, 4.0))
+    assert diverted == 0 and sent == len(latencies)
+    assert sender.entity_state("b") is EntityState.HEALTHY
+    assert (
+        registry.namespace(sender._primary_key) is None or not registry.namespace(sender._primary_key).faulted
+    )  # type: ignore[union-attr]
+    assert max(latencies) <= 0.5, f"a send to the healthy entity took {max(latencies):.2f} s"
+    # the healthy entities' connection was never torn down for `a`
+    assert sender.transport.lifecycle(PRIMARY)["connections"] == connections  # type: ignore[attr-defined]
+    assert sender.entity_state("a") is EntityState.FAILED_OVER
+
+    pair.primary.faults.stall_entity("a", False)
+
+
+def test_closing_a_sender_during_its_probe_is_evidence_of_nothing(
+    pair: Any, make_sender: Callable[..., PairedSender]
+) -> None:
+    """A probe cut short by close() (LaneClosed) fails over no other entity: neither the namespace of the
+    process-wide registry nor another sender's healthy entity learns anything from it, and nothing is built after
+    close()."""
+    registry = FailoverRegistry()
+    sick = make_sender(registry, failover_interval=0.0, ping_primary_interval=0.5, send_timeout=3.0)
+    healthy = make_sender(registry, failover_interval=0.0, ping_primary_interval=0.5, send_timeout=3.0)
+    assert healthy.send([OutboundMessage(body=b"x", message_id="b0", entity="b")]).total_sent == 1
+    pair.primary.faults.stall_entity("a")
+    sick.send([OutboundMessage(body=b"x", message_id="a0", entity="a")])
+    assert sick.entity_state("a") is EntityState.FAILED_OVER
+    state = registry.entity(sick._primary_key, "a", failover_interval=0.0, ping_interval=0.5)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not state._probing:  # a probe of `a` is in flight (on the stall)
+        time.sleep(0.02)
+    assert state._probing, "no probe of the stalled entity started"
+    sick.close()
+    while time.monotonic() < deadline and state._probing:  # the probe ends (its claim given back)
+        time.sleep(0.02)
+    assert not state._probing
+    health = registry.namespace(healthy._primary_key)
+    assert health is None or not health.faulted
+    out = healthy.send([OutboundMessage(body=b"x", message_id="b1", entity="b")])
+    assert out.total_sent == 1 and out.total_diverted == 0
+    assert healthy.entity_state("b") is EntityState.HEALTHY
+    pair.primary.faults.stall_entity("a", False)

@@ -1,0 +1,235 @@
+"""Namespace verdicts from namespace facts (issue 29, SPEC F6, F7), on a fake clock with the fake transport: one
+entity's timeout is never a namespace fault; several entities timing out with nothing heard is; any sign that the
+namespace answers ends a fault; probes rotate over the failed-over entities; closing is evidence of nothing; probes
+carry a session id so that session entities accept them."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from azure.servicebus import exceptions as sbe
+
+from spark_sb.attempts import AttemptLoop
+from spark_sb.backlog import PROBE_SESSION, PROBE_SESSION_PREFIX, is_probe, probe_message
+from spark_sb.clock import FakeClock
+from spark_sb.errors import CONNECTION, TIMEOUT, classify
+from spark_sb.failover import EntityState, FailoverRegistry, RetryPolicy
+from spark_sb.lane import LaneClosed
+from spark_sb.message import OutboundMessage
+from spark_sb.transport import NAMESPACE_SILENCE, PRIMARY, Target
+from tests.unit.fakes import FakeTransport
+from tests.unit.test_sender import Rig, make_config, msgs
+
+H, F, FO = EntityState.HEALTHY, EntityState.FAILING, EntityState.FAILED_OVER
+NS = "primary.example:5671"
+
+
+def conn_error() -> BaseException:
+    return sbe.ServiceBusConnectionError(message="connection refused")
+
+
+def not_allowed() -> BaseException:
+    err = sbe.ServiceBusError("The SessionId was not set on a message, and it cannot be sent to the entity.")
+    err._condition = "amqp:not-allowed"  # type: ignore[attr-defined]
+    return err
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Session probes (item 0)
+
+
+def test_every_probe_carries_a_session_id_and_is_recognised_by_it() -> None:
+    ping = probe_message("q", "ping")
+    scheduled = probe_message("q", "schedule-cancel")
+    assert ping.session_id == PROBE_SESSION  # every ping probe goes to the one probe session
+    assert scheduled.session_id is not None and scheduled.session_id.startswith(PROBE_SESSION_PREFIX)
+    assert scheduled.session_id != probe_message("q").session_id  # a session of its own, each time
+    assert len(scheduled.session_id) <= 128  # the service's limit on a session id
+    # a message of the probe session is a probe even without the other marks
+    assert is_probe(OutboundMessage(body=b"x", session_id=PROBE_SESSION))
+    assert not is_probe(OutboundMessage(body=b"x", session_id="orders-1"))
+
+
+def test_a_probe_refused_for_good_is_logged_as_an_error_and_stays_failed_over(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rig = Rig(failover_interval=0.0, ping_primary_interval=5.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY, count=1)
+    rig.sender.send(msgs(1))
+    assert rig.sender.entity_state("orders") is FO
+    rig.transport.fail(not_allowed, op="schedule", namespace=PRIMARY)
+    rig.clock.advance(5.0)
+    with caplog.at_level(logging.ERROR, logger="spark_sb.prober"):
+        out = rig.sender.send(msgs(1, "z"))
+    assert [(p.ok, p.error_class) for p in out.probes] == [(False, "invalid_request")]
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "'orders'" in errors[0].getMessage() and "refused" in errors[0].getMessage()
+    assert rig.sender.entity_state("orders") is FO  # diverted, nothing lost, and said loudly
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One entity's timeout (F6, F7)
+
+
+@pytest.mark.parametrize("interval", [0.0, 1.0, 10.0])
+def test_one_entitys_timeout_on_a_live_connection_never_faults_the_namespace(interval: float) -> None:
+    rig = Rig(failover_interval=interval, ping_primary_interval=2.0, send_timeout=5.0)
+    rig.transport.stall(namespace=PRIMARY, entity="a")  # the connection keeps answering (heartbeats)
+    for n in range(3):
+        rig.sender.send(msgs(1, f"a{n}", entity="a"))
+    assert rig.sender.entity_state("a") is FO
+    health = rig.registry.namespace(rig.sender._primary_key)
+    assert health is not None and not health.faulted
+    out = rig.sender.send(msgs(5, "b", entity="b"))
+    assert out.sent == {"b": 5} and out.total_diverted == 0
+    assert rig.sender.entity_state("b") is H
+
+
+def _loop(clock: FakeClock, transport: Any) -> AttemptLoop:
+    return AttemptLoop(
+        config=make_config(),
+        clock=clock,
+        policy=RetryPolicy(),
+        transport=lambda: transport,
+        fault=lambda target: None,
+        emit=lambda tally, transitions: None,
+        warm_backlog=lambda entity: None,
+        probe_budget=1.0,
+    )
+
+
+class Heard:
+    """A transport stub whose namespace was last heard at ``heard`` (the fake clock's monotonic time)."""
+
+    def __init__(self, clock: FakeClock, heard: float | None) -> None:
+        self.clock = clock
+        self.heard = heard
+
+    def answered_within(self, target: Target, seconds: float) -> bool:
+        return self.heard is not None and self.clock.monotonic() - self.heard <= seconds
+
+
+def test_several_entities_timing_out_with_nothing_heard_since_the_first_is_a_namespace_fault() -> None:
+    clock = FakeClock()
+    registry = FailoverRegistry(clock)
+    heard = Heard(clock, clock.monotonic() - 0.1)  # the last heartbeat, just before the first attempt
+    loop = _loop(clock, heard)
+    states = [registry.entity(NS, e, failover_interval=0.0, ping_interval=1.0) for e in "abc"]
+    verdicts = []
+    for (
+        state
+    ) in states:  # three short attempts in a row, 0.3 s each: silence 0.3, 0.6, 0.9 s (< NAMESPACE_SILENCE)
+        started = clock.monotonic()
+        clock.advance(0.3)
+        verdicts.append(loop.namespace_wide(TIMEOUT, Target(PRIMARY, state.entity), started, state))
+    assert clock.monotonic() - heard.heard < NAMESPACE_SILENCE  # the heartbeat rule alone could not tell
+    assert verdicts == [False, False, True]
+
+
+def test_several_entities_timing_out_on_a_connection_heard_meanwhile_stay_each_entitys() -> None:
+    clock = FakeClock()
+    registry = FailoverRegistry(clock)
+    heard = Heard(clock, clock.monotonic())
+    loop = _loop(clock, heard)
+    verdicts = []
+    for entity in "abcdefg":
+        state = registry.entity(NS, entity, failover_interval=0.0, ping_interval=1.0)
+        started = clock.monotonic()
+        clock.advance(0.3)
+        heard.heard = clock.monotonic() - 0.1  # a heartbeat came during each attempt
+        verdicts.append(loop.namespace_wide(TIMEOUT, Target(PRIMARY, entity), started, state))
+    assert verdicts == [False] * 7
+
+
+def test_a_connection_silent_past_its_heartbeat_makes_one_timeout_the_namespaces() -> None:
+    clock = FakeClock()
+    registry = FailoverRegistry(clock)
+    heard = Heard(clock, clock.monotonic())
+    state = registry.entity(NS, "a", failover_interval=2.0, ping_interval=1.0)
+    started = clock.monotonic()
+    clock.advance(NAMESPACE_SILENCE + 0.1)
+    assert _loop(clock, heard).namespace_wide(TIMEOUT, Target(PRIMARY, "a"), started, state)
+    assert _loop(clock, Heard(clock, None)).namespace_wide(TIMEOUT, Target(PRIMARY, "a"), started, state)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The end of a namespace fault (F7)
+
+
+def test_a_service_error_or_a_live_connection_ends_an_open_namespace_fault() -> None:
+    rig = Rig(failover_interval=10.0, ping_primary_interval=2.0, send_timeout=5.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY, count=1)
+    rig.sender.send(msgs(1, "x", entity="x"))  # a connection error: the namespace's fault opens...
+    health = rig.registry.namespace(rig.sender._primary_key)
+    assert health is not None
+    # (the retry succeeded and closed it; open it again as evidence would)
+    rig.registry.entity(
+        rig.sender._primary_key, "x", failover_interval=10.0, ping_interval=2.0
+    ).record_failure(CONNECTION, "refused", rig.clock.monotonic(), namespace_wide=True)
+    assert health.faulted
+    # an entity that stalls on a connection that keeps answering: the namespace answers
+    rig.transport.stall(namespace=PRIMARY, entity="a", count=1)
+    rig.sender.send(msgs(1, "a", entity="a"))
+    assert not health.faulted
+    assert rig.sender.entity_state("x") is H  # it was failing only because of the namespace
+
+
+def test_probes_rotate_so_a_permanently_sick_entity_never_holds_the_namespace_fault() -> None:
+    rig = Rig(failover_interval=0.0, ping_primary_interval=5.0)
+    rule = rig.transport.fail(conn_error, namespace=PRIMARY)
+    for e in "abc":
+        rig.sender.send(msgs(1, e, entity=e))
+    assert {rig.sender.entity_state(e) for e in "abc"} == {FO}
+    rig.transport.heal(rule)
+    rig.transport.fail(conn_error, namespace=PRIMARY, entity="a")  # `a` alone stays sick, for good
+    probed: list[str] = []
+    for _ in range(4):
+        rig.clock.advance(5.0)
+        out = rig.sender.maintain()
+        probed.extend(p.entity for p in out.probes)
+        if rig.sender.entity_state("b") is H:
+            break
+    # one probe per interval for the namespace, not always of `a`: the second interval's probe is another's
+    assert rig.sender.entity_state("b") is H and rig.sender.entity_state("c") is H, probed
+    assert probed[0] == "a" or len(probed) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Closing is evidence of nothing (F7)
+
+
+def test_lane_closed_is_a_closed_client_not_a_connection_fault() -> None:
+    cls = classify(LaneClosed("the lane's worker was retired before the call started"))
+    assert cls.name == "client_closed" and not cls.fail_over
+
+
+def test_a_probe_after_close_builds_nothing_and_records_nothing() -> None:
+    clock = FakeClock()
+    registry = FailoverRegistry(clock)
+    transport = FakeTransport(clock)
+    rig = Rig(registry=registry, transport=transport, failover_interval=0.0, ping_primary_interval=5.0)
+    transport.stall(namespace=PRIMARY, entity="orders", count=1)  # its own fault: the namespace answers
+    rig.sender.send(msgs(1))
+    state = rig.sender._entity("orders")
+    assert state.state is FO
+    rig.sender.close()
+    clock.advance(5.0)
+    assert state.claim_probe()
+    before = len(transport.calls)
+    rig.sender._probes.probe("orders", state)
+    assert len(transport.calls) == before  # nothing was tried
+    assert rig.sender._probes.collect() == []  # nothing recorded
+    assert state.state is FO and not state._probing  # the claim was given back
+    health = registry.namespace(rig.sender._primary_key)
+    assert health is None or not health.faulted
+
+
+def test_the_sender_builds_no_transport_after_close() -> None:
+    from spark_sb.sender import PairedSender
+
+    sender = PairedSender(make_config())
+    sender.close()
+    with pytest.raises(LaneClosed):
+        _ = sender.transport
