@@ -26,6 +26,7 @@ from spark_sb.errors import (
     classify,
 )
 from spark_sb.failover import (
+    WRONG_DESTINATION,
     Decision,
     EntityFailover,
     EntityState,
@@ -137,8 +138,9 @@ class AttemptLoop:
                     self.fault(target)
                 remaining: float | None = None
                 entity_state = EntityState.HEALTHY
+                known = state is None or where is not Where.PRIMARY or state.accepted
                 if state is not None:
-                    if cls.fail_over:
+                    if cls.fail_over and (known or cls.name != WRONG_DESTINATION):
                         wide = self.namespace_wide(cls, target, started, state)
                         failing = state.record_failure(cls, describe_error(exc), started, namespace_wide=wide)
                         self.emit(tally, failing)
@@ -159,6 +161,7 @@ class AttemptLoop:
                     remaining=remaining,
                     messages=messages,
                     policy=self.policy,
+                    known=known,
                 )
                 if decision.verb is Verb.RETRY:
                     if not defer:

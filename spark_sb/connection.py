@@ -29,23 +29,28 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.errors import condition_of, token_expired
+from spark_sb.lane import _WATCHDOG, abort_when_abandoned
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusClient, ServiceBusSender
 
 __all__ = [
+    "CONNECT_TIMEOUT",
     "HEARTBEAT",
     "RENEWABLE",
     "SDK_MARGIN",
     "SILENT_AFTER",
     "TEND_EVERY",
     "NeedsWorker",
+    "Opening",
     "SharedConnection",
     "open_connection",
     "renewable",
@@ -74,14 +79,19 @@ OPENING_AT_ONCE = 128
 #: frame when it has had nothing else to send for half of it, so a live connection is heard from at least every
 #: ``HEARTBEAT / 2`` s even while one entity stalls; a silent connection is the namespace's fault (SPEC F1). pyamqp's
 #: own close after this long without a frame is switched off (:func:`open_connection`): the lane's deadlines and the
-#: namespace-wide evidence decide what a silence means.
-HEARTBEAT = 4.0
+#: namespace-wide evidence decide what a silence means. 2 s (a beat every second; 8 bytes a second per connection):
+#: so that a connection silent past one beat and a margin (1.5 s, :data:`~spark_sb.transport.NAMESPACE_SILENCE`)
+#: tells a namespace fault from one entity's stall within the shortest usual ``failover_interval`` (SPEC F7).
+HEARTBEAT = 2.0
 
 
 #: A connection that said nothing (no frame, not even a heartbeat) for this long is dead: silently dropped on the
 #: way (a middlebox forgot the flow), or the namespace stopped answering. Half a :data:`HEARTBEAT` is the
-#: namespace's beat, so this is three missed beats; well above what a live connection's jitter reaches.
-SILENT_AFTER = 1.5 * HEARTBEAT
+#: namespace's beat, so this is six missed beats: well above a live connection's jitter and a latency spike of a few
+#: seconds (a 3.5 s one must not drop a connection whose calls are still answered). Dropping a connection between
+#: calls needs this certainty; a call that times out meanwhile is judged on the shorter
+#: :data:`~spark_sb.transport.NAMESPACE_SILENCE`.
+SILENT_AFTER = 6.0
 
 #: How often a lane with nothing to do looks after its connection (:meth:`SharedConnection.tend`).
 TEND_EVERY = 0.5
@@ -109,12 +119,14 @@ class SharedConnection:
     service detached is dropped (closed) and reopened on next use, the connection stays.
     """
 
-    __slots__ = ("client", "connection", "detached", "dropped", "opener", "renewed", "senders")
+    __slots__ = ("client", "connection", "detached", "dropped", "opener", "opening", "renewed", "senders")
 
     def __init__(self, client: ServiceBusClient, opener: Callable[[float], Any]) -> None:
         self.client = client
         self.opener = opener  # opens a new pyamqp connection within a timeout (and counts it)
         self.connection: Any = None
+        # the connection being opened by ensure (until it is open or failed): unblock reaches it (SPEC F8)
+        self.opening: Opening | None = None
         self.senders: dict[str, ServiceBusSender] = {}
         self.dropped = 0  # connections found dead (silent or closed) and dropped before a call needed them
         # calls made once more because the service had ended their link or connection (RENEWABLE)
@@ -145,8 +157,12 @@ class SharedConnection:
         if self.connection is None:
             if not may_connect:
                 raise NeedsWorker("a new connection is needed")
-            self.connection = self.opener(timeout)
+            with _listening(self._opening):
+                self.connection = self.opener(timeout)
         return self.connection
+
+    def _opening(self, opening: Opening | None) -> None:
+        self.opening = opening
 
     def discard(self, why: str) -> None:
         """Drop the connection and every link on it (closed without waiting: a dead socket is shut down first, so
@@ -379,8 +395,13 @@ class SharedConnection:
                 _LOGGER.debug("closing a link failed: %s", type(exc).__name__)
 
     def unblock(self) -> None:
-        """Shut the connection's socket down so that a call stuck in it returns with an error (the lane's unblock:
-        runs on another thread than the stuck call's; touches nothing but the socket). Never raises."""
+        """Shut the connection's socket down so that a call stuck in it returns with an error, and abort a
+        connection still being opened (in TCP connect, TLS, SASL or the AMQP open: :class:`Opening`; it raises a
+        ``TimeoutError``). The lane's unblock: runs on another thread than the stuck call's; touches nothing but
+        sockets. Never raises, never blocks."""
+        opening = self.opening
+        if opening is not None:
+            opening.expire(TimeoutError("the connection being opened was abandoned"))
         if self.connection is not None:
             shut_down_connection(self.connection)
 
@@ -484,11 +505,22 @@ def connection_silent(connection: Any) -> bool:
 def open_connection(client: ServiceBusClient, timeout: float) -> Any:
     """Open one AMQP connection to ``client``'s namespace, built as the SDK builds a sender's own (same host, TLS,
     proxy, custom endpoint, container and properties), plus an idle timeout (:data:`HEARTBEAT`). Runs on a lane's
-    worker: TCP connect and SASL have no deadline of their own, the lane's deadline covers them."""
+    worker (or any thread that may block for ``timeout``).
+
+    Bounded whatever the namespace does (SPEC F8): every step has a deadline, ``timeout`` seconds from now. The
+    TCP connect has its own (:data:`CONNECT_TIMEOUT`, per address, never past the deadline); TLS, SASL and the
+    AMQP open - TLS and SASL run on a blocking socket without any timeout in the SDK - end at the deadline, when
+    the process's watchdog shuts the socket down (:class:`Opening`; ``TimeoutError``). The opening can be aborted
+    sooner from another thread: by the lane abandoning or closing the worker it runs on
+    (:func:`~spark_sb.lane.abort_when_abandoned`: it then raises the lane's error), and by a
+    :meth:`SharedConnection.unblock` of the shared connection it is opened for. A connection that failed to open
+    is closed (its socket too) before the error is raised."""
     from azure.servicebus._common.utils import create_authentication
     from azure.servicebus._pyamqp._connection import Connection
     from azure.servicebus._pyamqp.constants import ConnectionState
 
+    timeout = max(0.0, timeout)
+    deadline = time.monotonic() + timeout
     template: Any = client.get_queue_sender("$connection", keep_alive=0)  # no I/O: a handler's settings
     template._create_handler(create_authentication(template))
     h = template._handler
@@ -506,26 +538,197 @@ def open_connection(client: ServiceBusClient, timeout: float) -> Any:
         http_proxy=h._http_proxy,
         custom_endpoint_address=h._custom_endpoint_address,
         socket_timeout=SDK_SLICE,  # the reads of every call on it (see SDK_SLICE)
+        connect_timeout=max(0.01, min(CONNECT_TIMEOUT, timeout)),  # the TCP connect's, per address
         use_tls=h._use_tls,
     )
-    connection.open()
-    deadline = time.monotonic() + timeout
-    while connection.state != ConnectionState.OPENED:
-        if connection.state in (ConnectionState.END, ConnectionState.CLOSE_RCVD, ConnectionState.DISCARDING):
-            from azure.servicebus._pyamqp.error import AMQPConnectionError, ErrorCondition
+    opening = Opening(connection, deadline)
+    watch = _WATCHDOG.watch(
+        deadline,
+        lambda: opening.expire(
+            TimeoutError(
+                f"the namespace did not open the connection within {timeout:.3g} s "
+                f"(stalled in {opening.phase()})"
+            )
+        ),
+    )
+    try:
+        with abort_when_abandoned(opening.expire), _announced(opening):
+            try:
+                connection.open()
+                while connection.state != ConnectionState.OPENED:
+                    if connection.state in (
+                        ConnectionState.END,
+                        ConnectionState.CLOSE_RCVD,
+                        ConnectionState.DISCARDING,
+                    ):
+                        from azure.servicebus._pyamqp.error import AMQPConnectionError, ErrorCondition
 
-            error = getattr(connection, "_error", None)
-            if error is not None:
-                raise error
-            raise AMQPConnectionError(ErrorCondition.SocketError, description="the connection was closed")
-        if time.monotonic() > deadline:
-            raise TimeoutError("the namespace did not open the connection in time")
-        connection.listen(wait=0.05)
+                        error = getattr(connection, "_error", None)
+                        if error is not None:
+                            raise error
+                        raise AMQPConnectionError(
+                            ErrorCondition.SocketError, description="the connection was closed"
+                        )
+                    if opening.error is not None or time.monotonic() > deadline:
+                        raise TimeoutError("the namespace did not open the connection in time")
+                    connection.listen(wait=0.05)
+            except BaseException as exc:
+                opening.finish()
+                _close_quietly(connection)
+                if opening.error is not None:  # aborted: what the abort says, not the socket error it caused
+                    raise opening.error from exc
+                raise
+    finally:
+        watch.cancel()
+        opening.finish()
+    if opening.error is not None:  # aborted as it opened: its socket may be shut down already
+        _close_quietly(connection)
+        raise opening.error
     # The idle timeout went out in the open frame (the namespace sends heartbeats); pyamqp would also close the
     # connection itself after that long without a frame, on its next read. Not that: the lane's deadlines and the
     # namespace-wide evidence decide what a silence means.
     connection._idle_timeout = None
     return connection
+
+
+#: The TCP connect's own timeout, per address the host name resolves to (pyamqp's default, 1 s): a connect that
+#: is not answered (SYN dropped) ends there; a shorter ``timeout`` of the opening is used instead.
+CONNECT_TIMEOUT = 1.0
+
+#: An opening aborted before its socket exists (in the TCP connect) is looked at again this often, until the
+#: socket exists (then it is shut down) or the opening ends; :data:`ABORT_RETRIES` times at most.
+ABORT_RETRY = 0.05
+ABORT_RETRIES = 200
+
+
+class Opening:
+    """A connection being opened by :func:`open_connection`, and the means to abort it from another thread (the
+    watchdog at the opening's deadline, a lane abandoning or closing the worker, :meth:`SharedConnection.unblock`).
+
+    Aborting shuts the socket down, so that a read blocked in TLS or SASL (no timeout in the SDK) returns at once
+    with an error, and records the error the opening then raises. TLS replaces the connected socket with an SSL
+    one and detaches the first before its handshake; so that the handshake can be aborted too, a duplicate of the
+    connected socket (one file descriptor, for the opening's duration only) is taken just before TLS starts
+    (pyamqp's ``_setup_transport``) and shut down instead. An abort before the socket exists (in the TCP connect,
+    bounded by :data:`CONNECT_TIMEOUT`) is tried again every :data:`ABORT_RETRY` seconds, and a socket that appears
+    after an abort is refused before TLS. Thread-safe; the aborting side never blocks (a shutdown, a flag)."""
+
+    __slots__ = ("_handle", "_lock", "connection", "deadline", "done", "error", "retries")
+
+    def __init__(self, connection: Any, deadline: float) -> None:
+        self.connection = connection
+        self.deadline = deadline  # monotonic
+        self.error: BaseException | None = None  # set by the first abort: what the opening raises
+        self.done = False
+        self.retries = 0
+        self._handle: Any = None  # a duplicate of the connected socket, while the opening lasts
+        self._lock = threading.Lock()
+        transport = getattr(connection, "_transport", None)
+        setup = getattr(transport, "_setup_transport", None)
+        if transport is not None and setup is not None:
+
+            def setup_transport() -> None:  # on the opening thread, the socket connected, before TLS
+                self._take_handle(transport.sock)
+                setup()
+
+            transport._setup_transport = setup_transport
+
+    def _take_handle(self, sock: Any) -> None:
+        with self._lock:
+            if self.error is not None:
+                raise OSError("the opening was aborted")  # the SDK closes the socket and raises
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    self._handle = sock.dup()
+
+    def phase(self) -> str:
+        """Where the opening is (for the error's text): TCP connect or TLS, SASL, the AMQP open. No I/O."""
+        state = getattr(self.connection, "state", None)
+        name = getattr(state, "name", None)
+        if name is None:
+            return "TCP connect or TLS"
+        if name == "START":
+            return "SASL"
+        return "the AMQP open"
+
+    def abort(self, error: BaseException) -> bool:
+        """Record ``error`` (the first one wins) and shut the socket down; False if there was no socket to shut
+        down yet (and the opening is still under way). Any thread; never blocks, never raises."""
+        with self._lock:
+            if self.done:
+                return True
+            if self.error is None:
+                self.error = error
+            handle = self._handle
+            if handle is not None:
+                with contextlib.suppress(OSError):
+                    handle.shutdown(socket.SHUT_RDWR)
+                return True
+            sock = getattr(getattr(self.connection, "_transport", None), "sock", None)
+            if sock is None:
+                return False
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                return sock.fileno() >= 0  # a detached socket (in TLS): not shut down, try again
+            except Exception:  # a transport of another kind (websocket): its own timeouts bound it
+                return True
+            return True
+
+    def expire(self, error: BaseException) -> None:
+        """:meth:`abort`, tried again every :data:`ABORT_RETRY` seconds (on the watchdog) while the socket does not
+        exist yet. Any thread; never blocks."""
+        if self.abort(error) or self.retries >= ABORT_RETRIES:
+            return
+        self.retries += 1
+        _WATCHDOG.watch(time.monotonic() + ABORT_RETRY, lambda: self.expire(error))
+
+    def finish(self) -> None:
+        """The opening returned (opened or failed): later aborts do nothing; the duplicate socket is closed. On
+        the opening thread."""
+        with self._lock:
+            self.done = True
+            handle, self._handle = self._handle, None
+            self.connection = None  # an armed watch may keep this object a while: not the connection
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                handle.close()
+
+
+#: Per thread: who wants to know of a connection being opened on it (:meth:`SharedConnection.ensure`).
+_LISTENERS = threading.local()
+
+
+@contextlib.contextmanager
+def _listening(listener: Callable[[Opening | None], None]) -> Iterator[None]:
+    """While the block runs, ``listener`` is told of each :class:`Opening` begun on this thread (and of its end,
+    with None)."""
+    listeners: list[Callable[[Opening | None], None]] = _LISTENERS.__dict__.setdefault("stack", [])
+    listeners.append(listener)
+    try:
+        yield
+    finally:
+        listeners.remove(listener)
+
+
+@contextlib.contextmanager
+def _announced(opening: Opening) -> Iterator[None]:
+    listeners = list(getattr(_LISTENERS, "stack", ()))
+    for listener in listeners:
+        listener(opening)
+    try:
+        yield
+    finally:
+        for listener in listeners:
+            listener(None)
+
+
+def _close_quietly(connection: Any) -> None:
+    """Close a connection that failed to open, its socket with it (no frame is sent: it may be half open).
+    Never raises, never blocks."""
+    shut_down_connection(connection)
+    with contextlib.suppress(Exception):
+        connection._disconnect()  # state END, the transport (and its socket) closed
 
 
 def end_session_after_links(
@@ -558,3 +761,22 @@ def shut_down_connection(connection: Any) -> None:
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
+
+
+def abort_connection(connection: Any) -> None:
+    """Reset a connection given up as dead (TCP RST: linger 0, then close): what was written on it and not yet read
+    by the namespace is dropped with it, so a stalled namespace that recovers does not act on a call the sender
+    gave up on and diverted (no duplicate of it on the primary; at-least-once still holds when the namespace had
+    read it already). Runs on any thread; pyamqp's later use of the closed socket raises and is suppressed. Never
+    raises."""
+    import socket
+    import struct
+
+    transport = getattr(connection, "_transport", None)
+    sock = getattr(transport, "sock", None)
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.close()

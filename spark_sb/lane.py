@@ -27,6 +27,12 @@ worker call - the context's sockets are shut down, so the call returns with an e
 gets :class:`DeadlineExceeded` - and the worker closes the context only once the direct call has let go of it.
 Connecting, SASL and CBS (which the SDK does not bound) always run on the worker.
 
+**Aborting an opening** (:func:`abort_when_abandoned`): code on a worker that opens something the lane's
+``unblock`` cannot reach yet (a connection still in TCP connect, TLS or SASL, before it is the context's: the
+factory itself may be opening it) registers an ``abort`` for the duration; when the worker is abandoned at a
+deadline, or its lane is closed, ``abort(error)`` is called from the abandoning thread, so that the stuck opening
+returns at once and the worker exits within about its caller's deadline, not the opening's own (SPEC F8).
+
 **Tending** (``idle``): a lane given an ``idle`` function calls it on the worker with the context whenever no call
 has come for ``idle_every`` seconds - so that a long-lived connection is looked after between calls (its
 heartbeats read and sent, links the service detached noticed, tokens renewed, a connection that went silent
@@ -46,13 +52,16 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 _LOGGER = logging.getLogger(__name__)
 
 C = TypeVar("C")
 R = TypeVar("R")
+
+#: The worker the current thread is (``_CURRENT.worker``), for :func:`abort_when_abandoned`.
+_CURRENT = threading.local()
 
 
 class DeadlineExceeded(TimeoutError):
@@ -99,8 +108,44 @@ class _Worker(threading.Thread):
         self.context: Any = None
         self.retired = False  # abandoned or closed: finish the current call, close the context, exit
         self.use = threading.Lock()  # held while the context is in use: by this thread or by a direct call
+        # what an opening on this worker registered (abort_when_abandoned): one at a time, in practice
+        self._aborts: dict[int, Callable[[BaseException], None]] = {}
+        self._aborts_lock = threading.Lock()
+        self._abort_error: BaseException | None = (
+            None  # set once: the worker was abandoned or its lane closed
+        )
+        self._abort_keys = itertools.count()
+
+    def register_abort(self, abort: Callable[[BaseException], None]) -> int:
+        """On this worker's thread: call ``abort(error)`` if the worker is abandoned or closed before
+        :meth:`unregister_abort` (at once if it was already)."""
+        with self._aborts_lock:
+            key = next(self._abort_keys)
+            self._aborts[key] = abort
+            error = self._abort_error
+        if error is not None:
+            abort(error)
+        return key
+
+    def unregister_abort(self, key: int) -> None:
+        with self._aborts_lock:
+            self._aborts.pop(key, None)
+
+    def abort(self, error: BaseException) -> None:
+        """On the abandoning or closing thread: abort whatever is opening on this worker (see
+        :func:`abort_when_abandoned`). Each abort must only shut a socket down (no blocking); errors are logged."""
+        with self._aborts_lock:
+            if self._abort_error is None:
+                self._abort_error = error
+            aborts = list(self._aborts.values())
+        for abort in aborts:
+            try:
+                abort(error)
+            except Exception as exc:  # best effort: the opening's own deadline still holds
+                _LOGGER.debug("%s: aborting an opening failed: %s", self.name, type(exc).__name__)
 
     def run(self) -> None:
+        _CURRENT.worker = self
         while True:
             try:
                 call = (
@@ -293,10 +338,15 @@ class Lane(Generic[C]):
             worker.calls.put(None)
 
     def close(self) -> None:
-        """Retire the worker (its context is closed in the background, never awaited); no call is accepted."""
+        """Retire the worker (its context is closed in the background, never awaited); no call is accepted. An
+        opening still under way on the worker is aborted (:func:`abort_when_abandoned`): nobody will use what it
+        opens, and the worker exits within moments instead of at the opening's own deadline."""
         with self._lock:
             self._closed = True
+            worker = self._worker
         self.reset("closed")
+        if worker is not None:
+            worker.abort(LaneClosed(f"{self.name}: closed while a connection was being opened"))
 
     def context(self) -> C | None:
         """The current worker's context if it is built (None otherwise). A read for checks only (is the
@@ -344,6 +394,7 @@ class Lane(Generic[C]):
         _LOGGER.info(
             "%s: %s; abandoning its client (closed in the background) and building a new one", self.name, why
         )
+        worker.abort(DeadlineExceeded(f"{self.name}: {why} (abandoned while opening a connection)"))
         unblock = self._unblock
         if unblock is not None:
             threading.Thread(
@@ -422,6 +473,25 @@ class Pending(Generic[R]):
         return job.result  # type: ignore[no-any-return]
 
 
+@contextlib.contextmanager
+def abort_when_abandoned(abort: Callable[[BaseException], None]) -> Iterator[None]:
+    """While the block runs on a lane's worker: if the worker is abandoned at a deadline or its lane is closed,
+    ``abort(error)`` is called on the abandoning thread (at once if that happened already) - ``error`` is what
+    the block should raise: :class:`DeadlineExceeded` or :class:`LaneClosed`. For an opening that the lane's
+    ``unblock`` cannot reach (see the module docstring); ``abort`` must only shut a socket down or set a flag,
+    never block, and be safe to call more than once. Outside a lane's worker (a direct call, a test) it does
+    nothing. Runs on the worker."""
+    worker: _Worker | None = getattr(_CURRENT, "worker", None)
+    if worker is None:
+        yield
+        return
+    key = worker.register_abort(abort)
+    try:
+        yield
+    finally:
+        worker.unregister_abort(key)
+
+
 def _no_answer(timeout: float) -> str:
     return f"no answer within {timeout:.3g} s"
 
@@ -460,6 +530,10 @@ class Finished(Generic[R]):
         return self._value  # type: ignore[return-value]
 
 
+def _nothing() -> None:
+    pass
+
+
 class _Watch:
     """One armed deadline of the watchdog; ``cancel`` and firing exclude each other."""
 
@@ -479,6 +553,9 @@ class _Watch:
         with self._lock:
             if self._state == 0:
                 self._state = 1
+                self._fire = (
+                    _nothing  # the heap keeps a cancelled watch until its time: not what it refers to
+                )
             return self._state == 1
 
     def fire(self) -> None:

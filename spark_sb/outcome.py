@@ -89,6 +89,7 @@ class Tally:
         self.sent: dict[str, int] = {}
         self.diverted: dict[str, int] = {}
         self.diverted_by_entity: dict[str, int] = {}
+        self.warned: set[str] = set()  # entities warned about in this call (a wrong destination, SPEC F9)
         self.rejects: list[Reject] = []
         self.transitions: list[StateTransition] = []
         self.probes: list[ProbeRecord] = []

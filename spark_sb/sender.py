@@ -35,6 +35,7 @@ from spark_sb.errors import (
 )
 from spark_sb.failover import (
     MIN_ATTEMPT_BUDGET,
+    WRONG_DESTINATION,
     BacklogChooser,
     EntityFailover,
     EntityState,
@@ -288,6 +289,8 @@ class PairedSender:
             raise
         finally:
             self._log_emitted(tally)
+            if tally.diverted:
+                self._never_reached()
             if tally.throttled:
                 throttled = sorted(tally.throttled.items(), key=lambda kv: -kv[1])
                 _LOGGER.warning(
@@ -301,6 +304,19 @@ class PairedSender:
                     else f"{sum(tally.throttled.values()):.1f} s in all",
                 )
         return tally.build(self._clock.monotonic() - start)
+
+    def _never_reached(self) -> None:
+        """A call diverted messages and the primary namespace never answered this sink (here, or as the state table
+        says): more likely a wrong endpoint than an outage. Said at every such call (SPEC F9); nothing is lost, the
+        messages are in the backlog."""
+        health = self._registry.namespace(self._primary_key)
+        if health is not None and health.reached:
+            return
+        _LOGGER.error(
+            "the primary namespace %s was never reached by this sink; check the endpoint (messages are diverted "
+            "to the backlog meanwhile, nothing is lost)",
+            namespace_description(self._config.primary),
+        )
 
     def maintain(self) -> SendOutcome:
         """Start a probe of every failed-over entity whose probe is due (for callers that idle between sends),
@@ -494,6 +510,8 @@ class PairedSender:
         elif verb is Verb.SPLIT:
             for half in self._halves(batch):
                 self._deliver(half, backlog, tally)
+        elif verb is Verb.REJECT and result.decision.why == WRONG_DESTINATION:
+            self._wrong_destination(batch, tally, result.error)
         elif verb is Verb.REJECT:
             reason = "message too large: refused by the service (message size exceeded)"
             for m in batch.messages:
@@ -501,6 +519,29 @@ class PairedSender:
         else:
             raise self._loop.error(result, PRIMARY, entity)
         return None
+
+    def _wrong_destination(self, batch: Batch, tally: Tally, error: BaseException | None) -> None:
+        """The primary entity answered not-found and never accepted a message for this sink: a wrong destination
+        (a typo in the ``entity`` column or option), not an outage (SPEC F9). Its messages are rejected with reason
+        ``entity_not_found`` (``on_reject: fail`` fails the call), with one WARNING per entity and call."""
+        entity = batch.target.entity
+        where = f"the primary namespace {namespace_description(self._config.primary)}"
+        if entity not in tally.warned:
+            tally.warned.add(entity)
+            _LOGGER.warning(
+                "entity %r does not exist in %s and never accepted a message for this sink: its %d message(s) are "
+                "rejected (entity_not_found), not diverted; check the entity column or option (%s)",
+                entity,
+                where,
+                len(batch),
+                describe_error(error) if error is not None else "not found",
+            )
+        reason = (
+            f"{WRONG_DESTINATION}: entity {entity!r} does not exist in {where} (it never accepted a message for this "
+            "sink: a configuration error, not an outage)"
+        )
+        for m in batch.messages:
+            self._rejects.reject(tally, m, RejectError(reason, "entity"), entity, None)
 
     def _halves(self, batch: Batch) -> list[Batch]:
         msgs = list(batch.messages)

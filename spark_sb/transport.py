@@ -45,6 +45,7 @@ from spark_sb.connection import (
     TEND_EVERY,
     NeedsWorker,
     SharedConnection,
+    abort_connection,
     open_connection,
     sdk_timeout,
     shut_down_socket,
@@ -527,6 +528,12 @@ class SdkTransport:
             _LOGGER.info(
                 "%s: the connection faulted (%s): it is closed and rebuilt on next use", target, cls.name
             )
+            if (
+                cls.name == "timeout"
+            ):  # silent past its heartbeat: reset, so that nothing left on it lands later
+                conn = lane.context()
+                if conn is not None and conn.connection is not None:
+                    abort_connection(conn.connection)
             lane.reset("faulted")
 
     def fault(self, target: Target) -> None:

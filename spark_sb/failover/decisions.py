@@ -97,6 +97,11 @@ def namespace_wide(error: ErrorClass, *, connection_answered: bool) -> bool:
 NAMESPACE_CLASSES = frozenset({"connection", "connection_quota"})
 
 
+#: The reject reason (and error class) of a message for a primary entity that does not exist and never did for this
+#: sink: a typo in the ``entity`` column or option (SPEC F9).
+WRONG_DESTINATION = "entity_not_found"
+
+
 class Route(str, Enum):
     """Where a batch for an entity goes (:meth:`EntityFailover.admit`)."""
 
@@ -166,12 +171,15 @@ def decide(
     remaining: float | None,
     messages: int,
     policy: RetryPolicy,
+    known: bool = True,
 ) -> Decision:
     """What to do after attempt number ``attempts`` failed with ``error`` (pure; the whole retry policy).
 
     ``waited``: seconds since the first attempt on this target started; ``state``: the primary entity's state
     after the failure was recorded; ``remaining``: seconds left on its failover timer (None unless failing);
-    ``messages``: how many messages the failed batch held.
+    ``messages``: how many messages the failed batch held; ``known``: the primary entity accepted a message for
+    this sink before (SPEC F9: a not-found from an entity never seen to exist is a wrong destination - its
+    messages are rejected with :data:`WRONG_DESTINATION` - not an outage).
     """
 
     def backoff(n: int) -> float:
@@ -187,6 +195,8 @@ def decide(
         if attempts < policy.cancel_attempts:
             return Decision(Verb.RETRY, backoff(attempts))
         return Decision(Verb.RAISE, why="cancel attempts exhausted")
+    if where is Where.PRIMARY and error.name == WRONG_DESTINATION and not known:
+        return Decision(Verb.REJECT, why=WRONG_DESTINATION)
     if error.reject_message:
         return (
             Decision(Verb.SPLIT) if messages > 1 else Decision(Verb.REJECT, why="too large for the service")

@@ -11,6 +11,7 @@ against two local namespaces; no SDK mocks.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -251,3 +252,46 @@ def test_closing_a_sender_during_its_probe_is_evidence_of_nothing(
     assert out.total_sent == 1 and out.total_diverted == 0
     assert healthy.entity_state("b") is EntityState.HEALTHY
     pair.primary.faults.stall_entity("a", False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The right verdict for a wrong destination (F9)
+
+
+def test_an_entity_that_never_existed_is_a_wrong_destination_rejected_not_diverted(
+    pair: Any, make_sender: Callable[..., PairedSender], caplog: pytest.LogCaptureFixture
+) -> None:
+    sender = make_sender(failover_interval=0.0)
+    assert sender.send([OutboundMessage(body=b"x", message_id="ok", entity="b")]).total_sent == 1
+    rows = [OutboundMessage(body=b"x", message_id=f"t{i}", entity="orderz") for i in range(5)]
+    with caplog.at_level(logging.WARNING, logger="spark_sb.sender"):
+        out = sender.send(rows)
+    assert out.total_diverted == 0 and out.total_sent == 0
+    assert [r.reason.split(":")[0] for r in out.rejects] == ["entity_not_found"] * 5
+    assert all(r.entity == "orderz" and r.field == "entity" for r in out.rejects)
+    warnings = [
+        r.getMessage() for r in caplog.records if r.name == "spark_sb.sender" and r.levelno == logging.WARNING
+    ]
+    assert len(warnings) == 1 and "'orderz'" in warnings[0] and "primary namespace" in warnings[0]
+    assert sender.entity_state("orderz") is EntityState.HEALTHY  # no failover, nothing in the backlog
+    assert all(pair.secondary.broker.counts(q).active_message_count == 0 for q in QUEUES)
+    # on_reject: fail makes it the batch's failure, naming the entity
+    strict = make_sender(failover_interval=0.0, on_reject="fail")
+    with pytest.raises(Exception, match="orderz"):
+        strict.send(rows[:1])
+
+
+def test_a_primary_never_reached_says_so_at_every_call_that_diverts(
+    pair: Any, make_sender: Callable[..., PairedSender], caplog: pytest.LogCaptureFixture
+) -> None:
+    pair.primary.faults.refuse_connections()
+    sender = make_sender(failover_interval=0.0)
+    with caplog.at_level(logging.ERROR, logger="spark_sb.sender"):
+        for n in range(2):
+            out = sender.send([OutboundMessage(body=b"x", message_id=f"n{n}", entity="a")])
+            assert out.total_diverted == 1  # still diverted: nothing lost
+    errors = [
+        r.getMessage() for r in caplog.records if r.name == "spark_sb.sender" and r.levelno == logging.ERROR
+    ]
+    assert len(errors) == 2 and all("never reached" in e and "check the endpoint" in e for e in errors)
+    pair.primary.faults.accept_connections()

@@ -34,7 +34,7 @@ from spark_sb.errors import NoBacklogAvailableError, ServiceBusConfigError, clas
 from spark_sb.failover import EntityState, FailoverRegistry  # noqa: E402
 from spark_sb.message import OutboundMessage  # noqa: E402
 from spark_sb.sender import PairedSender  # noqa: E402
-from spark_sb.transport import PRIMARY, SECONDARY, SdkTransport, Target  # noqa: E402
+from spark_sb.transport import NAMESPACE_SILENCE, PRIMARY, SECONDARY, SdkTransport, Target  # noqa: E402
 
 ENTITY = "orders"
 COUNT = 3
@@ -225,7 +225,12 @@ def test_disabled_entity_fails_over(pair: Any, make_sender: Callable[..., Paired
 
 
 def test_entity_not_found_fails_over(pair: Any, make_sender: Callable[..., PairedSender]) -> None:
+    """An entity that accepted messages and then answers not-found (deleted during an incident) fails over; one that
+    never existed for this sink is a wrong destination (SPEC F9, tests/integration/test_isolation.py)."""
+    pair.primary.broker.create_queue("no-such-queue")
     sender = make_sender(entity="no-such-queue")
+    assert sender.send(batch_of(1, "before")).total_sent == 1
+    pair.primary.broker.delete_queue("no-such-queue")
     out = sender.send(batch_of(5))
     assert out.diverted_by_entity == {"no-such-queue": 5}
     assert out.transitions[0].error_class == "entity_not_found"
@@ -554,8 +559,10 @@ def test_sends_on_an_open_link_run_on_the_callers_thread_and_a_stall_there_keeps
         pair.primary.faults.stall(True)
         started = time.monotonic()
         with pytest.raises(Exception) as info:
-            send("stalled", 1.0)
-        assert time.monotonic() - started < 3.0, "the direct send outlived its deadline"
+            # longer than NAMESPACE_SILENCE: a connection silent that long is the namespace's (a shorter silence
+            # could be one entity's stall on a live connection, which keeps its connection: SPEC F7)
+            send("stalled", NAMESPACE_SILENCE + 1.0)
+        assert time.monotonic() - started < NAMESPACE_SILENCE + 2.0, "the direct send outlived its deadline"
         assert transport.direct_sends == 3
         assert classify(info.value).fail_over
         assert not transport.connected(target)  # the stuck client is dropped: the next send connects anew

@@ -203,7 +203,7 @@ def test_locks_lost_during_a_slow_move_lose_nothing_and_duplicate_nothing(pair: 
             lambda: pair.secondary.broker.get_queue(Q).runtime.active_message_count == 5, timeout=10
         )  # the lost locks ran out: the messages are back
         again = syphon.drain_queue(Q, max_wait=0.5)
-    assert again.forwarded == {"orders": 5} and again.settle_failures == 0
+    assert again.forwarded == {"orders": 5} and again.settle_failures == 0, (slow, again)
     got = [str(m.message_id) for m in _ids(pair.primary, "orders")]
     assert sorted(got) == [f"m{i}" for i in range(5)] + ["warm0"]  # once each
 

@@ -216,6 +216,9 @@ def test_interval_zero_fails_over_on_first_failure_without_waiting() -> None:
 )
 def test_outage_errors_fail_over(make: Any) -> None:
     rig = Rig(failover_interval=0.0)
+    assert (
+        rig.sender.send(msgs(1, "w")).total_sent == 1
+    )  # the entity exists (SPEC F9: a typo is another story)
     rig.transport.fail(make, namespace=PRIMARY)
     out = rig.sender.send(msgs(3))
     assert out.diverted_by_entity == {"orders": 3}

@@ -64,7 +64,7 @@ def test_a_probe_refused_for_good_is_logged_as_an_error_and_stays_failed_over(
     with caplog.at_level(logging.ERROR, logger="spark_sb.prober"):
         out = rig.sender.send(msgs(1, "z"))
     assert [(p.ok, p.error_class) for p in out.probes] == [(False, "invalid_request")]
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "spark_sb.prober"]
     assert len(errors) == 1 and "'orders'" in errors[0].getMessage() and "refused" in errors[0].getMessage()
     assert rig.sender.entity_state("orders") is FO  # diverted, nothing lost, and said loudly
 
