@@ -1,0 +1,322 @@
+"""Bounded under any outage (SPEC F8): every step of opening a connection has a deadline (TCP connect, TLS, SASL,
+AMQP open, CBS), so that during an outage of any shape the process's threads and sockets stay within a small
+constant of steady state, and return to it within 5 s after ``close()``. Real SDK, real TCP, the local namespace.
+
+The shape that used to leak: a namespace that accepts TCP and never answers SASL held each opening lane worker
+in pyamqp's SASL read (a blocking socket, no timeout) until the namespace answered again: 6 calls left 6
+``spark-sb-primary-*`` threads alive after ``close()``. Here a :class:`~spark_sb.sender.PairedSender` sends and
+probes repeatedly against each outage shape while the ``spark-sb-`` threads and the sockets to the namespaces are
+counted (``/proc/self/fd`` and the kernel's TCP table: the in-process namespaces' own sockets are not the
+sender's). The deadlines themselves are shown on ``open_connection`` and a lane: a stall before SASL, and a
+listener that accepts TCP and never answers TLS (the local namespace speaks plain AMQP).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from azure.core.credentials import AzureNamedKeyCredential
+from azure.servicebus import ServiceBusClient, TransportType
+
+from spark_sb.connection import SharedConnection, open_connection
+from spark_sb.failover import FailoverRegistry
+from spark_sb.lane import _WATCHDOG, DeadlineExceeded, Lane
+from spark_sb.message import OutboundMessage
+from spark_sb.sender import PairedSender
+from tests.outages import make_config, prepare
+
+pytestmark = pytest.mark.slow
+
+# ------------------------------------------------------------------------------------------------- counting
+
+
+def spark_threads() -> list[str]:
+    """The names of this library's threads (``spark-sb-``; the in-process namespaces' ``spark-sb-local-`` are
+    not the sender's)."""
+    return sorted(
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith("spark-sb-") and not t.name.startswith("spark-sb-local-")
+    )
+
+
+def socket_inodes() -> set[int]:
+    """The inodes of this process's open sockets (``/proc/self/fd`` links to ``socket:[inode]``)."""
+    found: set[int] = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile (the listing's own descriptor, say)
+            continue
+        if link.startswith("socket:["):
+            found.add(int(link[8:-1]))
+    return found
+
+
+def client_sockets(ports: set[int]) -> int:
+    """This process's open TCP sockets whose remote port is one of ``ports`` (the namespaces'): the sender's."""
+    mine = socket_inodes()
+    n = 0
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.readlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if int(cols[2].rsplit(":", 1)[1], 16) in ports and int(cols[9]) in mine:
+                n += 1
+    return n
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float) -> float | None:
+    """Seconds until ``predicate()`` held (polled every 20 ms), None if it did not within ``timeout``."""
+    t0 = time.monotonic()
+    while True:
+        if predicate():
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            return None
+        time.sleep(0.02)
+
+
+def ports_of(*namespaces: Any) -> set[int]:
+    return {int(ns.port) for ns in namespaces}
+
+
+@pytest.fixture
+def watchdog() -> None:
+    """The process's watchdog thread (one for the process, started at its first use and never stopped) is
+    started before anything is counted."""
+    _WATCHDOG.watch(time.monotonic(), lambda: None)
+    assert wait_until(lambda: "spark-sb-watchdog" in spark_threads(), 2.0) is not None
+
+
+# ------------------------------------------------------------------------------------- a sender in an outage
+
+
+def _refuse(ns: Any) -> None:
+    ns.faults.refuse_connections()
+
+
+def _drop(ns: Any) -> None:
+    ns.faults.refuse_connections()
+    ns.faults.drop_connections()
+
+
+#: name -> (cold: the sender starts after the fault began, fault)
+OUTAGES: dict[str, tuple[bool, Callable[[Any], None]]] = {
+    "stall-before-sasl": (True, lambda ns: ns.faults.stall(True, answer_sasl=False)),
+    "stall-before-sasl-warm": (False, lambda ns: ns.faults.stall(True, answer_sasl=False)),
+    "stall-after-sasl": (False, lambda ns: ns.faults.stall(True)),
+    "refused": (True, _refuse),
+    "dropped": (False, _drop),
+    "blackhole": (False, lambda ns: ns.faults.blackhole()),
+}
+
+CALLS = 10  # send calls during the outage (each also leaves the prober time for probes)
+PAUSE = 0.15  # between calls: ping_primary_interval is 0.2 s, so the prober probes the primary throughout
+THREADS_OVER = 6  # the spark-sb- threads above steady state an outage may cost (workers, prober, unblocks)
+SOCKETS_OVER = 6  # the sockets to the namespaces above steady state an outage may cost
+
+
+def batch(prefix: str) -> list[OutboundMessage]:
+    return [OutboundMessage(body=b"x" * 50, message_id=f"{prefix}-{i}") for i in range(5)]
+
+
+#: every shape at failover_interval 0; the stalls (whose cost is the deadlines) at 1 s too
+CASES = [(shape, "0s") for shape in OUTAGES] + [("stall-before-sasl", "1s"), ("stall-after-sasl", "1s")]
+
+
+@pytest.mark.parametrize(("shape", "interval"), CASES, ids=[f"{s}-{i}" for s, i in CASES])
+def test_threads_and_sockets_stay_bounded_and_return_after_close(
+    namespace_pair: Any, watchdog: None, shape: str, interval: str
+) -> None:
+    cold, fault = OUTAGES[shape]
+    prepare(namespace_pair)
+    ports = ports_of(namespace_pair.primary, namespace_pair.secondary)
+    threads0, sockets0 = len(spark_threads()), client_sockets(ports)
+    cfg = make_config(namespace_pair, failover_interval=interval, ping_primary_interval="0.2s")
+    sender = PairedSender(cfg, registry=FailoverRegistry())
+    threads: list[int] = []
+    sockets: list[int] = []
+    try:
+        if not cold:
+            assert sender.send(batch("warm")).total_sent == 5
+        fault(namespace_pair.primary)
+        for call in range(CALLS):
+            out = sender.send(batch(f"c{call}"))
+            assert out.total_sent + out.total_diverted == 5  # everything went somewhere
+            threads.append(len(spark_threads()))
+            sockets.append(client_sockets(ports))
+            time.sleep(PAUSE)
+    finally:
+        closed_at = time.monotonic()
+        sender.close()
+    back = wait_until(lambda: len(spark_threads()) <= threads0 and client_sockets(ports) <= sockets0, 5.0)
+    report = (
+        f"{shape} at {interval}: threads {threads0} -> {threads} -> {spark_threads()}, "
+        f"sockets {sockets0} -> {sockets} -> {client_sockets(ports)}"
+    )
+    print(report)
+    assert max(threads) - threads0 <= THREADS_OVER, report
+    assert max(sockets) - sockets0 <= SOCKETS_OVER, report
+    half = CALLS // 2  # not growing with calls: the second half's peak is no higher than the first's (+1)
+    assert max(threads[half:]) <= max(threads[:half]) + 1, report
+    assert max(sockets[half:]) <= max(sockets[:half]) + 1, report
+    assert back is not None, f"not back to steady state 5 s after close(): {report}"
+    assert time.monotonic() - closed_at < 6.0
+
+
+def test_a_sender_per_call_in_a_stall_before_sasl_leaves_nothing_behind(
+    namespace_pair: Any, watchdog: None
+) -> None:
+    """As a Spark job does it (a sender per task, closed at its end): 6 senders, each one call at failover
+    interval 0 and closed, into a primary that never answers SASL. Each close frees what its sender opened."""
+    prepare(namespace_pair)
+    namespace_pair.primary.faults.stall(True, answer_sasl=False)
+    ports = ports_of(namespace_pair.primary, namespace_pair.secondary)
+    threads0, sockets0 = len(spark_threads()), client_sockets(ports)
+    cfg = make_config(namespace_pair, failover_interval="0s", ping_primary_interval="0.2s")
+    registry = FailoverRegistry()
+    peaks: list[tuple[int, int]] = []
+    for call in range(6):
+        sender = PairedSender(cfg, registry=registry)
+        try:
+            out = sender.send(batch(f"s{call}"))
+            assert out.total_sent + out.total_diverted == 5
+            peaks.append((len(spark_threads()), client_sockets(ports)))
+        finally:
+            sender.close()
+    back = wait_until(lambda: len(spark_threads()) <= threads0 and client_sockets(ports) <= sockets0, 5.0)
+    report = f"threads/sockets {threads0}/{sockets0} -> {peaks} -> {spark_threads()}/{client_sockets(ports)}"
+    print(report)
+    assert max(t for t, _ in peaks) - threads0 <= THREADS_OVER, report
+    assert max(s for _, s in peaks) - sockets0 <= SOCKETS_OVER, report
+    assert back is not None, report
+
+
+# -------------------------------------------------------------------------------- the deadlines themselves
+
+
+def test_an_opening_stalled_before_sasl_ends_at_its_deadline_and_closes_its_socket(
+    local_namespace: Any,
+) -> None:
+    local_namespace.faults.stall(True, answer_sasl=False)
+    ports = ports_of(local_namespace)
+    with ServiceBusClient.from_connection_string(local_namespace.connection_string) as client:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="SASL"):
+            open_connection(client, 0.5)
+        took = time.monotonic() - t0
+    assert 0.45 <= took <= 1.0, took
+    assert client_sockets(ports) == 0
+
+
+@pytest.fixture
+def tls_silence() -> Iterator[int]:
+    """A listener on 127.0.0.1 that accepts TCP and never answers (not even TLS); its port."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, name="tls-silence", daemon=True)
+    thread.start()
+    try:
+        yield int(server.getsockname()[1])
+    finally:
+        stop.set()
+        thread.join(2.0)
+        for s in held:
+            s.close()
+        server.close()
+
+
+def test_an_opening_stalled_in_tls_ends_at_its_deadline_and_closes_its_socket(tls_silence: int) -> None:
+    """pyamqp's TLS handshake runs on a blocking socket without a timeout; the socket it runs on is one the SDK
+    detached from the connected one, so the watchdog shuts down a duplicate of the connected socket."""
+    client = ServiceBusClient(
+        "127.0.0.1",
+        AzureNamedKeyCredential("name", "key"),
+        custom_endpoint_address=f"sb://127.0.0.1:{tls_silence}",
+        transport_type=TransportType.Amqp,
+    )
+    with client:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="TLS"):
+            open_connection(client, 0.5)
+        took = time.monotonic() - t0
+    assert 0.45 <= took <= 1.0, took
+    assert client_sockets({tls_silence}) == 0
+
+
+def test_a_lane_abandoning_an_opening_worker_frees_it_within_its_deadline(
+    local_namespace: Any, watchdog: None
+) -> None:
+    """The factory opens the connection (as the transport's does) with a long timeout of its own; the caller's
+    deadline is short: abandoning the worker aborts the opening, so the worker exits at about that deadline."""
+    local_namespace.faults.stall(True, answer_sasl=False)
+    ports = ports_of(local_namespace)
+    threads0 = len(spark_threads())
+    client = ServiceBusClient.from_connection_string(local_namespace.connection_string)
+
+    def build() -> SharedConnection:
+        conn = SharedConnection(client, lambda timeout: open_connection(client, timeout))
+        conn.ensure(30.0)
+        return conn
+
+    lane = Lane("abandon-open", build, SharedConnection.close, SharedConnection.unblock)
+    try:
+        for _ in range(4):
+            t0 = time.monotonic()
+            with pytest.raises(DeadlineExceeded):
+                lane.call(lambda conn: conn.connection, 0.3)
+            freed = wait_until(lambda: len(spark_threads()) <= threads0, 2.0)
+            assert freed is not None and time.monotonic() - t0 < 0.3 + 0.5, spark_threads()
+            assert client_sockets(ports) == 0
+    finally:
+        lane.close()
+        client.close()
+
+
+def test_unblock_reaches_a_connection_still_being_opened(local_namespace: Any) -> None:
+    """:meth:`SharedConnection.unblock` (from another thread) aborts an ``ensure`` still in SASL."""
+    local_namespace.faults.stall(True, answer_sasl=False)
+    client = ServiceBusClient.from_connection_string(local_namespace.connection_string)
+    conn = SharedConnection(client, lambda timeout: open_connection(client, timeout))
+    errors: list[BaseException] = []
+
+    def ensure() -> None:
+        try:
+            conn.ensure(30.0)
+        except BaseException as exc:  # recorded for the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=ensure, name="test-ensure", daemon=True)
+    try:
+        thread.start()
+        assert wait_until(lambda: conn.opening is not None, 5.0) is not None
+        time.sleep(0.1)  # into SASL
+        t0 = time.monotonic()
+        conn.unblock()
+        thread.join(2.0)
+        assert not thread.is_alive() and time.monotonic() - t0 < 0.5
+        assert errors and isinstance(errors[0], TimeoutError)
+        assert conn.opening is None and conn.connection is None
+    finally:
+        client.close()
