@@ -56,6 +56,7 @@ from servicebus_local.model import (
     AdminStore,
     EntityExists,
     EntityNotFound,
+    InvalidSettings,
     QueueInfo,
     QueueSettings,
     RuntimeCounts,
@@ -809,7 +810,7 @@ class AdminEndpoint:
             return self._dispatch(request)
         except _HttpError as exc:
             return AdminReply(exc.status, _error_body(exc.status, exc.detail, exc.code), _ERROR_CONTENT_TYPE)
-        except BadRequest as exc:
+        except (BadRequest, InvalidSettings) as exc:
             return AdminReply(400, _error_body(400, str(exc)), _ERROR_CONTENT_TYPE)
         except EntityNotFound as exc:
             return AdminReply(404, _error_body(404, f"Entity not found: {_text(exc)}"), _ERROR_CONTENT_TYPE)

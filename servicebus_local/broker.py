@@ -22,7 +22,11 @@ Semantics follow the service:
 * duplicate detection by message id within the window: the duplicate is accepted and dropped;
 * size limits: ``max_message_size_in_kilobytes`` per message, ``max_size_in_megabytes`` per entity;
 * status ``Disabled`` / ``SendDisabled`` / ``ReceiveDisabled`` -> ``com.microsoft:entity-disabled``;
-* sessions: a session entity needs a session id on every message; a session receiver holds the session lock
+* settlement (SPEC E8): a lock is settled on the link that received it or, by lock token, over ``$management``
+  (any receiver of an entity without sessions, as the service's cross-receiver settlement); a session's messages
+  only by the session's current owner (else ``com.microsoft:session-lock-lost``); lock duration at most 5 minutes;
+* sessions: a session entity needs a session id on every message (a topic's subscription that requires sessions
+  dead-letters a copy without one: ``Session id is null.``); a session receiver holds the session lock
   (the entity's lock duration), gets that session's messages in order, renews the lock, keeps session state;
   on an entity without sessions, and in any dead-letter queue, a session id is only a property (plain
   receivers get the message);
@@ -38,7 +42,7 @@ import heapq
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
@@ -57,6 +61,7 @@ from servicebus_local.model import (
     SubscriptionSettings,
     TopicInfo,
     TopicSettings,
+    check_lock_duration,
 )
 from servicebus_local.rules import (
     DEFAULT_RULE_NAME,
@@ -91,6 +96,13 @@ MESSAGE_NOT_FOUND = "com.microsoft:message-not-found"
 SESSION_LOCK_LOST = "com.microsoft:session-lock-lost"
 SESSION_CANNOT_BE_LOCKED = "com.microsoft:session-cannot-be-locked"
 ARGUMENT_ERROR = "com.microsoft:argument-error"
+
+#: How a subscription that requires sessions dead-letters a topic message without a session id (the service's
+#: words, github.com/Azure/azure-service-bus/issues/196).
+SESSION_ID_NULL_REASON = "Session id is null."
+SESSION_ID_NULL_DESCRIPTION = (
+    "Session enabled entity doesn't allow a message whose session identifier is null."
+)
 
 DEAD_LETTER_REASON = "DeadLetterReason"
 DEAD_LETTER_DESCRIPTION = "DeadLetterErrorDescription"
@@ -141,6 +153,7 @@ class Message:
         "state",
         "lock",
         "locked_until_ms",
+        "lock_owner",
         "deferred",
         "session_id",
         "scheduled_ms",
@@ -156,6 +169,9 @@ class Message:
         self.state = READY
         self.lock: bytes | None = None
         self.locked_until_ms = 0
+        #: The receiver link that holds the lock (None: received by sequence number over $management, or in
+        #: process).
+        self.lock_owner: object | None = None
         self.deferred = False
         self.session_id = parts.session_id
         self.scheduled_ms = parts.scheduled_ms
@@ -784,7 +800,7 @@ class Broker:
         for sub in subs:
             for orig in msgs:
                 if sub.pass_all:
-                    self._insert(sub, orig if len(subs) == 1 else orig.copy(), entity_ttl)
+                    self._insert_copy(sub, orig if len(subs) == 1 else orig.copy(), entity_ttl)
                     continue
                 view = views.get(orig.seq)
                 if view is None:
@@ -801,7 +817,14 @@ class Broker:
                     m = orig.copy()
                     if routed_view is not view:
                         m = _with_parts(orig, apply_view(orig.parts, view, routed_view))
-                    self._insert(sub, m, entity_ttl)
+                    self._insert_copy(sub, m, entity_ttl)
+
+    def _insert_copy(self, sub: _Subscription, m: Message, entity_ttl: int) -> None:
+        """A topic message's copy into a subscription. A subscription that requires sessions dead-letters a copy
+        without a session id, as the service does (the topic accepted the send)."""
+        self._insert(sub, m, entity_ttl)
+        if m.session_id is None and sub.settings.requires_session:
+            self._dead_letter(sub, sub.store, m, SESSION_ID_NULL_REASON, SESSION_ID_NULL_DESCRIPTION)
 
     def _insert(self, target: _Receivable, m: Message, entity_ttl: int) -> None:
         ttl_default = min(entity_ttl, _ms(target.settings.default_message_time_to_live))
@@ -880,6 +903,7 @@ class Broker:
                     m.state = LOCKED
                     m.lock = tag
                     m.locked_until_ms = until
+                    m.lock_owner = owner
                     e.locks[tag] = (store, m)
                     heapq.heappush(e.lock_heap, (until, tag))
                     out.append(Delivered(m, tag, until, m.render(locked=True)))
@@ -922,21 +946,25 @@ class Broker:
         reason: str | None = None,
         description: str | None = None,
         owner: object | None = None,
+        requesters: Collection[object] | None = None,
     ) -> None:
-        """Settle a peek-locked message by lock token (the 16-byte tag). Raises message-lock-lost."""
+        """Settle a peek-locked message by lock token (the 16-byte tag). Raises message-lock-lost, or
+        session-lock-lost on an entity that requires sessions.
+
+        Who may settle, as on the service: ``owner`` is the receiver link a disposition arrived on (the lock must
+        be that link's); ``requesters`` are the receiver links of the connection that asked over ``$management``
+        (update-disposition), which settles any lock of an entity without sessions (the service's cross-receiver
+        settlement) but a session's message only for the session's current owner. With neither (an in-process
+        call) nothing is checked but the lock itself."""
         with self._lock:
             e, _ = self._receivable(address)
             now = self.now_ms()
             entry = e.locks.get(lock_token)
+            sess: _Session | None = None
             if entry is not None:
                 store, m = entry
-                if (
-                    m.session_id is not None
-                    and e.settings.requires_session
-                    and not store.dead_letter
-                    and m.session_id in e.sessions
-                ):
-                    sess = e.sessions[m.session_id]
+                sess = self._session_holding(e, store, m)
+                if sess is not None:
                     if sess.locked_until_ms <= now:
                         self._release_session(e, sess, now, count_delivery=True)
                         entry = None
@@ -946,12 +974,17 @@ class Broker:
             if entry is None:
                 if e.settings.requires_session:
                     raise BrokerError(SESSION_LOCK_LOST, "The session lock has expired or was lost.")
-                raise BrokerError(
-                    MESSAGE_LOCK_LOST,
-                    "The lock supplied is invalid. Either the lock expired, or the message has already been removed "
-                    "from the queue, or was received by a different receiver instance.",
-                )
+                raise BrokerError(MESSAGE_LOCK_LOST, _LOCK_LOST)
             store, m = entry
+            if owner is not None and m.lock_owner is not owner:
+                # A delivery tag names a delivery of the link that carried it; nothing else is settled there.
+                raise BrokerError(SESSION_LOCK_LOST if sess is not None else MESSAGE_LOCK_LOST, _LOCK_LOST)
+            if sess is not None and (
+                (owner is not None and sess.owner is not owner)
+                or (requesters is not None and sess.owner not in requesters)
+            ):
+                raise BrokerError(SESSION_LOCK_LOST, _session_not_held(sess.session_id))
+            m.lock_owner = None
             if outcome == Outcome.COMPLETE:
                 del e.locks[lock_token]
                 m.lock = None
@@ -1035,13 +1068,25 @@ class Broker:
         *,
         peek_lock: bool = True,
         session_id: str | None = None,
+        requesters: Collection[object] | None = None,
     ) -> list[Delivered]:
         """receive-by-sequence-number: deferred messages by number (locked, or removed in
-        receive-and-delete mode). Unknown or not deferred -> ``com.microsoft:message-not-found``."""
+        receive-and-delete mode). Unknown or not deferred -> ``com.microsoft:message-not-found``.
+        ``requesters`` (the receiver links of the asking connection): a session's deferred messages are
+        received only by the session's current owner (else session-lock-lost); None (in process): not checked."""
         with self._lock:
             e, addr = self._receivable(address)
             now = self.now_ms()
             self._tick_all_for(e, now)
+            if requesters is not None and e.settings.requires_session and not addr.dead_letter:
+                sess = e.sessions.get(session_id) if session_id is not None else None
+                if (
+                    sess is None
+                    or sess.owner is None
+                    or sess.owner not in requesters
+                    or sess.locked_until_ms <= now
+                ):
+                    raise BrokerError(SESSION_LOCK_LOST, _session_not_held(session_id or ""))
             store = e.dlq if addr.dead_letter else e.store
             seqs = list(sequence_numbers)
             found = []
@@ -1064,6 +1109,7 @@ class Broker:
                     m.state = LOCKED
                     m.lock = tag
                     m.locked_until_ms = until
+                    m.lock_owner = None
                     e.locks[tag] = (store, m)
                     heapq.heappush(e.lock_heap, (until, tag))
                     out.append(Delivered(m, tag, until, m.render(locked=True)))
@@ -1175,10 +1221,18 @@ class Broker:
 
     # ------------------------------------------------------------------ internal transitions
 
+    @staticmethod
+    def _session_holding(e: _Receivable, store: _Store, m: Message) -> _Session | None:
+        """The session whose lock holds ``m`` (a message of a session entity's main store), or None."""
+        if m.session_id is None or store.dead_letter or not e.settings.requires_session:
+            return None
+        return e.sessions.get(m.session_id)
+
     def _unlock(self, e: _Receivable, store: _Store, m: Message, now: int, *, count_delivery: bool) -> None:
         if m.lock is not None:
             e.locks.pop(m.lock, None)
             m.lock = None
+        m.lock_owner = None
         if count_delivery:
             m.delivery_count += 1
         if m.deferred:
@@ -1250,6 +1304,8 @@ class Broker:
 
     def create_queue(self, name: str, settings: QueueSettings | None = None) -> QueueInfo:
         with self._lock:
+            if settings is not None:
+                check_lock_duration(settings.lock_duration)
             q = self._create(
                 self._queues, name, lambda n, now: _Queue(n, replace(settings or QueueSettings()), now)
             )
@@ -1257,6 +1313,7 @@ class Broker:
 
     def update_queue(self, name: str, settings: QueueSettings) -> QueueInfo:
         with self._lock:
+            check_lock_duration(settings.lock_duration)
             q = self._queues.find(name)
             self._update(q, settings)
             return self._queue_info(q)
@@ -1333,6 +1390,8 @@ class Broker:
         self, topic: str, name: str, settings: SubscriptionSettings | None = None
     ) -> SubscriptionInfo:
         with self._lock:
+            if settings is not None:
+                check_lock_duration(settings.lock_duration)
             t = self._topics.find(topic)
             sub = self._create(
                 t.subs,
@@ -1343,6 +1402,7 @@ class Broker:
 
     def update_subscription(self, topic: str, name: str, settings: SubscriptionSettings) -> SubscriptionInfo:
         with self._lock:
+            check_lock_duration(settings.lock_duration)
             sub = self._get_sub(topic, name)
             self._update(sub, settings)
             return self._sub_info(sub)
@@ -1479,6 +1539,19 @@ class Broker:
                 "subscriptions": subs,
             }
         return out
+
+
+_LOCK_LOST = (
+    "The lock supplied is invalid. Either the lock expired, or the message has already been removed from the "
+    "queue, or was received by a different receiver instance."
+)
+
+
+def _session_not_held(session_id: str) -> str:
+    return (
+        f"The session lock was lost: the session '{session_id}' is not held by this receiver. A session's "
+        "messages are settled only by the receiver that holds the session; accept the session to settle them."
+    )
 
 
 def _counts_dict(c: RuntimeCounts) -> dict[str, Any]:

@@ -24,6 +24,10 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+#: The longest lock duration the service accepts on a queue or a subscription (its documented maximum).
+MAX_LOCK_DURATION = timedelta(minutes=5)
+
+
 @dataclass
 class QueueSettings:
     """Settable properties of a queue (defaults are the service's)."""
@@ -146,6 +150,19 @@ class EntityNotFound(KeyError):
 
 class EntityExists(ValueError):
     """An entity with that name exists already."""
+
+
+class InvalidSettings(ValueError):
+    """Entity settings the service refuses at create and update (HTTP 400); the text goes to the client."""
+
+
+def check_lock_duration(lock_duration: timedelta) -> None:
+    """Refuse a lock duration above :data:`MAX_LOCK_DURATION` (5 minutes), as the service does."""
+    if lock_duration > MAX_LOCK_DURATION:
+        raise InvalidSettings(
+            f"SubCode=40000. The value supplied for LockDuration ({lock_duration.total_seconds():g} seconds) "
+            "exceeds the maximum allowed lock duration of 00:05:00."
+        )
 
 
 class AdminStore(Protocol):

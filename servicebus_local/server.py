@@ -1056,6 +1056,8 @@ class _Management:
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
+        #: The receiver links the request being handled speaks for (see :func:`_requesters`); None outside one.
+        self.requesters: frozenset[_LinkState] | None = None
 
     def handle(self, conn: _AmqpConnection, st: _LinkState, data: bytes) -> None:
         try:
@@ -1083,7 +1085,11 @@ class _Management:
                 fault = faults.send_fault(entity)
                 if fault is not None:
                     raise BrokerError(*fault)
-            status, value = self.dispatch(entity, operation, body if isinstance(body, dict) else {})
+            self.requesters = _requesters(conn, app.get("associated-link-name"))
+            try:
+                status, value = self.dispatch(entity, operation, body if isinstance(body, dict) else {})
+            finally:
+                self.requesters = None
             if status == 204:
                 description = "No Content"
         except BrokerError as exc:
@@ -1140,6 +1146,7 @@ class _Management:
             [int(s) for s in body.get("sequence-numbers") or []],
             peek_lock=peek_lock,
             session_id=_session_id(body),
+            requesters=self.requesters,
         )
         out = []
         for d in got:
@@ -1157,7 +1164,9 @@ class _Management:
         reason = _str_or_none(body.get("deadletter-reason")) or None
         desc = _str_or_none(body.get("deadletter-description")) or None
         for tag in _tokens(body.get("lock-tokens")):
-            self.broker.settle(entity, tag, outcome, reason=reason, description=desc)
+            self.broker.settle(
+                entity, tag, outcome, reason=reason, description=desc, requesters=self.requesters
+            )
         return 200, {}
 
     def _renew_session_lock(self, entity: str, body: dict[str, Any]) -> tuple[int, Any]:
@@ -1179,6 +1188,19 @@ class _Management:
         if not ids:
             return 204, {}
         return 200, {"skip": skip + len(ids), "sessions-ids": Array(ids, element="string")}
+
+
+def _requesters(conn: _AmqpConnection, associated_link_name: Any) -> frozenset[_LinkState]:
+    """The receiver links a management request speaks for: the connection's receiver links, or only the one
+    its ``associated-link-name`` names (the SDK sends its receiver's link name) when that link is there. A
+    session is held by a receiver link, so only requests of that link's connection settle its messages."""
+    links = frozenset(st for st in conn.links if st.kind == "receive" and not st.closed)
+    name = _str_or_none(associated_link_name)
+    if name:
+        named = frozenset(st for st in links if st.link.name == name)
+        if named:
+            return named
+    return links
 
 
 def _session_id(body: dict[str, Any]) -> str | None:

@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 import yaml
 
 from servicebus_local.durations import MAX_DURATION, parse_iso_duration
-from servicebus_local.model import QueueSettings, SubscriptionSettings, TopicSettings
+from servicebus_local.model import MAX_LOCK_DURATION, QueueSettings, SubscriptionSettings, TopicSettings
 from servicebus_local.rules import (
     CORRELATION_FIELDS,
     CorrelationFilter,
@@ -133,6 +133,10 @@ def _settings(cls: type[S], raw: dict[str, Any], where: str) -> S:
         current = getattr(base, key)
         if isinstance(current, timedelta):
             values[key] = parse_duration(value, f"{where}.{key}")
+            if key == "lock_duration" and values[key] > MAX_LOCK_DURATION:
+                raise TopologyError(
+                    f"{where}.{key}: at most 5m (the service's maximum lock duration), got {value!r}"
+                )
         elif isinstance(current, bool):
             if not isinstance(value, bool):
                 raise TopologyError(f"{where}.{key}: true or false expected, got {value!r}")
