@@ -52,6 +52,7 @@ __all__ = [
     "NeedsWorker",
     "Opening",
     "SharedConnection",
+    "close_connection",
     "open_connection",
     "renewable",
     "sdk_timeout",
@@ -174,8 +175,7 @@ class SharedConnection:
         self.dropped += 1
         _LOGGER.info("a connection was dropped (%s); a new one is opened on next use", why)
         shut_down_connection(connection)
-        with contextlib.suppress(Exception):  # closing a dead connection may fail; it is being dropped anyway
-            connection.close()
+        close_connection(connection)
 
     def tend(self) -> None:
         """Between calls (a lane's idle tick, on its worker): read what came (heartbeats, detaches, a close) and
@@ -409,12 +409,8 @@ class SharedConnection:
         """Close the connection and every link on it (the lane's close, on its worker)."""
         self.senders.clear()
         connection, self.connection = self.connection, None
-        if connection is None:
-            return
-        try:
-            connection.close()
-        except Exception as exc:  # a broken connection may fail to close; it is being dropped anyway
-            _LOGGER.info("closing a connection failed: %s", type(exc).__name__)
+        if connection is not None:
+            close_connection(connection)
 
 
 class NeedsWorker(Exception):
@@ -729,6 +725,29 @@ def _close_quietly(connection: Any) -> None:
     shut_down_connection(connection)
     with contextlib.suppress(Exception):
         connection._disconnect()  # state END, the transport (and its socket) closed
+    _close_transport(connection)
+
+
+def close_connection(connection: Any) -> None:
+    """Close a pyamqp connection (a close frame if it is still open) and, whatever happened, its socket: pyamqp's
+    ``close`` leaves the socket open when the close frame cannot be sent (a connection reset, a socket shut
+    down): it then sets the state to END, and its disconnect does nothing in that state - the file descriptor
+    stayed open until the garbage collector found the connection (one per dropped connection; an exception's
+    traceback keeps it referenced). Runs on the thread that owns the connection. Never raises; bounded by the
+    socket's timeout (:data:`SDK_SLICE`) when the peer is silent."""
+    try:
+        connection.close()
+    except Exception as exc:  # a broken connection may fail to close; it is being dropped anyway
+        _LOGGER.info("closing a connection failed: %s", type(exc).__name__)
+    _close_transport(connection)
+
+
+def _close_transport(connection: Any) -> None:
+    """Close the connection's transport (its socket; nothing if closed already). Never raises."""
+    transport = getattr(connection, "_transport", None)
+    if transport is not None and getattr(transport, "sock", None) is not None:
+        with contextlib.suppress(Exception):
+            transport.close()
 
 
 def end_session_after_links(

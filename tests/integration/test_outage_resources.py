@@ -14,6 +14,7 @@ listener that accepts TCP and never answers TLS (the local namespace speaks plai
 from __future__ import annotations
 
 import os
+import select
 import socket
 import threading
 import time
@@ -60,20 +61,28 @@ def socket_inodes() -> set[int]:
 
 
 def client_sockets(ports: set[int]) -> int:
-    """This process's open TCP sockets whose remote port is one of ``ports`` (the namespaces'): the sender's."""
+    """This process's open sockets to the namespaces: the TCP sockets whose remote port is one of ``ports``, plus
+    the sockets in no table of the kernel (a TCP socket reset by its peer or never connected is unhashed: it no
+    longer shows in ``/proc/self/net/tcp``, yet its descriptor is open - the leak to look for)."""
     mine = socket_inodes()
+    listed: set[int] = set()
     n = 0
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+    for table in ("tcp", "tcp6", "udp", "udp6", "unix", "raw", "raw6", "netlink", "packet"):
         try:
-            with open(table) as f:
+            with open(f"/proc/self/net/{table}") as f:
                 rows = f.readlines()[1:]
         except OSError:
             continue
         for row in rows:
             cols = row.split()
-            if int(cols[2].rsplit(":", 1)[1], 16) in ports and int(cols[9]) in mine:
+            column = {"unix": 6, "netlink": 9, "packet": 8}.get(table, 9)
+            if len(cols) <= column or not cols[column].isdigit():
+                continue
+            inode = int(cols[column])
+            listed.add(inode)
+            if table.startswith("tcp") and inode in mine and int(cols[2].rsplit(":", 1)[1], 16) in ports:
                 n += 1
-    return n
+    return n + len(mine - listed)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float) -> float | None:
@@ -292,6 +301,33 @@ def test_a_lane_abandoning_an_opening_worker_frees_it_within_its_deadline(
     finally:
         lane.close()
         client.close()
+
+
+@pytest.mark.parametrize("how", ["close", "discard"])
+def test_a_connection_reset_by_the_namespace_closes_its_socket(local_namespace: Any, how: str) -> None:
+    """pyamqp's close leaves the socket open when its close frame cannot be sent (it sets END, and its disconnect
+    then does nothing): a dropped connection's socket must be closed all the same, at once, not by the garbage
+    collector."""
+    ports = ports_of(local_namespace)
+    with ServiceBusClient.from_connection_string(local_namespace.connection_string) as client:
+        conn = SharedConnection(client, lambda timeout: open_connection(client, timeout))
+        conn.ensure(5.0)
+        assert client_sockets(ports) == 1
+        local_namespace.faults.drop_connections()  # TCP reset
+        assert wait_until(lambda: _reset_seen(conn), 5.0) is not None
+        conn.connection._outgoing_empty()  # a heartbeat (as tending sends): it fails, pyamqp keeps the error
+        if how == "close":
+            conn.close()
+        else:
+            conn.discard("test")
+        assert client_sockets(ports) == 0
+
+
+def _reset_seen(conn: SharedConnection) -> bool:
+    """The reset reached the socket (it polls readable) while pyamqp has not read it yet: the connection is still
+    OPENED, so its close sends a close frame, and that write fails (raising the error of the write before)."""
+    sock = conn.connection._transport.sock
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 def test_unblock_reaches_a_connection_still_being_opened(local_namespace: Any) -> None:
