@@ -17,7 +17,11 @@ ended for its lifecycle (idle, an expired token: :data:`RENEWABLE`) is made once
 
 Bounds: ``SharedConnection.senders`` holds one link per entity this process sends to on the namespace (links that
 fail or are detached are removed); the links being opened at once are at most :data:`OPENING_AT_ONCE`; one
-connection and no SDK keep-alive thread per namespace, whatever the number of entities.
+connection and no SDK keep-alive thread per namespace, whatever the number of entities. Every step of opening a
+connection has a deadline, TLS and SASL included (which the SDK runs on a blocking socket without one), and a lane
+abandoning or closing its worker aborts an opening at once (:func:`open_connection`, :class:`Opening`); a dropped
+connection's socket is closed at once (:func:`close_connection`): an outage of any shape and length costs a
+constant number of threads and sockets (SPEC F8).
 
 Reads SDK internals (pyamqp's ``Connection``, a handler's ``open(connection=...)``, ``_running`` and the link's
 size limits), all pinned by ``constraints-dev.txt`` and exercised by the integration tests against the unmodified
