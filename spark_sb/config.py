@@ -104,6 +104,10 @@ class ServiceBusConfig:
     syphon_prefetch: int = 0
     #: The syphon job: the longest one micro-batch drains one backlog queue (then the next trigger goes on).
     syphon_batch_duration: float = 60.0
+    #: The syphon dead-letters (in the backlog, reason ``DestinationNotFound``) a message whose primary entity does
+    #: not exist once this delivery of it is its ``syphon_max_attempts``-th; before that it is abandoned and tried
+    #: again. Other failures (an outage) never dead-letter.
+    syphon_max_attempts: int = 10
     provision_tries: int = 3
     provision_retry_pause: float = 30.0
     idle_timeout: float = 600.0

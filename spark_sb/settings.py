@@ -237,6 +237,7 @@ SETTINGS: tuple[Setting, ...] = (
     _integer("max_message_size", "max_message_size", "> 0", unit=" (bytes)"),
     _integer("syphon.batch_size", "syphon_batch_size", "> 0"),
     _integer("syphon.prefetch", "syphon_prefetch", ">= 0"),
+    _integer("syphon.max_attempts", "syphon_max_attempts", ">= 1"),
     _integer("provision.tries", "provision_tries", ">= 1"),
     Setting("client_cache", "client_cache", parse_bool, _check_bool),
     _text("state_location", "state_location", noun="path"),

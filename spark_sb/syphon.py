@@ -17,9 +17,16 @@ default), restores each message with :func:`spark_sb.backlog.from_backlog`, send
   (forwarding one takes well under the lock duration); a message whose lock runs out within 2 s, or whose time
   to live ran out in the backlog, is not forwarded (expired ones are dead-lettered in the
   backlog with reason ``TTLExpiredInBacklog``); a scheduled time still in the future is kept; probes dropped.
+* **Wrong destinations (F9).** A message whose entity does not exist is abandoned and tried again until its
+  ``syphon.max_attempts``-th delivery (the backlog queue's delivery count: the service counts each abandon and
+  lock expiry); a not-found answer to that delivery's send dead-letters it in the backlog with reason
+  ``DestinationNotFound`` (a description naming entity and namespace), counted in
+  :attr:`SyphonOutcome.undeliverable` and logged as a WARNING. A message due for that verdict is its entity's probe:
+  sent itself on the isolated transport where a probe would be (:func:`~spark_sb.syphon_rules.undelivered_verdict`
+  decides). Any other failure (an outage, a timeout, a disabled entity) abandons, however many deliveries.
 * **Nothing stranded.** :meth:`Syphon.drain_queue` with ``dead_letter=True`` moves what a backlog queue
   dead-lettered on its own (max delivery count reached, lock lost); what the syphon parked there on purpose
-  (expired in the backlog, not a backlog message) stays, with its reason.
+  (expired in the backlog, not a backlog message, destination not found) stays, with its reason.
 * **Deadlines.** Every call has one that holds whatever the SDK does: sends to the primary go through
   :class:`~spark_sb.transport.SdkTransport` lanes; the backlog receivers are links on one connection in one
   :class:`~spark_sb.lane.Lane` (:mod:`spark_sb.shared_receivers`; receive: ``max_wait + send_timeout``; settle:
@@ -66,15 +73,21 @@ from spark_sb.syphon_receivers import (
     text_of,
 )
 from spark_sb.syphon_rules import (  # re-exported: their public home was this module
+    DEAD_LETTER,
     DEAD_LETTER_PROPERTIES,
+    DESTINATION_NOT_FOUND,
     EXPIRED_IN_BACKLOG,
     LOCK_SAFETY_MARGIN,
     NOT_A_BACKLOG_MESSAGE,
     PARKED_REASONS,
     EntityGate,
     SyphonOutcome,
+    attempt_of,
+    due_for_verdict,
     is_parked,
+    not_found_description,
     restore_for_primary,
+    undelivered_verdict,
 )
 from spark_sb.transport import PRIMARY, SdkBatch, SdkTransport, Target
 
@@ -83,6 +96,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "DEAD_LETTER_PROPERTIES",
+    "DESTINATION_NOT_FOUND",
     "EXPIRED_IN_BACKLOG",
     "LOCK_SAFETY_MARGIN",
     "NOT_A_BACKLOG_MESSAGE",
@@ -379,7 +393,7 @@ class Syphon:
                 short = reason.split(":")[0]
                 self._settle(lane, items, dead_letter_action(short, reason), outcome)
 
-            moved_before = outcome.forwarded_total
+            moved_before = outcome.forwarded_total + outcome.undeliverable
             entities = list(by_entity)
             while entities:
                 if self._cancelled.is_set():
@@ -387,16 +401,22 @@ class Syphon:
                     break
                 entity = entities.pop(0)
                 pairs = by_entity.pop(entity)
-                if not self._allowed(entity, outcome):
+                transport: SdkTransport | None = None
+                if self._last_attempt(entity, pairs):
+                    # F9: the messages are the entity's probe, on a connection of their own
+                    transport = self._isolated()
+                elif not self._allowed(entity, outcome):
                     self._abandon(lane, pairs, outcome)
                     continue
                 started = time.monotonic()
-                error = self._forward(lane, entity, pairs, outcome, dead_letter)
+                error = self._forward(lane, entity, pairs, outcome, dead_letter, parked, transport)
                 if error is None:
                     self.gate.succeeded(entity)
                 else:
-                    self.gate.failed(entity, namespace_wide=self._namespace_wide(entity, error, started))
-            left = outcome.forwarded_total - moved_before
+                    self.gate.failed(
+                        entity, namespace_wide=self._namespace_wide(entity, error, started, transport)
+                    )
+            left = outcome.forwarded_total + outcome.undeliverable - moved_before
             return left > 0 or bool(drop) or bool(dead and not dead_letter) or len(parked) > parked_before
         finally:
             # Whatever is still held (cancelled, or an unexpected error): abandoned, never left locked (B11).
@@ -469,15 +489,42 @@ class Syphon:
             datetime.now(timezone.utc),
         )
 
+    def _last_attempt(self, entity: str, pairs: Pairs) -> bool:
+        """F9: instead of a probe, send ``pairs`` themselves when the gate would probe ``entity`` and one of them
+        is due for a verdict (a not-found answer to this delivery dead-letters it, :func:`due_for_verdict`). A
+        probe answers only whether the entity takes messages; the verdict needs the answer to the send itself."""
+        limit = int(self.config.syphon_max_attempts)
+        if not any(due_for_verdict(getattr(h.msg, "delivery_count", None), limit) for h in pairs):
+            return False
+        return self.gate.decide(entity) == "probe"
+
+    def _isolated(self) -> SdkTransport | None:
+        """The primary's isolated transport (a sick entity's sends never hold the healthy forwards, F6), or None
+        once closed (the forward then fails as any call after close does)."""
+        try:
+            return self._primary.isolated()
+        except Exception:  # noqa: BLE001 - closed: the main transport raises the same when used
+            return None
+
     def _forward(
-        self, lane: ReceiverLane, entity: str, pairs: Pairs, outcome: SyphonOutcome, dead_letter: bool
+        self,
+        lane: ReceiverLane,
+        entity: str,
+        pairs: Pairs,
+        outcome: SyphonOutcome,
+        dead_letter: bool,
+        parked: Pairs | None = None,
+        transport: SdkTransport | None = None,
     ) -> BaseException | None:
-        """Send to the primary entity in size-packed batches, each within ``send_timeout``; complete each batch's
-        messages after the primary accepted it. On a failure the rest is abandoned and the failure returned."""
+        """Send to the primary entity in size-packed batches, each within ``send_timeout`` (on ``transport``, the
+        main one by default); complete each batch's messages after the primary accepted it. On a failure the rest
+        is settled by :meth:`_undelivered` (abandoned, or dead-lettered when the entity does not exist) and the
+        failure returned."""
+        primary = transport or self._primary
         target = Target(PRIMARY, entity)
         sent = 0
         try:
-            batch = self._primary.new_batch(target)
+            batch = primary.new_batch(target)
             in_batch: Pairs = []
             for h in pairs:
                 if self._cancelled.is_set():
@@ -485,26 +532,85 @@ class Syphon:
                     break
                 assert h.restored is not None
                 if not batch.try_add(h.restored):  # batch full: send it, start anew
-                    self._send_and_complete(lane, batch, in_batch, entity, outcome, dead_letter)
+                    self._send_and_complete(lane, batch, in_batch, entity, outcome, dead_letter, primary)
                     sent += len(in_batch)
                     in_batch = []
-                    batch = self._primary.new_batch(target)
+                    batch = primary.new_batch(target)
                     if not batch.try_add(h.restored):
                         raise ValueError("a message does not fit an empty batch")
                 in_batch.append(h)
             if in_batch:
-                self._send_and_complete(lane, batch, in_batch, entity, outcome, dead_letter)
+                self._send_and_complete(lane, batch, in_batch, entity, outcome, dead_letter, primary)
                 sent += len(in_batch)
             if sent < len(pairs):
                 self._abandon(lane, pairs[sent:], outcome)
             return None
         except Exception as exc:  # noqa: BLE001 - B9/B11: abandon, back off, go on
-            log.warning(
-                "syphon: send to primary entity %s failed (%s); abandoning", entity, type(exc).__name__
-            )
+            log.warning("syphon: send to primary entity %s failed (%s)", entity, type(exc).__name__)
             outcome.errors.append(f"{entity}: send failed: {type(exc).__name__}")
-            self._abandon(lane, pairs[sent:], outcome)
+            self._undelivered(lane, entity, pairs[sent:], outcome, exc, dead_letter, parked)
             return exc
+
+    def _undelivered(
+        self,
+        lane: ReceiverLane,
+        entity: str,
+        pairs: Pairs,
+        outcome: SyphonOutcome,
+        exc: BaseException,
+        dead_letter: bool,
+        parked: Pairs | None,
+    ) -> None:
+        """Settle what the primary did not take after ``exc`` (:func:`undelivered_verdict` per message): the
+        messages due are dead-lettered in the backlog with reason ``DestinationNotFound`` (F9; from a dead-letter
+        queue, where that cannot be done, they are parked for the rest of the pass), the others abandoned."""
+        from spark_sb.errors import classify
+
+        error_class = classify(exc).name
+        limit = int(self.config.syphon_max_attempts)
+        verdicts = [
+            (h, undelivered_verdict(error_class, getattr(h.msg, "delivery_count", None), limit))
+            for h in pairs
+        ]
+        dead = [h for h, verdict in verdicts if verdict == DEAD_LETTER]
+        self._abandon(lane, [h for h, verdict in verdicts if verdict != DEAD_LETTER], outcome)
+        if not dead:
+            return
+        namespace = self._primary_host()
+        attempts = max(attempt_of(getattr(h.msg, "delivery_count", None)) for h in dead)
+        if dead_letter and parked is not None:
+            parked.extend(dead)  # already in a dead-letter queue: left there, with the service's reason
+            log.warning(
+                "syphon: primary entity %s does not exist in namespace %s: %d messages stay in the dead-letter "
+                "queue of %s",
+                entity,
+                namespace,
+                len(dead),
+                lane.queue,
+            )
+            return
+        outcome.undeliverable += len(dead)
+        outcome._count(outcome.undeliverable_by_entity, entity, len(dead))
+        log.warning(
+            "syphon: primary entity %s does not exist in namespace %s (entity_not_found after %d deliveries, "
+            "syphon.max_attempts %d): %d messages dead-lettered in backlog queue %s with reason %s",
+            entity,
+            namespace,
+            attempts,
+            limit,
+            len(dead),
+            lane.queue,
+            DESTINATION_NOT_FOUND,
+        )
+        description = not_found_description(entity, namespace, attempts)
+        self._settle(lane, dead, dead_letter_action(DESTINATION_NOT_FOUND, description), outcome)
+
+    def _primary_host(self) -> str:
+        """The primary namespace as logs and dead-letter descriptions name it: its host (never a secret)."""
+        try:
+            return str(self.config.primary.endpoint_host())
+        except Exception:  # noqa: BLE001 - a description must not fail the settle
+            return "(primary)"
 
     def _send_and_complete(
         self,
@@ -514,8 +620,9 @@ class Syphon:
         entity: str,
         outcome: SyphonOutcome,
         dead_letter: bool,
+        transport: SdkTransport | None = None,
     ) -> None:
-        self._primary.send(batch, float(self.config.send_timeout))
+        (transport or self._primary).send(batch, float(self.config.send_timeout))
         outcome.forwarded[entity] = outcome.forwarded.get(entity, 0) + len(pending)
         if dead_letter:
             outcome.from_dead_letter += len(pending)

@@ -1,8 +1,9 @@
 """What the syphon decides, as pure rules on plain data (SPEC B9, B11, B12): the outcome of a drain
 (:class:`SyphonOutcome`), what to forward for one backlog message (:func:`restore_for_primary`), which
-dead-lettered messages stay parked (:func:`is_parked`), whether a failure is an expired token
-and which primary entities may be moved to now (:class:`EntityGate`, on an injected
-clock).
+dead-lettered messages stay parked (:func:`is_parked`), whether a failure is an expired token,
+which primary entities may be moved to now (:class:`EntityGate`, on an injected clock), and what becomes of a
+message the primary did not take (:func:`undelivered_verdict`: abandoned, or dead-lettered once its destination
+has been missing for ``syphon.max_attempts`` deliveries).
 
 Where it runs: wherever a :class:`~spark_sb.syphon.Syphon` drains (executors' Python workers in the Spark syphon
 job; the driver in tests and tools). No I/O and no Service Bus client here. :class:`SyphonOutcome` is small and
@@ -24,9 +25,19 @@ from spark_sb.message import OutboundMessage
 #: Dead-letter reasons written into the backlog queue's dead-letter sub-queue.
 EXPIRED_IN_BACKLOG = "TTLExpiredInBacklog"
 NOT_A_BACKLOG_MESSAGE = "NotABacklogMessage"
+#: The primary entity named in ``x-ms-path`` does not exist (it answered not-found at the message's
+#: ``syphon.max_attempts``-th delivery, SPEC F9).
+DESTINATION_NOT_FOUND = "DestinationNotFound"
 #: Dead-letter reasons that keep a message parked in a backlog queue's dead-letter queue (never moved): the
 #: syphon's own, and the service's expiry (the backlog TTL is unlimited, so only a drifted queue gives it).
-PARKED_REASONS = frozenset({EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, "TTLExpiredException"})
+PARKED_REASONS = frozenset(
+    {EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, DESTINATION_NOT_FOUND, "TTLExpiredException"}
+)
+#: The error class (:func:`spark_sb.errors.classify`) that says the destination does not exist.
+ENTITY_NOT_FOUND = "entity_not_found"
+#: What :func:`undelivered_verdict` decides.
+ABANDON = "abandon"
+DEAD_LETTER = "dead_letter"
 #: Application properties the service adds to a dead-lettered message (not forwarded to the primary).
 DEAD_LETTER_PROPERTIES = ("DeadLetterReason", "DeadLetterErrorDescription")
 
@@ -43,6 +54,8 @@ class SyphonOutcome:
     ``forwarded`` / ``expired_by_entity`` / ``abandoned_by_entity``: per primary entity. ``from_dead_letter``:
     of the forwarded, how many came from a backlog queue's dead-letter queue. ``parked``: dead-lettered messages
     left where they are on purpose. ``invalid``: messages without a destination, dead-lettered in the backlog.
+    ``undeliverable`` / ``undeliverable_by_entity``: messages whose primary entity does not exist, dead-lettered
+    in the backlog (reason ``DestinationNotFound``) after ``syphon.max_attempts`` deliveries.
     """
 
     received: int = 0
@@ -58,6 +71,8 @@ class SyphonOutcome:
     abandoned_by_entity: dict[str, int] = field(default_factory=dict)
     from_dead_letter: int = 0
     parked: int = 0
+    undeliverable: int = 0
+    undeliverable_by_entity: dict[str, int] = field(default_factory=dict)
     receive_calls: int = 0
     probes: int = 0
     cancelled: bool = False
@@ -114,6 +129,37 @@ def restore_for_primary(
 def is_parked(dead_letter_reason: str | None) -> bool:
     """True when a message dead-lettered in a backlog queue with this reason stays there (pure)."""
     return (dead_letter_reason or "").split(":")[0].strip() in PARKED_REASONS
+
+
+def attempt_of(delivery_count: int | None) -> int:
+    """Which delivery of a backlog message this is, from its received ``delivery_count`` (the prior deliveries
+    that were abandoned or whose lock ran out; 0 on the first, the AMQP header's count): 1 on the first."""
+    return max(int(delivery_count or 0), 0) + 1
+
+
+def undelivered_verdict(error_class: str | None, delivery_count: int | None, max_attempts: int) -> str:
+    """What becomes of a backlog message the primary did not take (pure; SPEC B9, F9): :data:`DEAD_LETTER` when
+    the send answered that the destination does not exist (``error_class`` :data:`ENTITY_NOT_FOUND`) and this is
+    at least its ``max_attempts``-th delivery; :data:`ABANDON` (tried again later) otherwise. Any other failure
+    (an outage, a timeout, a disabled or full entity, no answer at all: ``None``) abandons, however many
+    deliveries: an outage never dead-letters."""
+    if error_class == ENTITY_NOT_FOUND and attempt_of(delivery_count) >= max_attempts:
+        return DEAD_LETTER
+    return ABANDON
+
+
+def due_for_verdict(delivery_count: int | None, max_attempts: int) -> bool:
+    """True when a not-found answer to this delivery would dead-letter the message (pure)."""
+    return undelivered_verdict(ENTITY_NOT_FOUND, delivery_count, max_attempts) == DEAD_LETTER
+
+
+def not_found_description(entity: str, namespace: str, attempts: int) -> str:
+    """The ``DeadLetterErrorDescription`` of a message whose destination does not exist (no secret: the
+    namespace is its host name)."""
+    return (
+        f"{DESTINATION_NOT_FOUND}: the primary entity {entity!r} does not exist in namespace {namespace} "
+        f"(entity_not_found at delivery {attempts}; syphon.max_attempts reached)"
+    )
 
 
 # ------------------------------------------------------------------------------------------- entity gate
