@@ -167,8 +167,7 @@ class SharedReceivers:
         amqp.shut_down_connection(connection)
         for receiver in receivers:
             _quiet_close(receiver)
-        with contextlib.suppress(Exception):  # closing a dead connection may fail; it is dropped anyway
-            connection.close()
+        amqp.close_connection(connection)  # its socket too, whatever the close frame did (no fd left behind)
 
     def unblock(self) -> None:
         """Shut the connection's socket down so a call stuck in it returns (from another thread). Never raises."""
@@ -182,10 +181,7 @@ class SharedReceivers:
         self.receivers.clear()
         connection, self.connection = self.connection, None
         if connection is not None:
-            with contextlib.suppress(
-                Exception
-            ):  # a broken connection may fail to close; it is dropped anyway
-                connection.close()
+            amqp.close_connection(connection)  # its socket too, whatever the close frame did
         with contextlib.suppress(Exception):
             self.client.close()
 

@@ -81,7 +81,11 @@ def test_a_stalled_secondary_never_hangs_the_syphon_and_its_receiver_is_replaced
         stalled = syphon.drain_queue(Q, max_wait=0.5)
         assert time.monotonic() - started < 0.5 + 2 + 2  # max_wait + send_timeout, plus slack
         assert stalled.forwarded_total == 0 and stalled.received == 0
-        assert stalled.errors == [f"{Q}: receive failed: DeadlineExceeded"]
+        # a timeout either way: the lane's deadline (DeadlineExceeded) or the open's own (TimeoutError, SPEC F8)
+        assert stalled.errors in (
+            [f"{Q}: receive failed: DeadlineExceeded"],
+            [f"{Q}: receive failed: TimeoutError"],
+        )
         pair.secondary.faults.stall(False)
         moved = syphon.drain_queue(Q, max_wait=0.5)
     assert moved.forwarded == {"orders": 5} and not moved.errors

@@ -1,0 +1,239 @@
+"""Benchmark: one sick entity among many never slows or diverts the healthy ones (issue 29, SPEC F6, F7).
+
+    .venv/bin/python bench/bench_isolation.py [--entities 20,100] [--sick 1,10] [--latency-ms 0,2]
+        [--shapes stall,disabled,full,not-found] [--configs 60/60/30,10/5/30,1/2/5,0/1/5]
+        [--seconds 8] [--smoke] [--check]
+
+For each latency, E and configuration (``failover_interval/ping_primary_interval/send_timeout`` in seconds), three
+local namespaces run in child processes (bench_fanout's): "primary" with queues q0..q{E-1}, "raw" with the same
+queues (the raw SDK baseline) and "secondary" with the backlog queues; the latency fault is set on all three.
+
+One ``PairedSender`` sends calls of ``--per-entity`` messages per entity (20) - sick ones included, as a Spark partition holding rows
+for every entity would - back to back. First a warm-up call (every entity accepted a message: they exist for this
+sink), then for each shape the first ``sick`` entities are made sick through the control API (``stall``: the
+entity answers nothing; ``disabled``, ``full``, ``not-found``: the service's error conditions) and the sender goes on
+until every sick entity is failed over (the cost of that is reported apart: "to failover s"), then ``--seconds`` of
+calls are measured:
+
+- healthy p50/p99/max: the latency of each call, whose healthy messages wait for nothing but the sick entities'
+  diverts (F6: a sick entity delays the others by at most 0.5 s);
+- healthy msgs/s against the same sender's run with no sick entity, measured just before in the same namespaces
+  ("vs clean", goal >= 0.9), and that clean run against the raw SDK (one client, one sender per healthy entity,
+  the same messages; "clean vs raw"), rounds interleaved;
+- healthy diverted (goal 0): messages of healthy entities that went to the backlog, over the whole case;
+- conns: the most AMQP connections open at once on the primary (its gauge): the healthy connection and the
+  isolated one that probes use; threads: the process's most.
+
+``--check``: exit 1 when a goal is missed. ``--smoke``: E = 6, one sick, shapes stall and disabled, config 1/2/5,
+2 s windows (seconds in all: CI's smoke mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.bench_fanout import _namespaces, _Raw  # noqa: E402
+from spark_sb.config import ServiceBusConfig  # noqa: E402
+from spark_sb.failover import EntityState, FailoverRegistry  # noqa: E402
+from spark_sb.message import OutboundMessage  # noqa: E402
+from spark_sb.sender import PairedSender  # noqa: E402
+
+BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]
+SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "stall": ("/faults/stall-entity", {"on": True}),
+    "disabled": ("/faults/send-error", {"condition": "com.microsoft:entity-disabled"}),
+    "full": ("/faults/send-error", {"condition": "amqp:resource-limit-exceeded"}),
+    "not-found": ("/faults/send-error", {"condition": "amqp:not-found"}),
+}
+BODY = b"x" * 200
+
+
+@dataclass
+class Case:
+    latency_ms: float
+    entities: int
+    sick: int
+    shape: str
+    config: str
+    to_failover: float | None = None
+    p50: float = 0.0
+    p99: float = 0.0
+    worst: float = 0.0
+    rate: float = 0.0
+    clean_rate: float = 0.0
+    raw_rate: float = 0.0
+    diverted_healthy: int = 0
+    conns: int | None = None
+    threads: int = 0
+    misses: list[str] = field(default_factory=list)
+
+
+def _config(primary: str, secondary: str, spec: str) -> ServiceBusConfig:
+    interval, ping, timeout = spec.split("/")
+    return ServiceBusConfig.from_dict(
+        {
+            "primary": {"connection_string": primary, "namespace_name": "primary"},
+            "secondary": {"connection_string": secondary},
+            "backlog_queue_count": len(BACKLOG),
+            "failover_interval": f"{interval}s",
+            "ping_primary_interval": f"{ping}s",
+            "send_timeout": f"{timeout}s",
+        }
+    )
+
+
+PER_ENTITY = 20  # messages per entity in each call (--per-entity)
+
+
+def _call(sender: PairedSender, names: list[str], healthy: set[str], case: Case) -> float:
+    started = time.perf_counter()
+    out = sender.send(OutboundMessage(body=BODY, entity=name) for _ in range(PER_ENTITY) for name in names)
+    elapsed = time.perf_counter() - started
+    case.diverted_healthy += sum(n for e, n in out.diverted_by_entity.items() if e in healthy)
+    return elapsed
+
+
+def _window(
+    sender: PairedSender, names: list[str], healthy: set[str], case: Case, seconds: float
+) -> list[float]:
+    latencies: list[float] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        latencies.append(_call(sender, names, healthy, case))
+    return latencies
+
+
+def _raw_rate(raw: _Raw, healthy: int, seconds: float) -> float:
+    sent = 0
+    spent = 0.0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        spent += raw.slice(healthy * PER_ENTITY)
+        sent += healthy * PER_ENTITY
+    return sent / spent if spent else 0.0
+
+
+def run_config(args: argparse.Namespace, latency: float, e: int, spec: str) -> list[Case]:
+    names = [f"q{k}" for k in range(e)]
+    cases: list[Case] = []
+    with _namespaces(names, BACKLOG) as ns:
+        for n in ns.values():
+            n.post("/faults/latency", {"seconds": latency / 1000.0})
+        for sick in args.sick:
+            if sick >= e:
+                continue
+            for shape in args.shapes:
+                case = Case(latency, e, sick, shape, spec)
+                cases.append(case)
+                sick_names = names[:sick]
+                healthy = set(names[sick:])
+                healthy_names = names[sick:]
+                sender = PairedSender(
+                    _config(ns["primary"].conn, ns["secondary"].conn, spec), registry=FailoverRegistry()
+                )
+                raw = _Raw(ns["raw"].conn, healthy_names, BODY)
+                peak_threads = threading.active_count()
+                try:
+                    raw.open()
+                    _call(sender, names, healthy, case)  # warm-up: every entity accepted a message
+                    clean = _window(sender, healthy_names, healthy, case, args.seconds / 2)
+                    case.raw_rate = _raw_rate(raw, len(healthy_names), args.seconds / 2)
+                    case.clean_rate = PER_ENTITY * len(healthy_names) * len(clean) / sum(clean)
+                    path, body = SHAPES[shape]
+                    for name in sick_names:
+                        ns["primary"].post(path, {"entity": name, **body})
+                    started = time.monotonic()
+                    deadline = started + args.cap
+                    while time.monotonic() < deadline and any(
+                        sender.entity_state(s) is not EntityState.FAILED_OVER for s in sick_names
+                    ):
+                        _call(sender, names, healthy, case)
+                        peak_threads = max(peak_threads, threading.active_count())
+                    if all(sender.entity_state(s) is EntityState.FAILED_OVER for s in sick_names):
+                        case.to_failover = time.monotonic() - started
+                    latencies = _window(sender, names, healthy, case, args.seconds)
+                    peak_threads = max(peak_threads, threading.active_count())
+                    case.rate = PER_ENTITY * len(healthy_names) * len(latencies) / sum(latencies)
+                    ordered = sorted(latencies)
+                    case.p50 = statistics.median(ordered)
+                    case.p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+                    case.worst = ordered[-1]
+                    case.conns = ns["primary"].peak_connections()
+                    case.threads = peak_threads
+                finally:
+                    sender.close()
+                    raw.close()
+                    ns["primary"].post("/faults/clear")
+                    ns["primary"].post("/faults/latency", {"seconds": latency / 1000.0})
+                _judge(case)
+                print(_line(case), flush=True)
+    return cases
+
+
+def _judge(case: Case) -> None:
+    if case.diverted_healthy:
+        case.misses.append("healthy diverted")
+    if case.to_failover is None:
+        case.misses.append("sick never failed over")
+    if case.clean_rate and case.rate / case.clean_rate < 0.9:
+        case.misses.append("vs clean < 0.9")
+    # one call = one message per entity: its latency beyond the clean call's is what the sick ones cost it
+    if case.clean_rate and case.worst - PER_ENTITY * (case.entities - case.sick) / case.clean_rate > 0.5:
+        case.misses.append("delay > 0.5 s")
+
+
+def _line(c: Case) -> str:
+    vs_clean = c.rate / c.clean_rate if c.clean_rate else 0.0
+    vs_raw = c.clean_rate / c.raw_rate if c.raw_rate else 0.0
+    fo = f"{c.to_failover:.2f}" if c.to_failover is not None else "never"
+    return (
+        f"{c.latency_ms:>4.0f} ms  E={c.entities:<4} sick={c.sick:<3} {c.shape:<10} {c.config:<9} "
+        f"to failover {fo:>6} s  healthy p50/p99/max {c.p50 * 1000:7.1f}/{c.p99 * 1000:7.1f}/{c.worst * 1000:7.1f} ms  "
+        f"{c.rate:8.0f} msgs/s  vs clean {vs_clean:4.2f}  clean vs raw {vs_raw:4.2f} ({c.raw_rate:.0f} msgs/s)  "
+        f"healthy diverted {c.diverted_healthy}  conns {c.conns}  threads {c.threads}"
+        + (f"  MISS: {', '.join(c.misses)}" if c.misses else "")
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--entities", default="20,100")
+    parser.add_argument("--sick", default="1,10")
+    parser.add_argument("--latency-ms", default="0,2")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--configs", default="10/5/30,1/2/5,0/1/5")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument(
+        "--cap", type=float, default=150.0, help="the longest wait for the sick ones' failover"
+    )
+    parser.add_argument("--per-entity", type=int, default=20, help="messages per entity in each call")
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.entities, args.sick, args.latency_ms = "6", "1", "0"
+        args.shapes, args.configs, args.seconds = "stall,disabled", "1/2/5", 2.0
+    globals()["PER_ENTITY"] = args.per_entity
+    args.sick = [int(s) for s in args.sick.split(",")]
+    args.shapes = [s for s in args.shapes.split(",") if s]
+    cases: list[Case] = []
+    for latency in (float(x) for x in args.latency_ms.split(",")):
+        for e in (int(x) for x in args.entities.split(",")):
+            for spec in args.configs.split(","):
+                cases.extend(run_config(args, latency, e, spec))
+    misses = [c for c in cases if c.misses]
+    print(f"== {len(cases)} cases, {len(misses)} missed a goal")
+    return 1 if args.check and misses else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
