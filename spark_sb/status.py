@@ -1,5 +1,6 @@
-"""``spark-sb status``: each entity's failover state, the pulled backlog queues, the last events and the backlog
-depths, read without starting Spark.
+"""``spark-sb status``: each entity's failover state, the pulled backlog queues, the last events, the backlog
+depths, and the messages the syphon could not deliver (their entity does not exist: dead-lettered in the backlog,
+SPEC F9), read without starting Spark.
 
 The state tables under ``state_location`` are read with the ``deltalake`` package (delta-rs, no JVM); backlog
 depths come from the secondary namespace's admin endpoint (runtime message counts). Runs on a workstation or the
@@ -16,19 +17,37 @@ from typing import Any, TextIO
 
 from spark_sb.redact import redact
 
-__all__ = ["StateStatus", "add_status_command", "format_status", "newest_events", "read_status"]
+__all__ = [
+    "StateStatus",
+    "add_status_command",
+    "format_status",
+    "newest_events",
+    "read_status",
+    "undeliverable",
+]
+
+#: The events that count a message the syphon dead-lettered because its destination does not exist
+#: (:mod:`spark_sb.syphon_job`: event ``dead_lettered``, error class ``entity_not_found``).
+UNDELIVERABLE_EVENT = ("dead_lettered", "entity_not_found")
 
 
 @dataclass(frozen=True)
 class StateStatus:
-    """What ``status`` shows: entity rows, the newest events (newest first) and backlog depths per queue."""
+    """What ``status`` shows: entity rows, the newest events (newest first), backlog depths per queue, and per
+    entity the messages the syphon dead-lettered because the entity does not exist (:func:`undeliverable`)."""
 
     entities: list[dict[str, Any]]
     events: list[dict[str, Any]]
     depths: dict[str, int | str] = field(default_factory=dict)
+    undeliverable: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"entities": self.entities, "events": self.events, "backlog_depths": self.depths}
+        return {
+            "entities": self.entities,
+            "events": self.events,
+            "backlog_depths": self.depths,
+            "undeliverable": self.undeliverable,
+        }
 
 
 def _arrow_table(location: str, table: str) -> Any:
@@ -58,9 +77,12 @@ def newest_events(location: str, n: int) -> list[dict[str, Any]]:
     """The ``n`` newest events, newest first (a batch's ``batch_committed`` before its other events of the same
     time). Sorted in Arrow and only those ``n`` rows converted to Python: the events table holds
     ``state_retention`` of history (hundreds of thousands of rows), which must not make ``status`` slow."""
+    return _newest(_arrow_table(location, "events"), n)
+
+
+def _newest(data: Any, n: int) -> list[dict[str, Any]]:
     import pyarrow.compute as pc
 
-    data = _arrow_table(location, "events")
     if data is None or n <= 0 or data.num_rows == 0:
         return []
     if data.num_rows > n:  # only the rows at least as new as the n-th newest can be among the n newest
@@ -73,6 +95,40 @@ def newest_events(location: str, n: int) -> list[dict[str, Any]]:
     )  # nulls last (Arrow's default): an event without a batch id after the batch's rows of the same time
     rows: list[dict[str, Any]] = data.take(order[:n]).drop_columns(["_commit"]).to_pylist()
     return rows
+
+
+def undeliverable(location: str) -> list[dict[str, Any]]:
+    """Per (namespace, entity), the messages the syphon dead-lettered in the backlog because the entity does not
+    exist (reason ``DestinationNotFound``; over the events the table keeps, ``state_retention``): ``count``, the
+    ``last`` time and the backlog ``queues`` whose dead-letter queues hold them; the most recent first."""
+    return _undeliverable(_arrow_table(location, "events"))
+
+
+def _undeliverable(data: Any) -> list[dict[str, Any]]:
+    import pyarrow.compute as pc
+
+    if data is None or data.num_rows == 0:
+        return []
+    event, error_class = UNDELIVERABLE_EVENT
+    found = data.filter(
+        pc.and_kleene(pc.equal(data["event"], event), pc.equal(data["error_class"], error_class))
+    )
+    if found.num_rows == 0:
+        return []
+    grouped = found.group_by(["namespace", "entity"]).aggregate(
+        [("count", "sum"), ("time", "max"), ("backlog_queue", "distinct")]
+    )
+    rows = [
+        {
+            "namespace": r["namespace"],
+            "entity": r["entity"],
+            "count": int(r["count_sum"] or 0),
+            "last": r["time_max"],
+            "queues": sorted(q for q in r["backlog_queue_distinct"] or [] if q),
+        }
+        for r in grouped.to_pylist()
+    ]
+    return sorted(rows, key=lambda r: (r["last"], r["entity"] or ""), reverse=True)
 
 
 def backlog_depths(config: Any, admin_client: Any = None) -> dict[str, int | str]:
@@ -109,10 +165,14 @@ def read_status(
     entities = sorted(
         _read_table(config.state_location, "entities"), key=lambda r: (r["namespace"], r["entity"])
     )
+    events = _arrow_table(
+        config.state_location, "events"
+    )  # read once: the newest events and the undeliverable
     return StateStatus(
         entities=entities,
-        events=newest_events(config.state_location, last_events),
+        events=_newest(events, last_events),
         depths=backlog_depths(config, admin_client) if depths else {},
+        undeliverable=_undeliverable(events),
     )
 
 
@@ -139,6 +199,13 @@ def format_status(status: StateStatus, now: datetime | None = None) -> str:
         lines.append("backlog depths:")
         for queue, depth in status.depths.items():
             lines.append(f"  {queue:<50} {depth}")
+    if status.undeliverable:
+        lines.append(
+            "undeliverable (the entity does not exist: dead-lettered in the backlog, DestinationNotFound):"
+        )
+        for u in status.undeliverable:
+            where = f"  in the dead-letter queue of {', '.join(u['queues'])}" if u["queues"] else ""
+            lines.append(f"  {u['entity'] or '':<30} count {u['count']}  last {_ts(u['last'])}{where}")
     lines.append(f"last {len(status.events)} events:")
     for e in status.events:
         what = e["event"]

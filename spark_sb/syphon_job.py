@@ -19,7 +19,9 @@
   those few summary rows).
 * **Recording (driver; the ``foreachBatch`` function).** :class:`SyphonBatchWriter` aggregates the rows per
   (entity, kind) and appends them to the events table (kinds ``moved``, ``expired``, ``abandoned``,
-  ``dead_lettered``, ``settle_failed``, ``syphon_error``, ``parked``), idempotently per micro-batch
+  ``dead_lettered``, ``settle_failed``, ``syphon_error``, ``parked``; a ``dead_lettered`` row of an entity whose
+  destination does not exist has detail ``DestinationNotFound`` and error class ``entity_not_found``, SPEC F9),
+  idempotently per micro-batch
   (``txnAppId`` = ``syphon/<primary namespace name>``, ``txnVersion`` = batch id).
 
 Restartable: the checkpoint holds only offsets (a replayed micro-batch drains again: moving is idempotent with
@@ -65,6 +67,7 @@ from spark_sb.state import (  # the row kinds are the events table's event names
     store_for,
 )
 from spark_sb.syphon import Syphon, SyphonOutcome
+from spark_sb.syphon_rules import DESTINATION_NOT_FOUND, ENTITY_NOT_FOUND, NOT_A_BACKLOG_MESSAGE
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -192,7 +195,9 @@ def outcome_rows(queue: str, dead_letter: bool, outcome: SyphonOutcome) -> Itera
     for entity, n in sorted(outcome.abandoned_by_entity.items()):
         yield (queue, dead_letter, entity or None, ABANDONED, n, None, None)
     if outcome.invalid:
-        yield (queue, dead_letter, None, DEAD_LETTERED, outcome.invalid, None, "NotABacklogMessage")
+        yield (queue, dead_letter, None, DEAD_LETTERED, outcome.invalid, None, NOT_A_BACKLOG_MESSAGE)
+    for entity, n in sorted(outcome.undeliverable_by_entity.items()):
+        yield (queue, dead_letter, entity or None, DEAD_LETTERED, n, None, DESTINATION_NOT_FOUND)
     if outcome.settle_failures:
         yield (queue, dead_letter, None, SETTLE_FAILED, outcome.settle_failures, None, None)
     if outcome.parked:
@@ -335,6 +340,14 @@ def syphon_sink_id(config: ServiceBusConfig) -> str:
     return f"syphon/{name}"
 
 
+def error_class_of(kind: str, detail: str | None) -> str | None:
+    """The ``error_class`` column of a syphon event (pure): ``entity_not_found`` for messages dead-lettered because
+    their destination does not exist (what ``spark-sb status`` sums as undeliverable), else none."""
+    if kind == DEAD_LETTERED and (detail or "").startswith(DESTINATION_NOT_FOUND):
+        return ENTITY_NOT_FOUND
+    return None
+
+
 class SyphonBatchWriter:
     """The ``foreachBatch`` function of the syphon query (driver; picklable: the config and an optional store).
 
@@ -399,6 +412,7 @@ class SyphonBatchWriter:
                 namespace=namespace,
                 entity=entity,
                 backlog_queue=queue,
+                error_class=error_class_of(kind, detail),
                 count=n,
                 executor_host=host,
                 detail=detail or "",
