@@ -156,3 +156,36 @@ def test_the_planner_reads_entity_states_written_by_the_store_as_hints(spark: An
         "s", 0, BatchWrites((), records, ())
     )
     assert read_entity_hints(config) == {"orders": "failed_over", "audit": "healthy"}
+
+
+def test_a_message_for_an_entity_that_does_not_exist_becomes_an_event_and_shows_in_status(
+    spark: Any, pair: Any, tmp_path: Path
+) -> None:
+    """Issue 29 item 5: with ``syphon.max_attempts`` 1 the first not-found answer dead-letters the message in the
+    backlog; the job writes a ``dead_lettered`` event with error class ``entity_not_found`` and ``spark-sb status``
+    counts it for the entity, while the other entity's message moves."""
+    from dataclasses import replace
+
+    from spark_sb.status import read_status
+
+    state, checkpoint = tmp_path / "state", str(tmp_path / "chk")
+    config = replace(_config(pair, state), syphon_max_attempts=1)
+    _put(pair.secondary, BACKLOG[0], _backlogged("typo", 2, entity="orderz") + _backlogged("ok", 1))
+    query = run_syphon(
+        spark,
+        config,
+        checkpoint=checkpoint,
+        available_now=True,
+        admin_kwargs={"connection_verify": pair.secondary.ca_file},
+    )
+    query.awaitTermination(120)
+    assert not query.isActive
+    assert _take(pair.primary, "orders") == ["ok0"]
+    runtime = pair.secondary.broker.get_queue(BACKLOG[0]).runtime
+    assert (runtime.active_message_count, runtime.dead_letter_message_count) == (0, 2)
+
+    events = spark.read.format("delta").load(str(state / "events")).collect()
+    dead = [(e.entity, e.error_class, e["count"], e.detail) for e in events if e.event == "dead_lettered"]
+    assert dead == [("orderz", "entity_not_found", 2, "DestinationNotFound")]
+    status = read_status(config, depths=False)
+    assert [(u["entity"], u["count"]) for u in status.undeliverable] == [("orderz", 2)]
