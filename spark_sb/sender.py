@@ -409,6 +409,10 @@ class PairedSender:
         once (all disabled, say) cost about one ``failover_interval``, not E of them (SPEC F1). Each entity's
         messages stay in order (one batch per entity, retried whole). ``waiting`` is bounded by the batches."""
         waiting: list[tuple[float, int, Batch, Progress]] = []
+        # Entities already failing go last (a stable sort: each entity has one batch here, so no entity's order
+        # changes): their attempts may stall until the failover timer, and the healthy entities' batches of the
+        # call are not made to wait behind them (SPEC F6).
+        batches = sorted(batches, key=lambda b: self._entity(b.target.entity).state is EntityState.FAILING)
         # While the namespace is down the wait is used to translate the waiting batches for the backlog (inline
         # before a sleep; on a helper thread while an attempt stalls, started by its slow signal).
         ahead = Ahead(batches, self.transport.prepare_backlog, self._clock, self._config.entity)

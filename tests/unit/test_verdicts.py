@@ -233,3 +233,14 @@ def test_the_sender_builds_no_transport_after_close() -> None:
     sender.close()
     with pytest.raises(LaneClosed):
         _ = sender.transport
+
+
+def test_a_calls_last_batches_of_healthy_entities_go_before_those_of_a_failing_entity() -> None:
+    rig = Rig(failover_interval=10.0, ping_primary_interval=5.0, send_timeout=5.0)
+    rig.transport.stall(namespace=PRIMARY, entity="a")
+    rig.sender._entity("a").record_failure(TIMEOUT, "stalled", rig.clock.monotonic())  # failing: 10 s to go
+    assert rig.sender.entity_state("a") is F
+    before = len(rig.transport.calls)
+    rig.sender.send([*msgs(2, "x", entity="a"), *msgs(2, "y", entity="b")])
+    order = [c[1].entity for c in rig.transport.calls[before:] if c[1].namespace == PRIMARY]
+    assert order[0] == "b", order  # the healthy entity's batch did not wait behind the stalled one
