@@ -1,6 +1,11 @@
 """Probes of failed-over primary entities (SPEC B8, F4): one probe of an entity per ``ping_primary_interval``,
 one of the whole namespace while it does not answer, on a helper thread (or inline with an injected clock).
 
+Probes run on the transport's isolated connections (:meth:`~spark_sb.transport.Transport.isolated`, SPEC F6): a
+probe of an entity that stalls holds a connection of its own, never the one healthy sends use. The failed-over
+entities are probed in turn, the one probed longest ago first (:meth:`Prober.rotation`, F7), and a probe cut short
+by the sender's close records nothing (closing is no evidence).
+
 A probe's calls are bounded by ``min(send_timeout, ping_primary_interval)`` (at least ``MIN_ATTEMPT_BUDGET``),
 so a probe is over before the next is due. Its record and the transitions it causes wait in a queue until the
 sender's thread collects them (:meth:`Prober.collect`), so that they reach the send outcome and the listener on

@@ -23,6 +23,11 @@ closing one closes both, and the pair is rebuilt on the next use. A faulted conn
 alone: tearing the backlog's down with a failing primary's would make every failover wait for a new backlog
 connection.
 
+Isolation (SPEC F6): :meth:`SdkTransport.isolated` is a second transport over connections of its own (one per
+namespace, built on first use, closed with this one): probes of failed-over entities use it, so a stalled entity's
+probe never holds the connection healthy sends use. A timeout is the namespace's only when its connection was
+silent for :data:`NAMESPACE_SILENCE` (F7); otherwise the link alone is dropped and the connection stays.
+
 Per-target structures (a link's batch size limit, its last answer) are bounded by the targets this process sends
 to; lanes by the two namespaces.
 """
