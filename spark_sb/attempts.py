@@ -140,15 +140,14 @@ class AttemptLoop:
                 entity_state = EntityState.HEALTHY
                 known = state is None or where is not Where.PRIMARY or state.accepted
                 if state is not None:
+                    wide = False
                     if cls.fail_over and (known or cls.name != WRONG_DESTINATION):
                         wide = self.namespace_wide(cls, target, started, state)
                         failing = state.record_failure(cls, describe_error(exc), started, namespace_wide=wide)
                         self.emit(tally, failing)
                         if failing and failing[0].to_state is EntityState.FAILING:
                             self.warm_backlog(state.entity)
-                        if not wide and self.namespace_answered(cls, target):
-                            self.emit(tally, state.namespace_answered_here())
-                    elif self.namespace_answered(cls, target):
+                    if not wide and self.namespace_answered(cls, target):
                         self.emit(tally, state.namespace_answered_here())
                     entity_state = state.state
                     remaining = state.time_until_failover()
