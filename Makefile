@@ -17,7 +17,7 @@ OLDEST_CONSTRAINTS := constraints-oldest.txt
 # The Spark tier: every test marked `spark` (tests/spark and the acceptance scenario, tests/conftest.py).
 SPARK_TIER := tests/spark tests/acceptance
 # Says which pair a run is on: pyspark, delta-spark and the Delta jar coordinates of the venv's Python.
-SPARK_PAIR = import sys, pyspark, importlib.metadata as m; from spark_sb.session import delta_packages; \
+SPARK_PAIR = import sys, pyspark, importlib.metadata as m; from spark_sb.spark.session import delta_packages; \
 	print("== Spark pair:", "pyspark", pyspark.__version__, "+ delta-spark", m.version("delta-spark"), \
 	"(jars", delta_packages() + ";", "venv", sys.prefix + ")", flush=True)
 
@@ -35,7 +35,7 @@ install: $(STAMP)
 # on failure); sessions started afterwards use the recorded jar files and print no resolver output.
 $(JARS): $(STAMP)
 	@echo "fetching the Delta Lake jars (once; log: $(JARS).log)"
-	@$(BIN)/python -m spark_sb.session > $(JARS).log 2>&1 || { cat $(JARS).log; exit 1; }
+	@$(BIN)/python -m spark_sb.spark.session > $(JARS).log 2>&1 || { cat $(JARS).log; exit 1; }
 	@touch $(JARS)
 
 jars: $(JARS)

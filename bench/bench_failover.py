@@ -41,11 +41,11 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage  # noqa: E402
 from azure.servicebus.exceptions import MessageSizeExceededError  # noqa: E402
 from bench_local_namespace import namespace  # noqa: E402 - sibling script
 
-from spark_sb.backlog import BACKLOG_ENQUEUED, BACKLOG_PATH  # noqa: E402
-from spark_sb.config import NamespaceConfig, Secret, ServiceBusConfig  # noqa: E402
-from spark_sb.failover import FailoverRegistry  # noqa: E402
-from spark_sb.message import OutboundMessage  # noqa: E402
-from spark_sb.sender import PairedSender  # noqa: E402
+from spark_sb.config.service_bus import NamespaceConfig, Secret, ServiceBusConfig  # noqa: E402
+from spark_sb.failover.registry import FailoverRegistry  # noqa: E402
+from spark_sb.message.backlog import BACKLOG_ENQUEUED, BACKLOG_PATH  # noqa: E402
+from spark_sb.message.outbound import OutboundMessage  # noqa: E402
+from spark_sb.sender.paired import PairedSender  # noqa: E402
 
 # --------------------------------------------------------------------------------------------- part 1: lags
 

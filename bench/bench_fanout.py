@@ -68,11 +68,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from azure.servicebus import ServiceBusClient, ServiceBusMessage  # noqa: E402
 from azure.servicebus.exceptions import MessageSizeExceededError  # noqa: E402
 
-from spark_sb.config import ServiceBusConfig  # noqa: E402
-from spark_sb.errors import SendError  # noqa: E402
-from spark_sb.failover import FailoverRegistry  # noqa: E402
-from spark_sb.message import OutboundMessage  # noqa: E402
-from spark_sb.sender import PairedSender  # noqa: E402
+from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
+from spark_sb.core.errors import SendError  # noqa: E402
+from spark_sb.failover.registry import FailoverRegistry  # noqa: E402
+from spark_sb.message.outbound import OutboundMessage  # noqa: E402
+from spark_sb.sender.paired import PairedSender  # noqa: E402
 
 SHAPES = ("refused+dropped", "stall-after-sasl", "stall-before-sasl", "dns")
 BACKLOG_COUNT = 2

@@ -42,10 +42,11 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_fanout import _namespaces, _Raw  # noqa: E402
-from spark_sb.config import ServiceBusConfig  # noqa: E402
-from spark_sb.failover import EntityState, FailoverRegistry  # noqa: E402
-from spark_sb.message import OutboundMessage  # noqa: E402
-from spark_sb.sender import PairedSender  # noqa: E402
+from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
+from spark_sb.failover.records import EntityState
+from spark_sb.failover.registry import FailoverRegistry  # noqa: E402
+from spark_sb.message.outbound import OutboundMessage  # noqa: E402
+from spark_sb.sender.paired import PairedSender  # noqa: E402
 
 BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {

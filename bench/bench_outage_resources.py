@@ -7,7 +7,7 @@ For each outage shape - refused (connections refused), drop (live connections re
 before SASL (TCP accepted, nothing ever answered: the SDK's blocking SASL read), stall after SASL (SASL answered,
 then silence), blackhole (a middlebox's silent drop: every connection open at that moment gets no answer ever
 again, no FIN; repeated every 2 s, so each new connection goes silent within 2 s) - a fresh
-:class:`~spark_sb.sender.PairedSender` sends 10-message batches every 0.1 s to a healthy primary, the primary
+:class:`~spark_sb.sender.paired.PairedSender` sends 10-message batches every 0.1 s to a healthy primary, the primary
 breaks for ``--minutes`` (the sender diverts to the backlog and probes the primary every ``--ping`` s), then the
 sender is closed and the primary healed. Every ``--sample`` s the process's ``spark-sb-`` threads, its sockets
 (``/proc/self/fd`` links to ``socket:``) and its RSS are sampled.
@@ -43,10 +43,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from spark_sb.config import ServiceBusConfig  # noqa: E402
-from spark_sb.failover import FailoverRegistry  # noqa: E402
-from spark_sb.message import OutboundMessage  # noqa: E402
-from spark_sb.sender import PairedSender  # noqa: E402
+from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
+from spark_sb.failover.registry import FailoverRegistry  # noqa: E402
+from spark_sb.message.outbound import OutboundMessage  # noqa: E402
+from spark_sb.sender.paired import PairedSender  # noqa: E402
 
 ENTITY = "orders"
 BACKLOG_COUNT = 2
@@ -403,7 +403,7 @@ def main() -> None:
     ):
         cfg = config(primary, secondary, args.interval, args.ping)
         # the process's watchdog (one for the process, never stopped) is started before anything is counted
-        from spark_sb.lane import _WATCHDOG
+        from spark_sb.wire.lane import _WATCHDOG
 
         _WATCHDOG.watch(time.monotonic(), lambda: None)
         healthy = run_phase("healthy", cfg, seconds, every, primary, None)

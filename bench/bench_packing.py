@@ -9,8 +9,8 @@ interleaved (the order alternating between rounds):
 - raw: the raw SDK - a ``ServiceBusMessage`` per message and ``ServiceBusMessageBatch.add_message`` (which encodes
   each message twice);
 - sdk path: the product's way for messages it does not build itself - ``OutboundMessage.to_sdk`` and
-  :func:`spark_sb.packing.add_to_batch` (one encoding);
-- ours: :func:`spark_sb.packing.add_outbound`, what ``SdkBatch.try_add`` calls - plain messages built straight into
+  :func:`spark_sb.message.packing.add_to_batch` (one encoding);
+- ours: :func:`spark_sb.message.packing.add_outbound`, what ``SdkBatch.try_add`` calls - plain messages built straight into
   pyamqp's message.
 
 Prints the median msgs/s of each and the median of the per-round ratios against raw.
@@ -26,8 +26,8 @@ from collections.abc import Callable
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
 from azure.servicebus.exceptions import MessageSizeExceededError
 
-from spark_sb.message import OutboundMessage
-from spark_sb.packing import add_outbound, add_to_batch
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.message.packing import add_outbound, add_to_batch
 
 
 def _raw_add(batch: ServiceBusMessageBatch, m: OutboundMessage) -> bool:

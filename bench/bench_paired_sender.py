@@ -21,7 +21,7 @@ from collections.abc import Callable
 from bench_failover import paired, raw_sdk  # noqa: E402 - sibling script (the same raw baseline)
 from bench_local_namespace import namespace  # noqa: E402 - sibling script
 
-from spark_sb.config import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig
+from spark_sb.config.service_bus import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig
 
 QUEUE = "bench"
 

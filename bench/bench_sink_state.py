@@ -34,9 +34,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_failover import raw_sdk  # noqa: E402 - sibling script
 from bench_local_namespace import namespace  # noqa: E402 - sibling script
 
-from spark_sb.config import ServiceBusConfig  # noqa: E402
-from spark_sb.session import build_spark_session  # noqa: E402
-from spark_sb.sink import ServiceBusSink  # noqa: E402
+from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
+from spark_sb.spark.session import build_spark_session  # noqa: E402
+from spark_sb.spark.sink import ServiceBusSink  # noqa: E402
 
 
 def steady(

@@ -60,8 +60,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, ROOT, os.environ.ge
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode  # noqa: E402
 from soak_credential import ShortTokens  # noqa: E402
 
-from spark_sb.backlog import backlog_queue_names  # noqa: E402
-from spark_sb.config import NamespaceConfig, RetryConfig, ServiceBusConfig  # noqa: E402
+from spark_sb.config.service_bus import NamespaceConfig, RetryConfig, ServiceBusConfig  # noqa: E402
+from spark_sb.message.backlog import backlog_queue_names  # noqa: E402
 
 ENTITY = "orders"
 BACKLOG_COUNT = 2
@@ -479,8 +479,8 @@ def backlog_counts(secondary: Namespace, queues: list[str]) -> dict[str, tuple[i
 
 def throttled_events(state_dir: Path, sink_id: str) -> list[tuple[int | None, int]]:
     """(batch id, milliseconds) of each ``throttled`` row of the sink's events table (read with deltalake)."""
-    from spark_sb.state import THROTTLED
     from spark_sb.state.deltars import DeltaRsStateStore
+    from spark_sb.state.records import THROTTLED
 
     return [
         (e.batch_id, e.count)
@@ -515,9 +515,9 @@ class BatchRecord:
 
 
 def run(args: argparse.Namespace, workdir: Path) -> int:
-    from spark_sb.session import build_spark_session
-    from spark_sb.sink import ServiceBusSink
-    from spark_sb.syphon_job import SyphonBatchWriter, run_syphon, stop_gracefully
+    from spark_sb.spark.session import build_spark_session
+    from spark_sb.spark.sink import ServiceBusSink
+    from spark_sb.spark.syphon_job import SyphonBatchWriter, run_syphon, stop_gracefully
 
     total = args.minutes * 60.0
     tls_dir = workdir / "tls"

@@ -9,7 +9,7 @@ links, then the timer starts when all movers start and stops when the last one h
 
 * ``raw``: the raw SDK mover: one client per namespace, a peek-lock receiver (prefetch 0) receiving up to 100
   messages, ``send_messages`` of the restored list to the entity of ``x-ms-path``, ``complete_message`` each.
-* ``syphon 1q``: :meth:`spark_sb.syphon.Syphon.drain_queue` on one queue (what one partition of the syphon job
+* ``syphon 1q``: :meth:`spark_sb.syphon.mover.Syphon.drain_queue` on one queue (what one partition of the syphon job
   does: receivers and senders in lanes with deadlines, B6 restore, lock and TTL checks, health gate).
 * ``syphon 4q``: four queues of ``count / 4`` messages, four movers at once (the job spreads queues over
   partitions; here on however many cores the machine has).
@@ -40,8 +40,8 @@ def fill(conn: str, queue: str, count: int, size: int) -> None:
     """Put ``count`` backlog messages (for ``DEST``) into ``queue`` (not timed)."""
     from azure.servicebus import ServiceBusClient
 
-    from spark_sb.backlog import to_backlog_sdk
-    from spark_sb.message import OutboundMessage
+    from spark_sb.message.backlog import to_backlog_sdk
+    from spark_sb.message.outbound import OutboundMessage
 
     now = datetime.now(timezone.utc)
     body = b"x" * size
@@ -98,9 +98,9 @@ def raw_mover(primary: str, secondary: str, queue: str) -> Callable[[int], int]:
 def syphon_mover(primary: str, secondary: str, queue: str) -> Callable[[int], int]:
     """:meth:`Syphon.drain_queue`, one receive batch at a time (no empty receive's wait at the end, like the raw
     mover), its links opened (not timed)."""
-    from spark_sb.config import ServiceBusConfig
-    from spark_sb.syphon import Syphon
-    from spark_sb.transport import PRIMARY, Target
+    from spark_sb.config.service_bus import ServiceBusConfig
+    from spark_sb.syphon.mover import Syphon
+    from spark_sb.wire.transport import PRIMARY, Target
 
     config = ServiceBusConfig.from_dict(
         {

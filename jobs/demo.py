@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from servicebus_local.server import LocalNamespace
-from spark_sb.clock import SystemClock
-from spark_sb.config import ServiceBusConfig
-from spark_sb.provisioning import provision_backlog_queues
-from spark_sb.sender import SendOutcome
-from spark_sb.session import build_spark_session
-from spark_sb.sink import ServiceBusSink
-from spark_sb.syphon_job import SyphonBatchWriter, run_syphon
+from spark_sb.admin.provisioning import provision_backlog_queues
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.core.clock import SystemClock
+from spark_sb.sender.paired import SendOutcome
+from spark_sb.spark.session import build_spark_session
+from spark_sb.spark.sink import ServiceBusSink
+from spark_sb.spark.syphon_job import SyphonBatchWriter, run_syphon
 
 ENTITY = "orders"
 

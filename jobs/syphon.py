@@ -4,7 +4,7 @@
                                 [--checkpoint PATH]
     python jobs/syphon.py --config conf/local.yaml            # local[2] unless --master / --remote
 
-Wiring only (the library is :mod:`spark_sb.syphon_job`): builds the session (``build_spark_session``; under
+Wiring only (the library is :mod:`spark_sb.spark.syphon_job`): builds the session (``build_spark_session``; under
 spark-submit the master comes from spark-submit), starts the query, and waits. SIGTERM or SIGINT stops it
 cleanly: the running micro-batch finishes (every message it holds is completed or abandoned), no new one starts,
 then the query and the session stop; exit status 0. The checkpoint defaults to ``<state_location>/_syphon``.
@@ -25,8 +25,8 @@ import uuid
 from pathlib import Path
 from types import FrameType
 
-from spark_sb.config import ConfigError, load_config, parse_duration
-from spark_sb.syphon_job import SyphonBatchWriter, run_syphon, stop_gracefully
+from spark_sb.config.service_bus import ConfigError, load_config, parse_duration
+from spark_sb.spark.syphon_job import SyphonBatchWriter, run_syphon, stop_gracefully
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
         spark = SparkSession.builder.remote(args.remote).getOrCreate()
     else:
-        from spark_sb.session import build_spark_session
+        from spark_sb.spark.session import build_spark_session
 
         under_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit launched this Python
         master = None if under_submit and not args.master else (args.master or "local[2]")

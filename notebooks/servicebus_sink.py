@@ -29,7 +29,7 @@ dbutils.library.restartPython()  # noqa: F821 - the installed package becomes im
 # COMMAND ----------
 
 from spark_sb import ServiceBusSink, load_config  # noqa: E402
-from spark_sb.provisioning import provision_backlog_queues  # noqa: E402
+from spark_sb.admin.provisioning import provision_backlog_queues  # noqa: E402
 
 config = load_config(
     {

@@ -43,7 +43,7 @@ import uuid  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from spark_sb import load_config  # noqa: E402
-from spark_sb.syphon_job import run_syphon, stop_gracefully  # noqa: E402
+from spark_sb.spark.syphon_job import run_syphon, stop_gracefully  # noqa: E402
 
 scope = dbutils.widgets.get("scope")  # noqa: F821
 config = load_config(

@@ -1,8 +1,8 @@
-"""Injected time for the local namespace (its own copy of ``spark_sb.clock``: the emulator depends on nothing of
+"""Injected time for the local namespace (its own copy of ``spark_sb.core.clock``: the emulator depends on nothing of
 the product).
 
 Lock expiry, TTL, idle timers and token expiry read time through a :class:`Clock` so that tests advance a
-:class:`FakeClock` instead of sleeping. Any object with the same methods (such as ``spark_sb.clock.FakeClock``)
+:class:`FakeClock` instead of sleeping. Any object with the same methods (such as ``spark_sb.core.clock.FakeClock``)
 serves.
 
 * ``monotonic()`` is for measuring intervals (never goes backwards).

@@ -1,5 +1,5 @@
 """ISO-8601 durations and the service's maximum duration for the local namespace's admin endpoint and topology
-files (its own copy of ``spark_sb.durations``: the emulator depends on nothing of the product).
+files (its own copy of ``spark_sb.core.durations``: the emulator depends on nothing of the product).
 
 The grammar is the day-time subset the service speaks (``PT1M``, ``P3DT4H5M6.000007S``, ``P2W``,
 ``P10675199DT2H48M5.4775807S``): optional sign, weeks, days, hours, minutes, seconds, each with an optional

@@ -22,20 +22,20 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "load_config": "spark_sb.config",
-    "ServiceBusConfig": "spark_sb.config",
-    "ConfigError": "spark_sb.config",
-    "OutboundMessage": "spark_sb.message",
-    "PairedSender": "spark_sb.sender",
-    "SendOutcome": "spark_sb.sender",
-    "is_probe": "spark_sb.backlog",
-    "ServiceBusSink": "spark_sb.sink",
-    "sink": "spark_sb.sink",
-    "register": "spark_sb.datasource",
-    "relay_state": "spark_sb.relay",
-    "StateRelay": "spark_sb.relay",
-    "Syphon": "spark_sb.syphon",
-    "provision_backlog_queues": "spark_sb.provisioning",
+    "load_config": "spark_sb.config.service_bus",
+    "ServiceBusConfig": "spark_sb.config.service_bus",
+    "ConfigError": "spark_sb.config.service_bus",
+    "OutboundMessage": "spark_sb.message.outbound",
+    "PairedSender": "spark_sb.sender.paired",
+    "SendOutcome": "spark_sb.sender.paired",
+    "is_probe": "spark_sb.message.backlog",
+    "ServiceBusSink": "spark_sb.spark.sink",
+    "sink": "spark_sb.spark.sink",
+    "register": "spark_sb.spark.datasource",
+    "relay_state": "spark_sb.spark.relay",
+    "StateRelay": "spark_sb.spark.relay",
+    "Syphon": "spark_sb.syphon.mover",
+    "provision_backlog_queues": "spark_sb.admin.provisioning",
 }
 
 __all__ = sorted(_EXPORTS)

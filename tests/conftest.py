@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     """One SparkSession for the whole run: local[2], UI off, 2 shuffle partitions, Delta enabled."""
-    from spark_sb.session import build_spark_session
+    from spark_sb.spark.session import build_spark_session
 
     warehouse = tempfile.mkdtemp(prefix="spark-sb-warehouse-")
     session = build_spark_session(

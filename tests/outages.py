@@ -1,6 +1,6 @@
 """An outage harness shared by the outage integration tests and ``bench/bench_failover.py``.
 
-A :class:`SendLoop` runs a :class:`~spark_sb.sender.PairedSender` in a thread, sending batches of uniquely
+A :class:`SendLoop` runs a :class:`~spark_sb.sender.paired.PairedSender` in a thread, sending batches of uniquely
 numbered messages back to back and recording, for each ``send`` call, when it started and returned and how many
 messages went to the primary and to the backlog. :data:`SHAPES` are the outage shapes the local namespace can
 make (refused, dropped, stalled before and after SASL, DNS failure, entity errors, a per-entity stall), each a
@@ -21,11 +21,11 @@ from typing import Any
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
 from servicebus_local.model import QueueSettings
-from spark_sb.backlog import BACKLOG_PATH
-from spark_sb.config import ServiceBusConfig
-from spark_sb.failover import FailoverRegistry
-from spark_sb.message import OutboundMessage
-from spark_sb.sender import PairedSender
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.failover.registry import FailoverRegistry
+from spark_sb.message.backlog import BACKLOG_PATH
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.sender.paired import PairedSender
 
 ENTITY = "orders"
 BACKLOG_COUNT = 2

@@ -2,7 +2,8 @@
 job: :mod:`~spark_sb.failover.records` (states, transitions, statuses), :mod:`~spark_sb.failover.decisions` (the
 pure decisions), :mod:`~spark_sb.failover.machine` (the entity state machine and namespace-wide evidence),
 :mod:`~spark_sb.failover.rotation` (backlog rotation and choice), :mod:`~spark_sb.failover.registry` (the
-process-level registry). Every public name is importable from ``spark_sb.failover``.
+process-level registry), :mod:`~spark_sb.failover.outcome` (what a send call did: outcomes, probe records,
+the tally). Each name is imported from the module that defines it.
 
 States per destination entity (queue or topic) of the primary namespace::
 
@@ -15,7 +16,7 @@ States per destination entity (queue or topic) of the primary namespace::
 * While FAILED_OVER, sends to the primary stop and a probe is due every ``ping_primary_interval``;
   a good probe returns the entity to HEALTHY at once.
 
-Everything reads time through an injected :class:`~spark_sb.clock.Clock` (monotonic for timers, UTC wall time
+Everything reads time through an injected :class:`~spark_sb.core.clock.Clock` (monotonic for timers, UTC wall time
 for what is recorded). Decisions are small pure functions (:func:`failover_due`, :func:`probe_due`,
 :func:`backoff_delay`, :func:`choose_random`, :func:`choose_session_affine`) tested directly.
 
@@ -27,73 +28,6 @@ one; tests inject a fresh registry.
 Runs in executors' Python workers (one registry per worker process); thread-safe; the records
 (:class:`StateTransition`, :class:`EntityStatus`, :class:`BacklogPull`) are small and picklable so that they
 travel back to the driver in the send outcome.
+
+Imports: core and message only; never the wire, Spark, state or admin.
 """
-
-from __future__ import annotations
-
-from spark_sb.failover.decisions import (
-    FAILOVER_GRACE,
-    MIN_ATTEMPT_BUDGET,
-    MIN_SEND_BUDGET,
-    NAMESPACE_CLASSES,
-    WRONG_DESTINATION,
-    Decision,
-    RetryPolicy,
-    Route,
-    Verb,
-    Where,
-    attempt_budget,
-    backoff_delay,
-    choose_random,
-    choose_session_affine,
-    decide,
-    failover_due,
-    namespace_wide,
-    probe_due,
-)
-from spark_sb.failover.machine import EntityFailover, NamespaceHealth
-from spark_sb.failover.records import (
-    BacklogPull,
-    EntityState,
-    EntityStatus,
-    Listener,
-    StateTransition,
-    log_transition,
-    log_transitions,
-)
-from spark_sb.failover.registry import FailoverRegistry, process_registry
-from spark_sb.failover.rotation import BacklogChooser, BacklogRotation
-
-__all__ = [
-    "FAILOVER_GRACE",
-    "MIN_ATTEMPT_BUDGET",
-    "MIN_SEND_BUDGET",
-    "NAMESPACE_CLASSES",
-    "WRONG_DESTINATION",
-    "BacklogChooser",
-    "BacklogPull",
-    "BacklogRotation",
-    "Decision",
-    "EntityFailover",
-    "EntityState",
-    "EntityStatus",
-    "FailoverRegistry",
-    "Listener",
-    "NamespaceHealth",
-    "RetryPolicy",
-    "Route",
-    "StateTransition",
-    "Verb",
-    "Where",
-    "attempt_budget",
-    "backoff_delay",
-    "choose_random",
-    "choose_session_affine",
-    "decide",
-    "failover_due",
-    "log_transition",
-    "log_transitions",
-    "namespace_wide",
-    "probe_due",
-    "process_registry",
-]

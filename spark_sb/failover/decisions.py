@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from spark_sb.errors import ErrorClass
+from spark_sb.core.errors import ErrorClass
 from spark_sb.failover.records import EntityState
 
 

@@ -8,8 +8,8 @@ import threading
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from spark_sb.clock import Clock
-from spark_sb.errors import ErrorClass
+from spark_sb.core.clock import Clock
+from spark_sb.core.errors import ErrorClass
 from spark_sb.failover.decisions import Route, attempt_budget, failover_due, probe_due
 from spark_sb.failover.records import EntityState, EntityStatus, StateTransition, redacted
 

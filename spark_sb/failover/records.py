@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 
-from spark_sb.redact import redact
+from spark_sb.core.redact import redact
 
 _LOGGER = logging.getLogger(__name__)
 

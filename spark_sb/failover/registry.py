@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from spark_sb.clock import Clock, SystemClock
+from spark_sb.core.clock import Clock, SystemClock
 from spark_sb.failover.machine import EntityFailover, NamespaceHealth
 from spark_sb.failover.records import EntityStatus
 from spark_sb.failover.rotation import BacklogRotation

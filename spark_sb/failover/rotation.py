@@ -9,7 +9,7 @@ import threading
 from collections.abc import Sequence
 from datetime import timedelta
 
-from spark_sb.clock import Clock
+from spark_sb.core.clock import Clock
 from spark_sb.failover.decisions import choose_random, choose_session_affine
 from spark_sb.failover.records import BacklogPull, redacted
 

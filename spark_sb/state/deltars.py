@@ -1,9 +1,9 @@
 """The state tables (events, entities, rejects) as Delta path tables written with ``deltalake`` (delta-rs), no
-Spark session: the :class:`~spark_sb.state.StateStore` of the ``servicebus`` data source.
+Spark session: the :class:`~spark_sb.state.store.StateStore` of the ``servicebus`` data source.
 
 Why a second Delta store: Spark runs a Python data source's ``commit`` (and its planning) in a Python process of
 its own on the driver machine, with no SparkSession to write through. The tables and their rows are the ones
-:class:`~spark_sb.state.DeltaStateStore` writes (same columns and types, the same ``txnAppId`` = sink id /
+:class:`~spark_sb.state.delta.DeltaStateStore` writes (same columns and types, the same ``txnAppId`` = sink id /
 ``txnVersion`` = batch id on the events and rejects appends), so a data source query, a ``foreachBatch`` sink and
 ``spark-sb status`` read each other's rows. Path tables only (``state_location``): catalog tables need Spark.
 
@@ -100,7 +100,7 @@ def _utc(dt: datetime | None) -> datetime:
 
 
 class DeltaRsStateStore:
-    """:class:`~spark_sb.state.StateStore` on the path tables under ``location`` (``<location>/events`` ...),
+    """:class:`~spark_sb.state.store.StateStore` on the path tables under ``location`` (``<location>/events`` ...),
     through ``deltalake``. ``storage_options`` go to delta-rs as they are (object stores); ``sleep`` is the
     pause between retries of a commit that lost a race with another writer (injected in tests)."""
 

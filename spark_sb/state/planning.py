@@ -31,8 +31,9 @@ from spark_sb.state.records import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from spark_sb.failover import FailoverRegistry, StateTransition
-    from spark_sb.message import Reject
+    from spark_sb.failover.records import StateTransition
+    from spark_sb.failover.registry import FailoverRegistry
+    from spark_sb.message.outbound import Reject
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +236,7 @@ def apply_handoff(
     worker's own). Backlog queues recorded as pulled are pulled in the worker's rotation until their ``until``.
     Returns the transitions made.
     """
-    from spark_sb.failover import EntityState
+    from spark_sb.failover.records import EntityState
 
     clock = registry.clock
     now = clock.now()

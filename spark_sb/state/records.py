@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
-from spark_sb.redact import redact
+from spark_sb.core.redact import redact
 
 if TYPE_CHECKING:  # pragma: no cover
-    from spark_sb.failover import BacklogPull, EntityStatus
-    from spark_sb.sender import SendOutcome
+    from spark_sb.failover.records import BacklogPull, EntityStatus
+    from spark_sb.sender.paired import SendOutcome
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ BATCH_COMMITTED = "batch_committed"
 #: says the same in seconds. Throttling is not an outage: nothing is diverted for it.
 THROTTLED = "throttled"
 MAINTAINED = "maintained"  # spark-sb maintain (state.maintain)
-# the syphon's event names (spark_sb.syphon_job): per entity and backlog queue, per micro-batch
+# the syphon's event names (spark_sb.spark.syphon_job): per entity and backlog queue, per micro-batch
 MOVED = "moved"
 EXPIRED = "expired"
 ABANDONED = "abandoned"
@@ -143,7 +143,7 @@ class EntityRecord:
 
 @dataclass(frozen=True)
 class RejectRecord:
-    """One row of the rejects table (``row_json`` already redacted by :func:`spark_sb.rows.row_to_json`)."""
+    """One row of the rejects table (``row_json`` already redacted by :func:`spark_sb.message.rows.row_to_json`)."""
 
     time: datetime
     sink_id: str

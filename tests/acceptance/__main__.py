@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from spark_sb.config import ConfigError, ServiceBusConfig
-from spark_sb.redact import register_secret
+from spark_sb.config.service_bus import ConfigError, ServiceBusConfig
+from spark_sb.core.redact import register_secret
 from tests.acceptance.backends import MISSING_HELP, Backend, MissingSettings, azure_backend
 from tests.acceptance.failures import AcceptanceFailure, explain, preflight, secrets_of
 from tests.acceptance.scenario import Settings, run_scenario
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     _say(f"{PROG}: primary {config.primary.endpoint_host()}, secondary {config.secondary.endpoint_host()}")
     try:
         if own_session:
-            from spark_sb.session import build_spark_session
+            from spark_sb.spark.session import build_spark_session
 
             spark = build_spark_session("spark-servicebus-acceptance", "local[2]")
             spark.sparkContext.setLogLevel("ERROR")

@@ -2,7 +2,7 @@
 
 :func:`explain` turns an exception into a line that says what to fix: missing Manage rights, a wrong key, a
 namespace that does not exist or cannot be reached, throttling, an untrusted certificate. The line never holds a
-secret (:func:`spark_sb.redact.redact` with the connection strings of the run) and never a traceback.
+secret (:func:`spark_sb.core.redact.redact` with the connection strings of the run) and never a traceback.
 :func:`preflight` asks both namespaces for their properties (a Manage operation) before anything is created or
 Spark is started, so the common mistakes cost a second, not a Spark start-up.
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from spark_sb.config import ConfigError, ServiceBusConfig
-from spark_sb.errors import SERVER_BUSY, UNAUTHORIZED, classify
-from spark_sb.provisioning import CERTIFICATE_HINT, is_certificate_error
-from spark_sb.redact import redact
+from spark_sb.admin.provisioning import CERTIFICATE_HINT, is_certificate_error
+from spark_sb.config.service_bus import ConfigError, ServiceBusConfig
+from spark_sb.core.errors import SERVER_BUSY, UNAUTHORIZED, classify
+from spark_sb.core.redact import redact
 
 #: Deadlines of every admin call of the run (seconds): connect, then each read.
 ADMIN_TIMEOUTS: Mapping[str, Any] = {"connection_timeout": 10, "read_timeout": 30}

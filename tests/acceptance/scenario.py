@@ -15,8 +15,8 @@ partition tasks run in that session's Python workers as in production. Steps:
 5. fan-out: rows over the N queues, all ``SendDisabled`` at once: the outage batch should cost about one
    ``failover_interval``, not N of them; then they are restored;
 6. a healthy and a ``SendDisabled`` batch through ``format("servicebus")`` (a second query, its own sink id and
-   state tables; skipped with a note where ``spark_sb.datasource`` is missing);
-7. the syphon job's query (:func:`spark_sb.syphon_job.run_syphon` with ``once``, what ``jobs/syphon.py --once``
+   state tables; skipped with a note where ``spark_sb.spark.datasource`` is missing);
+7. the syphon job's query (:func:`spark_sb.spark.syphon_job.run_syphon` with ``once``, what ``jobs/syphon.py --once``
    runs) moves every backlog back, pass after pass until the backlog is empty (at most ``syphon_passes``);
 8. every produced id is compared, as sets, with what the primary entities hold: 0 lost, 0 duplicates; the Delta
    events table records the diversions and state changes;
@@ -37,12 +37,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from spark_sb.clock import Clock, SystemClock
-from spark_sb.config import ServiceBusConfig
-from spark_sb.provisioning import provision_backlog_queues
-from spark_sb.sender import SendOutcome
-from spark_sb.sink import ServiceBusSink
-from spark_sb.syphon_job import SyphonBatchWriter, run_syphon
+from spark_sb.admin.provisioning import provision_backlog_queues
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.core.clock import Clock, SystemClock
+from spark_sb.sender.paired import SendOutcome
+from spark_sb.spark.sink import ServiceBusSink
+from spark_sb.spark.syphon_job import SyphonBatchWriter, run_syphon
 from tests.acceptance.backends import Backend
 from tests.acceptance.failures import ADMIN_TIMEOUTS
 
@@ -407,11 +407,13 @@ class Scenario:
     def _datasource_step(self) -> int:
         """A healthy batch and a ``SendDisabled`` outage batch through ``format("servicebus")`` (a second
         streaming query, its own sink id and state tables); returns the rows it diverted. Skipped (with a note)
-        when the tree has no ``spark_sb.datasource``."""
+        when the tree has no ``spark_sb.spark.datasource``."""
         import importlib.util
 
-        if importlib.util.find_spec("spark_sb.datasource") is None:
-            self.report.notes.append('format("servicebus") step skipped: spark_sb.datasource is not there')
+        if importlib.util.find_spec("spark_sb.spark.datasource") is None:
+            self.report.notes.append(
+                'format("servicebus") step skipped: spark_sb.spark.datasource is not there'
+            )
             return 0
         import spark_sb
 

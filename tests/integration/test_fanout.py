@@ -18,11 +18,12 @@ pytest.importorskip("servicebus_local.fixtures", reason="the local namespace ser
 
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode  # noqa: E402
 
-from spark_sb.config import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig  # noqa: E402
-from spark_sb.failover import EntityState, FailoverRegistry  # noqa: E402
-from spark_sb.message import OutboundMessage  # noqa: E402
-from spark_sb.sender import PairedSender  # noqa: E402
-from spark_sb.transport import PRIMARY, SdkTransport  # noqa: E402
+from spark_sb.config.service_bus import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig  # noqa: E402
+from spark_sb.failover.records import EntityState
+from spark_sb.failover.registry import FailoverRegistry  # noqa: E402
+from spark_sb.message.outbound import OutboundMessage  # noqa: E402
+from spark_sb.sender.paired import PairedSender  # noqa: E402
+from spark_sb.wire.transport import PRIMARY, SdkTransport  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -25,13 +25,14 @@ pytest.importorskip("servicebus_local.fixtures", reason="the local namespace ser
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode  # noqa: E402
 
 from servicebus_local.model import QueueSettings, SubscriptionSettings  # noqa: E402
-from spark_sb.backlog import is_probe  # noqa: E402
-from spark_sb.config import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig  # noqa: E402
-from spark_sb.failover import EntityState, FailoverRegistry  # noqa: E402
-from spark_sb.message import OutboundMessage  # noqa: E402
-from spark_sb.sender import PairedSender  # noqa: E402
-from spark_sb.syphon import Syphon  # noqa: E402
-from spark_sb.transport import PRIMARY  # noqa: E402
+from spark_sb.config.service_bus import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig  # noqa: E402
+from spark_sb.failover.records import EntityState
+from spark_sb.failover.registry import FailoverRegistry  # noqa: E402
+from spark_sb.message.backlog import is_probe  # noqa: E402
+from spark_sb.message.outbound import OutboundMessage  # noqa: E402
+from spark_sb.sender.paired import PairedSender  # noqa: E402
+from spark_sb.syphon.mover import Syphon  # noqa: E402
+from spark_sb.wire.transport import PRIMARY  # noqa: E402
 
 COUNT = 2
 QUEUES = [f"primary/x-servicebus-transfer/{i}" for i in range(COUNT)]
@@ -264,13 +265,15 @@ def test_an_entity_that_never_existed_is_a_wrong_destination_rejected_not_divert
     sender = make_sender(failover_interval=0.0)
     assert sender.send([OutboundMessage(body=b"x", message_id="ok", entity="b")]).total_sent == 1
     rows = [OutboundMessage(body=b"x", message_id=f"t{i}", entity="orderz") for i in range(5)]
-    with caplog.at_level(logging.WARNING, logger="spark_sb.sender"):
+    with caplog.at_level(logging.WARNING, logger="spark_sb.sender.paired"):
         out = sender.send(rows)
     assert out.total_diverted == 0 and out.total_sent == 0
     assert [r.reason.split(":")[0] for r in out.rejects] == ["entity_not_found"] * 5
     assert all(r.entity == "orderz" and r.field == "entity" for r in out.rejects)
     warnings = [
-        r.getMessage() for r in caplog.records if r.name == "spark_sb.sender" and r.levelno == logging.WARNING
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "spark_sb.sender.paired" and r.levelno == logging.WARNING
     ]
     assert len(warnings) == 1 and "'orderz'" in warnings[0] and "primary namespace" in warnings[0]
     assert sender.entity_state("orderz") is EntityState.HEALTHY  # no failover, nothing in the backlog
@@ -286,12 +289,14 @@ def test_a_primary_never_reached_says_so_at_every_call_that_diverts(
 ) -> None:
     pair.primary.faults.refuse_connections()
     sender = make_sender(failover_interval=0.0)
-    with caplog.at_level(logging.ERROR, logger="spark_sb.sender"):
+    with caplog.at_level(logging.ERROR, logger="spark_sb.sender.paired"):
         for n in range(2):
             out = sender.send([OutboundMessage(body=b"x", message_id=f"n{n}", entity="a")])
             assert out.total_diverted == 1  # still diverted: nothing lost
     errors = [
-        r.getMessage() for r in caplog.records if r.name == "spark_sb.sender" and r.levelno == logging.ERROR
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "spark_sb.sender.paired" and r.levelno == logging.ERROR
     ]
     assert len(errors) == 2 and all("never reached" in e and "check the endpoint" in e for e in errors)
     pair.primary.faults.accept_connections()

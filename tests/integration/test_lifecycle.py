@@ -21,13 +21,19 @@ from azure.core.credentials import AccessToken
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
 from servicebus_local.server import LocalNamespace
-from spark_sb.backlog import to_backlog
-from spark_sb.config import CredentialConfig, NamespaceConfig, RetryConfig, Secret, ServiceBusConfig
-from spark_sb.failover import FailoverRegistry
-from spark_sb.message import OutboundMessage
-from spark_sb.sender import PairedSender
-from spark_sb.syphon import Syphon
-from spark_sb.transport import PRIMARY, SILENT_AFTER, SdkTransport
+from spark_sb.config.service_bus import (
+    CredentialConfig,
+    NamespaceConfig,
+    RetryConfig,
+    Secret,
+    ServiceBusConfig,
+)
+from spark_sb.failover.registry import FailoverRegistry
+from spark_sb.message.backlog import to_backlog
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.sender.paired import PairedSender
+from spark_sb.syphon.mover import Syphon
+from spark_sb.wire.transport import PRIMARY, SILENT_AFTER, SdkTransport
 
 pytestmark = pytest.mark.slow
 

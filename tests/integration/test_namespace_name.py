@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from spark_sb.config import ServiceBusConfig
-from spark_sb.provisioning import provision_backlog_queues
-from spark_sb.sender import PairedSender
-from spark_sb.syphon import Syphon
+from spark_sb.admin.provisioning import provision_backlog_queues
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.sender.paired import PairedSender
+from spark_sb.syphon.mover import Syphon
 
 
 def test_address_endpoint_uses_the_name_the_namespace_reports(
@@ -39,10 +39,10 @@ def test_the_driver_resolves_the_name_once_and_executors_never_ask(
     worker) while the primary is down starts, and diverts to the backlog, without asking the primary."""
     import pickle
 
-    from spark_sb import provisioning as names_module
-    from spark_sb.failover import FailoverRegistry
-    from spark_sb.message import OutboundMessage
-    from spark_sb.sink import ServiceBusSink
+    from spark_sb.admin import provisioning as names_module
+    from spark_sb.failover.registry import FailoverRegistry
+    from spark_sb.message.outbound import OutboundMessage
+    from spark_sb.spark.sink import ServiceBusSink
 
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", namespace_pair.primary.ca_file)
     namespace_pair.primary.broker.create_queue("orders")

@@ -12,13 +12,13 @@ import pickle
 import pytest
 
 from servicebus_local.server import LocalNamespace
-from spark_sb.config import ServiceBusConfig
-from spark_sb.errors import ServiceBusConfigError
-from spark_sb.failover import FailoverRegistry
-from spark_sb.message import OutboundMessage
-from spark_sb.provisioning import provision_backlog_queues
-from spark_sb.sender import PairedSender
-from spark_sb.syphon import Syphon
+from spark_sb.admin.provisioning import provision_backlog_queues
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.core.errors import ServiceBusConfigError
+from spark_sb.failover.registry import FailoverRegistry
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.sender.paired import PairedSender
+from spark_sb.syphon.mover import Syphon
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ constant of steady state, and return to it within 5 s after ``close()``. Real SD
 
 The shape that used to leak: a namespace that accepts TCP and never answers SASL held each opening lane worker
 in pyamqp's SASL read (a blocking socket, no timeout) until the namespace answered again: 6 calls left 6
-``spark-sb-primary-*`` threads alive after ``close()``. Here a :class:`~spark_sb.sender.PairedSender` sends and
+``spark-sb-primary-*`` threads alive after ``close()``. Here a :class:`~spark_sb.sender.paired.PairedSender` sends and
 probes repeatedly against each outage shape while the ``spark-sb-`` threads and the sockets to the namespaces are
 counted (``/proc/self/fd`` and the kernel's TCP table: the in-process namespaces' own sockets are not the
 sender's). The deadlines themselves are shown on ``open_connection`` and a lane: a stall before SASL, and a
@@ -25,11 +25,11 @@ import pytest
 from azure.core.credentials import AzureNamedKeyCredential
 from azure.servicebus import ServiceBusClient, TransportType
 
-from spark_sb.connection import SharedConnection, open_connection
-from spark_sb.failover import FailoverRegistry
-from spark_sb.lane import _WATCHDOG, DeadlineExceeded, Lane
-from spark_sb.message import OutboundMessage
-from spark_sb.sender import PairedSender
+from spark_sb.failover.registry import FailoverRegistry
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.sender.paired import PairedSender
+from spark_sb.wire.connection import SharedConnection, open_connection
+from spark_sb.wire.lane import _WATCHDOG, DeadlineExceeded, Lane
 from tests.outages import make_config, prepare
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,11 @@ pytest.importorskip("servicebus_local.fixtures", reason="the local namespace ser
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode  # noqa: E402
 
 from servicebus_local.model import QueueSettings  # noqa: E402
-from spark_sb.backlog import (  # noqa: E402
+from spark_sb.config.service_bus import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig  # noqa: E402
+from spark_sb.core.errors import NoBacklogAvailableError, ServiceBusConfigError, classify  # noqa: E402
+from spark_sb.failover.records import EntityState
+from spark_sb.failover.registry import FailoverRegistry  # noqa: E402
+from spark_sb.message.backlog import (  # noqa: E402
     BACKLOG_ENQUEUED,
     BACKLOG_PATH,
     BACKLOG_SESSION_ID,
@@ -29,12 +33,9 @@ from spark_sb.backlog import (  # noqa: E402
     from_backlog,
     is_probe,
 )
-from spark_sb.config import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig  # noqa: E402
-from spark_sb.errors import NoBacklogAvailableError, ServiceBusConfigError, classify  # noqa: E402
-from spark_sb.failover import EntityState, FailoverRegistry  # noqa: E402
-from spark_sb.message import OutboundMessage  # noqa: E402
-from spark_sb.sender import PairedSender  # noqa: E402
-from spark_sb.transport import NAMESPACE_SILENCE, PRIMARY, SECONDARY, SdkTransport, Target  # noqa: E402
+from spark_sb.message.outbound import OutboundMessage  # noqa: E402
+from spark_sb.sender.paired import PairedSender  # noqa: E402
+from spark_sb.wire.transport import NAMESPACE_SILENCE, PRIMARY, SECONDARY, SdkTransport, Target  # noqa: E402
 
 ENTITY = "orders"
 COUNT = 3

@@ -12,11 +12,11 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode, ServiceBusSubQueue
 
 from servicebus_local.model import QueueSettings
-from spark_sb.backlog import probe_message, to_backlog
-from spark_sb.clock import FakeClock
-from spark_sb.config import ServiceBusConfig
-from spark_sb.message import OutboundMessage
-from spark_sb.syphon import EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, Syphon
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.core.clock import FakeClock
+from spark_sb.message.backlog import probe_message, to_backlog
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.syphon.mover import EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, Syphon
 
 pytestmark = pytest.mark.slow
 

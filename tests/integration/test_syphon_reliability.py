@@ -13,11 +13,11 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode, ServiceBusSubQueue
 
 from servicebus_local.model import QueueSettings
-from spark_sb.backlog import to_backlog
-from spark_sb.clock import FakeClock
-from spark_sb.config import ServiceBusConfig
-from spark_sb.message import OutboundMessage
-from spark_sb.syphon import EXPIRED_IN_BACKLOG, Syphon
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.core.clock import FakeClock
+from spark_sb.message.backlog import to_backlog
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.syphon.mover import EXPIRED_IN_BACKLOG, Syphon
 
 pytestmark = pytest.mark.slow
 

@@ -14,11 +14,11 @@ import pytest
 from azure.servicebus import ServiceBusSubQueue
 
 from servicebus_local.model import QueueSettings
-from spark_sb.backlog import to_backlog
-from spark_sb.clock import FakeClock
-from spark_sb.config import ServiceBusConfig
-from spark_sb.message import OutboundMessage
-from spark_sb.syphon import DESTINATION_NOT_FOUND, Syphon
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.core.clock import FakeClock
+from spark_sb.message.backlog import to_backlog
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.syphon.mover import DESTINATION_NOT_FOUND, Syphon
 
 from .test_syphon import BACKLOG, _config, _put, _take
 
@@ -56,7 +56,7 @@ def test_a_message_for_an_entity_that_does_not_exist_is_dead_lettered_after_max_
 ) -> None:
     _put(pair.secondary, BACKLOG[0], _backlog("orderz", ["typo-1", "typo-2"]) + _backlog("orders", ["ok-1"]))
     clock = FakeClock()
-    caplog.set_level(logging.WARNING, logger="spark_sb.syphon")
+    caplog.set_level(logging.WARNING, logger="spark_sb.syphon.mover")
     with Syphon(_attempts(pair, 3), clock=clock, entity_backoff=BACKOFF) as syphon:
         total = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
         assert total.forwarded == {"orders": 1}  # the existing entity's message moved at once

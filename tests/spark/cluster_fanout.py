@@ -21,9 +21,9 @@ ENTITIES = [f"tenant-{i:03d}" for i in range(200)]
 
 
 def main(work: Path) -> dict[str, Any]:
-    from spark_sb.config import ServiceBusConfig
-    from spark_sb.provisioning import provision_backlog_queues
-    from spark_sb.sink import ServiceBusSink
+    from spark_sb.admin.provisioning import provision_backlog_queues
+    from spark_sb.config.service_bus import ServiceBusConfig
+    from spark_sb.spark.sink import ServiceBusSink
     from tests.spark.cluster_harness import cluster_session, run_batches, two_namespaces
     from tests.spark.connect_stream import _drain
 

@@ -36,7 +36,7 @@ def two_namespaces() -> Iterator[tuple[Any, Any]]:
 
 def cluster_session(app_name: str) -> Any:
     """A SparkSession on ``local-cluster[2,1,1024]`` whose executors import this checkout (loopback only)."""
-    from spark_sb.session import build_spark_session
+    from spark_sb.spark.session import build_spark_session
 
     root = str(Path(__file__).resolve().parents[2])
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"

@@ -24,9 +24,9 @@ def main(work: Path) -> dict[str, Any]:
     from servicebus_local.model import QueueSettings
     from servicebus_local.server import LocalNamespace
     from spark_sb import register, relay_state
-    from spark_sb.config import ServiceBusConfig
-    from spark_sb.provisioning import provision_backlog_queues
-    from spark_sb.syphon import Syphon
+    from spark_sb.admin.provisioning import provision_backlog_queues
+    from spark_sb.config.service_bus import ServiceBusConfig
+    from spark_sb.syphon.mover import Syphon
 
     primary = LocalNamespace("primary").start()
     secondary = LocalNamespace("secondary").start()

@@ -23,7 +23,7 @@ def _session(warehouse: Path | None = None) -> Any:
     from delta import configure_spark_with_delta_pip
     from pyspark.sql import SparkSession
 
-    from spark_sb.session import LOCAL_DEFAULTS
+    from spark_sb.spark.session import LOCAL_DEFAULTS
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -83,9 +83,9 @@ def _drain(connection_string: str, entity: str) -> list[str]:
 def main(work: Path) -> dict[str, Any]:
     from servicebus_local.model import QueueSettings
     from servicebus_local.server import LocalNamespace
-    from spark_sb.config import ServiceBusConfig
-    from spark_sb.provisioning import provision_backlog_queues
-    from spark_sb.sink import ServiceBusSink
+    from spark_sb.admin.provisioning import provision_backlog_queues
+    from spark_sb.config.service_bus import ServiceBusConfig
+    from spark_sb.spark.sink import ServiceBusSink
 
     primary = LocalNamespace("primary").start()
     secondary = LocalNamespace("secondary").start()

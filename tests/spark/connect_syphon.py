@@ -19,10 +19,10 @@ from connect_stream import _drain, _session  # noqa: E402 - sibling script
 
 from servicebus_local.model import QueueSettings
 from servicebus_local.server import LocalNamespace
-from spark_sb.backlog import to_backlog
-from spark_sb.config import ServiceBusConfig
-from spark_sb.message import OutboundMessage
-from spark_sb.syphon_job import run_syphon, stop_gracefully
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.message.backlog import to_backlog
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.spark.syphon_job import run_syphon, stop_gracefully
 
 BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]
 

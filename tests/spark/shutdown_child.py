@@ -24,7 +24,7 @@ FILES = 6
 
 
 def _session() -> Any:
-    from spark_sb.session import build_spark_session
+    from spark_sb.spark.session import build_spark_session
 
     spark = build_spark_session("shutdown-child", "local[2]", {"spark.ui.enabled": "false"})
     spark.sparkContext.setLogLevel("ERROR")
@@ -34,8 +34,8 @@ def _session() -> Any:
 def main(work: Path, how: str) -> None:
     from servicebus_local.model import QueueSettings
     from servicebus_local.server import LocalNamespace
-    from spark_sb.config import ServiceBusConfig
-    from spark_sb.sink import ServiceBusSink
+    from spark_sb.config.service_bus import ServiceBusConfig
+    from spark_sb.spark.sink import ServiceBusSink
 
     primary = LocalNamespace("primary").start()
     try:

@@ -17,16 +17,10 @@ from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any
 
-from spark_sb.state import (
-    BATCH_COMMITTED,
-    SENT,
-    BatchWrites,
-    DeltaStateStore,
-    EntityRecord,
-    Event,
-    StateTables,
-)
-from spark_sb.status import read_status
+from spark_sb.admin.status import read_status
+from spark_sb.state import StateTables
+from spark_sb.state.delta import DeltaStateStore
+from spark_sb.state.records import BATCH_COMMITTED, SENT, BatchWrites, EntityRecord, Event
 
 SINKS = ("orders-ns/orders", "orders-ns/payments")
 ENTITIES = 4

@@ -14,9 +14,9 @@ import pytest
 
 from servicebus_local.model import QueueSettings
 from spark_sb import register
-from spark_sb.config import ServiceBusConfig
-from spark_sb.provisioning import provision_backlog_queues
-from spark_sb.syphon import Syphon
+from spark_sb.admin.provisioning import provision_backlog_queues
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.syphon.mover import Syphon
 
 from .child_report import child_report
 from .connect_stream import healthy_then_outage

@@ -12,8 +12,8 @@ import pytest
 
 from servicebus_local.model import QueueSettings
 from spark_sb import ConfigError, StateRelay, relay_state
-from spark_sb.config import ServiceBusConfig
-from spark_sb.provisioning import provision_backlog_queues
+from spark_sb.admin.provisioning import provision_backlog_queues
+from spark_sb.config.service_bus import ServiceBusConfig
 
 from .connect_stream import healthy_then_outage
 from .test_datasource import _options, _registered, _start  # noqa: F401 - _registered: the autouse fixture

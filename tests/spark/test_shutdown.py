@@ -85,9 +85,9 @@ def test_a_stopped_query_has_its_rows_written_without_flush(
 ) -> None:
     """The program goes on after ``query.stop()`` (a notebook): the query listener writes the rows at once, not
     at the writer's next commit (30 s later) or at exit."""
-    from spark_sb.config import ServiceBusConfig
-    from spark_sb.sink import ServiceBusSink
-    from spark_sb.state import COMMIT_INTERVAL
+    from spark_sb.config.service_bus import ServiceBusConfig
+    from spark_sb.spark.sink import ServiceBusSink
+    from spark_sb.state.writer import COMMIT_INTERVAL
 
     folder = tmp_path / "in"
     folder.mkdir()

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from servicebus_local.model import QueueSettings
-from spark_sb.config import ServiceBusConfig
-from spark_sb.provisioning import provision_backlog_queues
-from spark_sb.sink import ServiceBusSink
-from spark_sb.syphon import Syphon
+from spark_sb.admin.provisioning import provision_backlog_queues
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.spark.sink import ServiceBusSink
+from spark_sb.syphon.mover import Syphon
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from servicebus_local.model import QueueSettings
-from spark_sb.config import ServiceBusConfig
-from spark_sb.sink import ServiceBusSink
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.spark.sink import ServiceBusSink
 
 pytestmark = pytest.mark.slow
 

@@ -15,11 +15,13 @@ from typing import Any
 import pytest
 
 from servicebus_local.model import QueueSettings
-from spark_sb.provisioning import provision_backlog_queues
-from spark_sb.sender import namespace_key
-from spark_sb.sink import ServiceBusSink
-from spark_sb.state import BatchWrites, DeltaStateStore, EntityRecord, Event, PulledQueue, StateTables
-from spark_sb.status import read_status
+from spark_sb.admin.provisioning import provision_backlog_queues
+from spark_sb.admin.status import read_status
+from spark_sb.sender.paired import namespace_key
+from spark_sb.spark.sink import ServiceBusSink
+from spark_sb.state import StateTables
+from spark_sb.state.delta import DeltaStateStore
+from spark_sb.state.records import BatchWrites, EntityRecord, Event, PulledQueue
 
 from .test_sink import SCHEMA, _config, _drain, _run_stream, _write
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from spark_sb.state import DeltaStateStore, StateTables
+from spark_sb.state import StateTables
+from spark_sb.state.delta import DeltaStateStore
 from tests.unit.test_state import StoreContract
 
 pytestmark = pytest.mark.slow
@@ -23,7 +24,7 @@ class TestDeltaPathStore(StoreContract):
     def test_tables_are_delta_path_tables_with_idempotent_commits(self, spark: Any, tmp_path: Path) -> None:
         from datetime import datetime, timezone
 
-        from spark_sb.state import BATCH_COMMITTED, BatchWrites, Event
+        from spark_sb.state.records import BATCH_COMMITTED, BatchWrites, Event
 
         self.store.ensure()
         for name in ("events", "entities", "rejects"):
@@ -41,7 +42,8 @@ class TestDeltaPathStore(StoreContract):
     ) -> None:
         from datetime import datetime, timezone
 
-        from spark_sb.state import BATCH_COMMITTED, BatchWrites, Event, RejectRecord, coalesce
+        from spark_sb.state.records import BATCH_COMMITTED, BatchWrites, Event, RejectRecord
+        from spark_sb.state.writer import coalesce
 
         t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
         group = [

@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from spark_sb.state import (
+from spark_sb.state import StateTables
+from spark_sb.state.delta import DeltaStateStore
+from spark_sb.state.maintenance import maintain_if_due
+from spark_sb.state.records import (
     BATCH_COMMITTED,
     MAINTAINED,
     TABLE_PROPERTIES,
     BatchWrites,
-    DeltaStateStore,
     Event,
     RejectRecord,
-    StateTables,
-    maintain_if_due,
 )
 
 from .state_growth import SINKS, bulk_history, entity_records, measure, seed, small_commits
@@ -35,7 +35,7 @@ BATCHES = 3_000  # one every 20 minutes: ~42 days, the oldest ~12 days beyond a 
 
 
 def _maintain_cli(spark: Any, config: Path) -> dict[str, Any]:
-    from spark_sb.__main__ import build_parser, run_maintain
+    from spark_sb.admin.cli import build_parser, run_maintain
 
     args: argparse.Namespace = build_parser().parse_args(["maintain", "--config", str(config), "--json"])
     out, err = io.StringIO(), io.StringIO()
@@ -118,7 +118,7 @@ def test_maintain_keeps_the_tables_small_and_what_sinks_need(spark: Any, tmp_pat
     assert maintained.status < 3.0
 
     # the syphon job's schedule: not due within a day of the maintenance
-    from spark_sb.config import load_config
+    from spark_sb.config.service_bus import load_config
 
     assert maintain_if_due(spark, load_config(str(config)), now=NOW + timedelta(hours=23)) is None
 

@@ -14,10 +14,10 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
 from servicebus_local.model import QueueSettings
-from spark_sb.backlog import to_backlog
-from spark_sb.config import ServiceBusConfig
-from spark_sb.message import OutboundMessage
-from spark_sb.syphon_job import run_syphon, stop_gracefully
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.message.backlog import to_backlog
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.spark.syphon_job import run_syphon, stop_gracefully
 
 pytestmark = pytest.mark.slow
 
@@ -129,9 +129,11 @@ def test_job_moves_the_backlog_records_events_restarts_and_idles_without_receive
 
 def test_the_planner_reads_entity_states_written_by_the_store_as_hints(spark: Any, tmp_path: Path) -> None:
     """What the state table says reaches the executors as hints (read without Spark, by delta-rs)."""
-    from spark_sb.sender import namespace_key
-    from spark_sb.state import BatchWrites, DeltaStateStore, EntityRecord, StateTables
-    from spark_sb.syphon_job import read_entity_hints
+    from spark_sb.sender.paired import namespace_key
+    from spark_sb.spark.syphon_job import read_entity_hints
+    from spark_sb.state import StateTables
+    from spark_sb.state.delta import DeltaStateStore
+    from spark_sb.state.records import BatchWrites, EntityRecord
 
     config = ServiceBusConfig.from_dict(
         {
@@ -166,7 +168,7 @@ def test_a_message_for_an_entity_that_does_not_exist_becomes_an_event_and_shows_
     counts it for the entity, while the other entity's message moves."""
     from dataclasses import replace
 
-    from spark_sb.status import read_status
+    from spark_sb.admin.status import read_status
 
     state, checkpoint = tmp_path / "state", str(tmp_path / "chk")
     config = replace(_config(pair, state), syphon_max_attempts=1)

@@ -16,10 +16,10 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
 from servicebus_local.model import QueueSettings
-from spark_sb.backlog import to_backlog
-from spark_sb.config import ServiceBusConfig
-from spark_sb.message import OutboundMessage
-from spark_sb.syphon_job import run_syphon
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.message.backlog import to_backlog
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.spark.syphon_job import run_syphon
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
 from servicebus_local.model import QueueSettings
-from spark_sb.backlog import to_backlog
-from spark_sb.message import OutboundMessage
+from spark_sb.message.backlog import to_backlog
+from spark_sb.message.outbound import OutboundMessage
 
 pytestmark = pytest.mark.slow
 
@@ -186,7 +186,7 @@ def test_spark_submit_once_moves_the_backlog(namespace_pair: Any, tmp_path: Path
         "SB_SECONDARY_CONNECTION_STRING": secondary.connection_string,
         "REQUESTS_CA_BUNDLE": secondary.ca_file,
     }
-    from spark_sb.session import delta_packages
+    from spark_sb.spark.session import delta_packages
 
     done = subprocess.run(
         [

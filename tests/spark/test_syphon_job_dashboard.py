@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
-from spark_sb.dashboard import prepare
-from spark_sb.state import BatchWrites, DeltaStateStore, Event, RejectRecord, StateTables
+from spark_sb.admin.dashboard import prepare
+from spark_sb.state import StateTables
+from spark_sb.state.delta import DeltaStateStore
+from spark_sb.state.records import BatchWrites, Event, RejectRecord
 
 from ..unit.test_notebooks import cells
 

@@ -1,4 +1,4 @@
-"""A fake :class:`spark_sb.transport.Transport` with scripted failures, for unit tests (no network, no SDK I/O).
+"""A fake :class:`spark_sb.wire.transport.Transport` with scripted failures, for unit tests (no network, no SDK I/O).
 
 Sizes are a simple deterministic estimate (:func:`fake_size`), so batch boundaries are predictable.
 """
@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from spark_sb.backlog import to_backlog
-from spark_sb.clock import FakeClock
-from spark_sb.lane import DeadlineExceeded
-from spark_sb.message import OutboundMessage
-from spark_sb.transport import SLOW_MARGIN, Target
+from spark_sb.core.clock import FakeClock
+from spark_sb.message.backlog import to_backlog
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.wire.lane import DeadlineExceeded
+from spark_sb.wire.transport import SLOW_MARGIN, Target
 
 BATCH_BASE = 10
 

@@ -1,4 +1,4 @@
-"""Backlog translations made ahead while the sender waits (spark_sb.ahead, PairedSender._flush): made during the
+"""Backlog translations made ahead while the sender waits (spark_sb.sender.ahead, PairedSender._flush): made during the
 wait for the failover timer (a refusing namespace) or on a helper thread while an attempt stalls, used by the
 divert, dropped when the namespace answers after all; what they record as the backlog enqueue time."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import threading
 from datetime import datetime
 
-from spark_sb.ahead import Ahead
-from spark_sb.backlog import from_backlog, to_backlog
-from spark_sb.clock import FakeClock
-from spark_sb.message import OutboundMessage
-from spark_sb.transport import PRIMARY, Target
+from spark_sb.core.clock import FakeClock
+from spark_sb.message.backlog import from_backlog, to_backlog
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.sender.ahead import Ahead
+from spark_sb.wire.transport import PRIMARY, Target
 
 from .fakes import FakeBatch
 from .test_sender import Rig, conn_error, msgs

@@ -13,8 +13,8 @@ from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_sb.backlog import BACKLOG_PATH, to_backlog, to_backlog_sdk
-from spark_sb.message import OutboundMessage, RejectError
+from spark_sb.message.backlog import BACKLOG_PATH, to_backlog, to_backlog_sdk
+from spark_sb.message.outbound import OutboundMessage, RejectError
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, 123000, tzinfo=timezone.utc)
 

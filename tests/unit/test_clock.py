@@ -5,7 +5,7 @@ from datetime import timedelta, timezone
 
 import pytest
 
-from spark_sb.clock import Clock, FakeClock, SystemClock
+from spark_sb.core.clock import Clock, FakeClock, SystemClock
 
 
 def test_fake_clock_moves_only_when_told() -> None:

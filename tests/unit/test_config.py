@@ -1,4 +1,4 @@
-"""Unit tests for spark_sb.config (SPEC S8)."""
+"""Unit tests for spark_sb.config.service_bus (SPEC S8)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from spark_sb.config import (
+from spark_sb.config.service_bus import (
     ConfigError,
     CredentialConfig,
     NamespaceConfig,
@@ -23,8 +23,8 @@ from spark_sb.config import (
     parse_connection_string,
     parse_duration,
 )
-from spark_sb.redact import RedactingFilter
-from spark_sb.rows import LOGICAL_COLUMNS
+from spark_sb.core.redact import RedactingFilter
+from spark_sb.message.rows import LOGICAL_COLUMNS
 
 KEY1 = "PrimaryKeyValue0123456789abcdef="
 KEY2 = "SecondaryKeyValue9876543210zyx="
@@ -580,7 +580,7 @@ def test_direct_construction_is_validated() -> None:
 
 
 def test_provision_keys_parse_and_validate() -> None:
-    from spark_sb.config import ConfigError, ServiceBusConfig
+    from spark_sb.config.service_bus import ConfigError, ServiceBusConfig
 
     base = {
         "primary": {
@@ -595,7 +595,7 @@ def test_provision_keys_parse_and_validate() -> None:
 
 
 def test_client_kwargs_bound_every_attempt_with_send_timeout() -> None:
-    from spark_sb.config import ServiceBusConfig
+    from spark_sb.config.service_bus import ServiceBusConfig
 
     cs = "Endpoint=sb://a.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v"
     cfg = ServiceBusConfig.from_dict(

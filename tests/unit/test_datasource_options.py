@@ -10,12 +10,19 @@ from typing import Any
 
 import pytest
 
-from spark_sb.config import ConfigError
-from spark_sb.datasource import TaskReport, WritePlan, check_write, commit_write, new_job_id, parse_options
-from spark_sb.rows import SchemaError
-from spark_sb.sender import SendOutcome
-from spark_sb.sink import SinkIdConflictError
-from spark_sb.state import BATCH_COMMITTED, REPLAY_SKIPPED, PartitionResult
+from spark_sb.config.service_bus import ConfigError
+from spark_sb.message.rows import SchemaError
+from spark_sb.sender.paired import SendOutcome
+from spark_sb.spark.datasource import (
+    TaskReport,
+    WritePlan,
+    check_write,
+    commit_write,
+    new_job_id,
+    parse_options,
+)
+from spark_sb.spark.sink import SinkIdConflictError
+from spark_sb.state.records import BATCH_COMMITTED, REPLAY_SKIPPED, PartitionResult
 
 PRIMARY = "Endpoint=sb://primary.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=p-secret"
 SECONDARY = "Endpoint=sb://secondary.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=s-secret"
@@ -196,9 +203,9 @@ def test_commit_records_the_batch_and_a_replay_is_recorded_as_skipped(tmp_path: 
 def test_rows_of_spark_40s_stream_writer_become_the_dicts_the_arrow_path_gives() -> None:
     from pyspark.sql import Row
 
-    from spark_sb.datasource import _row_batches
-    from spark_sb.rows import row_to_message
-    from spark_sb.sink import arrow_rows
+    from spark_sb.message.rows import row_to_message
+    from spark_sb.spark.datasource import _row_batches
+    from spark_sb.spark.sink import arrow_rows
 
     rows = list(arrow_rows(_row_batches(iter([Row(body="x", message_id="m1", properties={"k": "v"})]))))
     assert rows == [{"body": "x", "message_id": "m1", "properties": {"k": "v"}}]

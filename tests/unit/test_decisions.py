@@ -8,8 +8,8 @@ from datetime import timedelta
 
 import pytest
 
-from spark_sb.clock import FakeClock
-from spark_sb.errors import (
+from spark_sb.core.clock import FakeClock
+from spark_sb.core.errors import (
     CLIENT_CLOSED,
     CONNECTION,
     ENTITY_DISABLED,
@@ -25,13 +25,11 @@ from spark_sb.errors import (
     UNEXPECTED,
     ErrorClass,
 )
-from spark_sb.failover import (
+from spark_sb.failover.decisions import (
     FAILOVER_GRACE,
     MIN_ATTEMPT_BUDGET,
     MIN_SEND_BUDGET,
     Decision,
-    EntityFailover,
-    EntityState,
     RetryPolicy,
     Route,
     Verb,
@@ -39,6 +37,8 @@ from spark_sb.failover import (
     attempt_budget,
     decide,
 )
+from spark_sb.failover.machine import EntityFailover
+from spark_sb.failover.records import EntityState
 
 H, F, FO = EntityState.HEALTHY, EntityState.FAILING, EntityState.FAILED_OVER
 P, B, PR = Where.PRIMARY, Where.BACKLOG, Where.PROBE

@@ -12,8 +12,8 @@ from azure.core import exceptions as ace
 from azure.servicebus import exceptions as sbe
 from azure.servicebus._pyamqp import error as amqp_error
 
-from spark_sb import errors
-from spark_sb.errors import (
+from spark_sb.core import errors
+from spark_sb.core.errors import (
     ALREADY_EXISTS,
     ALREADY_SETTLED,
     CLIENT_CLOSED,
@@ -238,8 +238,8 @@ def test_own_errors_classify_as_their_class_and_pickle() -> None:
 def test_a_connection_refused_for_the_namespaces_connection_quota_has_its_own_class() -> None:
     """What the local namespace (and the service) answers beyond the connection quota: a connection closed with
     amqp:resource-limit-exceeded; the SDK raises ServiceBusConnectionError with that condition."""
-    from spark_sb.errors import CONNECTION_QUOTA
-    from spark_sb.failover import namespace_wide
+    from spark_sb.core.errors import CONNECTION_QUOTA
+    from spark_sb.failover.decisions import namespace_wide
 
     sdk = sbe.ServiceBusConnectionError(
         message="ConnectionsQuotaExceeded for namespace x.", condition=b"amqp:resource-limit-exceeded"

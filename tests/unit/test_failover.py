@@ -8,21 +8,19 @@ from collections import Counter
 
 import pytest
 
-from spark_sb.clock import FakeClock
-from spark_sb.errors import CONNECTION, QUOTA_EXCEEDED
-from spark_sb.failover import (
-    BacklogChooser,
-    BacklogRotation,
-    EntityFailover,
-    EntityState,
-    FailoverRegistry,
+from spark_sb.core.clock import FakeClock
+from spark_sb.core.errors import CONNECTION, QUOTA_EXCEEDED
+from spark_sb.failover.decisions import (
     backoff_delay,
     choose_random,
     choose_session_affine,
     failover_due,
     probe_due,
-    process_registry,
 )
+from spark_sb.failover.machine import EntityFailover
+from spark_sb.failover.records import EntityState
+from spark_sb.failover.registry import FailoverRegistry, process_registry
+from spark_sb.failover.rotation import BacklogChooser, BacklogRotation
 
 H, F, FO = EntityState.HEALTHY, EntityState.FAILING, EntityState.FAILED_OVER
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from spark_sb.errors import classify
-from spark_sb.lane import DeadlineExceeded, Lane, LaneClosed
+from spark_sb.core.errors import classify
+from spark_sb.wire.lane import DeadlineExceeded, Lane, LaneClosed
 
 
 class Ctx:
@@ -293,7 +293,7 @@ def test_a_slow_direct_call_gets_on_slow_from_the_watchdog_and_still_finishes() 
 
 
 def test_the_watchdog_fires_the_earliest_deadline_first_and_never_a_cancelled_one() -> None:
-    from spark_sb.lane import _WATCHDOG
+    from spark_sb.wire.lane import _WATCHDOG
 
     fired: list[str] = []
     done = threading.Event()
@@ -313,7 +313,7 @@ def test_a_forked_child_gets_a_watchdog_of_its_own() -> None:
     import os
     import signal
 
-    from spark_sb.lane import _WATCHDOG
+    from spark_sb.wire.lane import _WATCHDOG
 
     fired = threading.Event()
     _WATCHDOG.watch(time.monotonic() + 0.01, fired.set)

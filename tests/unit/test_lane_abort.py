@@ -1,5 +1,5 @@
 """Lanes abort an opening that their ``unblock`` cannot reach (SPEC F8): code on a worker registers an abort with
-:func:`~spark_sb.lane.abort_when_abandoned` (the connection being opened, before it is the context's: the factory
+:func:`~spark_sb.wire.lane.abort_when_abandoned` (the connection being opened, before it is the context's: the factory
 itself may be opening it); abandoning the worker at a deadline or closing the lane calls it with the error the
 opening should raise, so the worker exits within about its caller's deadline. Real threads; the "opening" blocks
 on an event that only the abort sets, so nothing here sleeps to wait."""
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from spark_sb.lane import DeadlineExceeded, Lane, LaneClosed, abort_when_abandoned
+from spark_sb.wire.lane import DeadlineExceeded, Lane, LaneClosed, abort_when_abandoned
 
 
 class StuckOpening:

@@ -1,4 +1,4 @@
-"""Unit tests for the message model, rows and wire sizes (spark_sb.message, .rows, .wire_size): S2 row mapping, B6 backlog translation, B7 sizes, SDK mapping."""
+"""Unit tests for the message model, rows and wire sizes (spark_sb.message.outbound, .rows, .wire_size): S2 row mapping, B6 backlog translation, B7 sizes, SDK mapping."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_sb.backlog import (
+from spark_sb.message.backlog import (
     BACKLOG_ENQUEUED,
     BACKLOG_PARTITION_KEY,
     BACKLOG_PATH,
@@ -31,8 +31,14 @@ from spark_sb.backlog import (
     is_backlog_message,
     to_backlog,
 )
-from spark_sb.message import MAX_TTL_MS, FrozenMap, OutboundMessage, RejectError, message_id_from_content
-from spark_sb.rows import (
+from spark_sb.message.outbound import (
+    MAX_TTL_MS,
+    FrozenMap,
+    OutboundMessage,
+    RejectError,
+    message_id_from_content,
+)
+from spark_sb.message.rows import (
     LOGICAL_COLUMNS,
     SchemaError,
     reject_row,
@@ -40,7 +46,7 @@ from spark_sb.rows import (
     validate_message,
     validate_schema,
 )
-from spark_sb.wire_size import batch_cost, encoded_size
+from spark_sb.message.wire_size import batch_cost, encoded_size
 
 UTC = timezone.utc
 COLS: dict[str, str] = {}

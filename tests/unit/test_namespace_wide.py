@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from spark_sb.clock import FakeClock
-from spark_sb.errors import (
+from spark_sb.core.clock import FakeClock
+from spark_sb.core.errors import (
     CONNECTION,
     CONNECTION_QUOTA,
     ENTITY_DISABLED,
@@ -15,7 +15,9 @@ from spark_sb.errors import (
     SERVER_BUSY,
     TIMEOUT,
 )
-from spark_sb.failover import EntityState, FailoverRegistry, namespace_wide
+from spark_sb.failover.decisions import namespace_wide
+from spark_sb.failover.records import EntityState
+from spark_sb.failover.registry import FailoverRegistry
 
 H, F, FO = EntityState.HEALTHY, EntityState.FAILING, EntityState.FAILED_OVER
 NS = "primary.example:5671"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_sb import __main__ as cli
 from spark_sb import __version__
+from spark_sb.admin import cli
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -135,7 +135,7 @@ def test_license_file_matches_the_license_expression() -> None:
 
 
 def test_console_script_is_the_module_entry_point() -> None:
-    assert PROJECT["scripts"] == {"spark-sb": "spark_sb.__main__:console_main"}
+    assert PROJECT["scripts"] == {"spark-sb": "spark_sb.admin.cli:console_main"}
     assert callable(cli.console_main)
     assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "spark_sb.__version__"}
 
@@ -198,8 +198,8 @@ def test_the_core_imports_and_works_without_the_extras() -> None:
         import importlib
         for name in MODULES:  # every module of the core
             importlib.import_module(name)
-        import spark_sb, spark_sb.config, spark_sb.sender, spark_sb.sink, spark_sb.syphon
-        import spark_sb.provisioning, spark_sb.rows, spark_sb.errors, spark_sb.failover, spark_sb.__main__
+        import spark_sb, spark_sb.config.service_bus, spark_sb.sender.paired, spark_sb.spark.sink, spark_sb.syphon.mover
+        import spark_sb.admin.provisioning, spark_sb.message.rows, spark_sb.core.errors, spark_sb.failover, spark_sb.admin.cli
         from spark_sb import ServiceBusSink, PairedSender, Syphon, OutboundMessage, load_config, is_probe
         config = load_config({
             "primary": {"connection_string": "Endpoint=sb://a.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=s"},
@@ -217,7 +217,7 @@ def test_the_core_imports_and_works_without_the_extras() -> None:
             raise SystemExit("the blocker did not block pyspark")
         assert not [m for m in sys.modules if m.split(".")[0] in BLOCKED], sorted(sys.modules)
         sys.argv = ["spark-sb", "--version"]
-        spark_sb.__main__.console_main()
+        spark_sb.admin.cli.console_main()
         """
         )
     )
@@ -260,7 +260,7 @@ def test_the_wheel_installs_alone_in_a_fresh_venv(tmp_path: Path) -> None:
         import importlib.util, sys
         missing = [m for m in {OPTIONAL_MODULES!r} if importlib.util.find_spec(m) is None]
         assert missing == list({OPTIONAL_MODULES!r}), missing
-        import spark_sb, spark_sb.config, spark_sb.sender, spark_sb.sink, spark_sb.syphon, spark_sb.provisioning
+        import spark_sb, spark_sb.config.service_bus, spark_sb.sender.paired, spark_sb.spark.sink, spark_sb.syphon.mover, spark_sb.admin.provisioning
         assert spark_sb.__file__.startswith(sys.prefix), spark_sb.__file__
         """
     )
@@ -352,7 +352,7 @@ def test_the_product_wheel_has_no_emulator_and_no_pytest_and_the_emulator_wheel_
     product = zipfile.ZipFile(_build_wheel(product_src, tmp_path, "spark_servicebus-*.whl"))
     names = product.namelist()
     modules = [n for n in names if n.endswith(".py")]
-    assert "spark_sb/sink.py" in modules
+    assert "spark_sb/spark/sink.py" in modules
     shipped_emulator = [n for n in modules if n.rsplit("/", 1)[-1] in EMULATOR_MODULES and "/local/" in n]
     assert not shipped_emulator, shipped_emulator
     assert sorted(n for n in modules if n.startswith("spark_sb/local/")) == [

@@ -1,4 +1,4 @@
-"""spark_sb.packing: adding to the SDK's ServiceBusMessageBatch with one encoding gives the SDK's own batch - the
+"""spark_sb.message.packing: adding to the SDK's ServiceBusMessageBatch with one encoding gives the SDK's own batch - the
 same bytes, size, count and envelope, and the same point where a message no longer fits - for every message shape
 the product sends (primary and backlog form)."""
 
@@ -19,10 +19,10 @@ from azure.servicebus.exceptions import MessageSizeExceededError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_sb import packing
-from spark_sb.backlog import RESERVED_PROPERTIES, to_backlog_sdk
-from spark_sb.message import OutboundMessage
-from spark_sb.packing import add_encoded, add_outbound, add_to_batch, encode, fast_path_available
+from spark_sb.message import packing
+from spark_sb.message.backlog import RESERVED_PROPERTIES, to_backlog_sdk
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.message.packing import add_encoded, add_outbound, add_to_batch, encode, fast_path_available
 
 UTC = timezone.utc
 NOW = datetime(2026, 11, 26, 7, 0, 0, 123000, tzinfo=UTC)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spark_sb.clock import FakeClock
-from spark_sb.pool import SenderPool, config_key
+from spark_sb.core.clock import FakeClock
+from spark_sb.sender.pool import SenderPool, config_key
 
 
 @dataclass

@@ -14,12 +14,9 @@ from typing import Any
 import pytest
 from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ResourceExistsError
 
-import spark_sb.config as config_module
-from spark_sb import __main__ as cli
-from spark_sb.backlog import backlog_queue_names, parse_backlog_queue_name
-from spark_sb.clock import FakeClock
-from spark_sb.config import ConfigError, NamespaceConfig, Secret, ServiceBusConfig
-from spark_sb.provisioning import (
+import spark_sb.config.service_bus as config_module
+from spark_sb.admin import cli
+from spark_sb.admin.provisioning import (
     BACKLOG_QUEUE_SPEC,
     MAX_DURATION,
     ProvisioningError,
@@ -30,7 +27,10 @@ from spark_sb.provisioning import (
     provision_backlog_queues,
     resolve_primary_namespace_name,
 )
-from spark_sb.provisioning_report import format_duration
+from spark_sb.admin.report import format_duration
+from spark_sb.config.service_bus import ConfigError, NamespaceConfig, Secret, ServiceBusConfig
+from spark_sb.core.clock import FakeClock
+from spark_sb.message.backlog import backlog_queue_names, parse_backlog_queue_name
 
 NS = "contoso"
 

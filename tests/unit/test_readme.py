@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from spark_sb.config import KNOWN_KEYS
+from spark_sb.config.service_bus import KNOWN_KEYS
 
 markdown_it = pytest.importorskip("markdown_it")
 
@@ -122,7 +122,7 @@ def test_readme_mentions_no_key_the_config_does_not_know() -> None:
 
 
 def test_the_example_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    from spark_sb.config import load_config
+    from spark_sb.config.service_bus import load_config
 
     monkeypatch.setenv(
         "SB_PRIMARY_CONNECTION_STRING",

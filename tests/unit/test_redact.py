@@ -1,4 +1,4 @@
-"""Unit tests for spark_sb.redact (SPEC R3)."""
+"""Unit tests for spark_sb.core.redact (SPEC R3)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from spark_sb.redact import (
+from spark_sb.core.redact import (
     REDACTED,
     RedactingFilter,
     redact,
@@ -75,7 +75,7 @@ def test_registered_and_explicit_secrets() -> None:
 
 
 def test_secret_objects_register_themselves() -> None:
-    from spark_sb.config import Secret
+    from spark_sb.config.service_bus import Secret
 
     Secret("Endpoint=sb://h/;SharedAccessKeyName=k;SharedAccessKey=SelfRegisteredKey77")
     assert "SelfRegisteredKey77" not in redact("oops SelfRegisteredKey77 leaked raw")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from spark_sb.relay import RELAY_QUERY_PREFIX, RelayError, RelayReport, StateRelay
+from spark_sb.spark.relay import RELAY_QUERY_PREFIX, RelayError, RelayReport, StateRelay
 
 
 class _Streams:

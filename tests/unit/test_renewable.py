@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from azure.servicebus.exceptions import ServiceBusAuthenticationError, ServiceBusConnectionError
 
-from spark_sb.connection import renewable
-from spark_sb.errors import classify
+from spark_sb.core.errors import classify
+from spark_sb.wire.connection import renewable
 
 
 class TokenExpired(

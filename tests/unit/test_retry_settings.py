@@ -12,12 +12,12 @@ from typing import Any
 import azure.servicebus.exceptions as sbe
 import pytest
 
-from spark_sb.clock import FakeClock
-from spark_sb.config import ConfigError, ServiceBusConfig, load_config
-from spark_sb.failover import FailoverRegistry
-from spark_sb.message import OutboundMessage
-from spark_sb.sender import PairedSender
-from spark_sb.transport import PRIMARY, SdkTransport
+from spark_sb.config.service_bus import ConfigError, ServiceBusConfig, load_config
+from spark_sb.core.clock import FakeClock
+from spark_sb.failover.registry import FailoverRegistry
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.sender.paired import PairedSender
+from spark_sb.wire.transport import PRIMARY, SdkTransport
 
 from .fakes import FakeTransport
 

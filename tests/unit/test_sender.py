@@ -14,7 +14,19 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus import exceptions as sbe
 
-from spark_sb.backlog import (
+from spark_sb.admin.provisioning import primary_namespace_name
+from spark_sb.config.service_bus import NamespaceConfig, Secret, ServiceBusConfig
+from spark_sb.core.clock import FakeClock
+from spark_sb.core.errors import (
+    MessageRejectedError,
+    NoBacklogAvailableError,
+    ServerBusyError,
+    ServiceBusConfigError,
+)
+from spark_sb.failover.decisions import choose_session_affine
+from spark_sb.failover.records import EntityState, StateTransition
+from spark_sb.failover.registry import FailoverRegistry
+from spark_sb.message.backlog import (
     BACKLOG_PATH,
     BACKLOG_SESSION_ID,
     BACKLOG_TTL,
@@ -23,19 +35,9 @@ from spark_sb.backlog import (
     is_probe,
     probe_message,
 )
-from spark_sb.clock import FakeClock
-from spark_sb.config import NamespaceConfig, Secret, ServiceBusConfig
-from spark_sb.errors import (
-    MessageRejectedError,
-    NoBacklogAvailableError,
-    ServerBusyError,
-    ServiceBusConfigError,
-)
-from spark_sb.failover import EntityState, FailoverRegistry, StateTransition, choose_session_affine
-from spark_sb.message import OutboundMessage
-from spark_sb.provisioning import primary_namespace_name
-from spark_sb.sender import PairedSender, SendOutcome
-from spark_sb.transport import PRIMARY, SECONDARY, Target
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.sender.paired import PairedSender, SendOutcome
+from spark_sb.wire.transport import PRIMARY, SECONDARY, Target
 
 from .fakes import FakeTransport
 
@@ -651,7 +653,7 @@ def test_backlog_queue_names_from_primary_namespace(monkeypatch: pytest.MonkeyPa
         asked.append(ns.endpoint_host())
         return "reported"
 
-    monkeypatch.setattr("spark_sb.provisioning.resolve_primary_namespace_name", fake_resolve)
+    monkeypatch.setattr("spark_sb.admin.provisioning.resolve_primary_namespace_name", fake_resolve)
     assert primary_namespace_name(local) == "reported"
     assert primary_namespace_name(local) == "reported"
     assert asked == ["127.0.0.1:5671"]  # asked once per process and endpoint
@@ -668,7 +670,7 @@ def test_backlog_queue_names_from_primary_namespace(monkeypatch: pytest.MonkeyPa
 def test_a_stalled_primary_fails_over_within_the_interval_plus_grace(
     send_timeout: float, interval: float
 ) -> None:
-    from spark_sb.failover import FAILOVER_GRACE, MIN_ATTEMPT_BUDGET
+    from spark_sb.failover.decisions import FAILOVER_GRACE, MIN_ATTEMPT_BUDGET
 
     rig = Rig(failover_interval=interval, send_timeout=send_timeout)
     rig.transport.op_seconds = 0.0
@@ -691,7 +693,7 @@ def test_a_connected_primary_that_stalls_fails_over_within_the_grace_even_below_
 ) -> None:
     """MIN_ATTEMPT_BUDGET allows for a new connection; a link that answered recently needs none, so a stall on it
     is a failure after interval + grace (the sender was sending when the primary stalled)."""
-    from spark_sb.failover import FAILOVER_GRACE, MIN_SEND_BUDGET
+    from spark_sb.failover.decisions import FAILOVER_GRACE, MIN_SEND_BUDGET
 
     rig = Rig(failover_interval=interval)
     rig.transport.op_seconds = 0.0
@@ -722,7 +724,7 @@ def test_a_failing_entity_opens_its_backlog_link_ahead_of_the_failover() -> None
 
 
 def test_a_stalled_primary_has_the_backlog_link_opened_before_its_deadline() -> None:
-    from spark_sb.transport import SLOW_MARGIN
+    from spark_sb.wire.transport import SLOW_MARGIN
 
     rig = Rig(failover_interval=5.0)
     rig.transport.op_seconds = 0.0

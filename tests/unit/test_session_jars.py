@@ -14,7 +14,7 @@ pytest.importorskip("delta")
 
 from pyspark.sql import SparkSession  # noqa: E402
 
-from spark_sb import session as session_module  # noqa: E402
+from spark_sb.spark import session as session_module  # noqa: E402
 
 
 class _FakeSession:

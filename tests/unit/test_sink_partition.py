@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from spark_sb import sink_partition
-from spark_sb.clock import FakeClock
-from spark_sb.config import ServiceBusConfig
-from spark_sb.message import OutboundMessage
-from spark_sb.pool import SenderPool
-from spark_sb.sender import SendOutcome
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.core.clock import FakeClock
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.sender.paired import SendOutcome
+from spark_sb.sender.pool import SenderPool
+from spark_sb.spark import partition as sink_partition
 
 from .test_sender import make_config
 

@@ -12,25 +12,23 @@ from typing import Any
 
 import pytest
 
-from spark_sb.config import ConfigError, ServiceBusConfig
-from spark_sb.failover import EntityState, EntityStatus, StateTransition
-from spark_sb.message import Reject, message_id_from_content
-from spark_sb.rows import SchemaError, row_to_message, validate_schema
-from spark_sb.sender import SendOutcome, namespace_key
-from spark_sb.sink import ServiceBusSink, SinkIdConflictError, default_sink_id
-from spark_sb.state import (
+from spark_sb.config.service_bus import ConfigError, ServiceBusConfig
+from spark_sb.failover.records import EntityState, EntityStatus, StateTransition
+from spark_sb.message.outbound import Reject, message_id_from_content
+from spark_sb.message.rows import SchemaError, row_to_message, validate_schema
+from spark_sb.sender.paired import SendOutcome, namespace_key
+from spark_sb.spark.sink import ServiceBusSink, SinkIdConflictError, default_sink_id
+from spark_sb.state.records import (
     BATCH_COMMITTED,
     REPLAY_SKIPPED,
     BatchWrites,
     EntityRecord,
-    EntityView,
     Event,
-    MemoryStateStore,
     PartitionResult,
     RejectRecord,
-    StateWriteError,
-    StateWriter,
 )
+from spark_sb.state.store import MemoryStateStore
+from spark_sb.state.writer import EntityView, StateWriteError, StateWriter
 
 from .test_sender import make_config
 
@@ -52,7 +50,7 @@ class Tasks:
 @pytest.fixture(autouse=True)
 def _commit_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sinks' writers commit as soon as a batch is queued (the interval has its own test)."""
-    import spark_sb.sink as sink_module
+    import spark_sb.spark.sink as sink_module
 
     monkeypatch.setattr(sink_module, "COMMIT_INTERVAL", 0.0)
 
@@ -396,7 +394,7 @@ def test_the_handoff_is_the_last_read_overlaid_with_this_sinks_planned_records()
 
 
 def test_a_view_older_than_max_view_age_is_read_again_at_batch_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    import spark_sb.sink as sink_module
+    import spark_sb.spark.sink as sink_module
 
     store = GatedStore()
     sb = _sink(store, sink_id="s")

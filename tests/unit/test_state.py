@@ -1,6 +1,6 @@
 """State records, batch planning, the handoff to executors and the in-memory store (SPEC S4-S6). No Spark.
 
-:class:`StoreContract` is the one test mixin every :class:`~spark_sb.state.StateStore` runs (STYLE item 4):
+:class:`StoreContract` is the one test mixin every :class:`~spark_sb.state.store.StateStore` runs (STYLE item 4):
 here against :class:`MemoryStateStore`, in ``tests/spark/test_state_delta.py`` against the Delta store.
 """
 
@@ -15,17 +15,15 @@ from typing import Any
 import pytest
 from azure.servicebus import exceptions as sbe
 
-from spark_sb.clock import FakeClock
-from spark_sb.failover import (
-    BacklogPull,
-    EntityState,
-    EntityStatus,
-    FailoverRegistry,
-    StateTransition,
-)
-from spark_sb.message import Reject
-from spark_sb.sender import PairedSender, SendOutcome, namespace_key
-from spark_sb.state import (
+from spark_sb.core.clock import FakeClock
+from spark_sb.failover.records import BacklogPull, EntityState, EntityStatus, StateTransition
+from spark_sb.failover.registry import FailoverRegistry
+from spark_sb.message.outbound import Reject
+from spark_sb.sender.paired import PairedSender, SendOutcome, namespace_key
+from spark_sb.state import StateTables
+from spark_sb.state.delta import is_conflict
+from spark_sb.state.planning import apply_handoff, plan_batch
+from spark_sb.state.records import (
     BACKLOG_PULLED,
     BACKLOG_RETURNED,
     BATCH_COMMITTED,
@@ -35,20 +33,14 @@ from spark_sb.state import (
     STATE_CHANGE,
     BatchWrites,
     EntityRecord,
-    EntityView,
     Event,
-    MemoryStateStore,
     PartitionResult,
     PulledQueue,
     RejectRecord,
-    StateStore,
-    StateTables,
-    apply_handoff,
-    coalesce,
-    is_conflict,
-    plan_batch,
 )
-from spark_sb.transport import PRIMARY, SECONDARY, Target
+from spark_sb.state.store import MemoryStateStore, StateStore
+from spark_sb.state.writer import EntityView, coalesce
+from spark_sb.wire.transport import PRIMARY, SECONDARY, Target
 
 from .fakes import FakeTransport
 from .test_sender import QUEUES, SECRET, make_config
@@ -368,7 +360,7 @@ def test_plan_records_pulls_and_returns() -> None:
 
 
 def test_records_redact_secrets_and_pickle() -> None:
-    make_config()  # loading a config registers its secrets with spark_sb.redact
+    make_config()  # loading a config registers its secrets with spark_sb.core.redact
     e = Event(T0, "s", 1, STATE_CHANGE, detail=f"SharedAccessKey={SECRET} refused")
     r = RejectRecord(T0, "s", 1, "orders", "body", f"bad {SECRET}", f'{{"k": "{SECRET}"}}')
     assert SECRET not in e.detail and SECRET not in r.reason and SECRET not in r.row_json
@@ -453,13 +445,13 @@ def test_handoff_respects_newer_local_knowledge_and_ignores_other_namespaces() -
 
 
 def _messages(n: int) -> list[Any]:
-    from spark_sb.message import OutboundMessage
+    from spark_sb.message.outbound import OutboundMessage
 
     return [OutboundMessage(body=f"b{i}", entity="orders", message_id=f"m{i}") for i in range(n)]
 
 
 def test_delta_writes_retry_conflicts_with_other_writers_and_nothing_else() -> None:
-    from spark_sb.state import DeltaStateStore
+    from spark_sb.state.delta import DeltaStateStore
 
     waits: list[float] = []
     store = DeltaStateStore(None, StateTables(location="/x"), attempts=4, backoff=0.1, sleep=waits.append)  # type: ignore[arg-type]
@@ -494,7 +486,7 @@ def test_delta_writes_retry_conflicts_with_other_writers_and_nothing_else() -> N
 def test_creating_the_tables_waits_out_another_writer_creating_them() -> None:
     """Two queries sharing a state location start together: one finds the other's table folder without its first
     commit yet. ensure() retries that; an append never does."""
-    from spark_sb.state import DeltaStateStore
+    from spark_sb.state.delta import DeltaStateStore
 
     statements: list[str] = []
 

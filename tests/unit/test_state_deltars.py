@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_sb.state import BATCH_COMMITTED, BatchWrites, Event, RejectRecord, coalesce
+from spark_sb.state.records import BATCH_COMMITTED, BatchWrites, Event, RejectRecord
+from spark_sb.state.writer import coalesce
 from tests.unit.test_state import StoreContract
 
 pytest.importorskip("deltalake")

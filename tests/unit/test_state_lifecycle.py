@@ -8,18 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from spark_sb.state import (
-    BATCH_COMMITTED,
-    BatchWrites,
-    EntityRecord,
-    EntityView,
-    Event,
-    StateTables,
-    StateWriter,
-    retention_predicate,
-    session_gone,
-    sql_string,
-)
+from spark_sb.state import StateTables
+from spark_sb.state.maintenance import retention_predicate, sql_string
+from spark_sb.state.records import BATCH_COMMITTED, BatchWrites, EntityRecord, Event
+from spark_sb.state.writer import EntityView, StateWriter, session_gone
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=timezone.utc)
 
@@ -109,7 +101,7 @@ def test_writes_queued_when_spark_stops_reach_the_tables_through_deltalake(tmp_p
 
 
 def test_other_write_errors_are_raised_not_redirected(tmp_path: Path) -> None:
-    from spark_sb.state import StateWriteError
+    from spark_sb.state.writer import StateWriteError
 
     class Failing(StoppedSparkStore):
         def write_batch(self, sink_id: str, batch_id: int, writes: BatchWrites) -> None:

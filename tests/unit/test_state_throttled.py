@@ -9,20 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from spark_sb.datasource import TaskReport, WritePlan, commit_write, parse_options
-from spark_sb.sender import SendOutcome
-from spark_sb.sink import ServiceBusSink
-from spark_sb.state import (
-    BATCH_COMMITTED,
-    EVENTS,
-    SENT,
-    THROTTLED,
-    MemoryStateStore,
-    PartitionResult,
-    plan_batch,
-    throttled_millis,
-)
-from spark_sb.status import format_status, read_status
+from spark_sb.admin.status import format_status, read_status
+from spark_sb.sender.paired import SendOutcome
+from spark_sb.spark.datasource import TaskReport, WritePlan, commit_write, parse_options
+from spark_sb.spark.sink import ServiceBusSink
+from spark_sb.state.planning import plan_batch, throttled_millis
+from spark_sb.state.records import BATCH_COMMITTED, EVENTS, SENT, THROTTLED, PartitionResult
+from spark_sb.state.store import MemoryStateStore
 
 from .test_datasource_options import _opts
 from .test_sender import make_config

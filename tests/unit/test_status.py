@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from spark_sb.__main__ import main
-from spark_sb.status import format_status, read_status
+from spark_sb.admin.cli import main
+from spark_sb.admin.status import format_status, read_status
 
 from .test_sender import make_config
 

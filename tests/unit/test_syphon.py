@@ -8,9 +8,14 @@ from typing import Any
 
 import pytest
 
-from spark_sb.backlog import to_backlog
-from spark_sb.message import OutboundMessage
-from spark_sb.syphon import EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, SyphonOutcome, restore_for_primary
+from spark_sb.message.backlog import to_backlog
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.syphon.mover import (
+    EXPIRED_IN_BACKLOG,
+    NOT_A_BACKLOG_MESSAGE,
+    SyphonOutcome,
+    restore_for_primary,
+)
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -83,7 +88,7 @@ def test_outcome_merge_merges_every_field_and_is_cancelled_if_either_was() -> No
 def test_token_expired_tells_an_expired_token_from_other_refusals() -> None:
     from azure.servicebus.exceptions import ServiceBusAuthenticationError, ServiceBusConnectionError
 
-    from spark_sb.syphon import token_expired
+    from spark_sb.syphon.mover import token_expired
 
     class TokenExpired(Exception):  # pyamqp's, by name
         pass

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from spark_sb.clock import FakeClock
-from spark_sb.config import ServiceBusConfig
-from spark_sb.state import MemoryStateStore
-from spark_sb.syphon import EXPIRED_IN_BACKLOG, EntityGate, SyphonOutcome, is_parked
-from spark_sb.syphon_job import BacklogWatcher, SyphonBatchWriter, outcome_rows
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.core.clock import FakeClock
+from spark_sb.spark.syphon_job import BacklogWatcher, SyphonBatchWriter, outcome_rows
+from spark_sb.state.store import MemoryStateStore
+from spark_sb.syphon.mover import EXPIRED_IN_BACKLOG, EntityGate, SyphonOutcome, is_parked
 
 CONFIG = ServiceBusConfig.from_dict(
     {
@@ -170,9 +170,9 @@ def test_writer_appends_per_entity_events_idempotently_and_nothing_for_an_empty_
 
 
 def test_settle_failures_are_counted_never_raised_and_a_replaced_receivers_messages_too() -> None:
-    from spark_sb.lane import Lane
-    from spark_sb.syphon import Syphon
-    from spark_sb.syphon_receivers import Held
+    from spark_sb.syphon.mover import Syphon
+    from spark_sb.syphon.receivers import Held
+    from spark_sb.wire.lane import Lane
 
     class Receiver:
         def complete_message(self, msg: Any) -> None:
@@ -203,8 +203,8 @@ def test_the_drain_takes_its_syphon_from_the_workers_pool_which_closes_it_after_
 ) -> None:
     from collections.abc import Iterator
 
-    from spark_sb import syphon_job
-    from spark_sb.pool import SenderPool
+    from spark_sb.sender.pool import SenderPool
+    from spark_sb.spark import syphon_job
 
     built: list[FakeSyphon] = []
 

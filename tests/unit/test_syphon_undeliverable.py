@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from spark_sb.config import ConfigError, NamespaceConfig, ServiceBusConfig
-from spark_sb.secret import Secret
-from spark_sb.state import MemoryStateStore
-from spark_sb.syphon import SyphonOutcome
-from spark_sb.syphon_job import SyphonBatchWriter, error_class_of, outcome_rows
-from spark_sb.syphon_rules import (
+from spark_sb.config.secret import Secret
+from spark_sb.config.service_bus import ConfigError, NamespaceConfig, ServiceBusConfig
+from spark_sb.spark.syphon_job import SyphonBatchWriter, error_class_of, outcome_rows
+from spark_sb.state.store import MemoryStateStore
+from spark_sb.syphon.mover import SyphonOutcome
+from spark_sb.syphon.rules import (
     ABANDON,
     DEAD_LETTER,
     DESTINATION_NOT_FOUND,
@@ -112,9 +112,9 @@ def test_undelivered_verdict(
 def test_the_verdict_reads_the_class_names_of_the_classifier() -> None:
     from azure.servicebus.exceptions import MessagingEntityNotFoundError
 
-    from spark_sb import errors
-    from spark_sb.errors import classify
-    from spark_sb.syphon_rules import ENTITY_NOT_FOUND
+    from spark_sb.core import errors
+    from spark_sb.core.errors import classify
+    from spark_sb.syphon.rules import ENTITY_NOT_FOUND
 
     assert errors.ENTITY_NOT_FOUND.name == ENTITY_NOT_FOUND
     not_found = MessagingEntityNotFoundError(message="no such queue")
@@ -231,7 +231,7 @@ def _events(root: Path) -> None:
 
 
 def test_status_shows_the_undeliverable_messages_per_entity(tmp_path: Path) -> None:
-    from spark_sb.status import format_status, read_status, undeliverable
+    from spark_sb.admin.status import format_status, read_status, undeliverable
 
     _events(tmp_path)
     config = replace(CONFIG, state_location=str(tmp_path))
@@ -252,7 +252,7 @@ def test_status_shows_the_undeliverable_messages_per_entity(tmp_path: Path) -> N
 
 
 def test_status_without_undeliverable_messages_shows_no_such_section(tmp_path: Path) -> None:
-    from spark_sb.status import format_status, read_status
+    from spark_sb.admin.status import format_status, read_status
 
     pytest.importorskip("deltalake")
     status = read_status(replace(CONFIG, state_location=str(tmp_path / "none")), depths=False)

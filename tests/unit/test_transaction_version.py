@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_sb.state import BATCH_COMMITTED, BatchWrites, Event
 from spark_sb.state.delta import transaction_version
+from spark_sb.state.records import BATCH_COMMITTED, BatchWrites, Event
 
 pytest.importorskip("deltalake")
 

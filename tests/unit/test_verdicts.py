@@ -11,14 +11,16 @@ from typing import Any
 import pytest
 from azure.servicebus import exceptions as sbe
 
-from spark_sb.attempts import AttemptLoop
-from spark_sb.backlog import PROBE_SESSION, PROBE_SESSION_PREFIX, is_probe, probe_message
-from spark_sb.clock import FakeClock
-from spark_sb.errors import CONNECTION, TIMEOUT, classify
-from spark_sb.failover import EntityState, FailoverRegistry, RetryPolicy
-from spark_sb.lane import LaneClosed
-from spark_sb.message import OutboundMessage
-from spark_sb.transport import NAMESPACE_SILENCE, PRIMARY, Target
+from spark_sb.core.clock import FakeClock
+from spark_sb.core.errors import CONNECTION, TIMEOUT, classify
+from spark_sb.failover.decisions import RetryPolicy
+from spark_sb.failover.records import EntityState
+from spark_sb.failover.registry import FailoverRegistry
+from spark_sb.message.backlog import PROBE_SESSION, PROBE_SESSION_PREFIX, is_probe, probe_message
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.sender.attempts import AttemptLoop
+from spark_sb.wire.lane import LaneClosed
+from spark_sb.wire.transport import NAMESPACE_SILENCE, PRIMARY, Target
 from tests.unit.fakes import FakeTransport
 from tests.unit.test_sender import Rig, make_config, msgs
 
@@ -61,10 +63,10 @@ def test_a_probe_refused_for_good_is_logged_as_an_error_and_stays_failed_over(
     assert rig.sender.entity_state("orders") is FO
     rig.transport.fail(not_allowed, op="schedule", namespace=PRIMARY)
     rig.clock.advance(5.0)
-    with caplog.at_level(logging.ERROR, logger="spark_sb.prober"):
+    with caplog.at_level(logging.ERROR, logger="spark_sb.sender.prober"):
         out = rig.sender.send(msgs(1, "z"))
     assert [(p.ok, p.error_class) for p in out.probes] == [(False, "invalid_request")]
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "spark_sb.prober"]
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "spark_sb.sender.prober"]
     assert len(errors) == 1 and "'orders'" in errors[0].getMessage() and "refused" in errors[0].getMessage()
     assert rig.sender.entity_state("orders") is FO  # diverted, nothing lost, and said loudly
 
@@ -227,7 +229,7 @@ def test_a_probe_after_close_builds_nothing_and_records_nothing() -> None:
 
 
 def test_the_sender_builds_no_transport_after_close() -> None:
-    from spark_sb.sender import PairedSender
+    from spark_sb.sender.paired import PairedSender
 
     sender = PairedSender(make_config())
     sender.close()

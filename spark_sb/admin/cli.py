@@ -1,0 +1,334 @@
+"""``spark-sb <command>`` (the same as ``python -m spark_sb <command>``): the command-line tools of
+spark-servicebus. ``--version`` prints the version; ``-v`` / ``-vv`` (more log output) go before or after the
+command.
+
+Runs on a workstation, a CI runner or the Spark driver node, never on executors. Commands:
+
+* ``provision --config conf/<env>.yaml [--dry-run] [--json] [--tries N] [--retry-pause SECONDS]``: make sure
+  the backlog queues exist in the secondary namespace and print a table (queue, status, detail).
+  Exit 0 when at least one backlog queue is usable, 1 otherwise, 2 on a bad configuration or bad arguments.
+* ``status --config conf/<env>.yaml [--json] [--events N] [--no-depths]``: each entity's failover state, pulled
+  backlog queues, the newest events and backlog depths, from the state tables (no Spark; :mod:`spark_sb.admin.status`).
+* ``maintain --config conf/<env>.yaml [--retention D] [--no-optimize] [--no-vacuum] [--json]``: keep the state
+  tables small (retention delete, OPTIMIZE, VACUUM: :func:`spark_sb.state.maintenance.maintain`); starts a Spark session.
+
+More commands (``demo``, ``syphon``, ...) plug in by adding a ``_add_<name>(subparsers, common)`` function to
+:data:`COMMANDS`; each passes ``parents=[common]`` and sets ``func`` (``(args) -> int``) as the parser default.
+
+Output never contains a secret: namespaces are shown by host and SAS key name only, and log records pass
+through :class:`spark_sb.core.redact.RedactingFilter`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_CONFIG = 2
+
+_LOG = logging.getLogger("spark_sb")
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------------------------
+# provision
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _add_provision(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    from spark_sb.admin.provisioning import DEFAULT_RETRY_PAUSE, DEFAULT_TRIES
+
+    p = subparsers.add_parser(
+        "provision",
+        parents=[common],
+        help="create the backlog queues in the secondary namespace (never modifies or deletes a queue)",
+        description=(
+            "Make sure the backlog queues <primary-namespace>/x-servicebus-transfer/<i>, i in "
+            "[0, backlog_queue_count), exist in the secondary namespace. Missing queues are created; existing "
+            "queues are never modified (differences are reported as 'drifted'); queues with a higher index are "
+            "left alone ('extra'). Exit 0 if at least one backlog queue is usable, 1 if none is, 2 on a bad "
+            "configuration. For a local namespace with a self-signed certificate set REQUESTS_CA_BUNDLE."
+        ),
+    )
+    p.add_argument("--config", required=True, help="YAML configuration file (conf/<env>.yaml)")
+    p.add_argument("--dry-run", action="store_true", help="change nothing; print the plan")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.add_argument(
+        "--tries",
+        type=_positive_int,
+        default=None,
+        help=f"creation attempts per missing queue (default: config key provision.tries, else {DEFAULT_TRIES})",
+    )
+    p.add_argument(
+        "--retry-pause",
+        type=_non_negative_float,
+        default=None,
+        metavar="SECONDS",
+        help=(
+            "pause between attempts (default: config key provision.retry_pause, "
+            f"else {DEFAULT_RETRY_PAUSE:g})"
+        ),
+    )
+    p.set_defaults(func=run_provision)
+
+
+def run_provision(
+    args: argparse.Namespace,
+    *,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    **provision_kwargs: Any,
+) -> int:
+    """The ``provision`` command. ``provision_kwargs`` go to
+    :func:`spark_sb.admin.provisioning.provision_backlog_queues` (tests inject a clock or admin clients)."""
+    from spark_sb.admin.provisioning import ProvisioningError, provision_backlog_queues
+    from spark_sb.config.service_bus import ConfigError, load_config
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        config = load_config(args.config)
+    except (ConfigError, OSError) as exc:
+        return _bad_config(err, args, f"bad configuration {args.config}: {exc}")
+    if config.secondary is None and "admin_client" not in provision_kwargs:
+        return _bad_config(
+            err,
+            args,
+            f"bad configuration {args.config}: backlog queues live in the secondary namespace; set "
+            "secondary.connection_string or secondary.fully_qualified_namespace",
+        )
+    try:
+        report = provision_backlog_queues(
+            config,
+            tries=args.tries if args.tries is not None else config.provision_tries,
+            retry_pause=args.retry_pause if args.retry_pause is not None else config.provision_retry_pause,
+            dry_run=args.dry_run,
+            check=False,
+            **provision_kwargs,
+        )
+    except ConfigError as exc:
+        return _bad_config(err, args, f"bad configuration {args.config}: {exc}")
+    except ProvisioningError as exc:
+        if args.json:
+            _print_json(out, {"ok": False, "namespace": exc.namespace, "tried": exc.tried, "error": str(exc)})
+        print(f"error: {exc}", file=err)
+        return EXIT_FAILED
+
+    if args.json:
+        payload = report.to_dict()
+        if not report.ok:
+            payload["error"] = _unusable_message(report)
+        _print_json(out, payload)
+    else:
+        print(report.format_table(), file=out)
+    if not report.ok:
+        print(f"error: {_unusable_message(report)}", file=err)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _unusable_message(report: Any) -> str:
+    from spark_sb.admin.provisioning import ProvisioningError
+
+    try:
+        report.raise_if_unusable()
+    except ProvisioningError as exc:
+        return str(exc)
+    return ""
+
+
+def _bad_config(err: TextIO, args: argparse.Namespace, message: str) -> int:
+    print(f"error: {message}", file=err)
+    return EXIT_BAD_CONFIG
+
+
+def _print_json(out: TextIO, payload: Any) -> None:
+    json.dump(payload, out, indent=2, default=str)
+    out.write("\n")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# wiring
+# --------------------------------------------------------------------------------------------------------------
+
+
+#: Subcommand registrars, in the order ``--help`` lists them. Each gets the subparsers action and the parent
+#: parser with the options every command accepts after its name (``-v``).
+def _add_status(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    from spark_sb.admin.status import add_status_command, run_status
+
+    add_status_command(subparsers, common, lambda args: run_status(args, sys.stdout, sys.stderr))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# maintain
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _add_maintain(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser(
+        "maintain",
+        parents=[common],
+        help="keep the Delta state tables small: retention delete, OPTIMIZE, VACUUM (starts Spark)",
+        description=(
+            "Delete events and rejects older than state_retention (never the entities table, never the rows a "
+            "running sink reads for replay skipping), OPTIMIZE and VACUUM the three state tables, and set their "
+            "table properties. Safe while sinks and the syphon run. Starts a local Spark session with Delta "
+            "(--master); on Databricks call spark_sb.state.maintain(spark, tables) from a job instead."
+        ),
+    )
+    p.add_argument("--config", required=True, help="the YAML configuration (conf/<env>.yaml)")
+    p.add_argument(
+        "--retention", default=None, help="override state_retention (a duration: '30d', '12h', 'P7D')"
+    )
+    p.add_argument("--no-optimize", action="store_true", help="skip OPTIMIZE")
+    p.add_argument("--no-vacuum", action="store_true", help="skip VACUUM")
+    p.add_argument("--master", default="local[2]", help="Spark master of the session (default local[2])")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run_maintain)
+
+
+def run_maintain(
+    args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None, spark: Any = None
+) -> int:
+    """The ``maintain`` command: 0 done, 1 failed, 2 bad configuration. ``spark``: a session to use (tests);
+    otherwise one is built and stopped."""
+    from spark_sb.config.service_bus import ConfigError, load_config, parse_duration
+    from spark_sb.core.redact import redact
+    from spark_sb.state.delta import StateTables
+    from spark_sb.state.maintenance import maintain
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        config = load_config(args.config)
+        retention = (
+            parse_duration(args.retention, "--retention")
+            if args.retention is not None
+            else config.state_retention
+        )
+        if retention <= 0:
+            raise ConfigError(f"--retention: must be > 0 seconds, found {args.retention!r}")
+        tables = StateTables.from_config(config)
+        if tables is None:
+            raise ConfigError("state_location or state_table_prefix: required (the state tables to maintain)")
+    except (ConfigError, OSError) as exc:
+        return _bad_config(err, args, f"bad configuration {args.config}: {exc}")
+    own = spark is None
+    try:
+        if own:
+            from spark_sb.spark.session import build_spark_session
+
+            spark = build_spark_session("spark-sb-maintain", args.master)
+        report = maintain(
+            spark, tables, retention=retention, optimize=not args.no_optimize, vacuum=not args.no_vacuum
+        )
+    except Exception as exc:  # noqa: BLE001 - one clear line, secrets redacted
+        print(redact(f"error: {type(exc).__name__}: {exc}"), file=err)
+        return EXIT_FAILED
+    finally:
+        if own and spark is not None:
+            spark.stop()
+    if args.json:
+        _print_json(out, report.to_json())
+    else:
+        print(f"retention cutoff {report.cutoff.isoformat()}", file=out)
+        for t in report.tables:
+            print(
+                f"{t.table:<9} {t.deleted_rows:>10} rows deleted  files {t.files_before} -> {t.files_after}  "
+                f"bytes {t.bytes_before} -> {t.bytes_after}  {t.seconds:.1f} s",
+                file=out,
+            )
+    return EXIT_OK
+
+
+COMMANDS: list[Callable[[Any, argparse.ArgumentParser], None]] = [_add_provision, _add_status, _add_maintain]
+
+_VERBOSE_HELP = "more log output (-v info, -vv debug); before or after the command"
+
+
+def build_parser(prog: str = "python -m spark_sb") -> argparse.ArgumentParser:
+    from spark_sb import __version__
+
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="spark-servicebus tools (Azure Service Bus sink with paired-namespace failover)",
+    )
+    parser.add_argument("--version", action="version", version=f"spark-servicebus {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help=_VERBOSE_HELP)
+    # `-v` after the command counts into its own destination (a subparser's defaults would overwrite the
+    # main parser's count); main() adds the two.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v", "--verbose", dest="verbose_after", action="count", default=0, help=_VERBOSE_HELP
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for register in COMMANDS:
+        register(subparsers, common)
+    return parser
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    from spark_sb.core.redact import RedactingFilter
+
+    handler.addFilter(RedactingFilter())
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_spark_sb_cli", False)]:
+        root.removeHandler(old)  # main() called again in the same process (tests)
+    handler._spark_sb_cli = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    _LOG.setLevel(level)
+    # azure-core logs every HTTP request at INFO; keep it out unless asked for debug.
+    logging.getLogger("azure").setLevel(logging.DEBUG if verbose >= 3 else logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m spark_sb") -> int:
+    """Entry point of ``python -m spark_sb``; returns the exit code."""
+    parser = build_parser(prog)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: 2 on bad usage, 0 on --help / --version
+        return int(exc.code) if isinstance(exc.code, int) else EXIT_BAD_CONFIG
+    args.verbose += getattr(args, "verbose_after", 0)
+    _setup_logging(args.verbose)
+    result: int = args.func(args)
+    return result
+
+
+def console_main() -> None:
+    """Entry point of the ``spark-sb`` console script (``[project.scripts]``)."""
+    sys.exit(main(prog="spark-sb"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

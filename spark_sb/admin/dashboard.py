@@ -1,0 +1,115 @@
+"""Data preparation of the failover dashboard (``notebooks/failover_dashboard.py``): DataFrames of the Delta state
+tables shaped for charts. Driver side; DataFrame operations only (runs under Spark Connect); pyspark is imported
+inside the functions.
+
+* :func:`entity_timeline`: every state change per entity, with a numeric level for a step chart
+  (healthy 0, failing 1, failed over 2).
+* :func:`sent_vs_diverted`: per sink and micro-batch, messages sent to the primary vs diverted to the backlog.
+* :func:`backlog_depth`: the backlog's depth over time as the events tell it (diverted in; moved, expired and
+  dead-lettered by the syphon out), per time bucket, cumulative.
+* :func:`rejects_by_reason`: rejected rows per reason.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from spark_sb.state.delta import StateTables
+from spark_sb.state.records import DEAD_LETTERED, DIVERTED, EXPIRED, MOVED, SENT, STATE_CHANGE
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+#: Chart levels of the entity states.
+STATE_LEVELS = {"healthy": 0, "failing": 1, "failed_over": 2}
+
+
+def read_tables(spark: SparkSession, tables: StateTables) -> dict[str, DataFrame]:
+    """The three state tables as DataFrames (``events``, ``entities``, ``rejects``)."""
+    out: dict[str, DataFrame] = {}
+    for name in ("events", "entities", "rejects"):
+        path = tables.path(name)
+        out[name] = (
+            spark.read.format("delta").load(path) if path is not None else spark.table(tables.sql_name(name))
+        )
+    return out
+
+
+def entity_timeline(events: DataFrame) -> DataFrame:
+    """(time, namespace, entity, from_state, to_state, level, error_class), oldest first."""
+    from pyspark.sql import functions as F
+
+    level = F.create_map(*[x for k, v in STATE_LEVELS.items() for x in (F.lit(k), F.lit(v))])
+    return (
+        events.where(F.col("event") == STATE_CHANGE)
+        .select(
+            "time",
+            "namespace",
+            "entity",
+            "from_state",
+            "to_state",
+            level[F.col("to_state")].alias("level"),
+            "error_class",
+        )
+        .orderBy("time", "entity")
+    )
+
+
+def sent_vs_diverted(events: DataFrame) -> DataFrame:
+    """(sink_id, batch_id, time, sent, diverted) per micro-batch of each sink, in batch order."""
+    from pyspark.sql import functions as F
+
+    def total(kind: str) -> Column:
+        return F.sum(F.when(F.col("event") == kind, F.col("count")).otherwise(0)).alias(kind)
+
+    return (
+        events.where(F.col("event").isin(SENT, DIVERTED) & F.col("batch_id").isNotNull())
+        .groupBy("sink_id", "batch_id")
+        .agg(F.min("time").alias("time"), total(SENT), total(DIVERTED))
+        .orderBy("sink_id", "batch_id")
+    )
+
+
+def backlog_depth(events: DataFrame, bucket: str = "1 minute") -> DataFrame:
+    """(time, diverted, drained, depth): per time bucket, messages into the backlog (diverted; counted once per
+    message, from the events that name a backlog queue) and out of it (moved, expired, dead-lettered by the
+    syphon), and the cumulative depth. An estimate from the events; ``spark-sb status`` reads the real counts."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    into = (F.col("event") == DIVERTED) & F.col("backlog_queue").isNotNull()
+    out_of = F.col("event").isin(MOVED, EXPIRED, DEAD_LETTERED)
+    per_bucket = (
+        events.where(into | out_of)
+        .groupBy(F.window("time", bucket).start.alias("time"))
+        .agg(
+            F.sum(F.when(into, F.col("count")).otherwise(0)).alias("diverted"),
+            F.sum(F.when(out_of, F.col("count")).otherwise(0)).alias("drained"),
+        )
+    )
+    running = Window.orderBy("time").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    return per_bucket.withColumn("depth", F.sum(F.col("diverted") - F.col("drained")).over(running)).orderBy(
+        "time"
+    )
+
+
+def rejects_by_reason(rejects: DataFrame) -> DataFrame:
+    """(reason, rejected) with the most frequent first."""
+    from pyspark.sql import functions as F
+
+    return (
+        rejects.groupBy("reason")
+        .agg(F.count(F.lit(1)).alias("rejected"))
+        .orderBy(F.desc("rejected"), "reason")
+    )
+
+
+def prepare(spark: SparkSession, tables: StateTables, bucket: str = "1 minute") -> dict[str, DataFrame]:
+    """Every chart's DataFrame: ``timeline``, ``sent_vs_diverted``, ``backlog_depth``, ``rejects_by_reason``."""
+    t = read_tables(spark, tables)
+    return {
+        "timeline": entity_timeline(t["events"]),
+        "sent_vs_diverted": sent_vs_diverted(t["events"]),
+        "backlog_depth": backlog_depth(t["events"], bucket),
+        "rejects_by_reason": rejects_by_reason(t["rejects"]),
+    }

@@ -1,0 +1,13 @@
+"""The paired sender (SPEC B2-B5, B7, B8, B10, F1-F9): send to the primary, divert to the backlog when an
+entity is down, probe it and come back.
+
+* :mod:`~spark_sb.sender.paired` - :class:`~spark_sb.sender.paired.PairedSender`, the public face;
+* :mod:`~spark_sb.sender.attempts` - the attempt loop that carries out what the failover state decides;
+* :mod:`~spark_sb.sender.diverter` - sending to the backlog queues (rotation, rejects);
+* :mod:`~spark_sb.sender.prober` - probing failed-over entities on the isolated connections;
+* :mod:`~spark_sb.sender.ahead` - backlog translations made while the sender waits anyway;
+* :mod:`~spark_sb.sender.pool` - the executor's pool of live senders and syphons between tasks.
+
+Runs in any process (executors' Python workers, plain applications); one sender per thread. Imports: core,
+config, message, wire, failover; never Spark, state or admin.
+"""

@@ -1,0 +1,590 @@
+"""The paired sender: send to the primary namespace, divert to backlog queues in the secondary when a primary
+entity is down, probe the primary and come back (SPEC B2-B5, B7, B8, B10, S3).
+
+Delivery guarantee: at-least-once. :meth:`PairedSender.send` returns only when every message it was given is
+either accepted by the primary entity, accepted by a backlog queue (translated per B6, the syphon moves it on),
+or recorded as rejected (B7). Anything else raises a :class:`~spark_sb.core.errors.SendError` (the Spark task fails
+and Spark retries it; with deterministic message ids and duplicate detection on the primary, the retry does not
+duplicate). The exception's ``outcome`` counts what was confirmed before the failure, and only that.
+
+Where it runs: on executors, inside a Python worker, one sender per partition task, reused across micro-batches
+(the Spark sink keeps it in a process-level cache). It is not thread-safe and not picklable; it is built there
+from the picklable :class:`~spark_sb.config.service_bus.ServiceBusConfig`. Failover state and the backlog rotation are
+shared with every other sender of the process through a :class:`~spark_sb.failover.registry.FailoverRegistry`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterable, Sequence
+
+from spark_sb.admin.provisioning import primary_namespace_name
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.core.clock import Clock, SystemClock
+from spark_sb.core.errors import (
+    UNEXPECTED,
+    ErrorClass,
+    SendError,
+    classify,
+)
+from spark_sb.failover.decisions import MIN_ATTEMPT_BUDGET, WRONG_DESTINATION, RetryPolicy, Route, Verb, Where
+from spark_sb.failover.machine import EntityFailover
+from spark_sb.failover.outcome import (
+    ProbeRecord,
+    SendOutcome,
+    Tally,
+    describe_error,
+    namespace_description,
+    namespace_key,
+)
+from spark_sb.failover.records import EntityState, Listener, StateTransition, log_transition, log_transitions
+from spark_sb.failover.registry import FailoverRegistry, process_registry
+from spark_sb.failover.rotation import BacklogChooser
+from spark_sb.message.backlog import PROBE_MODES
+from spark_sb.message.outbound import OutboundMessage, RejectError
+from spark_sb.sender.ahead import Ahead
+from spark_sb.sender.attempts import AttemptLoop, Progress
+from spark_sb.sender.diverter import Diverter, Open, Rejects
+from spark_sb.sender.prober import Prober
+from spark_sb.wire.lane import LaneClosed
+from spark_sb.wire.transport import PRIMARY, Batch, SdkTransport, Target, Transport
+
+__all__ = ["PairedSender", "ProbeRecord", "SendOutcome", "namespace_description", "namespace_key"]
+
+_LOGGER = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------------------------------------
+# The sender
+
+
+class PairedSender:
+    """Sends :class:`OutboundMessage` streams to the primary namespace with failover to backlog queues.
+
+    Every network call has a deadline (``send_timeout``, shortened to what is left of ``failover_interval``
+    while an entity is failing) enforced from outside the SDK, so failover engages ``failover_interval`` after
+    an outage began whatever its shape (refused, dropped, stalled before or after SASL). Once an entity is
+    failed over its messages are translated and packed once, straight into a backlog batch; probes of the
+    primary run on a helper thread and never hold up sends to the backlog.
+
+    Args:
+        config: the frozen configuration (primary, optional secondary, intervals, limits).
+        transport: the Service Bus seam; default :class:`SdkTransport` built lazily on first use.
+        clock: injected time (default the system clock; a fake clock makes the sender never really sleep).
+        listener: called with every :class:`StateTransition` (default: log it), on the sender's thread.
+        registry: the shared failover state (default: the process registry, or a private one when a
+            non-system clock is injected).
+        backlog_queues: override the backlog queue names (default ``config.backlog_queue_names(...)``).
+        rng: randomness for the backlog choice.
+        max_busy_retries / max_busy_wait: the "server busy" budget per batch; beyond it
+            :class:`ServerBusyError` is raised (never a failover).
+        backlog_attempts: tries of a retryable error on one backlog queue before it is pulled (all of them
+            within ``send_timeout``).
+        cancel_attempts: tries of a probe's cancel before it is recorded as failed.
+        background_probes: run probes on a helper thread (default: yes with the system clock; with an
+            injected clock they run inline so that tests are deterministic).
+    """
+
+    def __init__(
+        self,
+        config: ServiceBusConfig,
+        *,
+        transport: Transport | None = None,
+        clock: Clock | None = None,
+        listener: Listener | None = None,
+        registry: FailoverRegistry | None = None,
+        backlog_queues: Sequence[str] | None = None,
+        rng: random.Random | None = None,
+        max_busy_retries: int = 1000,
+        max_busy_wait: float = 120.0,
+        backlog_attempts: int = 2,
+        cancel_attempts: int = 3,
+        background_probes: bool | None = None,
+    ) -> None:
+        if config.probe_mode not in PROBE_MODES:
+            raise ValueError(f"probe_mode must be one of {', '.join(PROBE_MODES)}, not {config.probe_mode!r}")
+        self._config = config
+        if clock is None:
+            clock = registry.clock if registry is not None else SystemClock()
+        self._clock: Clock = clock
+        if registry is None:
+            registry = process_registry() if isinstance(clock, SystemClock) else FailoverRegistry(clock)
+        self._registry = registry
+        self._transport: Transport | None = transport
+        self._listener: Listener = listener or log_transition
+        self._primary_key = namespace_key(config.primary)
+        self._secondary_key = namespace_key(config.secondary) if config.secondary is not None else ""
+        if backlog_queues is None:
+            backlog_queues = (
+                config.backlog_queue_names(primary_namespace_name(config.primary))
+                if config.secondary is not None
+                else []
+            )
+        self._chooser = BacklogChooser(
+            list(backlog_queues),
+            registry.rotation,
+            self._secondary_key,
+            selection=config.backlog_selection,
+            rng=rng,
+        )
+        base = max(0.01, float(config.retry.backoff_factor))
+        self._policy = RetryPolicy(
+            backoff_base=base,
+            backoff_cap=max(base, float(config.retry.backoff_max)),
+            fixed=config.retry.mode == "fixed",
+            busy_retries=max_busy_retries,
+            busy_wait=max_busy_wait,
+            backlog_attempts=max(1, backlog_attempts),
+            backlog_budget=float(config.send_timeout),
+            cancel_attempts=max(1, cancel_attempts),
+        )
+        # A probe's calls: over before the next probe is due, but long enough to open a new connection.
+        probe_budget = min(
+            float(config.send_timeout), max(float(config.ping_primary_interval), MIN_ATTEMPT_BUDGET)
+        )
+        self._loop = AttemptLoop(
+            config=config,
+            clock=clock,
+            policy=self._policy,
+            transport=lambda: self.transport,
+            fault=self._fault,
+            emit=self._emit,
+            warm_backlog=self._warm_backlog,
+            probe_budget=probe_budget,
+        )
+        self._probes = Prober(
+            primary_key=self._primary_key,
+            mode=config.probe_mode,
+            registry=registry,
+            clock=clock,
+            transport=lambda: self.transport,
+            entity=self._entity,
+            budget=probe_budget,
+            retry=self._retry_probe,
+            namespace_wide=self._loop.namespace_wide,
+            namespace_answered=self._loop.namespace_answered,
+            background=isinstance(clock, SystemClock) if background_probes is None else background_probes,
+        )
+        self._rejects = Rejects(config, lambda: self.transport)
+        self._diverter = Diverter(
+            config=config,
+            clock=clock,
+            registry=registry,
+            chooser=self._chooser,
+            secondary_key=self._secondary_key,
+            transport=lambda: self.transport,
+            loop=self._loop,
+            rejects=self._rejects,
+            ensure_prober=lambda: self._probes.ensure_running(),
+        )
+        self._transport_lock = threading.Lock()
+        self._ahead: Ahead | None = None  # the running _flush's translations made ahead
+        self._closed = False
+
+    # -- properties
+    @property
+    def registry(self) -> FailoverRegistry:
+        return self._registry
+
+    @property
+    def transport(self) -> Transport:
+        """The sender's transport, built on first use. After :meth:`close` none is built (a probe still running
+        meets :class:`~spark_sb.wire.lane.LaneClosed`, which is evidence of nothing)."""
+        if self._transport is None:
+            with self._transport_lock:
+                if self._transport is None:
+                    if self._closed:
+                        raise LaneClosed("the paired sender is closed")
+                    self._transport = SdkTransport(self._config)
+        return self._transport
+
+    @property
+    def backlog_queues(self) -> list[str]:
+        return list(self._chooser.queues)
+
+    def entity_state(self, entity: str) -> EntityState:
+        return self._entity(entity).state
+
+    def _entity(self, entity: str) -> EntityFailover:
+        return self._registry.entity(
+            self._primary_key,
+            entity,
+            failover_interval=float(self._config.failover_interval),
+            ping_interval=float(self._config.ping_primary_interval),
+        )
+
+    # -- public API
+    def send(self, messages: Iterable[OutboundMessage]) -> SendOutcome:
+        """Send ``messages`` (streamed: one open size-bounded batch per entity, never the whole iterable).
+
+        Returns the outcome; raises a :class:`SendError` (with ``outcome`` set) when not every message could
+        be sent, diverted or rejected. Runs on the calling thread; returns within the deadlines of its calls.
+        """
+        if self._closed:
+            raise RuntimeError("the paired sender is closed")
+        start = self._clock.monotonic()
+        tally = Tally()
+        primary: dict[str, Batch] = {}  # entity -> open primary batch
+        backlog: dict[str, Open] = {}  # backlog queue -> open backlog batch
+        routes: dict[str, Route] = {}  # entity -> where its messages go in this call
+        default = self._config.entity
+        try:
+            self._collect_probes(tally)
+            for index, msg in enumerate(messages):
+                entity = msg.entity or default
+                if not entity:
+                    self._rejects.reject(
+                        tally,
+                        msg,
+                        RejectError("no destination entity: set the entity column or option", "entity"),
+                        None,
+                        index,
+                    )
+                    continue
+                route = routes.get(entity)
+                if route is None:
+                    route = routes[entity] = self._admit(entity, tally)
+                if route is Route.BACKLOG:
+                    if self._diverter.to_backlog(backlog, msg, entity, index, tally):
+                        routes.clear()  # a backlog batch went out: admit again (a probe may have succeeded)
+                    continue
+                batch = primary.get(entity)
+                if batch is None:
+                    batch = primary[entity] = self.transport.new_batch(Target(PRIMARY, entity))
+                if self._rejects.try_add(batch, msg, tally, entity, index) is not False:
+                    continue
+                if len(batch) > 0:
+                    del primary[entity]
+                    self._deliver(batch, backlog, tally)
+                    routes[entity] = route = self._admit(entity, tally)
+                    if route is Route.BACKLOG:
+                        self._diverter.to_backlog(backlog, msg, entity, index, tally)
+                        continue
+                    batch = primary[entity] = self.transport.new_batch(Target(PRIMARY, entity))
+                    if self._rejects.try_add(batch, msg, tally, entity, index) is not False:
+                        continue
+                self._rejects.oversize(tally, msg, entity, batch, index, translated=False)
+            self._prepare([e for e, b in primary.items() if len(b) > 0], tally)
+            self._flush([b for b in primary.values() if len(b) > 0], backlog, tally)
+            primary.clear()
+            self._diverter.flush(backlog, tally)
+            self._collect_probes(tally)
+        except SendError as err:
+            self._collect_probes(tally)
+            err.outcome = tally.build(self._clock.monotonic() - start)
+            raise
+        finally:
+            self._log_emitted(tally)
+            if tally.diverted:
+                self._never_reached()
+            if tally.throttled:
+                throttled = sorted(tally.throttled.items(), key=lambda kv: -kv[1])
+                _LOGGER.warning(
+                    "%s throttled by the primary namespace (server busy): backed off %s in this call; not an "
+                    "outage, nothing diverted",
+                    f"entity {throttled[0][0]!r} was"
+                    if len(throttled) == 1
+                    else f"{len(throttled)} entities (most: {throttled[0][0]!r}) were",
+                    f"{throttled[0][1]:.1f} s"
+                    if len(throttled) == 1
+                    else f"{sum(tally.throttled.values()):.1f} s in all",
+                )
+        return tally.build(self._clock.monotonic() - start)
+
+    def _never_reached(self) -> None:
+        """A call diverted messages and the primary namespace never answered this sink (here, or as the state table
+        says): more likely a wrong endpoint than an outage. Said at every such call (SPEC F9); nothing is lost, the
+        messages are in the backlog."""
+        health = self._registry.namespace(self._primary_key)
+        if health is not None and health.reached:
+            return
+        _LOGGER.error(
+            "the primary namespace %s was never reached by this sink; check the endpoint (messages are diverted "
+            "to the backlog meanwhile, nothing is lost)",
+            namespace_description(self._config.primary),
+        )
+
+    def maintain(self) -> SendOutcome:
+        """Start a probe of every failed-over entity whose probe is due (for callers that idle between sends),
+        and report the probes that finished since the last call."""
+        start = self._clock.monotonic()
+        tally = Tally()
+        self._probes.probe_due()
+        self._collect_probes(tally)
+        self._log_emitted(tally)
+        return tally.build(self._clock.monotonic() - start)
+
+    def close(self) -> None:
+        """Close both clients (B10), in the background: never blocks. The sender can not be used afterwards."""
+        self._closed = True
+        self._probes.stop()
+        if self._transport is not None:
+            self._transport.close()
+
+    def __enter__(self) -> PairedSender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PairedSender(primary={self._primary_key!r}, backlog_queues={len(self._chooser.queues)})"
+
+    # -- routing
+    def _admit(self, entity: str, tally: Tally) -> Route:
+        """PRIMARY or BACKLOG for the next batch of ``entity``; starts a probe when one is due (B8)."""
+        state = self._entity(entity)
+        route, transitions = state.admit()
+        self._emit(tally, transitions)
+        if route is Route.PROBE:
+            self._probes.start(entity, state)
+            self._collect_probes(tally)  # an inline probe has finished already
+            route = Route.BACKLOG if state.state is EntityState.FAILED_OVER else Route.PRIMARY
+        if route is Route.BACKLOG:
+            self._probes.ensure_running()
+        return route
+
+    def _prepare(self, entities: list[str], tally: Tally | None) -> None:
+        """Open the links of ``entities`` (primary) concurrently before their batches go out (SPEC F3: a cold
+        start costs about one round of link openings, not one per entity). A namespace fault met here is
+        namespace-wide evidence from the moment the opening started (F1); per-entity errors are met again, and
+        handled, by each entity's own send."""
+        transport = self.transport
+        targets = [t for t in (Target(PRIMARY, e) for e in entities) if not transport.connected(t)]
+        if len(targets) < 2:
+            return
+        first = self._entity(targets[0].entity)
+        self._emit(tally, first.check())
+        if first.state is EntityState.FAILED_OVER:
+            return
+        silence = first.attempt_budget(float(self._config.send_timeout))
+        started = self._clock.monotonic()
+        try:
+            transport.prepare(targets, silence)
+        except Exception as exc:  # the transport closed what faulted already
+            cls = classify(exc)
+            if cls.fail_over and self._loop.namespace_wide(cls, targets[0], started, first):
+                self._emit(
+                    tally, first.record_failure(cls, describe_error(exc), started, namespace_wide=True)
+                )
+            _LOGGER.info("opening %d links failed (%s); each entity's send meets it", len(targets), cls.name)
+
+    # -- packing
+    # -- delivery to the primary
+    def _deliver(
+        self,
+        batch: Batch,
+        backlog: dict[str, Open],
+        tally: Tally,
+        progress: Progress | None = None,
+        defer: bool = False,
+    ) -> float | None:
+        """Deliver one full primary batch - to the primary, or, failed over by now, to the backlog - and settle
+        it (retried, diverted, split) before the caller packs on: one batch at a time, order holds. Sends are
+        synchronous: measured (``bench/bench_overlap.py``), packing the next batch while one was on the wire
+        gained nothing (sends on an open link run on this thread) and cost 3-13% with the GIL shared."""
+        tally.sticky.clear()  # a batch boundary: a backlog queue may have been pulled since, choose again
+        if self._admit(batch.target.entity, tally) is Route.BACKLOG:
+            self._diverter.divert(batch.messages, backlog, tally, progress)
+            return None
+        return self._send_primary(batch, backlog, tally, progress, defer)
+
+    def _flush(self, batches: list[Batch], backlog: dict[str, Open], tally: Tally) -> None:
+        """Deliver the call's last batches, one per entity, waiting for their retries together: an entity whose
+        send failed is tried again when its back-off is over while the others go on, so E entities failing at
+        once (all disabled, say) cost about one ``failover_interval``, not E of them (SPEC F1). Each entity's
+        messages stay in order (one batch per entity, retried whole). ``waiting`` is bounded by the batches."""
+        waiting: list[tuple[float, int, Batch, Progress]] = []
+        # Entities already failing go last (a stable sort: each entity has one batch here, so no entity's order
+        # changes): their attempts may stall until the failover timer, and the healthy entities' batches of the
+        # call are not made to wait behind them (SPEC F6).
+        batches = sorted(batches, key=lambda b: self._entity(b.target.entity).state is EntityState.FAILING)
+        # While the namespace is down the wait is used to translate the waiting batches for the backlog (inline
+        # before a sleep; on a helper thread while an attempt stalls, started by its slow signal).
+        ahead = Ahead(batches, self.transport.prepare_backlog, self._clock, self._config.entity)
+        self._ahead = ahead
+        try:
+            for n, batch in enumerate(batches):
+                progress = Progress(self._clock.monotonic(), ahead=functools.partial(ahead.get, n))
+                if waiting and self._namespace_down():
+                    # The namespace is down: this entity joins its fault (its timer runs from the fault's start)
+                    # and waits with the others instead of trying a dead namespace once per entity (SPEC F4).
+                    waiting.append((waiting[0][0], n, batch, progress))
+                    continue
+                ahead.in_flight = n
+                delay = self._deliver(batch, backlog, tally, progress, defer=True)
+                ahead.stop()  # a helper thread started by a stalled attempt: what it made is kept
+                if delay is not None:
+                    waiting.append((self._clock.monotonic() + delay, n, batch, progress))
+            while waiting:
+                waiting.sort(key=lambda w: w[0])
+                due = waiting[0][0]
+                if due > self._clock.monotonic():
+                    self._log_emitted(tally)  # what happened so far is in the log while the call waits
+                    if self._namespace_down():
+                        ahead.prepare([w[1] for w in waiting], until=due)
+                    now = self._clock.monotonic()
+                    if due > now:
+                        self._clock.sleep(due - now)
+                ready = [w for w in waiting if w[0] <= self._clock.monotonic()] or waiting[:1]
+                taken = {w[1] for w in ready}
+                waiting = [w for w in waiting if w[1] not in taken]
+                retried: float | None = (
+                    None  # when the namespace is down: the due time of the one that was tried
+                )
+                for _, n, batch, progress in ready:
+                    if retried is not None and self._namespace_down() and self._entity_failing(batch):
+                        waiting.append((retried, n, batch, progress))  # not tried again one by one (F4)
+                        continue
+                    ahead.in_flight = n
+                    delay = self._deliver(batch, backlog, tally, progress, defer=True)
+                    ahead.stop()
+                    if delay is not None:
+                        due = self._clock.monotonic() + delay
+                        waiting.append((due, n, batch, progress))
+                        retried = due if retried is None else retried
+        finally:
+            self._ahead = None
+            ahead.stop()
+
+    def _namespace_down(self) -> bool:
+        """The primary namespace has an open fault (namespace-wide evidence, SPEC F1)."""
+        health = self._registry.namespace(self._primary_key)
+        return health is not None and health.faulted
+
+    def _entity_failing(self, batch: Batch) -> bool:
+        """The batch's entity is not failed over (a failed-over one is diverted at once, without a try). Reads the
+        state as it is; the transitions are reported by the check of the batch's next delivery."""
+        return self._entity(batch.target.entity).state is not EntityState.FAILED_OVER
+
+    def _slow(self, entity: str) -> Callable[[], None]:
+        def slow() -> None:  # no answer yet, close to the deadline: have the backlog's link ready
+            self._warm_backlog(entity)
+            ahead = self._ahead
+            if ahead is not None and len(ahead) > 1:  # and the call's waiting batches translated for it
+                ahead.start()
+
+        return slow
+
+    def _send_primary(
+        self,
+        batch: Batch,
+        backlog: dict[str, Open],
+        tally: Tally,
+        progress: Progress | None = None,
+        defer: bool = False,
+    ) -> float | None:
+        """Send ``batch`` to the primary and settle it; with ``defer``, a retry is not waited for here: its delay
+        is returned (``progress`` holds the loop's state) and the caller delivers the batch again after it."""
+        entity = batch.target.entity
+        transport = self.transport
+        slow = self._slow(entity)
+        result = self._loop.run(
+            Where.PRIMARY,
+            lambda timeout: transport.send(batch, timeout, slow),
+            tally,
+            state=self._entity(entity),
+            messages=len(batch),
+            target=batch.target,
+            progress=progress,
+            defer=defer,
+        )
+        if result.decision is None:
+            tally.count_sent(batch.target.entity, len(batch))
+            return None
+        verb = result.decision.verb
+        if verb is Verb.RETRY:
+            return result.decision.delay
+        if verb is Verb.DIVERT:
+            self._diverter.divert(batch.messages, backlog, tally, progress)
+        elif verb is Verb.SPLIT:
+            for half in self._halves(batch):
+                self._deliver(half, backlog, tally)
+        elif verb is Verb.REJECT and result.decision.why == WRONG_DESTINATION:
+            self._wrong_destination(batch, tally, result.error)
+        elif verb is Verb.REJECT:
+            reason = "message too large: refused by the service (message size exceeded)"
+            for m in batch.messages:
+                self._rejects.reject(tally, m, RejectError(reason), entity, None)
+        else:
+            raise self._loop.error(result, PRIMARY, entity)
+        return None
+
+    def _wrong_destination(self, batch: Batch, tally: Tally, error: BaseException | None) -> None:
+        """The primary entity answered not-found and never accepted a message for this sink: a wrong destination
+        (a typo in the ``entity`` column or option), not an outage (SPEC F9). Its messages are rejected with reason
+        ``entity_not_found`` (``on_reject: fail`` fails the call), with one WARNING per entity and call."""
+        entity = batch.target.entity
+        where = f"the primary namespace {namespace_description(self._config.primary)}"
+        if entity not in tally.warned:
+            tally.warned.add(entity)
+            _LOGGER.warning(
+                "entity %r does not exist in %s and never accepted a message for this sink: its %d message(s) are "
+                "rejected (entity_not_found), not diverted; check the entity column or option (%s)",
+                entity,
+                where,
+                len(batch),
+                describe_error(error) if error is not None else "not found",
+            )
+        reason = (
+            f"{WRONG_DESTINATION}: entity {entity!r} does not exist in {where} (it never accepted a message for this "
+            "sink: a configuration error, not an outage)"
+        )
+        for m in batch.messages:
+            self._rejects.reject(tally, m, RejectError(reason, "entity"), entity, None)
+
+    def _halves(self, batch: Batch) -> list[Batch]:
+        msgs = list(batch.messages)
+        half = len(msgs) // 2
+        out = []
+        for part in (msgs[:half], msgs[half:]):
+            sub = self.transport.new_batch(batch.target)
+            for m in part:
+                if not sub.try_add(m):  # pragma: no cover - a half always fits where the whole did
+                    raise SendError("internal error: a split batch does not fit")
+            out.append(sub)
+        return out
+
+    def _warm_backlog(self, entity: str) -> None:
+        self._diverter.warm(entity)
+
+    # -- probes (B8): run by the Prober, reported on this thread
+    def _collect_probes(self, tally: Tally) -> None:
+        for record, transitions in self._probes.collect():
+            tally.probes.append(record)
+            self._emit(tally, transitions)
+
+    def _retry_probe(
+        self, call: Callable[[float], object], target: Target
+    ) -> tuple[ErrorClass | None, BaseException | None]:
+        """A probe's call (its cancel) under the retry policy for probes: the last error class and error, or None."""
+        result = self._loop.run(Where.PROBE, call, None, target=target)
+        if result.decision is None:
+            return None, None
+        return result.error_class or UNEXPECTED, result.error
+
+    # -- helpers
+    def _fault(self, target: Target) -> None:
+        if self._transport is not None:
+            self._transport.fault(target)
+
+    def _emit(self, tally: Tally | None, transitions: list[StateTransition]) -> None:
+        """Hand ``transitions`` to the outcome and the listener. The default listener (logging) gets them at the
+        call's end, grouped by kind (:meth:`_log_emitted`): a namespace outage over E entities is two lines."""
+        for t in transitions:
+            if tally is not None:
+                tally.transitions.append(t)
+                if self._listener is log_transition:
+                    tally.unlogged.append(t)
+                    continue
+            try:
+                self._listener(t)
+            except Exception as exc:  # the listener is observability only; its failure must not fail the send
+                _LOGGER.error("state transition listener failed: %s", describe_error(exc))
+
+    def _log_emitted(self, tally: Tally) -> None:
+        if tally.unlogged:
+            unlogged, tally.unlogged = tally.unlogged, []
+            log_transitions(unlogged)

@@ -1,0 +1,302 @@
+"""Probes of failed-over primary entities (SPEC B8, F4): one probe of an entity per ``ping_primary_interval``,
+one of the whole namespace while it does not answer, on a helper thread (or inline with an injected clock).
+
+Probes run on the transport's isolated connections (:meth:`~spark_sb.wire.transport.Transport.isolated`, SPEC F6): a
+probe of an entity that stalls holds a connection of its own, never the one healthy sends use. The failed-over
+entities are probed in turn, the one probed longest ago first (:meth:`Prober.rotation`, F7), and a probe cut short
+by the sender's close records nothing (closing is no evidence).
+
+A probe's calls are bounded by ``min(send_timeout, ping_primary_interval)`` (at least ``MIN_ATTEMPT_BUDGET``),
+so a probe is over before the next is due. Its record and the transitions it causes wait in a queue until the
+sender's thread collects them (:meth:`Prober.collect`), so that they reach the send outcome and the listener on
+the sender's thread only.
+
+Where it runs: beside its :class:`~spark_sb.sender.paired.PairedSender`, in an executor's Python worker (or the driver).
+Not picklable (threads, locks). What bounds it: one probe thread per sender while one of its primary's entities is
+failed over (the thread ends when none is), claimed probes are the process's failed-over entities, and the
+queue of finished probes is emptied by every send.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from spark_sb.core.clock import Clock
+from spark_sb.core.errors import CLIENT_CLOSED, ErrorClass, classify
+from spark_sb.failover.machine import EntityFailover
+from spark_sb.failover.outcome import ProbeRecord, describe_error
+from spark_sb.failover.records import EntityState, StateTransition
+from spark_sb.failover.registry import FailoverRegistry
+from spark_sb.message.backlog import PROBE_SCHEDULE_AHEAD, probe_message
+from spark_sb.wire.transport import PRIMARY, Target, Transport
+
+_LOGGER = logging.getLogger(__name__)
+
+#: ``retry(call, target)``: run ``call(timeout)`` under the sender's retry policy for probes; returns the error
+#: class and error of the last attempt, or ``(None, None)`` when it succeeded.
+Retry = Callable[[Callable[[float], object], Target], tuple[ErrorClass | None, BaseException | None]]
+
+
+@dataclass(eq=False, kw_only=True)
+class Prober:
+    """Probes the failed-over entities of one primary namespace for one sender.
+
+    Args:
+        primary_key: the primary namespace's key in the registry (``namespace_key``).
+        mode: ``probe_mode`` (``ping`` sends a probe message; ``schedule`` schedules one and cancels it).
+        registry / clock: the sender's.
+        transport: a callable returning the sender's transport (built lazily).
+        entity: the sender's accessor of an entity's shared state.
+        budget: the deadline of each probe call.
+        retry: the sender's retry loop for a probe's cancel.
+        namespace_wide: is a failure of an attempt that started at the given time evidence against the namespace
+            (given the entity's state and the transport the probe used).
+        namespace_answered: did a failed probe show that the namespace answers (a service error, a connection
+            heard): an open namespace fault then closes (SPEC F7).
+        background: probe on helper threads (False: inline, deterministic under a fake clock).
+    """
+
+    primary_key: str
+    mode: str
+    registry: FailoverRegistry
+    clock: Clock
+    transport: Callable[[], Transport]
+    entity: Callable[[str], EntityFailover]
+    budget: float
+    retry: Retry
+    namespace_wide: Callable[[ErrorClass, Target, float, EntityFailover, Transport], bool]
+    namespace_answered: Callable[[ErrorClass, Target, Transport], bool]
+    background: bool
+    _finished: list[tuple[ProbeRecord, list[StateTransition]]] = field(default_factory=list, init=False)
+    _finished_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _thread: threading.Thread | None = field(default=None, init=False)
+    _thread_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _stopping: threading.Event = field(default_factory=threading.Event, init=False)
+
+    # -- the sender's side
+    def ensure_running(self) -> None:
+        """With background probes: make sure a thread probes the failed-over entities every
+        ``ping_primary_interval``, sends or no sends, so that the primary is used again as soon as it answers (not
+        only once the next batch arrives). The thread ends when no entity is failed over any more."""
+        if not self.background or self._stopping.is_set():
+            return
+        with self._thread_lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._thread = threading.Thread(target=self._loop, name="spark-sb-prober", daemon=True)
+            self._thread.start()
+
+    def start(self, entity: str, state: EntityFailover) -> None:
+        """Probe ``entity`` (its probe was claimed by the caller): on a helper thread, or inline."""
+        if not self.background:
+            self.probe(entity, state)
+            return
+        threading.Thread(
+            target=self.probe, args=(entity, state), name=f"spark-sb-probe-{entity}", daemon=True
+        ).start()
+
+    def probe_due(self) -> None:
+        """Claim and probe every failed-over entity whose probe is due (for callers that idle between sends)."""
+        claimed = [state for state in self.rotation() if state.claim_probe()]
+        if claimed and self.background:
+            threading.Thread(
+                target=self.probe_all, args=(claimed,), name="spark-sb-probes", daemon=True
+            ).start()
+        else:
+            self.probe_all(claimed)
+
+    def collect(self) -> list[tuple[ProbeRecord, list[StateTransition]]]:
+        """The probes finished since the last call, with the transitions they caused."""
+        with self._finished_lock:
+            finished, self._finished = self._finished, []
+        return finished
+
+    def stop(self) -> None:
+        """No more probes start; a running one ends at its deadline."""
+        self._stopping.set()
+
+    # -- probing
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            waits: list[float] = []
+            claimed = [state for state in self.rotation() if state.claim_probe()]
+            self.probe_all(claimed)
+            for state in self.failed_over():
+                wait = state.next_probe_in()
+                if wait is not None:
+                    waits.append(wait)
+            if not waits:
+                return
+            self._stopping.wait(max(0.05, min(waits)))
+
+    def probe_all(self, claimed: list[EntityFailover]) -> None:
+        """Probe the claimed entities: their links are opened together first (F4: once the namespace answers,
+        a thousand failed-over entities come back in one round of link openings, not one per entity)."""
+        if len(claimed) > 1:
+            try:
+                self.transport().isolated().prepare([Target(PRIMARY, s.entity) for s in claimed], self.budget)
+            except Exception as exc:  # each probe meets (and records) the failure itself
+                _LOGGER.info("opening the links of %d probes failed: %s", len(claimed), describe_error(exc))
+        for state in claimed:
+            if self._stopping.is_set():
+                state.record_probe(False, "unexpected", "the sender was closed before the probe")
+                continue
+            self.probe(state.entity, state)
+
+    def rotation(self) -> list[EntityFailover]:
+        """The failed-over entities, the one probed longest ago first (SPEC F7): while the namespace has an open
+        fault one probe per interval speaks for all of them, and the entity that claims it changes every interval,
+        so a permanently sick entity never keeps the namespace's fault - and the others - in the backlog."""
+        return sorted(self.failed_over(), key=lambda state: state.probed_at)
+
+    def failed_over(self) -> list[EntityFailover]:
+        """The primary's entities that are failed over now (in this process)."""
+        return [
+            self.entity(s.entity)
+            for s in self.registry.statuses()
+            if s.namespace == self.primary_key and s.state is EntityState.FAILED_OVER
+        ]
+
+    def probe(self, entity: str, state: EntityFailover) -> None:
+        """Probe ``entity`` once (:func:`probe_call`); the record and the transitions it causes wait for
+        :meth:`collect`."""
+        if self._stopping.is_set():  # the sender closed: no probe, nothing recorded (closing is no evidence)
+            state.release_probe()
+            return
+        mode = self.mode
+        target = Target(PRIMARY, entity)
+        at = self.clock.now()
+        began = self.clock.monotonic()
+        transport: Transport | None = None
+        try:
+            # Probes run on connections of their own (SPEC F6): a probe of an entity that stalls holds its own
+            # connection, never the one healthy sends use. After close() nothing is built: LaneClosed.
+            transport = self.transport().isolated()
+            probed = probe_call(transport, target, mode, self.budget, self.retry, at)
+        except Exception as exc:
+            cls: ErrorClass = classify(exc)
+            if self._stopping.is_set() or cls is CLIENT_CLOSED:
+                # Closing is never evidence (SPEC F7): the claim is given back, the state left as it was.
+                state.release_probe()
+                return
+            if transport is None:  # the isolated transport could not be had: nothing was probed
+                state.release_probe()
+                _LOGGER.info("probe of primary entity %r not made: %s", entity, describe_error(exc))
+                return
+            if cls.rebuild_client:
+                transport.fault(target)
+            detail = describe_error(exc)
+            if cls.fail_batch:
+                # No retry changes this (a refusal: invalid_request, unauthorized): say so, once per probe
+                # (at most once per ping_primary_interval); never a silent forever-failover.
+                _LOGGER.error(
+                    "probe of primary entity %r refused (%s: %s): it stays failed over until this is fixed",
+                    entity,
+                    cls.name,
+                    detail,
+                )
+            record = ProbeRecord(entity, mode, at, False, cls.name, detail, None, 0)
+            wide = self.namespace_wide(cls, target, began, state, transport)
+            transitions = state.record_probe(False, cls.name, detail, namespace_wide=wide)
+            if not wide and self.namespace_answered(cls, target, transport):
+                transitions.extend(state.namespace_answered_here())
+            self._finish(record, transitions)
+            return
+        except BaseException:
+            state.record_probe(False, "unexpected", "the probe thread was interrupted")
+            raise
+        record = ProbeRecord(
+            entity,
+            mode,
+            at,
+            True,
+            None,
+            probed.detail,
+            probed.sequence_number,
+            probed.cancel_attempts,
+            probed.cancel_ok,
+        )
+        self._finish(record, state.record_probe(True, None, f"{mode} probe succeeded"))
+
+    def _finish(self, record: ProbeRecord, transitions: list[StateTransition]) -> None:
+        with self._finished_lock:
+            self._finished.append((record, transitions))
+
+
+@dataclass(frozen=True)
+class Probed:
+    """What one probe of a primary entity did, when the entity answered (:func:`probe_call`)."""
+
+    #: ``schedule`` mode: the scheduled probe message's sequence number.
+    sequence_number: int | None = None
+    cancel_attempts: int = 0
+    #: ``schedule`` mode: whether the probe message was cancelled (False: it stays, marked, with a 1 s TTL).
+    cancel_ok: bool | None = None
+    detail: str = ""
+
+
+def probe_call(
+    transport: Transport, target: Target, mode: str, budget: float, retry: Retry, at: datetime
+) -> Probed:
+    """One probe of a primary entity (SPEC B8), the same for a sender's :class:`Prober` and the syphon: ``ping``
+    sends a probe message; ``schedule`` schedules one far ahead and cancels it (the cancel made under ``retry``).
+    Each call within ``budget`` seconds. Raises what the send or the schedule raised: the entity did not answer.
+    A cancel that failed is a success of the probe (the entity answered), logged; the message is marked as a
+    probe (:func:`~spark_sb.message.backlog.is_probe`) with a 1 s TTL. Runs on the caller's thread."""
+    entity = target.entity
+    msg = probe_message(entity, mode)
+    if mode == "ping":
+        batch = transport.new_batch(target)
+        batch.try_add(msg)
+        transport.send(batch, budget)
+        return Probed()
+    # The service's clock is real: the wire time comes from the real UTC clock (an injected test clock may be
+    # anywhere), so the probe is always scheduled far in the service's future.
+    wire_at = max(at, datetime.now(timezone.utc)) + PROBE_SCHEDULE_AHEAD
+    number = transport.schedule(target, msg, wire_at, budget)
+    tries: list[int] = []
+
+    def cancel(timeout: float) -> None:
+        tries.append(1)
+        transport.cancel_scheduled(target, number, timeout)
+
+    error_class, error = retry(cancel, target)
+    detail = ""
+    if error_class is None:
+        cancel_ok = True
+    elif error_class.name == "message_not_found":
+        # Nothing scheduled under that number any more: an earlier cancel went through but its answer was lost
+        # (a retry), or - on the first try - it is gone already.
+        cancel_ok = len(tries) > 1
+        detail = "" if cancel_ok else f"cancel failed: {describe_error(error or Exception())}"
+    else:
+        cancel_ok = False
+        detail = f"cancel failed: {describe_error(error or Exception())}"
+    if not cancel_ok:
+        _LOGGER.warning(
+            "probe of entity %r: the scheduled probe message %s could not be cancelled; it is marked as a probe "
+            "(is_probe) with a 1 s TTL",
+            entity,
+            number,
+        )
+    return Probed(number, len(tries), cancel_ok, detail)
+
+
+def single_attempt(budget: float) -> Retry:
+    """A :data:`Retry` that makes the call once, within ``budget`` (for callers without a retry policy of their
+    own: the syphon's probes)."""
+
+    def once(
+        call: Callable[[float], object], target: Target
+    ) -> tuple[ErrorClass | None, BaseException | None]:
+        try:
+            call(budget)
+        except Exception as exc:  # noqa: BLE001 - returned to the caller, as a retry loop's last error
+            return classify(exc), exc
+        return None, None
+
+    return once

@@ -1,0 +1,523 @@
+"""The ``servicebus`` Python data source (SPEC S9): ``format("servicebus")`` for streaming and batch writes, with
+the behaviour of the ``foreachBatch`` sink and its code (:mod:`spark_sb.spark.sink`).
+
+Usage (driver)::
+
+    import spark_sb
+    spark_sb.register(spark)  # once per session; also under Spark Connect
+    opts = {"primary.connection_string": "${env:SB_PRIMARY}", "secondary.connection_string": "${env:SB_SECONDARY}",
+            "entity": "orders", "state_location": "/data/sb_state"}
+    df.writeStream.format("servicebus").options(**opts).option("checkpointLocation", ckpt).start()
+    df.write.format("servicebus").options(**opts).mode("append").save()
+
+Options are the flat configuration keys :func:`spark_sb.load_config` accepts (values are strings; secrets by
+reference, resolved on the driver machine), plus ``config_path`` (a YAML file, the options override it),
+``state_spool`` (with ``state_table_prefix``) and, for batch writes, ``job_id``. :func:`parse_options` checks
+them before anything is sent.
+
+Where things run (Spark calls every driver-side method in a Python process of its own, with no SparkSession):
+
+* ``ServiceBusDataSource.__init__`` (driver machine; when the query starts and again each micro-batch): parses
+  and checks the options, resolves the primary's namespace name (:func:`~spark_sb.admin.provisioning.with_namespace_name`).
+* ``streamWriter`` / ``writer`` (driver machine, each micro-batch / once): checks the schema (the column named),
+  the mode (append only) and ``entity``; reads from the state tables the entity records the tasks start from
+  and the last batch this ``sink_id`` committed. That :class:`WritePlan` is what the writer carries to executors
+  (picklable: the configuration and those records).
+* ``write`` (executors, once per partition task): :func:`spark_sb.spark.sink.send_partition`, the very function the
+  ``foreachBatch`` sink's tasks run (the process-level sender cache, failover, rejects). A micro-batch whose id
+  (the task's ``streaming.sql.batchId``) this ``sink_id`` already committed is a replay: its rows are counted,
+  not sent. Returns a ``PartitionMessage`` (a :class:`TaskReport`).
+* ``commit`` (driver machine, after every task succeeded): :meth:`spark_sb.spark.sink.ServiceBusSink.record_batch`
+  plans and writes the state tables' rows, or :meth:`~spark_sb.spark.sink.ServiceBusSink.skip_replayed` records the
+  replay. The tables are Delta path tables written with ``deltalake``
+  (:class:`~spark_sb.state.deltars.DeltaRsStateStore`), synchronously, before Spark commits the micro-batch:
+  ``state_location``, or with catalog tables (``state_table_prefix``, which that process cannot write) the spool
+  (``state_spool``, default ``<checkpointLocation>/servicebus_state``) that :func:`spark_sb.spark.relay.relay_state`
+  copies into them from the user's process.
+  ``abort`` (a task failed; with ``on_reject: fail`` a bad row fails its task) records nothing, as a failed
+  ``foreachBatch`` batch. On an object store (``abfss://`` ...) deltalake finds its credentials in the
+  environment of that process (``AZURE_STORAGE_*`` variables, a managed identity), not in Spark's configuration:
+  tested here on local paths only.
+
+A batch write records its rows under a job id of its own: sink id ``<sink_id>/<job_id>``, batch id 0.
+``job_id`` defaults to ``write-<UTC time>-<random>``; a ``job_id`` given again after its write committed makes the
+write a replay (nothing sent).
+
+Delivery: at least once, as the ``foreachBatch`` sink (message ids and duplicate detection on the primary make
+retries harmless).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import re
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from spark_sb.admin.provisioning import with_namespace_name
+from spark_sb.config.service_bus import KNOWN_KEYS, ConfigError, ServiceBusConfig
+from spark_sb.message.rows import validate_schema
+from spark_sb.spark.sink import ServiceBusSink, arrow_rows, default_sink_id, send_partition
+from spark_sb.state.records import EntityRecord, PartitionResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+    from spark_sb.sender.paired import SendOutcome
+    from spark_sb.state.deltars import DeltaRsStateStore
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "servicebus"
+#: Options of the data source itself (beside the configuration keys).
+SOURCE_OPTIONS = ("config_path", "job_id", "state_spool")
+#: Options Spark passes along that are Spark's own: ignored.
+SPARK_OPTIONS = ("checkpointlocation",)
+BATCH_ID_PROPERTY = "streaming.sql.batchId"  # the task-local property Spark sets in every micro-batch job
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,99}")
+
+
+# ------------------------------------------------------------------------------------------ options
+@dataclass(frozen=True)
+class SourceOptions:
+    """The checked options: the configuration and the batch write's ``job_id`` (None: one is generated)."""
+
+    config: ServiceBusConfig
+    job_id: str | None = None
+    #: With ``state_table_prefix``: the path tables the source records into (``state_spool``, else
+    #: ``<checkpointLocation>/servicebus_state`` for a stream); :class:`~spark_sb.spark.relay.StateRelay` copies them
+    #: into the catalog tables. None: no spool (no catalog tables, or a batch write that gave none).
+    state_spool: str | None = None
+
+    @property
+    def store_location(self) -> str | None:
+        """The path tables this source writes with deltalake: the spool, or ``state_location``."""
+        return self.state_spool if self.config.state_table_prefix else self.config.state_location
+
+    def require_store(self, *, streaming: bool) -> None:
+        """Catalog tables need a spool (driver machine): raises :class:`ConfigError` naming ``state_spool``."""
+        if self.config.state_table_prefix and self.state_spool is None:
+            where = (
+                "set it (or checkpointLocation)" if streaming else "a batch write has no checkpoint: set it"
+            )
+            raise _option_error(
+                [
+                    (
+                        "state_spool",
+                        "required with state_table_prefix: the path where format('servicebus') records its "
+                        "state tables with deltalake, for spark_sb.relay_state(spark, options) to copy into the "
+                        f"catalog tables (Spark runs a data source's commit without a session); {where}",
+                    )
+                ]
+            )
+
+
+SPOOL_FOLDER = "servicebus_state"  # the default spool of a stream: <checkpointLocation>/servicebus_state
+
+
+def spool_location(spool: str | None, checkpoint: str | None) -> str | None:
+    """The spool: ``state_spool`` (``spool``), else ``<checkpointLocation>/servicebus_state``, else None. Pure."""
+    spool = (spool or "").strip()
+    if spool:
+        return spool.rstrip("/") or "/"
+    checkpoint = (checkpoint or "").strip()
+    return f"{checkpoint.rstrip('/')}/{SPOOL_FOLDER}" if checkpoint else None
+
+
+def _option_error(errors: Sequence[tuple[str, str]]) -> ConfigError:
+    """One error naming every bad option (``errors``: (option, message) pairs)."""
+    return ConfigError(
+        "format('servicebus'): " + "; ".join(f"option {k!r}: {m}" for k, m in errors), list(errors)
+    )
+
+
+def _valid_key(key: str) -> bool:
+    return key in KNOWN_KEYS or key in SOURCE_OPTIONS or key.split(".", 1)[0].startswith("x-")
+
+
+def parse_options(
+    options: Mapping[str, Any], *, env: Mapping[str, str] | None = None, dbutils: Any = None
+) -> SourceOptions:
+    """Check the data source's options and build the configuration (pure apart from reading ``config_path``
+    and resolving secret references; driver machine). Keys are case-insensitive. Raises :class:`ConfigError`
+    naming the option and, where there is a set, the valid values: an unknown key, a value of the wrong type,
+    ``state_location`` or ``state_table_prefix`` without ``deltalake``, ``state_spool`` without
+    ``state_table_prefix``."""
+    lowered: dict[str, str] = {}
+    spark_options: dict[str, str] = {}  # Spark's own (checkpointLocation): only the default spool reads them
+    for k, v in options.items():
+        key = str(k).strip().lower()
+        if key in SPARK_OPTIONS:
+            spark_options[key] = str(v)
+            continue
+        if key in lowered:
+            raise _option_error([(key, "given twice (option keys are case-insensitive)")])
+        lowered[key] = v if isinstance(v, str) else str(v)
+    unknown = [k for k in lowered if not _valid_key(k)]
+    if unknown:
+        import difflib
+
+        valid = sorted({*KNOWN_KEYS, *SOURCE_OPTIONS})
+        errors = []
+        for key in unknown:
+            match = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+            hint = f" (did you mean {match[0]!r}?)" if match else ""
+            errors.append((key, f"unknown option{hint}; valid options: {', '.join(valid)}, x-*"))
+        raise _option_error(errors)
+    config_path = lowered.pop("config_path", None)
+    job_id = lowered.pop("job_id", None)
+    spool_given = lowered.pop("state_spool", None)
+    flat: dict[str, str] = {}
+    if config_path is not None:
+        if not config_path.strip():
+            raise _option_error([("config_path", "expected the path of a YAML configuration file, found ''")])
+        base = ServiceBusConfig.from_yaml(config_path.strip(), env=env, dbutils=dbutils)
+        flat = base.to_options(include_secrets=True)  # references stay references (resolved again below)
+    flat.update(lowered)
+    try:
+        config = ServiceBusConfig.from_options(flat, env=env, dbutils=dbutils)
+    except ConfigError as exc:
+        raise _option_error(exc.errors or [("options", str(exc))]) from None
+    if spool_given is not None and not spool_given.strip():
+        raise _option_error([("state_spool", "expected a path (the spool's Delta tables), found ''")])
+    if spool_given is not None and not config.state_table_prefix:
+        raise _option_error(
+            [("state_spool", "applies with state_table_prefix only (state_location is written directly)")]
+        )
+    for key in ("state_location", "state_table_prefix"):
+        if getattr(config, key) and importlib.util.find_spec("deltalake") is None:
+            raise _option_error(
+                [(key, "format('servicebus') writes its state tables with deltalake: pip install deltalake")]
+            )
+    if job_id is not None and not _JOB_ID.fullmatch(job_id):
+        raise _option_error(
+            [("job_id", f"expected letters, digits, '.', '_', ':' or '-' (at most 100), found {job_id!r}")]
+        )
+    spool = (
+        spool_location(spool_given, spark_options.get("checkpointlocation"))
+        if config.state_table_prefix
+        else None
+    )
+    return SourceOptions(config, job_id, spool)
+
+
+def check_write(config: ServiceBusConfig, schema: StructType, overwrite: bool, *, streaming: bool) -> None:
+    """What must hold before a write starts (driver machine): append only, the schema (:class:`SchemaError`
+    names the column), an entity for every row (the ``entity`` option or an entity column)."""
+    if overwrite:
+        if streaming:
+            raise _option_error([("outputMode", "'complete' is not supported; valid: append, update")])
+        raise _option_error([("mode", "'overwrite' is not supported; valid: append")])
+    validate_schema(schema, config.columns)
+    entity_column = config.columns.get("entity", "entity")
+    if config.entity is None and entity_column not in schema.fieldNames():
+        raise _option_error(
+            [
+                (
+                    "entity",
+                    f"required: the queue or topic to send to (or a column {entity_column!r} naming one per row, "
+                    "see columns.entity)",
+                )
+            ]
+        )
+
+
+def new_job_id(now: datetime | None = None) -> str:
+    """``write-<UTC time>-<8 hex>``: the job id of a batch write that was given none."""
+    at = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    return f"write-{at}-{uuid.uuid4().hex[:8]}"
+
+
+# ------------------------------------------------------------------------------------------ the plan
+def state_store(location: str | None) -> DeltaRsStateStore | None:
+    """The deltalake store of the path tables at ``location`` (``state_location`` or the spool; None: no
+    tables). Driver machine."""
+    if not location:
+        return None
+    from spark_sb.state.deltars import DeltaRsStateStore
+
+    return DeltaRsStateStore(location)
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """What the driver hands every task of one write (picklable): the configuration, the sink id the rows are
+    recorded under, the entity records read at the start, the last batch this sink id committed, and the path
+    tables the commit writes (``location``: ``state_location`` or the spool; None: none)."""
+
+    config: ServiceBusConfig
+    sink_id: str
+    location: str | None = None
+    handoff: tuple[EntityRecord, ...] = ()
+    last_committed: int | None = None
+
+    def replayed(self, batch_id: int | None) -> bool:
+        """True when ``batch_id`` was committed before this write started: its tasks send nothing."""
+        return batch_id is not None and self.last_committed is not None and batch_id <= self.last_committed
+
+
+def read_plan(config: ServiceBusConfig, sink_id: str, location: str | None) -> WritePlan:
+    """The plan of one write: reads the path tables at ``location`` when there are any (driver machine)."""
+    store = state_store(location)
+    if store is None:
+        return WritePlan(config, sink_id)
+    store.ensure()
+    return WritePlan(config, sink_id, location, tuple(store.read_entities()), store.last_committed(sink_id))
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    """What one task tells the driver: the rows it read and what it did with them (the ``foreachBatch`` sink's
+    :class:`~spark_sb.state.records.PartitionResult`); ``result`` is None for a replay. Its commit message is a
+    ``PartitionMessage`` (this plus pyspark's ``WriterCommitMessage``)."""
+
+    batch_id: int
+    rows: int
+    result: PartitionResult | None
+
+
+def _report(batch_id: int, rows: int, result: PartitionResult | None) -> TaskReport:
+    message: type[TaskReport] = __getattr__("PartitionMessage")
+    return message(batch_id, rows, result)
+
+
+def task_batch_id() -> int | None:
+    """The micro-batch id of the running task (executor), None outside a streaming query."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    value = context.getLocalProperty(BATCH_ID_PROPERTY) if context is not None else None
+    return None if value is None else int(value)
+
+
+def write_partition(plan: WritePlan, batches: Iterator[pa.RecordBatch], batch_id: int) -> TaskReport:
+    """One partition task (executor): counts a replay's rows, sends anything else with the ``foreachBatch``
+    sink's :func:`~spark_sb.spark.sink.send_partition`."""
+    if plan.replayed(batch_id):
+        return _report(batch_id, sum(b.num_rows for b in batches), None)
+    result = send_partition(plan.config, arrow_rows(batches), plan.handoff)
+    return _report(batch_id, result.rows, result)
+
+
+def _row_batches(rows: Iterator[Any]) -> Iterator[Any]:
+    """Rows (Spark 4.0's stream writer) as one-row "batches" that :func:`write_partition` reads alike."""
+
+    class _One:
+        num_rows = 1
+
+        def __init__(self, row: Any) -> None:
+            self.row = row
+
+        def to_pylist(self) -> list[dict[str, Any]]:
+            return [self.row.asDict(recursive=True)]
+
+    for row in rows:
+        yield _One(row)
+
+
+def commit_write(plan: WritePlan, batch_id: int, messages: Sequence[Any]) -> SendOutcome | None:
+    """After every task succeeded (driver machine): record the write in the state tables with the
+    ``foreachBatch`` sink's code. Returns the merged outcome, None for a replay (recorded as skipped)."""
+    store = state_store(plan.location)
+    sink = ServiceBusSink(plan.config.with_overrides(sink_id=plan.sink_id), store=store, sync_writes=True)
+    done = [m for m in messages if isinstance(m, TaskReport)]
+    results = [m.result for m in done if m.result is not None]
+    if done and not results:  # every task found the batch committed before: a replay
+        rows = sum(m.rows for m in done)
+        if store is not None and sink.skip_replayed(
+            store, batch_id, lambda: rows, datetime.now(timezone.utc)
+        ):
+            return None
+        raise RuntimeError(
+            f"sink {plan.sink_id!r} batch {batch_id}: its tasks found it committed, the state tables no longer "
+            "do; nothing was sent: run the query again"
+        )
+    handoff = plan.handoff
+    return sink.record_batch(batch_id, results, handoff, store)
+
+
+# ------------------------------------------------------------------------------------------ the writers
+class _PlannedWriter:
+    """The plan, read when first needed: on the driver before the writer is pickled to the tasks (``streamWriter``
+    / ``writer``), or in the commit process, which builds its own writer."""
+
+    def __init__(self, config: ServiceBusConfig, sink_id: str, location: str | None) -> None:
+        self._config = config
+        self._sink_id = sink_id
+        self._location = location
+        self._plan: WritePlan | None = None
+
+    @property
+    def plan(self) -> WritePlan:
+        if self._plan is None:
+            self._plan = read_plan(self._config, self._sink_id, self._location)
+        return self._plan
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "_config": self._config,
+            "_sink_id": self._sink_id,
+            "_location": self._location,
+            "_plan": self.plan,
+        }
+
+
+#: Built on first use (:func:`__getattr__`), so that ``import spark_sb.spark.datasource`` needs no pyspark; importable by
+#: name (``spark_sb.spark.datasource.ServiceBusDataSource``) for pickling.
+_LAZY = (
+    "ServiceBusDataSource",
+    "ServiceBusStreamWriter",
+    "ServiceBusBatchWriter",
+    "PartitionMessage",
+    "STREAM_ARROW",
+)
+_build_lock = threading.Lock()
+
+
+def _build() -> dict[str, Any]:
+    """The classes that subclass pyspark's data source API (imports pyspark; any process)."""
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceArrowWriter,
+        DataSourceStreamWriter,
+        WriterCommitMessage,
+    )
+
+    stream_base: type
+    try:  # Spark 4.1+: the stream writer that takes Arrow record batches, as the foreachBatch sink's tasks do
+        from pyspark.sql.datasource import DataSourceStreamArrowWriter
+
+        stream_base, arrow = DataSourceStreamArrowWriter, True
+    except ImportError:  # pragma: no cover - Spark 4.0: rows, turned into the same dicts
+        stream_base, arrow = DataSourceStreamWriter, False
+
+    class PartitionMessage(TaskReport, WriterCommitMessage):
+        """A task's commit message (executor -> driver; picklable)."""
+
+    class ServiceBusStreamWriter(_PlannedWriter, stream_base):  # type: ignore[misc, valid-type]
+        """The micro-batch writer. Built on the driver machine each micro-batch; ``write`` on executors,
+        ``commit`` / ``abort`` on the driver machine. Picklable (the plan)."""
+
+        def write(self, iterator: Iterator[Any]) -> Any:  # a PartitionMessage
+            batch_id = task_batch_id()
+            if batch_id is None:
+                raise RuntimeError(
+                    f"no {BATCH_ID_PROPERTY} in the task: not a micro-batch of a streaming query"
+                )
+            batches = iterator if arrow else _row_batches(iterator)
+            return write_partition(self.plan, batches, batch_id)
+
+        def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
+            commit_write(self.plan, batchId, messages)
+
+        def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
+            done = [m for m in messages if isinstance(m, TaskReport)]
+            log.warning(
+                "sink %s batch %s aborted: %d of %d tasks finished (%d rows); nothing recorded, Spark runs it again",
+                self._sink_id,
+                batchId,
+                len(done),
+                len(messages),
+                sum(m.rows for m in done),
+            )
+
+    class ServiceBusBatchWriter(_PlannedWriter, DataSourceArrowWriter):
+        """The batch write (``df.write``): one job, recorded as batch 0 of sink id ``<sink_id>/<job_id>``. Built on
+        the driver machine; ``write`` on executors, ``commit`` / ``abort`` on the driver machine (this object)."""
+
+        def write(self, iterator: Iterator[pa.RecordBatch]) -> Any:  # a PartitionMessage
+            return write_partition(self.plan, iterator, 0)
+
+        def commit(self, messages: list[Any]) -> None:
+            commit_write(self.plan, 0, messages)
+
+        def abort(self, messages: list[Any]) -> None:
+            done = [m for m in messages if isinstance(m, TaskReport)]
+            log.warning(
+                "write %s aborted: %d of %d tasks finished (%d rows); nothing recorded",
+                self._sink_id,
+                len(done),
+                len(messages),
+                sum(m.rows for m in done),
+            )
+
+    class ServiceBusDataSource(DataSource):
+        """``format("servicebus")``. Built by Spark from the options on the driver machine (there they are
+        checked); picklable (the options and the configuration)."""
+
+        def __init__(self, options: dict[str, str]) -> None:
+            super().__init__(options)
+            parsed = parse_options(options)
+            self.settings = replace(parsed, config=with_namespace_name(parsed.config))
+
+        @classmethod
+        def name(cls) -> str:
+            return SOURCE_NAME
+
+        def _sink_id(self) -> str:
+            config = self.settings.config
+            return config.sink_id or default_sink_id(config)
+
+        def streamWriter(self, schema: StructType, overwrite: bool) -> ServiceBusStreamWriter:  # noqa: N802
+            if self.settings.job_id is not None:
+                raise _option_error(
+                    [("job_id", "applies to batch writes (df.write) only; streams use sink_id")]
+                )
+            check_write(self.settings.config, schema, overwrite, streaming=True)
+            self.settings.require_store(streaming=True)
+            return ServiceBusStreamWriter(self.settings.config, self._sink_id(), self.settings.store_location)
+
+        def writer(self, schema: StructType, overwrite: bool) -> ServiceBusBatchWriter:
+            check_write(self.settings.config, schema, overwrite, streaming=False)
+            self.settings.require_store(streaming=False)
+            job_id = self.settings.job_id or new_job_id()
+            writer = ServiceBusBatchWriter(
+                self.settings.config, f"{self._sink_id()}/{job_id}", self.settings.store_location
+            )
+            _ = writer.plan  # read now, on the driver: the commit gets this very object back
+            return writer
+
+    built: dict[str, Any] = {
+        "ServiceBusDataSource": ServiceBusDataSource,
+        "ServiceBusStreamWriter": ServiceBusStreamWriter,
+        "ServiceBusBatchWriter": ServiceBusBatchWriter,
+        "PartitionMessage": PartitionMessage,
+        "STREAM_ARROW": arrow,
+    }
+    for name, obj in built.items():
+        if isinstance(obj, type):
+            obj.__module__ = __name__
+            obj.__qualname__ = name
+    return built
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _build_lock:
+        if name not in globals():
+            globals().update(_build())
+    return globals()[name]
+
+
+def register(spark: Any) -> None:
+    """Register the ``servicebus`` data source with ``spark`` (a classic or Spark Connect session; driver).
+    Idempotent: registering again replaces it with itself."""
+    spark.dataSource.register(__getattr__("ServiceBusDataSource"))
+
+
+__all__ = [
+    "SOURCE_NAME",
+    "TaskReport",
+    "SourceOptions",
+    "WritePlan",
+    "check_write",
+    "parse_options",
+    "register",
+]

@@ -1,0 +1,130 @@
+"""The executor side of the ``foreachBatch`` sink (SPEC S1-S4): one partition's rows to Service Bus.
+
+Where it runs: :func:`send_partition` runs in executor Python workers, once per partition task (inside
+``mapInArrow``, whose one output row carries the pickled :class:`~spark_sb.state.records.PartitionResult`; the
+``servicebus`` data source's writer calls it too). It first teaches the worker's failover registry what the state
+table says (an entity failed over elsewhere starts failed over here; pulled backlog queues are skipped), then
+streams the partition's rows into a :class:`~spark_sb.sender.paired.PairedSender` taken from :data:`SENDERS`, the
+worker's :class:`~spark_sb.sender.pool.SenderPool` keyed by the configuration (workers are reused across tasks and
+micro-batches, so clients live across batches), one sender per task in flight, closed when idle for
+``idle_timeout``.
+
+What must be picklable: what :func:`partition_function` captures, the
+:class:`~spark_sb.config.service_bus.ServiceBusConfig` and the entity records handed over by the driver, and what a task
+returns (the :class:`~spark_sb.state.records.PartitionResult`). Senders and clients are built here, never shipped.
+
+Delivery guarantee: at least once. A partition task returns only after every message was accepted by the primary,
+accepted by a backlog queue, or recorded as a reject; otherwise the task fails and Spark retries it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.failover.registry import process_registry
+from spark_sb.message.outbound import OutboundMessage, Reject, RejectError
+from spark_sb.message.rows import reject_row, row_to_message
+from spark_sb.sender.paired import PairedSender, SendOutcome, namespace_key
+from spark_sb.sender.pool import SenderPool, config_key
+from spark_sb.state.planning import apply_handoff
+from spark_sb.state.records import EntityRecord, PartitionResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
+
+
+class RejectedRowsError(ValueError):
+    """Raised (``on_reject = "fail"``) when a row cannot become a message; names the row's field and reason."""
+
+
+#: The executor's paired senders, kept between tasks (one task at a time each; closed after idle_timeout).
+SENDERS: SenderPool[PairedSender] = SenderPool()
+
+
+def _messages(
+    rows: Iterable[Any], config: ServiceBusConfig, rejects: list[Reject], counter: list[int]
+) -> Iterator[OutboundMessage]:
+    for index, row in enumerate(rows):
+        counter[0] = index + 1
+        try:
+            yield row_to_message(
+                row, config.columns, config.entity, config.max_message_size, config.message_id_mode
+            )
+        except RejectError as err:
+            if config.on_reject == "fail":
+                raise RejectedRowsError(f"row {index}: {err}") from None
+            rejects.append(reject_row(row, err, entity=config.entity, row_index=index))
+
+
+def send_partition(
+    config: ServiceBusConfig, rows: Iterable[Any], handoff: Sequence[EntityRecord] = ()
+) -> PartitionResult:
+    """Send one partition's rows (executor). Streams the rows; returns the outcome including row rejects, and the
+    worker's view of the entity states and pulled backlog queues afterwards.
+
+    ``handoff``: the entity records the driver read at batch start; applied to this process's failover
+    registry first (SPEC S4: no second ``failover_interval`` wait, pulled backlog queues skipped).
+    """
+    registry = process_registry()
+    primary = namespace_key(config.primary)
+    secondary = namespace_key(config.secondary) if config.secondary is not None else None
+    if handoff:
+        apply_handoff(
+            registry,
+            handoff,
+            namespace=primary,
+            backlog_namespace=secondary,
+            failover_interval=float(config.failover_interval),
+            ping_interval=float(config.ping_primary_interval),
+        )
+    rejects: list[Reject] = []
+    counter = [0]
+    key = config_key(config)
+    sender = SENDERS.acquire(key, config.idle_timeout, lambda: PairedSender(config))
+    try:
+        outcome = sender.send(_messages(rows, config, rejects, counter))
+    except BaseException:
+        sender.close()  # a failed sender is never reused: the task fails and Spark retries it
+        raise
+    SENDERS.release(key, sender, keep=config.client_cache)
+    if rejects:
+        outcome = SendOutcome(rejects=tuple(rejects)).merge(outcome)
+    return PartitionResult(
+        host=socket.gethostname(),
+        rows=counter[0],
+        outcome=outcome,
+        statuses=tuple(s for s in registry.statuses() if s.namespace == primary),
+        pulled=tuple(registry.rotation.pulled(secondary)) if secondary is not None else (),
+        pid=os.getpid(),
+    )
+
+
+def arrow_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[dict[str, Any]]:
+    """Rows of Arrow record batches as dicts (maps as lists of pairs, structs as dicts). Executor."""
+    for batch in batches:
+        yield from batch.to_pylist()
+
+
+def partition_function(
+    config: ServiceBusConfig, handoff: Sequence[EntityRecord]
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of one batch: sends the partition, yields one row ``result`` (the pickled
+    :class:`~spark_sb.state.records.PartitionResult`). Built on the driver, runs on executors; captures only the
+    picklable ``config`` and ``handoff``."""
+    records = tuple(handoff)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        result = send_partition(config, arrow_rows(batches), records)
+        yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(result)], pa.binary())], names=["result"])
+
+    return run
+
+
+RESULT_SCHEMA = "result BINARY"

@@ -1,0 +1,493 @@
+"""The syphon as a restartable Structured Streaming query (SPEC S7, B9, B11, B12).
+
+``run_syphon(spark, config, checkpoint=...)`` starts a query that reads the Python streaming data source
+``servicebus-syphon`` and writes what it did to the Delta events table with ``foreachBatch``:
+
+* **Planning (driver machine; the data source's planner process).** Each trigger, ``latestOffset`` reads the
+  backlog queues' runtime counts through the secondary's administration endpoint (management reads, not billable
+  receives; one request per trigger when the listing answers) and offers a micro-batch only when there is work: a
+  backlog queue with active messages, or a dead-letter queue with more messages than the last pass left there
+  (parked on purpose). Nothing to do: no micro-batch, no receive call, no Delta write. When the counts cannot be
+  read every backlog queue is drained (a receive each). With ``state_location`` path tables and the
+  ``deltalake`` package, the entity states ride along in the offset as hints.
+* **Draining (executors).** Each queue to drain is one input partition; ``read()`` drains it with a
+  :class:`~spark_sb.syphon.mover.Syphon` taken from the worker's pool (:data:`SYPHONS`, a
+  :class:`~spark_sb.sender.pool.SenderPool`: Python workers are reused, so clients live across micro-batches; a syphon
+  unused for ``idle_timeout`` is closed) for at most ``syphon.batch_duration``, and yields one row per message
+  moved, plus one row per (entity, kind) for anything else (expired, abandoned, dead-lettered, settle failures,
+  errors, parked). So a micro-batch's ``numInputRows`` in ``StreamingQueryProgress`` counts messages moved (plus
+  those few summary rows).
+* **Recording (driver; the ``foreachBatch`` function).** :class:`SyphonBatchWriter` aggregates the rows per
+  (entity, kind) and appends them to the events table (kinds ``moved``, ``expired``, ``abandoned``,
+  ``dead_lettered``, ``settle_failed``, ``syphon_error``, ``parked``; a ``dead_lettered`` row of an entity whose
+  destination does not exist has detail ``DestinationNotFound`` and error class ``entity_not_found``, SPEC F9),
+  idempotently per micro-batch
+  (``txnAppId`` = ``syphon/<primary namespace name>``, ``txnVersion`` = batch id).
+
+Restartable: the checkpoint holds only offsets (a replayed micro-batch drains again: moving is idempotent with
+message ids and duplicate detection on the primary). Stopping: :func:`request_stop` lets the running micro-batch
+finish (every message it holds is completed or abandoned) and keeps the next one from starting; ``query.stop()``
+kills the tasks instead (their Python workers are killed: the locks they held run out and those messages are
+redelivered, never lost).
+
+DataFrame operations only (a Python data source and ``foreachBatch``): runs under Spark Connect. The data source
+classes are built by :func:`syphon_source` (pyspark is imported only then); they carry the picklable config.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from spark_sb.admin.provisioning import with_namespace_name
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.sender.paired import namespace_key
+from spark_sb.sender.pool import SenderPool, config_key
+from spark_sb.state.maintenance import maintain_if_due, store_for
+from spark_sb.state.records import (
+    ABANDONED,
+    BATCH_COMMITTED,
+    DEAD_LETTERED,
+    EXPIRED,
+    MOVED,
+    PARKED,
+    SETTLE_FAILED,
+    SYPHON_ERROR,
+    BatchWrites,
+    Event,
+)
+from spark_sb.state.store import StateStore
+from spark_sb.syphon.mover import Syphon, SyphonOutcome
+from spark_sb.syphon.rules import DESTINATION_NOT_FOUND, ENTITY_NOT_FOUND, NOT_A_BACKLOG_MESSAGE
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "servicebus-syphon"
+ROW_SCHEMA = (
+    "queue STRING, dead_letter BOOLEAN, entity STRING, kind STRING, count BIGINT, message_id STRING, "
+    "detail STRING"
+)
+#: The receive wait inside a micro-batch: the planner already knows there are messages (admin counts), so a
+#: receive that comes back empty after this long ends the queue's pass.
+RECEIVE_WAIT = 1.0
+
+
+# ------------------------------------------------------------------------------------------- planning
+@dataclass
+class BacklogWatcher:
+    """Decides which backlog queues a micro-batch drains, from runtime counts (management reads). Runs in the
+    data source's planner process on the driver machine; not picklable (holds an admin client), built there.
+
+    ``admin``: a ``ServiceBusAdministrationClient`` of the secondary (built from the config when None).
+    """
+
+    config: ServiceBusConfig
+    queues: Sequence[str]
+    admin: Any = None
+    admin_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    parked: dict[str, int] = field(default_factory=dict)  # dead-letter count a pass left behind
+    _dlq_pass: set[str] = field(default_factory=set)
+    reads: int = 0
+    failures: int = 0
+
+    def _admin(self) -> Any:
+        if self.admin is None:
+            assert self.config.secondary is not None
+            timeout = float(self.config.send_timeout)
+            self.admin = self.config.secondary.admin_client(
+                **{
+                    "retry_total": 0,
+                    "connection_timeout": timeout,
+                    "read_timeout": timeout,
+                    **self.admin_kwargs,
+                }
+            )
+        return self.admin
+
+    def counts(self) -> dict[str, tuple[int, int]]:
+        """(active, dead-lettered) per backlog queue; raises when the admin endpoint does not answer."""
+        admin = self._admin()
+        wanted = set(self.queues)
+        out: dict[str, tuple[int, int]] = {}
+        self.reads += 1
+        try:
+            for props in admin.list_queues_runtime_properties():
+                if props.name in wanted:
+                    out[props.name] = (
+                        int(props.active_message_count or 0),
+                        int(props.dead_letter_message_count or 0),
+                    )
+        except Exception:  # noqa: BLE001 - a listing is an optimisation: ask queue by queue
+            out = {}
+        for queue in self.queues:
+            if queue not in out:
+                props = admin.get_queue_runtime_properties(queue)
+                out[queue] = (int(props.active_message_count or 0), int(props.dead_letter_message_count or 0))
+        return out
+
+    def work(self) -> list[tuple[str, bool]]:
+        """(queue, dead_letter) pairs to drain now; every queue when the counts cannot be read."""
+        try:
+            counts = self.counts()
+        except Exception as exc:  # noqa: BLE001 - the loop never dies: drain blind instead
+            self.failures += 1
+            self.admin = None
+            log.warning("syphon: backlog counts unavailable (%s); draining every queue", type(exc).__name__)
+            return [(q, False) for q in self.queues]
+        work: list[tuple[str, bool]] = []
+        for queue in self.queues:
+            active, dead = counts.get(queue, (0, 0))
+            if queue in self._dlq_pass:  # a pass ran since: what is left there is parked
+                self._dlq_pass.discard(queue)
+                self.parked[queue] = dead
+            if active > 0:
+                work.append((queue, False))
+            if dead > self.parked.get(queue, 0):
+                work.append((queue, True))
+                self._dlq_pass.add(queue)
+            elif dead < self.parked.get(queue, 0):
+                self.parked[queue] = dead
+        return work
+
+
+def read_entity_hints(config: ServiceBusConfig) -> dict[str, str]:
+    """entity -> state from the ``entities`` path table (``deltalake``, no Spark); {} when unavailable."""
+    if not config.state_location:
+        return {}
+    try:
+        from spark_sb.admin.status import _read_table
+
+        primary = namespace_key(config.primary)
+        return {
+            str(r["entity"]): str(r["state"])
+            for r in _read_table(config.state_location, "entities")
+            if r.get("namespace") == primary
+        }
+    except Exception as exc:  # noqa: BLE001 - hints only: without them every entity is probed first
+        log.info("syphon: entity states unavailable (%s); entities are probed", type(exc).__name__)
+        return {}
+
+
+# ------------------------------------------------------------------------------------------- draining
+#: The executor's syphons, kept between micro-batches (one task at a time each; closed after ``idle_timeout``).
+SYPHONS: SenderPool[Syphon] = SenderPool()
+
+
+def outcome_rows(queue: str, dead_letter: bool, outcome: SyphonOutcome) -> Iterator[tuple[Any, ...]]:
+    """The rows of one receive batch's outcome (pure): one per message moved, one per (entity, kind) else."""
+    for entity, message_id in outcome.moved_ids:
+        yield (queue, dead_letter, entity, MOVED, 1, message_id, None)
+    for entity, n in sorted(outcome.expired_by_entity.items()):
+        yield (queue, dead_letter, entity or None, EXPIRED, n, None, None)
+    for entity, n in sorted(outcome.abandoned_by_entity.items()):
+        yield (queue, dead_letter, entity or None, ABANDONED, n, None, None)
+    if outcome.invalid:
+        yield (queue, dead_letter, None, DEAD_LETTERED, outcome.invalid, None, NOT_A_BACKLOG_MESSAGE)
+    for entity, n in sorted(outcome.undeliverable_by_entity.items()):
+        yield (queue, dead_letter, entity or None, DEAD_LETTERED, n, None, DESTINATION_NOT_FOUND)
+    if outcome.settle_failures:
+        yield (queue, dead_letter, None, SETTLE_FAILED, outcome.settle_failures, None, None)
+    if outcome.parked:
+        yield (queue, dead_letter, None, PARKED, outcome.parked, None, None)
+    for error in outcome.errors:
+        yield (queue, dead_letter, None, SYPHON_ERROR, 1, None, error[:500])
+
+
+def drain_partition(
+    config: ServiceBusConfig,
+    queue: str,
+    dead_letter: bool,
+    hints: Mapping[str, str] | None = None,
+    queues: Sequence[str] = (),
+) -> Iterator[tuple[Any, ...]]:
+    """Drain one backlog queue (its dead-letter queue with ``dead_letter``) for at most
+    ``syphon.batch_duration``; yields rows of :data:`ROW_SCHEMA`. Executor (a Python worker). Never raises: an
+    error becomes a ``syphon_error`` row (B11). If the caller stops iterating, what is held is abandoned."""
+    try:
+        key = config_key(config)
+        names = list(queues or [queue])
+        syphon = SYPHONS.acquire(
+            key, float(config.idle_timeout), lambda: Syphon(config, backlog_queues=names, record_ids=True)
+        )
+        try:
+            if hints is not None:
+                syphon.set_hints(hints)
+            until = time.monotonic() + float(config.syphon_batch_duration)
+            wait = min(float(config.syphon_max_wait), RECEIVE_WAIT)
+            batches = syphon.drain_batches(queue, max_wait=wait, dead_letter=dead_letter, until=until)
+            try:
+                for outcome in batches:
+                    yield from outcome_rows(queue, dead_letter, outcome)
+            finally:
+                batches.close()
+        finally:
+            SYPHONS.release(key, syphon)  # kept whatever happened, as its receivers replace themselves
+    except Exception as exc:  # noqa: BLE001 - B11: the job never dies on a drain
+        log.warning("syphon: draining %s failed (%s)", queue, type(exc).__name__)
+        yield (queue, dead_letter, None, SYPHON_ERROR, 1, None, f"{queue}: {type(exc).__name__}")
+
+
+# ------------------------------------------------------------------------------------------- the source
+def syphon_source(
+    config: ServiceBusConfig,
+    *,
+    queues: Sequence[str] | None = None,
+    admin_kwargs: Mapping[str, Any] | None = None,
+    stop_file: str | None = None,
+) -> type:
+    """The ``servicebus-syphon`` Python data source class for ``config`` (driver; register it with
+    ``spark.dataSource.register``). The class carries the picklable config (pickled by value with cloudpickle, to
+    the planner process and the executors). ``admin_kwargs``: extra arguments of the admin client (e.g.
+    ``connection_verify`` for a local namespace). ``stop_file``: while this file exists no micro-batch starts."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    names = list(queues) if queues is not None else config.backlog_queue_names()
+    extra = dict(admin_kwargs or {})
+
+    class SyphonReader(DataSourceStreamReader):
+        """Offsets are {"id", "work", "hints"}; a new one only when there is work (see the module docstring)."""
+
+        def __init__(self) -> None:
+            self._watcher: BacklogWatcher | None = None
+            self._last: dict[str, Any] = {"id": "start", "work": [], "hints": {}}
+
+        def __getstate__(self) -> dict[str, Any]:
+            return {"_watcher": None, "_last": self._last}
+
+        def initialOffset(self) -> dict[str, Any]:  # noqa: N802 - the DataSource API's name
+            return {"id": "start", "work": [], "hints": {}}
+
+        def latestOffset(  # noqa: N802
+            self, start: dict[str, Any] | None = None, limit: Any = None
+        ) -> dict[str, Any]:
+            """A new offset only when there is work; else ``start`` (the last committed offset; no micro-batch).
+            ``limit`` (admission control) is not used: a micro-batch is bounded by ``syphon.batch_duration``."""
+            if start is not None:
+                self._last = start
+            if stop_file is not None and os.path.exists(stop_file):
+                return self._last
+            if self._watcher is None:
+                self._watcher = BacklogWatcher(config, names, admin_kwargs=extra)
+            work = self._watcher.work()
+            if work:
+                self._last = {
+                    "id": uuid.uuid4().hex,
+                    "work": [[q, d] for q, d in work],
+                    "hints": read_entity_hints(config),
+                }
+            return self._last
+
+        def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+            hints = end.get("hints") or {}
+            return [InputPartition(json.dumps([q, bool(d), hints])) for q, d in end.get("work", [])]
+
+        def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+            queue, dead_letter, hints = json.loads(partition.value)
+            yield from drain_partition(config, queue, dead_letter, hints or None, names)
+
+        def commit(self, end: dict[str, Any]) -> None:
+            return None
+
+    class SyphonSource(DataSource):
+        """Backlog queues drained into the primary; one row per message moved."""
+
+        @classmethod
+        def name(cls) -> str:
+            return SOURCE_NAME
+
+        def schema(self) -> str:
+            return ROW_SCHEMA
+
+        def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802
+            return SyphonReader()
+
+    return SyphonSource
+
+
+# ------------------------------------------------------------------------------------------- recording
+@dataclass
+class SyphonTotals:
+    """Counts over the micro-batches this writer recorded (driver; counts only)."""
+
+    batches: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+    by_entity: dict[str, int] = field(default_factory=dict)  # moved per entity
+
+    @property
+    def moved(self) -> int:
+        return self.by_kind.get(MOVED, 0)
+
+
+def syphon_sink_id(config: ServiceBusConfig) -> str:
+    """The syphon's identity in the events table: ``syphon/<primary namespace name>``."""
+    try:
+        name = config.primary.effective_namespace_name()
+    except Exception:  # noqa: BLE001 - an address endpoint without a resolved name
+        name = namespace_key(config.primary)
+    return f"syphon/{name}"
+
+
+def error_class_of(kind: str, detail: str | None) -> str | None:
+    """The ``error_class`` column of a syphon event (pure): ``entity_not_found`` for messages dead-lettered because
+    their destination does not exist (what ``spark-sb status`` sums as undeliverable), else none."""
+    if kind == DEAD_LETTERED and (detail or "").startswith(DESTINATION_NOT_FOUND):
+        return ENTITY_NOT_FOUND
+    return None
+
+
+class SyphonBatchWriter:
+    """The ``foreachBatch`` function of the syphon query (driver; picklable: the config and an optional store).
+
+    Aggregates the rows of one micro-batch per (queue, entity, kind) in one Spark action (so the source is read,
+    and the queues drained, exactly once) and appends them to the events table as events. ``total`` keeps counts
+    (in the process that runs the function: under Spark Connect, beside the server)."""
+
+    def __init__(self, config: ServiceBusConfig, *, store: StateStore | None = None) -> None:
+        self.config = config
+        self.sink_id = syphon_sink_id(config)
+        self.total = SyphonTotals()
+        self._store = store
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config}
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        self.__init__(state["config"])  # type: ignore[misc]
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        rows = (
+            batch_df.groupBy("queue", "entity", "kind")
+            .agg(F.sum("count").alias("n"), F.first("detail", ignorenulls=True).alias("detail"))
+            .collect()
+        )
+        aggregated = [(r["queue"], r["entity"], r["kind"], int(r["n"] or 0), r["detail"]) for r in rows]
+        store = self._store
+        if store is None and aggregated:
+            store = store_for(batch_df.sparkSession, self.config)
+            self._store = store
+        self.record(batch_id, aggregated, store)
+        maintain_if_due(batch_df.sparkSession, self.config)  # when state_maintain_every is due
+
+    def record(
+        self,
+        batch_id: int,
+        aggregated: Sequence[tuple[str | None, str | None, str, int, str | None]],
+        store: StateStore | None,
+        now: datetime | None = None,
+    ) -> None:
+        """Count and write one micro-batch's aggregated rows (Spark-free: unit-testable)."""
+        if not aggregated:
+            return  # an empty micro-batch (e.g. the first after a restart): nothing happened, nothing written
+        self.total.batches += 1
+        for _queue, entity, kind, n, _detail in aggregated:
+            self.total.by_kind[kind] = self.total.by_kind.get(kind, 0) + n
+            if kind == MOVED and entity:
+                self.total.by_entity[entity] = self.total.by_entity.get(entity, 0) + n
+        if store is None:
+            return
+        at = now or datetime.now(timezone.utc)
+        namespace = namespace_key(self.config.primary)
+        host = socket.gethostname()
+        events = [
+            Event(
+                at,
+                self.sink_id,
+                batch_id,
+                kind,
+                namespace=namespace,
+                entity=entity,
+                backlog_queue=queue,
+                error_class=error_class_of(kind, detail),
+                count=n,
+                executor_host=host,
+                detail=detail or "",
+            )
+            for queue, entity, kind, n, detail in sorted(
+                aggregated, key=lambda a: (a[2], a[1] or "", a[0] or "")
+            )
+        ]
+        moved = sum(n for _q, _e, kind, n, _d in aggregated if kind == MOVED)
+        events.append(Event(at, self.sink_id, batch_id, BATCH_COMMITTED, namespace=namespace, count=moved))
+        store.ensure()
+        store.write_batch(self.sink_id, batch_id, BatchWrites(tuple(events), (), ()))
+
+
+# ------------------------------------------------------------------------------------------- the query
+def run_syphon(
+    spark: SparkSession,
+    config: ServiceBusConfig,
+    *,
+    checkpoint: str,
+    trigger: str = "10 seconds",
+    once: bool = False,
+    available_now: bool = False,
+    queues: Sequence[str] | None = None,
+    admin_kwargs: Mapping[str, Any] | None = None,
+    stop_file: str | None = None,
+    query_name: str | None = "servicebus-syphon",
+    writer: SyphonBatchWriter | None = None,
+) -> StreamingQuery:
+    """Start the syphon query (driver). Returns the query; stop it with :func:`request_stop` +
+    :func:`stop_gracefully` (or ``query.stop()``).
+
+    The trigger: ``processingTime=trigger`` by default; ``once``: a single micro-batch (``Trigger.Once``), then the
+    query stops; ``available_now``: ``Trigger.AvailableNow`` (the trigger serverless compute accepts), which drains
+    what the backlog queues hold when the query starts and stops: the planner reads the counts once, and the
+    micro-batch drains each queue that has messages for at most ``syphon.batch_duration`` (what arrives later, or
+    is left after that, waits for the next run). ``once`` and ``available_now`` exclude each other."""
+    if once and available_now:
+        raise ValueError("run_syphon: give once=True or available_now=True, not both")
+
+    config = with_namespace_name(config)  # resolved once on the driver; executors never ask
+    names = list(queues) if queues is not None else config.backlog_queue_names()
+    spark.dataSource.register(
+        syphon_source(config, queues=names, admin_kwargs=admin_kwargs, stop_file=stop_file)
+    )
+    stream = spark.readStream.format(SOURCE_NAME).load()
+    out = stream.writeStream.foreachBatch(writer or SyphonBatchWriter(config)).option(
+        "checkpointLocation", checkpoint
+    )
+    if query_name:
+        out = out.queryName(query_name)
+    if available_now:
+        out = out.trigger(availableNow=True)
+    elif once:
+        out = out.trigger(once=True)
+    else:
+        out = out.trigger(processingTime=trigger)
+    return out.start()
+
+
+def request_stop(stop_file: str) -> None:
+    """Keep the next micro-batch from starting (driver; any thread, e.g. a SIGTERM handler)."""
+    with open(stop_file, "w") as f:
+        f.write("stop\n")
+
+
+def stop_gracefully(query: StreamingQuery, stop_file: str, timeout: float) -> bool:
+    """Stop ``query`` between micro-batches: :func:`request_stop`, wait (at most ``timeout`` s) until no trigger
+    runs, then stop it. True when it stopped between batches (False: the running batch was cut short)."""
+    request_stop(stop_file)
+    deadline = time.monotonic() + timeout
+    idle = False
+    while time.monotonic() < deadline and query.isActive:
+        if not query.status.get("isTriggerActive", False):
+            idle = True
+            break
+        time.sleep(0.1)  # polling the query's status: there is nothing to await
+    query.stop()
+    return idle or not query.isActive

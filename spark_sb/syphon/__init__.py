@@ -1,0 +1,9 @@
+"""The syphon (SPEC B9, B11, B12): moves backlog messages back to their primary entities.
+
+* :mod:`~spark_sb.syphon.mover` - :class:`~spark_sb.syphon.mover.Syphon`, one drain pass over the backlog queues;
+* :mod:`~spark_sb.syphon.receivers` - the backlog receivers and what a received message becomes;
+* :mod:`~spark_sb.syphon.rules` - the pure rules: what to do with each message, when to give up.
+
+Runs in any process (the syphon job's executors, plain applications); one syphon per thread. Imports: core,
+config, message, wire, failover; never Spark, state or admin.
+"""

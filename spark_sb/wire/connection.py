@@ -1,0 +1,807 @@
+"""One namespace's shared AMQP connection and its links, kept alive between calls (SPEC F1-F3, L1-L3).
+
+Runs on executors (Python workers), inside a :class:`~spark_sb.wire.lane.Lane` of
+:class:`~spark_sb.wire.transport.SdkTransport`: a :class:`SharedConnection` is the lane's context, built and used on
+the lane's worker thread, or on a caller's thread by a direct call (:meth:`~spark_sb.wire.lane.Lane.direct`) while it
+holds the lane's ``use`` lock - never by two threads at once. Only the lane's unblock (:meth:`SharedConnection.
+unblock`, :func:`shut_down_socket`) runs on another thread (the lane's watchdog or the caller): it shuts a socket
+down and touches nothing else. Nothing here is picklable or pickled: it is built on the executor from a live
+``ServiceBusClient``.
+
+What it does: opens ONE pyamqp connection per namespace with an idle timeout (:data:`HEARTBEAT`: the namespace's
+heartbeats tell a silent namespace from a stalled entity), opens every entity's link (an SDK
+``ServiceBusSender`` whose handler is opened on that connection) concurrently (:meth:`SharedConnection.open_links`,
+in waves of :data:`OPENING_AT_ONCE`), and between calls tends it (:meth:`SharedConnection.tend`: reads heartbeats
+and detaches, renews link tokens, drops a connection that went silent or was closed). A call on a link the service
+ended for its lifecycle (idle, an expired token: :data:`RENEWABLE`) is made once more on a fresh link.
+
+Bounds: ``SharedConnection.senders`` holds one link per entity this process sends to on the namespace (links that
+fail or are detached are removed); the links being opened at once are at most :data:`OPENING_AT_ONCE`; one
+connection and no SDK keep-alive thread per namespace, whatever the number of entities. Every step of opening a
+connection has a deadline, TLS and SASL included (which the SDK runs on a blocking socket without one), and a lane
+abandoning or closing its worker aborts an opening at once (:func:`open_connection`, :class:`Opening`); a dropped
+connection's socket is closed at once (:func:`close_connection`): an outage of any shape and length costs a
+constant number of threads and sockets (SPEC F8).
+
+Reads SDK internals (pyamqp's ``Connection``, a handler's ``open(connection=...)``, ``_running`` and the link's
+size limits), all pinned by ``constraints-dev.txt`` and exercised by the integration tests against the unmodified
+SDK.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from spark_sb.core.errors import condition_of, token_expired
+from spark_sb.wire.lane import _WATCHDOG, abort_when_abandoned
+
+if TYPE_CHECKING:
+    from azure.servicebus import ServiceBusClient, ServiceBusSender
+
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "HEARTBEAT",
+    "RENEWABLE",
+    "SDK_MARGIN",
+    "SILENT_AFTER",
+    "TEND_EVERY",
+    "NeedsWorker",
+    "Opening",
+    "SharedConnection",
+    "close_connection",
+    "open_connection",
+    "renewable",
+    "sdk_timeout",
+    "shut_down_socket",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+#: The SDK's own timeout of a call on an open link ends this much before the lane's deadline (the SDK reads
+#: the socket in slices of its ``socket_timeout``, 0.2 s), so that a stalled entity costs its link, not the
+#: connection that the namespace's other entities share.
+SDK_MARGIN = 0.3
+
+#: How long the SDK's reads wait at most on a link of the shared connection (its ``socket_timeout``; the SDK's
+#: default is 0.2 s): a call checks its own timeout between reads, so it overshoots that timeout by up to this much.
+#: Short, so that the SDK gives up before the lane's deadline even on the shortest budget (``failover_interval`` 0:
+#: 0.25 s), and a stalled entity costs its link, never the connection the namespace's other entities use (SPEC F6).
+#: Cost: a waiting call wakes 20 times a second instead of 5.
+SDK_SLICE = 0.05
+
+#: Links being opened at once on one connection (a wave): bounds the handlers polled per round of answers.
+OPENING_AT_ONCE = 128
+
+#: The idle timeout the shared connection asks of the namespace (seconds). The namespace then sends an empty
+#: frame when it has had nothing else to send for half of it, so a live connection is heard from at least every
+#: ``HEARTBEAT / 2`` s even while one entity stalls; a silent connection is the namespace's fault (SPEC F1). pyamqp's
+#: own close after this long without a frame is switched off (:func:`open_connection`): the lane's deadlines and the
+#: namespace-wide evidence decide what a silence means. A connection silent past one beat and a margin (2.5 s,
+#: :data:`~spark_sb.wire.transport.NAMESPACE_SILENCE`) tells a namespace fault from one entity's stall (SPEC F7); shorter
+#: silences are told by several entities timing out together. 2 s was tried (a 1.5 s verdict): the syphon's
+#: lost-locks test (tests/integration/test_syphon_reliability.py) then saw a message whose lock ran out mid-forward
+#: twice in the next drain, in most runs; at 4 s, 6 of 6 runs passed. Left for the syphon's receive credit.
+HEARTBEAT = 4.0
+
+
+#: A connection that said nothing (no frame, not even a heartbeat) for this long is dead: silently dropped on the
+#: way (a middlebox forgot the flow), or the namespace stopped answering. Half a :data:`HEARTBEAT` is the
+#: namespace's beat, so this is six missed beats: well above a live connection's jitter and a latency spike of a few
+#: seconds (a 3.5 s one must not drop a connection whose calls are still answered). Dropping a connection between
+#: calls needs this certainty; a call that times out meanwhile is judged on the shorter
+#: :data:`~spark_sb.wire.transport.NAMESPACE_SILENCE`.
+SILENT_AFTER = 6.0
+
+#: How often a lane with nothing to do looks after its connection (:meth:`SharedConnection.tend`).
+TEND_EVERY = 0.5
+
+#: A renewed call needs at least this much of its deadline left (a fresh link on a live connection: a few round trips).
+RENEW_AT_LEAST = 0.05
+
+#: Error conditions with which the service ends a link or connection for its lifecycle, not for an outage: a link
+#: idle for 10 minutes (``detach-forced``, "IdleTimerExpired"), a token that expired (``unauthorized-access`` on a
+#: link that was authorized), a connection without links for a minute (``connection:forced``). A send that meets
+#: one is made once more on a fresh link or connection, within its own deadline, and never counts as a failure.
+RENEWABLE = frozenset({"amqp:link:detach-forced", "amqp:unauthorized-access", "amqp:connection:forced"})
+
+
+class SharedConnection:
+    """A lane's context: ONE AMQP connection to a namespace and one link (an SDK ``ServiceBusSender``) per entity
+    on it (SPEC F2), as the SDK's own connection sharing intends. Used by the lane's thread, or by a direct call
+    while it holds the lane's ``use`` lock; never by two threads at once.
+
+    The connection lives for weeks (SPEC L1-L3): between calls :meth:`tend` reads its frames (the namespace's
+    heartbeats, a detach or close the service sends) and sends ours when due, renews the links' tokens, and drops
+    a connection that went silent or was closed; :meth:`ensure` opens a new one when the next call needs it.
+
+    ``senders`` is bounded by the entities this process sends to on the namespace; a link that failed or that the
+    service detached is dropped (closed) and reopened on next use, the connection stays.
+    """
+
+    __slots__ = ("client", "connection", "detached", "dropped", "opener", "opening", "renewed", "senders")
+
+    def __init__(self, client: ServiceBusClient, opener: Callable[[float], Any]) -> None:
+        self.client = client
+        self.opener = opener  # opens a new pyamqp connection within a timeout (and counts it)
+        self.connection: Any = None
+        # the connection being opened by ensure (until it is open or failed): unblock reaches it (SPEC F8)
+        self.opening: Opening | None = None
+        self.senders: dict[str, ServiceBusSender] = {}
+        self.dropped = 0  # connections found dead (silent or closed) and dropped before a call needed them
+        # calls made once more because the service had ended their link or connection (RENEWABLE)
+        self.renewed = 0
+        self.detached = (
+            0  # links found detached by the service between calls (idle, an expired token), dropped
+        )
+
+    @property
+    def broken(self) -> bool:
+        """The connection is no longer open (closed by the service, a socket error, an idle timeout)."""
+        return self.connection is None or connection_broken(self.connection)
+
+    def heard(self) -> float | None:
+        """When the connection last received a frame (``time.time()``), None if never."""
+        return last_heard(self.connection)
+
+    def silent(self) -> bool:
+        """Nothing heard for :data:`SILENT_AFTER` seconds: the connection is dead (no I/O)."""
+        return connection_silent(self.connection)
+
+    def ensure(self, timeout: float, may_connect: bool = True) -> Any:
+        """The open connection; a new one (within ``timeout``) if there is none, or the one there was is closed or
+        silent. Raises what opening raised; :class:`NeedsWorker` instead of connecting when not ``may_connect``
+        (a direct call: TCP and SASL run on the lane's worker only, see :meth:`~spark_sb.wire.lane.Lane.direct`)."""
+        if self.connection is not None and (self.broken or self.silent()):
+            self.discard("closed" if self.broken else f"silent for more than {SILENT_AFTER:.3g} s")
+        if self.connection is None:
+            if not may_connect:
+                raise NeedsWorker("a new connection is needed")
+            with _listening(self._opening):
+                self.connection = self.opener(timeout)
+        return self.connection
+
+    def _opening(self, opening: Opening | None) -> None:
+        self.opening = opening
+
+    def discard(self, why: str) -> None:
+        """Drop the connection and every link on it (closed without waiting: a dead socket is shut down first, so
+        nothing blocks); the next call opens a new one."""
+        connection, self.connection = self.connection, None
+        self.senders.clear()
+        if connection is None:
+            return
+        self.dropped += 1
+        _LOGGER.info("a connection was dropped (%s); a new one is opened on next use", why)
+        shut_down_connection(connection)
+        close_connection(connection)
+
+    def tend(self) -> None:
+        """Between calls (a lane's idle tick, on its worker): read what came (heartbeats, detaches, a close) and
+        send our empty frame when the namespace's idle timeout wants one (pyamqp's ``listen`` does both), drop the
+        connection if it went silent or was closed, drop links the service detached, and renew each link's token
+        when its refresh window opens (the SDK renews only inside its own calls). Cost: one short read plus a
+        look at each link - bounded by the entities of this namespace."""
+        if self.connection is None:
+            return
+        if self.broken or self.silent():
+            self.discard("closed" if self.broken else f"silent for more than {SILENT_AFTER:.3g} s")
+            return
+        try:
+            with short_reads(self.connection):
+                self.connection.listen(batch=64)
+        except Exception as exc:
+            self.discard(f"reading it failed: {type(exc).__name__}")
+            return
+        if self.broken:
+            self.discard("closed by the namespace")
+            return
+        for entity, sender in list(self.senders.items()):
+            if not _attached(sender):
+                self.detached += 1
+                self.drop(entity)
+                continue
+            cbs = getattr(sender._handler, "_cbs_authenticator", None)
+            if cbs is None:
+                continue
+            try:
+                cbs.handle_token()
+            except (
+                Exception
+            ) as exc:  # the renewal failed: the link is reopened (with a new token) on next use
+                _LOGGER.info(
+                    "renewing the token of a link failed (%s): reopened on next use", type(exc).__name__
+                )
+                self.drop(entity)
+
+    def sender(self, entity: str, timeout: float, may_connect: bool = True) -> ServiceBusSender:
+        """The open link to ``entity``, opened now if needed (within ``timeout``, on a new connection if the one
+        there was is closed or silent); raises what opening raised (``may_connect``: see :meth:`ensure`)."""
+        self.ensure(timeout, may_connect)
+        found = self.senders.get(entity)
+        if found is not None and getattr(found, "_running", False) and _attached(found):
+            return found
+        errors = self.open_links([entity], timeout)
+        if entity in errors:
+            raise errors[entity]
+        return self.senders[entity]
+
+    def on_link(
+        self,
+        entity: str,
+        fn: Callable[[ServiceBusSender, float], Any],
+        timeout: float,
+        may_connect: bool = True,
+    ) -> Any:
+        """``fn(sender, seconds_left)`` on the open link to ``entity``. If the service had ended that link or its
+        connection for its lifecycle (:func:`renewable`: idle, an expired token), the call is made once more on a
+        fresh link - on a fresh connection if the old one closed - within the same ``timeout``. A link that failed
+        is dropped either way (reopened on next use)."""
+        deadline = time.monotonic() + timeout
+        # A link that does not attach (an entity that stalls) gives up before the lane's deadline: it costs the
+        # link, never the connection the other entities use (SPEC F6).
+        sender = self.sender(entity, sdk_timeout(timeout), may_connect)
+        # the link now: the SDK replaces the handler on errors
+        link = getattr(getattr(sender, "_handler", None), "_link", None)
+        try:
+            return fn(sender, deadline - time.monotonic())
+        except Exception as exc:
+            # The SDK reports a detach met during a send as an unknown error; the link keeps what the service said.
+            ended = _ended_by_service(link, self.connection)
+            self.drop(entity)
+            left = deadline - time.monotonic()
+            if not (renewable(exc) or ended in RENEWABLE) or left <= RENEW_AT_LEAST:
+                raise
+            _LOGGER.info(
+                "the service ended a link (%s): the call is made once more on a fresh one", condition_of(exc)
+            )
+            self.renewed += 1
+        sender = self.sender(entity, left, may_connect)
+        try:
+            return fn(sender, deadline - time.monotonic())
+        except Exception:
+            self.drop(entity)
+            raise
+
+    def open_links(
+        self, entities: list[str], timeout: float, silence: float | None = None
+    ) -> dict[str, BaseException]:
+        """Open links to ``entities`` concurrently on the shared connection: every handler's begin, CBS put-token
+        and attach go out together and the answers are read as they come (SPEC F3). Returns the per-entity errors
+        (an entity that does not exist, a refused token, an attach not answered by the deadline); a connection
+        error raises (every entity has it), and so does a namespace that said nothing for ``silence`` seconds
+        while links were waiting (a ``TimeoutError``: the namespace stalled, SPEC F1)."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        self.ensure(timeout)
+        errors: dict[str, BaseException] = {}
+        waiting: list[str] = []
+        for entity in dict.fromkeys(entities):
+            old = self.senders.get(entity)
+            if old is not None:
+                if getattr(old, "_running", False) and _attached(old):
+                    continue
+                self.drop(entity)
+            waiting.append(entity)
+        if waiting:
+            with short_reads(self.connection):
+                self._pump(waiting, deadline, silence, errors)
+        return errors
+
+    def _pump(
+        self, waiting: list[str], deadline: float, silence: float | None, errors: dict[str, BaseException]
+    ) -> None:
+        """Begin links in waves of at most :data:`OPENING_AT_ONCE` (the answers are read between waves: a long
+        silence of the reader would look like a dead connection) and finish them as their answers come."""
+        pending: dict[str, ServiceBusSender] = {}  # bounded by OPENING_AT_ONCE
+        todo = iter(waiting)
+        left_to_begin = len(waiting)
+        began = time.time()
+        try:
+            while pending or left_to_begin:
+                while left_to_begin and len(pending) < OPENING_AT_ONCE:
+                    entity = next(todo)
+                    left_to_begin -= 1
+                    try:
+                        pending[entity] = self._begin(entity)
+                    except Exception as exc:
+                        if self.broken:
+                            raise
+                        errors[entity] = exc
+                if silence is not None and time.time() - max(began, self.heard() or 0.0) > silence:
+                    raise TimeoutError(
+                        f"the namespace answered nothing for {silence:.3g} s while links were opened"
+                    )
+                if time.monotonic() >= deadline:
+                    for entity in [*pending, *todo]:
+                        errors[entity] = TimeoutError(f"the link to {entity!r} was not attached in time")
+                    break
+                self.connection.listen(batch=256)
+                for entity, sender in list(pending.items()):
+                    try:
+                        ready = self._ready(sender)
+                    except Exception as exc:
+                        if self.broken:
+                            raise
+                        errors[entity] = exc
+                        self._quiet_close_handler(pending.pop(entity))
+                        continue
+                    if ready:
+                        self._finish(sender)
+                        self.senders[entity] = pending.pop(entity)
+        finally:
+            for sender in pending.values():
+                if not getattr(sender, "_running", False):
+                    self._quiet_close_handler(sender)
+
+    def _begin(self, entity: str) -> ServiceBusSender:
+        from azure.servicebus._common.utils import create_authentication
+
+        # Topics take the same link. keep_alive 0: no SDK keep-alive thread (threads must not grow with entities).
+        sender = self.client.get_queue_sender(entity, keep_alive=0, socket_timeout=SDK_SLICE)
+        sender._create_handler(create_authentication(sender))
+        handler: Any = sender._handler
+        handler.open(connection=self.connection)  # a session and CBS links on the shared connection
+        session = handler._session
+        session.end = functools.partial(end_session_after_links, session, session.end)
+        return sender
+
+    @staticmethod
+    def _ready(sender: ServiceBusSender) -> bool:
+        handler: Any = sender._handler
+        cbs = handler._cbs_authenticator
+        if cbs is not None and not cbs.handle_token():
+            return False
+        return bool(handler._client_ready())
+
+    @staticmethod
+    def _finish(sender: ServiceBusSender) -> None:
+        """What ``ServiceBusSender._open`` does once its link is ready (the link's size limits)."""
+        from azure.servicebus._common.constants import (
+            MAX_BATCH_SIZE_PREMIUM,
+            MAX_BATCH_SIZE_STANDARD,
+            MAX_MESSAGE_LENGTH_BYTES,
+        )
+
+        s: Any = sender
+        transport = s._amqp_transport
+        s._running = True
+        s._max_message_size_on_link = (
+            transport.get_remote_max_message_size(s._handler) or MAX_MESSAGE_LENGTH_BYTES
+        )
+        vendor = getattr(transport, "get_remote_max_message_batch_size", lambda _h: None)(s._handler)
+        if vendor is not None:
+            s._max_batch_size_on_link = vendor
+        elif s._max_message_size_on_link >= MAX_BATCH_SIZE_PREMIUM:
+            s._max_batch_size_on_link = MAX_BATCH_SIZE_PREMIUM
+        else:
+            s._max_batch_size_on_link = MAX_BATCH_SIZE_STANDARD
+
+    def drop(self, entity: str) -> None:
+        """Close the link to ``entity`` (a failure on it); the connection stays; reopened on next use."""
+        sender = self.senders.pop(entity, None)
+        if sender is not None:
+            self._quiet_close_handler(sender)
+
+    @staticmethod
+    def _quiet_close_handler(sender: ServiceBusSender) -> None:
+        s: Any = sender
+        s._running = False
+        handler = getattr(s, "_handler", None)
+        if handler is not None and not getattr(handler, "_shutdown", True):
+            try:
+                handler.close()  # its link, session and CBS links; the shared connection stays
+            except Exception as exc:  # closing a failed link may fail; it is being dropped anyway
+                _LOGGER.debug("closing a link failed: %s", type(exc).__name__)
+
+    def unblock(self) -> None:
+        """Shut the connection's socket down so that a call stuck in it returns with an error, and abort a
+        connection still being opened (in TCP connect, TLS, SASL or the AMQP open: :class:`Opening`; it raises a
+        ``TimeoutError``). The lane's unblock: runs on another thread than the stuck call's; touches nothing but
+        sockets. Never raises, never blocks."""
+        opening = self.opening
+        if opening is not None:
+            opening.expire(TimeoutError("the connection being opened was abandoned"))
+        if self.connection is not None:
+            shut_down_connection(self.connection)
+
+    def close(self) -> None:
+        """Close the connection and every link on it (the lane's close, on its worker)."""
+        self.senders.clear()
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            close_connection(connection)
+
+
+class NeedsWorker(Exception):
+    """A direct call (on the caller's thread) found that it needs a new connection: it is made on the lane's
+    worker instead, within what is left of the same deadline."""
+
+
+def _attached(sender: ServiceBusSender) -> bool:
+    """The sender's link is still attached (the service did not detach it: idle, an expired token, a forced
+    detach). Reads pyamqp's link state; no I/O."""
+    from azure.servicebus._pyamqp.constants import LinkState
+
+    link = getattr(getattr(sender, "_handler", None), "_link", None)
+    return link is None or link.state == LinkState.ATTACHED
+
+
+def sdk_timeout(left: float) -> float:
+    """The SDK's own timeout for a call with ``left`` seconds to its deadline: :data:`SDK_MARGIN` earlier (a
+    quarter of ``left`` when that is less, but never less than three :data:`SDK_SLICE`: measured, a
+    send on a stalled link with the SDK's timeout 0.18 s returned after 0.25 s with slices of 0.05 s, 0.40 s with
+    the default 0.2 s), so that the SDK gives up first and a stalled entity costs its
+    link, not the shared connection. Pure."""
+    return max(0.02, left - min(SDK_MARGIN, max(0.25 * left, 3 * SDK_SLICE)))
+
+
+def _condition_text(error: Any) -> str | None:
+    condition = getattr(error, "condition", None)
+    if condition is None:
+        return None
+    condition = getattr(condition, "value", condition)
+    return condition.decode("utf-8", "replace") if isinstance(condition, bytes) else str(condition)
+
+
+def _ended_by_service(link: Any, connection: Any) -> str | None:
+    """The error condition with which the service detached ``link`` or closed ``connection``, if it did (pyamqp
+    keeps it on the link and the connection); None otherwise. No I/O."""
+    return _condition_text(getattr(link, "_error", None)) or _condition_text(
+        getattr(connection, "_error", None)
+    )
+
+
+def renewable(exc: BaseException) -> bool:
+    """The service ended the link or connection for its lifecycle (:data:`RENEWABLE`), not for an outage, or the
+    SDK itself refused the call because the link's token expired before it was renewed (pyamqp's ``TokenExpired``
+    "CBS Authentication Expired": a token whose refresh window is shorter than the time between calls). A fresh
+    link puts a fresh token. Pure."""
+    return (condition_of(exc) or "") in RENEWABLE or token_expired(exc)
+
+
+#: While links are opened, a read with nothing to read waits this long (the SDK's socket timeout is 0.2 s: one such
+#: wait per round of answers would cost tenths of a second per link).
+PUMP_READ_TIMEOUT = 0.005
+
+
+@contextlib.contextmanager
+def short_reads(connection: Any) -> Iterator[None]:
+    sock = getattr(getattr(connection, "_transport", None), "sock", None)
+    previous = sock.gettimeout() if sock is not None else None
+    if sock is not None:
+        sock.settimeout(PUMP_READ_TIMEOUT)
+    try:
+        yield
+    finally:
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.settimeout(previous)
+
+
+def connection_broken(connection: Any) -> bool:
+    """A pyamqp connection that is no longer open (closed by the service, a socket error). No I/O."""
+    from azure.servicebus._pyamqp.constants import ConnectionState
+
+    return bool(connection.state != ConnectionState.OPENED)
+
+
+def last_heard(connection: Any) -> float | None:
+    """When a pyamqp connection last received a frame (``time.time()``), None if never. No I/O."""
+    value = getattr(connection, "_last_frame_received_time", None)
+    return float(value) if value else None
+
+
+def connection_silent(connection: Any) -> bool:
+    """Nothing heard on a pyamqp connection for :data:`SILENT_AFTER` seconds: it is dead. No I/O."""
+    heard = last_heard(connection)
+    return heard is not None and time.time() - heard > SILENT_AFTER
+
+
+def open_connection(client: ServiceBusClient, timeout: float) -> Any:
+    """Open one AMQP connection to ``client``'s namespace, built as the SDK builds a sender's own (same host, TLS,
+    proxy, custom endpoint, container and properties), plus an idle timeout (:data:`HEARTBEAT`). Runs on a lane's
+    worker (or any thread that may block for ``timeout``).
+
+    Bounded whatever the namespace does (SPEC F8): every step has a deadline, ``timeout`` seconds from now. The
+    TCP connect has its own (:data:`CONNECT_TIMEOUT`, per address, never past the deadline); TLS, SASL and the
+    AMQP open - TLS and SASL run on a blocking socket without any timeout in the SDK - end at the deadline, when
+    the process's watchdog shuts the socket down (:class:`Opening`; ``TimeoutError``). The opening can be aborted
+    sooner from another thread: by the lane abandoning or closing the worker it runs on
+    (:func:`~spark_sb.wire.lane.abort_when_abandoned`: it then raises the lane's error), and by a
+    :meth:`SharedConnection.unblock` of the shared connection it is opened for. A connection that failed to open
+    is closed (its socket too) before the error is raised."""
+    from azure.servicebus._common.utils import create_authentication
+    from azure.servicebus._pyamqp._connection import Connection
+    from azure.servicebus._pyamqp.constants import ConnectionState
+
+    timeout = max(0.0, timeout)
+    deadline = time.monotonic() + timeout
+    template: Any = client.get_queue_sender("$connection", keep_alive=0)  # no I/O: a handler's settings
+    template._create_handler(create_authentication(template))
+    h = template._handler
+    connection = Connection(
+        ("amqps://" if h._use_tls else "amqp://") + h._hostname,
+        sasl_credential=h._auth.sasl,
+        ssl_opts=h._ssl_opts,
+        container_id=f"SBSender-{uuid.uuid4()}",
+        max_frame_size=h._max_frame_size,
+        channel_max=h._channel_max,
+        idle_timeout=HEARTBEAT,
+        properties=h._properties,
+        network_trace=False,
+        transport_type=h._transport_type,
+        http_proxy=h._http_proxy,
+        custom_endpoint_address=h._custom_endpoint_address,
+        socket_timeout=SDK_SLICE,  # the reads of every call on it (see SDK_SLICE)
+        connect_timeout=max(0.01, min(CONNECT_TIMEOUT, timeout)),  # the TCP connect's, per address
+        use_tls=h._use_tls,
+    )
+    opening = Opening(connection, deadline)
+    watch = _WATCHDOG.watch(
+        deadline,
+        lambda: opening.expire(
+            TimeoutError(
+                f"the namespace did not open the connection within {timeout:.3g} s "
+                f"(stalled in {opening.phase()})"
+            )
+        ),
+    )
+    try:
+        with abort_when_abandoned(opening.expire), _announced(opening):
+            try:
+                connection.open()
+                while connection.state != ConnectionState.OPENED:
+                    if connection.state in (
+                        ConnectionState.END,
+                        ConnectionState.CLOSE_RCVD,
+                        ConnectionState.DISCARDING,
+                    ):
+                        from azure.servicebus._pyamqp.error import AMQPConnectionError, ErrorCondition
+
+                        error = getattr(connection, "_error", None)
+                        if error is not None:
+                            raise error
+                        raise AMQPConnectionError(
+                            ErrorCondition.SocketError, description="the connection was closed"
+                        )
+                    if opening.error is not None or time.monotonic() > deadline:
+                        raise TimeoutError("the namespace did not open the connection in time")
+                    connection.listen(wait=0.05)
+            except BaseException as exc:
+                opening.finish()
+                _close_quietly(connection)
+                if opening.error is not None:  # aborted: what the abort says, not the socket error it caused
+                    raise opening.error from exc
+                raise
+    finally:
+        watch.cancel()
+        opening.finish()
+    if opening.error is not None:  # aborted as it opened: its socket may be shut down already
+        _close_quietly(connection)
+        raise opening.error
+    # The idle timeout went out in the open frame (the namespace sends heartbeats); pyamqp would also close the
+    # connection itself after that long without a frame, on its next read. Not that: the lane's deadlines and the
+    # namespace-wide evidence decide what a silence means.
+    connection._idle_timeout = None
+    return connection
+
+
+#: The TCP connect's own timeout, per address the host name resolves to (pyamqp's default, 1 s): a connect that
+#: is not answered (SYN dropped) ends there; a shorter ``timeout`` of the opening is used instead.
+CONNECT_TIMEOUT = 1.0
+
+#: An opening aborted before its socket exists (in the TCP connect) is looked at again this often, until the
+#: socket exists (then it is shut down) or the opening ends; :data:`ABORT_RETRIES` times at most.
+ABORT_RETRY = 0.05
+ABORT_RETRIES = 200
+
+
+class Opening:
+    """A connection being opened by :func:`open_connection`, and the means to abort it from another thread (the
+    watchdog at the opening's deadline, a lane abandoning or closing the worker, :meth:`SharedConnection.unblock`).
+
+    Aborting shuts the socket down, so that a read blocked in TLS or SASL (no timeout in the SDK) returns at once
+    with an error, and records the error the opening then raises. TLS replaces the connected socket with an SSL
+    one and detaches the first before its handshake; so that the handshake can be aborted too, a duplicate of the
+    connected socket (one file descriptor, for the opening's duration only) is taken just before TLS starts
+    (pyamqp's ``_setup_transport``) and shut down instead. An abort before the socket exists (in the TCP connect,
+    bounded by :data:`CONNECT_TIMEOUT`) is tried again every :data:`ABORT_RETRY` seconds, and a socket that appears
+    after an abort is refused before TLS. Thread-safe; the aborting side never blocks (a shutdown, a flag)."""
+
+    __slots__ = ("_handle", "_lock", "connection", "deadline", "done", "error", "retries")
+
+    def __init__(self, connection: Any, deadline: float) -> None:
+        self.connection = connection
+        self.deadline = deadline  # monotonic
+        self.error: BaseException | None = None  # set by the first abort: what the opening raises
+        self.done = False
+        self.retries = 0
+        self._handle: Any = None  # a duplicate of the connected socket, while the opening lasts
+        self._lock = threading.Lock()
+        transport = getattr(connection, "_transport", None)
+        setup = getattr(transport, "_setup_transport", None)
+        if transport is not None and setup is not None:
+
+            def setup_transport() -> None:  # on the opening thread, the socket connected, before TLS
+                self._take_handle(transport.sock)
+                setup()
+
+            transport._setup_transport = setup_transport
+
+    def _take_handle(self, sock: Any) -> None:
+        with self._lock:
+            if self.error is not None:
+                raise OSError("the opening was aborted")  # the SDK closes the socket and raises
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    self._handle = sock.dup()
+
+    def phase(self) -> str:
+        """Where the opening is (for the error's text): TCP connect or TLS, SASL, the AMQP open. No I/O."""
+        state = getattr(self.connection, "state", None)
+        name = getattr(state, "name", None)
+        if name is None:
+            return "TCP connect or TLS"
+        if name == "START":
+            return "SASL"
+        return "the AMQP open"
+
+    def abort(self, error: BaseException) -> bool:
+        """Record ``error`` (the first one wins) and shut the socket down; False if there was no socket to shut
+        down yet (and the opening is still under way). Any thread; never blocks, never raises."""
+        with self._lock:
+            if self.done:
+                return True
+            if self.error is None:
+                self.error = error
+            handle = self._handle
+            if handle is not None:
+                with contextlib.suppress(OSError):
+                    handle.shutdown(socket.SHUT_RDWR)
+                return True
+            sock = getattr(getattr(self.connection, "_transport", None), "sock", None)
+            if sock is None:
+                return False
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                return sock.fileno() >= 0  # a detached socket (in TLS): not shut down, try again
+            except Exception:  # a transport of another kind (websocket): its own timeouts bound it
+                return True
+            return True
+
+    def expire(self, error: BaseException) -> None:
+        """:meth:`abort`, tried again every :data:`ABORT_RETRY` seconds (on the watchdog) while the socket does not
+        exist yet. Any thread; never blocks."""
+        if self.abort(error) or self.retries >= ABORT_RETRIES:
+            return
+        self.retries += 1
+        _WATCHDOG.watch(time.monotonic() + ABORT_RETRY, lambda: self.expire(error))
+
+    def finish(self) -> None:
+        """The opening returned (opened or failed): later aborts do nothing; the duplicate socket is closed. On
+        the opening thread."""
+        with self._lock:
+            self.done = True
+            handle, self._handle = self._handle, None
+            self.connection = None  # an armed watch may keep this object a while: not the connection
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                handle.close()
+
+
+#: Per thread: who wants to know of a connection being opened on it (:meth:`SharedConnection.ensure`).
+_LISTENERS = threading.local()
+
+
+@contextlib.contextmanager
+def _listening(listener: Callable[[Opening | None], None]) -> Iterator[None]:
+    """While the block runs, ``listener`` is told of each :class:`Opening` begun on this thread (and of its end,
+    with None)."""
+    listeners: list[Callable[[Opening | None], None]] = _LISTENERS.__dict__.setdefault("stack", [])
+    listeners.append(listener)
+    try:
+        yield
+    finally:
+        listeners.remove(listener)
+
+
+@contextlib.contextmanager
+def _announced(opening: Opening) -> Iterator[None]:
+    listeners = list(getattr(_LISTENERS, "stack", ()))
+    for listener in listeners:
+        listener(opening)
+    try:
+        yield
+    finally:
+        for listener in listeners:
+            listener(None)
+
+
+def _close_quietly(connection: Any) -> None:
+    """Close a connection that failed to open, its socket with it (no frame is sent: it may be half open).
+    Never raises, never blocks."""
+    shut_down_connection(connection)
+    with contextlib.suppress(Exception):
+        connection._disconnect()  # state END, the transport (and its socket) closed
+    _close_transport(connection)
+
+
+def close_connection(connection: Any) -> None:
+    """Close a pyamqp connection (a close frame if it is still open) and, whatever happened, its socket: pyamqp's
+    ``close`` leaves the socket open when the close frame cannot be sent (a connection reset, a socket shut
+    down): it then sets the state to END, and its disconnect does nothing in that state - the file descriptor
+    stayed open until the garbage collector found the connection (one per dropped connection; an exception's
+    traceback keeps it referenced). Runs on the thread that owns the connection. Never raises; bounded by the
+    socket's timeout (:data:`SDK_SLICE`) when the peer is silent."""
+    try:
+        connection.close()
+    except Exception as exc:  # a broken connection may fail to close; it is being dropped anyway
+        _LOGGER.info("closing a connection failed: %s", type(exc).__name__)
+    _close_transport(connection)
+
+
+def _close_transport(connection: Any) -> None:
+    """Close the connection's transport (its socket; nothing if closed already). Never raises."""
+    transport = getattr(connection, "_transport", None)
+    if transport is not None and getattr(transport, "sock", None) is not None:
+        with contextlib.suppress(Exception):
+            transport.close()
+
+
+def end_session_after_links(
+    session: Any, end: Callable[..., None], error: Any = None, wait: bool = False
+) -> None:
+    """End a session on a shared connection after detaching its links: pyamqp's ``Session.end`` sends the end
+    first and then detaches the links still attached (a management link's, say), and the service closes the whole
+    connection - every other entity's link with it - for a frame on a channel that has ended ("no such
+    channel"). Installed on each session the transport opens (``session.end``), whoever ends it: the SDK ends it
+    itself when a call on the link fails."""
+    for link in list(getattr(session, "links", {}).values()):
+        with contextlib.suppress(Exception):
+            link.detach(close=True)
+    end(error=error, wait=wait)
+
+
+def shut_down_socket(handler_owner: Any) -> None:
+    """Shut down the socket of an SDK sender or receiver so that a call stuck in it (e.g. the SDK's SASL
+    negotiation, which has no timeout) returns with an error. Reads SDK internals; best effort, never raises.
+    Called from a thread other than the stuck one (a lane's unblock)."""
+    handler = getattr(handler_owner, "_handler", None)
+    shut_down_connection(getattr(handler, "_connection", None))
+
+
+def shut_down_connection(connection: Any) -> None:
+    import socket
+
+    transport = getattr(connection, "_transport", None)
+    sock = getattr(transport, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def abort_connection(connection: Any) -> None:
+    """Reset a connection given up as dead (TCP RST: linger 0, then close): what was written on it and not yet read
+    by the namespace is dropped with it, so a stalled namespace that recovers does not act on a call the sender
+    gave up on and diverted (no duplicate of it on the primary; at-least-once still holds when the namespace had
+    read it already). Runs on any thread; pyamqp's later use of the closed socket raises and is suppressed. Never
+    raises."""
+    import socket
+    import struct
+
+    transport = getattr(connection, "_transport", None)
+    sock = getattr(transport, "sock", None)
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.close()

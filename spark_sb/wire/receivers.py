@@ -1,0 +1,241 @@
+"""The syphon's receivers on one AMQP connection (SPEC F2, F6: the same connection model everywhere).
+
+A :class:`~spark_sb.syphon.mover.Syphon` drains its backlog queues one after another; each queue (and its dead-letter
+queue) needs a peek-lock receiver. Built as the SDK builds them, every receiver would hold a connection of its
+own: ``2 x backlog_queue_count`` connections to the secondary per draining process. Here they are links on one
+connection, opened the way the paired sender's transport opens its own (:func:`~spark_sb.wire.connection.
+open_connection`: the SDK's settings, an idle timeout the namespace answers with heartbeats), in one
+:class:`~spark_sb.wire.lane.Lane`: every receive and settle runs on its thread within the call's deadline, and a
+connection that stalls or faults is abandoned by resetting the lane (closed in the background), every receiver
+rebuilt on next use. Draining is sequential, so one thread serves every receiver without waiting on another.
+
+Where it runs: in the process of the Syphon (executors' Python workers in the Spark syphon job; the driver in tests
+and tools), on the lane's thread. Not picklable. What bounds it: one connection and one thread per Syphon, and at
+most one receiver link per (backlog queue, sub-queue) it drains - ``2 x backlog_queue_count``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.wire import connection as amqp
+from spark_sb.wire.lane import Lane
+
+if TYPE_CHECKING:  # pragma: no cover
+    from azure.servicebus import ServiceBusClient, ServiceBusReceiver
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+
+
+class Receiving:
+    """What a receive or settle runs with: the client and the receiver of one (queue, sub-queue)."""
+
+    __slots__ = ("client", "receiver")
+
+    def __init__(self, client: ServiceBusClient, receiver: ServiceBusReceiver) -> None:
+        self.client = client
+        self.receiver = receiver
+
+
+class SharedReceivers:
+    """The receiver lane's context: one connection to the secondary and a receiver link per (queue, sub-queue) on
+    it, each opened at its first use. Used by the lane's thread only (``unblock`` excepted)."""
+
+    def __init__(self, config: ServiceBusConfig) -> None:
+        assert config.secondary is not None
+        self.client: ServiceBusClient = config.secondary.client(
+            **{**config.client_kwargs(), "retry_total": 0}
+        )
+        self.prefetch = config.syphon_prefetch
+        self.connection: Any = None
+        # Bounded by the (backlog queue, sub-queue) pairs drained: 2 x backlog_queue_count.
+        self.receivers: dict[tuple[str, bool], ServiceBusReceiver] = {}
+        self.opened = 0  # connections opened (tests count them)
+
+    def receiver(self, queue: str, dead_letter: bool, timeout: float) -> ServiceBusReceiver:
+        """The open receiver of ``queue`` (its dead-letter queue with ``dead_letter``), opened now if needed
+        within ``timeout`` - on a new connection if there is none."""
+        deadline = time.monotonic() + timeout
+        if self.connection is not None and (
+            amqp.connection_broken(self.connection) or amqp.connection_silent(self.connection)
+        ):
+            self.discard(
+                "closed"
+                if amqp.connection_broken(self.connection)
+                else f"silent for more than {amqp.SILENT_AFTER:.3g} s"
+            )
+        if self.connection is None:
+            self.connection = amqp.open_connection(self.client, timeout)
+            self.opened += 1
+        key = (queue, dead_letter)
+        found = self.receivers.get(key)
+        if found is not None:
+            handler: Any = getattr(found, "_handler", None)
+            if getattr(found, "_running", False) and handler is not None and not handler._shutdown:
+                return found
+            self.drop(queue, dead_letter)
+        receiver = self._begin(queue, dead_letter)
+        try:
+            handler = receiver._handler
+            while not handler.client_ready():  # pumps the shared connection: CBS, session, attach
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the receiver of {queue!r} was not attached in time")
+        except BaseException:
+            _quiet_close(receiver)
+            raise
+        r: Any = receiver
+        r._running = True
+        self.receivers[key] = receiver
+        return receiver
+
+    def _begin(self, queue: str, dead_letter: bool) -> ServiceBusReceiver:
+        from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
+        from azure.servicebus._common.utils import create_authentication
+
+        receiver: Any = self.client.get_queue_receiver(
+            queue,
+            sub_queue=ServiceBusSubQueue.DEAD_LETTER if dead_letter else None,
+            receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
+            prefetch_count=self.prefetch,
+        )
+        receiver._create_handler(create_authentication(receiver))
+        # No keep-alive thread: the SDK starts one per receiver (every 5 s with no prefetch) that reads the
+        # connection from its own thread - on a shared connection, a second reader (it re-attached links it saw
+        # half-open: "link name already attached"). The lane's idle tend reads and answers heartbeats instead.
+        receiver._handler._keep_alive_interval = 0
+        receiver._handler.open(connection=self.connection)  # a session and CBS links on the shared connection
+        session = receiver._handler._session
+        session.end = functools.partial(amqp.end_session_after_links, session, session.end)
+        return receiver  # type: ignore[no-any-return]
+
+    def drop(self, queue: str, dead_letter: bool) -> None:
+        """Close one receiver link (its unsettled messages are released); the connection stays."""
+        receiver = self.receivers.pop((queue, dead_letter), None)
+        if receiver is not None:
+            _quiet_close(receiver)
+
+    def tend(self) -> None:
+        """Between calls (the lane's idle tick): read what came (heartbeats, a close; pyamqp's ``listen`` also
+        sends our empty frame when the namespace's idle timeout wants one), drop a connection that went silent or
+        was closed, and renew each receiver's token in its refresh window (the SDK renews only inside its calls).
+        Cost: one short read and a look at each receiver, bounded by the receivers."""
+        connection = self.connection
+        if connection is None:
+            return
+        if amqp.connection_broken(connection) or amqp.connection_silent(connection):
+            self.discard(
+                "closed"
+                if amqp.connection_broken(connection)
+                else f"silent for more than {amqp.SILENT_AFTER:.3g} s"
+            )
+            return
+        try:
+            with amqp.short_reads(connection):
+                connection.listen(batch=64)
+        except Exception as exc:  # noqa: BLE001 - a dead connection: replaced on next use
+            self.discard(f"reading it failed: {type(exc).__name__}")
+            return
+        if amqp.connection_broken(connection):
+            self.discard("closed by the namespace")
+            return
+        for (queue, dead_letter), receiver in list(self.receivers.items()):
+            cbs = getattr(getattr(receiver, "_handler", None), "_cbs_authenticator", None)
+            if cbs is None:
+                continue
+            try:
+                cbs.handle_token()
+            except Exception as exc:  # noqa: BLE001 - reopened, with a new token, on next use
+                log.info("renewing a receiver's token failed (%s): reopened on next use", type(exc).__name__)
+                self.drop(queue, dead_letter)
+
+    def discard(self, why: str) -> None:
+        """Drop the connection and every receiver on it (nothing blocks: the socket is shut down first); the next
+        call opens a new one. Unsettled messages are redelivered when their locks run out."""
+        connection, self.connection = self.connection, None
+        receivers = list(self.receivers.values())
+        self.receivers.clear()
+        if connection is None:
+            return
+        log.info("the syphon's receiver connection was dropped (%s); a new one is opened on next use", why)
+        amqp.shut_down_connection(connection)
+        for receiver in receivers:
+            _quiet_close(receiver)
+        amqp.close_connection(connection)  # its socket too, whatever the close frame did (no fd left behind)
+
+    def unblock(self) -> None:
+        """Shut the connection's socket down so a call stuck in it returns (from another thread). Never raises."""
+        if self.connection is not None:
+            amqp.shut_down_connection(self.connection)
+
+    def close(self) -> None:
+        """Close every receiver (what they hold is released), the connection and the client (the lane's close)."""
+        for receiver in list(self.receivers.values()):
+            _quiet_close(receiver)
+        self.receivers.clear()
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            amqp.close_connection(connection)  # its socket too, whatever the close frame did
+        with contextlib.suppress(Exception):
+            self.client.close()
+
+
+def _quiet_close(receiver: ServiceBusReceiver) -> None:
+    """Close one receiver link as the SDK closes a receiver: what its link buffered or still had in flight is
+    released (not left locked until its lock expires), then its link, session and CBS links close; the shared
+    connection stays. Never raises."""
+    r: Any = receiver
+    if getattr(r, "_handler", None) is None:
+        return
+    try:
+        r._close_handler()  # drains the link and releases what it held (bounded by the SDK's own cap)
+    except Exception as exc:  # noqa: BLE001 - closing a failed link may fail; it is dropped anyway
+        log.debug("closing a receiver link failed: %s", type(exc).__name__)
+        r._running = False
+
+
+class ReceiverLane:
+    """One (queue, sub-queue) receiver as the syphon's drain loop uses it: calls run on the shared receiver lane
+    with that receiver; its generation is the lane's (a reset of the connection makes every held message stale:
+    their locks run out and they are redelivered); replacing it resets the connection (draining is sequential,
+    so no other queue's messages are held at that moment)."""
+
+    def __init__(self, shared: Lane[SharedReceivers], queue: str, dead_letter: bool) -> None:
+        self._shared = shared
+        self.queue = queue
+        self.dead_letter = dead_letter
+
+    @property
+    def generation(self) -> int:
+        return self._shared.generation
+
+    def call(self, fn: Callable[[Receiving], R], timeout: float) -> R:
+        deadline = time.monotonic() + timeout
+        queue, dead_letter = self.queue, self.dead_letter
+
+        def run(ctx: SharedReceivers) -> R:
+            receiver = ctx.receiver(queue, dead_letter, max(0.0, deadline - time.monotonic()))
+            return fn(Receiving(ctx.client, receiver))
+
+        return self._shared.call(run, timeout)
+
+    def reset(self, why: str) -> None:
+        self._shared.reset(why)
+
+
+def receivers_lane(config: ServiceBusConfig) -> Lane[SharedReceivers]:
+    """The syphon's one receiver lane: its context (the connection) is built at the first call, on its thread."""
+    return Lane(
+        "syphon-receivers",
+        functools.partial(SharedReceivers, config),
+        SharedReceivers.close,
+        SharedReceivers.unblock,
+        idle=SharedReceivers.tend,
+        idle_every=amqp.TEND_EVERY,
+    )

@@ -1,0 +1,594 @@
+"""The seam between the paired sender and the azure-servicebus SDK.
+
+:class:`Transport` is what :class:`spark_sb.sender.paired.PairedSender` needs: size-bounded batches for a target
+(namespace + entity), sending one batch, scheduling/cancelling a probe message, and closing. Every method may
+raise the SDK's exceptions; :func:`spark_sb.core.errors.classify` says what they mean. Unit tests use a fake
+transport behind this interface (``tests/unit/fakes.py``).
+
+:class:`SdkTransport` is the real one. It runs on executors (Python workers), is built lazily there from the
+picklable :class:`~spark_sb.config.service_bus.ServiceBusConfig`, and is not picklable; its methods are called from the
+sender's thread and its probe thread. Connections do not grow with entities (SPEC F2): each namespace has ONE
+AMQP connection (a :class:`~spark_sb.wire.connection.SharedConnection`, which keeps the connection and its links and
+tends them between calls), owned by a :class:`~spark_sb.wire.lane.Lane` (a worker thread); every entity is a link on
+it. Links a batch needs are opened together (:meth:`SdkTransport.prepare`, F3). Every call has a deadline that
+holds whatever the SDK does: a connection that does not answer (TCP, SASL - which the SDK does not bound - or
+later) is abandoned at the deadline (its socket shut down, closed in the background, never awaited) and the next
+call builds a new one; a link that fails (an entity's error, an entity that stalls while the connection keeps
+answering) is closed alone and reopened on next use. A batch send on a link known to be open runs on the caller's
+thread (:meth:`~spark_sb.wire.lane.Lane.direct`: the SDK bounds that phase itself, the lane's watchdog keeps the
+deadline), which keeps the failed-over and healthy paths at the raw SDK's speed.
+:meth:`SdkTransport.answered_within` reads the connection's last frame (the namespace's heartbeats) so that the
+sender can tell a namespace's fault from an entity's (F1). SPEC B10: the two namespaces' connections are a pair -
+closing one closes both, and the pair is rebuilt on the next use. A faulted connection is closed and rebuilt
+alone: tearing the backlog's down with a failing primary's would make every failover wait for a new backlog
+connection.
+
+Isolation (SPEC F6): :meth:`SdkTransport.isolated` is a second transport over connections of its own (one per
+namespace, built on first use, closed with this one): probes of failed-over entities use it, so a stalled entity's
+probe never holds the connection healthy sends use. A timeout is the namespace's only when its connection was
+silent for :data:`NAMESPACE_SILENCE` (F7); otherwise the link alone is dropped and the connection stays.
+
+Per-target structures (a link's batch size limit, its last answer) are bounded by the targets this process sends
+to; lanes by the two namespaces.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from spark_sb.core.errors import classify, condition_of
+from spark_sb.message.backlog import to_backlog_sdk
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.message.packing import Encoded, add_encoded, add_outbound, add_to_batch, encode
+from spark_sb.wire.connection import (
+    HEARTBEAT,
+    SILENT_AFTER,
+    TEND_EVERY,
+    NeedsWorker,
+    SharedConnection,
+    abort_connection,
+    open_connection,
+    sdk_timeout,
+    shut_down_socket,
+)
+from spark_sb.wire.lane import Finished, Lane, LaneClosed, Pending
+
+if TYPE_CHECKING:
+    from azure.servicebus import ServiceBusMessageBatch, ServiceBusSender
+
+    from spark_sb.config.service_bus import NamespaceConfig, ServiceBusConfig
+
+__all__ = [
+    "CONNECTED_FRESH",
+    "NAMESPACE_SILENCE",
+    "PRIMARY",
+    "SECONDARY",
+    "SILENT_AFTER",
+    "SLOW_MARGIN",
+    "Batch",
+    "SdkBatch",
+    "SdkTransport",
+    "Target",
+    "Transport",
+    "sdk_timeout",
+    "shut_down_socket",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+PRIMARY = "primary"
+SECONDARY = "secondary"
+
+#: How long before its deadline a call still unanswered counts as slow: enough to open a new connection with
+#: the SDK (about 0.5 s), so that a link opened then is ready when the call fails.
+SLOW_MARGIN = 1.0
+
+#: A timeout is the namespace's fault (SPEC F7) only when its connection has said nothing - no answer, no heartbeat
+#: - for this long when the attempt fails: the namespace sends an empty frame at least every ``HEARTBEAT / 2``
+#: seconds (:data:`~spark_sb.wire.connection.HEARTBEAT`), so a connection silent past one beat and a margin is dead or
+#: its namespace stopped answering; a connection heard within it is alive and only the entity stalled, however short
+#: the attempt was (``failover_interval`` 0 and values below the heartbeat period included).
+NAMESPACE_SILENCE = HEARTBEAT / 2 + 0.5
+
+#: How recent a link's last answer must be for the link to count as connected (:meth:`Transport.connected`):
+#: well under the service's idle-connection timeout, after which a send would reconnect first.
+CONNECTED_FRESH = 60.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a batch goes: ``namespace`` is ``"primary"`` or ``"secondary"``; ``entity`` a queue or topic."""
+
+    namespace: str
+    entity: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}:{self.entity}"
+
+
+class Batch(Protocol):
+    """A size-bounded batch of messages for one target, built by :meth:`Transport.new_batch`."""
+
+    target: Target
+
+    @property
+    def messages(self) -> list[OutboundMessage]:
+        """The messages added with :meth:`try_add`, in order (to re-send or divert them on failure)."""
+
+    def try_add(self, message: OutboundMessage) -> bool:
+        """Add ``message`` if it fits; False if it does not (the batch is unchanged). May raise
+        ``spark_sb.message.outbound.RejectError`` / ``ValueError`` / ``TypeError`` when it cannot become an SDK message."""
+
+    def try_add_backlog(
+        self, original: OutboundMessage, entity: str, enqueued: datetime, prepared: object | None = None
+    ) -> bool:
+        """Add the backlog translation (SPEC B6) of ``original``, destined for ``entity``, if it fits; translated
+        and encoded once. ``prepared``: that translation made ahead by :meth:`Transport.prepare_backlog` (its
+        ``enqueued`` time is then the one recorded). The caller keeps the originals. Raises like :meth:`try_add`."""
+
+    def __len__(self) -> int: ...
+
+
+class Transport(Protocol):
+    """The paired sender's view of Service Bus. Every operation that does I/O takes ``timeout`` (seconds) and
+    returns or raises within it (a :class:`~spark_sb.wire.lane.DeadlineExceeded` past it). May be called from the
+    sender's thread and its probe thread."""
+
+    def max_batch_size(self, target: Target) -> int:
+        """The size limit in bytes of a batch for ``target`` (no I/O)."""
+
+    def new_batch(self, target: Target) -> Batch:
+        """An empty batch for ``target`` (no I/O)."""
+
+    def send(self, batch: Batch, timeout: float, on_slow: Callable[[], None] | None = None) -> None:
+        """Send one batch; returns when the service accepted it; raises SDK exceptions. ``on_slow`` is called
+        (on the caller's thread or a watchdog thread: it must not block and must be thread-safe) if no answer has
+        come :data:`SLOW_MARGIN` before the deadline: the caller may prepare for the failure (e.g. open the
+        backlog's link)."""
+
+    def schedule(self, target: Target, message: OutboundMessage, at: datetime, timeout: float) -> int:
+        """Schedule ``message`` on ``target`` for ``at``; returns its sequence number."""
+
+    def cancel_scheduled(self, target: Target, sequence_number: int, timeout: float) -> None:
+        """Cancel a scheduled message."""
+
+    def connected(self, target: Target) -> bool:
+        """True when ``target``'s link answered a call within the last :data:`CONNECTED_FRESH` seconds and its
+        client was not replaced since: a send needs no new connection, so its deadline need not allow for one
+        (no I/O)."""
+
+    def answered_within(self, target: Target, seconds: float) -> bool:
+        """True when ``target``'s namespace answered anything (on any link of its connection, heartbeats
+        included) in the last ``seconds`` seconds: a failure then was the entity's, not the namespace's (SPEC F1,
+        :func:`spark_sb.failover.decisions.namespace_wide`). No I/O."""
+
+    def prepare(self, targets: Iterable[Target], silence: float) -> dict[Target, BaseException]:
+        """Open the links to ``targets`` that are not open yet, concurrently (SPEC F3), within a deadline that
+        grows with their number; the per-target errors are returned, a namespace's connection failure (or
+        ``silence`` seconds without an answer) is raised."""
+
+    def prepare_backlog(self, original: OutboundMessage, entity: str, enqueued: datetime) -> object:
+        """The backlog translation of ``original`` made ahead of its batch (translated and encoded while the
+        sender waits anyway), for :meth:`Batch.try_add_backlog`. No I/O; thread-safe; raises like
+        :meth:`Batch.try_add`."""
+
+    def warm(self, target: Target) -> None:
+        """Open the link to ``target`` in the background (never blocks), so that a send soon after is fast."""
+
+    def isolated(self) -> Transport:
+        """The same namespaces over connections of their own, which healthy sends never use (SPEC F6): probes of
+        failed-over entities go there, so that an entity that stalls holds its own connection, never the one the
+        namespace's healthy entities send on. Closed with this transport. No I/O."""
+
+    def fault(self, target: Target) -> None:
+        """The client of ``target`` faulted (a connection-class error): close it (in the background); it is
+        rebuilt on next use. Other targets' clients - the backlog's above all - stay open."""
+
+    def close(self) -> None:
+        """Close both clients (in the background: never blocks)."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+class SdkBatch:
+    """A :class:`Batch` backed by the SDK's ``ServiceBusMessageBatch``: each message encoded once, both to size
+    it and to send it (:mod:`spark_sb.message.packing`)."""
+
+    def __init__(self, target: Target, sdk_batch: ServiceBusMessageBatch) -> None:
+        self.target = target
+        self.sdk_batch = sdk_batch
+        self._messages: list[OutboundMessage] = []
+        self._count = 0
+
+    @property
+    def messages(self) -> list[OutboundMessage]:
+        return self._messages
+
+    def try_add(self, message: OutboundMessage) -> bool:
+        if not add_outbound(self.sdk_batch, message):
+            return False
+        self._count += 1
+        self._messages.append(message)
+        return True
+
+    def try_add_backlog(
+        self, original: OutboundMessage, entity: str, enqueued: datetime, prepared: object | None = None
+    ) -> bool:
+        if isinstance(prepared, Encoded):
+            added = add_encoded(self.sdk_batch, prepared)
+        else:
+            added = add_to_batch(self.sdk_batch, to_backlog_sdk(original, entity, enqueued))
+        if not added:
+            return False
+        self._count += 1
+        return True
+
+    @property
+    def size_in_bytes(self) -> int:
+        return int(self.sdk_batch.size_in_bytes)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[OutboundMessage]:
+        return iter(self._messages)
+
+
+#: Links opened concurrently on a connection cost about this much each (CPU and frames), on top of a fixed part:
+#: the deadline of :meth:`SdkTransport.prepare` is ``PREPARE_BASE + PREPARE_PER_LINK * n`` (SPEC F3).
+PREPARE_BASE = 1.5
+PREPARE_PER_LINK = 0.02
+
+
+class SdkTransport:
+    """The real :class:`Transport` over azure-servicebus (sync). See the module docstring.
+
+    One :class:`~spark_sb.wire.lane.Lane` per namespace: its own worker thread and ONE AMQP connection, every entity a
+    link on it (SPEC F2: connections and threads do not grow with entities). Every call has a deadline that holds
+    whatever the SDK does: a connection that does not answer (before or after SASL) is abandoned and rebuilt; a
+    link that fails is closed and reopened alone, its connection and the other entities' links stay. Links to
+    many entities open concurrently (:meth:`prepare`, SPEC F3). The SDK does not retry inside a call
+    (``retry.total`` is 0, :class:`~spark_sb.config.service_bus.RetryConfig`): the paired sender's attempt loop retries, so
+    each failed attempt reaches the failover timer at once. Batches are bounded by the link's batch size (known
+    once the link is open) and by ``config.max_message_size``. Thread-safe.
+    """
+
+    def __init__(self, config: ServiceBusConfig, *, isolated: bool = False, **client_kwargs: Any) -> None:
+        self._config = config
+        # The isolated transport (SPEC F6, :meth:`isolated`): connections of their own for probes; built on first
+        # use, closed with this one. ``_suffix`` names its lanes (threads) apart from the main ones.
+        self._suffix = "-isolated" if isolated else ""
+        self._extra_kwargs = client_kwargs
+        self._isolated: SdkTransport | None = None
+        # retry.total (always 0: RetryConfig): the attempt loop retries, so each failed attempt reaches the
+        # failover timer at once.
+        self._client_kwargs = {**config.client_kwargs(), **client_kwargs}
+        self._lanes: dict[str, Lane[SharedConnection]] = {}  # one per namespace (two at most)
+        # The namespace's latest connection (read by answered_within); two at most.
+        self._last: dict[str, SharedConnection] = {}
+        self._link_max: dict[Target, int] = {}  # bounded by the targets this process sends to
+        # The lane generation and time of each target's last answer; bounded like _link_max.
+        self._answered: dict[Target, tuple[int, float]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        # Connections built per namespace (bumped each time one is built): for tests and benchmarks.
+        self.generation: dict[str, int] = {PRIMARY: 0, SECONDARY: 0}
+        self.direct_sends = 0  # sends that ran on the caller's thread (Lane.direct), for tests and benchmarks
+
+    # -- plumbing
+    def _namespace_config(self, namespace: str) -> NamespaceConfig:
+        if namespace == PRIMARY:
+            return self._config.primary
+        if namespace == SECONDARY:
+            if self._config.secondary is None:
+                raise ValueError("no secondary namespace is configured (key 'secondary')")
+            return self._config.secondary
+        raise ValueError(f"unknown namespace {namespace!r}; valid: 'primary', 'secondary'")
+
+    def _lane(self, namespace: str) -> Lane[SharedConnection]:
+        with self._lock:
+            if self._closed:
+                raise LaneClosed("the Service Bus transport is closed")
+            lane = self._lanes.get(namespace)
+            if lane is None:
+                ns = self._namespace_config(namespace)
+                connect_timeout = float(self._config.send_timeout)
+
+                def build() -> SharedConnection:
+                    client = ns.client(**self._client_kwargs)
+
+                    def opener(timeout: float) -> Any:
+                        with self._lock:
+                            self.generation[namespace] = self.generation.get(namespace, 0) + 1
+                        return open_connection(client, timeout)
+
+                    conn = SharedConnection(client, opener)
+                    self._last[namespace] = conn
+                    conn.ensure(connect_timeout)
+                    return conn
+
+                lane = Lane(
+                    namespace + self._suffix,
+                    build,
+                    SharedConnection.close,
+                    SharedConnection.unblock,
+                    idle=SharedConnection.tend,
+                    idle_every=TEND_EVERY,
+                )
+                self._lanes[namespace] = lane
+            return lane
+
+    def _call(
+        self,
+        target: Target,
+        fn: Callable[[ServiceBusSender, float], Any],
+        timeout: float,
+        on_slow: Callable[[], None] | None = None,
+    ) -> Any:
+        entity = target.entity
+
+        def run(conn: SharedConnection) -> Any:
+            return conn.on_link(entity, fn, timeout)
+
+        started = time.monotonic()
+        try:
+            return self._lane(target.namespace).call(
+                run, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow
+            )
+        except Exception as exc:
+            self._failed(target, exc, started)
+            raise
+
+    def lifecycle(self, namespace: str) -> dict[str, int]:
+        """What the connection's lifecycle cost so far (for tests, benchmarks and logs): ``connections`` built,
+        ``dropped`` (found silent or closed between calls), ``detached`` (links the service detached, found between
+        calls) and ``renewed`` (calls made once more on a fresh link or connection because the service had ended
+        theirs). Counted since the namespace's lane was last built. No I/O."""
+        conn = self._last.get(namespace)
+        return {
+            "connections": self.generation.get(namespace, 0),
+            "dropped": conn.dropped if conn is not None else 0,
+            "detached": conn.detached if conn is not None else 0,
+            "renewed": conn.renewed if conn is not None else 0,
+        }
+
+    def is_open(self, namespace: str) -> bool:
+        """True while a connection for ``namespace`` exists (built and not closed)."""
+        with self._lock:
+            lane = self._lanes.get(namespace)
+        return lane is not None and lane.live
+
+    # -- Transport
+    def connected(self, target: Target) -> bool:
+        answered = self._answered.get(target)
+        if answered is None or time.monotonic() - answered[1] > CONNECTED_FRESH:
+            return False
+        with self._lock:
+            lane = self._lanes.get(target.namespace)
+        return lane is not None and lane.live and lane.generation == answered[0]
+
+    def answered_within(self, target: Target, seconds: float) -> bool:
+        conn = self._last.get(target.namespace)
+        heard = conn.heard() if conn is not None else None
+        return heard is not None and time.time() - heard <= seconds
+
+    def max_batch_size(self, target: Target) -> int:
+        limit = self._config.max_message_size
+        link = self._link_max.get(target)
+        return min(limit, link) if link else limit
+
+    def new_batch(self, target: Target) -> SdkBatch:
+        from azure.servicebus import ServiceBusMessageBatch
+
+        return SdkBatch(target, ServiceBusMessageBatch(max_size_in_bytes=self.max_batch_size(target)))
+
+    def send(self, batch: Batch, timeout: float, on_slow: Callable[[], None] | None = None) -> None:
+        if len(batch) == 0:
+            return
+        if isinstance(batch, SdkBatch):
+            payload: Any = batch.sdk_batch
+        else:  # a foreign batch: let the SDK pack it (raises if it does not fit one batch)
+            payload = [m.to_sdk() for m in batch.messages]
+        target = batch.target
+        entity = target.entity
+
+        def on_link(sender: ServiceBusSender, left: float) -> Any:
+            # The SDK's own timeout ends a send on an open link a little before the lane's deadline: a stalled
+            # entity then costs its link only, not the connection every other entity uses.
+            sender.send_messages(payload, timeout=sdk_timeout(left))
+            return getattr(sender, "_max_batch_size_on_link", None)
+
+        def send(conn: SharedConnection) -> Any:
+            return conn.on_link(entity, on_link, timeout)
+
+        def send_direct(conn: SharedConnection) -> Any:
+            return conn.on_link(entity, on_link, timeout, may_connect=False)
+
+        lane = self._lane(target.namespace)
+        started = time.monotonic()
+        # On a link known to be open the SDK bounds the send itself (its timeout covers the wait for the answer;
+        # no connect, SASL or CBS): send on this thread, the lane's watchdog keeping the deadline.
+        pending: Pending[Any] | Finished[Any] | None = (
+            lane.direct(send_direct, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow)
+            if self.connected(target)
+            else None
+        )
+        if isinstance(pending, Finished) and isinstance(pending.error, NeedsWorker):
+            pending = None  # the connection went away meanwhile: a new one is opened on the worker
+        if pending is None:
+            left = max(0.0, timeout - (time.monotonic() - started))
+            pending = lane.start(send, left, slow_after=left - SLOW_MARGIN, on_slow=on_slow)
+        else:
+            self.direct_sends += 1
+        self._settled(target, pending)
+
+    def _settled(self, target: Target, pending: Pending[Any] | Finished[Any]) -> None:
+        try:
+            link_max = pending.result()
+        except Exception as exc:
+            self._answered.pop(target, None)
+            self._failed(target, exc, pending.started)
+            raise
+        self._answered[target] = (pending.generation, time.monotonic())
+        if isinstance(link_max, int) and link_max > 0:
+            self._link_max[target] = link_max
+
+    def prepare(self, targets: Iterable[Target], silence: float) -> dict[Target, BaseException]:
+        """Open the links to ``targets`` that are not open yet, concurrently, one connection per namespace (SPEC
+        F3), within ``PREPARE_BASE + PREPARE_PER_LINK * n`` seconds. Returns the per-target errors; raises when a
+        namespace's connection failed (every target of it has that error): not open within ``silence`` seconds,
+        or silent for ``silence`` seconds while links wait."""
+        by_ns: dict[str, list[str]] = {}
+        for t in targets:
+            if not self.connected(t):
+                by_ns.setdefault(t.namespace, []).append(t.entity)
+        errors: dict[Target, BaseException] = {}
+        for namespace, entities in by_ns.items():
+            budget = PREPARE_BASE + PREPARE_PER_LINK * len(entities)
+            lane = self._lane(namespace)
+            try:
+                # the connection first: a namespace that does not answer costs silence
+                lane.call(functools.partial(SharedConnection.ensure, timeout=silence), silence)
+                failed = lane.call(
+                    functools.partial(
+                        SharedConnection.open_links, entities=entities, timeout=budget, silence=silence
+                    ),
+                    budget + SLOW_MARGIN,
+                )
+            except Exception as exc:
+                if classify(exc).rebuild_client:
+                    self.fault(Target(namespace, entities[0]))
+                raise
+            generation = lane.generation
+            now = time.monotonic()
+            for entity in entities:
+                target = Target(namespace, entity)
+                if entity in failed:
+                    errors[target] = failed[entity]
+                else:
+                    self._answered[target] = (generation, now)
+        return errors
+
+    def schedule(self, target: Target, message: OutboundMessage, at: datetime, timeout: float) -> int:
+        sdk_message = message.to_sdk()
+        numbers = self._call(
+            target,
+            lambda sender, left: sender.schedule_messages(sdk_message, at, timeout=sdk_timeout(left)),
+            timeout,
+        )
+        return int(numbers[0])
+
+    def cancel_scheduled(self, target: Target, sequence_number: int, timeout: float) -> None:
+        self._call(
+            target,
+            lambda sender, left: sender.cancel_scheduled_messages(sequence_number, timeout=sdk_timeout(left)),
+            timeout,
+        )
+
+    def prepare_backlog(self, original: OutboundMessage, entity: str, enqueued: datetime) -> Encoded:
+        return encode(to_backlog_sdk(original, entity, enqueued))
+
+    def isolated(self) -> SdkTransport:
+        """The isolated transport (see :meth:`Transport.isolated`): the same configuration, lanes and connections
+        of its own (one per namespace, as here), built on first use and closed with this one; on the isolated
+        transport itself, itself. Raises :class:`~spark_sb.wire.lane.LaneClosed` once closed: nothing is built after
+        :meth:`close`."""
+        if self._suffix:
+            return self
+        with self._lock:
+            if self._closed:
+                raise LaneClosed("the Service Bus transport is closed")
+            if self._isolated is None:
+                self._isolated = SdkTransport(self._config, isolated=True, **self._extra_kwargs)
+            return self._isolated
+
+    def warm(self, target: Target) -> None:
+        timeout = float(self._config.send_timeout)
+        entity = target.entity
+        self._lane(target.namespace).submit(lambda conn: conn.open_links([entity], timeout))
+
+    def _failed(self, target: Target, exc: BaseException, started: float) -> None:
+        """A call to ``target`` that started at ``started`` (monotonic) failed with ``exc``: the link was closed
+        already; the connection is closed too (rebuilt on next use) unless the failure was the link's alone - a
+        link-level error condition, or a timeout while the connection kept answering (a stalled entity)."""
+        cls = classify(exc)
+        if not cls.rebuild_client:
+            return
+        condition = condition_of(exc) or ""
+        if condition.startswith("amqp:link:"):
+            return
+        if cls.name == "timeout" and self.answered_within(target, NAMESPACE_SILENCE):
+            return  # the connection is alive (heard within a heartbeat): only the entity stalled (F6, F7)
+        with self._lock:
+            lane = self._lanes.get(target.namespace)
+        if lane is not None and lane.live:
+            _LOGGER.info(
+                "%s: the connection faulted (%s): it is closed and rebuilt on next use", target, cls.name
+            )
+            if (
+                cls.name == "timeout"
+            ):  # silent past its heartbeat: reset, so that nothing left on it lands later
+                conn = lane.context()
+                if conn is not None and conn.connection is not None:
+                    abort_connection(conn.connection)
+            lane.reset("faulted")
+
+    def fault(self, target: Target) -> None:
+        """The call to ``target`` failed with a connection-class error: if its namespace's connection is broken
+        (closed, dropped, abandoned at a deadline) it is closed in the background and rebuilt on next use; if only
+        the link failed, the link was closed already and the connection stays (the other entities keep theirs).
+        Never blocks. A primary outage is exactly when the backlog's connection is needed, so it is not torn down
+        with it (B10's pair closing is :meth:`close_namespace` and :meth:`close`)."""
+        with self._lock:
+            lane = self._lanes.get(target.namespace)
+        if lane is None or not lane.live:
+            return
+        conn = lane.context()
+        if conn is None or conn.connection is None or conn.broken:
+            _LOGGER.info("%s: the connection faulted: it is closed and rebuilt on next use", target)
+            lane.reset("faulted")
+
+    def close_namespace(self, namespace: str) -> None:
+        """Close one namespace's connection: its partner's is closed too (B10), all in the background."""
+        self._reset_all()
+
+    def close(self) -> None:
+        """Close every connection in the background (never blocks), the isolated transport's too. Final: a later
+        call (a probe still running, say) raises :class:`~spark_sb.wire.lane.LaneClosed` instead of opening a connection
+        nobody would close."""
+        with self._lock:
+            self._closed = True
+            lanes = list(self._lanes.values())
+            isolated = self._isolated
+        for lane in lanes:
+            lane.close()
+        if isolated is not None:
+            isolated.close()
+
+    def _reset_all(self) -> None:
+        with self._lock:
+            lanes = list(self._lanes.values())
+            isolated = self._isolated
+        for lane in lanes:
+            lane.reset()
+        if isolated is not None:
+            isolated._reset_all()
+
+    def __enter__(self) -> SdkTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        with self._lock:
+            live = sorted(ns for ns, lane in self._lanes.items() if lane.live)
+        return f"SdkTransport(open={live})"
