@@ -41,7 +41,9 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage  # noqa: E402
 from azure.servicebus.exceptions import MessageSizeExceededError  # noqa: E402
 from bench_local_namespace import namespace  # noqa: E402 - sibling script
 
-from spark_sb.config.service_bus import NamespaceConfig, Secret, ServiceBusConfig  # noqa: E402
+from spark_sb.config.namespace import NamespaceConfig
+from spark_sb.config.secret import Secret
+from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
 from spark_sb.failover.registry import FailoverRegistry  # noqa: E402
 from spark_sb.message.backlog import BACKLOG_ENQUEUED, BACKLOG_PATH  # noqa: E402
 from spark_sb.message.outbound import OutboundMessage  # noqa: E402

@@ -21,7 +21,9 @@ from collections.abc import Callable
 from bench_failover import paired, raw_sdk  # noqa: E402 - sibling script (the same raw baseline)
 from bench_local_namespace import namespace  # noqa: E402 - sibling script
 
-from spark_sb.config.service_bus import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig
+from spark_sb.config.namespace import NamespaceConfig, RetryConfig
+from spark_sb.config.secret import Secret
+from spark_sb.config.service_bus import ServiceBusConfig
 
 QUEUE = "bench"
 

@@ -60,7 +60,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, ROOT, os.environ.ge
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode  # noqa: E402
 from soak_credential import ShortTokens  # noqa: E402
 
-from spark_sb.config.service_bus import NamespaceConfig, RetryConfig, ServiceBusConfig  # noqa: E402
+from spark_sb.config.namespace import NamespaceConfig, RetryConfig  # noqa: E402
+from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
 from spark_sb.message.backlog import backlog_queue_names  # noqa: E402
 
 ENTITY = "orders"

@@ -15,7 +15,7 @@ from typing import Any
 
 from azure.core.credentials import AccessToken
 
-from spark_sb.config.service_bus import CredentialConfig
+from spark_sb.config.namespace import CredentialConfig
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from servicebus_local.server import LocalNamespace
 from spark_sb.admin.provisioning import provision_backlog_queues
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import SystemClock
-from spark_sb.sender.paired import SendOutcome
+from spark_sb.failover.outcome import SendOutcome
 from spark_sb.spark.session import build_spark_session
 from spark_sb.spark.sink import ServiceBusSink
 from spark_sb.spark.syphon_job import SyphonBatchWriter, run_syphon

@@ -25,7 +25,9 @@ import uuid
 from pathlib import Path
 from types import FrameType
 
-from spark_sb.config.service_bus import ConfigError, load_config, parse_duration
+from spark_sb.config.service_bus import load_config
+from spark_sb.core.durations import parse_duration
+from spark_sb.core.errors import ConfigError
 from spark_sb.spark.syphon_job import SyphonBatchWriter, run_syphon, stop_gracefully
 
 

@@ -106,8 +106,9 @@ def run_provision(
 ) -> int:
     """The ``provision`` command. ``provision_kwargs`` go to
     :func:`spark_sb.admin.provisioning.provision_backlog_queues` (tests inject a clock or admin clients)."""
-    from spark_sb.admin.provisioning import ProvisioningError, provision_backlog_queues
-    from spark_sb.config.service_bus import ConfigError, load_config
+    from spark_sb.admin.provisioning import provision_backlog_queues
+    from spark_sb.config.service_bus import load_config
+    from spark_sb.core.errors import ConfigError, ProvisioningError
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -153,7 +154,7 @@ def run_provision(
 
 
 def _unusable_message(report: Any) -> str:
-    from spark_sb.admin.provisioning import ProvisioningError
+    from spark_sb.core.errors import ProvisioningError
 
     try:
         report.raise_if_unusable()
@@ -218,7 +219,9 @@ def run_maintain(
 ) -> int:
     """The ``maintain`` command: 0 done, 1 failed, 2 bad configuration. ``spark``: a session to use (tests);
     otherwise one is built and stopped."""
-    from spark_sb.config.service_bus import ConfigError, load_config, parse_duration
+    from spark_sb.config.service_bus import load_config
+    from spark_sb.core.durations import parse_duration
+    from spark_sb.core.errors import ConfigError
     from spark_sb.core.redact import redact
     from spark_sb.state.delta import StateTables
     from spark_sb.state.maintenance import maintain

@@ -18,31 +18,33 @@ Nothing here logs or formats a connection string or key: namespaces are shown by
 from __future__ import annotations
 
 import logging
-import ssl
-import threading
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.admin.report import (
     BACKLOG_QUEUE_SPEC,
     BacklogQueueSpec,
-    PropertyDifference,
-    ProvisioningError,
     ProvisioningReport,
     QueueOutcome,
     QueueStatus,
 )
-from spark_sb.config.endpoints import derive_namespace_name, is_address_host
 from spark_sb.core.clock import Clock, SystemClock
-from spark_sb.core.durations import MAX_DURATION
-from spark_sb.core.errors import INVALID_REQUEST, UNAUTHORIZED, classify
+from spark_sb.core.errors import ProvisioningError
 from spark_sb.message.backlog import backlog_queue_names, parse_backlog_queue_name
+from spark_sb.wire.admin_api import (
+    NO_SDK_RETRY,
+    close_quietly,
+    describe_admin_error,
+    is_retryable,
+    is_unauthorized,
+    namespace_properties_name,
+    resolve_primary_namespace_name,
+)
 
 if TYPE_CHECKING:
     from azure.servicebus.management import ServiceBusAdministrationClient
 
-    from spark_sb.config.service_bus import NamespaceConfig, ServiceBusConfig
+    from spark_sb.config.service_bus import ServiceBusConfig
 
 _LOG = logging.getLogger(__name__)
 
@@ -55,76 +57,9 @@ DEFAULT_RETRY_PAUSE = 30.0
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _status_code(exc: BaseException) -> int | None:
-    code = getattr(exc, "status_code", None)
-    if isinstance(code, int):
-        return code
-    response = getattr(exc, "response", None)
-    code = getattr(response, "status_code", None)
-    return code if isinstance(code, int) else None
-
-
-def is_unauthorized(exc: BaseException) -> bool:
-    """401/403 or ``ClientAuthenticationError``: :data:`spark_sb.core.errors.UNAUTHORIZED`."""
-    return classify(exc) is UNAUTHORIZED
-
-
-def is_certificate_error(exc: BaseException) -> bool:
-    """The TLS certificate of the endpoint is not trusted (``CERTIFICATE_VERIFY_FAILED``), anywhere in the chain
-    of causes (azure-core wraps the ``ssl`` error in a ``ServiceRequestError``)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(current):
-            return True
-        inner = getattr(current, "inner_exception", None)
-        current = inner if isinstance(inner, BaseException) else (current.__cause__ or current.__context__)
-    return False
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """Whether trying the same admin call again may help: not when :func:`spark_sb.core.errors.classify` says the
-    request itself is at fault (unauthorized: 401/403; invalid request: 400 and the like) or the certificate is
-    untrusted; yes for the rest (5xx, 429, timeouts, connection errors)."""
-    return classify(exc) not in (UNAUTHORIZED, INVALID_REQUEST) and not is_certificate_error(exc)
-
-
-#: What to do about an untrusted certificate; a local namespace (development emulator) has its own CA.
-CERTIFICATE_HINT = (
-    "set REQUESTS_CA_BUNDLE to the PEM file of the CA that signed it; for a local namespace "
-    "(UseDevelopmentEmulator=true) that is the ca_file printed by `python -m servicebus_local` "
-    "(export REQUESTS_CA_BUNDLE=<ca_file>; with --tls-dir DIR: DIR/ca.pem)"
-)
-
-
-def describe_error(exc: BaseException, namespace: str) -> str:
-    """One line, free of secrets, saying what went wrong; for 401/403 which right is missing."""
-    from spark_sb.core.redact import redact
-
-    message = str(getattr(exc, "message", None) or exc).strip().splitlines()
-    first = message[0].strip() if message else ""
-    status = _status_code(exc)
-    status_text = f" (HTTP {status})" if status is not None else ""
-    text = f"{type(exc).__name__}{status_text}: {first}" if first else f"{type(exc).__name__}{status_text}"
-    if is_unauthorized(exc):
-        text = (
-            f"not authorized to manage queues in {namespace}: the 'Manage' right is required (a SAS policy "
-            "with Manage such as RootManageSharedAccessKey - Send/Listen are not enough - or, with Azure AD, "
-            "the role 'Azure Service Bus Data Owner'), or the key/token was rejected; service said: " + text
-        )
-    elif is_certificate_error(exc):
-        text = f"the TLS certificate of {namespace} is not trusted ({text}): {CERTIFICATE_HINT}"
-    return redact(text)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Provisioning
 # --------------------------------------------------------------------------------------------------------------
-
-# Our own rounds of tries are the only retry layer (predictable timing on an injected clock): every admin call is
-# made with azure-core's retries off.
-_NO_SDK_RETRY: Mapping[str, Any] = {"retry_total": 0}
 
 
 @dataclass
@@ -202,87 +137,11 @@ def provision_backlog_queues(
         )
     finally:
         for client in resolved.owned:
-            _close_quietly(client)
+            close_quietly(client)
     _log_report(report)
     if check:
         report.raise_if_unusable()
     return report
-
-
-# ---------------------------------------------------------------------- the primary's namespace name (B1)
-# Its one home: the rule (NamespaceConfig.effective_namespace_name), the question to the namespace
-# (resolve_primary_namespace_name) and the per-process answer cache used by senders and sinks.
-#: Endpoint (host[:port], no secret) -> the name the namespace reported; bounded by the primaries a process uses.
-_resolved_names: dict[str, str] = {}
-_resolved_lock = threading.Lock()
-
-
-def primary_namespace_name(ns: Any) -> str:
-    """The primary's namespace name for backlog queue names (SPEC B1), by the same rule as provisioning:
-    ``namespace_name``, else the first label of its host (``contoso`` for ``contoso.servicebus.windows.net``),
-    else (an IP or ``localhost`` endpoint) the name the namespace reports about itself, asked once per process
-    and endpoint through :func:`resolve_primary_namespace_name`."""
-    key = str(ns.endpoint_host())  # the secret-free identity of the namespace (sender.namespace_key)
-
-    def lookup() -> str:
-        with _resolved_lock:
-            known = _resolved_names.get(key)
-        if known is None:
-            known = resolve_primary_namespace_name(ns)
-            with _resolved_lock:
-                _resolved_names[key] = known
-        return known
-
-    return str(ns.effective_namespace_name(lookup=lookup))
-
-
-def with_namespace_name(config: Any) -> Any:
-    """``config`` with ``primary.namespace_name`` filled in (driver side, once).
-
-    For an IP or ``localhost`` primary endpoint the namespace name (used in backlog queue names) has to be asked
-    of the namespace's admin endpoint; doing that on the driver, once, and shipping the name inside the
-    configuration means executors never call the admin API - in particular a new Python worker started while
-    the primary is down can still divert to the backlog. Without a secondary, or when the name is already known
-    (set, or the first label of an FQDN), the config is returned unchanged. Runs on the driver; may do I/O.
-    """
-    if config.secondary is None or config.primary.namespace_name:
-        return config
-    name = primary_namespace_name(config.primary)
-    return config.with_overrides(primary=replace(config.primary, namespace_name=name))
-
-
-def resolve_primary_namespace_name(
-    primary: NamespaceConfig,
-    *,
-    admin_client: ServiceBusAdministrationClient | None = None,
-) -> str:
-    """The primary's namespace name from its config: ``namespace_name``, else the FQDN's first label, else (IP /
-    localhost) what the namespace reports about itself (``admin_client`` or one built from ``primary``)."""
-
-    def lookup() -> str:
-        if admin_client is not None:
-            return _namespace_properties_name(admin_client, primary.endpoint_host())
-        client = primary.admin_client()
-        try:
-            return _namespace_properties_name(client, primary.endpoint_host())
-        finally:
-            _close_quietly(client)
-
-    return primary.effective_namespace_name(lookup=lookup)
-
-
-def _namespace_properties_name(admin: ServiceBusAdministrationClient, shown: str) -> str:
-    try:
-        name = admin.get_namespace_properties(**_NO_SDK_RETRY).name
-    except Exception as exc:
-        raise ProvisioningError(
-            shown,
-            [],
-            "could not ask the primary namespace for its name (set primary.namespace_name to skip this): "
-            + describe_error(exc, shown),
-            unauthorized=is_unauthorized(exc),
-        ) from None
-    return str(name or "")
 
 
 def _resolve(
@@ -293,7 +152,7 @@ def _resolve(
 ) -> _Resolved:
     owned: list[Any] = []
     if primary_namespace_name is None and config is None and primary_admin_client is not None:
-        primary_namespace_name = _namespace_properties_name(
+        primary_namespace_name = namespace_properties_name(
             primary_admin_client, _admin_host(primary_admin_client)
         )
     if primary_namespace_name is None:
@@ -324,13 +183,6 @@ def _admin_host(admin: Any) -> str:
     return str(getattr(admin, "fully_qualified_namespace", None) or "the secondary namespace")
 
 
-def _close_quietly(client: Any) -> None:
-    try:
-        client.close()
-    except Exception:  # closing is best effort; the report is what matters
-        _LOG.debug("closing an admin client failed", exc_info=True)
-
-
 def _list_backlog_like(
     admin: ServiceBusAdministrationClient,
     namespace: str,
@@ -345,12 +197,12 @@ def _list_backlog_like(
     for attempt in range(1, tries + 1):
         try:
             found: dict[str, Any] = {}
-            for q in admin.list_queues(**_NO_SDK_RETRY):
+            for q in admin.list_queues(**NO_SDK_RETRY):
                 if parse_backlog_queue_name(q.name, primary_name) is not None:
                     found[q.name.casefold()] = q
             return found
         except Exception as exc:
-            last = describe_error(exc, namespace)
+            last = describe_admin_error(exc, namespace)
             unauthorized = is_unauthorized(exc)
             if not is_retryable(exc) or attempt == tries:
                 break
@@ -454,16 +306,16 @@ def _create_one(
     from azure.core.exceptions import ResourceExistsError
 
     try:
-        admin.create_queue(a.name, **spec.create_kwargs(), **_NO_SDK_RETRY)
+        admin.create_queue(a.name, **spec.create_kwargs(), **NO_SDK_RETRY)
     except ResourceExistsError:
         # Created meanwhile by someone else (another provisioning run): use it as found.
         try:
-            props = admin.get_queue(a.name, **_NO_SDK_RETRY)
+            props = admin.get_queue(a.name, **NO_SDK_RETRY)
         except Exception as exc:
-            return None, describe_error(exc, namespace), is_retryable(exc), is_unauthorized(exc)
+            return None, describe_admin_error(exc, namespace), is_retryable(exc), is_unauthorized(exc)
         return _existing_outcome(a.name, a.index, props, spec), None, False, False
     except Exception as exc:
-        return None, describe_error(exc, namespace), is_retryable(exc), is_unauthorized(exc)
+        return None, describe_admin_error(exc, namespace), is_retryable(exc), is_unauthorized(exc)
     return QueueOutcome(a.name, QueueStatus.CREATED, a.index, attempts=a.attempts), None, False, False
 
 
@@ -484,25 +336,7 @@ def _log_report(report: ProvisioningReport) -> None:
 
 
 __all__ = [
-    "BACKLOG_QUEUE_SPEC",
-    "CERTIFICATE_HINT",
     "DEFAULT_RETRY_PAUSE",
     "DEFAULT_TRIES",
-    "MAX_DURATION",
-    "BacklogQueueSpec",
-    "ProvisioningError",
-    "ProvisioningReport",
-    "PropertyDifference",
-    "QueueOutcome",
-    "QueueStatus",
-    "derive_namespace_name",
-    "describe_error",
-    "is_address_host",
-    "is_certificate_error",
-    "is_retryable",
-    "is_unauthorized",
     "provision_backlog_queues",
-    "primary_namespace_name",
-    "resolve_primary_namespace_name",
-    "with_namespace_name",
 ]

@@ -7,13 +7,13 @@ fills them is in :mod:`spark_sb.admin.provisioning`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
 from typing import Any
 
 from spark_sb.core.durations import MAX_DURATION, format_iso_duration
+from spark_sb.core.errors import ProvisioningError
 
 #: A duration at least this large counts as "the maximum" when an existing queue is checked (the service may
 #: answer ``...5.4775807S``, which Python reads as ``...5.477581``, or round otherwise).
@@ -309,28 +309,3 @@ class ProvisioningReport:
                 report=self,
                 unauthorized=self.unauthorized,
             )
-
-
-class ProvisioningError(RuntimeError):
-    """No backlog queue is usable: names the namespace, the queues tried and the last error."""
-
-    def __init__(
-        self,
-        namespace: str,
-        tried: Sequence[str],
-        last_error: str,
-        *,
-        report: ProvisioningReport | None = None,
-        unauthorized: bool = False,
-    ) -> None:
-        self.namespace = namespace
-        self.unauthorized = unauthorized
-        self.tried = list(tried)
-        self.last_error = last_error
-        self.report = report
-        shown = ", ".join(self.tried[:5]) + (
-            f", ... ({len(self.tried)} in all)" if len(self.tried) > 5 else ""
-        )
-        super().__init__(
-            f"no usable backlog queue in namespace {namespace}: tried {shown or '(none)'}; last error: {last_error}"
-        )

@@ -53,18 +53,12 @@ class StateStatus:
 def _arrow_table(location: str, table: str) -> Any:
     """The table as an Arrow table, or None when it does not exist yet."""
     try:
-        from deltalake import DeltaTable
+        from spark_sb.state.deltars import DeltaRsStateStore
     except ImportError:  # pragma: no cover - depends on the environment
         raise RuntimeError(
             "status reads the state tables with the deltalake package: pip install deltalake"
         ) from None
-    path = f"{location.rstrip('/')}/{table}"
-    try:
-        return DeltaTable(path).to_pyarrow_dataset().to_table()
-    except Exception as exc:
-        if "TableNotFound" in type(exc).__name__ or "no log files" in str(exc).lower():
-            return None  # the sink has not written yet
-        raise
+    return DeltaRsStateStore(location).snapshot(table)
 
 
 def _read_table(location: str, table: str) -> list[dict[str, Any]]:
@@ -250,7 +244,8 @@ def run_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``status``: 0 printed, 1 could not read, 2 bad configuration."""
     import json
 
-    from spark_sb.config.service_bus import ConfigError, load_config
+    from spark_sb.config.service_bus import load_config
+    from spark_sb.core.errors import ConfigError
 
     try:
         config = load_config(args.config)

@@ -8,6 +8,6 @@
 * :mod:`~spark_sb.config.endpoints` - connection strings and hosts; :mod:`~spark_sb.config.secret` - secrets;
 * :mod:`~spark_sb.config.clients` - building SDK clients from a namespace's settings.
 
-Loaded on the driver (or in a plain process), shipped to executors by pickling. Imports: core, message (the row
+Runs on the driver (or in a plain process), where a configuration is loaded; shipped to executors by pickling. Imports: core, message (the row
 columns and backlog rules that some keys name).
 """

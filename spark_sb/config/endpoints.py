@@ -146,7 +146,7 @@ def derive_namespace_name(
             raise ConfigError(
                 f"namespace_name: the endpoint {endpoint_host.strip()} is an address, not a namespace host name; "
                 "set namespace_name or ask the namespace "
-                "(spark_sb.admin.provisioning.resolve_primary_namespace_name, get_namespace_properties)"
+                "(spark_sb.wire.admin_api.resolve_primary_namespace_name, get_namespace_properties)"
             )
         name = lookup()
         if not name:

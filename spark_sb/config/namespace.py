@@ -183,7 +183,7 @@ class NamespaceConfig:
         """The namespace name used in backlog queue names (SPEC B1), by :func:`derive_namespace_name`:
         ``namespace_name`` if set; else the first DNS label of the host (``contoso`` for
         ``contoso.servicebus.windows.net``); for an IP address or ``localhost`` the name the namespace reports
-        about itself, obtained by ``lookup`` (see :func:`spark_sb.admin.provisioning.resolve_primary_namespace_name`).
+        about itself, obtained by ``lookup`` (see :func:`spark_sb.wire.admin_api.resolve_primary_namespace_name`).
         Without ``lookup`` such an endpoint raises :class:`ConfigError` asking for ``namespace_name``."""
         return derive_namespace_name(self.endpoint_host(), override=self.namespace_name, lookup=lookup)
 

@@ -24,39 +24,24 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from spark_sb.config.endpoints import ConnectionStringInfo, parse_connection_string
 from spark_sb.config.loading import config_fields, flatten, option_keys, read_yaml, resolver
-from spark_sb.config.namespace import CredentialConfig, NamespaceConfig, RetryConfig
+from spark_sb.config.namespace import NamespaceConfig, RetryConfig
 from spark_sb.config.secret import Secret
 from spark_sb.config.settings import (
     FIELD_SETTINGS,
-    KNOWN_KEYS,
     RETRY_SETTINGS,
     SETTINGS,
     format_value,
     is_extra_key,
     unknown_column,
 )
-from spark_sb.core.durations import parse_duration
 from spark_sb.core.errors import ConfigError
 from spark_sb.core.redact import redact
 from spark_sb.message.backlog import backlog_queue_names
 from spark_sb.message.outbound import FrozenMap
 from spark_sb.message.rows import LOGICAL_COLUMNS
 
-__all__ = [
-    "KNOWN_KEYS",
-    "ConfigError",
-    "ConnectionStringInfo",
-    "CredentialConfig",
-    "NamespaceConfig",
-    "RetryConfig",
-    "Secret",
-    "ServiceBusConfig",
-    "load_config",
-    "parse_connection_string",
-    "parse_duration",
-]
+__all__ = ["ServiceBusConfig", "load_config"]
 
 _err = ConfigError.at
 

@@ -21,10 +21,16 @@ Runs anywhere (executors' Python workers, the syphon, tests); pure and picklable
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spark_sb.wire.lane import LaneClosed
+from spark_sb.core.redact import redact
+
+
+class LaneClosed(ConnectionError):
+    """A lane (:mod:`spark_sb.wire.lane`) was closed or its worker abandoned before the call started: the
+    client's own doing, never evidence about a namespace (:data:`CLIENT_CLOSED`)."""
 
 
 @dataclass(frozen=True)
@@ -388,3 +394,35 @@ def _rebuild_error(cls: type[SendError], args: tuple[Any, ...], state: dict[str,
     Exception.__init__(err, *args)
     err.__dict__.update(state)
     return err
+
+
+class ProvisioningError(RuntimeError):
+    """No backlog queue is usable: names the namespace, the queues tried and the last error."""
+
+    def __init__(
+        self,
+        namespace: str,
+        tried: Sequence[str],
+        last_error: str,
+        *,
+        report: Any = None,  # the spark_sb.admin.report.ProvisioningReport that found no usable queue
+        unauthorized: bool = False,
+    ) -> None:
+        self.namespace = namespace
+        self.unauthorized = unauthorized
+        self.tried = list(tried)
+        self.last_error = last_error
+        self.report = report
+        shown = ", ".join(self.tried[:5]) + (
+            f", ... ({len(self.tried)} in all)" if len(self.tried) > 5 else ""
+        )
+        super().__init__(
+            f"no usable backlog queue in namespace {namespace}: tried {shown or '(none)'}; last error: {last_error}"
+        )
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line of at most 300 characters naming the error, free of secrets (:func:`~spark_sb.core.redact.redact`):
+    the form used in records, logs and error texts. Errors of admin calls: :func:`~spark_sb.wire.admin_api.describe_admin_error`."""
+    text = redact(f"{type(exc).__name__}: {exc}")
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -11,7 +11,6 @@ from datetime import datetime
 from typing import Any
 
 from spark_sb.core.counts import merge_counts
-from spark_sb.core.redact import redact
 from spark_sb.failover.records import BacklogPull, StateTransition
 from spark_sb.message.outbound import OutboundMessage, Reject
 
@@ -137,11 +136,6 @@ def namespace_key(ns: Any) -> str:
 def namespace_description(ns: Any) -> str:
     """The redacted description of a namespace for error texts."""
     return str(ns.redacted())
-
-
-def describe_error(exc: BaseException) -> str:
-    text = redact(f"{type(exc).__name__}: {exc}")
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def message_row(msg: OutboundMessage) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from spark_sb.core.errors import (
     ServerBusyError,
     ServiceBusConfigError,
     classify,
+    describe_error,
 )
 from spark_sb.failover.decisions import (
     WRONG_DESTINATION,
@@ -35,7 +36,7 @@ from spark_sb.failover.decisions import (
     namespace_wide,
 )
 from spark_sb.failover.machine import EntityFailover
-from spark_sb.failover.outcome import Tally, describe_error, namespace_description
+from spark_sb.failover.outcome import Tally, namespace_description
 from spark_sb.failover.records import EntityState, StateTransition
 from spark_sb.wire.transport import NAMESPACE_SILENCE, PRIMARY, Target, Transport
 

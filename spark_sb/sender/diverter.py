@@ -16,9 +16,9 @@ from datetime import datetime
 
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import Clock
-from spark_sb.core.errors import MessageRejectedError, NoBacklogAvailableError, SendError
+from spark_sb.core.errors import MessageRejectedError, NoBacklogAvailableError, SendError, describe_error
 from spark_sb.failover.decisions import Verb, Where
-from spark_sb.failover.outcome import Tally, describe_error, message_row, namespace_description
+from spark_sb.failover.outcome import Tally, message_row, namespace_description
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.failover.rotation import BacklogChooser
 from spark_sb.message.outbound import OutboundMessage, Reject, RejectError

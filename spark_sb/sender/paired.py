@@ -21,22 +21,21 @@ import random
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
-from spark_sb.admin.provisioning import primary_namespace_name
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import Clock, SystemClock
 from spark_sb.core.errors import (
     UNEXPECTED,
     ErrorClass,
+    LaneClosed,
     SendError,
     classify,
+    describe_error,
 )
 from spark_sb.failover.decisions import MIN_ATTEMPT_BUDGET, WRONG_DESTINATION, RetryPolicy, Route, Verb, Where
 from spark_sb.failover.machine import EntityFailover
 from spark_sb.failover.outcome import (
-    ProbeRecord,
     SendOutcome,
     Tally,
-    describe_error,
     namespace_description,
     namespace_key,
 )
@@ -49,10 +48,10 @@ from spark_sb.sender.ahead import Ahead
 from spark_sb.sender.attempts import AttemptLoop, Progress
 from spark_sb.sender.diverter import Diverter, Open, Rejects
 from spark_sb.sender.prober import Prober
-from spark_sb.wire.lane import LaneClosed
+from spark_sb.wire.admin_api import primary_namespace_name
 from spark_sb.wire.transport import PRIMARY, Batch, SdkTransport, Target, Transport
 
-__all__ = ["PairedSender", "ProbeRecord", "SendOutcome", "namespace_description", "namespace_key"]
+__all__ = ["PairedSender"]
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ them before anything is sent.
 Where things run (Spark calls every driver-side method in a Python process of its own, with no SparkSession):
 
 * ``ServiceBusDataSource.__init__`` (driver machine; when the query starts and again each micro-batch): parses
-  and checks the options, resolves the primary's namespace name (:func:`~spark_sb.admin.provisioning.with_namespace_name`).
+  and checks the options, resolves the primary's namespace name (:func:`~spark_sb.wire.admin_api.with_namespace_name`).
 * ``streamWriter`` / ``writer`` (driver machine, each micro-batch / once): checks the schema (the column named),
   the mode (append only) and ``entity``; reads from the state tables the entity records the tasks start from
   and the last batch this ``sink_id`` committed. That :class:`WritePlan` is what the writer carries to executors
@@ -59,17 +59,20 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.admin.provisioning import with_namespace_name
-from spark_sb.config.service_bus import KNOWN_KEYS, ConfigError, ServiceBusConfig
-from spark_sb.message.rows import validate_schema
-from spark_sb.spark.sink import ServiceBusSink, arrow_rows, default_sink_id, send_partition
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.config.settings import KNOWN_KEYS
+from spark_sb.core.errors import ConfigError
+from spark_sb.spark.partition import arrow_rows, send_partition
+from spark_sb.spark.schema import validate_schema
+from spark_sb.spark.sink import ServiceBusSink, default_sink_id
 from spark_sb.state.records import EntityRecord, PartitionResult
+from spark_sb.wire.admin_api import with_namespace_name
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
-    from spark_sb.sender.paired import SendOutcome
+    from spark_sb.failover.outcome import SendOutcome
     from spark_sb.state.deltars import DeltaRsStateStore
 
 log = logging.getLogger(__name__)

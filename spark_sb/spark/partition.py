@@ -26,10 +26,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.failover.outcome import SendOutcome, namespace_key
 from spark_sb.failover.registry import process_registry
 from spark_sb.message.outbound import OutboundMessage, Reject, RejectError
 from spark_sb.message.rows import reject_row, row_to_message
-from spark_sb.sender.paired import PairedSender, SendOutcome, namespace_key
+from spark_sb.sender.paired import PairedSender
 from spark_sb.sender.pool import SenderPool, config_key
 from spark_sb.state.planning import apply_handoff
 from spark_sb.state.records import EntityRecord, PartitionResult

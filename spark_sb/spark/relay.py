@@ -57,7 +57,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.config.service_bus import ConfigError
+from spark_sb.core.errors import ConfigError
 from spark_sb.state.delta import DeltaStateStore, StateTables
 from spark_sb.state.writer import COMMIT_INTERVAL
 

@@ -39,19 +39,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.admin.provisioning import with_namespace_name
-from spark_sb.config.service_bus import ConfigError, ServiceBusConfig
+from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.counts import merge_counts
-from spark_sb.message.rows import validate_schema
-from spark_sb.sender.paired import SendOutcome, namespace_key
+from spark_sb.core.errors import ConfigError
+from spark_sb.failover.outcome import SendOutcome, namespace_key
 from spark_sb.spark.hooks import install_sigterm_handler, is_connect, register_exit_hook
-from spark_sb.spark.partition import (  # re-exported: their public home was this module
+from spark_sb.spark.partition import (
     RESULT_SCHEMA,
-    RejectedRowsError,
-    arrow_rows,
     partition_function,
-    send_partition,
 )
+from spark_sb.spark.schema import validate_schema
 from spark_sb.state.delta import DeltaStateStore, StateTables
 from spark_sb.state.planning import plan_batch
 from spark_sb.state.records import (
@@ -71,22 +68,12 @@ from spark_sb.state.writer import (
     StateWriteError,
     StateWriter,
 )
+from spark_sb.wire.admin_api import with_namespace_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
 
-__all__ = [
-    "RESULT_SCHEMA",
-    "RejectedRowsError",
-    "ServiceBusSink",
-    "SinkIdConflictError",
-    "SinkTotals",
-    "arrow_rows",
-    "default_sink_id",
-    "partition_function",
-    "send_partition",
-    "sink",
-]
+__all__ = ["ServiceBusSink", "SinkIdConflictError", "SinkTotals", "default_sink_id", "sink"]
 
 log = logging.getLogger(__name__)
 

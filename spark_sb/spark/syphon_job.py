@@ -47,9 +47,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.admin.provisioning import with_namespace_name
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.sender.paired import namespace_key
+from spark_sb.failover.outcome import namespace_key
 from spark_sb.sender.pool import SenderPool, config_key
 from spark_sb.state.maintenance import maintain_if_due, store_for
 from spark_sb.state.records import (
@@ -65,8 +64,14 @@ from spark_sb.state.records import (
     Event,
 )
 from spark_sb.state.store import StateStore
-from spark_sb.syphon.mover import Syphon, SyphonOutcome
-from spark_sb.syphon.rules import DESTINATION_NOT_FOUND, ENTITY_NOT_FOUND, NOT_A_BACKLOG_MESSAGE
+from spark_sb.syphon.mover import Syphon
+from spark_sb.syphon.rules import (
+    DESTINATION_NOT_FOUND,
+    ENTITY_NOT_FOUND,
+    NOT_A_BACKLOG_MESSAGE,
+    SyphonOutcome,
+)
+from spark_sb.wire.admin_api import with_namespace_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -167,14 +172,12 @@ def read_entity_hints(config: ServiceBusConfig) -> dict[str, str]:
     if not config.state_location:
         return {}
     try:
-        from spark_sb.admin.status import _read_table
+        from spark_sb.state.deltars import DeltaRsStateStore
 
         primary = namespace_key(config.primary)
-        return {
-            str(r["entity"]): str(r["state"])
-            for r in _read_table(config.state_location, "entities")
-            if r.get("namespace") == primary
-        }
+        table = DeltaRsStateStore(config.state_location).snapshot("entities")
+        rows = [] if table is None else table.to_pylist()
+        return {str(r["entity"]): str(r["state"]) for r in rows if r.get("namespace") == primary}
     except Exception as exc:  # noqa: BLE001 - hints only: without them every entity is probed first
         log.info("syphon: entity states unavailable (%s); entities are probed", type(exc).__name__)
         return {}

@@ -129,6 +129,17 @@ class DeltaRsStateStore:
 
         return DeltaTable(self.path(table), storage_options=self.storage_options or None)
 
+    def snapshot(self, table: str) -> pa.Table | None:
+        """The table as it stands, as an Arrow table, or None when it does not exist yet (the sink has not written);
+        read-only: never creates a table. The one place outside the store's own methods where a state table is
+        read without Spark (the ``status`` command, the syphon job's entity hints)."""
+        try:
+            return self._table(table).to_pyarrow_dataset().to_table()
+        except Exception as exc:
+            if "TableNotFound" in type(exc).__name__ or "no log files" in str(exc).lower():
+                return None
+            raise
+
     def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
         for attempt in range(1, self.attempts + 1):
             try:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from spark_sb.core.redact import redact
 
 if TYPE_CHECKING:  # pragma: no cover
+    from spark_sb.failover.outcome import SendOutcome
     from spark_sb.failover.records import BacklogPull, EntityStatus
-    from spark_sb.sender.paired import SendOutcome
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,6 @@ from typing import TYPE_CHECKING
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import Clock, SystemClock
 from spark_sb.core.errors import token_expired
-from spark_sb.sender.prober import probe_call, single_attempt
 from spark_sb.syphon.receivers import (
     Held,
     Pairs,
@@ -70,14 +69,12 @@ from spark_sb.syphon.receivers import (
     settle,
     text_of,
 )
-from spark_sb.syphon.rules import (  # re-exported: their public home was this module
+from spark_sb.syphon.rules import (
     DEAD_LETTER,
-    DEAD_LETTER_PROPERTIES,
     DESTINATION_NOT_FOUND,
     EXPIRED_IN_BACKLOG,
     LOCK_SAFETY_MARGIN,
     NOT_A_BACKLOG_MESSAGE,
-    PARKED_REASONS,
     EntityGate,
     SyphonOutcome,
     attempt_of,
@@ -88,26 +85,14 @@ from spark_sb.syphon.rules import (  # re-exported: their public home was this m
     undelivered_verdict,
 )
 from spark_sb.wire.lane import Lane
+from spark_sb.wire.probe import probe_call, single_attempt
 from spark_sb.wire.receivers import ReceiverLane, Receiving, SharedReceivers, receivers_lane
 from spark_sb.wire.transport import PRIMARY, SdkBatch, SdkTransport, Target
 
 if TYPE_CHECKING:  # pragma: no cover
     from azure.servicebus import ServiceBusReceivedMessage
 
-__all__ = [
-    "DEAD_LETTER_PROPERTIES",
-    "DESTINATION_NOT_FOUND",
-    "EXPIRED_IN_BACKLOG",
-    "LOCK_SAFETY_MARGIN",
-    "NOT_A_BACKLOG_MESSAGE",
-    "PARKED_REASONS",
-    "EntityGate",
-    "Syphon",
-    "SyphonOutcome",
-    "is_parked",
-    "restore_for_primary",
-    "token_expired",
-]
+__all__ = ["Syphon"]
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +123,7 @@ class Syphon:
         self.config = config
         self.clock = clock or SystemClock()
         if backlog_queues is None:
-            from spark_sb.admin.provisioning import primary_namespace_name as resolve_name
+            from spark_sb.wire.admin_api import primary_namespace_name as resolve_name
 
             backlog_queues = config.backlog_queue_names(
                 primary_namespace_name or resolve_name(config.primary)
@@ -440,8 +425,7 @@ class Syphon:
             self._probe(entity)
         except Exception as exc:  # noqa: BLE001 - the entity does not answer: back off
             outcome.errors.append(f"{entity}: probe failed: {type(exc).__name__}")
-            from spark_sb.core.errors import classify
-            from spark_sb.failover.outcome import describe_error
+            from spark_sb.core.errors import classify, describe_error
 
             if classify(exc).fail_batch:  # a refusal no retry changes: said loudly, never a silent backlog
                 log.error(
@@ -476,7 +460,7 @@ class Syphon:
         return namespace_wide(classify(exc), connection_answered=answered)
 
     def _probe(self, entity: str) -> None:
-        """One probe of the primary entity (``probe_mode``), the sender's own (:func:`~spark_sb.sender.prober.probe_call`),
+        """One probe of the primary entity (``probe_mode``), the sender's own (:func:`~spark_sb.wire.probe.probe_call`),
         each call within ``send_timeout``; the cancel of a scheduled probe is tried once."""
         timeout = float(self.config.send_timeout)
         target = Target(PRIMARY, entity)

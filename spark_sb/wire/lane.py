@@ -55,6 +55,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
+from spark_sb.core.errors import LaneClosed
+
 _LOGGER = logging.getLogger(__name__)
 
 C = TypeVar("C")
@@ -69,10 +71,6 @@ class DeadlineExceeded(TimeoutError):
 
     A ``TimeoutError``: :func:`spark_sb.core.errors.classify` treats it as a timeout (retry / fail over / rebuild).
     """
-
-
-class LaneClosed(ConnectionError):
-    """The lane was closed or its worker abandoned before the call started."""
 
 
 class _Call:

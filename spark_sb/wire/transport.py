@@ -43,42 +43,38 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from spark_sb.core.errors import classify, condition_of
+from spark_sb.core.errors import LaneClosed, classify, condition_of
 from spark_sb.message.backlog import to_backlog_sdk
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.message.packing import Encoded, add_encoded, add_outbound, add_to_batch, encode
 from spark_sb.wire.connection import (
     HEARTBEAT,
-    SILENT_AFTER,
     TEND_EVERY,
     NeedsWorker,
     SharedConnection,
     abort_connection,
     open_connection,
     sdk_timeout,
-    shut_down_socket,
 )
-from spark_sb.wire.lane import Finished, Lane, LaneClosed, Pending
+from spark_sb.wire.lane import Finished, Lane, Pending
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusMessageBatch, ServiceBusSender
 
-    from spark_sb.config.service_bus import NamespaceConfig, ServiceBusConfig
+    from spark_sb.config.namespace import NamespaceConfig
+    from spark_sb.config.service_bus import ServiceBusConfig
 
 __all__ = [
     "CONNECTED_FRESH",
     "NAMESPACE_SILENCE",
     "PRIMARY",
     "SECONDARY",
-    "SILENT_AFTER",
     "SLOW_MARGIN",
     "Batch",
     "SdkBatch",
     "SdkTransport",
     "Target",
     "Transport",
-    "sdk_timeout",
-    "shut_down_socket",
 ]
 
 _LOGGER = logging.getLogger(__name__)

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from spark_sb.config.service_bus import ConfigError, ServiceBusConfig
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.core.errors import ConfigError
 from spark_sb.core.redact import register_secret
 from tests.acceptance.backends import MISSING_HELP, Backend, MissingSettings, azure_backend
 from tests.acceptance.failures import AcceptanceFailure, explain, preflight, secrets_of

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from spark_sb.admin.provisioning import CERTIFICATE_HINT, is_certificate_error
-from spark_sb.config.service_bus import ConfigError, ServiceBusConfig
-from spark_sb.core.errors import SERVER_BUSY, UNAUTHORIZED, classify
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.core.errors import SERVER_BUSY, UNAUTHORIZED, ConfigError, classify
 from spark_sb.core.redact import redact
+from spark_sb.wire.admin_api import CERTIFICATE_HINT, is_certificate_error
 
 #: Deadlines of every admin call of the run (seconds): connect, then each read.
 ADMIN_TIMEOUTS: Mapping[str, Any] = {"connection_timeout": 10, "read_timeout": 30}

@@ -40,7 +40,7 @@ from typing import Any
 from spark_sb.admin.provisioning import provision_backlog_queues
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import Clock, SystemClock
-from spark_sb.sender.paired import SendOutcome
+from spark_sb.failover.outcome import SendOutcome
 from spark_sb.spark.sink import ServiceBusSink
 from spark_sb.spark.syphon_job import SyphonBatchWriter, run_syphon
 from tests.acceptance.backends import Backend

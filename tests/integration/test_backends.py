@@ -22,10 +22,11 @@ from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 from spark_sb.admin.provisioning import provision_backlog_queues
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import FakeClock
+from spark_sb.failover.outcome import namespace_key
 from spark_sb.failover.records import EntityState
 from spark_sb.message.backlog import is_probe
 from spark_sb.message.outbound import OutboundMessage
-from spark_sb.sender.paired import PairedSender, namespace_key
+from spark_sb.sender.paired import PairedSender
 
 
 @dataclass

@@ -25,7 +25,9 @@ pytest.importorskip("servicebus_local.fixtures", reason="the local namespace ser
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode  # noqa: E402
 
 from servicebus_local.model import QueueSettings, SubscriptionSettings  # noqa: E402
-from spark_sb.config.service_bus import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig  # noqa: E402
+from spark_sb.config.namespace import NamespaceConfig, RetryConfig
+from spark_sb.config.secret import Secret
+from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
 from spark_sb.failover.records import EntityState
 from spark_sb.failover.registry import FailoverRegistry  # noqa: E402
 from spark_sb.message.backlog import is_probe  # noqa: E402

@@ -21,19 +21,16 @@ from azure.core.credentials import AccessToken
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
 from servicebus_local.server import LocalNamespace
-from spark_sb.config.service_bus import (
-    CredentialConfig,
-    NamespaceConfig,
-    RetryConfig,
-    Secret,
-    ServiceBusConfig,
-)
+from spark_sb.config.namespace import CredentialConfig, NamespaceConfig, RetryConfig
+from spark_sb.config.secret import Secret
+from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.paired import PairedSender
 from spark_sb.syphon.mover import Syphon
-from spark_sb.wire.transport import PRIMARY, SILENT_AFTER, SdkTransport
+from spark_sb.wire.connection import SILENT_AFTER
+from spark_sb.wire.transport import PRIMARY, SdkTransport
 
 pytestmark = pytest.mark.slow
 

@@ -39,10 +39,10 @@ def test_the_driver_resolves_the_name_once_and_executors_never_ask(
     worker) while the primary is down starts, and diverts to the backlog, without asking the primary."""
     import pickle
 
-    from spark_sb.admin import provisioning as names_module
     from spark_sb.failover.registry import FailoverRegistry
     from spark_sb.message.outbound import OutboundMessage
     from spark_sb.spark.sink import ServiceBusSink
+    from spark_sb.wire import admin_api as names_module
 
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", namespace_pair.primary.ca_file)
     namespace_pair.primary.broker.create_queue("orders")

@@ -21,7 +21,9 @@ pytest.importorskip("servicebus_local.fixtures", reason="the local namespace ser
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode  # noqa: E402
 
 from servicebus_local.model import QueueSettings  # noqa: E402
-from spark_sb.config.service_bus import NamespaceConfig, RetryConfig, Secret, ServiceBusConfig  # noqa: E402
+from spark_sb.config.namespace import NamespaceConfig, RetryConfig
+from spark_sb.config.secret import Secret
+from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
 from spark_sb.core.errors import NoBacklogAvailableError, ServiceBusConfigError, classify  # noqa: E402
 from spark_sb.failover.records import EntityState
 from spark_sb.failover.registry import FailoverRegistry  # noqa: E402

@@ -16,7 +16,8 @@ from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import FakeClock
 from spark_sb.message.backlog import probe_message, to_backlog
 from spark_sb.message.outbound import OutboundMessage
-from spark_sb.syphon.mover import EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, Syphon
+from spark_sb.syphon.mover import Syphon
+from spark_sb.syphon.rules import EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,8 @@ from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import FakeClock
 from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage
-from spark_sb.syphon.mover import EXPIRED_IN_BACKLOG, Syphon
+from spark_sb.syphon.mover import Syphon
+from spark_sb.syphon.rules import EXPIRED_IN_BACKLOG
 
 pytestmark = pytest.mark.slow
 

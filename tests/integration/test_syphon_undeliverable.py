@@ -18,7 +18,8 @@ from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import FakeClock
 from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage
-from spark_sb.syphon.mover import DESTINATION_NOT_FOUND, Syphon
+from spark_sb.syphon.mover import Syphon
+from spark_sb.syphon.rules import DESTINATION_NOT_FOUND
 
 from .test_syphon import BACKLOG, _config, _put, _take
 

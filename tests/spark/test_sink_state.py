@@ -17,7 +17,7 @@ import pytest
 from servicebus_local.model import QueueSettings
 from spark_sb.admin.provisioning import provision_backlog_queues
 from spark_sb.admin.status import read_status
-from spark_sb.sender.paired import namespace_key
+from spark_sb.failover.outcome import namespace_key
 from spark_sb.spark.sink import ServiceBusSink
 from spark_sb.state import StateTables
 from spark_sb.state.delta import DeltaStateStore

@@ -12,17 +12,12 @@ from typing import Any
 
 import pytest
 
-from spark_sb.config.service_bus import (
-    ConfigError,
-    CredentialConfig,
-    NamespaceConfig,
-    RetryConfig,
-    Secret,
-    ServiceBusConfig,
-    load_config,
-    parse_connection_string,
-    parse_duration,
-)
+from spark_sb.config.endpoints import parse_connection_string
+from spark_sb.config.namespace import CredentialConfig, NamespaceConfig, RetryConfig
+from spark_sb.config.secret import Secret
+from spark_sb.config.service_bus import ServiceBusConfig, load_config
+from spark_sb.core.durations import parse_duration
+from spark_sb.core.errors import ConfigError
 from spark_sb.core.redact import RedactingFilter
 from spark_sb.message.rows import LOGICAL_COLUMNS
 
@@ -580,7 +575,8 @@ def test_direct_construction_is_validated() -> None:
 
 
 def test_provision_keys_parse_and_validate() -> None:
-    from spark_sb.config.service_bus import ConfigError, ServiceBusConfig
+    from spark_sb.config.service_bus import ServiceBusConfig
+    from spark_sb.core.errors import ConfigError
 
     base = {
         "primary": {

@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from spark_sb.config.service_bus import ConfigError
-from spark_sb.message.rows import SchemaError
-from spark_sb.sender.paired import SendOutcome
+from spark_sb.core.errors import ConfigError
+from spark_sb.failover.outcome import SendOutcome
 from spark_sb.spark.datasource import (
     TaskReport,
     WritePlan,
@@ -21,6 +20,7 @@ from spark_sb.spark.datasource import (
     new_job_id,
     parse_options,
 )
+from spark_sb.spark.schema import SchemaError
 from spark_sb.spark.sink import SinkIdConflictError
 from spark_sb.state.records import BATCH_COMMITTED, REPLAY_SKIPPED, PartitionResult
 
@@ -205,7 +205,7 @@ def test_rows_of_spark_40s_stream_writer_become_the_dicts_the_arrow_path_gives()
 
     from spark_sb.message.rows import row_to_message
     from spark_sb.spark.datasource import _row_batches
-    from spark_sb.spark.sink import arrow_rows
+    from spark_sb.spark.partition import arrow_rows
 
     rows = list(arrow_rows(_row_batches(iter([Row(body="x", message_id="m1", properties={"k": "v"})]))))
     assert rows == [{"body": "x", "message_id": "m1", "properties": {"k": "v"}}]

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from spark_sb.core.errors import classify
-from spark_sb.wire.lane import DeadlineExceeded, Lane, LaneClosed
+from spark_sb.core.errors import LaneClosed, classify
+from spark_sb.wire.lane import DeadlineExceeded, Lane
 
 
 class Ctx:

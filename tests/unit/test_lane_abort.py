@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from spark_sb.wire.lane import DeadlineExceeded, Lane, LaneClosed, abort_when_abandoned
+from spark_sb.core.errors import LaneClosed
+from spark_sb.wire.lane import DeadlineExceeded, Lane, abort_when_abandoned
 
 
 class StuckOpening:

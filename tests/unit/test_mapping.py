@@ -40,13 +40,12 @@ from spark_sb.message.outbound import (
 )
 from spark_sb.message.rows import (
     LOGICAL_COLUMNS,
-    SchemaError,
     reject_row,
     row_to_message,
     validate_message,
-    validate_schema,
 )
 from spark_sb.message.wire_size import batch_cost, encoded_size
+from spark_sb.spark.schema import SchemaError, validate_schema
 
 UTC = timezone.utc
 COLS: dict[str, str] = {}

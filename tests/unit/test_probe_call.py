@@ -1,4 +1,4 @@
-"""One probe of a primary entity, the same for a sender's Prober and the syphon (spark_sb.sender.prober.probe_call)."""
+"""One probe of a primary entity, the same for a sender's Prober and the syphon (spark_sb.wire.probe.probe_call)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from azure.servicebus import exceptions as sbe
 from spark_sb.core.clock import FakeClock
 from spark_sb.core.errors import ErrorClass
 from spark_sb.message.backlog import PROBE_SCHEDULE_AHEAD, is_probe
-from spark_sb.sender.prober import probe_call, single_attempt
+from spark_sb.wire.probe import probe_call, single_attempt
 from spark_sb.wire.transport import PRIMARY, Target
 
 from .fakes import FakeTransport

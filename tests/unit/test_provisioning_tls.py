@@ -15,14 +15,13 @@ from azure.core.exceptions import ServiceRequestError
 
 from spark_sb.admin import cli
 from spark_sb.admin.provisioning import (
-    ProvisioningError,
-    describe_error,
-    is_certificate_error,
-    is_retryable,
     provision_backlog_queues,
 )
 from spark_sb.config.service_bus import load_config
 from spark_sb.core.clock import FakeClock
+from spark_sb.core.errors import ProvisioningError
+from spark_sb.wire.admin_api import describe_admin_error as describe_error
+from spark_sb.wire.admin_api import is_certificate_error, is_retryable
 
 #: Variables through which requests / OpenSSL could already trust the local CA.
 _TRUST_VARIABLES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR")

@@ -16,21 +16,17 @@ from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, 
 
 import spark_sb.config.service_bus as config_module
 from spark_sb.admin import cli
-from spark_sb.admin.provisioning import (
-    BACKLOG_QUEUE_SPEC,
-    MAX_DURATION,
-    ProvisioningError,
-    QueueStatus,
-    derive_namespace_name,
-    is_address_host,
-    is_retryable,
-    provision_backlog_queues,
-    resolve_primary_namespace_name,
-)
-from spark_sb.admin.report import format_duration
-from spark_sb.config.service_bus import ConfigError, NamespaceConfig, Secret, ServiceBusConfig
+from spark_sb.admin.provisioning import provision_backlog_queues
+from spark_sb.admin.report import BACKLOG_QUEUE_SPEC, QueueStatus, format_duration
+from spark_sb.config.endpoints import derive_namespace_name, is_address_host
+from spark_sb.config.namespace import NamespaceConfig
+from spark_sb.config.secret import Secret
+from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import FakeClock
+from spark_sb.core.durations import MAX_DURATION
+from spark_sb.core.errors import ConfigError, ProvisioningError
 from spark_sb.message.backlog import backlog_queue_names, parse_backlog_queue_name
+from spark_sb.wire.admin_api import is_retryable, resolve_primary_namespace_name
 
 NS = "contoso"
 

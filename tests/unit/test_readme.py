@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from spark_sb.config.service_bus import KNOWN_KEYS
+from spark_sb.config.settings import KNOWN_KEYS
 
 markdown_it = pytest.importorskip("markdown_it")
 

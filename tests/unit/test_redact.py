@@ -75,7 +75,7 @@ def test_registered_and_explicit_secrets() -> None:
 
 
 def test_secret_objects_register_themselves() -> None:
-    from spark_sb.config.service_bus import Secret
+    from spark_sb.config.secret import Secret
 
     Secret("Endpoint=sb://h/;SharedAccessKeyName=k;SharedAccessKey=SelfRegisteredKey77")
     assert "SelfRegisteredKey77" not in redact("oops SelfRegisteredKey77 leaked raw")

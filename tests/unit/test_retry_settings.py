@@ -12,8 +12,9 @@ from typing import Any
 import azure.servicebus.exceptions as sbe
 import pytest
 
-from spark_sb.config.service_bus import ConfigError, ServiceBusConfig, load_config
+from spark_sb.config.service_bus import ServiceBusConfig, load_config
 from spark_sb.core.clock import FakeClock
+from spark_sb.core.errors import ConfigError
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.paired import PairedSender

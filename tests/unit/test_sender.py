@@ -14,8 +14,9 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus import exceptions as sbe
 
-from spark_sb.admin.provisioning import primary_namespace_name
-from spark_sb.config.service_bus import NamespaceConfig, Secret, ServiceBusConfig
+from spark_sb.config.namespace import NamespaceConfig
+from spark_sb.config.secret import Secret
+from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import FakeClock
 from spark_sb.core.errors import (
     MessageRejectedError,
@@ -24,6 +25,7 @@ from spark_sb.core.errors import (
     ServiceBusConfigError,
 )
 from spark_sb.failover.decisions import choose_session_affine
+from spark_sb.failover.outcome import SendOutcome
 from spark_sb.failover.records import EntityState, StateTransition
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.backlog import (
@@ -36,7 +38,8 @@ from spark_sb.message.backlog import (
     probe_message,
 )
 from spark_sb.message.outbound import OutboundMessage
-from spark_sb.sender.paired import PairedSender, SendOutcome
+from spark_sb.sender.paired import PairedSender
+from spark_sb.wire.admin_api import primary_namespace_name
 from spark_sb.wire.transport import PRIMARY, SECONDARY, Target
 
 from .fakes import FakeTransport
@@ -653,7 +656,7 @@ def test_backlog_queue_names_from_primary_namespace(monkeypatch: pytest.MonkeyPa
         asked.append(ns.endpoint_host())
         return "reported"
 
-    monkeypatch.setattr("spark_sb.admin.provisioning.resolve_primary_namespace_name", fake_resolve)
+    monkeypatch.setattr("spark_sb.wire.admin_api.resolve_primary_namespace_name", fake_resolve)
     assert primary_namespace_name(local) == "reported"
     assert primary_namespace_name(local) == "reported"
     assert asked == ["127.0.0.1:5671"]  # asked once per process and endpoint

@@ -11,8 +11,8 @@ import pytest
 
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import FakeClock
+from spark_sb.failover.outcome import SendOutcome
 from spark_sb.message.outbound import OutboundMessage
-from spark_sb.sender.paired import SendOutcome
 from spark_sb.sender.pool import SenderPool
 from spark_sb.spark import partition as sink_partition
 

@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 
-from spark_sb.config.service_bus import ConfigError, ServiceBusConfig
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.core.errors import ConfigError
+from spark_sb.failover.outcome import SendOutcome, namespace_key
 from spark_sb.failover.records import EntityState, EntityStatus, StateTransition
 from spark_sb.message.outbound import Reject, message_id_from_content
-from spark_sb.message.rows import SchemaError, row_to_message, validate_schema
-from spark_sb.sender.paired import SendOutcome, namespace_key
+from spark_sb.message.rows import row_to_message
+from spark_sb.spark.schema import SchemaError, validate_schema
 from spark_sb.spark.sink import ServiceBusSink, SinkIdConflictError, default_sink_id
 from spark_sb.state.records import (
     BATCH_COMMITTED,

@@ -16,10 +16,11 @@ import pytest
 from azure.servicebus import exceptions as sbe
 
 from spark_sb.core.clock import FakeClock
+from spark_sb.failover.outcome import SendOutcome, namespace_key
 from spark_sb.failover.records import BacklogPull, EntityState, EntityStatus, StateTransition
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.outbound import Reject
-from spark_sb.sender.paired import PairedSender, SendOutcome, namespace_key
+from spark_sb.sender.paired import PairedSender
 from spark_sb.state import StateTables
 from spark_sb.state.delta import is_conflict
 from spark_sb.state.planning import apply_handoff, plan_batch

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from spark_sb.admin.status import format_status, read_status
-from spark_sb.sender.paired import SendOutcome
+from spark_sb.failover.outcome import SendOutcome
 from spark_sb.spark.datasource import TaskReport, WritePlan, commit_write, parse_options
 from spark_sb.spark.sink import ServiceBusSink
 from spark_sb.state.planning import plan_batch, throttled_millis

@@ -10,7 +10,7 @@ import pytest
 
 from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage
-from spark_sb.syphon.mover import (
+from spark_sb.syphon.rules import (
     EXPIRED_IN_BACKLOG,
     NOT_A_BACKLOG_MESSAGE,
     SyphonOutcome,
@@ -88,7 +88,7 @@ def test_outcome_merge_merges_every_field_and_is_cancelled_if_either_was() -> No
 def test_token_expired_tells_an_expired_token_from_other_refusals() -> None:
     from azure.servicebus.exceptions import ServiceBusAuthenticationError, ServiceBusConnectionError
 
-    from spark_sb.syphon.mover import token_expired
+    from spark_sb.core.errors import token_expired
 
     class TokenExpired(Exception):  # pyamqp's, by name
         pass

@@ -12,15 +12,17 @@ from typing import Any
 
 import pytest
 
+from spark_sb.config.namespace import NamespaceConfig
 from spark_sb.config.secret import Secret
-from spark_sb.config.service_bus import ConfigError, NamespaceConfig, ServiceBusConfig
+from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.core.errors import ConfigError
 from spark_sb.spark.syphon_job import SyphonBatchWriter, error_class_of, outcome_rows
 from spark_sb.state.store import MemoryStateStore
-from spark_sb.syphon.mover import SyphonOutcome
 from spark_sb.syphon.rules import (
     ABANDON,
     DEAD_LETTER,
     DESTINATION_NOT_FOUND,
+    SyphonOutcome,
     attempt_of,
     due_for_verdict,
     is_parked,

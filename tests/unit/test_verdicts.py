@@ -12,14 +12,13 @@ import pytest
 from azure.servicebus import exceptions as sbe
 
 from spark_sb.core.clock import FakeClock
-from spark_sb.core.errors import CONNECTION, TIMEOUT, classify
+from spark_sb.core.errors import CONNECTION, TIMEOUT, LaneClosed, classify
 from spark_sb.failover.decisions import RetryPolicy
 from spark_sb.failover.records import EntityState
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.backlog import PROBE_SESSION, PROBE_SESSION_PREFIX, is_probe, probe_message
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.attempts import AttemptLoop
-from spark_sb.wire.lane import LaneClosed
 from spark_sb.wire.transport import NAMESPACE_SILENCE, PRIMARY, Target
 from tests.unit.fakes import FakeTransport
 from tests.unit.test_sender import Rig, make_config, msgs

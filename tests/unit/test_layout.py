@@ -1,0 +1,129 @@
+"""The package's layout holds (issue 30): wings import only the wings below them, every name has one address, and
+the import paths that the README and notebooks used before the wings still work for one release."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pathlib
+import warnings
+
+import pytest
+
+import spark_sb
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "spark_sb"
+
+#: Each wing and the wings it may import (the same rules as each wing's docstring). The send path (message, wire,
+#: failover, sender) imports nothing of Spark, state or admin.
+MAY_IMPORT: dict[str, set[str]] = {
+    "core": set(),
+    "message": {"core"},
+    "config": {"core", "message"},
+    "failover": {"core", "message"},
+    "wire": {"core", "config", "message"},
+    "sender": {"core", "config", "message", "wire", "failover"},
+    "syphon": {"core", "config", "message", "wire", "failover"},
+    "state": {"core", "message", "failover"},
+    "spark": {"core", "config", "message", "wire", "failover", "sender", "syphon", "state"},
+    "admin": {"core", "config", "message", "wire", "failover", "sender", "syphon", "state", "spark"},
+    "local": set(),
+}
+
+#: Names importable from a package besides its modules: the two that the README documents.
+DOCUMENTED = {("spark_sb.state", "StateTables"), ("spark_sb.state", "maintain")}
+
+
+def _imports(path: pathlib.Path) -> list[tuple[int, str, list[str]]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            found.extend((node.lineno, a.name, []) for a in node.names)
+    return found
+
+
+def _module_path(module: str) -> pathlib.Path | None:
+    base = ROOT / module.replace(".", "/")
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _defined(path: pathlib.Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def test_every_module_of_the_package_lives_in_a_wing() -> None:
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert loose == []
+    wings = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
+    assert wings == sorted(MAY_IMPORT)
+
+
+@pytest.mark.parametrize("wing", sorted(MAY_IMPORT))
+def test_a_wing_imports_only_the_wings_below_it(wing: str) -> None:
+    wrong = []
+    for path in sorted((PACKAGE / wing).rglob("*.py")):
+        for line, module, _ in _imports(path):
+            parts = module.split(".")
+            if parts[0] == "spark_sb" and len(parts) > 1 and parts[1] not in MAY_IMPORT[wing] | {wing}:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+            if wing in ("message", "wire", "failover", "sender", "syphon") and parts[0] == "pyspark":
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module} (Spark)")
+    assert wrong == []
+
+
+@pytest.mark.parametrize("wing", sorted(MAY_IMPORT))
+def test_a_wings_docstring_says_what_it_owns_where_it_runs_and_what_it_may_import(wing: str) -> None:
+    doc = ast.get_docstring(ast.parse((PACKAGE / wing / "__init__.py").read_text())) or ""
+    assert len(doc) > 200, wing
+    assert "run" in doc.lower(), wing
+    assert "import" in doc.lower(), wing
+
+
+def test_every_name_is_imported_from_the_module_that_defines_it() -> None:
+    """No re-exports: ``from spark_sb.x.y import name`` names a definition of ``spark_sb/x/y.py`` (or a module)."""
+    wrong = []
+    files = [p for d in ("spark_sb", "tests", "bench", "jobs", "notebooks") for p in (ROOT / d).rglob("*.py")]
+    for path in files:
+        for line, module, names in _imports(path):
+            if not module.startswith("spark_sb."):
+                continue
+            source = _module_path(module)
+            if source is None:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} no module {module}")
+                continue
+            defined = _defined(source)
+            for name in names:
+                if name in defined or (module, name) in DOCUMENTED or _module_path(f"{module}.{name}"):
+                    continue
+                wrong.append(f"{path.relative_to(ROOT)}:{line} {name} from {module}")
+    assert wrong == []
+
+
+def test_the_public_api_names_resolve() -> None:
+    for name in spark_sb.__all__:
+        assert getattr(spark_sb, name) is not None, name
+
+
+@pytest.mark.parametrize("old", sorted(spark_sb.MOVED_MODULES))
+def test_an_old_import_path_still_works_for_one_release_and_says_where_it_went(old: str) -> None:
+    new = spark_sb.MOVED_MODULES[old]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught) or (
+        old in __import__("sys").modules  # imported earlier in this process: Python does not ask again
+    )
