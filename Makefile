@@ -55,11 +55,11 @@ test-spark-oldest: jars-oldest
 	$(OLDEST_VENV)/bin/python -m pytest $(SPARK_TIER) -m spark
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests servicebus_local/tests -m "not spark and not slow"
+	$(BIN)/python -m pytest tests servicebus_local/tests -m "not spark and not slow and not packaging"
 
 lint: $(STAMP)
-	$(BIN)/ruff check spark_sb servicebus_local tests jobs bench
-	$(BIN)/ruff format --check spark_sb servicebus_local tests jobs bench
+	$(BIN)/ruff check spark_sb servicebus_local tests jobs bench harness
+	$(BIN)/ruff format --check spark_sb servicebus_local tests jobs bench harness
 	$(BIN)/mypy
 
 demo: $(JARS)

@@ -4,7 +4,7 @@
                                              [--count 50000] [--size 200] [--latency 0.002] [--skip-lags]
                                              [--skip-throughput] [--skip-steady] [--slices 20] [--slice 5000]
 
-Part 1 (lags): for each outage shape the local namespace can make (tests/outages.py: refused, dropped, stall
+Part 1 (lags): for each outage shape the local namespace can make (harness/outages.py: refused, dropped, stall
 after / before SASL warm and cold, DNS failure, entity disabled / not found / quota exceeded, per-entity
 stall), a sender loop sends 50-message batches back to back (SDK defaults: send_timeout 30 s, 3 SDK retries);
 the primary breaks; failover lag = first diverted message - fault start - failover_interval (goal <= 0.5 s);
@@ -53,9 +53,9 @@ from spark_sb.sender.paired import PairedSender  # noqa: E402
 
 
 def lags(args: argparse.Namespace) -> None:
+    from harness.outages import SHAPES, prepare, run_outage
     from servicebus_local.fixtures import NamespacePair
     from servicebus_local.server import LocalNamespace
-    from tests.outages import SHAPES, prepare, run_outage
 
     names = args.shapes.split(",") if args.shapes else list(SHAPES)
     print(

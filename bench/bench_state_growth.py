@@ -40,9 +40,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from spark_sb.spark.session import build_spark_session  # noqa: E402
-from spark_sb.state import StateTables, maintain  # noqa: E402
-from tests.spark.state_growth import (  # noqa: E402
+from harness.state_growth import (  # noqa: E402
     STEPS,
     bulk_history,
     commit_once,
@@ -53,6 +51,8 @@ from tests.spark.state_growth import (  # noqa: E402
     seed,
     small_commits,
 )
+from spark_sb.spark.session import build_spark_session  # noqa: E402
+from spark_sb.state import StateTables, maintain  # noqa: E402
 
 SETS = ("fresh", "grown", "maintained")
 GOAL_RATIO = 1.10

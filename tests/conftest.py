@@ -22,7 +22,13 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-TIERS = {"unit": "unit", "integration": "local", "spark": "spark", "acceptance": "spark"}
+TIERS = {
+    "unit": "unit",
+    "packaging": "packaging",
+    "integration": "local",
+    "spark": "spark",
+    "acceptance": "spark",
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

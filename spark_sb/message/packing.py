@@ -5,7 +5,7 @@ to measure it (``get_message_encoded_size``) and once more to append it (``add_b
 the CPU a sender spends per message, on the healthy path (packing primary batches) and on the failed-over one
 (packing backlog batches). :func:`add_to_batch` does what ``add_message`` does, step for step - the same
 outgoing message, the same tracing, the same size rule and envelope - but keeps the bytes of the one encoding it
-measured. ``tests/unit/test_packing.py`` holds it to the SDK's own result (the batch's bytes, size and count) for
+measured. ``tests/unit/message/test_packing.py`` holds it to the SDK's own result (the batch's bytes, size and count) for
 every message shape the product sends.
 
 It reaches into the batch's private state, so it is used only where that state is what it expects (the pyamqp

@@ -25,12 +25,12 @@ import pytest
 from azure.core.credentials import AzureNamedKeyCredential
 from azure.servicebus import ServiceBusClient, TransportType
 
+from harness.outages import make_config, prepare
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.paired import PairedSender
 from spark_sb.wire.connection import SharedConnection, open_connection
 from spark_sb.wire.lane import _WATCHDOG, DeadlineExceeded, Lane
-from tests.outages import make_config, prepare
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.outages import SHAPES, Timeline, prepare, run_outage
+from harness.outages import SHAPES, Timeline, prepare, run_outage
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The Delta state store runs the same contract as the in-memory one (tests/unit/test_state.py::StoreContract),
+"""The Delta state store runs the same contract as the in-memory one (tests/unit/state/test_store.py::StoreContract),
 on path tables and on catalog tables (``state_table_prefix``), on the session-scoped local Spark with Delta."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from spark_sb.state import StateTables
 from spark_sb.state.delta import DeltaStateStore
-from tests.unit.test_state import StoreContract
+from tests.unit.state.store_contract import StoreContract
 
 pytestmark = pytest.mark.slow
 

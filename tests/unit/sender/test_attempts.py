@@ -21,7 +21,7 @@ from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.attempts import AttemptLoop
 from spark_sb.wire.transport import NAMESPACE_SILENCE, PRIMARY, Target
 from tests.unit.fakes import FakeTransport
-from tests.unit.test_sender import Rig, make_config, msgs
+from tests.unit.sender.rig import Rig, make_config, msgs
 
 H, F, FO = EntityState.HEALTHY, EntityState.FAILING, EntityState.FAILED_OVER
 NS = "primary.example:5671"

@@ -1,5 +1,5 @@
 """The deltalake (delta-rs) state store of the ``servicebus`` data source runs the same contract as the
-in-memory and Spark Delta stores (tests/unit/test_state.py::StoreContract), without a JVM."""
+in-memory and Spark Delta stores (tests/unit/state/test_store.py::StoreContract), without a JVM."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from spark_sb.state.records import BATCH_COMMITTED, BatchWrites, Event, RejectRecord
 from spark_sb.state.writer import coalesce
-from tests.unit.test_state import StoreContract
+from tests.unit.state.store_contract import StoreContract
 
 pytest.importorskip("deltalake")
 

@@ -12,8 +12,7 @@ import pytest
 
 from spark_sb.admin.cli import main
 from spark_sb.admin.status import format_status, read_status
-
-from .test_sender import make_config
+from tests.unit.sender.rig import make_config
 
 deltalake = pytest.importorskip("deltalake")
 

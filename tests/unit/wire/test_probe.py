@@ -14,8 +14,7 @@ from spark_sb.core.errors import ErrorClass
 from spark_sb.message.backlog import PROBE_SCHEDULE_AHEAD, is_probe
 from spark_sb.wire.probe import probe_call, single_attempt
 from spark_sb.wire.transport import PRIMARY, Target
-
-from .fakes import FakeTransport
+from tests.unit.fakes import FakeTransport
 
 TARGET = Target(PRIMARY, "orders")
 AT = datetime(2026, 1, 1, tzinfo=timezone.utc)

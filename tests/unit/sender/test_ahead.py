@@ -12,9 +12,8 @@ from spark_sb.message.backlog import from_backlog, to_backlog
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.ahead import Ahead
 from spark_sb.wire.transport import PRIMARY, Target
-
-from .fakes import FakeBatch
-from .test_sender import Rig, conn_error, msgs
+from tests.unit.fakes import FakeBatch
+from tests.unit.sender.rig import Rig, conn_error, msgs
 
 
 def _ids(messages: list[OutboundMessage]) -> set[str | None]:

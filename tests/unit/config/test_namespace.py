@@ -19,8 +19,7 @@ from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.paired import PairedSender
 from spark_sb.wire.transport import PRIMARY, SdkTransport
-
-from .fakes import FakeTransport
+from tests.unit.fakes import FakeTransport
 
 KEY = "c2VjcmV0LWtleS1kby1ub3QtbG9n"
 

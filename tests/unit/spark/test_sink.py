@@ -31,8 +31,7 @@ from spark_sb.state.records import (
 )
 from spark_sb.state.store import MemoryStateStore
 from spark_sb.state.writer import EntityView, StateWriteError, StateWriter
-
-from .test_sender import make_config
+from tests.unit.sender.rig import make_config
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 

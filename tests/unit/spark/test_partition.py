@@ -15,8 +15,7 @@ from spark_sb.failover.outcome import SendOutcome
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.pool import SenderPool
 from spark_sb.spark import partition as sink_partition
-
-from .test_sender import make_config
+from tests.unit.sender.rig import make_config
 
 
 class FakeSender:

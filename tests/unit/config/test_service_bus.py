@@ -184,7 +184,7 @@ def test_yaml_errors(tmp_path: Path) -> None:
 
 
 def test_shipped_conf_files_load() -> None:
-    root = Path(__file__).resolve().parents[2] / "conf"
+    root = Path(__file__).resolve().parents[3] / "conf"
     env = {"SB_PRIMARY_CONNECTION_STRING": CS1, "SB_SECONDARY_CONNECTION_STRING": CS2}
     for name in ("example.yaml", "local.yaml"):
         c = load_config(root / name, env=env)
