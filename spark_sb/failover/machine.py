@@ -6,12 +6,47 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from spark_sb.core.clock import Clock
 from spark_sb.core.errors import ErrorClass
-from spark_sb.failover.decisions import Route, attempt_budget, failover_due, probe_due
+from spark_sb.failover.decisions import (
+    WRONG_DESTINATION,
+    Decision,
+    RetryPolicy,
+    Route,
+    Where,
+    attempt_budget,
+    decide,
+    failover_due,
+    probe_due,
+)
 from spark_sb.failover.records import EntityState, EntityStatus, StateTransition, redacted
+
+
+class Evidence(Protocol):
+    """What the wire can tell about one failed call (SPEC F7), asked by the entity's state only when it needs it
+    (asking may record a timeout in the namespace's health): :meth:`namespace_wide` - the failure is evidence against
+    the whole namespace (its connection was silent past its heartbeat, or several entities timed out together);
+    :meth:`answered` - the namespace answered the call (a service error condition, or its connection was heard)."""
+
+    def namespace_wide(self) -> bool: ...
+
+    def answered(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Step:
+    """What follows a failed attempt on a primary entity (:meth:`EntityFailover.failed`): the ``decision`` (retry
+    after a pause, divert, split, reject, raise), the ``transitions`` that recording the failure caused, and
+    ``began_failing``: the entity went FAILING with this failure (its backlog link is worth opening now)."""
+
+    decision: Decision
+    transitions: list[StateTransition]
+    began_failing: bool = False
+
 
 #: Distinct entities whose attempts time out with nothing heard from the namespace in between: the namespace's fault
 #: (SPEC F7), whatever the heartbeats could tell (a ``failover_interval`` below the heartbeat period).
@@ -385,6 +420,73 @@ class EntityFailover:
             if self._state is EntityState.FAILING and self._first_failure is not None:
                 waited = self._clock.monotonic() - self._first_failure
             return attempt_budget(send_timeout, self.failover_interval, waited, connected)
+
+    def next_attempt(
+        self, send_timeout: float, connected: bool = False
+    ) -> tuple[float | None, list[StateTransition]]:
+        """Before an attempt on the primary entity: its deadline (what is left of the failover timer, see
+        :func:`attempt_budget`), or None when the entity is failed over by now (divert instead); and the
+        transitions that applying the timer caused."""
+        transitions = self.check()
+        if self.state is EntityState.FAILED_OVER:
+            return None, transitions
+        return self.attempt_budget(send_timeout, connected), transitions
+
+    def failed(
+        self,
+        where: Where,
+        error: ErrorClass,
+        detail: str,
+        started: float,
+        evidence: Evidence,
+        *,
+        attempts: int,
+        waited: float,
+        messages: int,
+        policy: RetryPolicy,
+    ) -> Step:
+        """An attempt on this entity (``where``: a send to it, a probe's cancel) that started at ``started``
+        (monotonic) failed with ``error``: record it and say what follows (the whole rule, SPEC B3, F1, F7, F9).
+
+        * A fail_over-class error goes to the failover timer from ``started`` - against the whole namespace when
+          the ``evidence`` says so - unless it is a not-found from an entity never seen to accept a message (a
+          wrong destination, F9: rejected, not an outage).
+        * A failure that is not the namespace's and that the namespace answered (a service error condition, a
+          connection heard during the call) closes an open namespace fault: the other entities learn it.
+        * The decision is :func:`decide` on the state as it stands after the failure."""
+        known = where is not Where.PRIMARY or self.accepted
+        transitions: list[StateTransition] = []
+        began_failing = False
+        wide = False
+        if error.fail_over and (known or error.name != WRONG_DESTINATION):
+            wide = evidence.namespace_wide()
+            failing = self.record_failure(error, detail, started, namespace_wide=wide)
+            transitions.extend(failing)
+            began_failing = bool(failing) and failing[0].to_state is EntityState.FAILING
+        if not wide and evidence.answered():
+            transitions.extend(self.namespace_answered_here())
+        decision = decide(
+            where,
+            error,
+            attempts=attempts,
+            waited=waited,
+            state=self.state,
+            remaining=self.time_until_failover(),
+            messages=messages,
+            policy=policy,
+            known=known,
+        )
+        return Step(decision, transitions, began_failing)
+
+    def probe_failed(self, error: ErrorClass, detail: str, evidence: Evidence) -> list[StateTransition]:
+        """A probe of this failed-over entity failed with ``error``: recorded by the same rule as a failed send
+        (:meth:`failed`): against the namespace when the ``evidence`` says so, and an answer of the namespace
+        closes its fault. The entity stays failed over; the next probe is due in ``ping_primary_interval``."""
+        wide = evidence.namespace_wide()
+        transitions = self.record_probe(False, error.name, detail, namespace_wide=wide)
+        if not wide and evidence.answered():
+            transitions.extend(self.namespace_answered_here())
+        return transitions
 
     def claim_probe(self) -> bool:
         """True (once per ``ping_primary_interval`` for the whole process) when this caller should probe now;

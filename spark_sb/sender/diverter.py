@@ -10,21 +10,18 @@ open backlog batch per backlog queue in a call (``backlog_queue_count``), the ca
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.core.clock import Clock
 from spark_sb.core.errors import MessageRejectedError, NoBacklogAvailableError, SendError, describe_error
 from spark_sb.failover.decisions import Verb, Where
 from spark_sb.failover.outcome import Tally, message_row, namespace_description
-from spark_sb.failover.registry import FailoverRegistry
-from spark_sb.failover.rotation import BacklogChooser
 from spark_sb.message.outbound import OutboundMessage, Reject, RejectError
 from spark_sb.message.rows import row_to_json
 from spark_sb.sender.attempts import AttemptLoop, Progress
-from spark_sb.wire.transport import SECONDARY, Batch, Target, Transport
+from spark_sb.sender.context import SendContext
+from spark_sb.wire.transport import SECONDARY, Batch, Target
 
 
 class Open:
@@ -42,9 +39,9 @@ class Open:
 class Rejects:
     """A call's rejected messages (B7, S6): recorded in the tally, or - ``on_reject: fail`` - raised."""
 
-    def __init__(self, config: ServiceBusConfig, transport: Callable[[], Transport]) -> None:
-        self._config = config
-        self._transport = transport
+    def __init__(self, ctx: SendContext) -> None:
+        self._config = ctx.config
+        self._transport = ctx.transport
 
     def try_add(
         self, batch: Batch, msg: OutboundMessage, tally: Tally, entity: str, index: int | None
@@ -97,24 +94,15 @@ class Diverter:
     """Sends a failed-over entity's messages to the backlog queues of the secondary namespace, for one sender.
 
     Args:
-        config / clock / registry: the sender's (the rotation of pulled queues is the registry's).
-        chooser: the sender's backlog choice.
-        secondary_key: the secondary namespace's key in the rotation.
-        transport: returns the sender's transport.
+        ctx: the sender's context (configuration, clock, registry - the rotation of pulled queues is the
+            registry's -, backlog choice, transport).
         loop: the sender's attempt loop (backlog sends are retried by :data:`Where.BACKLOG`'s rules).
         rejects: the call's rejects.
-        ensure_prober: a divert needs the failed-over entities probed (B8).
     """
 
-    config: ServiceBusConfig
-    clock: Clock
-    registry: FailoverRegistry
-    chooser: BacklogChooser
-    secondary_key: str
-    transport: Callable[[], Transport]
+    ctx: SendContext
     loop: AttemptLoop
     rejects: Rejects
-    ensure_prober: Callable[[], None]
 
     def divert(
         self,
@@ -127,8 +115,7 @@ class Diverter:
         goes out at once, the rest with the call's other open backlog batches at its end. Not flushed here: a
         namespace outage diverts every entity's batch, and one backlog send per entity would cost a round trip
         per entity (F1)."""
-        self.ensure_prober()
-        default = self.config.entity
+        default = self.ctx.config.entity
         ahead = progress.ahead() if progress is not None and progress.ahead is not None else None
         for i, m in enumerate(messages):
             made = ahead[i] if ahead is not None else None
@@ -148,7 +135,7 @@ class Diverter:
         session = msg.session_id
         queue = tally.sticky.get(entity) if session is None else None
         if queue is None:
-            queue = self.chooser.choose(entity, session)
+            queue = self.ctx.chooser.choose(entity, session)
             if queue is None:
                 raise self._no_backlog(entity)
             if session is None:  # the sticky choice holds until the next batch boundary (see _deliver)
@@ -156,7 +143,7 @@ class Diverter:
         slot = backlog.get(queue)
         if slot is None:
             slot = backlog[queue] = Open(
-                self.transport().new_batch(Target(SECONDARY, queue)), self.clock.now()
+                self.ctx.transport().new_batch(Target(SECONDARY, queue)), self.ctx.clock.now()
             )
         try:  # the failed-over hot path (translated and encoded once)
             if slot.batch.try_add_backlog(msg, entity, slot.started, made):
@@ -187,13 +174,13 @@ class Diverter:
         elsewhere (B5)."""
         tally.sticky.clear()  # a batch boundary: a queue may be pulled now (here or by another sender)
         batch = slot.batch
-        if not self.registry.rotation.is_available(self.secondary_key, batch.target.entity):
+        if not self.ctx.registry.rotation.is_available(self.ctx.secondary_key, batch.target.entity):
             # its queue was pulled while it was packed (settling the batch before it): send it elsewhere
             for m, entity in zip(slot.originals, slot.entities, strict=True):
                 self.to_backlog(backlog, m, entity, None, tally)
             return
         queue = batch.target.entity
-        transport = self.transport()
+        transport = self.ctx.transport()
         result = self.loop.run(
             Where.BACKLOG,
             lambda timeout: transport.send(batch, timeout),
@@ -208,7 +195,7 @@ class Diverter:
         if verb is Verb.SPLIT:
             half = len(slot.originals) // 2
             for lo, hi in ((0, half), (half, len(slot.originals))):
-                sub = Open(self.transport().new_batch(batch.target), slot.started)
+                sub = Open(self.ctx.transport().new_batch(batch.target), slot.started)
                 for i in range(lo, hi):
                     if not sub.batch.try_add_backlog(slot.originals[i], slot.entities[i], slot.started):
                         raise SendError("internal error: a split batch does not fit")  # pragma: no cover
@@ -221,10 +208,14 @@ class Diverter:
                 self.rejects.reject(tally, m, RejectError(reason), entity, None)
         elif verb is Verb.PULL:
             assert result.error_class is not None and result.error is not None
-            until = self.clock.monotonic() + float(self.config.backlog_retry_interval)
+            until = self.ctx.clock.monotonic() + float(self.ctx.config.backlog_retry_interval)
             tally.pulls.append(
-                self.registry.rotation.pull(
-                    self.secondary_key, queue, until, result.error_class.name, describe_error(result.error)
+                self.ctx.registry.rotation.pull(
+                    self.ctx.secondary_key,
+                    queue,
+                    until,
+                    result.error_class.name,
+                    describe_error(result.error),
                 )
             )
             for m, entity in zip(slot.originals, slot.entities, strict=True):
@@ -232,20 +223,14 @@ class Diverter:
         else:
             raise self.loop.error(result, SECONDARY, queue)
 
-    def warm(self, entity: str) -> None:
-        """The entity started failing: open the link to its backlog queue now, so a failover diverts at once."""
-        queue = self.chooser.choose(entity) if self.config.secondary is not None else None
-        if queue is not None:
-            self.transport().warm(Target(SECONDARY, queue))
-
     def _no_backlog(self, entity: str) -> NoBacklogAvailableError:
-        if self.config.secondary is None or not self.chooser.queues:
+        if self.ctx.config.secondary is None or not self.ctx.chooser.queues:
             why = "no secondary namespace / backlog queues are configured"
         else:
-            pulled = ", ".join(p.queue for p in self.registry.rotation.pulled(self.secondary_key))
+            pulled = ", ".join(p.queue for p in self.ctx.registry.rotation.pulled(self.ctx.secondary_key))
             why = f"every backlog queue is pulled from the rotation ({pulled})"
         return NoBacklogAvailableError(
             f"entity {entity!r} is failed over on the primary namespace "
-            f"{namespace_description(self.config.primary)} and {why}; the task fails so that Spark retries "
+            f"{namespace_description(self.ctx.config.primary)} and {why}; the task fails so that Spark retries "
             "the batch (messages not counted as sent were not sent)"
         )

@@ -18,15 +18,11 @@ from __future__ import annotations
 import functools
 import logging
 import random
-import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import Clock, SystemClock
 from spark_sb.core.errors import (
-    UNEXPECTED,
-    ErrorClass,
-    LaneClosed,
     SendError,
     classify,
     describe_error,
@@ -39,17 +35,18 @@ from spark_sb.failover.outcome import (
     namespace_description,
     namespace_key,
 )
-from spark_sb.failover.records import EntityState, Listener, StateTransition, log_transition, log_transitions
+from spark_sb.failover.records import EntityState, Listener, log_transition
 from spark_sb.failover.registry import FailoverRegistry, process_registry
 from spark_sb.failover.rotation import BacklogChooser
 from spark_sb.message.backlog import PROBE_MODES
 from spark_sb.message.outbound import OutboundMessage, RejectError
 from spark_sb.sender.ahead import Ahead
-from spark_sb.sender.attempts import AttemptLoop, Progress
+from spark_sb.sender.attempts import AttemptLoop, Progress, WireEvidence
+from spark_sb.sender.context import SendContext
 from spark_sb.sender.diverter import Diverter, Open, Rejects
 from spark_sb.sender.prober import Prober
 from spark_sb.wire.admin_api import primary_namespace_name
-from spark_sb.wire.transport import PRIMARY, Batch, SdkTransport, Target, Transport
+from spark_sb.wire.transport import PRIMARY, Batch, Target, Transport
 
 __all__ = ["PairedSender"]
 
@@ -111,8 +108,6 @@ class PairedSender:
         if registry is None:
             registry = process_registry() if isinstance(clock, SystemClock) else FailoverRegistry(clock)
         self._registry = registry
-        self._transport: Transport | None = transport
-        self._listener: Listener = listener or log_transition
         self._primary_key = namespace_key(config.primary)
         self._secondary_key = namespace_key(config.secondary) if config.secondary is not None else ""
         if backlog_queues is None:
@@ -143,42 +138,26 @@ class PairedSender:
         probe_budget = min(
             float(config.send_timeout), max(float(config.ping_primary_interval), MIN_ATTEMPT_BUDGET)
         )
-        self._loop = AttemptLoop(
+        self._ctx = SendContext(
             config=config,
             clock=clock,
             policy=self._policy,
-            transport=lambda: self.transport,
-            fault=self._fault,
-            emit=self._emit,
-            warm_backlog=self._warm_backlog,
-            probe_budget=probe_budget,
-        )
-        self._probes = Prober(
-            primary_key=self._primary_key,
-            mode=config.probe_mode,
-            registry=registry,
-            clock=clock,
-            transport=lambda: self.transport,
-            entity=self._entity,
-            budget=probe_budget,
-            retry=self._retry_probe,
-            namespace_wide=self._loop.namespace_wide,
-            namespace_answered=self._loop.namespace_answered,
-            background=isinstance(clock, SystemClock) if background_probes is None else background_probes,
-        )
-        self._rejects = Rejects(config, lambda: self.transport)
-        self._diverter = Diverter(
-            config=config,
-            clock=clock,
             registry=registry,
             chooser=self._chooser,
+            primary_key=self._primary_key,
             secondary_key=self._secondary_key,
-            transport=lambda: self.transport,
-            loop=self._loop,
-            rejects=self._rejects,
-            ensure_prober=lambda: self._probes.ensure_running(),
+            listener=listener or log_transition,
+            probe_budget=probe_budget,
+            transport_given=transport,
         )
-        self._transport_lock = threading.Lock()
+        self._loop = AttemptLoop(self._ctx)
+        self._probes = Prober(
+            ctx=self._ctx,
+            loop=self._loop,
+            background=isinstance(clock, SystemClock) if background_probes is None else background_probes,
+        )
+        self._rejects = Rejects(self._ctx)
+        self._diverter = Diverter(ctx=self._ctx, loop=self._loop, rejects=self._rejects)
         self._ahead: Ahead | None = None  # the running _flush's translations made ahead
         self._closed = False
 
@@ -189,15 +168,9 @@ class PairedSender:
 
     @property
     def transport(self) -> Transport:
-        """The sender's transport, built on first use. After :meth:`close` none is built (a probe still running
-        meets :class:`~spark_sb.wire.lane.LaneClosed`, which is evidence of nothing)."""
-        if self._transport is None:
-            with self._transport_lock:
-                if self._transport is None:
-                    if self._closed:
-                        raise LaneClosed("the paired sender is closed")
-                    self._transport = SdkTransport(self._config)
-        return self._transport
+        """The sender's transport, built on first use (:meth:`SendContext.transport`). After :meth:`close` none is
+        built (a probe still running meets :class:`~spark_sb.core.errors.LaneClosed`, which is evidence of nothing)."""
+        return self._ctx.transport()
 
     @property
     def backlog_queues(self) -> list[str]:
@@ -207,12 +180,7 @@ class PairedSender:
         return self._entity(entity).state
 
     def _entity(self, entity: str) -> EntityFailover:
-        return self._registry.entity(
-            self._primary_key,
-            entity,
-            failover_interval=float(self._config.failover_interval),
-            ping_interval=float(self._config.ping_primary_interval),
-        )
+        return self._ctx.entity(entity)
 
     # -- public API
     def send(self, messages: Iterable[OutboundMessage]) -> SendOutcome:
@@ -275,7 +243,7 @@ class PairedSender:
             err.outcome = tally.build(self._clock.monotonic() - start)
             raise
         finally:
-            self._log_emitted(tally)
+            self._ctx.log_emitted(tally)
             if tally.diverted:
                 self._never_reached()
             if tally.throttled:
@@ -312,15 +280,14 @@ class PairedSender:
         tally = Tally()
         self._probes.probe_due()
         self._collect_probes(tally)
-        self._log_emitted(tally)
+        self._ctx.log_emitted(tally)
         return tally.build(self._clock.monotonic() - start)
 
     def close(self) -> None:
         """Close both clients (B10), in the background: never blocks. The sender can not be used afterwards."""
         self._closed = True
         self._probes.stop()
-        if self._transport is not None:
-            self._transport.close()
+        self._ctx.close()
 
     def __enter__(self) -> PairedSender:
         return self
@@ -336,7 +303,7 @@ class PairedSender:
         """PRIMARY or BACKLOG for the next batch of ``entity``; starts a probe when one is due (B8)."""
         state = self._entity(entity)
         route, transitions = state.admit()
-        self._emit(tally, transitions)
+        self._ctx.emit(tally, transitions)
         if route is Route.PROBE:
             self._probes.start(entity, state)
             self._collect_probes(tally)  # an inline probe has finished already
@@ -355,17 +322,18 @@ class PairedSender:
         if len(targets) < 2:
             return
         first = self._entity(targets[0].entity)
-        self._emit(tally, first.check())
-        if first.state is EntityState.FAILED_OVER:
+        silence, transitions = first.next_attempt(float(self._config.send_timeout))
+        self._ctx.emit(tally, transitions)
+        if silence is None:
             return
-        silence = first.attempt_budget(float(self._config.send_timeout))
         started = self._clock.monotonic()
         try:
             transport.prepare(targets, silence)
         except Exception as exc:  # the transport closed what faulted already
             cls = classify(exc)
-            if cls.fail_over and self._loop.namespace_wide(cls, targets[0], started, first):
-                self._emit(
+            evidence = WireEvidence(cls, targets[0], started, first, transport, self._clock)
+            if cls.fail_over and evidence.namespace_wide():
+                self._ctx.emit(
                     tally, first.record_failure(cls, describe_error(exc), started, namespace_wide=True)
                 )
             _LOGGER.info("opening %d links failed (%s); each entity's send meets it", len(targets), cls.name)
@@ -421,7 +389,7 @@ class PairedSender:
                 waiting.sort(key=lambda w: w[0])
                 due = waiting[0][0]
                 if due > self._clock.monotonic():
-                    self._log_emitted(tally)  # what happened so far is in the log while the call waits
+                    self._ctx.log_emitted(tally)  # what happened so far is in the log while the call waits
                     if self._namespace_down():
                         ahead.prepare([w[1] for w in waiting], until=due)
                     now = self._clock.monotonic()
@@ -460,7 +428,7 @@ class PairedSender:
 
     def _slow(self, entity: str) -> Callable[[], None]:
         def slow() -> None:  # no answer yet, close to the deadline: have the backlog's link ready
-            self._warm_backlog(entity)
+            self._ctx.warm_backlog(entity)
             ahead = self._ahead
             if ahead is not None and len(ahead) > 1:  # and the call's waiting batches translated for it
                 ahead.start()
@@ -497,6 +465,7 @@ class PairedSender:
         if verb is Verb.RETRY:
             return result.decision.delay
         if verb is Verb.DIVERT:
+            self._probes.ensure_running()  # a failed-over entity is probed (B8)
             self._diverter.divert(batch.messages, backlog, tally, progress)
         elif verb is Verb.SPLIT:
             for half in self._halves(batch):
@@ -546,44 +515,8 @@ class PairedSender:
             out.append(sub)
         return out
 
-    def _warm_backlog(self, entity: str) -> None:
-        self._diverter.warm(entity)
-
     # -- probes (B8): run by the Prober, reported on this thread
     def _collect_probes(self, tally: Tally) -> None:
         for record, transitions in self._probes.collect():
             tally.probes.append(record)
-            self._emit(tally, transitions)
-
-    def _retry_probe(
-        self, call: Callable[[float], object], target: Target
-    ) -> tuple[ErrorClass | None, BaseException | None]:
-        """A probe's call (its cancel) under the retry policy for probes: the last error class and error, or None."""
-        result = self._loop.run(Where.PROBE, call, None, target=target)
-        if result.decision is None:
-            return None, None
-        return result.error_class or UNEXPECTED, result.error
-
-    # -- helpers
-    def _fault(self, target: Target) -> None:
-        if self._transport is not None:
-            self._transport.fault(target)
-
-    def _emit(self, tally: Tally | None, transitions: list[StateTransition]) -> None:
-        """Hand ``transitions`` to the outcome and the listener. The default listener (logging) gets them at the
-        call's end, grouped by kind (:meth:`_log_emitted`): a namespace outage over E entities is two lines."""
-        for t in transitions:
-            if tally is not None:
-                tally.transitions.append(t)
-                if self._listener is log_transition:
-                    tally.unlogged.append(t)
-                    continue
-            try:
-                self._listener(t)
-            except Exception as exc:  # the listener is observability only; its failure must not fail the send
-                _LOGGER.error("state transition listener failed: %s", describe_error(exc))
-
-    def _log_emitted(self, tally: Tally) -> None:
-        if tally.unlogged:
-            unlogged, tally.unlogged = tally.unlogged, []
-            log_transitions(unlogged)
+            self._ctx.emit(tally, transitions)

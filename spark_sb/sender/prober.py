@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from spark_sb.core.clock import Clock
 from spark_sb.core.errors import CLIENT_CLOSED, ErrorClass, classify, describe_error
 from spark_sb.failover.machine import EntityFailover
 from spark_sb.failover.outcome import ProbeRecord
 from spark_sb.failover.records import EntityState, StateTransition
-from spark_sb.failover.registry import FailoverRegistry
-from spark_sb.wire.probe import Retry, probe_call
+from spark_sb.sender.attempts import AttemptLoop, WireEvidence
+from spark_sb.sender.context import SendContext
+from spark_sb.wire.probe import probe_call
 from spark_sb.wire.transport import PRIMARY, Target, Transport
 
 _LOGGER = logging.getLogger(__name__)
@@ -41,30 +40,14 @@ class Prober:
     """Probes the failed-over entities of one primary namespace for one sender.
 
     Args:
-        primary_key: the primary namespace's key in the registry (``namespace_key``).
-        mode: ``probe_mode`` (``ping`` sends a probe message; ``schedule`` schedules one and cancels it).
-        registry / clock: the sender's.
-        transport: a callable returning the sender's transport (built lazily).
-        entity: the sender's accessor of an entity's shared state.
-        budget: the deadline of each probe call.
-        retry: the sender's retry loop for a probe's cancel.
-        namespace_wide: is a failure of an attempt that started at the given time evidence against the namespace
-            (given the entity's state and the transport the probe used).
-        namespace_answered: did a failed probe show that the namespace answers (a service error, a connection
-            heard): an open namespace fault then closes (SPEC F7).
+        ctx: the sender's context (registry, clock, transport, the primary's key, ``probe_mode``, the deadline of
+            each probe call).
+        loop: the sender's attempt loop (a probe's cancel is retried by :data:`Where.PROBE`'s rules).
         background: probe on helper threads (False: inline, deterministic under a fake clock).
     """
 
-    primary_key: str
-    mode: str
-    registry: FailoverRegistry
-    clock: Clock
-    transport: Callable[[], Transport]
-    entity: Callable[[str], EntityFailover]
-    budget: float
-    retry: Retry
-    namespace_wide: Callable[[ErrorClass, Target, float, EntityFailover, Transport], bool]
-    namespace_answered: Callable[[ErrorClass, Target, Transport], bool]
+    ctx: SendContext
+    loop: AttemptLoop
     background: bool
     _finished: list[tuple[ProbeRecord, list[StateTransition]]] = field(default_factory=list, init=False)
     _finished_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
@@ -133,7 +116,9 @@ class Prober:
         a thousand failed-over entities come back in one round of link openings, not one per entity)."""
         if len(claimed) > 1:
             try:
-                self.transport().isolated().prepare([Target(PRIMARY, s.entity) for s in claimed], self.budget)
+                self.ctx.transport().isolated().prepare(
+                    [Target(PRIMARY, s.entity) for s in claimed], self.ctx.probe_budget
+                )
             except Exception as exc:  # each probe meets (and records) the failure itself
                 _LOGGER.info("opening the links of %d probes failed: %s", len(claimed), describe_error(exc))
         for state in claimed:
@@ -151,9 +136,9 @@ class Prober:
     def failed_over(self) -> list[EntityFailover]:
         """The primary's entities that are failed over now (in this process)."""
         return [
-            self.entity(s.entity)
-            for s in self.registry.statuses()
-            if s.namespace == self.primary_key and s.state is EntityState.FAILED_OVER
+            self.ctx.entity(s.entity)
+            for s in self.ctx.registry.statuses()
+            if s.namespace == self.ctx.primary_key and s.state is EntityState.FAILED_OVER
         ]
 
     def probe(self, entity: str, state: EntityFailover) -> None:
@@ -162,16 +147,16 @@ class Prober:
         if self._stopping.is_set():  # the sender closed: no probe, nothing recorded (closing is no evidence)
             state.release_probe()
             return
-        mode = self.mode
+        mode = self.ctx.config.probe_mode
         target = Target(PRIMARY, entity)
-        at = self.clock.now()
-        began = self.clock.monotonic()
+        at = self.ctx.clock.now()
+        began = self.ctx.clock.monotonic()
         transport: Transport | None = None
         try:
             # Probes run on connections of their own (SPEC F6): a probe of an entity that stalls holds its own
             # connection, never the one healthy sends use. After close() nothing is built: LaneClosed.
-            transport = self.transport().isolated()
-            probed = probe_call(transport, target, mode, self.budget, self.retry, at)
+            transport = self.ctx.transport().isolated()
+            probed = probe_call(transport, target, mode, self.ctx.probe_budget, self.loop.retry_probe, at)
         except Exception as exc:
             cls: ErrorClass = classify(exc)
             if self._stopping.is_set() or cls is CLIENT_CLOSED:
@@ -195,11 +180,8 @@ class Prober:
                     detail,
                 )
             record = ProbeRecord(entity, mode, at, False, cls.name, detail, None, 0)
-            wide = self.namespace_wide(cls, target, began, state, transport)
-            transitions = state.record_probe(False, cls.name, detail, namespace_wide=wide)
-            if not wide and self.namespace_answered(cls, target, transport):
-                transitions.extend(state.namespace_answered_here())
-            self._finish(record, transitions)
+            evidence = WireEvidence(cls, target, began, state, transport, self.ctx.clock)
+            self._finish(record, state.probe_failed(cls, detail, evidence))
             return
         except BaseException:
             state.record_probe(False, "unexpected", "the probe thread was interrupted")

@@ -13,12 +13,11 @@ from azure.servicebus import exceptions as sbe
 
 from spark_sb.core.clock import FakeClock
 from spark_sb.core.errors import CONNECTION, TIMEOUT, LaneClosed, classify
-from spark_sb.failover.decisions import RetryPolicy
 from spark_sb.failover.records import EntityState
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.backlog import PROBE_SESSION, PROBE_SESSION_PREFIX, is_probe, probe_message
 from spark_sb.message.outbound import OutboundMessage
-from spark_sb.sender.attempts import AttemptLoop
+from spark_sb.sender.attempts import WireEvidence
 from spark_sb.wire.transport import NAMESPACE_SILENCE, PRIMARY, Target
 from tests.unit.fakes import FakeTransport
 from tests.unit.sender.rig import Rig, make_config, msgs
@@ -88,17 +87,9 @@ def test_one_entitys_timeout_on_a_live_connection_never_faults_the_namespace(int
     assert rig.sender.entity_state("b") is H
 
 
-def _loop(clock: FakeClock, transport: Any) -> AttemptLoop:
-    return AttemptLoop(
-        config=make_config(),
-        clock=clock,
-        policy=RetryPolicy(),
-        transport=lambda: transport,
-        fault=lambda target: None,
-        emit=lambda tally, transitions: None,
-        warm_backlog=lambda entity: None,
-        probe_budget=1.0,
-    )
+def _wide(clock: FakeClock, transport: Any, target: Target, started: float, state: Any) -> bool:
+    """The namespace verdict on a timeout of ``target`` that started at ``started``, given what ``transport`` heard."""
+    return WireEvidence(TIMEOUT, target, started, state, transport, clock).namespace_wide()
 
 
 class Heard:
@@ -116,7 +107,6 @@ def test_several_entities_timing_out_with_nothing_heard_since_the_first_is_a_nam
     clock = FakeClock()
     registry = FailoverRegistry(clock)
     heard = Heard(clock, clock.monotonic() - 0.1)  # the last heartbeat, just before the first attempt
-    loop = _loop(clock, heard)
     states = [registry.entity(NS, e, failover_interval=0.0, ping_interval=1.0) for e in "abc"]
     verdicts = []
     for (
@@ -124,7 +114,7 @@ def test_several_entities_timing_out_with_nothing_heard_since_the_first_is_a_nam
     ) in states:  # three short attempts in a row, 0.3 s each: silence 0.3, 0.6, 0.9 s (< NAMESPACE_SILENCE)
         started = clock.monotonic()
         clock.advance(0.3)
-        verdicts.append(loop.namespace_wide(TIMEOUT, Target(PRIMARY, state.entity), started, state))
+        verdicts.append(_wide(clock, heard, Target(PRIMARY, state.entity), started, state))
     assert clock.monotonic() - heard.heard < NAMESPACE_SILENCE  # the heartbeat rule alone could not tell
     assert verdicts == [False, False, True]
 
@@ -133,14 +123,13 @@ def test_several_entities_timing_out_on_a_connection_heard_meanwhile_stay_each_e
     clock = FakeClock()
     registry = FailoverRegistry(clock)
     heard = Heard(clock, clock.monotonic())
-    loop = _loop(clock, heard)
     verdicts = []
     for entity in "abcdefg":
         state = registry.entity(NS, entity, failover_interval=0.0, ping_interval=1.0)
         started = clock.monotonic()
         clock.advance(0.3)
         heard.heard = clock.monotonic() - 0.1  # a heartbeat came during each attempt
-        verdicts.append(loop.namespace_wide(TIMEOUT, Target(PRIMARY, entity), started, state))
+        verdicts.append(_wide(clock, heard, Target(PRIMARY, entity), started, state))
     assert verdicts == [False] * 7
 
 
@@ -151,8 +140,8 @@ def test_a_connection_silent_past_its_heartbeat_makes_one_timeout_the_namespaces
     state = registry.entity(NS, "a", failover_interval=2.0, ping_interval=1.0)
     started = clock.monotonic()
     clock.advance(NAMESPACE_SILENCE + 0.1)
-    assert _loop(clock, heard).namespace_wide(TIMEOUT, Target(PRIMARY, "a"), started, state)
-    assert _loop(clock, Heard(clock, None)).namespace_wide(TIMEOUT, Target(PRIMARY, "a"), started, state)
+    assert _wide(clock, heard, Target(PRIMARY, "a"), started, state)
+    assert _wide(clock, Heard(clock, None), Target(PRIMARY, "a"), started, state)
 
 
 # ---------------------------------------------------------------------------------------------------------
