@@ -17,7 +17,6 @@ from spark_sb.state.planning import plan_batch, throttled_millis
 from spark_sb.state.records import BATCH_COMMITTED, EVENTS, SENT, THROTTLED, PartitionResult
 from spark_sb.state.store import MemoryStateStore
 from tests.unit.sender.rig import make_config
-
 from tests.unit.spark.test_datasource import _opts
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
