@@ -210,11 +210,11 @@ class NamespaceConfig:
 
     def redacted(self) -> str:
         """A log-safe description, e.g. ``sb://127.0.0.1:5671 (SAS key name RootManageSharedAccessKey)``."""
-        host = self.endpoint_host()
         try:
+            host = self.endpoint_host()  # parses the connection string too
             info = self.connection_info()
-        except ConfigError:
-            return f"sb://{host} (invalid connection string)"
+        except ConfigError:  # never validated (built directly): described all the same, without the string
+            return f"sb://{self._bare_fqns() or '?'} (invalid connection string)"
         if info is not None:
             auth = (
                 "SAS token"
