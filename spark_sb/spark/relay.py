@@ -368,6 +368,33 @@ def _listener(relay: StateRelay) -> Any:
     return RelayListener()
 
 
+def check_table_prefix(spark: Any, prefix: str) -> None:
+    """The catalog and schema that ``state_table_prefix`` names exist in this session, checked when the relay starts
+    (before any row is read) rather than when its first drain writes, after the messages were sent. A three-part
+    prefix (``catalog.schema.prefix``) needs a session with that catalog - Unity Catalog on Databricks; plain Spark
+    has only ``spark_catalog``, whose schemas are one part (``schema.prefix``). Raises :class:`ConfigError` naming
+    ``state_table_prefix``. Driver; two catalog calls (they work under Spark Connect)."""
+    parts = prefix.split(".")
+    namespace = parts[:-1]  # the last part is the tables' name prefix (``sb_``)
+    shown = f"relay_state: option 'state_table_prefix' {prefix!r}"
+    if len(namespace) == 2:
+        catalog = namespace[0]
+        known = sorted(c.name for c in spark.catalog.listCatalogs())
+        if catalog not in known:
+            raise ConfigError(
+                f"{shown} names catalog {catalog!r}, which this session does not have (catalogs: "
+                f"{', '.join(known) or 'none'}); a three-part name needs Unity Catalog (Databricks) - on plain "
+                f"Spark give 'schema.prefix', e.g. '{namespace[1]}.{parts[-1]}'",
+                [("state_table_prefix", f"no catalog {catalog!r}")],
+            )
+    schema = ".".join(namespace)
+    if namespace and not spark.catalog.databaseExists(schema):
+        raise ConfigError(
+            f"{shown}: schema {schema!r} does not exist in this session; create it first (CREATE SCHEMA {schema})",
+            [("state_table_prefix", f"no schema {schema!r}")],
+        )
+
+
 def relay_state(
     spark: Any,
     options: Mapping[str, Any],
@@ -394,7 +421,15 @@ def relay_state(
             "tables format('servicebus') records into",
             [("state_spool", "required")],
         )
+    check_table_prefix(spark, prefix)
     return StateRelay(spark, parsed.state_spool, prefix, timeout=timeout, interval=interval).start()
 
 
-__all__ = ["RELAY_QUERY_PREFIX", "RelayError", "RelayReport", "StateRelay", "relay_state"]
+__all__ = [
+    "RELAY_QUERY_PREFIX",
+    "RelayError",
+    "RelayReport",
+    "StateRelay",
+    "check_table_prefix",
+    "relay_state",
+]

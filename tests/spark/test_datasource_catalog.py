@@ -149,3 +149,20 @@ def test_relay_state_names_what_is_missing(spark: Any, namespace_pair: Any) -> N
         relay_state(spark, opts)
     with pytest.raises(ConfigError, match="'state_spool': required"):
         relay_state(spark, {**opts, "state_table_prefix": _prefix()})
+
+
+def test_relay_state_refuses_a_prefix_whose_catalog_or_schema_this_session_lacks_before_anything_runs(
+    spark: Any, namespace_pair: Any, tmp_path: Any
+) -> None:
+    """The README's Databricks example (``main.ops.sb_``) on plain Spark: one line at relay_state(), naming the
+    option and what to give instead - not a REQUIRES_SINGLE_PART_NAMESPACE error when the relay exits."""
+    opts = {**_options(namespace_pair), "state_spool": str(tmp_path / "spool")}
+    running = len(spark.streams.active)
+    with pytest.raises(ConfigError) as refused:
+        relay_state(spark, {**opts, "state_table_prefix": "main.ops.sb_"})
+    text = str(refused.value)
+    assert "'state_table_prefix'" in text and "catalog 'main'" in text and "Unity Catalog" in text
+    assert "'ops.sb_'" in text  # what to give on plain Spark
+    with pytest.raises(ConfigError, match="schema 'no_such_schema_x' does not exist"):
+        relay_state(spark, {**opts, "state_table_prefix": "no_such_schema_x.sb_"})
+    assert len(spark.streams.active) == running  # nothing was started
