@@ -17,6 +17,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from spark_sb.core.durations import parse_duration
@@ -160,8 +161,9 @@ def _integer(key: str, attr: str, bound: str, *, unit: str = "", owner: str = ""
 
 def _non_negative(key: str, attr: str, *, owner: str = "") -> Setting:
     def check(v: Any, key: str, _: Any) -> None:
-        if v < 0:
-            raise _err(key, f"must be >= 0, found {v!r}")
+        # NaN is never below zero: refused by name (it used to load, and the sender paused its 0.01 s floor)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v < 0:
+            raise _err(key, f"must be a number >= 0, found {v!r}")
 
     return Setting(key, attr, parse_float, check, owner)
 
@@ -192,7 +194,8 @@ def _text(key: str, attr: str, *, noun: str = "string", strip: bool = False) -> 
 def _check_table_prefix(v: Any, key: str, config: Any) -> None:
     if v is None:
         return
-    if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+){1,2}\.?[A-Za-z0-9_]*", v):
+    # <prefix><table> names at most three parts: schema.prefix, catalog.schema.prefix or catalog.schema.
+    if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9_]+\.[A-Za-z0-9_]+(\.[A-Za-z0-9_]*)?", v):
         raise _err(key, f"expected catalog.schema.prefix (e.g. 'main.ops.sb_'), found {v!r}")
     if config.state_location is not None:
         raise _err(key, "give state_location (paths) or state_table_prefix, not both")
@@ -277,7 +280,8 @@ def format_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):
-        return repr(v)
+        # every digit of repr, never an exponent (1e-05, 1e+16): the duration reader takes none
+        return repr(v) if not math.isfinite(v) else format(Decimal(repr(v)), "f")
     return str(v)
 
 
