@@ -324,7 +324,19 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m spark_sb")
         return int(exc.code) if isinstance(exc.code, int) else EXIT_BAD_CONFIG
     args.verbose += getattr(args, "verbose_after", 0)
     _setup_logging(args.verbose)
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a command's own errors are lines already; this is the last net: never a traceback
+        from spark_sb.core.errors import ConfigError, describe_error
+
+        if args.verbose >= 2:
+            _LOG.exception("%s failed", getattr(args, "command", "the command"))
+        bad = isinstance(exc, (ConfigError, ValueError))  # what the user gave was refused
+        hint = "" if args.verbose >= 2 else " (-vv shows the traceback)"
+        print(f"error: {describe_error(exc)}{hint}", file=sys.stderr)
+        return EXIT_BAD_CONFIG if bad else EXIT_FAILED
     return result
 
 

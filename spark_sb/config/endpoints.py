@@ -72,6 +72,11 @@ def parse_connection_string(conn: str, key: str = "connection_string") -> Connec
     m = re.fullmatch(r"(?:(sb|amqps?|https?)://)?([^/\s]+?)/?", endpoint)
     if not m:
         raise _err(key, "malformed connection string: Endpoint must look like sb://<host>[:port]/")
+    if m.group(1) is None:  # the SDK refuses it only when a client is built, as a bare ValueError
+        raise _err(
+            key,
+            "malformed connection string: Endpoint needs its scheme: sb://<host>[:port]/ (e.g. sb://127.0.0.1:5682)",
+        )
     host = m.group(2)
     key_name = parts.get("SharedAccessKeyName")
     has_key = bool(parts.get("SharedAccessKey"))

@@ -616,3 +616,15 @@ def test_a_credential_namespace_on_a_local_emulator_speaks_plain_amqp() -> None:
     assert ServiceBusConfig.from_options(plain).primary.use_development_emulator is False
     with pytest.raises(ConfigError, match="primary.use_development_emulator"):
         ServiceBusConfig.from_options({**plain, "primary.use_development_emulator": "maybe"})
+
+
+def test_an_endpoint_without_its_scheme_is_refused_when_the_config_is_loaded() -> None:
+    """``Endpoint=127.0.0.1:5682`` was accepted here and refused by the SDK only when a client was built, as a bare
+    ValueError from inside a task (issue 32): now the load says so, naming the key."""
+    conn = "Endpoint=127.0.0.1:5682;SharedAccessKeyName=k;SharedAccessKey=c2VjcmV0"
+    with pytest.raises(ConfigError) as refused:
+        load_config({"primary": {"connection_string": conn}, "entity": "q"})
+    text = str(refused.value)
+    assert "primary.connection_string" in text and "sb://" in text and "c2VjcmV0" not in text
+    ok = load_config({"primary": {"connection_string": conn.replace("=127", "=sb://127")}, "entity": "q"})
+    assert ok.primary.endpoint_host() == "127.0.0.1:5682"
