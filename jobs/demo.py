@@ -178,6 +178,7 @@ def run(per_batch: int, workdir: Path) -> bool:
             try:
                 query.stop()
                 sb_sink.flush()  # what the sink holds for its state tables (if any) needs the session
+                say("\n" + sb_sink.summary())
             finally:
                 spark.stop()
 

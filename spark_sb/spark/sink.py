@@ -94,6 +94,8 @@ class SinkTotals:
     diverted: dict[str, int] = field(default_factory=dict)
     diverted_by_entity: dict[str, int] = field(default_factory=dict)
     rejected: int = 0
+    #: Rejects per reason (bounded by the reasons the rows checks give: a few dozen at most).
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
     transitions: int = 0
     probes: int = 0
     pulls: int = 0
@@ -118,10 +120,61 @@ class SinkTotals:
         self.diverted = merge_counts(self.diverted, outcome.diverted)
         self.diverted_by_entity = merge_counts(self.diverted_by_entity, outcome.diverted_by_entity)
         self.rejected += outcome.total_rejected
+        self.rejected_by_reason = merge_counts(self.rejected_by_reason, reasons(outcome))
         self.transitions += len(outcome.transitions)
         self.probes += len(outcome.probes)
         self.pulls += len(outcome.pulls)
         self.retries += outcome.retries
+
+    def line(self, sink_id: str) -> str:
+        """One line for the end of a job: ``sink orders: 3 batches, 1,000 rows: 990 sent, 5 diverted, 5 rejected
+        (too large: 3, no entity: 2), 1 replayed batch skipped``."""
+        parts = [
+            f"{self.total_sent:,} sent",
+            f"{self.total_diverted:,} diverted",
+            f"{self.rejected:,} rejected",
+        ]
+        if self.rejected_by_reason:
+            shown = sorted(self.rejected_by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
+            parts[-1] += " (" + ", ".join(f"{r}: {n:,}" for r, n in shown) + ")"
+        text = f"sink {sink_id}: {self.batches:,} batches, {self.rows:,} rows: " + ", ".join(parts)
+        if self.skipped_batches:
+            text += f", {self.skipped_batches:,} replayed batches skipped"
+        return text
+
+
+#: The row indexes named in a batch's rejects WARNING (the rest are in the rejects table).
+SHOWN_REJECTS = 5
+
+
+def reasons(outcome: SendOutcome) -> dict[str, int]:
+    """Rejects per reason; the reason's first clause names it (``message too large: ...`` -> ``message too
+    large``), so that the counts stay few whatever the rows held."""
+    out: dict[str, int] = {}
+    for r in outcome.rejects:
+        key = r.reason.split(":")[0].strip()[:80] or "rejected"
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def warn_rejects(sink_id: str, batch_id: int, outcome: SendOutcome, rows: int) -> None:
+    """One WARNING per batch with rejects (issue 32: never silent): the count per reason and the first row indexes;
+    the rows themselves are in the rejects table (``on_reject: fail`` fails the batch instead)."""
+    if not outcome.rejects:
+        return
+    counts = ", ".join(
+        f"{r}: {n}" for r, n in sorted(reasons(outcome).items(), key=lambda kv: (-kv[1], kv[0]))
+    )
+    shown = [str(r.row_index) for r in outcome.rejects[:SHOWN_REJECTS] if r.row_index is not None]
+    log.warning(
+        "sink %s batch %s: %d of %d rows rejected (%s)%s; the rows are in the rejects table",
+        sink_id,
+        batch_id,
+        outcome.total_rejected,
+        rows,
+        counts,
+        f"; first row indexes in their partitions: {', '.join(shown)}" if shown else "",
+    )
 
 
 def default_sink_id(config: ServiceBusConfig) -> str:
@@ -320,6 +373,7 @@ class ServiceBusSink:
         self.last_outcome = outcome
         self.last_results = list(results)
         self.total.add(outcome, rows)
+        warn_rejects(self.sink_id, batch_id, outcome, rows)
         log.info(
             "sink %s batch %s: %d rows, %d sent, %d diverted, %d rejected, %d state changes",
             self.sink_id,
@@ -331,6 +385,10 @@ class ServiceBusSink:
             len(outcome.transitions),
         )
         return outcome
+
+    def summary(self) -> str:
+        """The running totals of this sink object in one line (driver): for a job to print at its end."""
+        return self.total.line(self.sink_id)
 
     # -- state writes
     def _writer_for(self, store: StateStore) -> StateWriter:

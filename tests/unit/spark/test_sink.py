@@ -135,6 +135,51 @@ def test_totals_keep_counts_only() -> None:
     assert sb.last_outcome is not None and len(sb.last_outcome.rejects) == 4  # the last batch only
 
 
+def test_a_batch_with_rejects_logs_one_warning_with_counts_per_reason_and_the_first_row_indexes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 32: rejects are never silent - one WARNING per batch, counts per reason, the first row indexes."""
+    sb = _sink(MemoryStateStore(), sink_id="orders-sink")
+    rejects = tuple(
+        Reject("no destination entity: set the entity column", "entity", "{}", None, i) for i in range(7)
+    )
+    rejects += (Reject("message too large: 1258291 bytes", "body", "{}", "orders", 9),)
+    clean = _result(rows=5)
+    with caplog.at_level("WARNING", logger="spark_sb.spark.sink"):
+        sb.process_batch(0, Tasks(clean), lambda: 5, None)
+        assert [r for r in caplog.records if r.levelname == "WARNING"] == []  # no rejects, no warning
+        sb.process_batch(1, Tasks(PartitionResult("h1", 8, SendOutcome(rejects=rejects))), lambda: 8, None)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    text = warnings[0]
+    assert "orders-sink batch 1: 8 of 8 rows rejected" in text
+    assert "no destination entity: 7" in text and "message too large: 1" in text
+    assert "0, 1, 2, 3, 4" in text and "5, 6" not in text  # the first few only
+    assert "1258291" not in text  # reasons are counted by kind, not listed row by row
+
+
+def test_the_summary_line_counts_sent_diverted_rejected_and_replays_over_the_sinks_life() -> None:
+    store = MemoryStateStore()
+    sb = _sink(store, sink_id="s1")
+    too_large = Reject("message too large: 2 MB", "body", "{}", "orders", 0)
+    sb.process_batch(0, Tasks(_result(rows=4)), lambda: 4, store)
+    sb.process_batch(
+        1,
+        Tasks(
+            PartitionResult(
+                "h1", 5, SendOutcome(sent={"orders": 2}, diverted={"q0": 2}, rejects=(too_large,))
+            )
+        ),
+        lambda: 5,
+        store,
+    )
+    sb.process_batch(1, Tasks(_result(rows=5)), lambda: 5, store)  # a replay of batch 1: skipped
+    assert sb.summary() == (
+        "sink s1: 2 batches, 9 rows: 6 sent, 2 diverted, 1 rejected (message too large: 1), "
+        "1 replayed batches skipped"
+    )
+
+
 def test_without_state_tables_nothing_is_stored_and_every_batch_runs() -> None:
     sb = ServiceBusSink(make_config())
     tasks = Tasks(_result())
