@@ -1,0 +1,283 @@
+"""The syphon's backlog side (:mod:`spark_sb.syphon.receivers`, SPEC B11): settling held messages in one lane call
+within a deadline - never raising, counting what could not be settled so that redelivery is expected - and reading
+received messages (destination, ids, dead-letter properties)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
+from azure.servicebus._common.utils import transform_outbound_messages
+from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
+
+from spark_sb.message.backlog import to_backlog
+from spark_sb.message.outbound import OutboundMessage
+from spark_sb.syphon.receivers import (
+    Held,
+    abandon,
+    as_utc,
+    complete,
+    complete_in_one_call,
+    dead_letter_action,
+    from_received,
+    path_of,
+    settle,
+    text_of,
+)
+from spark_sb.syphon.rules import DEAD_LETTER_PROPERTIES, SyphonOutcome
+from spark_sb.wire.lane import DeadlineExceeded
+from spark_sb.wire.receivers import Receiving
+
+T0 = datetime(2026, 6, 1, 8, 0, tzinfo=timezone.utc)
+
+
+# ------------------------------------------------------------------------------------------------- fakes
+class FakeMessage:
+    def __init__(self, token: str) -> None:
+        self.lock_token = token
+        self._settled = False
+
+
+class FakeReceiver:
+    """Records each settle; ``fail`` lists lock tokens whose settle raises."""
+
+    def __init__(self, fail: tuple[str, ...] = ()) -> None:
+        self.fail = fail
+        self.calls: list[tuple[str, str]] = []
+        self.dead_lettered: list[tuple[str, str, str]] = []
+
+    def _settle(self, what: str, msg: FakeMessage) -> None:
+        if msg.lock_token in self.fail:
+            raise ConnectionError("lock lost")
+        self.calls.append((what, msg.lock_token))
+
+    def complete_message(self, msg: FakeMessage) -> None:
+        self._settle("complete", msg)
+
+    def abandon_message(self, msg: FakeMessage) -> None:
+        self._settle("abandon", msg)
+
+    def dead_letter_message(self, msg: FakeMessage, *, reason: str, error_description: str) -> None:
+        self._settle("dead_letter", msg)
+        self.dead_lettered.append((msg.lock_token, reason, error_description))
+
+
+class BatchingReceiver(FakeReceiver):
+    """A receiver with the SDK's management-link settlement (one request for many lock tokens)."""
+
+    def __init__(self, fail: tuple[str, ...] = (), refuse_batch: bool = False) -> None:
+        super().__init__(fail)
+        self.refuse_batch = refuse_batch
+        self.batches: list[tuple[str, list[str]]] = []
+
+    def _settle_message_via_mgmt_link(self, disposition: str, tokens: list[str]) -> None:
+        if self.refuse_batch:
+            raise RuntimeError("management link refused")
+        self.batches.append((disposition, list(tokens)))
+
+
+class FakeLane:
+    """A receiver lane: its generation, and calls run with the receiver (``error``: the call itself fails)."""
+
+    def __init__(self, receiver: FakeReceiver, generation: int = 3, error: Exception | None = None) -> None:
+        self.receiver = receiver
+        self.generation = generation
+        self.error = error
+        self.calls: list[float] = []
+
+    def call(self, fn: Callable[[Receiving], Any], timeout: float) -> Any:
+        self.calls.append(timeout)
+        if self.error is not None:
+            raise self.error
+        return fn(Receiving(object(), self.receiver))  # type: ignore[arg-type]
+
+
+def held(*tokens: str, generation: int = 3) -> list[Held]:
+    return [Held(FakeMessage(t), generation) for t in tokens]  # type: ignore[arg-type]
+
+
+def do_settle(lane: FakeLane, items: list[Held], action: Any, timeout: float = 30.0) -> SyphonOutcome:
+    outcome = SyphonOutcome()
+    settle(lane, items, action, outcome, timeout)  # type: ignore[arg-type]
+    return outcome
+
+
+# ------------------------------------------------------------------------------------------------- settle
+def test_settling_nothing_makes_no_call() -> None:
+    lane = FakeLane(FakeReceiver())
+    assert do_settle(lane, [], abandon).settle_failures == 0
+    assert lane.calls == []
+
+
+def test_held_messages_are_settled_in_one_lane_call_within_the_deadline() -> None:
+    receiver = FakeReceiver()
+    lane = FakeLane(receiver)
+    outcome = do_settle(lane, held("a", "b", "c"), abandon, timeout=12.5)
+    assert lane.calls == [12.5]
+    assert receiver.calls == [("abandon", "a"), ("abandon", "b"), ("abandon", "c")]
+    assert outcome.settle_failures == 0
+
+
+def test_messages_from_a_replaced_receiver_are_counted_not_settled() -> None:
+    """Their locks belong to a connection that is gone: settling them cannot work; they are redelivered."""
+    receiver = FakeReceiver()
+    lane = FakeLane(receiver, generation=4)
+    items = held("old1", "old2", generation=3) + held("new", generation=4)
+    outcome = do_settle(lane, items, abandon)
+    assert receiver.calls == [("abandon", "new")]
+    assert outcome.settle_failures == 2
+
+
+def test_when_every_message_is_stale_the_lane_is_not_called() -> None:
+    lane = FakeLane(FakeReceiver(), generation=9)
+    outcome = do_settle(lane, held("a", "b", generation=8), complete)
+    assert lane.calls == [] and outcome.settle_failures == 2
+
+
+def test_a_settle_that_fails_is_counted_and_the_others_are_still_settled() -> None:
+    receiver = FakeReceiver(fail=("b",))
+    outcome = do_settle(FakeLane(receiver), held("a", "b", "c"), abandon)
+    assert receiver.calls == [("abandon", "a"), ("abandon", "c")]
+    assert outcome.settle_failures == 1
+
+
+@pytest.mark.parametrize(
+    "error", [DeadlineExceeded("deadline"), ConnectionError("closed"), RuntimeError("x")]
+)
+def test_a_lane_call_that_fails_counts_every_live_message_and_never_raises(error: Exception) -> None:
+    lane = FakeLane(FakeReceiver(), generation=2, error=error)
+    items = held("a", "b", generation=2) + held("stale", generation=1)
+    outcome = do_settle(lane, items, complete)
+    assert outcome.settle_failures == 3
+
+
+def test_failures_add_to_what_the_outcome_counted_before() -> None:
+    outcome = SyphonOutcome(settle_failures=5)
+    settle(FakeLane(FakeReceiver(fail=("a",))), held("a"), abandon, outcome, 1.0)  # type: ignore[arg-type]
+    assert outcome.settle_failures == 6
+
+
+# ---------------------------------------------------------------------------------- completing in one call
+def test_several_completions_go_in_one_management_request() -> None:
+    receiver = BatchingReceiver()
+    items = held("a", "b", "c")
+    outcome = do_settle(FakeLane(receiver), items, complete)
+    assert receiver.batches == [("completed", ["a", "b", "c"])]
+    assert receiver.calls == []  # no message completed one by one
+    assert all(h.msg._settled for h in items)  # type: ignore[attr-defined]  # the SDK never settles them again
+    assert outcome.settle_failures == 0
+
+
+def test_a_refused_batch_falls_back_to_one_completion_per_message() -> None:
+    receiver = BatchingReceiver(refuse_batch=True, fail=("b",))
+    items = held("a", "b")
+    outcome = do_settle(FakeLane(receiver), items, complete)
+    assert receiver.calls == [("complete", "a")]
+    assert outcome.settle_failures == 1
+    assert not any(h.msg._settled for h in items)  # type: ignore[attr-defined]
+
+
+def test_one_completion_or_another_action_is_never_batched() -> None:
+    receiver = BatchingReceiver()
+    do_settle(FakeLane(receiver), held("only"), complete)
+    do_settle(FakeLane(receiver), held("a", "b"), abandon)
+    assert receiver.batches == []
+    assert receiver.calls == [("complete", "only"), ("abandon", "a"), ("abandon", "b")]
+
+
+def test_completing_in_one_call_needs_the_sdks_management_settlement() -> None:
+    assert complete_in_one_call(FakeReceiver(), held("a", "b")) is False  # type: ignore[arg-type]
+    receiver = BatchingReceiver()
+    assert complete_in_one_call(receiver, held("a", "b")) is True  # type: ignore[arg-type]
+    assert receiver.batches == [("completed", ["a", "b"])]
+
+
+# -------------------------------------------------------------------------------------------- the actions
+def test_each_action_settles_the_message_its_way() -> None:
+    receiver = FakeReceiver()
+    msg = FakeMessage("t")
+    complete(receiver, msg)  # type: ignore[arg-type]
+    abandon(receiver, msg)  # type: ignore[arg-type]
+    dead_letter_action("ExpiredInBacklog", "the TTL ran out in the backlog")(receiver, msg)  # type: ignore[arg-type]
+    assert receiver.calls == [("complete", "t"), ("abandon", "t"), ("dead_letter", "t")]
+    assert receiver.dead_lettered == [("t", "ExpiredInBacklog", "the TTL ran out in the backlog")]
+
+
+def test_a_dead_letter_settle_carries_its_reason_for_every_message() -> None:
+    receiver = FakeReceiver()
+    do_settle(FakeLane(receiver), held("a", "b"), dead_letter_action("DestinationNotFound", "no entity 'x'"))
+    assert receiver.dead_lettered == [
+        ("a", "DestinationNotFound", "no entity 'x'"),
+        ("b", "DestinationNotFound", "no entity 'x'"),
+    ]
+
+
+# ---------------------------------------------------------------------------------------- received messages
+def received(msg: OutboundMessage) -> ServiceBusReceivedMessage:
+    """``msg`` as a receiver hands it over: encoded by the SDK, decoded as a received message."""
+    out = transform_outbound_messages(
+        msg.to_sdk(), ServiceBusMessage, PyamqpTransport.to_outgoing_amqp_message
+    )
+    return ServiceBusReceivedMessage.from_bytes(bytes(PyamqpTransport.encode_message(out)))
+
+
+def test_a_backlog_message_names_its_primary_entity() -> None:
+    backlogged = to_backlog(OutboundMessage(b"x", message_id="m1"), "orders", T0)
+    assert path_of(received(backlogged)) == "orders"
+
+
+def test_a_message_without_a_destination_has_no_path() -> None:
+    assert path_of(received(OutboundMessage(b"stray"))) is None
+    assert path_of(object()) is None
+
+
+@pytest.mark.parametrize(
+    ("props", "path"),
+    [
+        ({b"x-ms-path": b"invoices"}, "invoices"),
+        ({"x-ms-path": "refunds"}, "refunds"),
+        ({"x-ms-path": 7}, "7"),
+    ],
+)
+def test_a_path_is_read_whatever_its_keys_and_values_are_typed(props: dict[Any, Any], path: str) -> None:
+    class Msg:
+        application_properties = props
+
+    assert path_of(Msg()) == path
+
+
+def test_a_received_message_becomes_the_message_to_send_again() -> None:
+    original = OutboundMessage(
+        b"body", message_id="m1", session_id="s1", subject="created", properties={"tenant": "t1", "n": 2}
+    )
+    out = from_received(received(original), dead_letter=False)
+    assert (out.body, out.message_id, out.session_id, out.subject) == (b"body", "m1", "s1", "created")
+    assert dict(out.properties) == {"tenant": "t1", "n": 2}
+
+
+def test_from_a_dead_letter_queue_the_services_dead_letter_properties_are_dropped() -> None:
+    """The service adds them when it dead-letters; they are not the sender's and must not reach the primary."""
+    props = {"tenant": "t1", **{k: f"set by the service ({k})" for k in DEAD_LETTER_PROPERTIES}}
+    msg = received(OutboundMessage(b"x", message_id="m1", properties=props))
+    assert dict(from_received(msg, dead_letter=True).properties) == {"tenant": "t1"}
+    # from the queue itself the properties are the sender's own: kept
+    assert dict(from_received(msg, dead_letter=False).properties) == props
+
+
+def test_a_message_id_is_text_whatever_it_arrived_as() -> None:
+    assert text_of(None) is None
+    assert text_of("m-1") == "m-1"
+    assert text_of(b"m-1") == "m-1"
+    assert text_of(b"\xffid") == "\ufffdid"  # not UTF-8: shown, never an error
+    assert text_of(42) == "42"
+
+
+def test_times_are_made_utc() -> None:
+    naive = datetime(2026, 6, 1, 8, 0)
+    assert as_utc(naive) == T0 and as_utc(naive).tzinfo is timezone.utc
+    two_hours_east = timezone(timedelta(hours=2))
+    local = datetime(2026, 6, 1, 10, 0, tzinfo=two_hours_east)
+    assert as_utc(local) == T0 and as_utc(local).tzinfo is timezone.utc and as_utc(local).hour == 8
