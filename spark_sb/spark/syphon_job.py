@@ -106,6 +106,28 @@ class BacklogWatcher:
     _dlq_pass: set[str] = field(default_factory=set)
     reads: int = 0
     failures: int = 0
+    #: ``Trigger.AvailableNow``: each queue's active count when the query started (None: another trigger). Bounded,
+    #: like the two maps below, by the backlog queues.
+    at_start: dict[str, int] | None = None
+    _drained: dict[str, int] = field(
+        default_factory=dict
+    )  # messages gone from a queue since the start, at least
+    _seen: dict[str, int] = field(default_factory=dict)  # its active count when it was last offered
+    _blind: int = 0  # passes over every queue made without counts (AvailableNow: one at most)
+
+    def prepare_available_now(self) -> None:
+        """``Trigger.AvailableNow`` starts: remember what each queue holds now. From here a queue is offered while
+        the messages it held at the start have not all left it (however many micro-batches that takes) and each
+        pass over it made progress. Messages gone are told by the counts, which new arrivals hide: a run may move
+        some that came after the start (harmless for a syphon), and ends when the counts say that at least as many
+        as were there have left, or when a pass moved nothing. Without counts, every queue is drained once."""
+        try:
+            counts = self.counts()
+        except Exception as exc:  # noqa: BLE001 - the run still drains: every queue, once
+            log.warning("syphon: backlog counts unavailable at start (%s); draining every queue once", exc)
+            self.at_start = {}
+            return
+        self.at_start = {queue: active for queue, (active, _) in counts.items()}
 
     def _admin(self) -> Any:
         if self.admin is None:
@@ -149,15 +171,21 @@ class BacklogWatcher:
         except Exception as exc:  # noqa: BLE001 - the loop never dies: drain blind instead
             self.failures += 1
             self.admin = None
+            if self.at_start is not None:  # AvailableNow: one blind pass, then the run ends
+                self._blind += 1
+                if self._blind > 1:
+                    return []
             log.warning("syphon: backlog counts unavailable (%s); draining every queue", type(exc).__name__)
             return [(q, False) for q in self.queues]
+        if self.at_start == {}:  # AvailableNow without counts at the start: the first counts stand for it
+            self.at_start = {queue: active for queue, (active, _) in counts.items()}
         work: list[tuple[str, bool]] = []
         for queue in self.queues:
             active, dead = counts.get(queue, (0, 0))
             if queue in self._dlq_pass:  # a pass ran since: what is left there is parked
                 self._dlq_pass.discard(queue)
                 self.parked[queue] = dead
-            if active > 0:
+            if active > 0 and self._still_due(queue, active):
                 work.append((queue, False))
             if dead > self.parked.get(queue, 0):
                 work.append((queue, True))
@@ -165,6 +193,24 @@ class BacklogWatcher:
             elif dead < self.parked.get(queue, 0):
                 self.parked[queue] = dead
         return work
+
+    def _still_due(self, queue: str, active: int) -> bool:
+        """Whether ``queue`` (``active`` messages now) is drained in this micro-batch: always, but under
+        ``Trigger.AvailableNow`` only while messages it held at the start may still be there - fewer have left it
+        than it held, and its last pass made progress (a pass that moved nothing: its entities are down, or new
+        messages arrive as fast as they leave; the next run goes on)."""
+        if self.at_start is None:
+            return True
+        held = self.at_start.get(queue, 0)
+        last = self._seen.get(queue)
+        if last is not None:
+            if active >= last:
+                return False
+            self._drained[queue] = self._drained.get(queue, 0) + (last - active)
+        if self._drained.get(queue, 0) >= held:
+            return False
+        self._seen[queue] = active
+        return True
 
 
 def read_entity_hints(config: ServiceBusConfig) -> dict[str, str]:
@@ -256,10 +302,19 @@ def syphon_source(
     ``connection_verify`` for a local namespace). ``stop_file``: while this file exists no micro-batch starts."""
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+    try:  # pyspark 4.1+: a Python source may say it supports Trigger.AvailableNow (no single-batch fallback)
+        from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+        bases: tuple[type, ...] = (DataSourceStreamReader, SupportsTriggerAvailableNow)
+    except (
+        ImportError
+    ):  # pragma: no cover - the oldest pair: Spark falls back to one micro-batch, and says so
+        bases = (DataSourceStreamReader,)
+
     names = list(queues) if queues is not None else config.backlog_queue_names()
     extra = dict(admin_kwargs or {})
 
-    class SyphonReader(DataSourceStreamReader):
+    class SyphonReader(*bases):  # type: ignore[misc]
         """Offsets are {"id", "work", "hints"}; a new one only when there is work (see the module docstring)."""
 
         def __init__(self) -> None:
@@ -271,6 +326,13 @@ def syphon_source(
 
         def initialOffset(self) -> dict[str, Any]:  # noqa: N802 - the DataSource API's name
             return {"id": "start", "work": [], "hints": {}}
+
+        def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+            """The query runs with ``Trigger.AvailableNow``: drain what the backlog holds now, in as many
+            micro-batches as it takes (:meth:`BacklogWatcher.prepare_available_now`), then stop."""
+            if self._watcher is None:
+                self._watcher = BacklogWatcher(config, names, admin_kwargs=extra)
+            self._watcher.prepare_available_now()
 
         def latestOffset(  # noqa: N802
             self, start: dict[str, Any] | None = None, limit: Any = None
@@ -449,9 +511,9 @@ def run_syphon(
 
     The trigger: ``processingTime=trigger`` by default; ``once``: a single micro-batch (``Trigger.Once``), then the
     query stops; ``available_now``: ``Trigger.AvailableNow`` (the trigger serverless compute accepts), which drains
-    what the backlog queues hold when the query starts and stops: the planner reads the counts once, and the
-    micro-batch drains each queue that has messages for at most ``syphon.batch_duration`` (what arrives later, or
-    is left after that, waits for the next run). ``once`` and ``available_now`` exclude each other."""
+    what the backlog queues hold when the query starts, in as many micro-batches as that takes (each draining a
+    queue for at most ``syphon.batch_duration``; :meth:`BacklogWatcher.prepare_available_now`), and stops. On
+    pyspark 4.0 (no ``SupportsTriggerAvailableNow``) Spark runs one micro-batch instead, and warns. ``once`` and ``available_now`` exclude each other."""
     if once and available_now:
         raise ValueError("run_syphon: give once=True or available_now=True, not both")
 

@@ -114,6 +114,50 @@ def test_available_now_drains_the_backlog_and_stops_then_a_rerun_with_nothing_th
     assert sum(p["numInputRows"] for p in query.recentProgress) == 0
 
 
+def test_available_now_moves_a_backlog_larger_than_one_micro_batch_in_as_many_as_it_takes(
+    spark: Any, pair: Any, tmp_path: Path
+) -> None:
+    """Issue 32 item 4: the source says it supports Trigger.AvailableNow (pyspark 4.1+), so Spark does not fall
+    back to one micro-batch: a backlog that one micro-batch's budget (``syphon.batch_duration``) cannot move is
+    moved in several, and the query stops by itself. With the fallback, the query would stop after the first."""
+    if not _supports_available_now():
+        pytest.skip(
+            "this pyspark has no SupportsTriggerAvailableNow: Spark runs one micro-batch (and says so)"
+        )
+    primary, secondary = pair.primary, pair.secondary
+    config = _config(pair, tmp_path / "state").with_overrides(
+        syphon_batch_duration=0.1,
+        syphon_batch_size=5,  # 5 messages a receive, for 0.1 s a micro-batch
+    )
+    _put(secondary, BACKLOG[0], "m", 400)
+    query = run_syphon(
+        spark,
+        config,
+        checkpoint=str(tmp_path / "chk"),
+        available_now=True,
+        admin_kwargs={"connection_verify": secondary.ca_file},
+    )
+    try:
+        assert query.awaitTermination(240), f"an availableNow query stops by itself: {query.status}"
+    finally:
+        if query.isActive:
+            query.stop()
+    assert query.exception() is None
+    batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"] > 0]
+    assert len(batches) >= 2, batches  # more than one micro-batch's budget, so several micro-batches
+    assert sum(batches) == 400
+    assert sorted(_take(primary, "orders")) == sorted(f"m{i}" for i in range(400))
+    assert secondary.broker.get_queue(BACKLOG[0]).runtime.active_message_count == 0
+
+
+def _supports_available_now() -> bool:
+    try:
+        from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def test_once_and_available_now_together_are_refused(spark: Any, pair: Any, tmp_path: Path) -> None:
     config = _config(pair, tmp_path / "state")
     with pytest.raises(ValueError, match="once=True or available_now=True"):

@@ -127,6 +127,66 @@ def test_planner_drains_every_queue_when_the_counts_cannot_be_read() -> None:
     assert watcher.work() == [(q, False) for q in QUEUES] and watcher.failures == 1
 
 
+def test_available_now_drains_what_each_queue_held_at_the_start_in_as_many_batches_as_it_takes() -> None:
+    """Issue 32 item 4: under Trigger.AvailableNow a queue is offered until the messages it held at the start have
+    left it, however many micro-batches that takes; one that was empty at the start, or whose pass made no
+    progress, is not (the run must end: Spark's contract reads nothing added after the start)."""
+    admin = FakeAdmin()
+    watcher = BacklogWatcher(CONFIG, QUEUES, admin=admin)
+    admin.counts[QUEUES[0]] = (250, 0)  # 250 at the start; each pass moves 100 (its batch_duration)
+    watcher.prepare_available_now()
+    admin.counts[QUEUES[1]] = (40, 0)  # arrived after the start: the next run's
+    assert watcher.work() == [(QUEUES[0], False)]
+    admin.counts[QUEUES[0]] = (150 + 30, 0)  # 100 moved, 30 new arrived meanwhile
+    assert watcher.work() == [(QUEUES[0], False)]  # at least 70 of the 250 gone: go on
+    admin.counts[QUEUES[0]] = (80 + 30, 0)
+    assert watcher.work() == [(QUEUES[0], False)]
+    admin.counts[QUEUES[0]] = (10 + 30, 0)
+    assert watcher.work() == [(QUEUES[0], False)]
+    admin.counts[QUEUES[0]] = (0 + 30, 0)  # all 250 gone, but the counts show 220 (arrivals hide the rest)
+    assert watcher.work() == [(QUEUES[0], False)]  # so one more pass, which moves the late 30 too
+    admin.counts[QUEUES[0]] = (0, 0)
+    assert watcher.work() == []  # 250 gone by the counts: done
+    assert watcher.work() == []
+
+
+def test_available_now_stops_offering_a_queue_whose_pass_made_no_progress() -> None:
+    admin = FakeAdmin()
+    watcher = BacklogWatcher(CONFIG, QUEUES, admin=admin)
+    admin.counts[QUEUES[0]] = (20, 0)
+    watcher.prepare_available_now()
+    assert watcher.work() == [(QUEUES[0], False)]
+    admin.counts[QUEUES[0]] = (20, 0)  # its entity is down: everything abandoned
+    assert watcher.work() == []  # the run ends; the next one tries again
+
+
+def test_available_now_without_counts_drains_every_queue_once_then_ends() -> None:
+    admin = FakeAdmin()
+    admin.fail = True
+
+    class Fallback(FakeAdmin):
+        def get_queue_runtime_properties(self, queue: str) -> Props:
+            raise ConnectionError("down")
+
+    watcher = BacklogWatcher(CONFIG, QUEUES, admin=Fallback())
+    watcher.admin.fail = True
+    watcher.prepare_available_now()
+    watcher.admin = Fallback()
+    watcher.admin.fail = True
+    assert watcher.work() == [(q, False) for q in QUEUES]
+    watcher.admin = Fallback()
+    watcher.admin.fail = True
+    assert watcher.work() == []
+
+
+def test_other_triggers_drain_whatever_is_there() -> None:
+    admin = FakeAdmin()
+    watcher = BacklogWatcher(CONFIG, QUEUES, admin=admin)
+    admin.counts[QUEUES[0]] = (20, 0)
+    assert watcher.work() == [(QUEUES[0], False)]
+    assert watcher.work() == [(QUEUES[0], False)]  # no progress, still drained: the entity may be back
+
+
 def test_rows_one_per_message_moved_and_one_per_kind_else() -> None:
     outcome = SyphonOutcome(
         forwarded={"orders": 2},
