@@ -49,23 +49,31 @@ def parse_connection_string(conn: str, key: str = "connection_string") -> Connec
     """Parse ``conn`` (Endpoint, SharedAccessKeyName, SharedAccessKey, SharedAccessSignature, EntityPath,
     UseDevelopmentEmulator). Raises :class:`ConfigError` naming ``key``; never echoes the string."""
     parts: dict[str, str] = {}
-    for segment in conn.strip().split(";"):
+    emulator_raw = "false"
+    # Split as the SDK splits when a client is built (the whole string stripped, trailing ';' dropped, nothing
+    # else): an empty part or a space around a name, which it refuses or misses then, is refused here, now.
+    text = conn.strip().rstrip(";")
+    for segment in text.split(";") if text else ():
         if not segment.strip():
-            continue
+            raise _err(key, "malformed connection string: an empty part (';;' or a leading ';')")
         name, sep, value = segment.partition("=")
-        name = name.strip()
-        if not sep or not name:
+        if not sep or not name.strip():
             raise _err(key, "malformed connection string: every part must look like Name=value")
+        if name != name.strip():
+            raise _err(key, "malformed connection string: a part's name has spaces around it")
         canon = _CS_KEYS.get(name.lower())
         if canon is None:
+            # a key pasted without its 'SharedAccessKey=' is a part's name: shown only if it looks like one
+            shown = repr(name) if re.fullmatch(r"[A-Za-z]{1,24}", name) else "(not shown)"
             raise _err(
                 key,
-                f"malformed connection string: unknown part {name[:40]!r} "
-                f"(valid: {', '.join(_CS_KEYS.values())})",
+                f"malformed connection string: unknown part {shown} (valid: {', '.join(_CS_KEYS.values())})",
             )
         if canon in parts:
             raise _err(key, f"malformed connection string: {canon} given twice")
         parts[canon] = value.strip()
+        if canon == "UseDevelopmentEmulator":
+            emulator_raw = value
     endpoint = parts.get("Endpoint")
     if not endpoint:
         raise _err(key, "malformed connection string: Endpoint is missing")
@@ -90,9 +98,13 @@ def parse_connection_string(conn: str, key: str = "connection_string") -> Connec
             key,
             "malformed connection string: needs SharedAccessKeyName and SharedAccessKey, or SharedAccessSignature",
         )
-    emulator_raw = parts.get("UseDevelopmentEmulator", "false").lower()
-    if emulator_raw not in ("true", "false"):
-        raise _err(key, "malformed connection string: UseDevelopmentEmulator must be true or false")
+    # The SDK's test is ``== "true"``: 'True' would be TLS on port 5671, not the emulator's plain AMQP
+    if emulator_raw != "true" and emulator_raw.strip().lower() != "false":
+        raise _err(
+            key,
+            "malformed connection string: UseDevelopmentEmulator must be true or false "
+            "('true' in lower case: the SDK reads any other spelling as false)",
+        )
     return ConnectionStringInfo(
         endpoint=f"sb://{host}/",
         host=host,
