@@ -328,7 +328,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m spark_sb")
         result: int = args.func(args)
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # a command's own errors are lines already; this is the last net: never a traceback
+    except (
+        Exception
+    ) as exc:  # a command's own errors are lines already; this is the last net: never a traceback
         from spark_sb.core.errors import ConfigError, describe_error
 
         if args.verbose >= 2:
