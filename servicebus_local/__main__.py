@@ -5,7 +5,8 @@
         [--max-connections N] [--link-idle-timeout 10m] [--connection-idle-timeout 60s] [--throttle N]
 
 Prints ``connection_string=<...>`` (one line), ``control_url=<...>`` when a control port is given and
-``ca_file=<...>`` (the CA the admin client must trust: ``connection_verify=`` or ``REQUESTS_CA_BUNDLE``), then
+``ca_file=<...>`` (the CA the admin client must trust: ``connection_verify=`` or ``REQUESTS_CA_BUNDLE``; with
+``--tls-dir DIR`` it is ``DIR/ca.pem``, the same for every namespace started with that directory), then
 serves in this process until SIGINT or SIGTERM, and exits 0 after a clean stop. User errors (port in use, a missing or invalid topology file) are reported in
 one line on stderr, exit status 2, no traceback. ``--port 0`` / ``--control-port
 0`` pick free ports (the printed lines tell which). The connection string carries the key given with ``--key``

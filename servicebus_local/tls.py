@@ -11,7 +11,8 @@ one key generation in total. By default nothing leaves memory except the CA *cer
 
 With ``SPARK_SB_LOCAL_TLS_DIR=<dir>`` (the CLI's ``--tls-dir``) the material is kept in ``<dir>`` instead and
 reused by every process that points there, so several namespaces started as separate processes share one CA and
-one ``REQUESTS_CA_BUNDLE=<dir>/ca.pem`` trusts them all. The directory then holds the local CA's private key
+one ``REQUESTS_CA_BUNDLE=<dir>/ca.pem`` trusts them all; that file is every namespace's ``ca_file`` then (what
+the CLI prints), and it stays when they stop. The directory then holds the local CA's private key
 (mode 0600): it is a development CA for 127.0.0.1 only, like mkcert's.
 
 Runs inside the local namespace process (tests, the demo, the CLI).
@@ -43,6 +44,7 @@ class _Material:
 
 
 _material: _Material | None = None
+_material_dir: Path | None = None  # where it is kept and shared ($SPARK_SB_LOCAL_TLS_DIR), if anywhere
 _material_lock = threading.Lock()
 
 #: Environment variable naming a directory where the CA and server material is kept and shared by processes.
@@ -94,19 +96,37 @@ def _shared_material(directory: Path) -> _Material:
     if len(keys) != 1 or len(certs) < 2:
         raise ValueError(f"{final} is not a local namespace TLS bundle; delete it to have it made again")
     material = _Material(ca_cert_pem=certs[0], server_chain_pem=b"".join(certs[1:]), server_key_pem=keys[0])
-    (directory / CA_FILE_NAME).write_bytes(material.ca_cert_pem)
+    _write_atomically(directory / CA_FILE_NAME, material.ca_cert_pem)
     return material
 
 
-def _get_material() -> _Material:
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all: another process reading it (REQUESTS_CA_BUNDLE) never sees half."""
+    fd, tmp = tempfile.mkstemp(prefix=".ca-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, 0o644)  # the CA certificate is public
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _get_material() -> tuple[_Material, Path | None]:
     """The process-wide CA and server certificate, made (or loaded from ``$SPARK_SB_LOCAL_TLS_DIR``) on first
-    call (thread-safe)."""
-    global _material
+    call (thread-safe), and the directory where they are shared (``None``: this process's own)."""
+    global _material, _material_dir
     with _material_lock:
         if _material is None:
             shared = os.environ.get(TLS_DIR_ENV)
-            _material = _shared_material(Path(shared)) if shared else _generate()
-        return _material
+            if shared:
+                _material_dir = Path(shared).expanduser().absolute()
+                _material = _shared_material(_material_dir)
+            else:
+                _material = _generate()
+        return _material, _material_dir
 
 
 def _server_context(material: _Material) -> ssl.SSLContext:
@@ -142,8 +162,12 @@ class LocalTls:
         """Write ``ca.pem`` into ``directory`` (created if missing) and build a server context.
 
         The certificate is generated once per process; later calls only write the file and load the context.
+        With ``$SPARK_SB_LOCAL_TLS_DIR`` set the CA file is the shared one, ``<that dir>/ca.pem``, which every
+        process pointing there shares and which outlives them (``directory`` is then left alone).
         """
-        material = _get_material()
+        material, shared = _get_material()
+        if shared is not None:
+            return cls(ca_file=str(shared / CA_FILE_NAME), server_context=_server_context(material))
         target = Path(directory)
         target.mkdir(parents=True, exist_ok=True)
         ca_path = target / CA_FILE_NAME

@@ -351,3 +351,30 @@ def test_cli_namespaces_share_one_ca_with_tls_dir(tmp_path: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_cli_with_tls_dir_prints_the_shared_ca_file_which_outlives_the_namespace(tmp_path: Path) -> None:
+    """With --tls-dir the ca_file printed is <dir>/ca.pem - absolute, '~' expanded, kept after the stop - not a
+    copy in the namespace's own temporary folder (deleted at its stop), so the path printed is the one to export
+    as REQUESTS_CA_BUNDLE for every namespace started with that directory."""
+    home = tmp_path / "home"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servicebus_local", "--name", "primary", "--port", "0", "--tls-dir=~/tls"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "HOME": str(home)},
+    )
+    try:
+        assert proc.stdout is not None
+        printed = dict(proc.stdout.readline().strip().split("=", 1) for _ in range(2))
+        assert printed["ca_file"] == str(home / "tls" / "ca.pem")
+        assert b"BEGIN CERTIFICATE" in Path(printed["ca_file"]).read_bytes()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        assert Path(printed["ca_file"]).is_file()  # still there for the next start with this directory
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
