@@ -15,8 +15,15 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.core.sdk_types import sdk_message_type, sdk_properties
-from spark_sb.message.outbound import OutboundMessage, RejectError, Scalar, _ms_to_datetime, _utc_ms
+from spark_sb.core.sdk_types import sdk_properties
+from spark_sb.message.outbound import (
+    OutboundMessage,
+    RejectError,
+    Scalar,
+    _ms_to_datetime,
+    _utc_ms,
+    sdk_message,
+)
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusMessage
@@ -189,6 +196,11 @@ def _time_decode(v: Any) -> datetime:
     raise ValueError(f"not a timestamp: {type(v).__name__}")
 
 
+def _utc(now: datetime) -> datetime:
+    """``now`` as recorded in ``x-ms-backlog-enqueued-utc``: naive means UTC, an aware time stays as it is."""
+    return now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now
+
+
 def _str_decode(v: Any) -> str:
     return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
@@ -230,7 +242,7 @@ def to_backlog(msg: OutboundMessage, entity: str, now: datetime) -> OutboundMess
         cleared[attr] = None
         if value is not None:
             props[prop] = encode(value)
-    props[BACKLOG_ENQUEUED] = now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now
+    props[BACKLOG_ENQUEUED] = _utc(now)
     if timestamps:
         props[BACKLOG_TIMESTAMP_PROPERTIES] = json.dumps(timestamps, separators=(",", ":"))
     return replace(msg, properties=props, **cleared)
@@ -255,18 +267,8 @@ def to_backlog_sdk(msg: OutboundMessage, entity: str, now: datetime) -> ServiceB
         return to_backlog(msg, entity, now).to_sdk()
     out = {} if plain else (sdk_properties(props) or {})
     out[BACKLOG_PATH] = entity
-    out[BACKLOG_ENQUEUED] = now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now
-    return sdk_message_type()(
-        msg.body,
-        application_properties=out,
-        message_id=msg.message_id,
-        content_type=msg.content_type,
-        correlation_id=msg.correlation_id,
-        subject=msg.subject,
-        to=msg.to,
-        reply_to=msg.reply_to,
-        reply_to_session_id=msg.reply_to_session_id,
-    )
+    out[BACKLOG_ENQUEUED] = _utc(now)
+    return sdk_message(msg, out)  # session id, partition key, TTL and scheduled time are None here
 
 
 def _has_timestamp(props: Mapping[str, Scalar]) -> bool:

@@ -47,6 +47,7 @@ __all__ = [
     "RejectError",
     "Scalar",
     "message_id_from_content",
+    "sdk_message",
 ]
 
 Scalar = str | int | float | bool | bytes | datetime | uuid.UUID | None
@@ -202,25 +203,7 @@ class OutboundMessage:
     def to_sdk(self) -> ServiceBusMessage:
         """The SDK message with every field mapped exactly (TTL in exact milliseconds). Runs on executors."""
         props = self.properties
-        msg = sdk_message_type()(
-            self.body,
-            application_properties=None if props is _EMPTY else sdk_properties(props),
-            session_id=self.session_id,
-            message_id=self.message_id,
-            scheduled_enqueue_time_utc=self.scheduled_enqueue_time,
-            content_type=self.content_type,
-            correlation_id=self.correlation_id,
-            subject=self.subject,
-            partition_key=self.partition_key,
-            to=self.to,
-            reply_to=self.reply_to,
-            reply_to_session_id=self.reply_to_session_id,
-        )
-        if self.time_to_live is not None:
-            header = msg.raw_amqp_message.header
-            assert header is not None  # ServiceBusMessage always builds one
-            header.time_to_live = self.time_to_live // _ONE_MS
-        return msg
+        return sdk_message(self, None if props is _EMPTY else sdk_properties(props))
 
     @classmethod
     def from_received(cls, msg: ServiceBusReceivedMessage, entity: str | None = None) -> OutboundMessage:
@@ -277,6 +260,35 @@ class OutboundMessage:
             scheduled_enqueue_time=scheduled,
             properties=props,
         )
+
+
+def sdk_message(
+    msg: OutboundMessage, application_properties: dict[str | bytes, Any] | None
+) -> ServiceBusMessage:
+    """The SDK message of ``msg``'s fields, with ``application_properties`` as given (already in the SDK's
+    encoding, :func:`~spark_sb.core.sdk_types.sdk_properties`): the one place an :class:`OutboundMessage` is mapped
+    onto a ``ServiceBusMessage`` field by field. :meth:`OutboundMessage.to_sdk` gives it the message's own
+    properties, :func:`~spark_sb.message.backlog.to_backlog_sdk` the backlog form's. The TTL goes into the header in
+    exact milliseconds (the SDK's own setter truncates to whole seconds). Runs on executors, per message."""
+    out = sdk_message_type()(
+        msg.body,
+        application_properties=application_properties,
+        session_id=msg.session_id,
+        message_id=msg.message_id,
+        scheduled_enqueue_time_utc=msg.scheduled_enqueue_time,
+        content_type=msg.content_type,
+        correlation_id=msg.correlation_id,
+        subject=msg.subject,
+        partition_key=msg.partition_key,
+        to=msg.to,
+        reply_to=msg.reply_to,
+        reply_to_session_id=msg.reply_to_session_id,
+    )
+    if msg.time_to_live is not None:
+        header = out.raw_amqp_message.header
+        assert header is not None  # ServiceBusMessage always builds one
+        header.time_to_live = msg.time_to_live // _ONE_MS
+    return out
 
 
 def _str_or_none(value: Any) -> str | None:
