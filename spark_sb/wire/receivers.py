@@ -213,7 +213,12 @@ class ReceiverLane:
 
     @property
     def generation(self) -> int:
-        return self._shared.generation
+        """The connection's generation: that of the live worker, or - none live (reset, abandoned at a deadline,
+        not started) - that of the next one, which no held message has. The lane itself bumps it only when the
+        next call builds a worker: read alone, a settle just after a reset took the old connection's messages
+        for live and sent their delivery ids down the new connection's links."""
+        shared = self._shared
+        return shared.generation if shared.live else shared.generation + 1
 
     def call(self, fn: Callable[[Receiving], R], timeout: float) -> R:
         deadline = time.monotonic() + timeout

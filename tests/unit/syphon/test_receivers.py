@@ -28,8 +28,8 @@ from spark_sb.syphon.receivers import (
     text_of,
 )
 from spark_sb.syphon.rules import DEAD_LETTER_PROPERTIES, SyphonOutcome
-from spark_sb.wire.lane import DeadlineExceeded
-from spark_sb.wire.receivers import Receiving
+from spark_sb.wire.lane import DeadlineExceeded, Lane
+from spark_sb.wire.receivers import ReceiverLane, Receiving
 
 T0 = datetime(2026, 6, 1, 8, 0, tzinfo=timezone.utc)
 
@@ -152,6 +152,33 @@ def test_a_lane_call_that_fails_counts_every_live_message_and_never_raises(error
     items = held("a", "b", generation=2) + held("stale", generation=1)
     outcome = do_settle(lane, items, complete)
     assert outcome.settle_failures == 3
+
+
+def test_messages_held_when_the_connection_was_reset_are_never_settled_on_the_next_one() -> None:
+    """The syphon resets its receivers' connection when a receive fails, then abandons what it parked: those
+    messages' delivery ids mean nothing - or another message - on a new connection's links. They are counted
+    (redelivered when their locks run out), and no connection is opened for them."""
+    receivers: list[FakeReceiver] = []
+
+    class Context:
+        def __init__(self) -> None:
+            receivers.append(FakeReceiver())
+            self.client = object()
+
+        def receiver(self, queue: str, dead_letter: bool, timeout: float) -> FakeReceiver:
+            return receivers[-1]
+
+    shared: Lane[Any] = Lane("test-syphon-receivers", Context, lambda ctx: None)
+    try:
+        lane = ReceiverLane(shared, "b/0", True)
+        lane.call(lambda r: None, 5.0)  # the receive that got the parked messages
+        parked = held("p1", "p2", generation=lane.generation)
+        lane.reset("receive failed")
+        outcome = do_settle(lane, parked, abandon)  # type: ignore[arg-type]
+        assert outcome.settle_failures == 2
+        assert len(receivers) == 1 and receivers[0].calls == []
+    finally:
+        shared.close()
 
 
 def test_failures_add_to_what_the_outcome_counted_before() -> None:

@@ -16,7 +16,7 @@ from spark_sb.config.namespace import NamespaceConfig
 from spark_sb.config.secret import Secret
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.wire import connection as amqp
-from spark_sb.wire.lane import Lane
+from spark_sb.wire.lane import DeadlineExceeded, Lane
 from spark_sb.wire.receivers import ReceiverLane, Receiving, SharedReceivers, receivers_lane
 
 KEY = "ReceiversTestKey0123456789abcdef="
@@ -392,21 +392,60 @@ def test_a_receiver_lane_runs_calls_with_its_own_receiver_within_the_deadline() 
         lane.close()
 
 
-def test_resetting_one_receiver_lane_makes_every_held_message_stale() -> None:
+def _context_lane(built: list[Context]) -> Lane[Any]:
+    def build() -> Context:
+        built.append(Context())
+        return built[-1]
+
+    return Lane("test-receivers", build, Context.close)
+
+
+def test_resetting_one_receiver_lane_makes_every_held_message_stale_at_once() -> None:
     """The generation is the shared lane's: after a reset, messages received before on any queue cannot be
-    settled (their locks belonged to the dropped connection)."""
+    settled (their locks belonged to the dropped connection) - at once, not only after the next call built a new
+    connection (a settle in between would send their delivery ids down the new connection's links)."""
     built: list[Context] = []
-    lane: Lane[Any] = Lane("test-receivers", lambda: built.append(Context()) or built[-1], Context.close)
+    lane = _context_lane(built)
     try:
         a, b = ReceiverLane(lane, "b/0", False), ReceiverLane(lane, "b/1", False)
         a.call(lambda r: None, 5.0)
-        before = (a.generation, b.generation)
-        assert before[0] == before[1]
+        held = a.generation
+        assert b.generation == held
         a.reset("a test")
+        assert a.generation != held and b.generation != held  # before any new call
+        after_reset = b.generation
         b.call(lambda r: None, 5.0)
-        assert a.generation == b.generation > before[0]
+        assert a.generation == b.generation == after_reset  # what was reported is the new connection's
         assert len(built) == 2
         assert built[0].closed.wait(5.0)  # the old context is closed (in the background)
+    finally:
+        lane.close()
+
+
+def test_a_call_abandoned_at_its_deadline_makes_held_messages_stale_at_once() -> None:
+    built: list[Context] = []
+    lane = _context_lane(built)
+    stuck = threading.Event()
+    try:
+        a = ReceiverLane(lane, "b/0", False)
+        a.call(lambda r: None, 5.0)
+        held = a.generation
+        with pytest.raises(DeadlineExceeded):
+            a.call(lambda r: stuck.wait(5.0), 0.05)  # the connection stalls: its worker is abandoned
+        assert a.generation != held
+    finally:
+        stuck.set()
+        lane.close()
+
+
+def test_before_the_first_call_the_generation_is_the_first_connections() -> None:
+    built: list[Context] = []
+    lane = _context_lane(built)
+    try:
+        a = ReceiverLane(lane, "b/0", False)
+        first = a.generation
+        a.call(lambda r: None, 5.0)
+        assert a.generation == first and len(built) == 1
     finally:
         lane.close()
 
