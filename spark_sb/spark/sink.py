@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.core.counts import merge_counts
+from spark_sb.core.counts import SentAndDiverted, merge_counts
 from spark_sb.core.errors import ConfigError
 from spark_sb.failover.outcome import SendOutcome, namespace_key
 from spark_sb.spark.hooks import install_sigterm_handler, is_connect, register_exit_hook
@@ -84,7 +85,7 @@ class SinkIdConflictError(RuntimeError):
 
 
 @dataclass
-class SinkTotals:
+class SinkTotals(SentAndDiverted):
     """Counts over every batch this sink object processed (driver; bounded: counts, never records)."""
 
     batches: int = 0
@@ -100,14 +101,6 @@ class SinkTotals:
     probes: int = 0
     pulls: int = 0
     retries: int = 0
-
-    @property
-    def total_sent(self) -> int:
-        return sum(self.sent.values())
-
-    @property
-    def total_diverted(self) -> int:
-        return sum(self.diverted.values())
 
     @property
     def total_rejected(self) -> int:
@@ -175,6 +168,42 @@ def warn_rejects(sink_id: str, batch_id: int, outcome: SendOutcome, rows: int) -
         counts,
         f"; first row indexes in their partitions: {', '.join(shown)}" if shown else "",
     )
+
+
+class SinkTaskError(RuntimeError):
+    """A batch's task failed with one of the library's own errors, which names what to change; raised on the driver
+    with that error's line as its message (Spark's trace, where the executor's error sits at the end of a few
+    kilobytes of JVM frames, is its ``__cause__``). ``kind`` is the executor error's class name."""
+
+    def __init__(self, kind: str, line: str) -> None:
+        super().__init__(f"{kind}: {line}")
+        self.kind = kind
+        self.line = line
+
+
+#: The library's errors that a task may end with; each names what to change in its one-line message.
+TASK_ERRORS = (
+    "ServiceBusConfigError",
+    "NoBacklogAvailableError",
+    "ServerBusyError",
+    "MessageRejectedError",
+    "SendError",
+    "RejectedRowsError",
+    "ConfigError",
+)
+_TASK_ERROR_LINE = re.compile(r"(?:spark_sb(?:\.\w+)*\.)?(" + "|".join(TASK_ERRORS) + r"): (.+)")
+
+
+def task_failure(exc: BaseException) -> SinkTaskError | None:
+    """The library's own error inside a failed Spark job's error (a ``PythonException`` carrying an executor's
+    traceback, under classic Spark or Spark Connect), or None when the failure is not one of ours. The last such
+    line wins (the task's final error). Driver; pure."""
+    found: SinkTaskError | None = None
+    for raw in str(exc).splitlines():
+        m = _TASK_ERROR_LINE.search(raw.strip())
+        if m:
+            found = SinkTaskError(m.group(1), m.group(2).strip())
+    return found
 
 
 def default_sink_id(config: ServiceBusConfig) -> str:
@@ -265,7 +294,14 @@ class ServiceBusSink:
         config = self.config
 
         def run_tasks(handoff: Sequence[EntityRecord]) -> list[PartitionResult]:
-            rows = batch_df.mapInArrow(partition_function(config, handoff), RESULT_SCHEMA).collect()
+            try:
+                rows = batch_df.mapInArrow(partition_function(config, handoff), RESULT_SCHEMA).collect()
+            except Exception as exc:
+                told = task_failure(exc)
+                if told is None:
+                    raise
+                log.error("sink %s batch %s failed: %s", self.sink_id, batch_id, told)
+                raise told from exc  # the line first; Spark's trace (with the executor's) is its cause
             return [pickle.loads(bytes(r["result"])) for r in rows]
 
         if not self._force_sync and self.config.state_writes == "async" and is_connect(batch_df.sparkSession):

@@ -120,3 +120,25 @@ def test_outage_diverts_to_backlog_and_syphon_restores_all(
     assert moved.forwarded == {"orders": 30}
     received = _drain(primary, "orders")
     assert sorted(str(m.message_id) for m in received) == sorted(r["message_id"] for r in rows)
+
+
+def test_a_refused_key_fails_the_batch_with_the_librarys_line_first(
+    spark: Any, namespace_pair: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 32 item 2: the executor's ServiceBusConfigError names what to change; the driver raises it as the
+    error's first line (Spark's trace is its cause) and logs it once, instead of a 5 KB py4j trace ending in it."""
+    namespace_pair.primary.broker.create_queue("orders")
+    namespace_pair.primary.faults.fail_sends(
+        "orders", "amqp:unauthorized-access"
+    )  # the key lacks the Send right
+    sb_sink = ServiceBusSink(_config(namespace_pair))
+    df = spark.createDataFrame([("hello", "m1", None, None)], SCHEMA)
+    with caplog.at_level("ERROR", logger="spark_sb.spark.sink"), pytest.raises(Exception) as failed:
+        sb_sink(df, 0)
+    text = str(failed.value)
+    assert text.splitlines()[0].startswith("ServiceBusConfigError: Service Bus refused the send"), text[:300]
+    assert "unauthorized" in text.splitlines()[0] and len(text.splitlines()) == 1
+    assert failed.value.__cause__ is not None  # Spark's own error, with the executor's trace
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        f"sink {sb_sink.sink_id} batch 0 failed: {text}"
+    ]

@@ -568,3 +568,20 @@ def test_schema_check_names_the_column_and_the_accepted_types() -> None:
     assert info.value.column == "session_id"
     with pytest.raises(SchemaError, match="column 'body': expected string, binary, struct, map or array"):
         validate_schema(T.StructType([T.StructField("body", T.DoubleType())]), COLS)
+
+
+def test_task_failure_finds_the_librarys_error_in_a_spark_job_error_and_nothing_else() -> None:
+    from spark_sb.spark.sink import task_failure
+
+    spark_text = (
+        "An error occurred while calling o123.collectToPython.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 failed 1 times\n"
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "/x/spark_sb/sender/paired.py", line 480, in _send_primary\n'
+        "spark_sb.core.errors.NoBacklogAvailableError: entity 'orders' is failed over and no backlog queue works\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(...)\n"
+    )
+    told = task_failure(RuntimeError(spark_text))
+    assert told is not None and told.kind == "NoBacklogAvailableError"
+    assert str(told) == "NoBacklogAvailableError: entity 'orders' is failed over and no backlog queue works"
+    assert task_failure(RuntimeError("java.lang.OutOfMemoryError: Java heap space")) is None
