@@ -9,21 +9,27 @@ Real SDK, real TCP, the local namespace pair; timelines asserted, ids compared a
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 from azure.core.credentials import AccessToken
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
+from azure.servicebus._pyamqp import cbs
+from azure.servicebus._pyamqp.constants import CbsAuthState, CbsState
+from azure.servicebus._pyamqp.utils import generate_sas_token
 
 from servicebus_local.server import LocalNamespace
 from spark_sb.config.namespace import CredentialConfig, NamespaceConfig, RetryConfig
 from spark_sb.config.secret import Secret
 from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.core.clock import FakeClock
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage
@@ -305,8 +311,134 @@ def test_tokens_that_expire_every_few_seconds_cost_nothing() -> None:
     _run_with_short_tokens(lifetime=4.0, seconds=15.0)
 
 
-def test_a_sender_and_a_syphon_with_30_second_tokens_run_for_3_minutes() -> None:
-    _run_with_short_tokens(lifetime=30.0, seconds=180.0)
+# What 3 minutes of real time with 30 s tokens showed (six lifetimes), on a fake clock: the namespaces' clock and the
+# SDK's token clock (pyamqp's ``cbs.utc_now``) are one FakeClock that the test moves a second at a time, so six
+# lifetimes take seconds. The network, the SDK and the lanes' idle tend (every TEND_EVERY s of real time) are real.
+FAKE_LIFETIME = 30  # seconds of fake time; the SDK's refresh window is the last tenth: 3 s
+FAKE_SECONDS = 6 * FAKE_LIFETIME
+KEY = "lifecycle-key"
+
+
+@dataclass(frozen=True)
+class FakeTimeTokens(CredentialConfig):
+    """SAS tokens signed with the namespaces' key, living ``lifetime`` seconds of the fake clock's time.
+
+    The SDK dates a token by its ``expires_on`` against its own clock (patched to the fake one); the namespace
+    dates it by the SAS ``se`` against the wall clock when the token is put, and runs what is left on its own
+    clock (the same fake one). So both see ``lifetime`` seconds of fake time. Every token issued is noted in
+    ``issued`` (its ``expires_on``)."""
+
+    clock: FakeClock = field(default_factory=FakeClock, hash=False, compare=False)
+    issued: list[int] = field(default_factory=list, hash=False, compare=False)
+    lifetime: int = FAKE_LIFETIME
+
+    def build(self) -> Any:
+        return _FakeTimeToken(self)
+
+
+class _FakeTimeToken:
+    def __init__(self, config: FakeTimeTokens) -> None:
+        self.config = config
+
+    def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
+        lifetime = self.config.lifetime
+        expires_on = int(self.config.clock.now().timestamp()) + lifetime
+        # the namespace's view: `lifetime` s from now on the wall clock (rounded up: never shorter than the SDK's)
+        token = generate_sas_token(
+            scopes[0], "RootManageSharedAccessKey", KEY, math.ceil(time.time()) + lifetime
+        )
+        self.config.issued.append(expires_on)
+        return AccessToken(token, expires_on)
+
+
+def _due_for_renewal(authenticators: weakref.WeakSet[Any]) -> int:
+    """Open links whose token is in its refresh window, or past it, and not being renewed (pyamqp's own test of a
+    token, on the patched clock)."""
+    due = 0
+    for auth in list(authenticators):
+        if auth.state != CbsState.OPEN or auth.auth_state != CbsAuthState.OK:
+            continue  # closed, or a put-token in flight
+        expired, refresh = cbs.check_expiration_and_refresh_status(auth._expires_on, auth._refresh_window)
+        due += expired or refresh
+    return due
+
+
+def test_a_sender_and_a_syphon_renew_30_second_tokens_through_six_lifetimes_on_a_fake_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch every second and a syphon pass every thirty, for six token lifetimes of 30 s (fake time; the
+    namespaces enforce the expiry on the same clock). Each link's token is renewed in its refresh window - by the
+    lanes' idle tend between calls (the syphon's receivers idle 30 s between passes), or by the call that meets
+    the window - so no error, no failover, no link detached for an expired token, nothing lost, tokens renewed
+    as they aged."""
+    clock = FakeClock(start=datetime.fromtimestamp(int(time.time()), timezone.utc))
+    monkeypatch.setattr(cbs, "utc_now", clock.now)  # the SDK's token clock: refresh windows and expiry
+    authenticators: weakref.WeakSet[Any] = weakref.WeakSet()  # every link's CBS authenticator, to watch
+    init = cbs.CBSAuthenticator.__init__
+
+    def watched(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        authenticators.add(self)
+
+    monkeypatch.setattr(cbs.CBSAuthenticator, "__init__", watched)
+    primary = LocalNamespace("primary", queues=[ENTITY], key=KEY, clock=clock).start()
+    secondary = LocalNamespace("secondary", queues=BACKLOG, key=KEY, clock=clock).start()
+    issued: list[int] = []
+
+    def namespace(ns: LocalNamespace, name: str | None) -> NamespaceConfig:
+        return NamespaceConfig(
+            fully_qualified_namespace=f"127.0.0.1:{ns.port}",
+            credential=FakeTimeTokens(clock=clock, issued=issued),
+            use_development_emulator=True,
+            namespace_name=name,
+        )
+
+    config = ServiceBusConfig(
+        primary=namespace(primary, "primary"),
+        secondary=namespace(secondary, None),
+        entity=ENTITY,
+        backlog_queue_count=len(BACKLOG),
+        failover_interval=0.0,  # the first failure would fail over: there must be none
+        ping_primary_interval=1.0,
+        send_timeout=3.0,
+        retry=RetryConfig(total=0, backoff_factor=0.1, backoff_max=0.5),
+    )
+    sender = PairedSender(config, registry=FailoverRegistry())
+    syphon = Syphon(config)
+    expected: set[str] = set()
+    try:
+        with (  # what a failover would have put in the backlog (a client of its own: the namespace's key)
+            ServiceBusClient.from_connection_string(secondary.connection_string) as client,
+            client.get_queue_sender(BACKLOG[0]) as backlog,
+        ):
+            for second in range(FAKE_SECONDS):
+                out = sender.send(batch(f"s{second}", 20))
+                assert out.total_sent == 20 and not out.transitions, out
+                expected |= {f"s{second}-{i}" for i in range(20)}
+                if second % 30 == 5:  # moved back by the syphon
+                    moved = [OutboundMessage(body=b"m", message_id=f"b{second}-{i}") for i in range(5)]
+                    now = datetime.now(timezone.utc)
+                    backlog.send_messages([to_backlog(m, ENTITY, now).to_sdk() for m in moved])
+                    drained = syphon.drain_all(max_wait=0.5)
+                    assert drained.forwarded == {ENTITY: 5} and not drained.errors, (second, drained)
+                    expected |= {m.message_id or "" for m in moved}
+                clock.advance(1.0)  # a quiet second: the links idle, the tokens age
+                # what the lanes' idle tend does between calls (a tick every TEND_EVERY s): awaited, not slept
+                await_true(
+                    f"the tokens in their refresh window renewed at {second + 1} s",
+                    lambda: _due_for_renewal(authenticators) == 0,
+                    5.0,
+                )
+        assert received_ids(primary, ENTITY) == expected
+        for ns in (primary, secondary):
+            assert ns.counters()["links_detached_token_expired"] == 0, ns.name
+        assert len(issued) >= 2 * FAKE_SECONDS / FAKE_LIFETIME  # renewed as they aged
+        assert sender.entity_state(ENTITY).value == "healthy"
+    finally:
+        syphon.close()
+        sender.close()
+        primary.stop()
+        secondary.stop()
 
 
 # ------------------------------------------------------------------------------------------------- throttling
