@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
-from spark_sb.core.counts import merge_counts
+from spark_sb.core.counts import SentAndDiverted, merge_fields
 from spark_sb.failover.records import BacklogPull, StateTransition
 from spark_sb.message.outbound import OutboundMessage, Reject
 
@@ -34,7 +34,7 @@ class ProbeRecord:
 
 
 @dataclass(frozen=True)
-class SendOutcome:
+class SendOutcome(SentAndDiverted):
     """What one :meth:`PairedSender.send` call did; small and picklable (returned from executors to the driver).
 
     ``sent``: messages accepted by the primary, per entity. ``diverted``: per backlog queue;
@@ -54,31 +54,12 @@ class SendOutcome:
     throttled: Mapping[str, float] = field(default_factory=dict)
 
     @property
-    def total_sent(self) -> int:
-        return sum(self.sent.values())
-
-    @property
-    def total_diverted(self) -> int:
-        return sum(self.diverted.values())
-
-    @property
     def total_rejected(self) -> int:
         return len(self.rejects)
 
     def merge(self, other: SendOutcome) -> SendOutcome:
         """The sum of two outcomes (counts added, records concatenated)."""
-        return SendOutcome(
-            sent=merge_counts(self.sent, other.sent),
-            diverted=merge_counts(self.diverted, other.diverted),
-            diverted_by_entity=merge_counts(self.diverted_by_entity, other.diverted_by_entity),
-            rejects=self.rejects + other.rejects,
-            transitions=self.transitions + other.transitions,
-            probes=self.probes + other.probes,
-            pulls=self.pulls + other.pulls,
-            retries=self.retries + other.retries,
-            elapsed=self.elapsed + other.elapsed,
-            throttled=merge_counts(self.throttled, other.throttled),
-        )
+        return merge_fields(self, other)
 
 
 class Tally:

@@ -13,12 +13,12 @@ picklable (the syphon job's rows are made from it on executors); an :class:`Enti
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from spark_sb.core.clock import Clock
-from spark_sb.core.counts import merge_counts
+from spark_sb.core.counts import merge_fields
 from spark_sb.message.backlog import from_backlog, is_backlog_message
 from spark_sb.message.outbound import OutboundMessage
 
@@ -86,16 +86,7 @@ class SyphonOutcome:
     def merge(self, other: SyphonOutcome) -> SyphonOutcome:
         """Field by field: per-entity counts merge, ``cancelled`` if either was, the rest add (counts) or
         concatenate (lists)."""
-        merged: dict[str, Any] = {}
-        for f in fields(self):
-            mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if isinstance(mine, dict):
-                merged[f.name] = merge_counts(mine, theirs)
-            elif isinstance(mine, bool):
-                merged[f.name] = mine or theirs
-            else:
-                merged[f.name] = mine + theirs
-        return SyphonOutcome(**merged)
+        return merge_fields(self, other)
 
     def _count(self, table: dict[str, int], entity: str | None, n: int = 1) -> None:
         key = entity or ""
