@@ -1,0 +1,176 @@
+"""Order through failover (``ordering: session``, SPEC O1-O4): the rule that keeps a session's messages in the order
+the sink was given them, outage or not. This module holds the rule and its argument; the sender, the syphon and the
+state tables carry it out (issue 31: the sender and the syphon sides are not wired yet - see "Status").
+
+Terms. A *session* is a pair (primary entity, session id). A session is *held* while some of its messages may be in
+the backlog; a held session is *pinned* to one backlog queue. A *return marker* is a message the sender puts into a
+held session's backlog queue behind that session's messages: a unique id, the entity and the session id, never
+delivered to the primary. The syphon *acknowledges* a marker when it reaches it, having moved every message of that
+session before it into the primary (it moves one session's messages one at a time, in queue order).
+
+The rule (per session; :class:`SessionBook`):
+
+* **R1 Pin.** A session not held goes where its entity goes (:meth:`~spark_sb.failover.machine.EntityFailover.admit`).
+  When its messages go to the backlog it becomes held and pinned to the queue :func:`pinned_queue` names (the
+  first available queue of the rotation from the session's hash). All its messages go to that queue until it is
+  released, whatever the rotation does to other sessions.
+* **R2 Mark.** At the end of every call that sent a held session's messages to the backlog, the sender sends a
+  fresh return marker to the session's queue, behind them (:meth:`SessionBook.close_call`).
+* **R3 Return.** A held session is released - its next message goes to the primary - only when its entity is not
+  failed over and the syphon has acknowledged the *last* marker sent for it, with no message sent to the backlog
+  since that marker (:meth:`SessionBook.route`). Otherwise it stays on its queue, behind its own messages.
+* **R4 No hop.** When a held session's queue fails, its messages are not sent to another queue: the call fails for
+  that session (its task fails and Spark retries it; other sessions go on). A second queue would let the syphon
+  move the later messages first.
+
+Why no interleaving loses order. Take a session and any two of its messages a before b in the sink's order.
+(1) Both direct: sent by one task in order, or by consecutive micro-batches, whose sends end before the next starts.
+(2) Both in the backlog: R1 puts them in one queue, in sending order; the syphon moves one session in queue order,
+one message at a time (a failure holds the rest of the session back: abandoned in place, they come back first).
+(3) a in the backlog, b direct: b was routed to the primary, so by R3 the last marker m sent before b's routing was
+acknowledged and nothing was diverted after m. a was diverted before b, so before m (R2 puts m behind every
+diverted message of its call, and a later diversion would have required a newer marker). The syphon acknowledged
+m after moving a into the primary; the sender read the acknowledgement before sending b. So a is in the primary
+before b is sent. A syphon pass that starts before the sender's check and ends after it changes nothing: the
+check reads the acknowledgement, which is written only after the move. A late backlog send (a call still sending
+a's batch when another call checks) cannot be missed: the marker of that call is sent after a, so the
+acknowledgement the check needs cannot exist yet, and the session stays held.
+(4) a direct, b in the backlog: a was sent before b was routed; the primary has a before b is even diverted.
+Two executors sending one session share the book's record through the state tables (setting a: the sink's handoff
+to its tasks carries the held sessions and their last markers; the syphon writes acknowledgements to the events
+table) or the process registry (setting b, a plain application): both serialise per session on the record.
+
+What bounds it: the book holds held sessions only (those with messages in the backlog): at most the sessions
+diverted during an outage, each removed on release.
+
+Status: the rule, the book and their unit tests (tests/unit/failover/test_ordering.py). Not yet wired: the sender's
+routing and markers, the syphon's ordered per-session drain and acknowledgements, the state tables' session rows,
+``spark-sb status`` and the dashboard (O4), the ``ordering`` key.
+
+Runs anywhere (the sender's thread, the syphon); thread-safe; the records are picklable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+#: The application property of a return marker (its value: the marker id); receivers never see one (R2).
+RETURN_MARKER = "x-spark-sb-return"
+
+
+@dataclass(frozen=True)
+class Held:
+    """A held session's record (picklable: it travels in the sink's handoff to its tasks).
+
+    ``queue``: the backlog queue it is pinned to; ``marker``: the last return marker sent behind its messages;
+    ``since_marker``: messages went to the backlog after that marker; ``acknowledged``: the newest marker the
+    syphon passed."""
+
+    queue: str
+    marker: str | None = None
+    since_marker: bool = True
+    acknowledged: str | None = None
+
+    @property
+    def drained(self) -> bool:
+        """R3: everything this session sent to the backlog is in the primary."""
+        return self.marker is not None and self.acknowledged == self.marker and not self.since_marker
+
+
+def pinned_queue(session: str, queues: Sequence[str], available: Callable[[str], bool]) -> str | None:
+    """R1: the queue a session is pinned to when it is first held: the first available queue of the rotation that
+    starts at the session id's hash (the same for every process), or None when none is available."""
+    if not queues:
+        return None
+    start = int.from_bytes(hashlib.sha256(session.encode()).digest()[:8], "big") % len(queues)
+    for i in range(len(queues)):
+        queue = queues[(start + i) % len(queues)]
+        if available(queue):
+            return queue
+    return None
+
+
+class QueueUnavailableError(RuntimeError):
+    """R4: a held session's queue does not answer; the session's messages are not sent anywhere else."""
+
+
+@dataclass
+class SessionBook:
+    """The held sessions of one primary namespace (R1-R4). Thread-safe."""
+
+    _held: dict[tuple[str, str], Held] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def held(self, entity: str, session: str) -> Held | None:
+        with self._lock:
+            return self._held.get((entity, session))
+
+    def route(self, entity: str, session: str, entity_failed_over: bool) -> str | None:
+        """Where the session's next message goes: None for the primary, else the backlog queue it is pinned to
+        (R3: a held session is released only when drained and its entity is not failed over)."""
+        with self._lock:
+            record = self._held.get((entity, session))
+            if record is None:
+                return None
+            if record.drained and not entity_failed_over:
+                del self._held[(entity, session)]
+                return None
+            return record.queue
+
+    def diverted(
+        self, entity: str, session: str, queues: Sequence[str], available: Callable[[str], bool]
+    ) -> str:
+        """The session's message goes to the backlog: the queue (R1: pinned at first; R4: raises
+        :class:`QueueUnavailableError` when the pinned queue is not available)."""
+        with self._lock:
+            record = self._held.get((entity, session))
+            if record is None:
+                queue = pinned_queue(session, queues, available)
+                if queue is None:
+                    raise QueueUnavailableError(f"no backlog queue is available for session {session!r}")
+                self._held[(entity, session)] = Held(queue)
+                return queue
+            if not available(record.queue):
+                raise QueueUnavailableError(
+                    f"the backlog queue {record.queue!r} of session {session!r} (entity {entity!r}) is unavailable; "
+                    "with ordering: session its messages wait for it rather than go to another queue"
+                )
+            if not record.since_marker:
+                self._held[(entity, session)] = Held(record.queue, record.marker, True, record.acknowledged)
+            return record.queue
+
+    def close_call(self, entity: str, session: str) -> str | None:
+        """R2: the call sent messages of this held session to the backlog since its last marker: a fresh marker id
+        to send behind them (then :meth:`marker_sent`), or None when nothing is owed."""
+        with self._lock:
+            record = self._held.get((entity, session))
+            if record is None or not record.since_marker:
+                return None
+            return uuid.uuid4().hex
+
+    def marker_sent(self, entity: str, session: str, marker: str) -> None:
+        """The marker went out behind the session's messages (the send was confirmed)."""
+        with self._lock:
+            record = self._held.get((entity, session))
+            if record is not None:
+                self._held[(entity, session)] = Held(record.queue, marker, False, record.acknowledged)
+
+    def acknowledged(self, entity: str, session: str, marker: str) -> None:
+        """The syphon passed ``marker``: every message of the session before it is in the primary."""
+        with self._lock:
+            record = self._held.get((entity, session))
+            if record is not None:
+                self._held[(entity, session)] = Held(record.queue, record.marker, record.since_marker, marker)
+
+    def restore(self, entity: str, session: str, record: Held) -> None:
+        """Take a record from elsewhere (the sink's handoff, the state tables): another process's sends."""
+        with self._lock:
+            self._held[(entity, session)] = record
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._held)
