@@ -114,16 +114,19 @@ def test_planner_drains_only_queues_with_messages_and_new_dead_letters() -> None
     assert watcher.work() == [(QUEUES[1], True)]
 
 
+class DownAdmin(FakeAdmin):
+    """An admin endpoint that answers nothing: neither the listing nor a queue's properties."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = True
+
+    def get_queue_runtime_properties(self, queue: str) -> Props:
+        raise ConnectionError("down")
+
+
 def test_planner_drains_every_queue_when_the_counts_cannot_be_read() -> None:
-    admin = FakeAdmin()
-    admin.fail = True
-
-    class Fallback(FakeAdmin):
-        def get_queue_runtime_properties(self, queue: str) -> Props:
-            raise ConnectionError("down")
-
-    watcher = BacklogWatcher(CONFIG, QUEUES, admin=Fallback())
-    watcher.admin.fail = True
+    watcher = BacklogWatcher(CONFIG, QUEUES, admin=DownAdmin())
     assert watcher.work() == [(q, False) for q in QUEUES] and watcher.failures == 1
 
 
@@ -161,21 +164,11 @@ def test_available_now_stops_offering_a_queue_whose_pass_made_no_progress() -> N
 
 
 def test_available_now_without_counts_drains_every_queue_once_then_ends() -> None:
-    admin = FakeAdmin()
-    admin.fail = True
-
-    class Fallback(FakeAdmin):
-        def get_queue_runtime_properties(self, queue: str) -> Props:
-            raise ConnectionError("down")
-
-    watcher = BacklogWatcher(CONFIG, QUEUES, admin=Fallback())
-    watcher.admin.fail = True
+    watcher = BacklogWatcher(CONFIG, QUEUES, admin=DownAdmin())
     watcher.prepare_available_now()
-    watcher.admin = Fallback()
-    watcher.admin.fail = True
+    watcher.admin = DownAdmin()  # a failed read drops the client; the next is as deaf
     assert watcher.work() == [(q, False) for q in QUEUES]
-    watcher.admin = Fallback()
-    watcher.admin.fail = True
+    watcher.admin = DownAdmin()
     assert watcher.work() == []
 
 
