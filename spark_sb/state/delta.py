@@ -11,29 +11,39 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.state.records import (
     _EPOCH,
     BATCH_COMMITTED,
+    COLUMNS,
     ENTITIES_DDL,
     EVENT_COLUMNS,
     EVENTS_DDL,
+    REJECT_COLUMNS,
     REJECTS_DDL,
     TABLE_PROPERTIES,
-    BatchWrites,
     EntityRecord,
     Event,
-    PulledQueue,
     RejectRecord,
     _from_micros,
+    entity_from_row,
+    event_from_row,
+    reject_from_row,
 )
+from spark_sb.state.store import DeltaTableStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
 
 log = logging.getLogger(__name__)
+
+
+def _at(us: int | None) -> datetime:
+    """A timestamp column read as ``unix_micros``: a UTC datetime (the epoch for none)."""
+    return _from_micros(us) or _EPOCH
 
 
 def _local(path: str | None) -> str | None:
@@ -109,6 +119,9 @@ class StateTables:
         return f"{self.prefix}{table}"
 
 
+#: Each table's columns as ``CREATE TABLE`` and ``createDataFrame`` take them.
+_DDL = {"events": EVENTS_DDL, "entities": ENTITIES_DDL, "rejects": REJECTS_DDL}
+
 CONFLICT_MARKERS = (
     "Concurrent",
     "DELTA_CONCURRENT",
@@ -133,7 +146,7 @@ def is_conflict(exc: BaseException, *, creating: bool = False) -> bool:
     return any(m in text for m in markers)
 
 
-class DeltaStateStore:
+class DeltaStateStore(DeltaTableStore):
     """The :class:`StateStore` on Delta tables (driver; DataFrame and SQL operations only, so it runs under
     Spark Connect). ``spark`` is the session of the batch (``batch_df.sparkSession``)."""
 
@@ -154,21 +167,8 @@ class DeltaStateStore:
         self._ensured = False
 
     # -- plumbing
-    def _retry(self, what: str, fn: Any, *, creating: bool = False) -> Any:
-        for attempt in range(1, self.attempts + 1):
-            try:
-                return fn()
-            except Exception as exc:
-                if attempt >= self.attempts or not is_conflict(exc, creating=creating):
-                    raise
-                log.info(
-                    "state table %s: conflict with another writer (%s), retry %d",
-                    what,
-                    type(exc).__name__,
-                    attempt,
-                )
-                self._sleep(min(5.0, self.backoff * 2 ** (attempt - 1)))
-        raise AssertionError("unreachable")  # pragma: no cover
+    def _is_conflict(self, exc: BaseException, creating: bool) -> bool:
+        return is_conflict(exc, creating=creating)
 
     def _read(self, table: str) -> DataFrame:
         path = self.tables.path(table)
@@ -193,14 +193,18 @@ class DeltaStateStore:
         if self._ensured:
             return
         props = ", ".join(f"'{k}' = '{v}'" for k, v in TABLE_PROPERTIES.items())
-        for table, ddl in (("events", EVENTS_DDL), ("entities", ENTITIES_DDL), ("rejects", REJECTS_DDL)):
+        for table, ddl in _DDL.items():
             if _local_table_exists(self.tables.path(table)):
                 continue  # what IF NOT EXISTS would find, without Spark resolving a long log (a restart's cost)
             sql = (
                 f"CREATE TABLE IF NOT EXISTS {self.tables.sql_name(table)} ({ddl}) USING DELTA "
                 f"TBLPROPERTIES ({props})"
             )
-            self._retry(table, lambda sql=sql: self.spark.sql(sql).collect(), creating=True)
+
+            def create(sql: str = sql) -> Any:
+                return self.spark.sql(sql).collect()
+
+            self._retry(table, create, creating=True)
         self._ensured = True
 
     # -- reads
@@ -216,29 +220,13 @@ class DeltaStateStore:
                 "last_error_class",
                 "backlog_namespace",
                 "transform(pulled_backlog_queues, p -> named_struct('queue', p.queue, "
-                "'until', unix_micros(p.until), 'error_class', p.error_class)) AS pulls",
+                "'until', unix_micros(p.until), 'error_class', p.error_class)) AS pulled_backlog_queues",
                 "unix_micros(updated_at) AS updated_at",
                 "updated_by",
             )
             .collect()
         )
-        return [
-            EntityRecord(
-                r["namespace"],
-                r["entity"],
-                r["state"],
-                _from_micros(r["since"]) or _EPOCH,
-                r["last_error_class"],
-                r["backlog_namespace"],
-                tuple(
-                    PulledQueue(p["queue"], _from_micros(p["until"]) or _EPOCH, p["error_class"])
-                    for p in (r["pulls"] or [])
-                ),
-                _from_micros(r["updated_at"]) or _EPOCH,
-                r["updated_by"],
-            )
-            for r in rows
-        ]
+        return [entity_from_row(r, _at) for r in rows]
 
     def entities_version(self) -> int | None:
         self.ensure()
@@ -286,16 +274,8 @@ class DeltaStateStore:
 
     def _collect_events(self, df: DataFrame) -> list[Event]:
         cols = [c for c in EVENT_COLUMNS if c != "time"]
-        rows = df.selectExpr("unix_micros(time) AS time_us", *cols).orderBy("time_us").collect()
-        return [
-            Event(
-                time=_from_micros(r["time_us"]) or _EPOCH,
-                **{c: r[c] for c in cols if c not in ("count", "detail")},
-                count=int(r["count"] or 0),
-                detail=r["detail"] or "",
-            )
-            for r in rows
-        ]
+        rows = df.selectExpr("unix_micros(time) AS time", *cols).orderBy("time").collect()
+        return [event_from_row(r, _at) for r in rows]
 
     def read_events(self, sink_id: str | None = None) -> list[Event]:
         self.ensure()
@@ -309,42 +289,17 @@ class DeltaStateStore:
         if sink_id is not None:
             df = df.where(F.col("sink_id") == sink_id)
         rows = df.selectExpr(
-            "unix_micros(time) AS time_us", "sink_id", "batch_id", "entity", "column", "reason", "row_json"
+            "unix_micros(time) AS time", *(c for c in REJECT_COLUMNS if c != "time")
         ).collect()
-        return [
-            RejectRecord(
-                _from_micros(r["time_us"]) or _EPOCH,
-                r["sink_id"],
-                r["batch_id"],
-                r["entity"],
-                r["column"],
-                r["reason"],
-                r["row_json"],
-            )
-            for r in rows
-        ]
+        return [reject_from_row(r, _at) for r in rows]
 
     # -- writes
-    def _events_frame(self, events: Sequence[Event]) -> DataFrame:
-        rows = [tuple(getattr(e, c) for c in EVENT_COLUMNS) for e in events]
-        return self.spark.createDataFrame(rows, EVENTS_DDL)
-
-    def write_batch(self, sink_id: str, batch_id: int, writes: BatchWrites) -> None:
-        self.ensure()
-        if writes.rejects:
-            rows = [
-                (r.time, r.sink_id, r.batch_id, r.entity, r.column, r.reason, r.row_json)
-                for r in writes.rejects
-            ]
-            self._append("rejects", self.spark.createDataFrame(rows, REJECTS_DDL), sink_id, batch_id)
-        if writes.entities:
-            self._merge_entities(writes.entities)
-        self._append("events", self._events_frame(writes.events), sink_id, batch_id)
-
-    def append_events(self, events: Sequence[Event]) -> None:
-        if events:
-            self.ensure()
-            self._append("events", self._events_frame(events), None, None)
+    def _append_records(
+        self, table: str, records: Sequence[Any], app_id: str | None, version: int | None
+    ) -> None:
+        columns = COLUMNS[table]
+        rows = [tuple(getattr(r, c) for c in columns) for r in records]
+        self._append(table, self.spark.createDataFrame(rows, _DDL[table]), app_id, version)
 
     def merge_entities(self, records: Sequence[EntityRecord]) -> None:
         """Merge entity records: a newer or equal ``since`` wins (the state relay's copy)."""

@@ -12,7 +12,6 @@ Runs on the driver machine (the data source's planner and commit processes). Hol
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -20,18 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 from spark_sb.state.records import (
     BATCH_COMMITTED,
-    EVENT_COLUMNS,
-    BatchWrites,
+    COLUMNS,
     EntityRecord,
     Event,
-    PulledQueue,
     RejectRecord,
+    entity_from_row,
+    event_from_row,
+    reject_from_row,
 )
+from spark_sb.state.store import DeltaTableStore
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
 
-log = logging.getLogger(__name__)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 TABLES = ("events", "entities", "rejects")
@@ -99,7 +99,7 @@ def _utc(dt: datetime | None) -> datetime:
     return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
 
 
-class DeltaRsStateStore:
+class DeltaRsStateStore(DeltaTableStore):
     """:class:`~spark_sb.state.store.StateStore` on the path tables under ``location`` (``<location>/events`` ...),
     through ``deltalake``. ``storage_options`` go to delta-rs as they are (object stores); ``sleep`` is the
     pause between retries of a commit that lost a race with another writer (injected in tests)."""
@@ -140,22 +140,11 @@ class DeltaRsStateStore:
                 return None
             raise
 
-    def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
-        for attempt in range(1, self.attempts + 1):
-            try:
-                return fn()
-            except Exception as exc:
-                text = f"{type(exc).__name__} {exc}"
-                if attempt >= self.attempts or not any(m in text for m in _CONFLICT_MARKERS):
-                    raise
-                log.info(
-                    "state table %s: conflict with another writer (%s), retry %d",
-                    what,
-                    type(exc).__name__,
-                    attempt,
-                )
-                self._sleep(min(2.0, self.backoff * 2 ** (attempt - 1)))
-        raise AssertionError("unreachable")  # pragma: no cover
+    BACKOFF_CAP = 2.0
+
+    def _is_conflict(self, exc: BaseException, creating: bool) -> bool:
+        text = f"{type(exc).__name__} {exc}"
+        return any(m in text for m in _CONFLICT_MARKERS)
 
     def ensure(self) -> None:
         """Create the three tables where they do not exist (another writer may be creating them too)."""
@@ -203,23 +192,7 @@ class DeltaRsStateStore:
 
     # -- reads
     def read_entities(self) -> list[EntityRecord]:
-        return [
-            EntityRecord(
-                r["namespace"],
-                r["entity"],
-                r["state"],
-                _utc(r["since"]),
-                r["last_error_class"],
-                r["backlog_namespace"],
-                tuple(
-                    PulledQueue(p["queue"], _utc(p["until"]), p["error_class"])
-                    for p in (r["pulled_backlog_queues"] or [])
-                ),
-                _utc(r["updated_at"]),
-                r["updated_by"],
-            )
-            for r in self._rows("entities")
-        ]
+        return [entity_from_row(r, _utc) for r in self._rows("entities")]
 
     def entities_version(self) -> int | None:
         self.ensure()
@@ -263,15 +236,7 @@ class DeltaRsStateStore:
 
     def _events(self, filter: Any) -> list[Event]:
         rows = sorted(self._rows("events", filter), key=lambda r: _utc(r["time"]))
-        return [
-            Event(
-                time=_utc(r["time"]),
-                **{c: r[c] for c in EVENT_COLUMNS if c not in ("time", "count", "detail")},
-                count=int(r["count"] or 0),
-                detail=r["detail"] or "",
-            )
-            for r in rows
-        ]
+        return [event_from_row(r, _utc) for r in rows]
 
     def read_events(self, sink_id: str | None = None) -> list[Event]:
         import pyarrow.dataset as ds
@@ -282,56 +247,17 @@ class DeltaRsStateStore:
         import pyarrow.dataset as ds
 
         rows = self._rows("rejects", None if sink_id is None else ds.field("sink_id") == sink_id)
-        return [
-            RejectRecord(
-                _utc(r["time"]),
-                r["sink_id"],
-                r["batch_id"],
-                r["entity"],
-                r["column"],
-                r["reason"],
-                r["row_json"],
-            )
-            for r in rows
-        ]
+        return [reject_from_row(r, _utc) for r in rows]
 
     # -- writes
-    def _events_table(self, events: Sequence[Event]) -> pa.Table:
+    def _append_records(
+        self, table: str, records: Sequence[Any], app_id: str | None, version: int | None
+    ) -> None:
         import pyarrow as pa
 
-        schema = _schemas()["events"]
-        return pa.Table.from_pylist(
-            [{c: getattr(e, c) for c in EVENT_COLUMNS} for e in events], schema=schema
-        )
-
-    def write_batch(self, sink_id: str, batch_id: int, writes: BatchWrites) -> None:
-        import pyarrow as pa
-
-        self.ensure()
-        if writes.rejects:
-            rows = [
-                {
-                    "time": r.time,
-                    "sink_id": r.sink_id,
-                    "batch_id": r.batch_id,
-                    "entity": r.entity,
-                    "column": r.column,
-                    "reason": r.reason,
-                    "row_json": r.row_json,
-                }
-                for r in writes.rejects
-            ]
-            self._append(
-                "rejects", pa.Table.from_pylist(rows, schema=_schemas()["rejects"]), sink_id, batch_id
-            )
-        if writes.entities:
-            self._merge_entities(writes.entities)
-        self._append("events", self._events_table(writes.events), sink_id, batch_id)
-
-    def append_events(self, events: Sequence[Event]) -> None:
-        if events:
-            self.ensure()
-            self._append("events", self._events_table(events), None, None)
+        columns = COLUMNS[table]
+        rows = [{c: getattr(r, c) for c in columns} for r in records]
+        self._append(table, pa.Table.from_pylist(rows, schema=_schemas()[table]), app_id, version)
 
     def _merge_entities(self, records: Sequence[EntityRecord]) -> None:
         import pyarrow as pa

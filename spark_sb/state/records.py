@@ -6,9 +6,10 @@ Pure; runs anywhere (:class:`EntityRecord` and :class:`PartitionResult` travel b
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from spark_sb.core.redact import redact
 
@@ -186,6 +187,46 @@ class BatchWrites:
 
 #: The events table's columns, in order.
 EVENT_COLUMNS: tuple[str, ...] = tuple(part.split()[0] for part in EVENTS_DDL.split(", "))
+#: The rejects table's columns, in order (the fields of :class:`RejectRecord`).
+REJECT_COLUMNS: tuple[str, ...] = tuple(part.split()[0] for part in REJECTS_DDL.split(", "))
+#: The columns of the tables written a record per row, in order.
+COLUMNS: dict[str, tuple[str, ...]] = {"events": EVENT_COLUMNS, "rejects": REJECT_COLUMNS}
+
+
+# ------------------------------------------------------------------------------------------- rows to records
+# A row as a store reads it back: a Spark ``Row`` or a dict, by column name. ``when`` turns a timestamp column's
+# value as that store reads it (microseconds, a datetime, None) into a UTC datetime.
+def event_from_row(row: Any, when: Callable[[Any], datetime]) -> Event:
+    """An :class:`Event` from a row of the events table."""
+    return Event(
+        time=when(row["time"]),
+        **{c: row[c] for c in EVENT_COLUMNS if c not in ("time", "count", "detail")},
+        count=int(row["count"] or 0),
+        detail=row["detail"] or "",
+    )
+
+
+def entity_from_row(row: Any, when: Callable[[Any], datetime]) -> EntityRecord:
+    """An :class:`EntityRecord` from a row of the entities table."""
+    return EntityRecord(
+        row["namespace"],
+        row["entity"],
+        row["state"],
+        when(row["since"]),
+        row["last_error_class"],
+        row["backlog_namespace"],
+        tuple(
+            PulledQueue(p["queue"], when(p["until"]), p["error_class"])
+            for p in (row["pulled_backlog_queues"] or [])
+        ),
+        when(row["updated_at"]),
+        row["updated_by"],
+    )
+
+
+def reject_from_row(row: Any, when: Callable[[Any], datetime]) -> RejectRecord:
+    """A :class:`RejectRecord` from a row of the rejects table."""
+    return RejectRecord(when(row["time"]), *(row[c] for c in REJECT_COLUMNS[1:]))
 
 
 #: Delta table properties of the three tables: set by ``CREATE TABLE`` in :meth:`DeltaStateStore.ensure`, and by

@@ -1,22 +1,19 @@
-"""The state store interface (:class:`StateStore`) and the in-memory store for tests and Spark-less use
-(:class:`MemoryStateStore`). Runs on the driver.
+"""The state store interface (:class:`StateStore`), what the two Delta stores share (:class:`DeltaTableStore`) and
+the in-memory store for tests and Spark-less use (:class:`MemoryStateStore`). Runs on the driver.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from spark_sb.state.records import BATCH_COMMITTED, BatchWrites, EntityRecord, Event, RejectRecord
 
-if TYPE_CHECKING:  # pragma: no cover
-    pass
-
 log = logging.getLogger(__name__)
 
-log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 
 # ---------------------------------------------------------------------------------------------- the stores
@@ -57,6 +54,66 @@ class StateStore(Protocol):
     def read_rejects(self, sink_id: str | None = None) -> list[RejectRecord]:
         """Rejects (all sinks when ``sink_id`` is None)."""
         ...
+
+
+class DeltaTableStore:
+    """What the two Delta stores (:class:`~spark_sb.state.delta.DeltaStateStore` through Spark,
+    :class:`~spark_sb.state.deltars.DeltaRsStateStore` through delta-rs) do alike: a write that lost a race with
+    another writer is tried again (:meth:`_retry`), and one batch's rows are written in one order - rejects, entity
+    records, events last (:meth:`write_batch`). Each store says how it tells a conflict, appends records and merges
+    entity records."""
+
+    attempts: int
+    backoff: float
+    _sleep: Callable[[float], None]
+    #: The longest pause between two tries of a write (seconds).
+    BACKOFF_CAP: ClassVar[float] = 5.0
+
+    def ensure(self) -> None:
+        raise NotImplementedError
+
+    def _is_conflict(self, exc: BaseException, creating: bool) -> bool:
+        """``exc`` is a write conflict with another writer (retried); ``creating``: the write creates a table."""
+        raise NotImplementedError
+
+    def _append_records(
+        self, table: str, records: Sequence[Any], app_id: str | None, version: int | None
+    ) -> None:
+        """Append ``records`` to ``table`` (its :data:`~spark_sb.state.records.COLUMNS`, one row a record), once
+        per (``app_id``, ``version``) when they are given."""
+        raise NotImplementedError
+
+    def _merge_entities(self, records: Sequence[EntityRecord]) -> None:
+        raise NotImplementedError
+
+    def _retry(self, what: str, fn: Callable[[], R], *, creating: bool = False) -> R:
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return fn()
+            except Exception as exc:
+                if attempt >= self.attempts or not self._is_conflict(exc, creating):
+                    raise
+                logging.getLogger(type(self).__module__).info(  # the store's own logger
+                    "state table %s: conflict with another writer (%s), retry %d",
+                    what,
+                    type(exc).__name__,
+                    attempt,
+                )
+                self._sleep(min(self.BACKOFF_CAP, self.backoff * 2 ** (attempt - 1)))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def write_batch(self, sink_id: str, batch_id: int, writes: BatchWrites) -> None:
+        self.ensure()
+        if writes.rejects:
+            self._append_records("rejects", writes.rejects, sink_id, batch_id)
+        if writes.entities:
+            self._merge_entities(writes.entities)
+        self._append_records("events", writes.events, sink_id, batch_id)
+
+    def append_events(self, events: Sequence[Event]) -> None:
+        if events:
+            self.ensure()
+            self._append_records("events", events, None, None)
 
 
 def _newer_or_same(incoming: EntityRecord, existing: EntityRecord | None) -> bool:
