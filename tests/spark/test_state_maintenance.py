@@ -50,9 +50,11 @@ def test_maintain_keeps_the_tables_small_and_what_sinks_need(spark: Any, tmp_pat
     seed(spark, fresh, NOW, records)
     # the grown tables were made before the table properties existed
     for table, ddl in (("events", "EVENTS_DDL"), ("entities", "ENTITIES_DDL"), ("rejects", "REJECTS_DDL")):
-        import spark_sb.state as state
+        import spark_sb.state.records as state_records
 
-        spark.sql(f"CREATE TABLE delta.`{grown}/{table}` ({getattr(state, ddl)}) USING DELTA").collect()
+        spark.sql(
+            f"CREATE TABLE delta.`{grown}/{table}` ({getattr(state_records, ddl)}) USING DELTA"
+        ).collect()
     store = seed(spark, grown, NOW, records)
     bulk_history(spark, grown, BATCHES, end=NOW - timedelta(minutes=5), every=20 * 60, files=20)
     small_commits(grown, 20, end=NOW, first_batch=BATCHES)
