@@ -26,7 +26,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -34,25 +34,26 @@ EXIT_BAD_CONFIG = 2
 
 _LOG = logging.getLogger("spark_sb")
 
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return value
+N = TypeVar("N", int, float)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
-    return value
+def _at_least(parse: Callable[[str], N], what: str, least: int) -> Callable[[str], N]:
+    """An argparse ``type``: ``parse(text)``, refused unless it is ``what`` and at least ``least``."""
+
+    def check(text: str) -> N:
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}: {text!r}")
+        return value
+
+    return check
+
+
+_non_negative_float = _at_least(float, "a number", 0)
+_positive_int = _at_least(int, "an integer", 1)
 
 
 # --------------------------------------------------------------------------------------------------------------
