@@ -1,7 +1,7 @@
 """Benchmark: ``format("servicebus")`` against ``foreachBatch(ServiceBusSink)`` on the same rows, interleaved.
 
     .venv/bin/python bench/bench_datasource.py [--rows 20000] [--batches 5] [--rounds 3] [--latency 0]
-                                               [--no-state | --catalog]
+                                               [--no-state | --catalog] [--smoke]
 
 Real Spark (local[2], Delta) and two local namespaces in child processes. The input is a folder of parquet files,
 two per micro-batch (``rows`` rows of 200-byte bodies with message ids, two partitions: both cores send). Each run
@@ -16,7 +16,8 @@ the spool after each micro-batch; its run's time includes the relay's last drain
 ``flush()``).
 
 Prints msgs/s of each run, the totals (rows / seconds over all measured runs) and the ratio data source /
-foreachBatch (goal >= 0.95).
+foreachBatch (goal >= 0.95). ``--smoke`` (CI's smoke mode): 200 rows, one micro-batch, one run of each and no
+warm-up run (Spark's start and the tables' creation dominate: about a minute).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_local_namespace import namespace  # noqa: E402 - sibling script
 
+from harness.namespaces import namespaces  # noqa: E402
 from spark_sb import register, relay_state  # noqa: E402
 from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
 from spark_sb.spark.session import build_spark_session  # noqa: E402
@@ -107,7 +108,12 @@ def main() -> None:
     tables.add_argument(
         "--catalog", action="store_true", help="catalog state tables (the data source: a relay)"
     )
+    parser.add_argument(
+        "--smoke", action="store_true", help="200 rows, one micro-batch, one run of each (CI)"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.rows, args.batches, args.rounds = 200, 1, 1
 
     work = tempfile.mkdtemp(prefix="bench-datasource-")
     spark = build_spark_session(
@@ -115,16 +121,15 @@ def main() -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    runs = args.rounds + 1
+    warmups = 0 if args.smoke else 1  # smoke: no unmeasured run (the figures mean nothing there)
+    runs = args.rounds + warmups
     queues = tuple(f"orders-{kind}-{i}" for kind in KINDS for i in range(runs))
     folder = os.path.join(work, "in")
     make_input(spark, folder, args.rows, args.batches)
     total = args.rows * args.batches
-    with (
-        namespace(False, "primary", queues) as (primary, set_latency),
-        namespace(False, "secondary", ()) as (secondary, _),
-    ):
-        set_latency(args.latency)
+    with namespaces({"primary": queues, "secondary": ()}) as ns:
+        primary, secondary = ns["primary"].connection_string, ns["secondary"].connection_string
+        ns["primary"].set_latency(args.latency)
         seconds: dict[str, list[float]] = {k: [] for k in KINDS}
         for i in range(runs):
             order = KINDS if i % 2 == 0 else KINDS[::-1]
@@ -144,9 +149,9 @@ def main() -> None:
                 took = run(spark, kind, folder, options, work)
                 got = drain(primary, f"orders-{kind}-{i}")
                 assert got == total, f"{kind} run {i}: {got} messages in the queue, expected {total}"
-                label = "warm-up (not counted)" if i == 0 else f"run {i}"
+                label = "warm-up (not counted)" if i < warmups else f"run {i - warmups + 1}"
                 print(f"{kind:>12} {label:>22}: {total / took:8.0f} msgs/s ({took:.2f} s)", flush=True)
-                if i > 0:
+                if i >= warmups:
                     seconds[kind].append(took)
     measured = {k: args.rounds * total / sum(v) for k, v in seconds.items()}
     print(

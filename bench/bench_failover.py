@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_failover.py [--repeats 3] [--interval 2] [--ping 1] [--shapes refused,dns]
                                              [--count 50000] [--size 200] [--latency 0.002] [--skip-lags]
                                              [--skip-throughput] [--skip-steady] [--slices 20] [--slice 5000]
+                                             [--smoke]
 
 Part 1 (lags): for each outage shape the local namespace can make (harness/outages.py: refused, dropped, stall
 after / before SASL warm and cold, DNS failure, entity disabled / not found / quota exceeded, per-entity
@@ -22,6 +23,9 @@ latency; namespaces in child processes. Goals: failed over >= 0.9x raw, healthy 
 Part 3 (steady state, ``--slices`` / ``--slice``): the same four cases with every sender kept open, as a
 streaming writer's would be, timed in ``--slices`` rounds of ``--slice`` messages, ours and raw back to back in
 each round. Finer interleaving cancels the machine's drift that single 50,000-message runs suffer from.
+
+``--smoke`` (CI's smoke mode, seconds): part 1 for the shapes refused and stall-after-sasl once (failover_interval
+and ping 0.5 s), parts 2 and 3 with 300 messages, one pair, one slice of 300.
 """
 
 from __future__ import annotations
@@ -39,10 +43,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from azure.servicebus import ServiceBusClient, ServiceBusMessage  # noqa: E402
 from azure.servicebus.exceptions import MessageSizeExceededError  # noqa: E402
-from bench_local_namespace import namespace  # noqa: E402 - sibling script
 
-from spark_sb.config.namespace import NamespaceConfig
-from spark_sb.config.secret import Secret
+from harness.namespaces import namespaces  # noqa: E402
+from spark_sb.config.namespace import NamespaceConfig  # noqa: E402
+from spark_sb.config.secret import Secret  # noqa: E402
 from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
 from spark_sb.failover.registry import FailoverRegistry  # noqa: E402
 from spark_sb.message.backlog import BACKLOG_ENQUEUED, BACKLOG_PATH  # noqa: E402
@@ -210,13 +214,11 @@ def throughput(args: argparse.Namespace) -> None:
         f"fo{lat}-{k}-{i}/x-servicebus-transfer/0" for lat in (0, 1) for k in ("raw", "ours") for i in runs
     ]
     primary_queues = [f"h{lat}-{k}-{i}" for lat in (0, 1) for k in ("raw", "ours") for i in runs]
-    with (
-        namespace(False, "primary", tuple(primary_queues)) as (primary_conn, set_primary_latency),
-        namespace(False, "secondary", tuple(backlog)) as (secondary_conn, set_latency),
-    ):
+    with namespaces({"primary": primary_queues, "secondary": backlog}) as ns:
+        primary_conn, secondary_conn = ns["primary"].connection_string, ns["secondary"].connection_string
         for index, latency in enumerate((0.0, args.latency)):
-            set_latency(latency)
-            set_primary_latency(latency)
+            for n in ns.values():
+                n.set_latency(latency)
             failed_over: list[tuple[float, float]] = []  # (ours, raw) msgs/s per repeat
             healthy: list[tuple[float, float]] = []
             for i in runs:
@@ -258,13 +260,11 @@ def steady(args: argparse.Namespace) -> None:
     body = b"x" * args.size
     backlog = tuple(f"st{lat}-{k}/x-servicebus-transfer/0" for lat in (0, 1) for k in ("raw", "ours"))
     primary_queues = tuple(f"st{lat}-{k}" for lat in (0, 1) for k in ("raw", "ours"))
-    with (
-        namespace(False, "primary", primary_queues) as (primary_conn, set_primary_latency),
-        namespace(False, "secondary", backlog) as (secondary_conn, set_latency),
-    ):
+    with namespaces({"primary": primary_queues, "secondary": backlog}) as ns:
+        primary_conn, secondary_conn = ns["primary"].connection_string, ns["secondary"].connection_string
         for index, latency in enumerate((0.0, args.latency)):
-            set_latency(latency)
-            set_primary_latency(latency)
+            for n in ns.values():
+                n.set_latency(latency)
             down, up = _configs(primary_conn, secondary_conn, f"st{index}-ours")
             cases: dict[str, dict[str, Any]] = {
                 "failed over": {
@@ -317,7 +317,11 @@ def main() -> None:
     parser.add_argument("--skip-lags", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-steady", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="seconds: two shapes once, 300 messages (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.shapes, args.repeats, args.interval, args.ping = "refused,stall-after-sasl", 1, 0.5, 0.5
+        args.count, args.repeats_throughput, args.slices, args.slice = 300, 1, 1, 300
     if not args.skip_lags:
         lags(args)
     if not args.skip_throughput:

@@ -4,7 +4,7 @@ SDK, outage cost and recovery per outage shape, connections and threads.
     .venv/bin/python bench/bench_fanout.py [--entities 1,10,100,1000] [--latency-ms 0,2] [--quick] [--check]
                                            [--failover-interval 2] [--ping-primary-interval 1] [--cap 120]
                                            [--shapes refused+dropped,stall-after-sasl,stall-before-sasl,dns]
-                                           [--slices 10] [--slice 5000] [--size 200] [--verbose]
+                                           [--slices 10] [--slice 5000] [--size 200] [--verbose] [--smoke]
 
 For each latency and each E, three fresh local namespaces run in child processes (``python -m servicebus_local``
 with a control port): "primary" with queues q0..q{E-1} (PairedSender's primary), "raw" with the same queues
@@ -39,22 +39,21 @@ round-robin over the E queues (message i goes to q{i mod E}).
 Each ``send()`` (and each recovery wait) runs on a helper thread with a wall-clock cap (``--cap``, 120 s): past
 it the value prints as ">120", the sender is abandoned (closed in the background) and the next shape gets a
 fresh one. Misses are marked "!"; with ``--check`` the exit status is 1 when any value misses its goal (or a
-message was lost). ``--quick``: 3 rounds of 1,000 messages.
+message was lost). ``--quick``: 3 rounds of 1,000 messages. ``--smoke`` (CI's smoke mode, seconds): E = 2, no
+latency, one round of 200 messages, the shapes refused+dropped and stall-after-sasl, failover_interval and
+ping_primary_interval 0.5 s, a 30 s cap.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import logging
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +67,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from azure.servicebus import ServiceBusClient, ServiceBusMessage  # noqa: E402
 from azure.servicebus.exceptions import MessageSizeExceededError  # noqa: E402
 
+from harness.namespaces import Namespace, namespaces  # noqa: E402
 from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
 from spark_sb.core.errors import SendError  # noqa: E402
 from spark_sb.failover.registry import FailoverRegistry  # noqa: E402
@@ -84,75 +84,12 @@ UNRESOLVABLE = "primary.nonexistent.invalid"
 # ------------------------------------------------------------------------------------- namespaces (children)
 
 
-class _Namespace:
-    """A local namespace in a child process, driven through its control API."""
-
-    def __init__(self, name: str, queues: list[str]) -> None:
-        self.name = name
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "servicebus_local", "--name", name, "--port", "0", "--control-port", "0"]
-            + [arg for q in queues for arg in ("--queue", q)],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        )
-        self.conn = ""
-        self.control = ""
-
-    def ready(self) -> _Namespace:
-        assert self._proc.stdout is not None
-        while not (self.conn and self.control):
-            line = self._proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"namespace {self.name} exited with {self._proc.wait()}")
-            key, _, value = line.strip().partition("=")
-            if key == "connection_string":
-                self.conn = value
-            elif key == "control_url":
-                self.control = value
-        out = self._proc.stdout
-        threading.Thread(target=lambda: [None for _ in out], name=f"{HELPER}drain", daemon=True).start()
-        return self
-
-    @property
-    def port(self) -> int:
-        return int(self.conn.split("sb://", 1)[1].split(";", 1)[0].rstrip("/").rsplit(":", 1)[1])
-
-    def post(self, path: str, body: dict[str, Any] | None = None) -> None:
-        data = json.dumps(body or {}).encode()
-        req = urllib.request.Request(f"{self.control}{path}", data=data, method="POST")
-        urllib.request.urlopen(req, timeout=30).read()
-
-    def status(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.control}/status", timeout=30) as reply:
-            return dict(json.loads(reply.read()))
-
-    def peak_connections(self) -> int | None:
-        """The namespace's own gauge of the most AMQP connections open at once, when it has one."""
-        peak = self.status().get("counters", {}).get("connections_peak")
-        return None if peak is None else int(peak)
-
-    def stop(self) -> None:
-        self._proc.send_signal(signal.SIGTERM)
-        try:
-            self._proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-
-
-@contextmanager
-def _namespaces(entities: list[str], backlog: list[str]) -> Iterator[dict[str, _Namespace]]:
-    started: dict[str, _Namespace] = {}
-    try:  # start the three at once, then wait for each
-        for name, queues in (("primary", entities), ("raw", entities), ("secondary", backlog)):
-            started[name] = _Namespace(name, queues)
-        for ns in started.values():
-            ns.ready()
-        yield started
-    finally:
-        for ns in started.values():
-            ns.stop()
+def _namespaces(
+    entities: list[str], backlog: list[str]
+) -> contextlib.AbstractContextManager[dict[str, Namespace]]:
+    """The three namespaces of a case (harness/namespaces.py: child processes, started side by side): "primary"
+    and "raw" with the entities, "secondary" with the backlog queues."""
+    return namespaces({"primary": entities, "raw": entities, "secondary": backlog})
 
 
 # ------------------------------------------------------------------------------------ census and wall caps
@@ -399,7 +336,7 @@ def _config(args: argparse.Namespace, primary: str, secondary: str, dns: bool = 
     )
 
 
-def _fault(primary: _Namespace, shape: str, on: bool) -> None:
+def _fault(primary: Namespace, shape: str, on: bool) -> None:
     if shape == "refused+dropped":
         if on:
             primary.post("/faults/refuse")
@@ -465,7 +402,7 @@ def _abandon(sender: PairedSender) -> None:
 def _outage(
     args: argparse.Namespace,
     shape: str,
-    ns: dict[str, _Namespace],
+    ns: dict[str, Namespace],
     sender: PairedSender | None,
     entities: list[str],
     body: bytes,
@@ -476,7 +413,8 @@ def _outage(
     primary, secondary = ns["primary"], ns["secondary"]
     if shape == "dns":
         measured = PairedSender(
-            _config(args, primary.conn, secondary.conn, dns=True), registry=FailoverRegistry()
+            _config(args, primary.connection_string, secondary.connection_string, dns=True),
+            registry=FailoverRegistry(),
         )
     else:
         # Every link open first (not timed); a sender that can not send everything to the primary (still
@@ -484,7 +422,8 @@ def _outage(
         for attempt in ("reused", "fresh") if sender is not None else ("fresh",):
             if attempt == "fresh":
                 sender = PairedSender(
-                    _config(args, primary.conn, secondary.conn), registry=FailoverRegistry()
+                    _config(args, primary.connection_string, secondary.connection_string),
+                    registry=FailoverRegistry(),
                 )
             assert sender is not None
             warm = _capped(partial(_send_all, sender, entities, 2 * len(entities), body), cap)
@@ -547,7 +486,8 @@ def run_case(args: argparse.Namespace, e: int, latency: float) -> _Row:
         ports = {"ours": ns["primary"].port, "raw": ns["raw"].port}
         with _Census(ports, count_tcp=not gauges) as census:
             sender: PairedSender | None = PairedSender(
-                _config(args, ns["primary"].conn, ns["secondary"].conn), registry=FailoverRegistry()
+                _config(args, ns["primary"].connection_string, ns["secondary"].connection_string),
+                registry=FailoverRegistry(),
             )
             assert sender is not None
             ours = sender
@@ -564,7 +504,7 @@ def run_case(args: argparse.Namespace, e: int, latency: float) -> _Row:
                 sender = None
             raw: _Raw | None = None
             with census.phase("raw"):
-                raw = _Raw(ns["raw"].conn, entities, body)
+                raw = _Raw(ns["raw"].connection_string, entities, body)
                 opened = _capped(raw.open, cap)
             if opened.done and opened.error is None:
                 row.raw_open = opened.elapsed
@@ -748,7 +688,12 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a short run: 3 rounds of 1,000 messages")
     parser.add_argument("--check", action="store_true", help="exit 1 when a value misses its goal")
     parser.add_argument("--verbose", action="store_true", help="keep the sender's and the SDK's log lines")
+    parser.add_argument("--smoke", action="store_true", help="seconds: E=2, one round, two shapes (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.entities, args.latency_ms, args.shapes = [2], [0.0], "refused+dropped,stall-after-sasl"
+        args.slices, args.slice, args.cap = 1, 200, 30.0
+        args.failover_interval = args.ping_primary_interval = 0.5
     args.shapes = [s for s in args.shapes.split(",") if s]
     unknown = set(args.shapes) - set(SHAPES)
     if unknown:

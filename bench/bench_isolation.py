@@ -5,7 +5,7 @@
         [--seconds 8] [--smoke] [--check]
 
 For each latency, E and configuration (``failover_interval/ping_primary_interval/send_timeout`` in seconds), three
-local namespaces run in child processes (bench_fanout's): "primary" with queues q0..q{E-1}, "raw" with the same
+local namespaces run in child processes (harness/namespaces.py): "primary" with queues q0..q{E-1}, "raw" with the same
 queues (the raw SDK baseline) and "secondary" with the backlog queues; the latency fault is set on all three.
 
 One ``PairedSender`` sends calls of ``--per-entity`` messages per entity (20) - sick ones included, as a Spark partition holding rows
@@ -41,7 +41,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_fanout import _namespaces, _Raw  # noqa: E402
+from bench.bench_fanout import _Raw  # noqa: E402
+from harness.namespaces import namespaces  # noqa: E402
 from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
 from spark_sb.failover.records import EntityState
 from spark_sb.failover.registry import FailoverRegistry  # noqa: E402
@@ -126,7 +127,7 @@ def _raw_rate(raw: _Raw, healthy: int, seconds: float) -> float:
 def run_config(args: argparse.Namespace, latency: float, e: int, spec: str) -> list[Case]:
     names = [f"q{k}" for k in range(e)]
     cases: list[Case] = []
-    with _namespaces(names, BACKLOG) as ns:
+    with namespaces({"primary": names, "raw": names, "secondary": BACKLOG}) as ns:
         for n in ns.values():
             n.post("/faults/latency", {"seconds": latency / 1000.0})
         for sick in args.sick:
@@ -139,9 +140,10 @@ def run_config(args: argparse.Namespace, latency: float, e: int, spec: str) -> l
                 healthy = set(names[sick:])
                 healthy_names = names[sick:]
                 sender = PairedSender(
-                    _config(ns["primary"].conn, ns["secondary"].conn, spec), registry=FailoverRegistry()
+                    _config(ns["primary"].connection_string, ns["secondary"].connection_string, spec),
+                    registry=FailoverRegistry(),
                 )
-                raw = _Raw(ns["raw"].conn, healthy_names, BODY)
+                raw = _Raw(ns["raw"].connection_string, healthy_names, BODY)
                 peak_threads = threading.active_count()
                 try:
                     raw.open()

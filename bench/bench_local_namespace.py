@@ -1,70 +1,30 @@
 """Benchmark of the local Service Bus namespace driven by the unmodified SDK (SPEC E6).
 
     python bench/bench_local_namespace.py [--messages 20000] [--size 200] [--latency-messages 2000] [--inproc]
+                                          [--smoke]
 
 Phases, each printed as msgs/s: batched send (``send_messages`` of size-packed ``ServiceBusMessageBatch``es),
 peek-lock receive + ``complete_message`` per message, batched send again, receive-and-delete; then the same with
 2 ms of injected latency on every write (on fewer messages: completing one message is one round trip).
 
 By default the namespace runs in a child process (``python -m servicebus_local``), as it would next to a Spark
-job, so the broker and the SDK do not share one GIL; ``--inproc`` runs it in this process instead. Only loopback
-traffic; bounded in count and time.
+job, so the broker and the SDK do not share one GIL (harness/namespaces.py); ``--inproc`` runs it in this process
+instead. ``--smoke``: 300 messages and 50 with latency (seconds in all: CI's smoke mode). Only loopback traffic;
+bounded in count and time.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
 
-from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode  # noqa: E402
 
-@contextmanager
-def namespace(
-    inproc: bool, name: str = "bench", queues: tuple[str, ...] = ("bench",)
-) -> Iterator[tuple[str, Any]]:
-    """(connection string, set_latency(seconds)) of a fresh namespace with the given queues."""
-    if inproc:
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        from servicebus_local.server import LocalNamespace
-
-        with LocalNamespace(name, queues=list(queues)) as ns:
-            yield ns.connection_string, ns.faults.set_latency
-        return
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "servicebus_local", "--name", name, "--port", "0", "--control-port", "0"]
-        + [arg for q in queues for arg in ("--queue", q)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
-    try:
-        assert proc.stdout is not None
-        conn_str = proc.stdout.readline().strip().split("=", 1)[1]
-        control = proc.stdout.readline().strip().split("=", 1)[1]
-
-        def set_latency(seconds: float) -> None:
-            req = urllib.request.Request(
-                f"{control}/faults/latency", data=json.dumps({"seconds": seconds}).encode(), method="POST"
-            )
-            urllib.request.urlopen(req, timeout=10).read()
-
-        yield conn_str, set_latency
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+from harness.namespaces import namespace  # noqa: E402
 
 
 def send_batched(client: ServiceBusClient, n: int, size: int) -> float:
@@ -134,13 +94,16 @@ def main() -> int:
     p.add_argument("--latency-messages", type=int, default=2_000)
     p.add_argument("--latency", type=float, default=0.002)
     p.add_argument("--inproc", action="store_true", help="run the namespace in this process")
+    p.add_argument("--smoke", action="store_true", help="300 messages, 50 with latency (CI's smoke mode)")
     args = p.parse_args()
+    if args.smoke:
+        args.messages, args.latency_messages = 300, 50
     where = "in-process" if args.inproc else "child process"
     print(f"namespace in a {where}; {args.messages} x {args.size}-byte messages", flush=True)
-    with namespace(args.inproc) as (conn_str, set_latency):
-        run(conn_str, args.messages, args.size, "no latency")
-        set_latency(args.latency)
-        run(conn_str, args.latency_messages, args.size, f"latency {args.latency * 1000:g} ms")
+    with namespace("bench", ("bench",), inproc=args.inproc) as ns:
+        run(ns.connection_string, args.messages, args.size, "no latency")
+        ns.set_latency(args.latency)
+        run(ns.connection_string, args.latency_messages, args.size, f"latency {args.latency * 1000:g} ms")
     return 0
 
 

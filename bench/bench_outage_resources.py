@@ -19,9 +19,9 @@ of the same length first gives the ratio line: the outage's peak over the health
 msgs/s over the healthy msgs/s (a failed-over sender's throughput into the backlog). Goal: growth ~0 per hour,
 return within 5 s, peaks within a small constant of the healthy ones.
 
-Namespaces run in child processes (``python -m servicebus_local``, faults through its control API), so the
-sockets counted here are the sender's alone; ``--inproc`` runs them in this process instead (then the counts
-include the namespaces' own sockets). ``--smoke``: 5 s per shape, samples every 0.5 s (checks that it runs).
+Namespaces run in child processes (``python -m servicebus_local``, faults through its control API;
+harness/namespaces.py), so the sockets counted here are the sender's alone; ``--inproc`` runs them in this
+process instead (then the counts include the namespaces' own sockets). ``--smoke``: 5 s per shape, samples every 0.5 s (checks that it runs).
 Only loopback traffic; bounded in time (shapes x minutes, plus a healthy phase).
 """
 
@@ -29,20 +29,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from harness.namespaces import Namespace, namespaces  # noqa: E402
 from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
 from spark_sb.failover.registry import FailoverRegistry  # noqa: E402
 from spark_sb.message.outbound import OutboundMessage  # noqa: E402
@@ -153,81 +150,6 @@ def slope_per_hour(samples: list[Sample], value: Callable[[Sample], float]) -> f
     return 3600.0 * sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var
 
 
-# ---------------------------------------------------------------------------------------------- namespaces
-
-
-@dataclass
-class Namespace:
-    connection_string: str
-    fault: Callable[[str, dict[str, Any]], None]  # (control path, body)
-
-
-@contextlib.contextmanager
-def namespace(name: str, queues: list[str], inproc: bool) -> Iterator[Namespace]:
-    """A fresh local namespace with ``queues``: its connection string and a way to set its faults."""
-    if inproc:
-        from servicebus_local.server import LocalNamespace
-
-        with LocalNamespace(name, queues=queues) as ns:
-            yield Namespace(ns.connection_string, _inproc_faults(ns))
-        return
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "servicebus_local", "--name", name, "--port", "0", "--control-port", "0"]
-        + [arg for q in queues for arg in ("--queue", q)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    )
-    try:
-        assert proc.stdout is not None
-        found: dict[str, str] = {}
-        while "connection_string" not in found or "control_url" not in found:
-            line = proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"the namespace {name!r} did not start")
-            key, _, value = line.strip().partition("=")
-            found[key] = value
-        control = found["control_url"]
-
-        def fault(path: str, body: dict[str, Any]) -> None:
-            req = urllib.request.Request(
-                f"{control}{path}",
-                data=json.dumps(body).encode(),
-                method="POST",
-                headers={"Content-Type": "application/json"},
-            )
-            urllib.request.urlopen(req, timeout=10).read()
-
-        yield Namespace(found["connection_string"], fault)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _inproc_faults(ns: Any) -> Callable[[str, dict[str, Any]], None]:
-    f = ns.faults
-
-    def fault(path: str, body: dict[str, Any]) -> None:
-        if path == "/faults/refuse":
-            f.refuse_connections()
-        elif path == "/faults/drop":
-            f.drop_connections()
-        elif path == "/faults/stall":
-            f.stall(bool(body.get("on", True)), answer_sasl=bool(body.get("answer_sasl", True)))
-        elif path == "/faults/blackhole":
-            f.blackhole(True)
-        elif path == "/faults/clear":
-            f.clear()
-        else:
-            raise ValueError(path)
-
-    return fault
-
-
 # -------------------------------------------------------------------------------------------------- shapes
 
 
@@ -310,7 +232,7 @@ def run_phase(
         send()  # healthy: the connection and link are open before the counts start
         if shape is not None:
             for path, body in shape.steps:
-                primary.fault(path, body)
+                primary.post(path, body)
         t0 = time.monotonic()
         next_fault = t0 + (shape.every if shape is not None and shape.every else float("inf"))
         with Sampler(every) as sampler:
@@ -318,7 +240,7 @@ def run_phase(
                 send()
                 if shape is not None and time.monotonic() >= next_fault:
                     for path, body in shape.steps:
-                        primary.fault(path, body)
+                        primary.post(path, body)
                     next_fault += shape.every or float("inf")
                 time.sleep(PAUSE)
         phase.seconds = time.monotonic() - t0
@@ -335,8 +257,8 @@ def run_phase(
             time.sleep(0.05)
         else:
             phase.left = leftovers()
-        primary.fault("/faults/clear", {})
-        primary.fault("/faults/stall", {"on": False})
+        primary.post("/faults/clear", {})
+        primary.post("/faults/stall", {"on": False})
     return phase
 
 
@@ -397,10 +319,8 @@ def main() -> None:
         "columns: start/max/end (growth per hour)",
         flush=True,
     )
-    with (
-        namespace("primary", [ENTITY], args.inproc) as primary,
-        namespace("secondary", BACKLOG_QUEUES, args.inproc) as secondary,
-    ):
+    with namespaces({"primary": [ENTITY], "secondary": BACKLOG_QUEUES}, inproc=args.inproc) as ns:
+        primary, secondary = ns["primary"], ns["secondary"]
         cfg = config(primary, secondary, args.interval, args.ping)
         # the process's watchdog (one for the process, never stopped) is started before anything is counted
         from spark_sb.wire.lane import _WATCHDOG

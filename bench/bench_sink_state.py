@@ -1,7 +1,7 @@
 """Benchmark: the foreachBatch sink with its Delta state tables on vs off, at 1,000-row and 50,000-row batches.
 
     .venv/bin/python bench/bench_sink_state.py [--batches 5] [--rounds 2] [--sizes 1000,50000] [--latency 0.002]
-                                               [--state-writes async|sync] [--seconds 75]
+                                               [--state-writes async|sync] [--seconds 75] [--smoke]
 
 Real Spark (local[2], Delta) and two local namespaces in child processes. The sink is called as Spark calls it
 (``sink(batch_df, batch_id)``) on a cached DataFrame of ``size`` rows of 200-byte bodies. Each configuration
@@ -18,6 +18,8 @@ With ``--seconds S`` it measures a stream in steady state instead: after ``--war
 in the order on, off, off, on, ... Within a segment the group commits that fall due are inside the timing; the
 flush that ends a segment (what a stopping stream pays once) is timed apart and printed, and done before the
 next segment starts, so that no write of one configuration runs during the other's timing.
+
+``--smoke`` (CI's smoke mode): 200-row batches, one round of 2 batches (Spark's start dominates: under a minute).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_failover import raw_sdk  # noqa: E402 - sibling script
-from bench_local_namespace import namespace  # noqa: E402 - sibling script
 
+from harness.namespaces import namespaces  # noqa: E402
 from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
 from spark_sb.spark.session import build_spark_session  # noqa: E402
 from spark_sb.spark.sink import ServiceBusSink  # noqa: E402
@@ -100,19 +102,17 @@ def main() -> None:
         default=20.0,
         help="with --seconds: unmeasured seconds per configuration first",
     )
+    parser.add_argument("--smoke", action="store_true", help="200-row batches, one round of 2 (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes, args.rounds, args.batches, args.seconds = "200", 1, 2, 0.0
     sizes = [int(s) for s in args.sizes.split(",")]
     spark = build_spark_session("bench-sink-state", "local[2]")
     spark.sparkContext.setLogLevel("ERROR")
     queues = tuple(f"orders-{n}-{kind}" for n in sizes for kind in ("on", "off", "raw"))
-    with (
-        namespace(False, "primary", queues) as (primary, set_latency),
-        namespace(False, "secondary", ()) as (
-            secondary,
-            _,
-        ),
-    ):
-        set_latency(args.latency)
+    with namespaces({"primary": queues, "secondary": ()}) as ns:
+        primary, secondary = ns["primary"].connection_string, ns["secondary"].connection_string
+        ns["primary"].set_latency(args.latency)
         for size in sizes:
             df = spark.range(size).selectExpr("repeat('x', 200) AS body", "uuid() AS message_id").cache()
             df.count()

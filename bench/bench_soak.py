@@ -1,12 +1,14 @@
 """Soak: a Structured Streaming query through the sink for ``--minutes`` (default 30) while the namespaces do what
-a real network and the real service do to connections that live for weeks (SPEC L1-L6). On demand, never in CI.
+a real network and the real service do to connections that live for weeks (SPEC L1-L6). On demand; CI runs only
+its smoke mode (``--smoke``: the same set-up and the same events, each lasting seconds, about two minutes in all).
 
     .venv/bin/python bench/bench_soak.py [--minutes 30] [--rows 40] [--every 1] [--workdir DIR] [--verbose]
-    .venv/bin/python bench/bench_soak.py --minutes 3        # the smoke run
+    .venv/bin/python bench/bench_soak.py --smoke            # CI's smoke mode: every spell in seconds
 
 Set-up (driver = this process):
 
-- two local namespaces as child processes (``python -m servicebus_local``, driven through the control API):
+- two local namespaces as child processes (``python -m servicebus_local``, driven through the control API;
+  harness/namespaces.py):
   "primary" with the queue ``orders`` (duplicate detection on, a 2 h window) and "secondary" with the backlog
   queues; both with shortened timers (``--link-idle-timeout 20s --connection-idle-timeout 30s``);
 - the sink and the syphon reach both with a credential whose tokens live 60 s (``bench/soak_credential.py``,
@@ -26,7 +28,7 @@ is stopped, the sink is flushed and Spark stopped, and the primary queue is read
 Printed: msgs sent (to the primary), diverted, moved back (syphon), lost (written ids not in the primary
 queue: must be 0), duplicates (ids received more than once: 0 with duplicate detection), each failover with
 its time and whether a fault was on then (one outside a flap is spurious), the namespaces' lifecycle counters,
-and a table of resource figures sampled every minute from /proc: driver (Python) RSS, the JVM's RSS, the
+and a table of resource figures sampled every minute (smoke: 5 s) from /proc: driver (Python) RSS, the JVM's RSS, the
 Python workers' RSS (sum), threads and open files of each, and files of the Delta state tables - first, last,
 max and growth per hour (least-squares slope over the samples after the first tenth of the run). Exit status
 1 when a message was lost (or the run failed).
@@ -39,14 +41,11 @@ import json
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,16 +59,41 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, ROOT, os.environ.ge
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode  # noqa: E402
 from soak_credential import ShortTokens  # noqa: E402
 
+from harness.namespaces import Namespace  # noqa: E402
 from spark_sb.config.namespace import NamespaceConfig, RetryConfig  # noqa: E402
 from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
 from spark_sb.message.backlog import backlog_queue_names  # noqa: E402
 
 ENTITY = "orders"
 BACKLOG_COUNT = 2
-LINK_IDLE = "20s"
-CONNECTION_IDLE = "30s"
-TOKEN_LIFETIME = 60.0
-SAMPLE_EVERY = 60.0
+
+
+@dataclass(frozen=True)
+class Pace:
+    """The soak's timers: the namespaces' lifecycle timers, the tokens' life, the sampling period, and how long
+    the blackhole spell waits before the drop (input stopped) and after input resumes on the dropped flow."""
+
+    link_idle: str = "20s"
+    connection_idle: str = "30s"
+    token_lifetime: float = 60.0
+    sample_every: float = 60.0
+    blackhole_before: float = 4.0
+    blackhole_after: float = 20.0
+
+
+FULL = Pace()
+#: ``--smoke``: every spell in seconds (CI's smoke mode). The links idle out within a quiet spell, the tokens are
+#: renewed during the run, the blackholed connections are given more than SILENT_AFTER (6 s) to be found out, and
+#: (failover_interval and ping_primary_interval 1 s unless given) the 3 s flaps fail over and are moved back.
+SMOKE = Pace(
+    link_idle="3s",
+    connection_idle="5s",
+    token_lifetime=15.0,
+    sample_every=5.0,
+    blackhole_before=1.0,
+    blackhole_after=7.0,
+)
+SMOKE_SECONDS = 45.0
 
 log = logging.getLogger("bench_soak")
 
@@ -81,71 +105,24 @@ def say(text: str = "") -> None:
 # ------------------------------------------------------------------------------------- namespaces (children)
 
 
-class Namespace:
-    """A local namespace in a child process, driven through its control API (this process)."""
-
-    def __init__(self, name: str, args: list[str], tls_dir: str) -> None:
-        self.name = name
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "servicebus_local", "--name", name, "--port", "0", "--control-port", "0"]
-            + ["--link-idle-timeout", LINK_IDLE, "--connection-idle-timeout", CONNECTION_IDLE]
-            + ["--tls-dir", tls_dir]
-            + args,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        )
-        self.conn = ""
-        self.control = ""
-        self.ca_file = ""
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    def ready(self) -> Namespace:
-        out = self._proc.stdout
-        assert out is not None
-        while not (self.conn and self.control and self.ca_file):
-            line = out.readline()
-            if not line:
-                raise RuntimeError(f"namespace {self.name} exited with {self._proc.wait()}")
-            key, _, value = line.strip().partition("=")
-            if key == "connection_string":
-                self.conn = value
-            elif key == "control_url":
-                self.control = value
-            elif key == "ca_file":
-                self.ca_file = value
-        threading.Thread(target=lambda: [None for _ in out], name="soak-drain", daemon=True).start()
-        return self
-
-    @property
-    def port(self) -> int:
-        return int(self.conn.split("sb://", 1)[1].split(";", 1)[0].rstrip("/").rsplit(":", 1)[1])
-
-    def post(self, path: str, body: dict[str, Any] | None = None) -> None:
-        data = json.dumps(body or {}).encode()
-        req = urllib.request.Request(f"{self.control}{path}", data=data, method="POST")
-        urllib.request.urlopen(req, timeout=30).read()
-
-    def status(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.control}/status", timeout=30) as reply:
-            return dict(json.loads(reply.read()))
-
-    def stop(self) -> None:
-        self._proc.send_signal(signal.SIGTERM)
-        try:
-            self._proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+def start_namespace(name: str, args: list[str], tls_dir: str, timers: tuple[str, str]) -> Namespace:
+    """A local namespace in a child process (harness/namespaces.py), driven through its control API, with the
+    shortened lifecycle timers (link idle, connection idle) and the CA shared by both (``--tls-dir``)."""
+    link_idle, connection_idle = timers
+    return Namespace.child(
+        name,
+        args=[
+            *("--link-idle-timeout", link_idle, "--connection-idle-timeout", connection_idle),
+            *("--tls-dir", tls_dir),
+            *args,
+        ],
+    )
 
 
-def namespace_config(ns: Namespace, name: str | None) -> NamespaceConfig:
+def namespace_config(ns: Namespace, name: str | None, lifetime: float) -> NamespaceConfig:
     return NamespaceConfig(
         fully_qualified_namespace=f"127.0.0.1:{ns.port}",
-        credential=ShortTokens(lifetime=TOKEN_LIFETIME),
+        credential=ShortTokens(lifetime=lifetime),
         use_development_emulator=True,
         namespace_name=name,
     )
@@ -253,7 +230,7 @@ def sample(state_dir: Path, exclude: set[int]) -> dict[str, float]:
 class Sampler:
     """Samples every ``period`` s on a daemon thread (driver) until stopped; ``samples`` are (t, figures)."""
 
-    def __init__(self, state_dir: Path, exclude: set[int], t0: float, period: float = SAMPLE_EVERY) -> None:
+    def __init__(self, state_dir: Path, exclude: set[int], t0: float, period: float) -> None:
         self.state_dir, self.exclude, self.t0, self.period = state_dir, exclude, t0, period
         self.samples: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
@@ -384,8 +361,19 @@ class Timeline:
         return ""
 
 
-def schedule(total: float) -> list[tuple[float, str, float]]:
-    """(start offset s, event, duration s) for a run of ``total`` seconds."""
+def schedule(total: float, smoke: bool = False) -> list[tuple[float, str, float]]:
+    """(start offset s, event, duration s) for a run of ``total`` seconds; with ``smoke`` the same events in
+    :data:`SMOKE_SECONDS`, a few seconds each."""
+    if smoke:
+        return [
+            (1.0, "quiet", 4.0),
+            (6.0, "blackhole", 8.0),
+            (22.0, "throttle", 4.0),
+            (27.0, "flap", 3.0),
+            (32.0, "flap", 3.0),
+            (37.0, "flap", 3.0),
+            (41.0, "quiet", 4.0),
+        ]
     quiet = 45.0 if total >= 600 else 25.0
     flap = 12.0 if total >= 600 else 8.0
     throttle = min(60.0, max(15.0, total / 12))
@@ -401,11 +389,11 @@ def schedule(total: float) -> list[tuple[float, str, float]]:
 
 
 def run_schedule(
-    total: float, timeline: Timeline, feeder: Feeder, primary: Namespace, rows_per_s: float
+    total: float, timeline: Timeline, feeder: Feeder, primary: Namespace, rows_per_s: float, pace: Pace
 ) -> None:
     """Drive the faults (driver thread), offsets counted from the call; returns ``total`` s after it."""
     base = timeline.now()
-    for start, what, duration in schedule(total):
+    for start, what, duration in schedule(total, smoke=pace is SMOKE):
         time.sleep(max(0.0, base + start - timeline.now()))
         begin = timeline.now()
         if what == "quiet":
@@ -419,14 +407,14 @@ def run_schedule(
             # are blackholed, then input resumes on them.
             feeder.running.clear()
             timeline.mark("quiet before the silent drop")
-            time.sleep(4.0)
+            time.sleep(pace.blackhole_before)
             open_now = primary.status().get("connections")
             primary.post("/faults/blackhole", {"on": True})
             timeline.mark(f"primary blackholed: its {open_now} open connection(s) get no answer ever again")
-            time.sleep(duration - 4.0)
+            time.sleep(duration - pace.blackhole_before)
             feeder.running.set()
             timeline.mark("input resumes on the blackholed connections")
-            time.sleep(20.0)
+            time.sleep(pace.blackhole_after)
             primary.post("/faults/blackhole", {"on": False})
             timeline.mark("blackhole fault off")
         elif what == "throttle":
@@ -469,7 +457,7 @@ def backlog_counts(secondary: Namespace, queues: list[str]) -> dict[str, tuple[i
     from azure.servicebus.management import ServiceBusAdministrationClient
 
     with ServiceBusAdministrationClient.from_connection_string(
-        secondary.conn, connection_verify=secondary.ca_file
+        secondary.connection_string, connection_verify=secondary.ca_file
     ) as admin:
         out = {}
         for q in queues:
@@ -520,7 +508,8 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     from spark_sb.spark.sink import ServiceBusSink
     from spark_sb.spark.syphon_job import SyphonBatchWriter, run_syphon, stop_gracefully
 
-    total = args.minutes * 60.0
+    pace = SMOKE if args.smoke else FULL
+    total = SMOKE_SECONDS if args.smoke else args.minutes * 60.0
     tls_dir = workdir / "tls"
     topology = workdir / "primary.yaml"
     topology.write_text(
@@ -528,8 +517,11 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         "    duplicate_detection_history_time_window: 2h\n"
     )
     backlog = backlog_queue_names("primary", BACKLOG_COUNT)
-    primary = Namespace("primary", ["--topology", str(topology)], str(tls_dir))
-    secondary = Namespace("secondary", [a for q in backlog for a in ("--queue", q)], str(tls_dir))
+    timers = (pace.link_idle, pace.connection_idle)
+    primary = start_namespace("primary", ["--topology", str(topology)], str(tls_dir), timers)
+    secondary = start_namespace(
+        "secondary", [a for q in backlog for a in ("--queue", q)], str(tls_dir), timers
+    )
     namespaces = [primary, secondary]
     try:
         for ns in namespaces:
@@ -539,23 +531,24 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         )  # one CA for both (--tls-dir); workers inherit it
         state_dir = workdir / "state"
         config = ServiceBusConfig(
-            primary=namespace_config(primary, "primary"),
-            secondary=namespace_config(secondary, None),
+            primary=namespace_config(primary, "primary", pace.token_lifetime),
+            secondary=namespace_config(secondary, None, pace.token_lifetime),
             entity=ENTITY,
             backlog_queue_count=BACKLOG_COUNT,
             failover_interval=args.failover_interval,
             ping_primary_interval=args.ping_primary_interval,
             send_timeout=10.0,
-            retry=RetryConfig(total=1, backoff_factor=0.2, backoff_max=1.0),
+            retry=RetryConfig(backoff_factor=0.2, backoff_max=1.0),
             state_location=str(state_dir),
             syphon_max_wait=5.0,
             syphon_batch_duration=20.0,
         )
         say(
-            f"soak: {args.minutes:g} min; input {args.rows} rows every {args.every:g} s "
+            f"soak: {total / 60:g} min{' (smoke)' if args.smoke else ''}; input {args.rows} rows every {args.every:g} s "
             f"({args.rows / args.every:g} rows/s); failover_interval {args.failover_interval:g} s, "
-            f"ping_primary_interval {args.ping_primary_interval:g} s; namespaces: link idle {LINK_IDLE}, "
-            f"connection idle {CONNECTION_IDLE}, tokens {TOKEN_LIFETIME:g} s (enforced); workdir {workdir}"
+            f"ping_primary_interval {args.ping_primary_interval:g} s; namespaces: link idle {pace.link_idle}, "
+            f"connection idle {pace.connection_idle}, tokens {pace.token_lifetime:g} s (enforced); "
+            f"workdir {workdir}"
         )
         spark = build_spark_session("spark-servicebus-soak")
         spark.sparkContext.setLogLevel("ERROR")
@@ -610,14 +603,16 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             stop_file=stop_file,
             writer=syphon_writer,
         )
-        sampler = Sampler(state_dir, {ns.pid for ns in namespaces}, t0).start()
+        sampler = Sampler(
+            state_dir, {ns.pid for ns in namespaces if ns.pid is not None}, t0, pace.sample_every
+        ).start()
         feeder = Feeder(input_dir, args.rows, args.every).start()
         timeline.mark("input and both queries started")
         wait_for("the first sink batch", lambda: bool(records), timeout=600, every=0.5)
         timeline.mark("first sink batch done (Spark warmed up): the fault schedule starts")
         failed = ""
         try:
-            run_schedule(total, timeline, feeder, primary, args.rows / args.every)
+            run_schedule(total, timeline, feeder, primary, args.rows / args.every, pace)
         except Exception:  # noqa: BLE001 - reported, and the run still closes down and counts
             failed = traceback.format_exc()
             say(f"  ! the schedule failed:\n{failed}")
@@ -651,7 +646,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         throttled_rows = throttled_events(state_dir, sink.sink_id)
         spark.stop()
         left = backlog_counts(secondary, backlog)
-        received = drain_ids(primary.conn, ENTITY, time.monotonic() + 300)
+        received = drain_ids(primary.connection_string, ENTITY, time.monotonic() + 300)
         statuses = {ns.name: ns.status() for ns in namespaces}
     finally:
         for ns in namespaces:
@@ -722,7 +717,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         counters = doc.get("counters", {})
         say(f"  {name}: " + ", ".join(f"{k} {counters.get(k, '-')}" for k in keys))
 
-    say("\n== resources (sampled every minute from /proc)")
+    say(f"\n== resources (sampled every {pace.sample_every:g} s from /proc)")
     for line in resource_table(sampler.samples, total):
         say("  " + line)
     say("\n== timeline")
@@ -746,13 +741,25 @@ def main() -> int:
     )
     parser.add_argument("--rows", type=int, default=40, help="rows per input file (default 40)")
     parser.add_argument("--every", type=float, default=1.0, help="seconds between input files (default 1)")
-    parser.add_argument("--failover-interval", type=float, default=5.0, help="seconds (default 5)")
-    parser.add_argument("--ping-primary-interval", type=float, default=5.0, help="seconds (default 5)")
+    parser.add_argument("--failover-interval", type=float, default=None, help="seconds (default 5; smoke 1)")
+    parser.add_argument(
+        "--ping-primary-interval", type=float, default=None, help="seconds (default 5; smoke 1)"
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="kept after the run when given")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"every spell in seconds ({SMOKE_SECONDS:g} s of schedule; namespaces' link idle {SMOKE.link_idle}, "
+        f"connection idle {SMOKE.connection_idle}, tokens {SMOKE.token_lifetime:g} s): CI's smoke mode",
+    )
     parser.add_argument(
         "--verbose", action="store_true", help="INFO log lines of spark_sb (WARNING otherwise)"
     )
     args = parser.parse_args()
+    # a smoke run's flaps (3 s) outlast failover_interval: they fail over, divert, and the syphon moves back
+    for key in ("failover_interval", "ping_primary_interval"):
+        if getattr(args, key) is None:
+            setattr(args, key, 1.0 if args.smoke else 5.0)
     logging.basicConfig(
         level=logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

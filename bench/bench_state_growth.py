@@ -1,6 +1,6 @@
 """Benchmark: the state tables after months of a stream, before and after ``spark-sb maintain``.
 
-    .venv/bin/python bench/bench_state_growth.py [--batches 100000] [--commits 2000] [--rounds 7] [--check]
+    .venv/bin/python bench/bench_state_growth.py [--batches 100000] [--commits 2000] [--rounds 7] [--check] [--smoke]
 
 Real Spark (local[2], Delta). Three sets of tables:
 
@@ -20,7 +20,9 @@ A sample is a restarted sink's first batch start with Spark's Delta log cache cl
 (``entities_version``, ``read_entities``), then ``status`` as a function (deltalake, no Spark); each step is
 timed on its own, so a slow step shows. Then group commits (rotated too) and ``spark-sb status`` as a command
 (a new Python process, as a user runs it). Goals: after maintenance, batch start within 10% of ``fresh`` and
-``status`` under 3 s. ``--check`` exits 1 on a miss; ``--json FILE`` keeps every sample.
+``status`` under 3 s. ``--check`` exits 1 on a miss; ``--json FILE`` keeps every sample. ``--smoke`` (CI's smoke
+mode): 1,000 batches in 4 files, 5 small commits, one round and no warm-up round, one ``spark-sb status`` run per
+set.
 """
 
 from __future__ import annotations
@@ -118,7 +120,10 @@ def main() -> int:
     ap.add_argument("--warm", action="store_true", help="keep Spark's Delta log cache between samples")
     ap.add_argument("--json", default=None, help="write every sample to this file")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="1,000 batches, 5 commits, one round (CI)")
     args = ap.parse_args()
+    if args.smoke:
+        args.batches, args.commits, args.rounds, args.cli_rounds = 1_000, 5, 1, 1
 
     spark = build_spark_session("bench-state-growth", "local[2]", {"spark.ui.enabled": "false"})
     spark.sparkContext.setLogLevel("ERROR")
@@ -130,7 +135,7 @@ def main() -> int:
     seed(spark, loc["maintained"], now, records)
 
     started = time.perf_counter()
-    rows = bulk_history(spark, loc["maintained"], args.batches, end=now)
+    rows = bulk_history(spark, loc["maintained"], args.batches, end=now, files=4 if args.smoke else 40)
     bulk_s = time.perf_counter() - started
     started = time.perf_counter()
     small_commits(loc["maintained"], args.commits, end=now, first_batch=args.batches // 2 + 1)
@@ -148,7 +153,7 @@ def main() -> int:
     files = {name: files_of(spark, where) for name, where in loc.items()}
     logs = {name: log_files(where) for name, where in loc.items()}
     started = time.perf_counter()
-    samples = interleaved(spark, loc, args.rounds, cold=not args.warm)
+    samples = interleaved(spark, loc, args.rounds, cold=not args.warm, warm_up=0 if args.smoke else 1)
     print(
         f"{args.rounds} interleaved rounds (+1 warm-up) in {time.perf_counter() - started:.1f} s", flush=True
     )

@@ -1,6 +1,6 @@
 """Benchmark: the syphon against a hand-written raw-SDK mover, on the same messages, same namespaces, same run.
 
-    .venv/bin/python bench/bench_syphon.py [--count 20000] [--size 200] [--latency 0.002] [--repeats 3]
+    .venv/bin/python bench/bench_syphon.py [--count 20000] [--size 200] [--latency 0.002] [--repeats 3] [--smoke]
 
 Both namespaces run in child processes (``python -m servicebus_local``), so the brokers do not share a GIL with the
 movers. Every mover runs in its own child process (as a Spark partition runs in its own Python worker): the
@@ -16,21 +16,25 @@ links, then the timer starts when all movers start and stops when the last one h
 
 Prints msgs/s and the ratios (targets: syphon 1q / raw >= 0.9; syphon 4q / syphon 1q >= 1.7 on 2 cores), with no
 latency and with ``--latency`` injected in both namespaces. Runs on the driver machine only (no Spark).
+``--smoke``: 400 messages, one repeat (CI's smoke mode).
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import ExitStack
 from datetime import datetime, timezone
 from typing import Any
 
-from bench_local_namespace import namespace  # noqa: E402 - sibling script
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from harness.namespaces import namespaces  # noqa: E402
 
 DEST = "orders"
 BATCH = 100
@@ -161,7 +165,10 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--latency", type=float, default=0.002)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="400 messages, one repeat (CI's smoke mode)")
     args = parser.parse_args()
+    if args.smoke:
+        args.count, args.repeats = 400, 1
     runs = [(lat, kind, i) for lat in (0, 1) for kind in ("raw", "1q", "4q") for i in range(args.repeats)]
     names = {
         run: [
@@ -171,12 +178,11 @@ def main() -> None:
         for run in runs
     }
     all_queues = tuple(q for qs in names.values() for q in qs)
-    with ExitStack() as stack:
-        primary, set_primary = stack.enter_context(namespace(False, "primary", (DEST,)))
-        secondary, set_secondary = stack.enter_context(namespace(False, "secondary", all_queues))
+    with namespaces({"primary": (DEST,), "secondary": all_queues}) as ns:
+        primary, secondary = ns["primary"].connection_string, ns["secondary"].connection_string
         for index, latency in enumerate((0.0, args.latency)):
-            set_primary(latency)
-            set_secondary(latency)
+            for n in ns.values():
+                n.set_latency(latency)
             rates: dict[str, list[float]] = {"raw": [], "1q": [], "4q": []}
             for i in range(args.repeats):
                 for kind in ("raw", "1q", "4q"):  # interleaved, so drift affects all alike
