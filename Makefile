@@ -85,3 +85,21 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(OLDEST_VENV) .pytest_cache .mypy_cache .ruff_cache spark-warehouse build dist
+
+# Two local namespaces in the background for the README's examples: primary (queue orders) on 5672 and secondary
+# on 5682, one CA in ~/.cache/spark-sb-tls, the backlog queues of conf/local.yaml provisioned; prints the variables
+# the examples read as export lines: eval "$(make -s local-namespaces)". Logs and pid files in /tmp/spark-sb-local
+# (jobs/local_namespaces.py); `make local-namespaces-stop` stops them.
+LOCAL_NS_DIR ?= /tmp/spark-sb-local
+LOCAL_NS_TLS_DIR ?= $(HOME)/.cache/spark-sb-tls
+LOCAL_NS_PORTS ?= 5672 5682
+.PHONY: local-namespaces local-namespaces-stop
+
+# (the venv is made when missing, never remade here: starting the namespaces installs nothing into a venv in use)
+local-namespaces:
+	@test -f $(STAMP) || $(MAKE) --no-print-directory install >&2
+	@$(BIN)/python jobs/local_namespaces.py start --dir '$(LOCAL_NS_DIR)' --tls-dir '$(LOCAL_NS_TLS_DIR)' \
+		--ports $(LOCAL_NS_PORTS)
+
+local-namespaces-stop:
+	@$(BIN)/python jobs/local_namespaces.py stop --dir '$(LOCAL_NS_DIR)'
