@@ -24,7 +24,8 @@ _err = ConfigError.at
 class Secret:
     """A secret string. ``repr``/``str`` give ``Secret('***')``; :meth:`reveal` returns the value.
 
-    ``reference`` is the text it was resolved from (e.g. ``${env:SB_PRIMARY}``), or ``None`` for a literal.
+    ``reference`` is the text it was resolved from (e.g. ``${env:SB_PRIMARY_CONNECTION_STRING}``), or ``None``
+    for a literal.
     Picklable (the value travels to executors); on creation and unpickling the value is registered with
     :func:`spark_sb.core.redact.register_secret`.
     """

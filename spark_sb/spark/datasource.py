@@ -5,10 +5,11 @@ Usage (driver)::
 
     import spark_sb
     spark_sb.register(spark)  # once per session; also under Spark Connect
-    opts = {"primary.connection_string": "${env:SB_PRIMARY}", "secondary.connection_string": "${env:SB_SECONDARY}",
+    opts = {"primary.connection_string": "${env:SB_PRIMARY_CONNECTION_STRING}",
+            "secondary.connection_string": "${env:SB_SECONDARY_CONNECTION_STRING}",
             "entity": "orders", "state_location": "/data/sb_state"}
-    df.writeStream.format("servicebus").options(**opts).option("checkpointLocation", ckpt).start()
-    df.write.format("servicebus").options(**opts).mode("append").save()
+    df.writeStream.format("servicebus").options(**opts).option("checkpointLocation", ckpt).start()  # a stream
+    table_df.write.format("servicebus").options(**opts).mode("append").save()  # a batch write
 
 Options are the flat configuration keys :func:`spark_sb.load_config` accepts (values are strings; secrets by
 reference, resolved on the driver machine), plus ``config_path`` (a YAML file, the options override it),
