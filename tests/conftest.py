@@ -6,6 +6,8 @@ tiers: each test's tier marker comes from its directory, one marker per tier, so
 | tests/integration    | local   | the real SDK over real TCP against local namespaces               |
 | tests/spark          | spark   | the session SparkSession (local[2], Delta), local namespaces too   |
 | tests/acceptance     | spark   | the acceptance scenario, run against two local namespaces         |
+| tests/packaging      | packaging | building and installing the distributions into fresh venvs      |
+| tests/bench          | bench   | every bench/bench_*.py in its smoke mode, in a child process       |
 
 Tests parametrized with ``backend="azure"`` also get ``azure`` (they run when SB_PRIMARY_CONNECTION_STRING and
 SB_SECONDARY_CONNECTION_STRING are set). ``slow`` stays a file's or test's own mark.
@@ -28,6 +30,7 @@ TIERS = {
     "integration": "local",
     "spark": "spark",
     "acceptance": "spark",
+    "bench": "bench",
 }
 
 
