@@ -11,17 +11,48 @@ EXTRAS := spark,local,connect,test
 CONSTRAINTS := constraints-dev.txt
 
 # The oldest pair the `spark` extra admits (pyspark 4.0.5 + delta-spark 4.0.1, constraints-oldest.txt), in a
-# venv of its own; `make test-spark-oldest` runs the Spark tier there (CI runs it beside `make test`).
+# venv of its own; `make test-spark-oldest` runs OLDEST_TIER there (CI runs it after the pinned pair's tiers).
 OLDEST_VENV := .venv-oldest
 OLDEST_CONSTRAINTS := constraints-oldest.txt
-# The Spark tier: every test marked `spark` (tests/spark and the acceptance scenario, tests/conftest.py).
+
+# The suite in tiers, one directory (or two) each, the tier marker coming from the directory (tests/conftest.py).
+# `make test` runs them all in one pytest run; CI runs them one by one (.ci/run) and prints each one's time. Every
+# pytest run of a tier prints its 15 slowest tests.
+PYTEST = $(BIN)/python -m pytest --durations=15
+UNIT_TIER := tests/unit tests/packaging
+INTEGRATION_TIER := tests/integration
+SERVICEBUS_LOCAL_TIER := servicebus_local/tests
+# The Spark tier: every test marked `spark` (tests/spark and the acceptance scenario).
 SPARK_TIER := tests/spark tests/acceptance
+# Every bench/bench_*.py in its smoke mode (tests/bench, marker `bench`): no bench rots.
+BENCH_TIER := tests/bench
+# What the oldest pair runs: the tests whose outcome depends on the pyspark / delta-spark versions - Spark
+# Connect (sink, syphon, data source), the data source (format("servicebus"): Spark's Python data source API),
+# Delta itself and the Delta state tables (path and catalog tables, written by the sink, by delta-rs, maintained),
+# the foreachBatch sink, and the syphon job's Spark parts (its query, Trigger.AvailableNow). The rest of the
+# Spark tier drives our own logic through Spark (executor hand-off, shutdown, a blackholed primary, the syphon's
+# command line and SIGTERM, the dashboard's notebook, the acceptance scenario): it runs on the pinned pair only.
+# The packaging tier checks that every file listed here exists.
+OLDEST_TIER := \
+	tests/spark/test_connect.py \
+	tests/spark/test_syphon_job_connect.py \
+	tests/spark/test_datasource.py \
+	tests/spark/test_datasource_catalog.py \
+	tests/spark/test_delta_harness.py \
+	tests/spark/test_state_delta.py \
+	tests/spark/test_state_maintenance.py \
+	tests/spark/test_sink.py \
+	tests/spark/test_sink_state.py \
+	tests/spark/test_syphon_job.py \
+	tests/spark/test_syphon_job_available_now.py \
+	tests/spark/test_quiet_start.py
 # Says which pair a run is on: pyspark, delta-spark and the Delta jar coordinates of the venv's Python.
 SPARK_PAIR = import sys, pyspark, importlib.metadata as m; from spark_sb.spark.session import delta_packages; \
 	print("== Spark pair:", "pyspark", pyspark.__version__, "+ delta-spark", m.version("delta-spark"), \
 	"(jars", delta_packages() + ";", "venv", sys.prefix + ")", flush=True)
 
-.PHONY: install jars test test-fast lint demo bench wheel clean test-azure jars-oldest test-spark-oldest
+.PHONY: install jars test test-fast lint demo bench wheel clean test-azure jars-oldest test-spark-oldest \
+	test-unit test-integration test-servicebus-local test-spark bench-smoke
 
 $(STAMP): pyproject.toml servicebus_local/pyproject.toml $(CONSTRAINTS)
 	$(PY) -m venv $(VENV)
@@ -40,22 +71,42 @@ $(JARS): $(STAMP)
 
 jars: $(JARS)
 
-# The whole suite (unit, local namespace, Spark; slow tests included), and the local namespace's own tests.
+# The whole suite (unit, packaging, local namespace, Spark, the benches' smoke runs; slow tests included), and the
+# local namespace's own tests: every tier below in one run.
 test: jars
 	@$(BIN)/python -c '$(SPARK_PAIR)'
-	$(BIN)/python -m pytest tests servicebus_local/tests
+	$(PYTEST) tests servicebus_local/tests
 
-# The Spark tier on the oldest pair: the same rules as above with VENV and CONSTRAINTS set (.venv-oldest has
-# its own stamp and Delta jars step). `make jars-oldest` only builds .venv-oldest and fetches its Delta jars.
+# One tier each (CI runs them in turn; together they are `make test`).
+test-unit: $(STAMP)
+	$(PYTEST) $(UNIT_TIER)
+
+test-integration: $(STAMP)
+	$(PYTEST) $(INTEGRATION_TIER)
+
+test-servicebus-local: $(STAMP)
+	$(PYTEST) $(SERVICEBUS_LOCAL_TIER)
+
+test-spark: jars
+	@$(BIN)/python -c '$(SPARK_PAIR)'
+	$(PYTEST) $(SPARK_TIER)
+
+# Every benchmark in its smoke mode (seconds each; the Spark ones about a minute): it runs and prints its figures.
+bench-smoke: jars
+	$(PYTEST) $(BENCH_TIER)
+
+# The version-sensitive part of the Spark tier (OLDEST_TIER) on the oldest pair: the same rules as above with VENV
+# and CONSTRAINTS set (.venv-oldest has its own stamp and Delta jars step). `make jars-oldest` only builds
+# .venv-oldest and fetches its Delta jars.
 jars-oldest:
 	@$(MAKE) --no-print-directory VENV=$(OLDEST_VENV) CONSTRAINTS=$(OLDEST_CONSTRAINTS) jars
 
 test-spark-oldest: jars-oldest
 	@$(OLDEST_VENV)/bin/python -c '$(SPARK_PAIR)'
-	$(OLDEST_VENV)/bin/python -m pytest $(SPARK_TIER) -m spark
+	$(OLDEST_VENV)/bin/python -m pytest --durations=15 $(OLDEST_TIER)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests servicebus_local/tests -m "not spark and not slow and not packaging"
+	$(BIN)/python -m pytest tests servicebus_local/tests -m "not spark and not slow and not packaging and not bench"
 
 lint: $(STAMP)
 	$(BIN)/ruff check spark_sb servicebus_local tests jobs bench harness

@@ -454,25 +454,3 @@ def test_the_oldest_pair_is_the_oldest_the_spark_ranges_admit() -> None:
     # a second pair, not the pinned one again
     assert (oldest["pyspark"], oldest["delta-spark"]) != (dev["pyspark"], dev["delta-spark"])
     assert set(oldest) == set(dev), sorted(set(oldest) ^ set(dev))
-
-
-def test_ci_runs_the_spark_tier_on_both_pairs() -> None:
-    """`make test` (the pinned pair, whole suite) and `make test-spark-oldest` (the oldest pair, the Spark tier:
-    tests/spark and tests/acceptance) both run in .ci/run; the second builds its own venv from
-    constraints-oldest.txt with every extra, and each run says which pair it is on."""
-    makefile = (ROOT / "Makefile").read_text()
-    assert re.search(r"^OLDEST_CONSTRAINTS := constraints-oldest\.txt$", makefile, re.M)
-    assert re.search(r"^OLDEST_VENV := \.venv-oldest$", makefile, re.M)
-    (tier,) = re.findall(r"^SPARK_TIER := (.+)$", makefile, re.M)
-    assert set(tier.split()) == {"tests/spark", "tests/acceptance"}  # every directory marked `spark`
-    recipes = dict(re.findall(r"^([\w-]+):[^\n]*\n((?:\t[^\n]*\n)*)", makefile, re.M))
-    oldest = recipes["test-spark-oldest"]
-    # the same install rule as .venv (every extra, the local namespace editable), with the oldest constraints
-    assert re.search(r"^test-spark-oldest: jars-oldest$", makefile, re.M)
-    assert "VENV=$(OLDEST_VENV) CONSTRAINTS=$(OLDEST_CONSTRAINTS) jars" in recipes["jars-oldest"]
-    assert "$(SPARK_PAIR)" in oldest and "$(SPARK_PAIR)" in recipes["test"]
-    assert re.search(r"^\t\$\(OLDEST_VENV\)/bin/python -m pytest \$\(SPARK_TIER\)", oldest, re.M)
-    assert ".venv-oldest/" in (ROOT / ".gitignore").read_text().splitlines()
-    commands = [line.split("#", 1)[0].strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
-    assert "make test-spark-oldest" in commands, "CI no longer runs the Spark tier on the oldest pair"
-    assert "make test" in commands, "CI no longer runs the whole suite on the pinned pair"
