@@ -106,14 +106,15 @@ class SinkTotals(SentAndDiverted):
     def total_rejected(self) -> int:
         return self.rejected
 
-    def add(self, outcome: SendOutcome, rows: int) -> None:
+    def add(self, outcome: SendOutcome, rows: int, by_reason: dict[str, int] | None = None) -> None:
+        """Count one batch; ``by_reason``: its rejects per reason when the caller has them (:func:`reasons`)."""
         self.batches += 1
         self.rows += rows
         self.sent = merge_counts(self.sent, outcome.sent)
         self.diverted = merge_counts(self.diverted, outcome.diverted)
         self.diverted_by_entity = merge_counts(self.diverted_by_entity, outcome.diverted_by_entity)
         self.rejected += outcome.total_rejected
-        self.rejected_by_reason = merge_counts(self.rejected_by_reason, reasons(outcome))
+        self.rejected_by_reason = merge_counts(self.rejected_by_reason, by_reason or reasons(outcome))
         self.transitions += len(outcome.transitions)
         self.probes += len(outcome.probes)
         self.pulls += len(outcome.pulls)
@@ -128,8 +129,7 @@ class SinkTotals(SentAndDiverted):
             f"{self.rejected:,} rejected",
         ]
         if self.rejected_by_reason:
-            shown = sorted(self.rejected_by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
-            parts[-1] += " (" + ", ".join(f"{r}: {n:,}" for r, n in shown) + ")"
+            parts[-1] += " (" + ", ".join(f"{r}: {n:,}" for r, n in most_first(self.rejected_by_reason)) + ")"
         text = f"sink {sink_id}: {self.batches:,} batches, {self.rows:,} rows: " + ", ".join(parts)
         if self.skipped_batches:
             text += f", {self.skipped_batches:,} replayed batches skipped"
@@ -150,14 +150,20 @@ def reasons(outcome: SendOutcome) -> dict[str, int]:
     return out
 
 
-def warn_rejects(sink_id: str, batch_id: int, outcome: SendOutcome, rows: int) -> None:
+def most_first(counts: dict[str, int]) -> list[tuple[str, int]]:
+    """Counts in the order they are told: the largest first, then by name."""
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def warn_rejects(
+    sink_id: str, batch_id: int, outcome: SendOutcome, rows: int, by_reason: dict[str, int] | None = None
+) -> None:
     """One WARNING per batch with rejects (issue 32: never silent): the count per reason and the first row indexes;
-    the rows themselves are in the rejects table (``on_reject: fail`` fails the batch instead)."""
+    the rows themselves are in the rejects table (``on_reject: fail`` fails the batch instead). ``by_reason``: the
+    rejects per reason when the caller has them (:func:`reasons`)."""
     if not outcome.rejects:
         return
-    counts = ", ".join(
-        f"{r}: {n}" for r, n in sorted(reasons(outcome).items(), key=lambda kv: (-kv[1], kv[0]))
-    )
+    counts = ", ".join(f"{r}: {n}" for r, n in most_first(by_reason or reasons(outcome)))
     shown = [str(r.row_index) for r in outcome.rejects[:SHOWN_REJECTS] if r.row_index is not None]
     log.warning(
         "sink %s batch %s: %d of %d rows rejected (%s)%s; the rows are in the rejects table",
@@ -408,8 +414,9 @@ class ServiceBusSink:
                 self._remember(batch_id, writes)
         self.last_outcome = outcome
         self.last_results = list(results)
-        self.total.add(outcome, rows)
-        warn_rejects(self.sink_id, batch_id, outcome, rows)
+        by_reason = reasons(outcome)  # counted once, for the totals and the warning
+        self.total.add(outcome, rows, by_reason)
+        warn_rejects(self.sink_id, batch_id, outcome, rows, by_reason)
         log.info(
             "sink %s batch %s: %d rows, %d sent, %d diverted, %d rejected, %d state changes",
             self.sink_id,
