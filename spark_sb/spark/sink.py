@@ -53,8 +53,14 @@ from spark_sb.spark.schema import validate_schema
 from spark_sb.state.delta import DeltaStateStore, StateTables
 from spark_sb.state.planning import plan_batch
 from spark_sb.state.records import (
+    BACKLOG_PULLED,
     BATCH_COMMITTED,
+    DIVERTED,
+    PROBE,
+    REJECTED,
     REPLAY_SKIPPED,
+    SENT,
+    STATE_CHANGE,
     BatchWrites,
     EntityRecord,
     Event,
@@ -72,9 +78,17 @@ from spark_sb.state.writer import (
 from spark_sb.wire.admin_api import with_namespace_name
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["ServiceBusSink", "SinkIdConflictError", "SinkTotals", "default_sink_id", "sink"]
+__all__ = [
+    "ServiceBusSink",
+    "SinkIdConflictError",
+    "SinkTotals",
+    "batch_counts",
+    "default_sink_id",
+    "sink",
+    "table_totals",
+]
 
 log = logging.getLogger(__name__)
 
@@ -140,12 +154,17 @@ class SinkTotals(SentAndDiverted):
 SHOWN_REJECTS = 5
 
 
+def reason_key(reason: str) -> str:
+    """The name a reject's reason is counted under: its first clause (``message too large: ...`` -> ``message too
+    large``), so that the counts stay few whatever the rows held. Pure."""
+    return reason.split(":")[0].strip()[:80] or "rejected"
+
+
 def reasons(outcome: SendOutcome) -> dict[str, int]:
-    """Rejects per reason; the reason's first clause names it (``message too large: ...`` -> ``message too
-    large``), so that the counts stay few whatever the rows held."""
+    """Rejects per reason (:func:`reason_key`)."""
     out: dict[str, int] = {}
     for r in outcome.rejects:
-        key = r.reason.split(":")[0].strip()[:80] or "rejected"
+        key = reason_key(r.reason)
         out[key] = out.get(key, 0) + 1
     return out
 
@@ -429,9 +448,18 @@ class ServiceBusSink:
         )
         return outcome
 
-    def summary(self) -> str:
-        """The running totals of this sink object in one line (driver): for a job to print at its end."""
-        return self.total.line(self.sink_id)
+    def summary(self, spark: SparkSession | None = None) -> str:
+        """The totals in one line, for a job to print at its end (driver).
+
+        Without ``spark``: the running totals of this sink object (:attr:`total`), which sees its batches only
+        where ``foreachBatch`` runs in this process (classic Spark). With ``spark`` (a classic or Spark Connect
+        session): the totals of every batch this ``sink_id`` recorded in the state tables, over all runs
+        (:func:`table_totals`; pending asynchronous writes are flushed first) - the one that works under Spark
+        Connect, where the function runs beside the server and this object sees nothing."""
+        if spark is None:
+            return self.total.line(self.sink_id)
+        self.flush()
+        return table_totals(spark, self.config, self.sink_id).line(self.sink_id)
 
     # -- state writes
     def _writer_for(self, store: StateStore) -> StateWriter:
@@ -589,6 +617,124 @@ class ServiceBusSink:
 
     def __repr__(self) -> str:
         return f"ServiceBusSink(sink_id={self.sink_id!r}, entity={self.config.entity!r})"
+
+
+# ------------------------------------------------------------------------------------------ the counts, read back
+# Where a sink's counts are seen (issue 32): the WARNING of a batch with rejects, ServiceBusSink.summary(), and the
+# events table, read back below. Not in Structured Streaming's query progress, on any pyspark this package admits
+# (4.0.5 - 4.2.0): Spark fills a progress's ``sink.metrics`` only from a sink that implements Java's
+# ``ReportsSinkMetrics`` (``ProgressContext.extractSinkProgress``), which neither ``ForeachBatchSink`` nor the
+# Python data source's ``PythonTable`` does, and the Python data source API has no metrics hook (its writers'
+# commit messages reach ``commit`` only; ``PythonWrite.supportedCustomMetrics`` is the fixed set of Python-runner
+# metrics, shown in the SQL tab). ``observedMetrics`` come from the micro-batch's own plan only: an ``observe``
+# inside the ``foreachBatch`` function (after the sends) is never reported, and an ``observe`` on the input counts
+# rows before anything is sent - which the progress already has as ``numInputRows``.
+# tests/spark/test_sink_counts.py shows both and fails if a Spark version starts carrying them.
+
+
+def _state_table(spark: SparkSession, config: ServiceBusConfig, table: str) -> DataFrame:
+    """The state table ``table`` of ``config`` as a DataFrame (driver); :class:`ConfigError` without tables."""
+    tables = StateTables.from_config(config)
+    if tables is None:
+        raise ConfigError(
+            "state_location: the sink's counts are read from its events table: give state_location or "
+            "state_table_prefix"
+        )
+    path = tables.path(table)
+    return (
+        spark.read.format("delta").load(path)
+        if path is not None
+        else spark.read.table(tables.sql_name(table))
+    )
+
+
+def batch_counts(spark: SparkSession, config: ServiceBusConfig, sink_id: str | None = None) -> DataFrame:
+    """Per micro-batch of each sink (or of ``sink_id``) in the events table of ``config``: ``sink_id``,
+    ``batch_id``, ``time`` (when it committed), ``rows`` (read), ``sent`` (to the primary), ``diverted`` (to backlog
+    queues), ``rejected``, in batch order. The counts the query progress cannot carry (see above), for the
+    ``foreachBatch`` sink and ``format("servicebus")`` alike (a batch write is batch 0 of ``<sink_id>/<job_id>``).
+    Driver; DataFrame operations only, so Spark Connect too. With ``state_table_prefix`` and the data source, the
+    catalog tables lag the spool by the relay's interval."""
+    from pyspark.sql import functions as F
+
+    events = _state_table(spark, config, "events").where(F.col("batch_id").isNotNull())
+    if sink_id is not None:
+        events = events.where(F.col("sink_id") == sink_id)
+    event = F.col("event")
+
+    def total(when: Column) -> Column:
+        return F.coalesce(F.sum(F.when(when, F.col("count"))), F.lit(0)).cast("long")
+
+    return (
+        events.groupBy("sink_id", "batch_id")
+        .agg(
+            F.max(F.when(event == BATCH_COMMITTED, F.col("time"))).alias("time"),
+            total(event == BATCH_COMMITTED).alias("rows"),
+            total(event == SENT).alias("sent"),
+            # a diverted message has one event naming its backlog queue (and, in a batch for several entities, one
+            # more per entity without a queue): counted once
+            total((event == DIVERTED) & F.col("backlog_queue").isNotNull()).alias("diverted"),
+            total(event == REJECTED).alias("rejected"),
+        )
+        .where(F.col("time").isNotNull())  # only batches that committed (a failed one records nothing)
+        .orderBy("sink_id", "batch_id")
+    )
+
+
+def table_totals(spark: SparkSession, config: ServiceBusConfig, sink_id: str) -> SinkTotals:
+    """The totals of every batch ``sink_id`` recorded in the state tables of ``config`` (all runs), as the sink's
+    :class:`SinkTotals` counts them: :meth:`ServiceBusSink.summary` with a session. Driver; two small aggregating
+    queries (events, rejects), DataFrame operations only."""
+    from pyspark.sql import functions as F
+
+    events = _state_table(spark, config, "events").where(F.col("sink_id") == sink_id)
+    grouped = (
+        events.groupBy("event", "entity", "backlog_queue")
+        .agg(F.coalesce(F.sum("count"), F.lit(0)).alias("n"), F.count(F.lit(1)).alias("events"))
+        .collect()
+    )
+    totals = SinkTotals()
+    for r in grouped:
+        kind, entity, queue, n, seen = (
+            r["event"],
+            r["entity"],
+            r["backlog_queue"],
+            int(r["n"]),
+            int(r["events"]),
+        )
+        if kind == BATCH_COMMITTED:
+            totals.batches += seen
+            totals.rows += n
+        elif kind == SENT and entity is not None:
+            totals.sent = merge_counts(totals.sent, {entity: n})
+        elif kind == DIVERTED:
+            if queue is not None:
+                totals.diverted = merge_counts(totals.diverted, {queue: n})
+            if entity is not None:
+                totals.diverted_by_entity = merge_counts(totals.diverted_by_entity, {entity: n})
+        elif kind == REJECTED:
+            totals.rejected += n
+        elif kind == REPLAY_SKIPPED:
+            totals.skipped_batches += seen
+        elif kind == STATE_CHANGE:
+            totals.transitions += seen
+        elif kind == PROBE:
+            totals.probes += seen
+        elif kind == BACKLOG_PULLED:
+            totals.pulls += seen
+    if totals.rejected:
+        by_reason = (
+            _state_table(spark, config, "rejects")
+            .where(F.col("sink_id") == sink_id)
+            .groupBy("reason")
+            .count()
+            .collect()
+        )
+        for r in by_reason:
+            totals.rejected_by_reason = merge_counts(
+                totals.rejected_by_reason, {reason_key(r["reason"]): r["count"]}
+            )
+    return totals
 
 
 def sink(config: ServiceBusConfig) -> ServiceBusSink:
