@@ -2,7 +2,8 @@
 
     python -m servicebus_local --name contoso --port 5672 [--control-port 5673] [--queue q1]... \
         [--topic events:audit,billing]... [--topology topology.yaml] [--key-name K --key V] [--tls-dir DIR] \
-        [--max-connections N] [--link-idle-timeout 10m] [--connection-idle-timeout 60s] [--throttle N]
+        [--max-connections N] [--link-idle-timeout 10m] [--connection-idle-timeout 60s] [--throttle N] \
+        [--strict-settlement]
 
 Prints ``connection_string=<...>`` (one line), ``control_url=<...>`` when a control port is given and
 ``ca_file=<...>`` (the CA the admin client must trust: ``connection_verify=`` or ``REQUESTS_CA_BUNDLE``; with
@@ -15,7 +16,9 @@ one line on stderr, exit status 2, no traceback. ``--port 0`` / ``--control-port
 connection after the N-th open one is answered and closed with ``amqp:resource-limit-exceeded``.
 ``--link-idle-timeout`` (default 10m) and ``--connection-idle-timeout`` (default 60s) are the service's lifecycle
 timers (durations: ``20s``, ``10m``, ``1h`` or plain seconds); ``--throttle N`` grants N messages per second to the
-namespace and answers ``com.microsoft:server-busy`` beyond (0, the default, is off).
+namespace and answers ``com.microsoft:server-busy`` beyond (0, the default, is off). ``--strict-settlement``
+settles a lock over ``$management`` only for a message received by sequence number (see the README's settlement
+table).
 """
 
 from __future__ import annotations
@@ -147,6 +150,16 @@ def build_parser() -> argparse.ArgumentParser:
             "com.microsoft:server-busy, as the Standard tier does (default: 0 = off)"
         ),
     )
+    p.add_argument(
+        "--strict-settlement",
+        action="store_true",
+        default=None,
+        help=(
+            "settle a lock over $management (update-disposition) only for a message received by sequence number "
+            "(deferred): a lock a receiver link holds is settled on that link only, else "
+            "com.microsoft:message-lock-lost (default: off, as the service; also $SERVICEBUS_LOCAL_STRICT_SETTLEMENT)"
+        ),
+    )
     return p
 
 
@@ -220,6 +233,7 @@ def _start(args: argparse.Namespace, topics: dict[str, list[str]]) -> LocalNames
         link_idle_timeout=args.link_idle_timeout,
         connection_idle_timeout=args.connection_idle_timeout,
         throttle=args.throttle,
+        strict_settlement=args.strict_settlement,
     )
     try:
         ns.start()

@@ -23,8 +23,9 @@ Semantics follow the service:
 * size limits: ``max_message_size_in_kilobytes`` per message, ``max_size_in_megabytes`` per entity;
 * status ``Disabled`` / ``SendDisabled`` / ``ReceiveDisabled`` -> ``com.microsoft:entity-disabled``;
 * settlement (SPEC E8): a lock is settled on the link that received it or, by lock token, over ``$management``
-  (any receiver of an entity without sessions, as the service's cross-receiver settlement); a session's messages
-  only by the session's current owner (else ``com.microsoft:session-lock-lost``); lock duration at most 5 minutes;
+  of the same entity path (any receiver of an entity without sessions, as the service's cross-receiver
+  settlement; with ``strict_settlement`` only a message received by sequence number); a session's messages only
+  by the session's current owner (else ``com.microsoft:session-lock-lost``); lock duration at most 5 minutes;
 * sessions: a session entity needs a session id on every message (a topic's subscription that requires sessions
   dead-letters a copy without one: ``Session id is null.``); a session receiver holds the session lock
   (the entity's lock duration), gets that session's messages in order, renews the lock, keeps session state;
@@ -154,6 +155,7 @@ class Message:
         "lock",
         "locked_until_ms",
         "lock_owner",
+        "by_sequence",
         "deferred",
         "session_id",
         "scheduled_ms",
@@ -172,6 +174,8 @@ class Message:
         #: The receiver link that holds the lock (None: received by sequence number over $management, or in
         #: process).
         self.lock_owner: object | None = None
+        #: The lock was taken by a receive by sequence number (a deferred message), not on a receiver link.
+        self.by_sequence = False
         self.deferred = False
         self.session_id = parts.session_id
         self.scheduled_ms = parts.scheduled_ms
@@ -479,8 +483,12 @@ class Broker:
         *,
         clock: Clock | None = None,
         faults: FaultController | None = None,
+        strict_settlement: bool = False,
     ) -> None:
         self._name = name
+        #: Settle a lock by token over ``$management`` only for a message received by sequence number (deferred);
+        #: off (the service's behaviour): any receiver of an entity without sessions may (see :meth:`settle`).
+        self.strict_settlement = strict_settlement
         self._clock: Clock = clock or SystemClock()
         self.faults = faults or FaultController()
         self._lock = threading.RLock()
@@ -904,6 +912,7 @@ class Broker:
                     m.lock = tag
                     m.locked_until_ms = until
                     m.lock_owner = owner
+                    m.by_sequence = False
                     e.locks[tag] = (store, m)
                     heapq.heappush(e.lock_heap, (until, tag))
                     out.append(Delivered(m, tag, until, m.render(locked=True)))
@@ -955,11 +964,15 @@ class Broker:
         be that link's); ``requesters`` are the receiver links of the connection that asked over ``$management``
         (update-disposition), which settles any lock of an entity without sessions (the service's cross-receiver
         settlement) but a session's message only for the session's current owner. With neither (an in-process
-        call) nothing is checked but the lock itself."""
+        call) nothing is checked but the lock itself. A lock is the settling address's: a dead-letter queue's
+        lock is not settled through its entity, nor the other way round. With :attr:`strict_settlement`,
+        ``$management`` settles only messages received by sequence number (deferred)."""
         with self._lock:
-            e, _ = self._receivable(address)
+            e, addr = self._receivable(address)
             now = self.now_ms()
             entry = e.locks.get(lock_token)
+            if entry is not None and entry[0].dead_letter != addr.dead_letter:
+                entry = None  # another sub-queue's lock: that entity path holds no such lock
             sess: _Session | None = None
             if entry is not None:
                 store, m = entry
@@ -972,7 +985,7 @@ class Broker:
                     self._tick_receivable(e, now)
                     entry = None
             if entry is None:
-                if e.settings.requires_session:
+                if e.settings.requires_session and not addr.dead_letter:
                     raise BrokerError(SESSION_LOCK_LOST, "The session lock has expired or was lost.")
                 raise BrokerError(MESSAGE_LOCK_LOST, _LOCK_LOST)
             store, m = entry
@@ -984,6 +997,10 @@ class Broker:
                 or (requesters is not None and sess.owner not in requesters)
             ):
                 raise BrokerError(SESSION_LOCK_LOST, _session_not_held(sess.session_id))
+            if self.strict_settlement and requesters is not None and not m.by_sequence:
+                # Strict: update-disposition is for messages received by sequence number; a lock a receiver
+                # link holds is settled on that link only.
+                raise BrokerError(SESSION_LOCK_LOST if sess is not None else MESSAGE_LOCK_LOST, _LOCK_LOST)
             m.lock_owner = None
             if outcome == Outcome.COMPLETE:
                 del e.locks[lock_token]
@@ -1014,14 +1031,14 @@ class Broker:
     def renew_lock(self, address: str | EntityAddress, lock_tokens: Iterable[bytes]) -> list[int]:
         """renew-lock: new expiry (ms) per token. Raises message-lock-lost for an unknown/expired one."""
         with self._lock:
-            e, _ = self._receivable(address)
+            e, addr = self._receivable(address)
             now = self.now_ms()
             self._tick_receivable(e, now)
             until = now + _ms(e.settings.lock_duration)
             out = []
             for tag in lock_tokens:
                 entry = e.locks.get(tag)
-                if entry is None:
+                if entry is None or entry[0].dead_letter != addr.dead_letter:
                     raise BrokerError(
                         MESSAGE_LOCK_LOST,
                         "The lock supplied is invalid. Either the lock expired, or the message has already been "
@@ -1110,6 +1127,7 @@ class Broker:
                     m.lock = tag
                     m.locked_until_ms = until
                     m.lock_owner = None
+                    m.by_sequence = True
                     e.locks[tag] = (store, m)
                     heapq.heappush(e.lock_heap, (until, tag))
                     out.append(Delivered(m, tag, until, m.render(locked=True)))

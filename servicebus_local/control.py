@@ -16,7 +16,8 @@ Routes (POST bodies are JSON objects; a missing body is ``{}``)::
                                       ("link_idle_timeout", "connection_idle_timeout", seconds), "throttle"
                                       (credits per second, 0 = off) and the counters "links_detached_idle",
                                       "connections_closed_idle", "links_detached_token_expired",
-                                      "links_detached_fault", "connections_blackholed", "messages_throttled"
+                                      "links_detached_fault", "connections_blackholed", "messages_throttled";
+                                      "strict_settlement" (see LocalNamespace)
     POST /counters/reset              set every operation counter to 0 (the peak to the connections open now)
     POST /faults/refuse               stop listening (connections refused)
     POST /faults/accept               listen again
@@ -174,6 +175,7 @@ class ControlServer:
         doc["faults"] = ns.faults.snapshot()
         doc["connections"] = ns.connection_count
         doc["max_connections"] = ns.max_connections
+        doc["strict_settlement"] = ns.broker.strict_settlement
         doc["counters"] = ns.counters()
         doc["lifecycle"] = ns.lifecycle()
         return doc

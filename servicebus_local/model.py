@@ -157,12 +157,30 @@ class InvalidSettings(ValueError):
 
 
 def check_lock_duration(lock_duration: timedelta) -> None:
-    """Refuse a lock duration above :data:`MAX_LOCK_DURATION` (5 minutes), as the service does."""
+    """Refuse a lock duration above :data:`MAX_LOCK_DURATION` (5 minutes), as the service does, in its words
+    (learn.microsoft.com/azure/service-bus-messaging/service-bus-resource-manager-exceptions, Bad Request 40000)."""
     if lock_duration > MAX_LOCK_DURATION:
         raise InvalidSettings(
-            f"SubCode=40000. The value supplied for LockDuration ({lock_duration.total_seconds():g} seconds) "
-            "exceeds the maximum allowed lock duration of 00:05:00."
+            "SubCode=40000. The supplied lock time exceeds the allowed maximum of '5' minutes.\r\n"
+            f"Parameter name: LockDuration\r\nActual value was {timespan_text(lock_duration)}."
         )
+
+
+def timespan_text(value: timedelta) -> str:
+    """``value`` as .NET writes a TimeSpan (``[d.]hh:mm:ss[.fffffff]``), as the service's error texts show it."""
+    ticks = (value.days * 86_400 + value.seconds) * 10_000_000 + value.microseconds * 10
+    sign = "-" if ticks < 0 else ""
+    ticks = abs(ticks)
+    seconds, fraction = divmod(ticks, 10_000_000)
+    days, seconds = divmod(seconds, 86_400)
+    hours, seconds = divmod(seconds, 3600)
+    minutes, seconds = divmod(seconds, 60)
+    text = f"{hours:02d}:{minutes:02d}:{seconds:02d}"
+    if days:
+        text = f"{days}.{text}"
+    if fraction:
+        text = f"{text}.{fraction:07d}"
+    return sign + text
 
 
 class AdminStore(Protocol):

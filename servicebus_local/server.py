@@ -107,8 +107,10 @@ __all__ = [
     "DEFAULT_CONNECTION_IDLE_TIMEOUT",
     "DEFAULT_LINK_IDLE_TIMEOUT",
     "DEFAULT_MAX_CONNECTIONS",
+    "STRICT_SETTLEMENT_ENV",
     "LocalNamespace",
     "connection_quota_description",
+    "strict_settlement_from_env",
 ]
 
 logger = logging.getLogger(__name__)
@@ -1811,12 +1813,25 @@ class _Server:
 # public API
 
 
+#: The environment variable that turns :attr:`Broker.strict_settlement` on for namespaces that do not say.
+STRICT_SETTLEMENT_ENV = "SERVICEBUS_LOCAL_STRICT_SETTLEMENT"
+
+
+def strict_settlement_from_env() -> bool:
+    """Whether :data:`STRICT_SETTLEMENT_ENV` asks for strict settlement."""
+    return os.environ.get(STRICT_SETTLEMENT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 class LocalNamespace:
     """A local Service Bus namespace: broker + AMQP/HTTPS server on ``host:port`` (+ optional control API).
 
     Start with :meth:`start` (or use as a context manager); ``port=0`` picks a free port. Runs its server in a
     background thread of the calling process. ``max_connections`` is the quota of concurrent AMQP connections
-    (the service's 5,000 by default; see the module docstring).
+    (the service's 5,000 by default; see the module docstring). ``strict_settlement``: update-disposition
+    (``$management``) settles only messages received by sequence number (deferred), so a lock a receiver link
+    holds is settled on that link only, and anything else gets ``com.microsoft:message-lock-lost``. Off by default,
+    as on the service (which settles by lock token from any receiver of an entity without sessions); ``None``
+    reads :data:`STRICT_SETTLEMENT_ENV` (``1``/``true``/``yes``/``on``), so a whole test run can be made strict.
     """
 
     def __init__(
@@ -1836,6 +1851,7 @@ class LocalNamespace:
         link_idle_timeout: float = DEFAULT_LINK_IDLE_TIMEOUT,
         connection_idle_timeout: float = DEFAULT_CONNECTION_IDLE_TIMEOUT,
         throttle: int = 0,
+        strict_settlement: bool | None = None,
     ) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, not {max_connections}")
@@ -1862,7 +1878,9 @@ class LocalNamespace:
         except ValueError as exc:
             raise ValueError(f"throttle: {exc}") from None
         self._counters = OperationCounters()
-        self.broker = Broker(name, clock=clock, faults=self.faults)
+        if strict_settlement is None:
+            strict_settlement = strict_settlement_from_env()
+        self.broker = Broker(name, clock=clock, faults=self.faults, strict_settlement=strict_settlement)
         for q in queues:
             self.broker.ensure_queue(q)
         for t, subs in (topics or {}).items():
