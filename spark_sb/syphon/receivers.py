@@ -5,6 +5,9 @@ themselves are links on one connection (:mod:`spark_sb.wire.receivers`).
 * :func:`settle` settles held messages in one lane call (deadline ``send_timeout``); a message from a receiver
   that was replaced since, or a settle that fails, is counted in the :class:`~spark_sb.syphon.rules.SyphonOutcome`
   and never raised: its lock runs out and it is redelivered.
+* Every message is settled on the receiver link that received it (SPEC E8: a lock token is the receiving link's;
+  ``$management`` settles messages received by sequence number, which the syphon never does). Several
+  completions go in one round trip on that link (:func:`complete_on_link`).
 
 Where it runs: in the process of the :class:`~spark_sb.syphon.mover.Syphon` that drains (executors' Python workers in
 the Spark syphon job; the driver in tests and tools), on the receivers' lane thread. Nothing here is picklable.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -64,10 +68,16 @@ def settle(
         log.info("syphon: %d messages from a replaced receiver: they will be redelivered", stale)
     if not live:
         return
+    #: Outcomes of a batch of completions are awaited until then, within the lane call's deadline.
+    outcomes_by = time.monotonic() + timeout * OUTCOME_SHARE
 
     def settle_all(ctx: Receiving) -> int:
-        if action is complete and len(live) > 1 and complete_in_one_call(ctx.receiver, live):
-            return 0
+        if action is complete and len(live) > 1:
+            not_done = complete_on_link(ctx.receiver, live, outcomes_by)
+            if not_done is not None:
+                if not_done:
+                    log.info("syphon: %d completions not confirmed; they will be redelivered", len(not_done))
+                return len(not_done)
         failed = 0
         for h in live:
             try:
@@ -89,23 +99,76 @@ def complete(receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage) -> No
     receiver.complete_message(msg)
 
 
-def complete_in_one_call(receiver: ServiceBusReceiver, held: Sequence[Held]) -> bool:
-    """Complete ``held`` with one management request (update-disposition by lock tokens: one round trip for the
-    batch instead of one per message, which the SDK's ``complete_message`` waits for). Uses the SDK's own
-    management-link settlement (a private method); False when it is unavailable or fails, so that the caller
-    completes message by message (a message completed here then fails there: counted, harmless)."""
-    settle_via_mgmt = getattr(receiver, "_settle_message_via_mgmt_link", None)
-    if settle_via_mgmt is None:
-        return False
+#: The share of a settle call's deadline spent awaiting the outcomes of a batch of completions.
+OUTCOME_SHARE = 0.8
+
+
+def complete_on_link(
+    receiver: ServiceBusReceiver, held: Sequence[Held], deadline: float
+) -> list[Held] | None:
+    """Complete ``held`` on the receiver link that received them, in one round trip: a disposition (accepted,
+    unsettled) for each, then one wait, until ``deadline`` (``time.monotonic()``), for the service's outcomes,
+    where the SDK's ``complete_message`` waits for each in turn. Returns the messages whose completion was not
+    confirmed (refused, lock lost, no answer in time, link gone: redelivered when their locks run out), or None
+    when this SDK's link offers no such way (the caller completes one by one, as the SDK does).
+
+    The link's own machinery (the SDK's pyamqp receiver link, private: the same calls its ``send_disposition``
+    makes) is used, never ``$management``: update-disposition is for messages received by sequence number."""
+    link = _receive_link(receiver)
+    if link is None:
+        return None
+    from azure.servicebus._pyamqp.constants import LinkState  # noqa: PLC0415 - the SDK's, only when used
+    from azure.servicebus._pyamqp.outcomes import Accepted  # noqa: PLC0415
+    from azure.servicebus._pyamqp.receiver import check_disposition_outcome  # noqa: PLC0415
+
+    pending: dict[int, dict[str, Any]] = link._pending_dispositions  # noqa: SLF001
+    sent: list[tuple[Held, int]] = []
+    not_done: list[Held] = []
     try:
-        settle_via_mgmt("completed", [h.msg.lock_token for h in held])
-    except Exception as exc:  # noqa: BLE001 - fall back to one complete per message
-        log.debug("syphon: completing %d messages in one call failed (%s)", len(held), type(exc).__name__)
-        return False
-    for h in held:
-        with contextlib.suppress(AttributeError):
-            h.msg._settled = True  # noqa: SLF001 - the SDK's own flag: settled, never settle again
-    return True
+        for h in held:
+            delivery_id = h.msg._delivery_id  # noqa: SLF001
+            if delivery_id is None or delivery_id in pending:
+                not_done.append(h)
+                continue
+            pending[delivery_id] = {"settled": False, "outcome": None}
+            try:
+                link._outgoing_disposition(delivery_id, None, h.msg._delivery_tag, False, Accepted(), None)  # noqa: SLF001
+            except Exception as exc:  # noqa: BLE001 - not this link's delivery (e.g. the SDK reattached): counted
+                pending.pop(delivery_id, None)
+                log.debug("syphon: no disposition for a held message (%s)", type(exc).__name__)
+                not_done.append(h)
+                continue
+            sent.append((h, delivery_id))
+        connection = link._session._connection  # noqa: SLF001
+        while sent and not all(pending[d]["settled"] for _, d in sent):
+            if time.monotonic() >= deadline or link.state in (LinkState.DETACHED, LinkState.ERROR):
+                break
+            connection.listen(wait=False)
+    except Exception as exc:  # noqa: BLE001 - the connection failed while waiting: what is not confirmed is counted
+        log.debug("syphon: awaiting the completions' outcomes failed (%s)", type(exc).__name__)
+    finally:
+        for h, delivery_id in sent:
+            state = pending.pop(delivery_id, None) or {}
+            try:
+                if not state.get("settled"):
+                    raise TimeoutError("no outcome")
+                check_disposition_outcome(delivery_id, state.get("outcome"))
+            except Exception:  # noqa: BLE001 - refused (lock lost), or no answer: redelivered after its lock
+                not_done.append(h)
+                continue
+            with contextlib.suppress(AttributeError):
+                h.msg._settled = True  # noqa: SLF001 - the SDK's own flag: settled, never settle again
+    return not_done
+
+
+def _receive_link(receiver: ServiceBusReceiver) -> Any:
+    """The receiver's open pyamqp receive link when it has what :func:`complete_on_link` uses, else None."""
+    handler = getattr(receiver, "_handler", None)
+    link = getattr(handler, "_link", None)
+    needed = ("_pending_dispositions", "_outgoing_disposition", "_session", "state")
+    if link is None or getattr(link, "_is_closed", True) or not all(hasattr(link, a) for a in needed):
+        return None
+    return link
 
 
 def abandon(receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage) -> None:

@@ -4,6 +4,7 @@ received messages (destination, ids, dead-letter properties)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
 from azure.servicebus._common.utils import transform_outbound_messages
+from azure.servicebus._pyamqp.constants import LinkState
 from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 
 from spark_sb.message.backlog import to_backlog
@@ -20,7 +22,7 @@ from spark_sb.syphon.receivers import (
     abandon,
     as_utc,
     complete,
-    complete_in_one_call,
+    complete_on_link,
     dead_letter_action,
     from_received,
     path_of,
@@ -36,9 +38,11 @@ T0 = datetime(2026, 6, 1, 8, 0, tzinfo=timezone.utc)
 
 # ------------------------------------------------------------------------------------------------- fakes
 class FakeMessage:
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, delivery_id: int | None = None) -> None:
         self.lock_token = token
         self._settled = False
+        self._delivery_id = delivery_id
+        self._delivery_tag = token.encode()
 
 
 class FakeReceiver:
@@ -65,18 +69,54 @@ class FakeReceiver:
         self.dead_lettered.append((msg.lock_token, reason, error_description))
 
 
-class BatchingReceiver(FakeReceiver):
-    """A receiver with the SDK's management-link settlement (one request for many lock tokens)."""
+ACCEPTED: dict[str, Any] = {"accepted": []}
+LOCK_LOST: dict[str, Any] = {
+    "rejected": [[b"com.microsoft:message-lock-lost", b"The lock supplied is invalid."]]
+}
 
-    def __init__(self, fail: tuple[str, ...] = (), refuse_batch: bool = False) -> None:
+
+class FakeLink:
+    """The SDK's pyamqp receive link as :func:`complete_on_link` uses it: dispositions are recorded, and each
+    ``listen`` of its connection answers every one sent so far with the outcome ``answers`` gives its delivery
+    tag (accepted by default; ``None``: never answered). ``unknown`` tags are not this link's deliveries."""
+
+    def __init__(
+        self, answers: dict[bytes, dict[str, Any] | None] | None = None, unknown: tuple[bytes, ...] = ()
+    ):
+        self.answers = answers or {}
+        self.unknown = unknown
+        self._pending_dispositions: dict[int, dict[str, Any]] = {}
+        self._is_closed = False
+        self.state = LinkState.ATTACHED
+        self.sent: list[tuple[int, bytes, bool | None, str]] = []
+        self.listens = 0
+        self._unanswered: list[tuple[int, bytes]] = []
+        self._session = self
+        self._connection = self
+
+    def _outgoing_disposition(
+        self, first: int, last: int | None, tag: bytes, settled: bool | None, state: Any, batchable: Any
+    ) -> None:
+        if tag in self.unknown:
+            raise ValueError("Delivery tag not found.")
+        self.sent.append((first, tag, settled, type(state).__name__))
+        self._unanswered.append((first, tag))
+
+    def listen(self, wait: bool = False) -> None:
+        self.listens += 1
+        for delivery_id, tag in self._unanswered:
+            answer = self.answers.get(tag, ACCEPTED)
+            if answer is not None:
+                self._pending_dispositions[delivery_id] = {"settled": True, "outcome": answer}
+        self._unanswered = []
+
+
+class LinkReceiver(FakeReceiver):
+    """A receiver whose handler has a (fake) pyamqp receive link."""
+
+    def __init__(self, link: FakeLink, fail: tuple[str, ...] = ()) -> None:
         super().__init__(fail)
-        self.refuse_batch = refuse_batch
-        self.batches: list[tuple[str, list[str]]] = []
-
-    def _settle_message_via_mgmt_link(self, disposition: str, tokens: list[str]) -> None:
-        if self.refuse_batch:
-            raise RuntimeError("management link refused")
-        self.batches.append((disposition, list(tokens)))
+        self._handler = type("Handler", (), {"_link": link})()
 
 
 class FakeLane:
@@ -96,7 +136,7 @@ class FakeLane:
 
 
 def held(*tokens: str, generation: int = 3) -> list[Held]:
-    return [Held(FakeMessage(t), generation) for t in tokens]  # type: ignore[arg-type]
+    return [Held(FakeMessage(t, i), generation) for i, t in enumerate(tokens)]  # type: ignore[arg-type]
 
 
 def do_settle(lane: FakeLane, items: list[Held], action: Any, timeout: float = 30.0) -> SyphonOutcome:
@@ -187,39 +227,78 @@ def test_failures_add_to_what_the_outcome_counted_before() -> None:
     assert outcome.settle_failures == 6
 
 
-# ---------------------------------------------------------------------------------- completing in one call
-def test_several_completions_go_in_one_management_request() -> None:
-    receiver = BatchingReceiver()
+# ------------------------------------------------------------------------------ completing on the link, at once
+def test_several_completions_go_on_the_receiving_link_in_one_round_trip() -> None:
+    """SPEC E8: on the link that received them (never update-disposition over $management), each disposition
+    sent unsettled and accepted, then one wait for all their outcomes."""
+    link = FakeLink()
+    receiver = LinkReceiver(link)
     items = held("a", "b", "c")
     outcome = do_settle(FakeLane(receiver), items, complete)
-    assert receiver.batches == [("completed", ["a", "b", "c"])]
-    assert receiver.calls == []  # no message completed one by one
+    assert link.sent == [
+        (0, b"a", False, "Accepted"),
+        (1, b"b", False, "Accepted"),
+        (2, b"c", False, "Accepted"),
+    ]
+    assert link.listens == 1  # one round trip for the three
+    assert receiver.calls == []  # none completed one by one
     assert all(h.msg._settled for h in items)  # type: ignore[attr-defined]  # the SDK never settles them again
+    assert link._pending_dispositions == {}  # nothing left for the SDK to wait for
     assert outcome.settle_failures == 0
 
 
-def test_a_refused_batch_falls_back_to_one_completion_per_message() -> None:
-    receiver = BatchingReceiver(refuse_batch=True, fail=("b",))
+def test_a_completion_the_service_refuses_is_counted_and_the_others_are_done() -> None:
+    link = FakeLink(answers={b"b": LOCK_LOST})
+    items = held("a", "b", "c")
+    outcome = do_settle(FakeLane(LinkReceiver(link)), items, complete)
+    assert outcome.settle_failures == 1
+    assert [h.msg._settled for h in items] == [True, False, True]  # type: ignore[attr-defined]
+
+
+def test_a_completion_without_an_answer_by_the_deadline_is_counted() -> None:
+    link = FakeLink(answers={b"b": None})
+    items = held("a", "b")
+    assert complete_on_link(LinkReceiver(link), items, time.monotonic() + 0.2) == [items[1]]  # type: ignore[arg-type]
+    assert link._pending_dispositions == {}
+
+
+def test_a_message_that_is_not_the_links_delivery_is_counted_not_settled_elsewhere() -> None:
+    """After the SDK reattached its link, an earlier delivery is not the new link's: no disposition for it, and
+    no settlement through $management either (its lock runs out, it is redelivered)."""
+    link = FakeLink(unknown=(b"old",))
+    receiver = LinkReceiver(link)
+    items = held("old", "new")
+    outcome = do_settle(FakeLane(receiver), items, complete)
+    assert [tag for _, tag, _, _ in link.sent] == [b"new"]
+    assert receiver.calls == []
+    assert outcome.settle_failures == 1
+
+
+def test_a_link_that_detaches_while_waiting_ends_the_wait() -> None:
+    link = FakeLink(answers={b"a": None, b"b": None})
+    link.state = LinkState.DETACHED
+    items = held("a", "b")
+    started = time.monotonic()
+    assert complete_on_link(LinkReceiver(link), items, started + 5.0) == items  # type: ignore[arg-type]
+    assert time.monotonic() - started < 1.0
+
+
+def test_without_the_sdks_link_completions_go_one_by_one() -> None:
+    receiver = FakeReceiver(fail=("b",))
+    assert complete_on_link(receiver, held("a", "b"), time.monotonic() + 1) is None  # type: ignore[arg-type]
     items = held("a", "b")
     outcome = do_settle(FakeLane(receiver), items, complete)
     assert receiver.calls == [("complete", "a")]
     assert outcome.settle_failures == 1
-    assert not any(h.msg._settled for h in items)  # type: ignore[attr-defined]
 
 
 def test_one_completion_or_another_action_is_never_batched() -> None:
-    receiver = BatchingReceiver()
+    link = FakeLink()
+    receiver = LinkReceiver(link)
     do_settle(FakeLane(receiver), held("only"), complete)
     do_settle(FakeLane(receiver), held("a", "b"), abandon)
-    assert receiver.batches == []
+    assert link.sent == []
     assert receiver.calls == [("complete", "only"), ("abandon", "a"), ("abandon", "b")]
-
-
-def test_completing_in_one_call_needs_the_sdks_management_settlement() -> None:
-    assert complete_in_one_call(FakeReceiver(), held("a", "b")) is False  # type: ignore[arg-type]
-    receiver = BatchingReceiver()
-    assert complete_in_one_call(receiver, held("a", "b")) is True  # type: ignore[arg-type]
-    assert receiver.batches == [("completed", ["a", "b"])]
 
 
 # -------------------------------------------------------------------------------------------- the actions
