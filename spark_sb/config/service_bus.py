@@ -64,6 +64,10 @@ class ServiceBusConfig:
     probe_mode: str = "schedule-cancel"
     backlog_retry_interval: float = 300.0
     backlog_selection: str = "random"
+    #: ``none``: no order kept through failover; ``session``: a session's messages reach the primary in the order
+    #: they were sent, outage or not; ``entity``: the same for every message of an entity
+    #: (:mod:`spark_sb.failover.ordering`).
+    ordering: str = "none"
     send_timeout: float = 30.0
     retry: RetryConfig = field(default_factory=RetryConfig)
     max_message_size: int = 262144

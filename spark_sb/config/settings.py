@@ -33,6 +33,7 @@ __all__ = [
     "MESSAGE_ID_MODES",
     "NAMESPACE_READERS",
     "ON_REJECT",
+    "ORDERINGS",
     "READERS",
     "RETRY_MODES",
     "RETRY_SETTINGS",
@@ -53,6 +54,9 @@ __all__ = [
 ]
 
 BACKLOG_SELECTIONS = ("random", "session-affine")
+#: ``ordering``: ``none`` (no order kept through failover), ``session`` (per entity and session id), ``entity`` (per
+#: entity, every message). The rule is :mod:`spark_sb.failover.ordering`.
+ORDERINGS = ("none", "session", "entity")
 ON_REJECT = ("record", "fail")
 MESSAGE_ID_MODES = ("column", "content")
 STATE_WRITES = ("async", "sync")
@@ -232,6 +236,7 @@ SETTINGS: tuple[Setting, ...] = (
     _duration("state_maintain_every", "state_maintain_every", positive=False),
     _choice("probe_mode", "probe_mode", PROBE_MODES),
     _choice("backlog_selection", "backlog_selection", BACKLOG_SELECTIONS),
+    _choice("ordering", "ordering", ORDERINGS),
     _choice("on_reject", "on_reject", ON_REJECT),
     Setting("retry.total", "total", parse_int, _check_no_sdk_retries, owner="retry"),
     _non_negative("retry.backoff_factor", "backoff_factor", owner="retry"),

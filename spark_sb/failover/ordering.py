@@ -57,28 +57,65 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from spark_sb.core.errors import CONNECTION, SendError
+from spark_sb.message.outbound import OutboundMessage
 
 #: The application property of a return marker (its value: the marker id); receivers never see one (R2).
 RETURN_MARKER = "x-spark-sb-return"
+#: The ``ordering`` values (the config key; :data:`spark_sb.config.settings.ORDERINGS`).
+NONE, SESSION, ENTITY = "none", "session", "entity"
+#: The session part of an entity's key with ``ordering: entity`` (every message of the entity is one line).
+WHOLE_ENTITY = ""
+
+
+def order_key(ordering: str, session_id: str | None) -> str | None:
+    """The line a message of an entity keeps its order in: its session id (``session``; a message without one
+    keeps none), :data:`WHOLE_ENTITY` (``entity``), or None (``none``: no order kept)."""
+    if ordering == SESSION:
+        return session_id
+    if ordering == ENTITY:
+        return WHOLE_ENTITY
+    return None
+
+
+def return_marker(entity: str, key: str, marker: str) -> OutboundMessage:
+    """R2: the return marker ``marker`` of the line (``entity``, ``key``), an original message that the backlog
+    translation carries like any other (its session id is the key; none for a whole entity)."""
+    return OutboundMessage(
+        body=b"",
+        entity=entity,
+        message_id=f"spark-sb-return-{marker}",
+        session_id=key or None,
+        properties={RETURN_MARKER: marker},
+    )
+
+
+def marker_of(message: OutboundMessage) -> str | None:
+    """The marker id of a return marker (original or restored from the backlog), None for any other message."""
+    value = message.properties.get(RETURN_MARKER) if message.properties else None
+    return None if value is None else str(value)
 
 
 @dataclass(frozen=True)
 class Held:
     """A held session's record (picklable: it travels in the sink's handoff to its tasks).
 
-    ``queue``: the backlog queue it is pinned to; ``marker``: the last return marker sent behind its messages;
-    ``since_marker``: messages went to the backlog after that marker; ``acknowledged``: the newest marker the
-    syphon passed."""
+    ``queue``: the backlog queue it is pinned to; ``marker``: the newest return marker issued for it (R2);
+    ``sending``: its messages diverted by calls that have not closed yet (each close issues a newer marker);
+    ``acknowledged``: the syphon passed ``marker`` (an older marker's acknowledgement is not recorded)."""
 
     queue: str
     marker: str | None = None
-    since_marker: bool = True
+    sending: int = 0
     acknowledged: str | None = None
 
     @property
     def drained(self) -> bool:
-        """R3: everything this session sent to the backlog is in the primary."""
-        return self.marker is not None and self.acknowledged == self.marker and not self.since_marker
+        """R3: everything this session sent to the backlog is in the primary: no call is still diverting it, and
+        the syphon passed the marker issued after the last call that did closed."""
+        return self.marker is not None and self.acknowledged == self.marker and self.sending == 0
 
 
 def pinned_queue(session: str, queues: Sequence[str], available: Callable[[str], bool]) -> str | None:
@@ -94,16 +131,34 @@ def pinned_queue(session: str, queues: Sequence[str], available: Callable[[str],
     return None
 
 
-class QueueUnavailableError(RuntimeError):
-    """R4: a held session's queue does not answer; the session's messages are not sent anywhere else."""
+class QueueUnavailableError(SendError):
+    """R4: a held session's queue does not answer; the session's messages are not sent anywhere else (the call
+    fails for that session, after the other sessions' messages went out)."""
+
+    error_class = CONNECTION
+
+
+class Acknowledgements(Protocol):
+    """Where the syphon records that it passed a return marker (R3 reads it). Setting (b), one process: the
+    process registry's :class:`SessionBook`; setting (a), the Spark sink and the syphon job: the events table."""
+
+    def acknowledged(self, entity: str, session: str, marker: str) -> None: ...
 
 
 @dataclass
 class SessionBook:
-    """The held sessions of one primary namespace (R1-R4). Thread-safe."""
+    """The held sessions of one primary namespace (R1-R4). Thread-safe: every method is one step under the lock,
+    so two threads sending one session serialise on its record."""
 
+    #: Bounded by the held sessions (those with messages in the backlog), each removed on release.
     _held: dict[tuple[str, str], Held] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def empty(self) -> bool:
+        """No session is held (read without the lock: the healthy path's only cost; a session another thread is
+        holding at this very moment is one whose order against this thread's messages nothing defines)."""
+        return not self._held
 
     def held(self, entity: str, session: str) -> Held | None:
         with self._lock:
@@ -124,47 +179,51 @@ class SessionBook:
     def diverted(
         self, entity: str, session: str, queues: Sequence[str], available: Callable[[str], bool]
     ) -> str:
-        """The session's message goes to the backlog: the queue (R1: pinned at first; R4: raises
+        """One message of the session goes to the backlog, in a call that will :meth:`close_call` it: the queue
+        (R1: pinned at first, by the session id's hash - the entity's name with ``ordering: entity``; R4: raises
         :class:`QueueUnavailableError` when the pinned queue is not available)."""
         with self._lock:
             record = self._held.get((entity, session))
             if record is None:
-                queue = pinned_queue(session, queues, available)
+                queue = pinned_queue(session or entity, queues, available)
                 if queue is None:
-                    raise QueueUnavailableError(f"no backlog queue is available for session {session!r}")
-                self._held[(entity, session)] = Held(queue)
+                    raise QueueUnavailableError(
+                        f"no backlog queue is available for session {session!r} (entity {entity!r})"
+                    )
+                self._held[(entity, session)] = Held(queue, sending=1)
                 return queue
             if not available(record.queue):
                 raise QueueUnavailableError(
                     f"the backlog queue {record.queue!r} of session {session!r} (entity {entity!r}) is unavailable; "
                     "with ordering: session its messages wait for it rather than go to another queue"
                 )
-            if not record.since_marker:
-                self._held[(entity, session)] = Held(record.queue, record.marker, True, record.acknowledged)
+            self._held[(entity, session)] = Held(
+                record.queue, record.marker, record.sending + 1, record.acknowledged
+            )
             return record.queue
 
-    def close_call(self, entity: str, session: str) -> str | None:
-        """R2: the call sent messages of this held session to the backlog since its last marker: a fresh marker id
-        to send behind them (then :meth:`marker_sent`), or None when nothing is owed."""
+    def close_call(self, entity: str, session: str, diverted: int) -> str | None:
+        """R2: a call that diverted ``diverted`` messages of this session is over (its sends confirmed, or failed
+        and abandoned): a fresh marker id, newer than every marker issued before, to send behind them - or None
+        when the session is not held. Called once per call and session, failed calls too (else the session would
+        wait for a call that is gone)."""
         with self._lock:
             record = self._held.get((entity, session))
-            if record is None or not record.since_marker:
+            if record is None:
                 return None
-            return uuid.uuid4().hex
-
-    def marker_sent(self, entity: str, session: str, marker: str) -> None:
-        """The marker went out behind the session's messages (the send was confirmed)."""
-        with self._lock:
-            record = self._held.get((entity, session))
-            if record is not None:
-                self._held[(entity, session)] = Held(record.queue, marker, False, record.acknowledged)
+            marker = uuid.uuid4().hex
+            self._held[(entity, session)] = Held(
+                record.queue, marker, max(0, record.sending - diverted), record.acknowledged
+            )
+            return marker
 
     def acknowledged(self, entity: str, session: str, marker: str) -> None:
-        """The syphon passed ``marker``: every message of the session before it is in the primary."""
+        """The syphon passed ``marker``: every message of the session before it is in the primary. Recorded only
+        for the newest marker issued (an older one says nothing about the calls that closed after it)."""
         with self._lock:
             record = self._held.get((entity, session))
-            if record is not None:
-                self._held[(entity, session)] = Held(record.queue, record.marker, record.since_marker, marker)
+            if record is not None and record.marker == marker:
+                self._held[(entity, session)] = Held(record.queue, record.marker, record.sending, marker)
 
     def restore(self, entity: str, session: str, record: Held) -> None:
         """Take a record from elsewhere (the sink's handoff, the state tables): another process's sends."""

@@ -80,6 +80,10 @@ class Tally:
             StateTransition
         ] = []  # for the default listener: logged by kind at the call's end
         self.sticky: dict[str, str] = {}  # entity -> its backlog queue, until the next batch boundary
+        # ordering (spark_sb.failover.ordering), per (entity, session) line of this call - bounded by the call's lines:
+        self.ordered: dict[tuple[str, str], int] = {}  # messages diverted (each closed at the call's end, R2)
+        self.direct: set[tuple[str, str]] = set()  # lines this call routed to the primary (they stay there)
+        self.stopped: dict[tuple[str, str], str] = {}  # lines whose backlog queue failed (R4): why
 
     def count_sent(self, entity: str, count: int) -> None:
         self.sent[entity] = self.sent.get(entity, 0) + count

@@ -1,5 +1,8 @@
 """The process-level failover registry: entity states and the backlog rotation shared by every sender of one
-process (an executor's Python worker; SPEC B4, B5). Bounded by the (namespace, entity) pairs the process sends to."""
+process (an executor's Python worker; SPEC B4, B5), and the held sessions of each primary namespace
+(``ordering``, :mod:`spark_sb.failover.ordering`): in a plain application that runs a paired sender and a syphon,
+the syphon's acknowledgements reach the senders here. Bounded by the (namespace, entity) pairs the process sends
+to, and the held sessions (each released when drained)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import threading
 
 from spark_sb.core.clock import Clock, SystemClock
 from spark_sb.failover.machine import EntityFailover, NamespaceHealth
+from spark_sb.failover.ordering import SessionBook
 from spark_sb.failover.records import EntityStatus
 from spark_sb.failover.rotation import BacklogRotation
 
@@ -21,6 +25,7 @@ class FailoverRegistry:
         # Bounded by the (namespace, entity) pairs this process sends to; one health per primary namespace.
         self._entities: dict[tuple[str, str], EntityFailover] = {}
         self._health: dict[str, NamespaceHealth] = {}
+        self._sessions: dict[str, SessionBook] = {}  # one per primary namespace
 
     def entity(
         self, namespace: str, entity: str, *, failover_interval: float, ping_interval: float
@@ -56,6 +61,15 @@ class FailoverRegistry:
             )
         return health
 
+    def sessions(self, namespace: str) -> SessionBook:
+        """The held sessions of the primary ``namespace`` (created empty on first use): the senders of the process
+        route by it, a syphon of the process acknowledges markers to it."""
+        with self._lock:
+            book = self._sessions.get(namespace)
+            if book is None:
+                book = self._sessions[namespace] = SessionBook()
+            return book
+
     def namespace(self, namespace: str) -> NamespaceHealth | None:
         """The namespace-wide evidence of the primary ``namespace`` (None before its first entity)."""
         with self._lock:
@@ -70,6 +84,7 @@ class FailoverRegistry:
         with self._lock:
             self._entities.clear()
             self._health.clear()
+            self._sessions.clear()
         self.rotation = BacklogRotation(self.clock)
 
 

@@ -22,6 +22,7 @@ from spark_sb.core.clock import Clock
 from spark_sb.core.errors import LaneClosed, describe_error
 from spark_sb.failover.decisions import RetryPolicy
 from spark_sb.failover.machine import EntityFailover
+from spark_sb.failover.ordering import SessionBook
 from spark_sb.failover.outcome import Tally
 from spark_sb.failover.records import Listener, StateTransition, log_transition, log_transitions
 from spark_sb.failover.registry import FailoverRegistry
@@ -45,6 +46,8 @@ class SendContext:
         listener: gets every state transition (default: logged, grouped, at the call's end).
         probe_budget: the deadline of each probe call.
         transport: an injected transport (tests); default an :class:`SdkTransport` built on first use.
+        book: the held sessions of the primary namespace (the registry's) with ``ordering`` ``session`` or
+            ``entity``; None with ``ordering: none``.
     """
 
     config: ServiceBusConfig
@@ -57,6 +60,7 @@ class SendContext:
     listener: Listener = log_transition
     probe_budget: float
     transport_given: Transport | None = None
+    book: SessionBook | None = None
     closed: bool = field(default=False, init=False)
     _transport: Transport | None = field(default=None, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)

@@ -4,6 +4,11 @@ by session (B4) - and sent; a queue that fails is pulled from the rotation and i
 Also the rejects of a call (B7, S6): a message that cannot become an SDK message, or does not fit a batch even
 alone, is recorded (``on_reject: skip``) or fails the call (``on_reject: fail``).
 
+With ``ordering`` ``session`` / ``entity`` (:mod:`spark_sb.failover.ordering`) a message of an ordered line goes to
+the queue its line is pinned to (R1), never elsewhere (R4: when that queue fails the line stops for the rest of the
+call, ``Tally.stopped``), and :meth:`Diverter.close_lines` puts a return marker behind each line the call diverted
+(R2). Markers are never re-routed to another queue and never counted as diverted messages.
+
 Where it runs: on a paired sender's thread, in an executor's Python worker; not picklable. What bounds it: one
 open backlog batch per backlog queue in a call (``backlog_queue_count``), the call's own messages.
 """
@@ -16,6 +21,7 @@ from datetime import datetime
 
 from spark_sb.core.errors import MessageRejectedError, NoBacklogAvailableError, SendError, describe_error
 from spark_sb.failover.decisions import Verb, Where
+from spark_sb.failover.ordering import QueueUnavailableError, marker_of, order_key, return_marker
 from spark_sb.failover.outcome import Tally, message_row, namespace_description
 from spark_sb.message.outbound import OutboundMessage, Reject, RejectError
 from spark_sb.message.rows import row_to_json
@@ -27,13 +33,21 @@ from spark_sb.wire.transport import SECONDARY, Batch, Target
 class Open:
     """An open batch and, for a backlog batch, the original of each translated message in it."""
 
-    __slots__ = ("batch", "entities", "originals", "started")
+    __slots__ = ("batch", "entities", "markers", "originals", "started")
 
     def __init__(self, batch: Batch, started: datetime) -> None:
         self.batch = batch
         self.originals: list[OutboundMessage] = []
         self.entities: list[str] = []
         self.started = started  # the backlog enqueue time recorded in its messages (B6)
+        self.markers = 0  # return markers among the originals (ordering): not messages of the caller's
+
+    def counted(self) -> tuple[int, list[str]]:
+        """The caller's messages in the batch and the entity of each (return markers left out)."""
+        if not self.markers:
+            return len(self.originals), self.entities
+        entities = [e for m, e in zip(self.originals, self.entities, strict=True) if marker_of(m) is None]
+        return len(entities), entities
 
 
 class Rejects:
@@ -133,7 +147,24 @@ class Diverter:
         """Translate ``msg`` once, straight into the open batch of its backlog queue; True if a full batch was
         sent to make room."""
         session = msg.session_id
-        queue = tally.sticky.get(entity) if session is None else None
+        book = self.ctx.book
+        key = order_key(self.ctx.config.ordering, session) if book is not None else None
+        queue: str | None
+        if key is not None:  # an ordered line: its pinned queue or nowhere (R1, R4)
+            assert book is not None
+            line = (entity, key)
+            if line in tally.stopped:
+                return False
+            if not self.ctx.chooser.queues:
+                raise self._no_backlog(entity)
+            try:
+                queue = book.diverted(entity, key, self.ctx.chooser.queues, self._available)
+            except QueueUnavailableError as err:
+                tally.stopped[line] = str(err)
+                return False
+            tally.ordered[line] = tally.ordered.get(line, 0) + 1
+        else:
+            queue = tally.sticky.get(entity) if session is None else None
         if queue is None:
             queue = self.ctx.chooser.choose(entity, session)
             if queue is None:
@@ -161,6 +192,54 @@ class Diverter:
         self.to_backlog(backlog, msg, entity, index, tally, made)
         return True
 
+    def _available(self, queue: str) -> bool:
+        return self.ctx.registry.rotation.is_available(self.ctx.secondary_key, queue)
+
+    def close_lines(self, backlog: dict[str, Open], tally: Tally, *, mark: bool = True) -> None:
+        """R2, at the end of a call (after :meth:`flush`: the lines' messages are confirmed): close every line the
+        call diverted in the book and, with ``mark``, send each its fresh return marker, behind its messages in
+        its pinned queue - one batch per queue for all its lines. A line stopped by its queue (R4) gets no marker
+        (the queue does not answer); nor does any line of a call that failed (``mark`` False): their markers come
+        with their next call. A marker that cannot be sent leaves its line held until a newer one is acknowledged.
+        """
+        book = self.ctx.book
+        lines, tally.ordered = tally.ordered, {}
+        if book is None:
+            return
+        for (entity, key), diverted in lines.items():
+            marker = book.close_call(entity, key, diverted)
+            record = book.held(entity, key)
+            if marker is None or record is None or not mark or (entity, key) in tally.stopped:
+                continue
+            self._mark(backlog, record.queue, return_marker(entity, key, marker), entity, tally)
+        self.flush(backlog, tally)
+
+    def _mark(
+        self, backlog: dict[str, Open], queue: str, marker: OutboundMessage, entity: str, tally: Tally
+    ) -> None:
+        slot = backlog.get(queue)
+        if slot is None:
+            slot = backlog[queue] = Open(
+                self.ctx.transport().new_batch(Target(SECONDARY, queue)), self.ctx.clock.now()
+            )
+        if slot.batch.try_add_backlog(marker, entity, slot.started):
+            slot.originals.append(marker)
+            slot.entities.append(entity)
+            slot.markers += 1
+            return
+        if len(slot.batch) == 0:  # pragma: no cover - an empty message always fits
+            raise SendError("internal error: a return marker does not fit an empty batch")
+        del backlog[queue]
+        self._send(slot, backlog, tally)
+        self._mark(backlog, queue, marker, entity, tally)
+
+    def _again(self, slot: Open, backlog: dict[str, Open], tally: Tally) -> None:
+        """The originals of a batch its queue did not take go to the backlog again (B5); return markers do not
+        (a marker elsewhere would say nothing of its line's queue: the line waits for a newer one)."""
+        for m, entity in zip(slot.originals, slot.entities, strict=True):
+            if not slot.markers or marker_of(m) is None:
+                self.to_backlog(backlog, m, entity, None, tally)
+
     def flush(self, backlog: dict[str, Open], tally: Tally) -> None:
         """Send every open backlog batch (sending one may open more: a pulled queue's messages go elsewhere)."""
         while backlog:
@@ -176,8 +255,7 @@ class Diverter:
         batch = slot.batch
         if not self.ctx.registry.rotation.is_available(self.ctx.secondary_key, batch.target.entity):
             # its queue was pulled while it was packed (settling the batch before it): send it elsewhere
-            for m, entity in zip(slot.originals, slot.entities, strict=True):
-                self.to_backlog(backlog, m, entity, None, tally)
+            self._again(slot, backlog, tally)
             return
         queue = batch.target.entity
         transport = self.ctx.transport()
@@ -189,7 +267,8 @@ class Diverter:
             target=batch.target,
         )
         if result.decision is None:
-            tally.count_diverted(batch.target.entity, len(batch), slot.entities)
+            count, entities = slot.counted()
+            tally.count_diverted(batch.target.entity, count, entities)
             return
         verb = result.decision.verb
         if verb is Verb.SPLIT:
@@ -201,11 +280,14 @@ class Diverter:
                         raise SendError("internal error: a split batch does not fit")  # pragma: no cover
                     sub.originals.append(slot.originals[i])
                     sub.entities.append(slot.entities[i])
+                    if slot.markers and marker_of(slot.originals[i]) is not None:
+                        sub.markers += 1
                 self._send(sub, backlog, tally)
         elif verb is Verb.REJECT:
             reason = "message too large after backlog translation: refused by the service"
             for m, entity in zip(slot.originals, slot.entities, strict=True):
-                self.rejects.reject(tally, m, RejectError(reason), entity, None)
+                if not slot.markers or marker_of(m) is None:
+                    self.rejects.reject(tally, m, RejectError(reason), entity, None)
         elif verb is Verb.PULL:
             assert result.error_class is not None and result.error is not None
             until = self.ctx.clock.monotonic() + float(self.ctx.config.backlog_retry_interval)
@@ -218,8 +300,7 @@ class Diverter:
                     describe_error(result.error),
                 )
             )
-            for m, entity in zip(slot.originals, slot.entities, strict=True):
-                self.to_backlog(backlog, m, entity, None, tally)
+            self._again(slot, backlog, tally)
         else:
             raise self.loop.error(result, SECONDARY, queue)
 

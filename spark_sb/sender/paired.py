@@ -11,6 +11,15 @@ Where it runs: on executors, inside a Python worker, one sender per partition ta
 (the Spark sink keeps it in a process-level cache). It is not thread-safe and not picklable; it is built there
 from the picklable :class:`~spark_sb.config.service_bus.ServiceBusConfig`. Failover state and the backlog rotation are
 shared with every other sender of the process through a :class:`~spark_sb.failover.registry.FailoverRegistry`.
+
+Order through failover (``ordering: session`` / ``entity``; the rule and its argument are
+:mod:`spark_sb.failover.ordering`): a message of an ordered line - an (entity, session id) pair, or the entity -
+whose line is held goes to the line's pinned backlog queue even while its entity is healthy (R1, R3), a return
+marker follows each line the call diverted (R2, :meth:`Diverter.close_lines`), and a line whose queue fails stops
+for the rest of the call, which then raises :class:`~spark_sb.failover.ordering.QueueUnavailableError` after the
+other lines went out (R4). A line this call started sending to the primary stays there for the call (its messages
+in an open primary batch are not overtaken through the backlog). While nothing is held the healthy path costs one
+unlocked look at the book per message.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from spark_sb.core.errors import (
 )
 from spark_sb.failover.decisions import MIN_ATTEMPT_BUDGET, WRONG_DESTINATION, RetryPolicy, Route, Verb, Where
 from spark_sb.failover.machine import EntityFailover
+from spark_sb.failover.ordering import NONE, QueueUnavailableError, order_key
 from spark_sb.failover.outcome import (
     SendOutcome,
     Tally,
@@ -149,6 +159,7 @@ class PairedSender:
             listener=listener or log_transition,
             probe_budget=probe_budget,
             transport_given=transport,
+            book=registry.sessions(self._primary_key) if config.ordering != NONE else None,
         )
         self._loop = AttemptLoop(self._ctx)
         self._probes = Prober(
@@ -197,6 +208,8 @@ class PairedSender:
         backlog: dict[str, Open] = {}  # backlog queue -> open backlog batch
         routes: dict[str, Route] = {}  # entity -> where its messages go in this call
         default = self._config.entity
+        book = self._ctx.book
+        ordering = self._config.ordering
         try:
             self._collect_probes(tally)
             for index, msg in enumerate(messages):
@@ -213,6 +226,17 @@ class PairedSender:
                 route = routes.get(entity)
                 if route is None:
                     route = routes[entity] = self._admit(entity, tally)
+                if book is not None:
+                    key = order_key(ordering, msg.session_id)
+                    if key is not None:
+                        line = (entity, key)
+                        if line in tally.stopped:
+                            continue  # R4: its queue failed; the rest of the line waits with it
+                        if route is Route.PRIMARY and (line not in tally.direct or line in tally.ordered):
+                            if not book.empty and book.route(entity, key, False) is not None:
+                                route = Route.BACKLOG  # held (R3): behind its messages in its queue
+                            else:
+                                tally.direct.add(line)
                 if route is Route.BACKLOG:
                     if self._diverter.to_backlog(backlog, msg, entity, index, tally):
                         routes.clear()  # a backlog batch went out: admit again (a probe may have succeeded)
@@ -237,12 +261,18 @@ class PairedSender:
             self._flush([b for b in primary.values() if len(b) > 0], backlog, tally)
             primary.clear()
             self._diverter.flush(backlog, tally)
+            if tally.ordered:
+                self._diverter.close_lines(backlog, tally)
+            if tally.stopped:
+                raise self._stopped(tally)
             self._collect_probes(tally)
         except SendError as err:
             self._collect_probes(tally)
             err.outcome = tally.build(self._clock.monotonic() - start)
             raise
         finally:
+            if tally.ordered:  # the call failed: its lines are closed (the next call sends their markers)
+                self._diverter.close_lines({}, tally, mark=False)
             self._ctx.log_emitted(tally)
             if tally.diverted:
                 self._never_reached()
@@ -259,6 +289,17 @@ class PairedSender:
                     else f"{sum(tally.throttled.values()):.1f} s in all",
                 )
         return tally.build(self._clock.monotonic() - start)
+
+    @staticmethod
+    def _stopped(tally: Tally) -> QueueUnavailableError:
+        """R4: the lines whose pinned backlog queue failed in this call, in one error (the others went out)."""
+        (entity, key), why = next(iter(tally.stopped.items()))
+        more = f" (and {len(tally.stopped) - 1} more lines)" if len(tally.stopped) > 1 else ""
+        return QueueUnavailableError(
+            f"ordering: {why}{more}; the messages of these lines from there on were not sent (nothing of them "
+            "went to another queue, which would let the syphon move later messages first); every other message "
+            "of the call was sent or diverted"
+        )
 
     def _never_reached(self) -> None:
         """A call diverted messages and the primary namespace never answered this sink (here, or as the state table

@@ -229,6 +229,7 @@ def test_a_back_off_that_is_not_a_number_is_refused(key: str) -> None:
     [
         ("probe_mode", ("schedule-cancel", "ping")),
         ("backlog_selection", ("random", "session-affine")),
+        ("ordering", ("none", "session", "entity")),
         ("on_reject", ("record", "fail")),
         ("retry.mode", ("exponential", "fixed")),
         ("message_id_mode", ("column", "content")),

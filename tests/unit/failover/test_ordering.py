@@ -48,10 +48,9 @@ def test_a_held_session_returns_only_when_its_last_marker_is_acknowledged_and_no
     book = SessionBook()
     queue = book.diverted("e", "s", QUEUES, _all)
     assert book.route("e", "s", False) == queue  # no marker yet
-    marker = book.close_call("e", "s")
+    marker = book.close_call("e", "s", 1)
     assert marker is not None
-    book.marker_sent("e", "s", marker)
-    assert book.close_call("e", "s") is None  # nothing owed: no message since the marker
+    assert book.close_call("e", "t", 0) is None  # not held: no marker
     assert book.route("e", "s", False) == queue  # not acknowledged yet
     book.acknowledged("e", "s", marker)
     assert book.route("e", "s", True) == queue  # the entity is failed over: stays
@@ -64,15 +63,13 @@ def test_a_late_backlog_send_after_the_marker_keeps_the_session_held_until_a_new
 ):
     book = SessionBook()
     queue = book.diverted("e", "s", QUEUES, _all)
-    first = book.close_call("e", "s")
+    first = book.close_call("e", "s", 1)
     assert first is not None
-    book.marker_sent("e", "s", first)
     assert book.diverted("e", "s", QUEUES, _all) == queue  # another call diverts one more message
     book.acknowledged("e", "s", first)  # the syphon passes the first marker meanwhile
     assert book.route("e", "s", False) == queue  # the late message is behind it: not released
-    second = book.close_call("e", "s")
+    second = book.close_call("e", "s", 1)
     assert second is not None and second != first
-    book.marker_sent("e", "s", second)
     book.acknowledged("e", "s", first)  # a pass that started before the second marker: still held
     assert book.route("e", "s", False) == queue
     book.acknowledged("e", "s", second)
@@ -91,11 +88,10 @@ def test_a_held_sessions_queue_failing_fails_that_session_only() -> None:
 def test_two_executors_share_a_session_through_its_record() -> None:
     first, second = SessionBook(), SessionBook()
     queue = first.diverted("e", "s", QUEUES, _all)
-    marker = first.close_call("e", "s")
+    marker = first.close_call("e", "s", 1)
     assert marker is not None
-    first.marker_sent("e", "s", marker)
     record = first.held("e", "s")
-    assert record == Held(queue, marker, False, None)
+    assert record == Held(queue, marker, 0, None)
     second.restore("e", "s", record)  # the next micro-batch's task, on another executor
     assert second.route("e", "s", False) == queue
     second.acknowledged("e", "s", marker)
@@ -121,7 +117,7 @@ class World:
 
     def call(self, sessions: list[str]) -> None:
         """One sender call: a few messages of some sessions, in order; markers at its end."""
-        touched: set[str] = set()
+        touched: dict[str, int] = {}
         for s in sessions:
             for _ in range(self.rng.randint(1, 3)):
                 n = self.produced.get(s, 0)
@@ -135,14 +131,13 @@ class World:
                     continue
                 queue = self.book.diverted("e", s, QUEUES, _all)
                 self.queues[queue].append(("msg", s, n))
-                touched.add(s)
-        for s in touched:
-            marker = self.book.close_call("e", s)
+                touched[s] = touched.get(s, 0) + 1
+        for s, n in touched.items():
+            marker = self.book.close_call("e", s, n)
             if marker is not None:
                 queue = self.book.held("e", s)
                 assert queue is not None
                 self.queues[queue.queue].append(("marker", s, marker))
-                self.book.marker_sent("e", s, marker)
 
     def syphon_step(self) -> None:
         """The syphon moves the head of one queue (one session's messages in queue order)."""
