@@ -77,7 +77,8 @@ def parse_connection_string(conn: str, key: str = "connection_string") -> Connec
     endpoint = parts.get("Endpoint")
     if not endpoint:
         raise _err(key, "malformed connection string: Endpoint is missing")
-    m = re.fullmatch(r"(?:(sb|amqps?|https?)://)?([^/\s]+?)/?", endpoint)
+    # the scheme in any case, as the SDK reads it (``SB://`` too: urlparse lowers it)
+    m = re.fullmatch(r"(?:(sb|amqps?|https?)://)?([^/\s]+?)/?", endpoint, flags=re.IGNORECASE)
     if not m:
         raise _err(key, "malformed connection string: Endpoint must look like sb://<host>[:port]/")
     if m.group(1) is None:  # the SDK refuses it only when a client is built, as a bare ValueError
@@ -145,6 +146,7 @@ def derive_namespace_name(
     *,
     override: str | None = None,
     lookup: Callable[[], str] | None = None,
+    key: str = "primary.namespace_name",
 ) -> str:
     """The primary's namespace name, as used in backlog queue names (pure apart from ``lookup``).
 
@@ -152,21 +154,24 @@ def derive_namespace_name(
     * an FQDN gives its first label (``contoso`` for ``contoso.servicebus.windows.net``);
     * an IP literal or ``localhost`` asks the namespace itself: ``lookup()`` (normally
       ``admin_client.get_namespace_properties().name``).
+
+    Errors name ``key``, the setting that would have given the name.
     """
     if override is not None and override.strip():
         return override.strip()
     host = _split_host_port(endpoint_host).rstrip(".")
     if not host:
-        raise ConfigError("namespace_name: cannot derive a namespace name from an empty endpoint host")
+        raise _err(key, "cannot derive a namespace name from an empty endpoint host")
     if is_address_host(host):
         if lookup is None:
-            raise ConfigError(
-                f"namespace_name: the endpoint {endpoint_host.strip()} is an address, not a namespace host name; "
-                "set namespace_name or ask the namespace "
-                "(spark_sb.wire.admin_api.resolve_primary_namespace_name, get_namespace_properties)"
+            raise _err(
+                key,
+                f"the endpoint {endpoint_host.strip()} is an address, not a namespace host name; "
+                f"set {key} or ask the namespace "
+                "(spark_sb.wire.admin_api.resolve_primary_namespace_name, get_namespace_properties)",
             )
         name = lookup()
         if not name:
-            raise ConfigError(f"namespace_name: the namespace at {host!r} did not report its name; set it")
+            raise _err(key, f"the namespace at {host!r} did not report its name; set it")
         return name
     return host.split(".", 1)[0]

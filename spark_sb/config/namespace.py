@@ -54,6 +54,13 @@ class CredentialConfig:
             raise _err(
                 f"{prefix}.client_secret", f"only used when kind is 'client_secret' (kind is {self.kind!r})"
             )
+        if self.kind == "managed_identity" and self.tenant_id:
+            # a managed identity belongs to the machine's tenant: ManagedIdentityCredential takes no tenant
+            raise _err(
+                f"{prefix}.tenant_id",
+                f"not used with {prefix}.kind 'managed_identity' (the identity's own tenant is used): remove it, "
+                "or use kind 'client_secret' or 'default'",
+            )
 
     def build(self) -> TokenCredential:
         """A live azure-identity credential. Call where the client is built (executor), never pickle it."""
@@ -86,6 +93,18 @@ class RetryConfig:
     def check(self, prefix: str = "retry") -> None:
         for s in RETRY_SETTINGS:
             s.check(getattr(self, s.attr), f"{prefix}.{s.attr}", self)
+        self.check_together(prefix)
+
+    def check_together(self, prefix: str = "retry") -> None:
+        """The settings that cannot work together (each one valid): a longest pause below the first. The paired
+        sender raises its cap to ``backoff_factor`` then (``PairedSender``: ``backoff_cap = max(base, backoff_max)``),
+        so ``backoff_max`` would not be honoured, in either mode."""
+        if self.backoff_max < self.backoff_factor:
+            raise _err(
+                f"{prefix}.backoff_max",
+                f"{self.backoff_max:g} is below {prefix}.backoff_factor {self.backoff_factor:g} (the first pause): "
+                "every pause would be backoff_factor; raise backoff_max or lower backoff_factor",
+            )
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``ServiceBusClient`` / ``ServiceBusAdministrationClient`` constructors: no SDK
@@ -154,6 +173,31 @@ class NamespaceConfig:
             not self.namespace_name or _NOT_NS_CHARS.search(self.namespace_name)
         ):
             raise _err(f"{prefix}.namespace_name", "must be non-empty letters, digits, '.', '-', '_'")
+        if self.connection_string is not None:
+            self._check_connection_string_parts(self.connection_string, prefix)
+
+    def _check_connection_string_parts(self, connection_string: Secret, prefix: str) -> None:
+        """What a valid connection string may still say that cannot work here (settings checked one by one
+        already): an ``EntityPath``, and ``use_development_emulator`` beside a string that does not say it."""
+        info = parse_connection_string(connection_string.reveal(), f"{prefix}.connection_string")
+        if info.entity_path is not None:
+            # The SDK refuses every entity but EntityPath on a client built from the string ("The queue name
+            # provided does not match the EntityPath"), and the sink opens one connection per namespace through
+            # such a client (wire.connection.open_connection asks it for '$connection'), shared by its entities
+            # and backlog queues: no connection would ever open.
+            raise _err(
+                f"{prefix}.connection_string",
+                f"has EntityPath={info.entity_path}, which limits its client to that one entity; the sink shares "
+                "one connection per namespace among entities (and backlog queues): give the namespace's "
+                "connection string, without EntityPath",
+            )
+        if self.use_development_emulator and not info.use_development_emulator:
+            # a connection string's client takes its transport from the string (clients.service_bus_client)
+            raise _err(
+                f"{prefix}.use_development_emulator",
+                f"applies to fully_qualified_namespace + credential; with {prefix}.connection_string put "
+                "UseDevelopmentEmulator=true in the string (or remove the key)",
+            )
 
     def __post_init__(self) -> None:
         if self.connection_string is not None and self.fully_qualified_namespace is None:
@@ -162,6 +206,29 @@ class NamespaceConfig:
             except ConfigError:
                 return  # reported with the right key by check()
             object.__setattr__(self, "fully_qualified_namespace", info.host)
+
+    def reach_key(self, prefix: str) -> str:
+        """The key that says where this namespace is: ``<prefix>.connection_string`` or
+        ``<prefix>.fully_qualified_namespace``."""
+        part = "connection_string" if self.connection_string is not None else "fully_qualified_namespace"
+        return f"{prefix}.{part}"
+
+    def identity(self) -> str:
+        """The namespace this one reaches, as ``host:port`` in lower case (the port the SDK would use when none is
+        given: 5672 for a development emulator, else 5671), so that two spellings of one namespace compare
+        equal. Pure; for configurations that passed :meth:`check`."""
+        host = self.endpoint_host().strip().rstrip("/").lower()
+        emulator = self.use_development_emulator
+        info = self.connection_info()
+        if info is not None:
+            emulator = emulator or info.use_development_emulator
+        name, port = host, ""
+        if host.startswith("["):  # [v6]:port
+            name, _, rest = host.partition("]")
+            name, port = name + "]", rest.lstrip(":")
+        elif host.count(":") == 1:
+            name, port = host.split(":")
+        return f"{name.rstrip('.')}:{port or (5672 if emulator else 5671)}"
 
     def _bare_fqns(self) -> str:
         fq = self.fully_qualified_namespace or ""

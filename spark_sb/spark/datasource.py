@@ -46,6 +46,14 @@ write a replay (nothing sent).
 
 Delivery: at least once, as the ``foreachBatch`` sink (message ids and duplicate detection on the primary make
 retries harmless).
+
+Counts (sent, diverted, rejected): ``commit`` runs in a process of Spark's, so no sink object of the user's holds
+totals; they are in the state tables, read back by :func:`spark_sb.spark.sink.batch_counts` (per micro-batch) and
+``ServiceBusSink(config).summary(spark)``. Not in the query progress: the Python data source API has no metrics
+hook a writer could fill (``write`` returns a commit message that only ``commit`` sees), and Spark fills a
+progress's ``sink.metrics`` only from a sink implementing Java's ``ReportsSinkMetrics``, which ``PythonTable`` does
+not (pyspark 4.0.5 to 4.2.0; ``sink.numOutputRows`` is the rows handed to the writer). See the comment above
+``batch_counts`` and tests/spark/test_sink_counts.py.
 """
 
 from __future__ import annotations

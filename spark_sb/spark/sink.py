@@ -284,6 +284,15 @@ class ServiceBusSink:
         max_pending_writes: int = MAX_PENDING_BATCHES,
         sync_writes: bool = False,
     ) -> None:
+        if (
+            isinstance(max_pending_writes, bool)
+            or not isinstance(max_pending_writes, int)
+            or max_pending_writes < 1
+        ):
+            # 0 made the first asynchronous batch wait for a writer thread that its own submit starts: forever
+            raise ConfigError.at(
+                "max_pending_writes", f"must be an integer >= 1 (batches), found {max_pending_writes!r}"
+            )
         # The primary's namespace name is resolved here, on the driver, and shipped in the config: executors
         # never ask the primary's admin endpoint (a worker started during an outage could not).
         self.config = with_namespace_name(config)

@@ -72,6 +72,8 @@ def test_a_sas_token_is_noted_never_kept() -> None:
         "amqps://ns.servicebus.windows.net/",
         "https://ns.servicebus.windows.net",
         " sb://ns.servicebus.windows.net/ ",
+        "SB://ns.servicebus.windows.net/",  # the scheme in any case, as the SDK takes it
+        "Amqps://ns.servicebus.windows.net",
     ],
 )
 def test_an_endpoint_is_normalised_to_sb(endpoint: str) -> None:
@@ -187,6 +189,8 @@ def test_a_connection_string_the_sdk_cannot_split_is_refused_when_loaded(conn: s
         f"Endpoint=sb://127.0.0.1:5682/;{AUTH};UseDevelopmentEmulator=false;EntityPath=q",
         f"Endpoint=amqps://ns.servicebus.windows.net/;{SAS}",
         f"  endpoint=sb://ns.example/;sharedaccesskeyname=Send;sharedaccesskey={KEY};  ",
+        f"Endpoint=SB://ns.servicebus.windows.net/;{AUTH}",
+        f"Endpoint=SB://127.0.0.1:5682;{AUTH};UseDevelopmentEmulator=true",
     ],
 )
 def test_what_is_accepted_the_sdk_reads_the_same_way(conn: str) -> None:
@@ -277,18 +281,24 @@ def test_an_address_without_a_way_to_ask_is_an_error_saying_what_to_do() -> None
     with pytest.raises(ConfigError) as caught:
         derive_namespace_name(" 127.0.0.1:5671 ")
     text = str(caught.value)
-    assert text.startswith("namespace_name: the endpoint 127.0.0.1:5671 is an address")
-    assert "set namespace_name" in text and "resolve_primary_namespace_name" in text
+    assert text.startswith("primary.namespace_name: the endpoint 127.0.0.1:5671 is an address")
+    assert "set primary.namespace_name" in text and "resolve_primary_namespace_name" in text
+    assert (
+        caught.value.errors[0][0] == "primary.namespace_name"
+    )  # the full key, as every other error names it
 
 
 def test_a_namespace_that_reports_no_name_is_an_error() -> None:
     with pytest.raises(
-        ConfigError, match=r"namespace_name: the namespace at '127.0.0.1' did not report its name"
+        ConfigError, match=r"^primary\.namespace_name: the namespace at '127.0.0.1' did not report its name"
     ):
         derive_namespace_name("127.0.0.1:5671", lookup=lambda: "")
 
 
 @pytest.mark.parametrize("host", ["", "   ", "sb://", "."])
 def test_no_host_no_name(host: str) -> None:
-    with pytest.raises(ConfigError, match="cannot derive a namespace name from an empty endpoint host"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^primary\.namespace_name: cannot derive a namespace name from an empty endpoint host",
+    ):
         derive_namespace_name(host, lookup=never_asked)

@@ -12,6 +12,7 @@ from typing import Any
 import azure.servicebus.exceptions as sbe
 import pytest
 
+from spark_sb.config.namespace import CredentialConfig, RetryConfig
 from spark_sb.config.service_bus import ServiceBusConfig, load_config
 from spark_sb.core.clock import FakeClock
 from spark_sb.core.errors import ConfigError
@@ -109,3 +110,86 @@ def test_a_retry_count_the_clients_would_not_honour_is_refused_naming_the_key(so
 def test_a_negative_retry_total_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"retry\.total: must be 0"):
         load_config(_settings(total=-1))
+
+
+# ------------------------------------------------------------------- parts of a namespace that cannot work together
+LOCAL = f"Endpoint=sb://127.0.0.1:5671;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey={KEY}"
+LOCAL_EMULATOR = LOCAL + ";UseDevelopmentEmulator=true"
+CLOUD = f"Endpoint=sb://contoso-dr.servicebus.windows.net/;SharedAccessKeyName=Send;SharedAccessKey={KEY}"
+
+
+def _refused(settings: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_config(settings)
+    text = str(caught.value)
+    assert KEY not in text and len(text.splitlines()) == 1
+    return text
+
+
+def test_an_entity_path_in_a_connection_string_is_refused_at_load() -> None:
+    """A client built from a string with EntityPath refuses every other entity, '$connection' too - the name the sink
+    opens its shared connection with - so no connection would ever open: refused at load, naming the key."""
+    for prefix, other in (("primary", "secondary"), ("secondary", "primary")):
+        scoped = {
+            f"{prefix}.connection_string": CLOUD + ";EntityPath=orders",
+            f"{other}.connection_string": LOCAL,
+        }
+        text = _refused(scoped)
+        assert text.startswith(f"{prefix}.connection_string: has EntityPath=orders, which limits its client")
+        assert "without EntityPath" in text
+
+
+def test_the_sdk_refuses_a_shared_connection_to_a_client_scoped_by_entity_path() -> None:
+    """The evidence for the check above: the SDK's own refusal, which the sink met only inside a task."""
+    from azure.servicebus import ServiceBusClient
+
+    client = ServiceBusClient.from_connection_string(LOCAL_EMULATOR + ";EntityPath=orders")
+    try:
+        with pytest.raises(ValueError, match="does not match the EntityPath"):
+            client.get_queue_sender("$connection")
+    finally:
+        client.close()
+
+
+def test_the_emulator_flag_beside_a_connection_string_that_does_not_say_it_is_refused() -> None:
+    """use_development_emulator is for fully_qualified_namespace + credential: a connection string's client takes
+    TLS or not from the string, so the flag beside a string without UseDevelopmentEmulator=true did nothing."""
+    text = _refused({"primary.connection_string": CLOUD, "primary.use_development_emulator": "true"})
+    assert text.startswith(
+        "primary.use_development_emulator: applies to fully_qualified_namespace + credential; with "
+        "primary.connection_string put UseDevelopmentEmulator=true in the string"
+    )
+    said = load_config(
+        {"primary.connection_string": LOCAL_EMULATOR, "primary.use_development_emulator": "true"}
+    )
+    assert said.primary.use_development_emulator  # the string says it too: nothing to refuse
+
+
+def test_a_tenant_for_a_managed_identity_is_refused() -> None:
+    """ManagedIdentityCredential takes no tenant (config/clients.credential): a tenant_id beside kind
+    managed_identity was silently unused."""
+    settings = {
+        "primary.fully_qualified_namespace": "contoso.servicebus.windows.net",
+        "primary.credential.kind": "managed_identity",
+        "primary.credential.client_id": "c",
+    }
+    assert load_config(settings).primary.credential == CredentialConfig("managed_identity", None, "c")
+    text = _refused({**settings, "primary.credential.tenant_id": "t"})
+    assert text.startswith(
+        "primary.credential.tenant_id: not used with primary.credential.kind 'managed_identity'"
+    )
+    with_default = load_config(
+        {**settings, "primary.credential.kind": "default", "primary.credential.tenant_id": "t"}
+    )
+    assert (
+        with_default.primary.credential is not None
+    )  # DefaultAzureCredential takes it (additionally_allowed_tenants)
+
+
+def test_a_longest_pause_below_the_first_cannot_be_honoured() -> None:
+    """backoff_max below backoff_factor: the sender raises its cap to the factor (every pause would be the factor,
+    in either mode), so the check refuses it, naming both keys; equal is fine."""
+    assert _pauses(_config(backoff_factor=1.0, backoff_max=1.0), 3) == [0.0, 1.0, 1.0]
+    RetryConfig(backoff_factor=2.0, backoff_max=2.0).check()
+    with pytest.raises(ConfigError, match=r"^retry\.backoff_max: 0\.5 is below retry\.backoff_factor 0\.8 "):
+        RetryConfig(backoff_max=0.5).check()

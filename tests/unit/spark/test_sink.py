@@ -370,6 +370,15 @@ def test_more_pending_batches_than_the_bound_make_the_batch_wait() -> None:
     assert _commits(store) == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("bound", [0, -1, 1.5, True, None])
+def test_a_pending_writes_bound_below_one_is_refused(bound: Any) -> None:
+    """max_pending_writes=0 made the first asynchronous batch wait forever (for a writer thread that its own submit
+    starts): refused when the sink is built, before any batch, naming the parameter."""
+    with pytest.raises(ConfigError, match=r"^max_pending_writes: must be an integer >= 1 \(batches\)"):
+        ServiceBusSink(make_config(sink_id="s"), store=MemoryStateStore(), max_pending_writes=bound)
+    assert ServiceBusSink(make_config(sink_id="s"), max_pending_writes=1)  # the smallest bound that works
+
+
 def test_replay_check_counts_batches_planned_but_not_yet_written() -> None:
     store = GatedStore()
     store.gate.clear()
