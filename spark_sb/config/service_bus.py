@@ -127,11 +127,17 @@ class ServiceBusConfig:
         self.primary.check("primary")
         if self.secondary is not None:
             self.secondary.check("secondary")
-            if self.secondary.endpoint_host() == self.primary.endpoint_host():
-                raise _err("secondary", "must be a different namespace than primary")
+            # one namespace however spelled (case, a trailing dot, the default port): its backlog would be the primary
+            if self.secondary.identity() == self.primary.identity():
+                raise _err(
+                    self.secondary.reach_key("secondary"),
+                    f"names the same namespace as {self.primary.reach_key('primary')} "
+                    f"({self.primary.identity()}): the backlog queues must be in another namespace",
+                )
         for setting in SETTINGS:
             owner = self.retry if setting.owner == "retry" else self
             setting.check(getattr(owner, setting.attr), setting.key, owner)
+        self.retry.check_together()  # settings valid one by one that cannot work together
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))

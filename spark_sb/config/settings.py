@@ -143,8 +143,8 @@ class Setting:
 
 def _duration(key: str, attr: str, *, positive: bool) -> Setting:
     def check(v: Any, key: str, _: Any) -> None:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
-            raise _err(key, f"expected seconds, found {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise _err(key, f"expected seconds, found {v!r}")  # inf too, as the reader refuses it
         if (v <= 0) if positive else (v < 0):
             raise _err(key, f"must be {'>' if positive else '>='} 0 seconds, found {v!r}")
 
@@ -165,9 +165,10 @@ def _integer(key: str, attr: str, bound: str, *, unit: str = "", owner: str = ""
 
 def _non_negative(key: str, attr: str, *, owner: str = "") -> Setting:
     def check(v: Any, key: str, _: Any) -> None:
-        # NaN is never below zero: refused by name (it used to load, and the sender paused its 0.01 s floor)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v < 0:
-            raise _err(key, f"must be a number >= 0, found {v!r}")
+        # NaN is never below zero: refused by name (it used to load, and the sender paused its 0.01 s floor); inf is
+        # a float above zero, and no number of seconds either
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise _err(key, f"must be a finite number >= 0, found {v!r}")
 
     return Setting(key, attr, parse_float, check, owner)
 

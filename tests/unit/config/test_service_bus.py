@@ -421,7 +421,9 @@ def test_namespace_helpers() -> None:
     assert c.backlog_queue_names("contoso") == [f"contoso/x-servicebus-transfer/{i}" for i in range(4)]
     assert c.backlog_queue_names()[0] == "primary/x-servicebus-transfer/0"
     local = NamespaceConfig(connection_string=Secret(CS1))
-    with pytest.raises(ConfigError, match="namespace_name: the endpoint 127.0.0.1:5671 is an address"):
+    with pytest.raises(
+        ConfigError, match="^primary.namespace_name: the endpoint 127.0.0.1:5671 is an address"
+    ):
         local.effective_namespace_name()
     assert local.effective_namespace_name(lookup=lambda: "reported") == "reported"
     assert c.secondary is not None and c.secondary.effective_namespace_name() == "contoso-dr"
@@ -435,9 +437,63 @@ def test_namespace_helpers() -> None:
 
 
 def test_same_namespace_twice_is_an_error() -> None:
-    assert str(error_of({"primary.connection_string": CS1, "secondary.connection_string": CS1})).startswith(
-        "secondary: must be a different namespace"
+    assert str(error_of({"primary.connection_string": CS1, "secondary.connection_string": CS1})) == (
+        "secondary.connection_string: names the same namespace as primary.connection_string (127.0.0.1:5671): "
+        "the backlog queues must be in another namespace"
     )
+
+
+SAME_AS_CS2 = [
+    CS2.replace("contoso-dr", "Contoso-DR"),  # host names have no case
+    CS2.replace(".windows.net/", ".windows.net.:5671/"),  # a trailing dot, the default AMQPS port
+    CS2.replace("sb://", "SB://"),
+]
+
+
+@pytest.mark.parametrize("primary", SAME_AS_CS2, ids=["case", "dot-and-port", "scheme-case"])
+def test_one_namespace_spelled_twice_is_the_same_namespace(primary: str) -> None:
+    """The backlog must be in another namespace: a primary that differs from the secondary only in spelling was
+    accepted (case, a trailing dot, the port the SDK uses anyway), and its backlog queues would live beside it."""
+    error = error_of({"primary.connection_string": primary, "secondary.connection_string": CS2})
+    assert str(error).startswith(
+        "secondary.connection_string: names the same namespace as primary.connection_string "
+        "(contoso-dr.servicebus.windows.net:5671)"
+    )
+
+
+def test_a_credential_primary_and_a_connection_string_secondary_on_one_namespace_are_refused() -> None:
+    error = error_of(
+        {
+            "primary.fully_qualified_namespace": "CONTOSO-DR.servicebus.windows.net",
+            "primary.credential.kind": "default",
+            "secondary.connection_string": CS2,
+        }
+    )
+    assert str(error).startswith(
+        "secondary.connection_string: names the same namespace as primary.fully_qualified_namespace"
+    )
+
+
+def test_other_ports_of_one_host_are_other_namespaces() -> None:
+    """Two local namespaces share 127.0.0.1 on different ports (the tests' pair): they stay apart."""
+    other = CS1.replace("127.0.0.1:5671", "127.0.0.1:5682")
+    c = ServiceBusConfig.from_dict({"primary.connection_string": CS1, "secondary.connection_string": other})
+    assert c.secondary is not None and c.secondary.identity() == "127.0.0.1:5682"
+    assert c.primary.identity() == "127.0.0.1:5671"
+    no_port = "Endpoint=sb://127.0.0.1;SharedAccessKeyName=k;SharedAccessKey=a2V5;UseDevelopmentEmulator=true"
+    assert NamespaceConfig(connection_string=Secret(no_port)).identity() == "127.0.0.1:5672"  # the emulator's
+
+
+def test_a_longest_pause_below_the_first_is_refused() -> None:
+    """retry.backoff_max below retry.backoff_factor: the sender raises its cap to the factor, so backoff_max was not
+    honoured (in either mode); equal is fine."""
+    assert cfg(retry={"backoff_factor": 2, "backoff_max": 2}).retry.backoff_max == 2.0
+    for mode in ("exponential", "fixed"):
+        text = str(error_of({**NESTED, "retry": {"backoff_factor": 5, "backoff_max": 1, "mode": mode}}))
+        assert text == (
+            "retry.backoff_max: 1 is below retry.backoff_factor 5 (the first pause): every pause would be "
+            "backoff_factor; raise backoff_max or lower backoff_factor"
+        )
 
 
 def test_clients_are_built_with_retry_settings() -> None:

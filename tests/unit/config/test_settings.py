@@ -37,6 +37,7 @@ from spark_sb.message.rows import LOGICAL_COLUMNS
 
 BY_KEY = {s.key: s for s in SETTINGS}
 NO_CONFIG = SimpleNamespace(state_location=None)  # what a check's third argument offers
+CONN = "Endpoint=sb://contoso.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=a2V5"
 
 
 def error(fn: Any, *args: Any) -> ConfigError:
@@ -168,7 +169,7 @@ def test_zero_is_a_duration_only_where_it_means_something() -> None:
         assert_names(error(check, key, 0.0), key, "must be > 0 seconds")
 
 
-@pytest.mark.parametrize("value", [math.nan, "30", True, None])
+@pytest.mark.parametrize("value", [math.nan, math.inf, "30", True, None])
 def test_a_duration_value_must_be_a_number_of_seconds(value: Any) -> None:
     assert_names(error(check, "send_timeout", value), "send_timeout", "expected seconds")
 
@@ -221,6 +222,16 @@ def test_a_back_off_that_is_not_a_number_is_refused(key: str) -> None:
     )  # built directly with a string: a ConfigError, no TypeError
     with pytest.raises(ConfigError, match=r"^retry\.backoff_factor: "):
         RetryConfig(backoff_factor=float("nan")).check()
+
+
+@pytest.mark.parametrize("key", ["retry.backoff_factor", "retry.backoff_max"])
+@pytest.mark.parametrize("raw", ["inf", "Infinity", "-inf", math.inf])
+def test_an_endless_back_off_is_refused_like_nan(key: str, raw: Any) -> None:
+    """``inf`` reads as a float (``float("inf")``) and is above zero: it loaded, as NaN once did."""
+    assert_names(error(check, key, math.inf), key, "finite number >= 0")
+    settings = {"primary.connection_string": CONN, "retry.backoff_factor": 0.5, "retry.backoff_max": 60}
+    with pytest.raises(ConfigError, match=rf"^{key.replace('.', '[.]')}: must be a finite number >= 0"):
+        ServiceBusConfig.from_dict({**settings, key: raw})
 
 
 # ------------------------------------------------------------------------------------------------- choices
