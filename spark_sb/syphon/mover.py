@@ -27,6 +27,14 @@ default), restores each message with :func:`spark_sb.message.backlog.from_backlo
 * **Nothing stranded.** :meth:`Syphon.drain_queue` with ``dead_letter=True`` moves what a backlog queue
   dead-lettered on its own (max delivery count reached, lock lost); what the syphon parked there on purpose
   (expired in the backlog, not a backlog message, destination not found) stays, with its reason.
+* **Order (``ordering: session`` / ``entity``).** A line - (entity, session id), or the entity - is moved in queue
+  order, and a message not moved holds back the rest of its line until it comes back
+  (:mod:`spark_sb.syphon.lines`, by sequence number); a return marker is never sent to the primary: reached after
+  every earlier message of its line went in, it is acknowledged (``acks``: the process registry's
+  :class:`~spark_sb.failover.ordering.SessionBook` by default, which the process's paired senders read; the rule is
+  :mod:`spark_sb.failover.ordering`) and then completed. After a failed receive a queue is left alone until the
+  locks it may have taken run out. With ``ordering: none`` the drain is as above and markers (from senders with
+  another setting) are completed without an acknowledgement, with a warning.
 * **Deadlines.** Every call has one that holds whatever the SDK does: sends to the primary go through
   :class:`~spark_sb.wire.transport.SdkTransport` lanes; the backlog receivers are links on one connection in one
   :class:`~spark_sb.wire.lane.Lane` (:mod:`spark_sb.wire.receivers`; receive: ``max_wait + send_timeout``; settle:
@@ -56,6 +64,11 @@ from typing import TYPE_CHECKING
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import Clock, SystemClock
 from spark_sb.core.errors import token_expired
+from spark_sb.failover.ordering import NONE, WHOLE_ENTITY, Acknowledgements, marker_of, order_key
+from spark_sb.failover.outcome import namespace_key
+from spark_sb.failover.registry import FailoverRegistry, process_registry
+from spark_sb.message.backlog import BACKLOG_SESSION_ID
+from spark_sb.syphon.lines import LineKey, Lines
 from spark_sb.syphon.receivers import (
     Held,
     Pairs,
@@ -105,6 +118,8 @@ class Syphon:
     as provisioning's and the paired sender's). ``entity_backoff``: seconds an entity is left alone after a failed
     send or probe. ``healthy_hints``: entity -> state from the state table (``healthy`` ones are sent to without a
     probe). ``record_ids``: keep the (entity, message id) of every forwarded message in the outcome.
+    ``acks``: where return markers are acknowledged with ``ordering`` on (default: the held sessions of ``registry``,
+    itself the process registry with the system clock - the paired senders of this process read them).
     """
 
     def __init__(
@@ -117,6 +132,8 @@ class Syphon:
         entity_backoff: float = 5.0,
         healthy_hints: Mapping[str, str] | None = None,
         record_ids: bool = False,
+        acks: Acknowledgements | None = None,
+        registry: FailoverRegistry | None = None,
     ) -> None:
         if config.secondary is None:
             raise ValueError("the syphon needs a secondary namespace (config key 'secondary')")
@@ -135,6 +152,14 @@ class Syphon:
             self.clock, ok_for=float(config.ping_primary_interval), backoff=float(entity_backoff)
         )
         self.gate.set_hints(healthy_hints)
+        self.ordered = config.ordering != NONE
+        if acks is None and self.ordered:
+            if registry is None and isinstance(self.clock, SystemClock):
+                registry = process_registry()
+            acks = registry.sessions(namespace_key(config.primary)) if registry is not None else None
+        self.acks = acks
+        self.lines = Lines(self.clock)  # the lines held back (ordering on; bounded there)
+        self._warned_markers = False
         # Sends to the primary go through lanes (one per entity): each has a deadline (send_timeout) that holds
         # whatever the SDK does, and a stuck client is abandoned and rebuilt (SPEC B3, R1).
         self._primary = SdkTransport(config)
@@ -257,6 +282,14 @@ class Syphon:
             return ctx.receiver.receive_messages(max_message_count=count, max_wait_time=wait)
 
         lane = self._lane(queue, dead_letter)
+        if self.ordered and not dead_letter and self.lines.paused(queue):
+            log.info(
+                "syphon: %s is left alone until the locks of its failed receive run out (ordering)", queue
+            )
+            empty = SyphonOutcome()
+            self._add(into, empty)
+            yield empty
+            return
         parked: Pairs = []  # dead-lettered on purpose: held (locked) through the pass, abandoned at its end
         batches = 0
         renewed = False  # one fresh receiver per drain for a token that expired while it idled (SPEC L3)
@@ -286,6 +319,8 @@ class Syphon:
                         exc_info=log.isEnabledFor(logging.DEBUG),
                     )
                     self._replace_receiver(queue, dead_letter, "receive failed")
+                    if self.ordered and not dead_letter:  # what it locked comes back first, after the locks
+                        self.lines.pause(queue)
                     self._add(into, outcome)
                     yield outcome
                     break
@@ -336,6 +371,7 @@ class Syphon:
         skipped = 0
         parked_before = len(parked)
         pending = list(held)
+        hold_back: Pairs = []  # ordering: not moved now, abandoned (the rest of a held line)
         try:
             while pending:
                 h = pending.pop(0)
@@ -347,9 +383,16 @@ class Syphon:
                     outcome.probes_dropped += 1
                     drop.append(h)
                     continue
+                line = self._line_of(lane, msg)
+                if line is not None and not self.lines.admits(line, getattr(msg, "sequence_number", None)):
+                    hold_back.append(h)  # behind a message of its line that was not moved
+                    continue
                 locked_until = getattr(msg, "locked_until_utc", None)
                 if locked_until is not None and as_utc(locked_until) < lock_floor:
                     skipped += 1  # B12: it will be redelivered; do not forward it now
+                    if line is not None:  # ordering: back now, first; the rest of its line behind it
+                        self.lines.hold(line, getattr(msg, "sequence_number", None))
+                        hold_back.append(h)
                     continue
                 try:
                     restored, reason = restore_for_primary(from_received(msg, dead_letter), now)
@@ -369,6 +412,8 @@ class Syphon:
                 h.restored = restored
                 by_entity.setdefault(restored.entity, []).append(h)
             outcome.skipped_lock_expiring += skipped
+            if hold_back:
+                self._abandon(lane, hold_back, outcome)
             self._settle(lane, drop, complete, outcome)
             for reason, items in dead.items():
                 if dead_letter:
@@ -378,7 +423,7 @@ class Syphon:
                 short = reason.split(":")[0]
                 self._settle(lane, items, dead_letter_action(short, reason), outcome)
 
-            moved_before = outcome.forwarded_total + outcome.undeliverable
+            moved_before = outcome.forwarded_total + outcome.undeliverable + outcome.markers
             entities = list(by_entity)
             while entities:
                 if self._cancelled.is_set():
@@ -401,7 +446,7 @@ class Syphon:
                     self.gate.failed(
                         entity, namespace_wide=self._namespace_wide(entity, error, started, transport)
                     )
-            left = outcome.forwarded_total + outcome.undeliverable - moved_before
+            left = outcome.forwarded_total + outcome.undeliverable + outcome.markers - moved_before
             return left > 0 or bool(drop) or bool(dead and not dead_letter) or len(parked) > parked_before
         finally:
             # Whatever is still held (cancelled, or an unexpected error): abandoned, never left locked (B11).
@@ -515,6 +560,15 @@ class Syphon:
                     outcome.cancelled = True
                     break
                 assert h.restored is not None
+                if marker_of(h.restored) is not None:  # every message of its line before it goes in first
+                    if in_batch:
+                        self._send_and_complete(lane, batch, in_batch, entity, outcome, dead_letter, primary)
+                        sent += len(in_batch)
+                        in_batch = []
+                        batch = primary.new_batch(target)
+                    self._pass_marker(lane, entity, h, outcome, dead_letter)
+                    sent += 1
+                    continue
                 if not batch.try_add(h.restored):  # batch full: send it, start anew
                     self._send_and_complete(lane, batch, in_batch, entity, outcome, dead_letter, primary)
                     sent += len(in_batch)
@@ -618,4 +672,53 @@ class Syphon:
         for h in pairs:
             outcome.abandoned += 1
             outcome._count(outcome.abandoned_by_entity, h.restored.entity if h.restored else path_of(h.msg))
+            line = self._line_of(lane, h.msg)
+            if line is not None:  # ordering: nothing after it in its line moves before it is back
+                self.lines.hold(line, getattr(h.msg, "sequence_number", None))
         self._settle(lane, pairs, abandon, outcome)
+
+    # -- ordering ------------------------------------------------------------------------------------------
+    def _line_of(self, lane: ReceiverLane, msg: ServiceBusReceivedMessage) -> LineKey | None:
+        """The line of a received backlog message with ``ordering`` on - (queue, entity, session id or ``""``) -,
+        None when it keeps no order (``ordering: none``, a dead-letter queue, no session id with ``session``)."""
+        if not self.ordered or lane.dead_letter:
+            return None
+        entity = path_of(msg)
+        if entity is None:
+            return None
+        props = getattr(msg, "application_properties", None) or {}
+        raw = props.get(BACKLOG_SESSION_ID.encode(), props.get(BACKLOG_SESSION_ID))
+        session = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        key = order_key(self.config.ordering, None if session is None else str(session))
+        return None if key is None else (lane.queue, entity, key)
+
+    def _pass_marker(
+        self, lane: ReceiverLane, entity: str, h: Held, outcome: SyphonOutcome, dead_letter: bool
+    ) -> None:
+        """A return marker, reached after every earlier message of its line went into the primary: acknowledged
+        (R3 reads it), then completed - never sent to the primary. From a dead-letter queue, or with ``ordering:
+        none``, it is completed without an acknowledgement (its line was not moved in order there); an
+        acknowledgement that fails abandons it (met again, its line held back behind it)."""
+        assert h.restored is not None
+        marker = marker_of(h.restored)
+        assert marker is not None
+        if self.ordered and not dead_letter and self.acks is not None:
+            try:
+                self.acks.acknowledged(entity, h.restored.session_id or WHOLE_ENTITY, marker)
+            except Exception as exc:  # noqa: BLE001 - B11: the marker is met again
+                outcome.errors.append(f"{entity}: acknowledging a return marker failed: {type(exc).__name__}")
+                log.warning(
+                    "syphon: acknowledging a return marker of %s failed (%s)", entity, type(exc).__name__
+                )
+                self._abandon(lane, [h], outcome)
+                return
+        elif not self.ordered and not self._warned_markers:
+            self._warned_markers = True
+            log.warning(
+                "syphon: backlog queue %s holds return markers (senders with ordering: session or entity) but this "
+                "syphon runs with ordering: none: they are dropped without an acknowledgement, and those senders "
+                "keep their sessions on the backlog; give the syphon the senders' ordering",
+                lane.queue,
+            )
+        outcome.markers += 1
+        self._settle(lane, [h], complete, outcome)

@@ -75,6 +75,8 @@ class SyphonOutcome:
     undeliverable_by_entity: dict[str, int] = field(default_factory=dict)
     receive_calls: int = 0
     probes: int = 0
+    #: Return markers passed (``ordering``): acknowledged and completed, never forwarded.
+    markers: int = 0
     cancelled: bool = False
     #: (entity, message id) of each forwarded message, when the syphon records them (the Spark job's rows).
     moved_ids: list[tuple[str, str | None]] = field(default_factory=list)
