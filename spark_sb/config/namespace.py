@@ -120,6 +120,14 @@ class RetryConfig:
 _NOT_NS_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 
+def _host_key(host: str) -> str:
+    """``host[:port]`` as compared: lower case, without a trailing dot on the name. Pure."""
+    name, sep, port = (
+        host.strip().lower().rpartition(":") if host.count(":") == 1 else (host.strip().lower(), "", "")
+    )
+    return f"{name.rstrip('.')}{sep}{port}"
+
+
 @dataclass(frozen=True)
 class NamespaceConfig:
     """One Service Bus namespace: a connection string, or a fully qualified namespace plus an AAD credential.
@@ -148,7 +156,10 @@ class NamespaceConfig:
                     "give exactly one of connection_string or fully_qualified_namespace + credential, not both",
                 )
             info = parse_connection_string(self.connection_string.reveal(), f"{prefix}.connection_string")
-            if self.fully_qualified_namespace is not None and self.fully_qualified_namespace != info.host:
+            # the same host however spelled (case, a scheme, a trailing '/' or '.') is the same namespace
+            if self.fully_qualified_namespace is not None and _host_key(self._bare_fqns()) != _host_key(
+                info.host
+            ):
                 raise _err(
                     prefix,
                     "give exactly one of connection_string or fully_qualified_namespace + credential "

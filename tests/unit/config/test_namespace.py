@@ -193,3 +193,25 @@ def test_a_longest_pause_below_the_first_cannot_be_honoured() -> None:
     RetryConfig(backoff_factor=2.0, backoff_max=2.0).check()
     with pytest.raises(ConfigError, match=r"^retry\.backoff_max: 0\.5 is below retry\.backoff_factor 0\.8 "):
         RetryConfig(backoff_max=0.5).check()
+
+
+@pytest.mark.parametrize(
+    "fqns",
+    [
+        "contoso-dr.servicebus.windows.net",
+        "Contoso-DR.servicebus.windows.net",
+        "sb://contoso-dr.servicebus.windows.net/",
+    ],
+)
+def test_a_namespace_beside_its_own_connection_string_may_be_spelled_any_way(fqns: str) -> None:
+    """fully_qualified_namespace beside a connection string must name its Endpoint's host: the same host in another
+    case or with a scheme is that host, not a conflict."""
+    c = load_config({"primary.connection_string": CLOUD, "primary.fully_qualified_namespace": fqns})
+    assert c.primary.endpoint_host() == "contoso-dr.servicebus.windows.net"
+    text = _refused(
+        {
+            "primary.connection_string": CLOUD,
+            "primary.fully_qualified_namespace": "contoso.servicebus.windows.net",
+        }
+    )
+    assert "fully_qualified_namespace differs from the connection string's Endpoint" in text
