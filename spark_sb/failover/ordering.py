@@ -1,51 +1,74 @@
-"""Order through failover (``ordering: session``, SPEC O1-O4): the rule that keeps a session's messages in the order
-the sink was given them, outage or not. This module holds the rule and its argument; the sender, the syphon and the
-state tables carry it out (issue 31: the sender and the syphon sides are not wired yet - see "Status").
+"""Order through failover (``ordering: session`` / ``entity``, SPEC O1-O4): the rule that keeps a session's messages in
+the order the sink was given them, outage or not. This module holds the rule and its argument; the sender, the
+syphon and (to come) the state tables carry it out - see "Status".
 
-Terms. A *session* is a pair (primary entity, session id). A session is *held* while some of its messages may be in
-the backlog; a held session is *pinned* to one backlog queue. A *return marker* is a message the sender puts into a
-held session's backlog queue behind that session's messages: a unique id, the entity and the session id, never
-delivered to the primary. The syphon *acknowledges* a marker when it reaches it, having moved every message of that
-session before it into the primary (it moves one session's messages one at a time, in queue order).
+Terms. A *session* (a *line*) is a pair (primary entity, session id); with ``ordering: entity`` every message of an
+entity is one line, (entity, :data:`WHOLE_ENTITY`) (:func:`order_key`). A session is *held* while some of its
+messages may be in the backlog; a held session is *pinned* to one backlog queue. A *return marker* is a message the
+sender puts into a held session's backlog queue behind that session's messages (:func:`return_marker`: a unique
+id, the entity and the session id), never delivered to the primary. The syphon *acknowledges* a marker when it
+reaches it, having moved every message of that session before it into the primary (it moves a session in queue
+order; a message it does not move holds the rest of the session back until it comes back first).
 
 The rule (per session; :class:`SessionBook`):
 
 * **R1 Pin.** A session not held goes where its entity goes (:meth:`~spark_sb.failover.machine.EntityFailover.admit`).
   When its messages go to the backlog it becomes held and pinned to the queue :func:`pinned_queue` names (the
-  first available queue of the rotation from the session's hash). All its messages go to that queue until it is
-  released, whatever the rotation does to other sessions.
-* **R2 Mark.** At the end of every call that sent a held session's messages to the backlog, the sender sends a
-  fresh return marker to the session's queue, behind them (:meth:`SessionBook.close_call`).
+  first available queue of the rotation from the session's hash; the entity's with ``ordering: entity``). All its
+  messages go to that queue until it is released, whatever the rotation does to other sessions.
+* **R2 Mark.** Every call that diverted messages of a held session counts in its record from its first diversion
+  (``sending``) until it closes the session (:meth:`SessionBook.close_call`, after its sends are confirmed - or it
+  failed); each close issues a fresh marker, newer than every earlier one, which the sender sends to the session's
+  queue behind them (a failed call sends none: the next call's marker does).
 * **R3 Return.** A held session is released - its next message goes to the primary - only when its entity is not
-  failed over and the syphon has acknowledged the *last* marker sent for it, with no message sent to the backlog
-  since that marker (:meth:`SessionBook.route`). Otherwise it stays on its queue, behind its own messages.
+  failed over, no call that diverted its messages is still open, and the syphon has acknowledged the *newest*
+  marker issued for it (:meth:`SessionBook.route`; an older marker's acknowledgement is not recorded). Otherwise it
+  stays on its queue, behind its own messages.
 * **R4 No hop.** When a held session's queue fails, its messages are not sent to another queue: the call fails for
-  that session (its task fails and Spark retries it; other sessions go on). A second queue would let the syphon
-  move the later messages first.
+  that session (after the other sessions' messages went out; its task fails and Spark retries it). A second queue
+  would let the syphon move the later messages first.
 
-Why no interleaving loses order. Take a session and any two of its messages a before b in the sink's order.
-(1) Both direct: sent by one task in order, or by consecutive micro-batches, whose sends end before the next starts.
-(2) Both in the backlog: R1 puts them in one queue, in sending order; the syphon moves one session in queue order,
-one message at a time (a failure holds the rest of the session back: abandoned in place, they come back first).
-(3) a in the backlog, b direct: b was routed to the primary, so by R3 the last marker m sent before b's routing was
-acknowledged and nothing was diverted after m. a was diverted before b, so before m (R2 puts m behind every
-diverted message of its call, and a later diversion would have required a newer marker). The syphon acknowledged
-m after moving a into the primary; the sender read the acknowledgement before sending b. So a is in the primary
-before b is sent. A syphon pass that starts before the sender's check and ends after it changes nothing: the
-check reads the acknowledgement, which is written only after the move. A late backlog send (a call still sending
-a's batch when another call checks) cannot be missed: the marker of that call is sent after a, so the
-acknowledgement the check needs cannot exist yet, and the session stays held.
-(4) a direct, b in the backlog: a was sent before b was routed; the primary has a before b is even diverted.
-Two executors sending one session share the book's record through the state tables (setting a: the sink's handoff
-to its tasks carries the held sessions and their last markers; the syphon writes acknowledgements to the events
-table) or the process registry (setting b, a plain application): both serialise per session on the record.
+Why no interleaving loses order. Take a session and any two of its messages a before b in the sink's order (one
+thread's, or one task's; consecutive micro-batches, whose sends end before the next starts).
+(1) Both direct: sent in order.
+(2) Both in the backlog: R1 puts them in one queue, in sending order; the syphon moves one session in queue order
+(a message not moved holds back the rest of its session - abandoned in place, they come back after it).
+(3) a in the backlog, b direct: b was routed to the primary, so by R3, at b's routing, no call that diverted the
+session was open and the newest marker m was acknowledged. a's call had diverted a and was closed, so m was issued
+at or after that close - after a's send was confirmed - and sent after a, to the same queue (R1). The syphon
+acknowledged m after moving every earlier message of the session into the primary, a among them; the sender read
+the acknowledgement before sending b. So a is in the primary before b is sent. A syphon pass that starts before
+the sender's check and ends after it changes nothing: the check reads the acknowledgement, which is written only
+after the move. A late backlog send (a call still sending a's batch when another call checks) cannot be missed:
+that call counts in ``sending`` from the moment it diverted a, before the send, so the session stays held whatever
+was acknowledged; its close issues a newer marker, behind a, and only that marker's acknowledgement releases.
+(4) a direct, b in the backlog: a was sent before b was routed, so the primary has a before b is even diverted -
+provided a's batch was sent. Within one call a session the call started sending to the primary stays on the
+primary path for the call (an open primary batch holding a is diverted whole, in order, if its entity fails over),
+so b is never put in the backlog ahead of an unsent a, even when another thread holds the session meanwhile.
+Two executors (threads) sending one session share the book's record: through the process registry (setting b, a
+plain application: every step is one locked update of the record) or through the state tables (setting a: the
+sink's handoff to its tasks carries the held sessions; the syphon writes acknowledgements to the events table).
+A marker that is never sent or never reached (a failed call, a lost send) only delays the release until a later
+call's marker is acknowledged: it never releases early. Not covered: a backlog send abandoned at its deadline whose
+bytes still reach the service after a later marker (a duplicate of a retried message, dropped by the primary's
+duplicate detection) and two syphons draining one queue at once.
 
 What bounds it: the book holds held sessions only (those with messages in the backlog): at most the sessions
-diverted during an outage, each removed on release.
+diverted during an outage, each removed on release; a record counts its open calls, not their messages' ids.
 
-Status: the rule, the book and their unit tests (tests/unit/failover/test_ordering.py). Not yet wired: the sender's
-routing and markers, the syphon's ordered per-session drain and acknowledgements, the state tables' session rows,
-``spark-sb status`` and the dashboard (O4), the ``ordering`` key.
+Status: wired for setting (b), a plain application: the ``ordering`` key (``none`` default, ``session``,
+``entity``); :class:`~spark_sb.sender.paired.PairedSender` routes held lines to their pinned queues, sends markers
+and stops a line whose queue fails (:mod:`spark_sb.sender.paired`, :mod:`spark_sb.sender.diverter`); the
+:class:`~spark_sb.syphon.mover.Syphon` drains lines in order (:mod:`spark_sb.syphon.lines`) and acknowledges
+markers to its :class:`Acknowledgements`, by default the process registry's :class:`SessionBook`, which the process's
+senders read. Tests: tests/unit/failover/test_ordering.py, tests/unit/sender/test_ordering.py,
+tests/unit/syphon/test_ordered.py, tests/integration/test_ordering.py. Not yet: setting (a) - the Spark sink's
+handoff of held records to its tasks and back (:meth:`SessionBook.restore`), the syphon job's acknowledgements in
+the events table (an :class:`Acknowledgements` over the state store) read by the sink; the state tables' session
+rows, ``spark-sb status`` and the dashboard (O4); ``bench/bench_ordering.py`` (O3). Until then the Spark sink and
+its syphon job must not take ``ordering`` on: each executor process would hold its own sessions (nothing ordered
+across processes), and the job's acknowledgements would reach no sender (a held session never returns).
 
 Runs anywhere (the sender's thread, the syphon); thread-safe; the records are picklable.
 """
