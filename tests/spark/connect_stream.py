@@ -85,7 +85,7 @@ def main(work: Path) -> dict[str, Any]:
     from servicebus_local.server import LocalNamespace
     from spark_sb.admin.provisioning import provision_backlog_queues
     from spark_sb.config.service_bus import ServiceBusConfig
-    from spark_sb.spark.sink import ServiceBusSink
+    from spark_sb.spark.sink import ServiceBusSink, batch_counts
 
     primary = LocalNamespace("primary").start()
     secondary = LocalNamespace("secondary").start()
@@ -114,10 +114,11 @@ def main(work: Path) -> dict[str, Any]:
             healthy = [{"body": f"b{i}", "message_id": f"h{i}"} for i in range(10)]
             bad = {"body": "x", "message_id": "bad", "session_id": "s" * 200}
             outage = [{"body": f"o{i}", "message_id": f"o{i}"} for i in range(10)]
+            sb_sink = ServiceBusSink(config)
             query = (
                 spark.readStream.schema("body STRING, message_id STRING, session_id STRING")
                 .json(str(folder))
-                .writeStream.foreachBatch(ServiceBusSink(config))
+                .writeStream.foreachBatch(sb_sink)
                 .option("checkpointLocation", str(work / "ckpt"))
                 .start()
             )
@@ -129,6 +130,11 @@ def main(work: Path) -> dict[str, Any]:
             tables = {
                 t: [r.asDict() for r in spark.read.format("delta").load(str(state / t)).collect()]
                 for t in ("events", "entities", "rejects")
+            }
+            counts = {  # the counts read back from the events table: the route that works under Connect
+                "batches": [r.asDict() for r in batch_counts(spark, config, "connect").collect()],
+                "summary": sb_sink.summary(spark),
+                "client_summary": sb_sink.summary(),  # the function ran beside the server: this object saw nothing
             }
         finally:
             spark.stop()
@@ -143,6 +149,7 @@ def main(work: Path) -> dict[str, Any]:
                 for mid in _drain(secondary.connection_string, q)
             ),
             "tables": tables,
+            "counts": counts,
         }
     finally:
         secondary.stop()

@@ -35,6 +35,24 @@ def test_stream_under_spark_connect_sends_diverts_and_rejects(connect_report: di
     assert connect_report["backlog"] == sorted(f"o{i}" for i in range(10))
 
 
+def test_the_counts_are_read_back_from_the_events_table_under_spark_connect(
+    connect_report: dict[str, Any],
+) -> None:
+    """Issue 32 item 3: under Connect the foreachBatch function runs beside the server, so the client's sink object
+    counts nothing; batch_counts and summary(spark) read the events table with DataFrame operations only."""
+    counts = connect_report["counts"]
+    assert [
+        (b["batch_id"], b["rows"], b["sent"], b["diverted"], b["rejected"]) for b in counts["batches"]
+    ] == [
+        (0, 11, 10, 0, 1),
+        (1, 10, 0, 10, 0),
+    ]
+    assert counts["summary"].startswith(
+        "sink connect: 2 batches, 21 rows: 10 sent, 10 diverted, 1 rejected ("
+    )
+    assert counts["client_summary"] == "sink connect: 0 batches, 0 rows: 0 sent, 0 diverted, 0 rejected"
+
+
 def test_state_tables_written_under_spark_connect(connect_report: dict[str, Any]) -> None:
     tables = connect_report["tables"]
     events = tables["events"]
