@@ -229,14 +229,10 @@ class PairedSender:
                 if book is not None:
                     key = order_key(ordering, msg.session_id)
                     if key is not None:
-                        line = (entity, key)
-                        if line in tally.stopped:
+                        if (entity, key) in tally.stopped:
                             continue  # R4: its queue failed; the rest of the line waits with it
-                        if route is Route.PRIMARY and (line not in tally.direct or line in tally.ordered):
-                            if not book.empty and book.route(entity, key, False) is not None:
-                                route = Route.BACKLOG  # held (R3): behind its messages in its queue
-                            else:
-                                tally.direct.add(line)
+                        if route is Route.PRIMARY and self._held(entity, key, tally):
+                            route = Route.BACKLOG  # held (R3): behind its messages in its queue
                 if route is Route.BACKLOG:
                     if self._diverter.to_backlog(backlog, msg, entity, index, tally):
                         routes.clear()  # a backlog batch went out: admit again (a probe may have succeeded)
@@ -250,7 +246,8 @@ class PairedSender:
                     del primary[entity]
                     self._deliver(batch, backlog, tally)
                     routes[entity] = route = self._admit(entity, tally)
-                    if route is Route.BACKLOG:
+                    key = order_key(ordering, msg.session_id) if book is not None else None
+                    if route is Route.BACKLOG or (key is not None and self._held(entity, key, tally)):
                         self._diverter.to_backlog(backlog, msg, entity, index, tally)
                         continue
                     batch = primary[entity] = self.transport.new_batch(Target(PRIMARY, entity))
@@ -289,6 +286,34 @@ class PairedSender:
                     else f"{sum(tally.throttled.values()):.1f} s in all",
                 )
         return tally.build(self._clock.monotonic() - start)
+
+    def _held(self, entity: str, key: str, tally: Tally) -> bool:
+        """Ordering: does the next message of the line (``entity``, ``key``), which its entity would send to the
+        primary, go to its backlog queue instead? Yes while the line is held (R3; the book releases it when drained).
+        A line this call started sending to the primary stays there for the call - unless the call diverted it
+        since (an open primary batch is never overtaken through the backlog, nor a diverted message through the
+        primary). The healthy path: one unlocked look at an empty book."""
+        line = (entity, key)
+        if line in tally.direct and line not in tally.ordered:
+            return False
+        book = self._ctx.book
+        assert book is not None
+        if not book.empty and book.route(entity, key, False) is not None:
+            return True
+        tally.direct.add(line)
+        return False
+
+    def _diverted_lines(self, batch: Batch, tally: Tally) -> bool:
+        """Ordering: does a primary batch hold a message of a line this call diverted since it was packed (its
+        entity failed over and back within the call)? Then the batch follows them to the backlog."""
+        if self._ctx.book is None or not tally.ordered:
+            return False
+        ordering, default = self._config.ordering, self._config.entity
+        for m in batch.messages:
+            key = order_key(ordering, m.session_id)
+            if key is not None and (m.entity or default or "", key) in tally.ordered:
+                return True
+        return False
 
     @staticmethod
     def _stopped(tally: Tally) -> QueueUnavailableError:
@@ -394,7 +419,7 @@ class PairedSender:
         synchronous: measured (``bench/bench_overlap.py``), packing the next batch while one was on the wire
         gained nothing (sends on an open link run on this thread) and cost 3-13% with the GIL shared."""
         tally.sticky.clear()  # a batch boundary: a backlog queue may have been pulled since, choose again
-        if self._admit(batch.target.entity, tally) is Route.BACKLOG:
+        if self._admit(batch.target.entity, tally) is Route.BACKLOG or self._diverted_lines(batch, tally):
             self._diverter.divert(batch.messages, backlog, tally, progress)
             return None
         return self._send_primary(batch, backlog, tally, progress, defer)
