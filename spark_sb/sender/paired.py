@@ -226,12 +226,12 @@ class PairedSender:
                 route = routes.get(entity)
                 if route is None:
                     route = routes[entity] = self._admit(entity, tally)
-                if book is not None:
+                if book is not None and (tally.stopped or not book.empty):  # the healthy path: one look
                     key = order_key(ordering, msg.session_id)
                     if key is not None:
                         if (entity, key) in tally.stopped:
                             continue  # R4: its queue failed; the rest of the line waits with it
-                        if route is Route.PRIMARY and self._held(entity, key, tally):
+                        if route is Route.PRIMARY and self._held(entity, key, tally, primary.get(entity)):
                             route = Route.BACKLOG  # held (R3): behind its messages in its queue
                 if route is Route.BACKLOG:
                     if self._diverter.to_backlog(backlog, msg, entity, index, tally):
@@ -246,8 +246,8 @@ class PairedSender:
                     del primary[entity]
                     self._deliver(batch, backlog, tally)
                     routes[entity] = route = self._admit(entity, tally)
-                    key = order_key(ordering, msg.session_id) if book is not None else None
-                    if route is Route.BACKLOG or (key is not None and self._held(entity, key, tally)):
+                    key = order_key(ordering, msg.session_id) if book is not None and not book.empty else None
+                    if route is Route.BACKLOG or (key is not None and self._held(entity, key, tally, None)):
                         self._diverter.to_backlog(backlog, msg, entity, index, tally)
                         continue
                     batch = primary[entity] = self.transport.new_batch(Target(PRIMARY, entity))
@@ -287,21 +287,30 @@ class PairedSender:
                 )
         return tally.build(self._clock.monotonic() - start)
 
-    def _held(self, entity: str, key: str, tally: Tally) -> bool:
+    def _held(self, entity: str, key: str, tally: Tally, open_batch: Batch | None) -> bool:
         """Ordering: does the next message of the line (``entity``, ``key``), which its entity would send to the
         primary, go to its backlog queue instead? Yes while the line is held (R3; the book releases it when drained).
-        A line this call started sending to the primary stays there for the call - unless the call diverted it
-        since (an open primary batch is never overtaken through the backlog, nor a diverted message through the
-        primary). The healthy path: one unlocked look at an empty book."""
+        A line with a message in the call's open primary batch (``open_batch``) stays on the primary for the call
+        even when another thread holds it meanwhile - unless the call diverted it since: an unsent message is never
+        overtaken through the backlog, nor a diverted one through the primary. Runs only while the book holds
+        something (the healthy path never gets here)."""
         line = (entity, key)
         if line in tally.direct and line not in tally.ordered:
             return False
         book = self._ctx.book
         assert book is not None
-        if not book.empty and book.route(entity, key, False) is not None:
-            return True
-        tally.direct.add(line)
-        return False
+        if book.route(entity, key, False) is None:
+            return False
+        if line not in tally.ordered and open_batch is not None and self._has_line(open_batch, line):
+            tally.direct.add(line)
+            return False
+        return True
+
+    def _has_line(self, batch: Batch, line: tuple[str, str]) -> bool:
+        ordering, default = self._config.ordering, self._config.entity
+        return any(
+            (m.entity or default or "", order_key(ordering, m.session_id)) == line for m in batch.messages
+        )
 
     def _diverted_lines(self, batch: Batch, tally: Tally) -> bool:
         """Ordering: does a primary batch hold a message of a line this call diverted since it was packed (its
@@ -309,11 +318,10 @@ class PairedSender:
         if self._ctx.book is None or not tally.ordered:
             return False
         ordering, default = self._config.ordering, self._config.entity
-        for m in batch.messages:
-            key = order_key(ordering, m.session_id)
-            if key is not None and (m.entity or default or "", key) in tally.ordered:
-                return True
-        return False
+        return any(
+            (m.entity or default or "", order_key(ordering, m.session_id)) in tally.ordered
+            for m in batch.messages
+        )
 
     @staticmethod
     def _stopped(tally: Tally) -> QueueUnavailableError:
