@@ -142,6 +142,54 @@ def test_a_spool_is_required_with_catalog_tables_and_only_with_them() -> None:
         parse_options(_opts(entity="orders", state_table_prefix="main.sb.sb_", state_spool=" "))
 
 
+@pytest.mark.parametrize(
+    ("options", "line"),
+    [
+        (
+            {"secondary.connection_string": PRIMARY.replace("sb://primary", "SB://Primary")},
+            "option 'secondary.connection_string': names the same namespace as primary.connection_string "
+            "(primary.servicebus.windows.net:5671)",
+        ),
+        (
+            {"retry.backoff_factor": "5", "retry.backoff_max": "1"},
+            "option 'retry.backoff_max': 1 is below retry.backoff_factor 5 (the first pause)",
+        ),
+        (
+            {"state_location": "/data/state", "state_table_prefix": "main.sb.sb_"},
+            "option 'state_table_prefix': give state_location (paths) or state_table_prefix, not both",
+        ),
+        (
+            {"primary.use_development_emulator": "true"},
+            "option 'primary.use_development_emulator': applies to fully_qualified_namespace + credential",
+        ),
+        (
+            {"secondary.connection_string": SECONDARY + ";EntityPath=orders"},
+            "option 'secondary.connection_string': has EntityPath=orders",
+        ),
+    ],
+    ids=["same-namespace", "back-off", "state-tables", "emulator-flag", "entity-path"],
+)
+def test_options_that_cannot_work_together_are_refused_before_any_write(
+    options: dict[str, str], line: str
+) -> None:
+    """Issue 32 item 2: checked when Spark builds the source on the driver (``parse_options``), before any row is
+    read; one line, naming the option and the key it conflicts with."""
+    with pytest.raises(ConfigError) as refused:
+        parse_options(_opts(entity="orders", **options))
+    text = str(refused.value)
+    assert text.startswith("format('servicebus'): ") and line in text, text
+    assert len(text.splitlines()) == 1 and "secret" not in text
+
+
+def test_a_conflict_between_config_path_and_an_option_names_the_option(tmp_path: Path) -> None:
+    path = tmp_path / "sb.yaml"
+    path.write_text(
+        f"primary: {{connection_string: '{PRIMARY}'}}\nentity: orders\nstate_location: /data/state\n"
+    )
+    with pytest.raises(ConfigError, match="option 'state_table_prefix': give state_location .* not both"):
+        parse_options({"config_path": str(path), "state_table_prefix": "main.sb.sb_"})
+
+
 def test_job_id_is_checked_and_generated_ids_are_distinct() -> None:
     assert parse_options(_opts(entity="orders", job_id="backfill-2026.11")).job_id == "backfill-2026.11"
     with pytest.raises(ConfigError, match="option 'job_id': expected letters"):
