@@ -196,7 +196,11 @@ def test_a_blackholed_primary_never_hangs_the_syphon(pair: Any) -> None:
         stalled = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
         assert time.monotonic() - started < 10
         assert stalled.forwarded_total == 0 and stalled.abandoned == 3
-        assert any("failed: DeadlineExceeded" in e for e in stalled.errors)  # its probe or send
+        # its probe or send ended at a deadline: the lane's (DeadlineExceeded) or, on a loaded machine, the opening
+        # watchdog's (a TimeoutError) - both end the wait on the stalled handshake
+        assert any(
+            e.endswith(("failed: DeadlineExceeded", "failed: TimeoutError")) for e in stalled.errors
+        ), stalled.errors
         pair.primary.faults.stall(False)
         clock.advance(30)
         moved = syphon.drain_queue(BACKLOG[0], max_wait=0.5)

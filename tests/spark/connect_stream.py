@@ -11,12 +11,25 @@ Usage: ``python tests/spark/connect_stream.py <work dir>``
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+#: A local Spark Connect server binds port 15002 (pyspark takes an ephemeral port only under SPARK_TESTING, which
+#: changes Spark's own behaviour), so two of these children at once - pytest-xdist workers, two checkouts - would
+#: meet on it: each holds this lock from before its server starts until the process exits (the child's runner,
+#: ``child_report``, bounds the wait with its timeout).
+CONNECT_PORT_LOCK = Path(tempfile.gettempdir()) / "spark-sb-connect-port-15002.lock"
+
+
+def _hold_connect_port() -> None:
+    fd = os.open(CONNECT_PORT_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel when this process ends; fd kept open until then
 
 
 def _session(warehouse: Path | None = None) -> Any:
@@ -25,6 +38,7 @@ def _session(warehouse: Path | None = None) -> Any:
 
     from spark_sb.spark.session import LOCAL_DEFAULTS
 
+    _hold_connect_port()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder.remote("local[2]")
