@@ -698,7 +698,8 @@ class Syphon:
         """A return marker, reached after every earlier message of its line went into the primary: acknowledged
         (R3 reads it), then completed - never sent to the primary. From a dead-letter queue, or with ``ordering:
         none``, it is completed without an acknowledgement (its line was not moved in order there); an
-        acknowledgement that fails abandons it (met again, its line held back behind it)."""
+        acknowledgement that fails abandons it (met again, its line held back behind it). Without ``acks`` (a fake
+        clock and no registry) it is completed with a warning, as with ``ordering: none``."""
         assert h.restored is not None
         marker = marker_of(h.restored)
         assert marker is not None
@@ -712,13 +713,14 @@ class Syphon:
                 )
                 self._abandon(lane, [h], outcome)
                 return
-        elif not self.ordered and not self._warned_markers:
+        elif not dead_letter and not self._warned_markers:
             self._warned_markers = True
             log.warning(
                 "syphon: backlog queue %s holds return markers (senders with ordering: session or entity) but this "
-                "syphon runs with ordering: none: they are dropped without an acknowledgement, and those senders "
-                "keep their sessions on the backlog; give the syphon the senders' ordering",
+                "syphon %s: they are dropped without an acknowledgement, and those senders keep their sessions on "
+                "the backlog; give the syphon the senders' ordering (and, outside their process, acks)",
                 lane.queue,
+                "runs with ordering: none" if not self.ordered else "has nowhere to acknowledge them (acks)",
             )
         outcome.markers += 1
         self._settle(lane, [h], complete, outcome)
