@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from servicebus_local.model import QueueSettings
 from spark_sb.config.namespace import NamespaceConfig, RetryConfig
 from spark_sb.config.secret import Secret
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.failover.ordering import RETURN_MARKER
+from spark_sb.failover.ordering import RETURN_MARKER, QueueUnavailableError, pinned_queue
 from spark_sb.failover.outcome import SendOutcome, namespace_key
 from spark_sb.failover.records import EntityState
 from spark_sb.failover.registry import process_registry
@@ -44,8 +45,8 @@ def pair(namespace_pair: Any) -> Any:
     return namespace_pair
 
 
-def config_for(pair: Any, ordering: str) -> ServiceBusConfig:
-    return ServiceBusConfig(
+def config_for(pair: Any, ordering: str, **overrides: Any) -> ServiceBusConfig:
+    base = ServiceBusConfig(
         primary=NamespaceConfig(
             connection_string=Secret(pair.primary.connection_string), namespace_name="primary"
         ),
@@ -60,14 +61,15 @@ def config_for(pair: Any, ordering: str) -> ServiceBusConfig:
         ordering=ordering,
         syphon_batch_size=20,
     )
+    return replace(base, **overrides)
 
 
 class Run:
     """A sender on this thread, a syphon draining on its own thread while ``draining`` is set, and what was sent."""
 
-    def __init__(self, pair: Any, ordering: str) -> None:
+    def __init__(self, pair: Any, ordering: str, **overrides: Any) -> None:
         self.pair = pair
-        self.config = config_for(pair, ordering)
+        self.config = config_for(pair, ordering, **overrides)
         self.sender = PairedSender(self.config)  # the process registry, as in the README
         self.syphon = Syphon(
             self.config, entity_backoff=0.5
@@ -90,7 +92,7 @@ class Run:
                 self.errors.append(exc)
                 return
 
-    def send_round(self, per_session: int = 3) -> SendOutcome:
+    def next_round(self, per_session: int = 3) -> list[OutboundMessage]:
         batch = []
         for s in SESSIONS:
             n = self.produced.get(s, 0)
@@ -99,7 +101,10 @@ class Run:
                 for i in range(n, n + per_session)
             ]
             self.produced[s] = n + per_session
-        return self.sender.send(batch)
+        return batch
+
+    def send_round(self, per_session: int = 3) -> SendOutcome:
+        return self.sender.send(self.next_round(per_session))
 
     def until(self, what: str, check: Any, seconds: float = 30.0) -> None:
         deadline = time.monotonic() + seconds
@@ -171,6 +176,15 @@ def read_sessions(ns: Any, expected: dict[str, int]) -> dict[str, list[Any]]:
     return got
 
 
+def peek_ids(ns: Any, queues: list[str]) -> set[str]:
+    with ServiceBusClient.from_connection_string(ns.connection_string) as client:
+        out: set[str] = set()
+        for q in queues:
+            with client.get_queue_receiver(q) as receiver:
+                out |= {str(m.message_id) for m in receiver.peek_messages(max_message_count=1000, timeout=5)}
+        return out
+
+
 @pytest.fixture
 def registry_cleared() -> Iterator[None]:
     yield
@@ -207,3 +221,53 @@ def test_with_ordering_none_new_messages_overtake_the_backlog(pair: Any) -> None
         if numbers != sorted(numbers):
             out_of_order.append(s)
     assert out_of_order == SESSIONS  # every diverted session was overtaken by the rounds sent after recovery
+
+
+@pytest.mark.usefixtures("registry_cleared")
+def test_a_held_sessions_queue_failing_stops_that_session_only_and_the_retry_keeps_its_order(
+    pair: Any,
+) -> None:
+    """During the outage the backlog queue of some sessions refuses sends: the call fails for those sessions only
+    (nothing of them goes to another queue), the other sessions are diverted; the queue comes back, the call is
+    sent again as Spark would retry it (the same message ids: the primary's duplicate detection drops what went
+    twice), and every session still reaches the primary in order."""
+    run = Run(pair, "session", backlog_retry_interval=2.0)
+    try:
+        run.send_round()
+        pair.primary.faults.refuse_connections()
+        pair.primary.faults.drop_connections()
+        run.send_round()
+        broken = pinned_queue(SESSIONS[0], QUEUES, lambda _: True)
+        assert broken is not None
+        stopped = [s for s in SESSIONS if pinned_queue(s, QUEUES, lambda _: True) == broken]
+        pair.secondary.faults.fail_sends(broken, "com.microsoft:entity-disabled")
+        batch = run.next_round()
+        with pytest.raises(QueueUnavailableError, match="ordering: session") as caught:
+            run.sender.send(batch)
+        assert caught.value.outcome.diverted_by_entity == {ENTITY: 3 * (len(SESSIONS) - len(stopped))}
+        peeked = peek_ids(pair.secondary, QUEUES)
+        assert {str(m.message_id) for m in batch if m.session_id not in stopped} <= peeked  # the others went
+        assert not {str(m.message_id) for m in batch if m.session_id in stopped} & peeked  # nothing of these
+        pair.secondary.faults.clear()
+        secondary = namespace_key(run.config.secondary)
+        run.until(
+            "the queue to return to the rotation",
+            lambda: process_registry().rotation.is_available(secondary, broken),
+            seconds=10,
+        )
+        run.sender.send(batch)  # the retry
+        pair.primary.faults.accept_connections()
+        run.until(
+            "the primary to answer a probe", lambda: run.sender.entity_state(ENTITY) is EntityState.HEALTHY
+        )
+        run.draining.set()
+        for _ in range(3):
+            run.send_round()
+        run.until("the backlog to drain", lambda: run.backlog() == 0, seconds=60)
+        run.send_round()
+        run.until("the backlog to drain", lambda: run.backlog() == 0, seconds=60)
+    finally:
+        run.close()
+    got = read_sessions(pair.primary, run.produced)
+    for s, n in run.produced.items():
+        assert [str(m.message_id) for m in got[s]] == [f"{s}-{i}" for i in range(n)], s
