@@ -271,3 +271,81 @@ def test_a_held_sessions_queue_failing_stops_that_session_only_and_the_retry_kee
     got = read_sessions(pair.primary, run.produced)
     for s, n in run.produced.items():
         assert [str(m.message_id) for m in got[s]] == [f"{s}-{i}" for i in range(n)], s
+
+
+@pytest.mark.usefixtures("registry_cleared")
+def test_two_threads_sending_the_same_sessions_keep_each_threads_order(pair: Any) -> None:
+    """Two paired senders on two threads of one process send the same sessions (each its own numbering) through an
+    outage and the recovery while the syphon drains: per session, each thread's messages arrive in its order."""
+    config = config_for(pair, "session")
+    syphon = Syphon(config, entity_backoff=0.5)
+    outage = threading.Event()
+    recovered = threading.Event()
+    healthy_rounds = {t: threading.Event() for t in ("a", "b")}  # each thread sent 4 rounds before the outage
+    outage_rounds = {t: threading.Event() for t in ("a", "b")}  # and 4 during it
+    stop = threading.Event()
+    produced: dict[str, int] = {}
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    diverted: list[int] = []
+
+    def sender_thread(tag: str) -> None:
+        with PairedSender(config) as sender:
+            for r in range(14):
+                if r == 4:
+                    healthy_rounds[tag].set()
+                    outage.wait(30)
+                if r == 8:
+                    outage_rounds[tag].set()
+                    recovered.wait(30)
+                batch = [
+                    OutboundMessage(body="x", session_id=s, message_id=f"{s}-{tag}-{r * 2 + i}")
+                    for s in SESSIONS
+                    for i in range(2)
+                ]
+                try:
+                    diverted.append(sender.send(batch).total_diverted)
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+                    return
+                with lock:
+                    for s in SESSIONS:
+                        produced[f"{s}/{tag}"] = produced.get(f"{s}/{tag}", 0) + 2
+
+    def drain() -> None:
+        while not stop.is_set():
+            syphon.drain_all(max_wait=0.2)
+            stop.wait(0.05)
+
+    threads = [threading.Thread(target=sender_thread, args=(t,)) for t in ("a", "b")]
+    drainer = threading.Thread(target=drain, daemon=True)
+    try:
+        for t in threads:
+            t.start()
+        drainer.start()
+        assert all(e.wait(30) for e in healthy_rounds.values())
+        pair.primary.faults.refuse_connections()
+        pair.primary.faults.drop_connections()
+        outage.set()
+        assert all(e.wait(60) for e in outage_rounds.values())
+        pair.primary.faults.accept_connections()
+        recovered.set()
+        for t in threads:
+            t.join(120)
+        deadline = time.monotonic() + 60
+        while sum(pair.secondary.broker.counts(q).active_message_count for q in QUEUES):
+            assert time.monotonic() < deadline, "the backlog did not drain"
+            stop.wait(0.2)  # polling the broker's counts: nothing to await
+    finally:
+        stop.set()
+        drainer.join(30)
+        syphon.close()
+    assert not errors, errors
+    assert sum(diverted) >= 2 * 4 * 2 * len(SESSIONS)  # at least the rounds of the outage went to the backlog
+    per_session = {s: sum(n for k, n in produced.items() if k.startswith(f"{s}/")) for s in SESSIONS}
+    got = read_sessions(pair.primary, per_session)
+    for s in SESSIONS:
+        ids = [str(m.message_id) for m in got[s]]
+        for tag in ("a", "b"):
+            mine = [int(i.rsplit("-", 1)[1]) for i in ids if i.startswith(f"{s}-{tag}-")]
+            assert mine == list(range(produced[f"{s}/{tag}"])), (s, tag, mine)
