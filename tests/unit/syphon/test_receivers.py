@@ -77,35 +77,45 @@ LOCK_LOST: dict[str, Any] = {
 
 class FakeLink:
     """The SDK's pyamqp receive link as :func:`complete_on_link` uses it: dispositions are recorded, and each
-    ``listen`` of its connection answers every one sent so far with the outcome ``answers`` gives its delivery
-    tag (accepted by default; ``None``: never answered). ``unknown`` tags are not this link's deliveries."""
+    ``listen`` of its connection answers every delivery sent so far with the outcome ``answers`` gives its
+    delivery id (accepted by default; ``None``: never answered). ``unknown`` tags are not this link's deliveries;
+    ``tags``: the link's record of the tags it received, from which a disposition removes its tag, as the SDK's
+    does (None: a link without one)."""
 
     def __init__(
-        self, answers: dict[bytes, dict[str, Any] | None] | None = None, unknown: tuple[bytes, ...] = ()
-    ):
+        self,
+        answers: dict[int, dict[str, Any] | None] | None = None,
+        unknown: tuple[bytes, ...] = (),
+        tags: set[bytes] | None = None,
+    ) -> None:
         self.answers = answers or {}
         self.unknown = unknown
+        self.tags = tags
+        if tags is not None:
+            self._received_delivery_tags = tags
         self._pending_dispositions: dict[int, dict[str, Any]] = {}
         self._is_closed = False
         self.state = LinkState.ATTACHED
-        self.sent: list[tuple[int, bytes, bool | None, str]] = []
+        self.sent: list[tuple[int, int | None, bytes, bool | None, str]] = []
         self.listens = 0
-        self._unanswered: list[tuple[int, bytes]] = []
+        self._unanswered: list[int] = []
         self._session = self
         self._connection = self
 
     def _outgoing_disposition(
         self, first: int, last: int | None, tag: bytes, settled: bool | None, state: Any, batchable: Any
     ) -> None:
-        if tag in self.unknown:
+        if tag in self.unknown or (self.tags is not None and tag not in self.tags):
             raise ValueError("Delivery tag not found.")
-        self.sent.append((first, tag, settled, type(state).__name__))
-        self._unanswered.append((first, tag))
+        if self.tags is not None:
+            self.tags.remove(tag)
+        self.sent.append((first, last, tag, settled, type(state).__name__))
+        self._unanswered.extend(range(first, (last if last is not None else first) + 1))
 
-    def listen(self, wait: bool = False) -> None:
+    def listen(self, wait: bool = False, batch: int = 1) -> None:
         self.listens += 1
-        for delivery_id, tag in self._unanswered:
-            answer = self.answers.get(tag, ACCEPTED)
+        for delivery_id in self._unanswered:
+            answer = self.answers.get(delivery_id, ACCEPTED)
             if answer is not None:
                 self._pending_dispositions[delivery_id] = {"settled": True, "outcome": answer}
         self._unanswered = []
@@ -236,9 +246,9 @@ def test_several_completions_go_on_the_receiving_link_in_one_round_trip() -> Non
     items = held("a", "b", "c")
     outcome = do_settle(FakeLane(receiver), items, complete)
     assert link.sent == [
-        (0, b"a", False, "Accepted"),
-        (1, b"b", False, "Accepted"),
-        (2, b"c", False, "Accepted"),
+        (0, None, b"a", False, "Accepted"),
+        (1, None, b"b", False, "Accepted"),
+        (2, None, b"c", False, "Accepted"),
     ]
     assert link.listens == 1  # one round trip for the three
     assert receiver.calls == []  # none completed one by one
@@ -248,7 +258,7 @@ def test_several_completions_go_on_the_receiving_link_in_one_round_trip() -> Non
 
 
 def test_a_completion_the_service_refuses_is_counted_and_the_others_are_done() -> None:
-    link = FakeLink(answers={b"b": LOCK_LOST})
+    link = FakeLink(answers={1: LOCK_LOST})
     items = held("a", "b", "c")
     outcome = do_settle(FakeLane(LinkReceiver(link)), items, complete)
     assert outcome.settle_failures == 1
@@ -256,7 +266,7 @@ def test_a_completion_the_service_refuses_is_counted_and_the_others_are_done() -
 
 
 def test_a_completion_without_an_answer_by_the_deadline_is_counted() -> None:
-    link = FakeLink(answers={b"b": None})
+    link = FakeLink(answers={1: None})
     items = held("a", "b")
     assert complete_on_link(LinkReceiver(link), items, time.monotonic() + 0.2) == [items[1]]  # type: ignore[arg-type]
     assert link._pending_dispositions == {}
@@ -269,13 +279,30 @@ def test_a_message_that_is_not_the_links_delivery_is_counted_not_settled_elsewhe
     receiver = LinkReceiver(link)
     items = held("old", "new")
     outcome = do_settle(FakeLane(receiver), items, complete)
-    assert [tag for _, tag, _, _ in link.sent] == [b"new"]
+    assert [tag for _, _, tag, _, _ in link.sent] == [b"new"]
     assert receiver.calls == []
     assert outcome.settle_failures == 1
 
 
+def test_consecutive_deliveries_of_the_link_are_completed_with_one_frame_each_run() -> None:
+    """Delivery ids 0-2 and 4-5 (3 was settled otherwise; 9 is not the link's: the SDK reattached): two frames,
+    0..2 and 4..5 - 9 is refused by the link, never settled elsewhere - and every tag of a run leaves the link's
+    record, as the SDK's own disposition removes its one."""
+    tags = {b"a", b"b", b"c", b"e", b"f"}
+    link = FakeLink(tags=tags, answers={5: LOCK_LOST})
+    items = [
+        Held(FakeMessage(t, i), 3) for t, i in (("f", 5), ("a", 0), ("b", 1), ("c", 2), ("e", 4), ("z", 9))
+    ]
+    not_done = complete_on_link(LinkReceiver(link), items, time.monotonic() + 1.0)  # type: ignore[arg-type]
+    assert [(first, last) for first, last, _, _, _ in link.sent] == [(0, 2), (4, 5)]
+    assert tags == set()
+    assert sorted(h.msg.lock_token for h in not_done or []) == ["f", "z"]  # type: ignore[attr-defined]
+    assert [h.msg._settled for h in items] == [False, True, True, True, True, False]  # type: ignore[attr-defined]
+    assert link.listens == 1
+
+
 def test_a_link_that_detaches_while_waiting_ends_the_wait() -> None:
-    link = FakeLink(answers={b"a": None, b"b": None})
+    link = FakeLink(answers={0: None, 1: None})
     link.state = LinkState.DETACHED
     items = held("a", "b")
     started = time.monotonic()
