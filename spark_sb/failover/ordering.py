@@ -66,9 +66,10 @@ senders read. Tests: tests/unit/failover/test_ordering.py, tests/unit/sender/tes
 tests/unit/syphon/test_ordered.py, tests/integration/test_ordering.py. Not yet: setting (a) - the Spark sink's
 handoff of held records to its tasks and back (:meth:`SessionBook.restore`), the syphon job's acknowledgements in
 the events table (an :class:`Acknowledgements` over the state store) read by the sink; the state tables' session
-rows, ``spark-sb status`` and the dashboard (O4); ``bench/bench_ordering.py`` (O3). Until then the Spark sink and
-its syphon job must not take ``ordering`` on: each executor process would hold its own sessions (nothing ordered
-across processes), and the job's acknowledgements would reach no sender (a held session never returns).
+rows, ``spark-sb status`` and the dashboard (O4); ``bench/bench_ordering.py`` (O3). Until then the Spark sink,
+``format('servicebus')`` and the syphon job refuse ``ordering`` other than ``none`` on the driver
+(:func:`spark_sb.spark.partition.refuse_ordering`): each executor process would hold its own sessions (nothing
+ordered across processes), and the job's acknowledgements would reach no sender (a held session never returns).
 
 Runs anywhere (the sender's thread, the syphon); thread-safe; the records are picklable.
 """
@@ -83,10 +84,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from spark_sb.core.errors import CONNECTION, SendError
+from spark_sb.message.backlog import RETURN_MARKER, ReturnMarker
 from spark_sb.message.outbound import OutboundMessage
 
-#: The application property of a return marker (its value: the marker id); receivers never see one (R2).
-RETURN_MARKER = "x-spark-sb-return"
 #: The ``ordering`` values (the config key; :data:`spark_sb.config.settings.ORDERINGS`).
 NONE, SESSION, ENTITY = "none", "session", "entity"
 #: The session part of an entity's key with ``ordering: entity`` (every message of the entity is one line).
@@ -103,10 +103,11 @@ def order_key(ordering: str, session_id: str | None) -> str | None:
     return None
 
 
-def return_marker(entity: str, key: str, marker: str) -> OutboundMessage:
+def return_marker(entity: str, key: str, marker: str) -> ReturnMarker:
     """R2: the return marker ``marker`` of the line (``entity``, ``key``), an original message that the backlog
-    translation carries like any other (its session id is the key; none for a whole entity)."""
-    return OutboundMessage(
+    translation carries like any other (its session id is the key; none for a whole entity). Its property,
+    :data:`~spark_sb.message.backlog.RETURN_MARKER`, is reserved: a user message carrying it is rejected."""
+    return ReturnMarker(
         body=b"",
         entity=entity,
         message_id=f"spark-sb-return-{marker}",

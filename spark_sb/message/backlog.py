@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,8 @@ __all__ = [
     "PROBE_SESSION_PREFIX",
     "PROBE_TTL",
     "RESERVED_PROPERTIES",
+    "RETURN_MARKER",
+    "ReturnMarker",
     "backlog_queue_name",
     "backlog_queue_names",
     "from_backlog",
@@ -161,6 +163,11 @@ BACKLOG_ENQUEUED = "x-ms-backlog-enqueued-utc"
 #: type after a real round trip through a backlog queue. Only present when such properties exist.
 BACKLOG_TIMESTAMP_PROPERTIES = "x-ms-backlog-timestamp-properties"
 
+#: The application property of a return marker (``ordering``, :mod:`spark_sb.failover.ordering` R2; its value: the
+#: marker id). The syphon acknowledges and completes a backlog message that carries it, never forwards it: a user
+#: message carrying it would be swallowed, so it is reserved (a reject) and only a :class:`ReturnMarker` carries it.
+RETURN_MARKER = "x-spark-sb-return"
+
 #: Application property names that the backlog translation owns: user messages must not carry them.
 RESERVED_PROPERTIES = frozenset(
     {
@@ -171,8 +178,16 @@ RESERVED_PROPERTIES = frozenset(
         BACKLOG_PARTITION_KEY,
         BACKLOG_ENQUEUED,
         BACKLOG_TIMESTAMP_PROPERTIES,
+        RETURN_MARKER,
     }
 )
+
+
+@dataclass(frozen=True, slots=True)
+class ReturnMarker(OutboundMessage):
+    """A return marker as the sender makes it (:func:`spark_sb.failover.ordering.return_marker`): the one kind of
+    message :func:`to_backlog` lets carry :data:`RETURN_MARKER`. Picklable like any :class:`OutboundMessage`."""
+
 
 _ONE_MS = timedelta(milliseconds=1)
 
@@ -226,11 +241,13 @@ def to_backlog(msg: OutboundMessage, entity: str, now: datetime) -> OutboundMess
     Session id, TTL, scheduled time and partition key are cleared and recorded as application properties,
     with the destination (``x-ms-path``) and ``now`` (``x-ms-backlog-enqueued-utc``, UTC). Everything else
     passes unchanged. The result has ``entity=None`` (the caller picks the backlog queue). Raises
-    :class:`RejectError` if ``msg`` already carries a reserved backlog property (not reversible).
+    :class:`RejectError` if ``msg`` already carries a reserved backlog property (not reversible), or carries
+    :data:`RETURN_MARKER` without being a :class:`ReturnMarker` (the syphon would swallow it).
     """
 
     props: dict[str, Scalar] = dict(msg.properties)
-    for name in sorted(RESERVED_PROPERTIES.intersection(props)):
+    reserved = RESERVED_PROPERTIES - {RETURN_MARKER} if isinstance(msg, ReturnMarker) else RESERVED_PROPERTIES
+    for name in sorted(reserved.intersection(props)):
         raise RejectError(
             f"property name {name!r} is reserved for the backlog translation", f"properties.{name}"
         )

@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.config.settings import KNOWN_KEYS
 from spark_sb.core.errors import ConfigError
-from spark_sb.spark.partition import arrow_rows, send_partition
+from spark_sb.spark.partition import arrow_rows, refuse_ordering, send_partition
 from spark_sb.spark.schema import validate_schema
 from spark_sb.spark.sink import ServiceBusSink, default_sink_id
 from spark_sb.state.records import EntityRecord, PartitionResult
@@ -196,6 +196,10 @@ def parse_options(
         config = ServiceBusConfig.from_options(flat, env=env, dbutils=dbutils)
     except ConfigError as exc:
         raise _option_error(exc.errors or [("options", str(exc))]) from None
+    try:  # before any row is read (issue 31: order through failover is not kept across processes yet)
+        refuse_ordering(config, "format('servicebus')")
+    except ConfigError as exc:
+        raise _option_error(exc.errors) from None
     if spool_given is not None and not spool_given.strip():
         raise _option_error([("state_spool", "expected a path (the spool's Delta tables), found ''")])
     if spool_given is not None and not config.state_table_prefix:

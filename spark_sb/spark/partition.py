@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.core.errors import ConfigError
 from spark_sb.failover.outcome import SendOutcome, namespace_key
 from spark_sb.failover.registry import process_registry
 from spark_sb.message.outbound import OutboundMessage, Reject, RejectError
@@ -109,6 +110,20 @@ def arrow_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[dict[str, Any]]:
     """Rows of Arrow record batches as dicts (maps as lists of pairs, structs as dicts). Executor."""
     for batch in batches:
         yield from batch.to_pylist()
+
+
+def refuse_ordering(config: ServiceBusConfig, where: str) -> None:
+    """Driver: raise a one-line :class:`ConfigError` naming the ``ordering`` key when ``config`` asks for order
+    through failover (``session`` / ``entity``), which ``where`` (the Spark sink, ``format('servicebus')``, the
+    syphon job) does not keep across processes yet: each executor process would hold its own sessions and the
+    syphon job's acknowledgements would reach no sender (issue 31, setting a; :mod:`spark_sb.failover.ordering`).
+    Called before any row is read."""
+    if config.ordering != "none":
+        raise ConfigError.at(
+            "ordering",
+            f"{config.ordering!r} is not supported by {where} yet (order through failover is kept only by a "
+            "PairedSender and a Syphon in one process, README 'Without Spark'); valid here: none",
+        )
 
 
 def partition_function(

@@ -48,6 +48,7 @@ from spark_sb.spark.hooks import install_sigterm_handler, is_connect, register_e
 from spark_sb.spark.partition import (
     RESULT_SCHEMA,
     partition_function,
+    refuse_ordering,
 )
 from spark_sb.spark.schema import validate_schema
 from spark_sb.state.delta import DeltaStateStore, StateTables
@@ -293,6 +294,7 @@ class ServiceBusSink:
             raise ConfigError.at(
                 "max_pending_writes", f"must be an integer >= 1 (batches), found {max_pending_writes!r}"
             )
+        refuse_ordering(config, "the Spark sink")
         # The primary's namespace name is resolved here, on the driver, and shipped in the config: executors
         # never ask the primary's admin endpoint (a worker started during an outage could not).
         self.config = with_namespace_name(config)

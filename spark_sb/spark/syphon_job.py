@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.failover.outcome import namespace_key
 from spark_sb.sender.pool import SenderPool, config_key
+from spark_sb.spark.partition import refuse_ordering
 from spark_sb.state.maintenance import maintain_if_due, store_for
 from spark_sb.state.records import (
     ABANDONED,
@@ -299,7 +300,10 @@ def syphon_source(
     """The ``servicebus-syphon`` Python data source class for ``config`` (driver; register it with
     ``spark.dataSource.register``). The class carries the picklable config (pickled by value with cloudpickle, to
     the planner process and the executors). ``admin_kwargs``: extra arguments of the admin client (e.g.
-    ``connection_verify`` for a local namespace). ``stop_file``: while this file exists no micro-batch starts."""
+    ``connection_verify`` for a local namespace). ``stop_file``: while this file exists no micro-batch starts.
+    Raises :class:`~spark_sb.core.errors.ConfigError` for ``ordering`` other than ``none`` (not kept across
+    processes yet)."""
+    refuse_ordering(config, "the syphon job")
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
     try:  # pyspark 4.1+: a Python source may say it supports Trigger.AvailableNow (no single-batch fallback)
@@ -420,6 +424,7 @@ class SyphonBatchWriter:
     (in the process that runs the function: under Spark Connect, beside the server)."""
 
     def __init__(self, config: ServiceBusConfig, *, store: StateStore | None = None) -> None:
+        refuse_ordering(config, "the syphon job")
         self.config = config
         self.sink_id = syphon_sink_id(config)
         self.total = SyphonTotals()
@@ -516,6 +521,7 @@ def run_syphon(
     pyspark 4.0 (no ``SupportsTriggerAvailableNow``) Spark runs one micro-batch instead, and warns. ``once`` and ``available_now`` exclude each other."""
     if once and available_now:
         raise ValueError("run_syphon: give once=True or available_now=True, not both")
+    refuse_ordering(config, "the syphon job")  # before the query starts: no queue is drained
 
     config = with_namespace_name(config)  # resolved once on the driver; executors never ask
     names = list(queues) if queues is not None else config.backlog_queue_names()

@@ -20,10 +20,11 @@ from servicebus_local.model import QueueSettings
 from spark_sb.config.namespace import NamespaceConfig, RetryConfig
 from spark_sb.config.secret import Secret
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.failover.ordering import RETURN_MARKER, QueueUnavailableError, pinned_queue
+from spark_sb.failover.ordering import QueueUnavailableError, pinned_queue
 from spark_sb.failover.outcome import SendOutcome, namespace_key
 from spark_sb.failover.records import EntityState
 from spark_sb.failover.registry import process_registry
+from spark_sb.message.backlog import RETURN_MARKER
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.paired import PairedSender
 from spark_sb.syphon.mover import Syphon

@@ -13,8 +13,17 @@ from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_sb.message.backlog import BACKLOG_PATH, to_backlog, to_backlog_sdk
+from spark_sb.message.backlog import (
+    BACKLOG_PATH,
+    RESERVED_PROPERTIES,
+    RETURN_MARKER,
+    ReturnMarker,
+    from_backlog,
+    to_backlog,
+    to_backlog_sdk,
+)
 from spark_sb.message.outbound import OutboundMessage, RejectError
+from spark_sb.message.rows import validate_message
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, 123000, tzinfo=timezone.utc)
 
@@ -71,3 +80,31 @@ def test_a_reserved_property_is_refused_on_the_fast_path_too() -> None:
     msg = OutboundMessage(body=b"x", properties={BACKLOG_PATH: "elsewhere"})
     with pytest.raises(RejectError, match="reserved"):
         to_backlog_sdk(msg, "orders", NOW)
+
+
+def test_the_return_marker_property_is_reserved_a_user_message_carrying_it_is_a_reject() -> None:
+    """The syphon acknowledges and completes a backlog message with ``x-spark-sb-return`` (ordering, R2): a user
+    message carrying it would be swallowed. It is refused - by the row checks and by the translation, on both
+    paths - as a reject naming the property; only a :class:`ReturnMarker` (the sender's) carries it."""
+    assert RETURN_MARKER == "x-spark-sb-return" and RETURN_MARKER in RESERVED_PROPERTIES
+    field = f"properties.{RETURN_MARKER}"
+    user = OutboundMessage(body=b"x", session_id="s", properties={RETURN_MARKER: "m1"})
+    plain = OutboundMessage(body=b"x", properties={RETURN_MARKER: "m1", "k": "v"})
+    for translate in (to_backlog, to_backlog_sdk):
+        for msg in (user, plain):
+            with pytest.raises(RejectError) as err:
+                translate(msg, "orders", NOW)
+            assert err.value.field == field
+    with pytest.raises(RejectError) as err:
+        validate_message(plain, 256 * 1024)
+    assert err.value.field == field
+    marker = ReturnMarker(
+        body=b"", message_id="spark-sb-return-m1", session_id="s", properties={RETURN_MARKER: "m1"}
+    )
+    restored, _ = from_backlog(to_backlog(marker, "orders", NOW))
+    assert (
+        restored.properties[RETURN_MARKER] == "m1"
+        and restored.session_id == "s"
+        and restored.entity == "orders"
+    )
+    assert wire(to_backlog_sdk(marker, "orders", NOW)) == wire(to_backlog(marker, "orders", NOW).to_sdk())

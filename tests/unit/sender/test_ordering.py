@@ -11,7 +11,6 @@ from collections.abc import Iterator
 import pytest
 
 from spark_sb.failover.ordering import (
-    RETURN_MARKER,
     WHOLE_ENTITY,
     QueueUnavailableError,
     SessionBook,
@@ -19,7 +18,7 @@ from spark_sb.failover.ordering import (
     pinned_queue,
 )
 from spark_sb.failover.records import EntityState
-from spark_sb.message.backlog import from_backlog
+from spark_sb.message.backlog import RETURN_MARKER, from_backlog
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.paired import PairedSender
 from spark_sb.wire.transport import PRIMARY, SECONDARY, Target
@@ -112,6 +111,20 @@ def test_healthy_path_with_ordering_sends_as_without_it() -> None:
     assert primary_ids(ordered) == primary_ids(plain)
     assert ordered.transport.sends() == plain.transport.sends()  # the same round trips, no marker, no look-up
     assert out.total_diverted == 0 and len(book_of(ordered)) == 0 and ordered.backlog() == []
+
+
+def test_a_user_message_carrying_the_marker_property_is_rejected_not_swallowed_by_the_syphon() -> None:
+    rig = Rig(ordering="session", failover_interval=0.0)
+    fail_over(rig)
+    forged = OutboundMessage(body=b"x", session_id="s", message_id="forged", properties={RETURN_MARKER: "m"})
+    out = rig.sender.send([*session_msgs("s", 0, 2), forged])
+    assert [r.field for r in out.rejects] == [f"properties.{RETURN_MARKER}"]
+    assert out.total_diverted == 2
+    Syphon(rig).drain()
+    assert primary_ids(rig) == ["s-0", "s-1"]  # and the session's own marker, acknowledged, released it
+    recover(rig)
+    rig.sender.send(session_msgs("s", 2, 1))
+    assert primary_ids(rig) == ["s-0", "s-1", "s-2"]
 
 
 # ---------------------------------------------------------------------------------------------------------
