@@ -68,9 +68,10 @@ def test_ci_runs_the_spark_tier_on_both_pairs() -> None:
 
 
 def test_make_test_runs_the_whole_suite_and_ci_runs_all_of_it_tier_by_tier() -> None:
-    """`make test` (the README's command) runs tests/ and servicebus_local/tests in one run; CI runs each tier's
-    target instead, and the tiers together hold every directory of tests there is, each in one tier."""
-    assert re.search(r"^\t\$\(PYTEST\) tests servicebus_local/tests$", recipes()["test"], re.M)
+    """`make test` (the README's command) runs every tier's target, as CI does, and the tiers together hold every
+    directory of tests there is, each in one tier; each tier runs in its own number of pytest-xdist workers."""
+    make_test = re.findall(r"^\t@?\$\(MAKE\) [^\n]*$", recipes()["test"], re.M)
+    assert len(make_test) == 1 and set(TIER_TARGETS.values()) <= set(make_test[0].split()), make_test
     assert re.search(r"^PYTEST = \$\(BIN\)/python -m pytest --durations=15$", MAKEFILE, re.M)
     under_tests = {
         p.relative_to(ROOT / "tests").parts[0]
@@ -86,7 +87,10 @@ def test_make_test_runs_the_whole_suite_and_ci_runs_all_of_it_tier_by_tier() -> 
     )
     steps = recipes()
     for variable, target in TIER_TARGETS.items():
-        assert re.search(rf"^\t\$\(PYTEST\) \$\({variable}\)$", steps[target], re.M), target
+        workers = rf"-n \$\({variable.removesuffix('_TIER')}_WORKERS\) " if variable != "BENCH_TIER" else ""
+        assert re.search(rf"^\t\$\(PYTEST\) {workers}\$\({variable}\)$", steps[target], re.M), target
+        if workers:
+            assert re.search(rf"^{variable.removesuffix('_TIER')}_WORKERS \?= \d+$", MAKEFILE, re.M), variable
     targets = ci_make_targets()
     missing = [t for t in TIER_TARGETS.values() if t not in targets]
     assert not missing, f"CI does not run {missing}: part of `make test` would go untested"
