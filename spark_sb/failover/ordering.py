@@ -57,19 +57,19 @@ duplicate detection) and two syphons draining one queue at once.
 What bounds it: the book holds held sessions only (those with messages in the backlog): at most the sessions
 diverted during an outage, each removed on release; a record counts its open calls, not their messages' ids.
 
-Status: wired for setting (b), a plain application: the ``ordering`` key (``none`` default, ``session``,
-``entity``); :class:`~spark_sb.sender.paired.PairedSender` routes held lines to their pinned queues, sends markers
-and stops a line whose queue fails (:mod:`spark_sb.sender.paired`, :mod:`spark_sb.sender.diverter`); the
+Status: setting (b), a plain application: the ``ordering`` key (``none`` default, ``session``, ``entity``);
+:class:`~spark_sb.sender.paired.PairedSender` routes held lines to their pinned queues, sends markers and stops a
+line whose queue fails (:mod:`spark_sb.sender.paired`, :mod:`spark_sb.sender.diverter`); the
 :class:`~spark_sb.syphon.mover.Syphon` drains lines in order (:mod:`spark_sb.syphon.lines`) and acknowledges
 markers to its :class:`Acknowledgements`, by default the process registry's :class:`SessionBook`, which the process's
-senders read. Tests: tests/unit/failover/test_ordering.py, tests/unit/sender/test_ordering.py,
-tests/unit/syphon/test_ordered.py, tests/integration/test_ordering.py. Not yet: setting (a) - the Spark sink's
-handoff of held records to its tasks and back (:meth:`SessionBook.restore`), the syphon job's acknowledgements in
-the events table (an :class:`Acknowledgements` over the state store) read by the sink; the state tables' session
-rows, ``spark-sb status`` and the dashboard (O4); ``bench/bench_ordering.py`` (O3). Until then the Spark sink,
-``format('servicebus')`` and the syphon job refuse ``ordering`` other than ``none`` on the driver
-(:func:`spark_sb.spark.partition.refuse_ordering`): each executor process would hold its own sessions (nothing
-ordered across processes), and the job's acknowledgements would reach no sender (a held session never returns).
+senders read. Setting (a), the Spark sink with the syphon job: the sink's driver keeps its held lines in the
+``sessions`` state table, hands them to its tasks each micro-batch and releases them on the syphon job's
+``acknowledged`` events - :mod:`spark_sb.state.sessions` owns that handoff and its argument across processes;
+both need the state tables. ``format('servicebus')`` refuses ``ordering`` (its commit does not carry the held
+lines). Tests: tests/unit/failover/test_ordering.py, tests/unit/sender/test_ordering.py,
+tests/unit/syphon/test_ordered.py, tests/unit/state/test_sessions.py, tests/unit/spark/test_ordering.py,
+tests/integration/test_ordering.py. Not yet: ``spark-sb status`` and the dashboard (O4);
+``bench/bench_ordering.py`` (O3).
 
 Runs anywhere (the sender's thread, the syphon); thread-safe; the records are picklable.
 """
@@ -79,7 +79,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -248,6 +248,17 @@ class SessionBook:
             record = self._held.get((entity, session))
             if record is not None and record.marker == marker:
                 self._held[(entity, session)] = Held(record.queue, record.marker, record.sending, marker)
+
+    def replace(self, records: Mapping[tuple[str, str], Held]) -> None:
+        """Hold exactly ``records`` ((entity, session) -> record): the Spark sink's tasks start from the driver's
+        handoff (:func:`spark_sb.state.sessions.restore_book`), whatever an earlier task of the process left."""
+        with self._lock:
+            self._held = dict(records)
+
+    def records(self) -> dict[tuple[str, str], Held]:
+        """A copy of every held record ((entity, session) -> record)."""
+        with self._lock:
+            return dict(self._held)
 
     def restore(self, entity: str, session: str, record: Held) -> None:
         """Take a record from elsewhere (the sink's handoff, the state tables): another process's sends."""

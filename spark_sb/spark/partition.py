@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING, Any
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.errors import ConfigError
 from spark_sb.failover.outcome import SendOutcome, namespace_key
-from spark_sb.failover.registry import process_registry
+from spark_sb.failover.registry import FailoverRegistry, process_registry
 from spark_sb.message.outbound import OutboundMessage, Reject, RejectError
 from spark_sb.message.rows import reject_row, row_to_message
 from spark_sb.sender.paired import PairedSender
 from spark_sb.sender.pool import SenderPool, config_key
 from spark_sb.state.planning import apply_handoff
 from spark_sb.state.records import EntityRecord, PartitionResult
+from spark_sb.state.sessions import HeldLine, marks_of, restore_book
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -64,16 +65,29 @@ def _messages(
 
 
 def send_partition(
-    config: ServiceBusConfig, rows: Iterable[Any], handoff: Sequence[EntityRecord] = ()
+    config: ServiceBusConfig,
+    rows: Iterable[Any],
+    handoff: Sequence[EntityRecord] = (),
+    held: Sequence[HeldLine] = (),
+    *,
+    registry: FailoverRegistry | None = None,
+    sender: PairedSender | None = None,
 ) -> PartitionResult:
     """Send one partition's rows (executor). Streams the rows; returns the outcome including row rejects, and the
     worker's view of the entity states and pulled backlog queues afterwards.
 
     ``handoff``: the entity records the driver read at batch start; applied to this process's failover
-    registry first (SPEC S4: no second ``failover_interval`` wait, pulled backlog queues skipped).
+    registry first (SPEC S4: no second ``failover_interval`` wait, pulled backlog queues skipped). ``held``
+    (``ordering`` on): the sink's held lines; the process's session book holds exactly these for the task
+    (:func:`~spark_sb.state.sessions.restore_book`), and the result reports the lines the task marked
+    (:func:`~spark_sb.state.sessions.marks_of`). ``registry`` and ``sender`` (tests: an executor process of
+    their own): the process's registry, and a sender of the worker's pool, by default.
     """
-    registry = process_registry()
+    registry = registry or process_registry()
     primary = namespace_key(config.primary)
+    book = registry.sessions(primary) if config.ordering != "none" else None
+    if book is not None:
+        restore_book(book, held)
     secondary = namespace_key(config.secondary) if config.secondary is not None else None
     if handoff:
         apply_handoff(
@@ -87,13 +101,17 @@ def send_partition(
     rejects: list[Reject] = []
     counter = [0]
     key = config_key(config)
-    sender = SENDERS.acquire(key, config.idle_timeout, lambda: PairedSender(config))
+    pooled = sender is None
+    if sender is None:
+        sender = SENDERS.acquire(key, config.idle_timeout, lambda: PairedSender(config))
     try:
         outcome = sender.send(_messages(rows, config, rejects, counter))
     except BaseException:
-        sender.close()  # a failed sender is never reused: the task fails and Spark retries it
+        if pooled:
+            sender.close()  # a failed sender is never reused: the task fails and Spark retries it
         raise
-    SENDERS.release(key, sender, keep=config.client_cache)
+    if pooled:
+        SENDERS.release(key, sender, keep=config.client_cache)
     if rejects:
         outcome = SendOutcome(rejects=tuple(rejects)).merge(outcome)
     return PartitionResult(
@@ -103,6 +121,7 @@ def send_partition(
         statuses=tuple(s for s in registry.statuses() if s.namespace == primary),
         pulled=tuple(registry.rotation.pulled(secondary)) if secondary is not None else (),
         pid=os.getpid(),
+        marks=marks_of(book) if book is not None else (),
     )
 
 
@@ -114,30 +133,46 @@ def arrow_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[dict[str, Any]]:
 
 def refuse_ordering(config: ServiceBusConfig, where: str) -> None:
     """Driver: raise a one-line :class:`ConfigError` naming the ``ordering`` key when ``config`` asks for order
-    through failover (``session`` / ``entity``), which ``where`` (the Spark sink, ``format('servicebus')``, the
-    syphon job) does not keep across processes yet: each executor process would hold its own sessions and the
-    syphon job's acknowledgements would reach no sender (issue 31, setting a; :mod:`spark_sb.failover.ordering`).
-    Called before any row is read."""
+    through failover (``session`` / ``entity``) from ``where`` (``format('servicebus')``), which does not keep it:
+    its commit runs without the held sessions of :mod:`spark_sb.state.sessions`. Called before any row is read."""
     if config.ordering != "none":
         raise ConfigError.at(
             "ordering",
-            f"{config.ordering!r} is not supported by {where} yet (order through failover is kept only by a "
-            "PairedSender and a Syphon in one process, README 'Without Spark'); valid here: none",
+            f"{config.ordering!r} is not supported by {where} yet (order through failover is kept by the "
+            "foreachBatch sink ServiceBusSink with the syphon job, and by a PairedSender with a Syphon in one "
+            "process); valid here: none",
+        )
+
+
+def ordering_needs_tables(config: ServiceBusConfig, where: str, store_given: bool = False) -> None:
+    """Driver: with ``ordering`` on, the Spark sink and the syphon job coordinate through the state tables (the
+    held sessions, the acknowledgements: :mod:`spark_sb.state.sessions`); a one-line :class:`ConfigError` naming
+    the key when ``config`` names none (and no store is given)."""
+    if (
+        config.ordering != "none"
+        and not store_given
+        and not (config.state_location or config.state_table_prefix)
+    ):
+        raise ConfigError.at(
+            "ordering",
+            f"{config.ordering!r} needs the state tables in {where} (state_location or state_table_prefix): the "
+            "sink keeps its held sessions there and the syphon job writes its acknowledgements there",
         )
 
 
 def partition_function(
-    config: ServiceBusConfig, handoff: Sequence[EntityRecord]
+    config: ServiceBusConfig, handoff: Sequence[EntityRecord], held: Sequence[HeldLine] = ()
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of one batch: sends the partition, yields one row ``result`` (the pickled
     :class:`~spark_sb.state.records.PartitionResult`). Built on the driver, runs on executors; captures only the
-    picklable ``config`` and ``handoff``."""
+    picklable ``config``, ``handoff`` and ``held`` (the sink's held lines with ``ordering`` on)."""
     records = tuple(handoff)
+    lines = tuple(held)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
-        result = send_partition(config, arrow_rows(batches), records)
+        result = send_partition(config, arrow_rows(batches), records, lines)
         yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(result)], pa.binary())], names=["result"])
 
     return run

@@ -36,7 +36,7 @@ import pickle
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +47,8 @@ from spark_sb.failover.outcome import SendOutcome, namespace_key
 from spark_sb.spark.hooks import install_sigterm_handler, is_connect, register_exit_hook
 from spark_sb.spark.partition import (
     RESULT_SCHEMA,
+    ordering_needs_tables,
     partition_function,
-    refuse_ordering,
 )
 from spark_sb.spark.schema import validate_schema
 from spark_sb.state.delta import DeltaStateStore, StateTables
@@ -61,12 +61,15 @@ from spark_sb.state.records import (
     REJECTED,
     REPLAY_SKIPPED,
     SENT,
+    SESSION_HELD,
+    SESSION_RETURNED,
     STATE_CHANGE,
     BatchWrites,
     EntityRecord,
     Event,
     PartitionResult,
 )
+from spark_sb.state.sessions import ACK_SKEW, HeldLine, SessionLedger
 from spark_sb.state.store import StateStore
 from spark_sb.state.writer import (
     COMMIT_INTERVAL,
@@ -294,7 +297,7 @@ class ServiceBusSink:
             raise ConfigError.at(
                 "max_pending_writes", f"must be an integer >= 1 (batches), found {max_pending_writes!r}"
             )
-        refuse_ordering(config, "the Spark sink")
+        ordering_needs_tables(config, "the Spark sink", store_given=store is not None)
         # The primary's namespace name is resolved here, on the driver, and shipped in the config: executors
         # never ask the primary's admin endpoint (a worker started during an outage could not).
         self.config = with_namespace_name(config)
@@ -313,8 +316,17 @@ class ServiceBusSink:
         self._seq = 0
         self._force_sync = sync_writes  # Spark Connect, the data source's commit
         self._max_pending = max_pending_writes  # batches queued for the writer before a batch waits
+        # ordering (spark_sb.state.sessions): the held lines, this batch's handoff of them, the lines it released
+        self._ledger = SessionLedger() if self.config.ordering != "none" else None
+        self._held: tuple[HeldLine, ...] = ()
+        self._returned: list[HeldLine] = []
         if self.config.state_writes == "async" and self._tables is not None:
             install_sigterm_handler()  # the driver's main thread: SIGTERM then flushes the state rows
+
+    @property
+    def held_lines(self) -> tuple[HeldLine, ...]:
+        """Ordering: the held lines handed to the current batch's tasks (:mod:`spark_sb.state.sessions`)."""
+        return self._held
 
     @property
     def asynchronous(self) -> bool:
@@ -331,7 +343,8 @@ class ServiceBusSink:
 
         def run_tasks(handoff: Sequence[EntityRecord]) -> list[PartitionResult]:
             try:
-                rows = batch_df.mapInArrow(partition_function(config, handoff), RESULT_SCHEMA).collect()
+                function = partition_function(config, handoff, self.held_lines)
+                rows = batch_df.mapInArrow(function, RESULT_SCHEMA).collect()
             except Exception as exc:
                 told = task_failure(exc)
                 if told is None:
@@ -392,11 +405,58 @@ class ServiceBusSink:
         store.ensure()
         if self.skip_replayed(store, batch_id, count_rows, now()):
             return None
+        if self._ledger is not None:
+            self._held = self._release(store)
         if not self.asynchronous:
             return store.read_entities()
         if self._view.age() > MAX_VIEW_AGE:  # the first batch, the first after an error or a pause
             self._view.refreshed(store.read_entities())
         return self._view.records()
+
+    def _release(self, store: StateStore) -> tuple[HeldLine, ...]:
+        """Ordering, at batch start (driver): load the held lines (a driver's first batch), read the
+        acknowledgements of their pending markers - only while a line is held -, release the lines whose markers
+        are all acknowledged; the held lines left, for the tasks (:mod:`spark_sb.state.sessions`)."""
+        ledger = self._ledger
+        assert ledger is not None
+        if not ledger.loaded:
+            ledger.load(store.read_sessions(self.sink_id))
+        oldest = ledger.oldest()
+        if oldest is not None:
+            acked = store.read_acknowledgements(
+                namespace_key(self.config.primary), ledger.pending(), oldest - ACK_SKEW
+            )
+            self._returned.extend(ledger.acknowledged(acked))
+        return ledger.handoff()
+
+    def _hold(
+        self, batch_id: int, results: Sequence[PartitionResult], store: StateStore, at: datetime
+    ) -> list[Event]:
+        """Ordering, after the batch's tasks (driver): merge the lines they marked and, when the held lines changed,
+        write them to the ``sessions`` table now - before the ``foreachBatch`` function returns, whatever
+        ``state_writes`` says. The events of the lines first held and of those released."""
+        ledger = self._ledger
+        assert ledger is not None
+        marks = [m for r in results for m in r.marks]
+        new = ledger.marked(marks, at)
+        returned, self._returned = self._returned, []
+        if marks or returned:
+            store.write_sessions(self.sink_id, ledger.handoff())
+        primary = namespace_key(self.config.primary)
+        return [
+            Event(
+                at,
+                self.sink_id,
+                batch_id,
+                kind,
+                namespace=primary,
+                entity=line.entity,
+                backlog_queue=line.queue,
+                detail=line.session,
+            )
+            for kind, lines in ((SESSION_HELD, new), (SESSION_RETURNED, returned))
+            for line in lines
+        ]
 
     def record_batch(
         self,
@@ -430,6 +490,10 @@ class ServiceBusSink:
                 now=now(),
                 updated_by=self.sink_id,
             )
+            if self._ledger is not None:
+                lines = self._hold(batch_id, results, store, now())
+                if lines:
+                    writes = replace(writes, events=(*lines, *writes.events))
             if asynchronous:
                 self._seq += 1
                 self._view.planned(self._seq, writes.entities)

@@ -48,12 +48,14 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.core.clock import Clock, SystemClock
 from spark_sb.failover.outcome import namespace_key
 from spark_sb.sender.pool import SenderPool, config_key
-from spark_sb.spark.partition import refuse_ordering
+from spark_sb.spark.partition import ordering_needs_tables
 from spark_sb.state.maintenance import maintain_if_due, store_for
 from spark_sb.state.records import (
     ABANDONED,
+    ACKNOWLEDGED,
     BATCH_COMMITTED,
     DEAD_LETTERED,
     EXPIRED,
@@ -65,6 +67,7 @@ from spark_sb.state.records import (
     Event,
 )
 from spark_sb.state.store import StateStore
+from spark_sb.syphon.lines import RECEIVE_FAILURE_PAUSE
 from spark_sb.syphon.mover import Syphon
 from spark_sb.syphon.rules import (
     DESTINATION_NOT_FOUND,
@@ -85,6 +88,8 @@ ROW_SCHEMA = (
     "queue STRING, dead_letter BOOLEAN, entity STRING, kind STRING, count BIGINT, message_id STRING, "
     "detail STRING"
 )
+#: Ordering: added to the backlog queues' longest lock duration before a run's first drain (seconds).
+LOCK_MARGIN = 5.0
 #: The receive wait inside a micro-batch: the planner already knows there are messages (admin counts), so a
 #: receive that comes back empty after this long ends the queue's pass.
 RECEIVE_WAIT = 1.0
@@ -115,6 +120,38 @@ class BacklogWatcher:
     )  # messages gone from a queue since the start, at least
     _seen: dict[str, int] = field(default_factory=dict)  # its active count when it was last offered
     _blind: int = 0  # passes over every queue made without counts (AvailableNow: one at most)
+    #: ordering: seconds the first drain waits after the watcher's first look (None: the backlog queues' longest
+    #: lock duration + :data:`LOCK_MARGIN`, read from the admin endpoint; :data:`RECEIVE_FAILURE_PAUSE` unread)
+    lock_wait: float | None = None
+    clock: Clock = field(default_factory=SystemClock)
+    _not_before: float | None = None
+
+    def _ordered_start(self) -> bool:
+        """Ordering: True once the locks a killed run of the job may have held ran out (then its messages are back
+        in their queues, before anything behind them); until then no queue is drained."""
+        if self.config.ordering == "none":
+            return True
+        if self._not_before is None:
+            wait = self.lock_wait if self.lock_wait is not None else self._longest_lock()
+            self._not_before = self.clock.monotonic() + wait
+            if wait > 0:
+                log.info(
+                    "syphon: ordering: the first drain waits %.0f s for a killed run's locks to run out", wait
+                )
+        return self.clock.monotonic() >= self._not_before
+
+    def _longest_lock(self) -> float:
+        try:
+            admin = self._admin()
+            longest = max(admin.get_queue(q).lock_duration.total_seconds() for q in self.queues)
+        except Exception as exc:  # noqa: BLE001 - the provisioned lock and a margin
+            log.info(
+                "syphon: lock durations unavailable (%s): waiting %.0f s",
+                type(exc).__name__,
+                RECEIVE_FAILURE_PAUSE,
+            )
+            return RECEIVE_FAILURE_PAUSE
+        return float(longest) + LOCK_MARGIN
 
     def prepare_available_now(self) -> None:
         """``Trigger.AvailableNow`` starts: remember what each queue holds now. From here a queue is offered while
@@ -166,7 +203,10 @@ class BacklogWatcher:
         return out
 
     def work(self) -> list[tuple[str, bool]]:
-        """(queue, dead_letter) pairs to drain now; every queue when the counts cannot be read."""
+        """(queue, dead_letter) pairs to drain now; every queue when the counts cannot be read. With ordering,
+        nothing until one lock duration after the first look (:meth:`_ordered_start`)."""
+        if not self._ordered_start():
+            return []
         try:
             counts = self.counts()
         except Exception as exc:  # noqa: BLE001 - the loop never dies: drain blind instead
@@ -255,6 +295,24 @@ def outcome_rows(queue: str, dead_letter: bool, outcome: SyphonOutcome) -> Itera
         yield (queue, dead_letter, None, SYPHON_ERROR, 1, None, error[:500])
 
 
+class CollectedAcks:
+    """The syphon job's :class:`~spark_sb.failover.ordering.Acknowledgements` (executor; one per pooled syphon):
+    the return markers its syphon passed, kept until :func:`drain_partition` yields them as ``acknowledged`` rows,
+    which the ``foreachBatch`` function writes to the events table after the micro-batch (the sink's driver reads
+    them there: :mod:`spark_sb.state.sessions`). Bounded by the markers one receive batch passes."""
+
+    def __init__(self) -> None:
+        self._passed: list[tuple[str, str, str]] = []
+
+    def acknowledged(self, entity: str, session: str, marker: str) -> None:
+        self._passed.append((entity, session, marker))
+
+    def take(self) -> list[tuple[str, str, str]]:
+        """The markers passed since the last take: (entity, session, marker id)."""
+        passed, self._passed = self._passed, []
+        return passed
+
+
 def drain_partition(
     config: ServiceBusConfig,
     queue: str,
@@ -268,9 +326,16 @@ def drain_partition(
     try:
         key = config_key(config)
         names = list(queues or [queue])
-        syphon = SYPHONS.acquire(
-            key, float(config.idle_timeout), lambda: Syphon(config, backlog_queues=names, record_ids=True)
-        )
+        ordered = config.ordering != "none"
+
+        def build() -> Syphon:
+            if not ordered:
+                return Syphon(config, backlog_queues=names, record_ids=True)
+            return Syphon(config, backlog_queues=names, record_ids=True, acks=CollectedAcks())
+
+        syphon = SYPHONS.acquire(key, float(config.idle_timeout), build)
+        acks = getattr(syphon, "acks", None) if ordered else None
+        acks = acks if isinstance(acks, CollectedAcks) else None
         try:
             if hints is not None:
                 syphon.set_hints(hints)
@@ -280,6 +345,8 @@ def drain_partition(
             try:
                 for outcome in batches:
                     yield from outcome_rows(queue, dead_letter, outcome)
+                    for entity, _session, marker in acks.take() if acks is not None else ():
+                        yield (queue, dead_letter, entity, ACKNOWLEDGED, 1, marker, marker)
             finally:
                 batches.close()
         finally:
@@ -301,9 +368,8 @@ def syphon_source(
     ``spark.dataSource.register``). The class carries the picklable config (pickled by value with cloudpickle, to
     the planner process and the executors). ``admin_kwargs``: extra arguments of the admin client (e.g.
     ``connection_verify`` for a local namespace). ``stop_file``: while this file exists no micro-batch starts.
-    Raises :class:`~spark_sb.core.errors.ConfigError` for ``ordering`` other than ``none`` (not kept across
-    processes yet)."""
-    refuse_ordering(config, "the syphon job")
+    Raises :class:`~spark_sb.core.errors.ConfigError` for ``ordering`` without state tables."""
+    ordering_needs_tables(config, "the syphon job")
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
     try:  # pyspark 4.1+: a Python source may say it supports Trigger.AvailableNow (no single-batch fallback)
@@ -424,7 +490,7 @@ class SyphonBatchWriter:
     (in the process that runs the function: under Spark Connect, beside the server)."""
 
     def __init__(self, config: ServiceBusConfig, *, store: StateStore | None = None) -> None:
-        refuse_ordering(config, "the syphon job")
+        ordering_needs_tables(config, "the syphon job", store_given=store is not None)
         self.config = config
         self.sink_id = syphon_sink_id(config)
         self.total = SyphonTotals()
@@ -439,12 +505,15 @@ class SyphonBatchWriter:
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
+        marker = F.when(F.col("kind") == ACKNOWLEDGED, F.col("message_id")).alias("marker")
         rows = (
-            batch_df.groupBy("queue", "entity", "kind")
+            batch_df.groupBy("queue", "entity", "kind", marker)  # one row per acknowledged marker (ordering)
             .agg(F.sum("count").alias("n"), F.first("detail", ignorenulls=True).alias("detail"))
             .collect()
         )
-        aggregated = [(r["queue"], r["entity"], r["kind"], int(r["n"] or 0), r["detail"]) for r in rows]
+        aggregated = [
+            (r["queue"], r["entity"], r["kind"], int(r["n"] or 0), r["marker"] or r["detail"]) for r in rows
+        ]
         store = self._store
         if store is None and aggregated:
             store = store_for(batch_df.sparkSession, self.config)
@@ -521,7 +590,7 @@ def run_syphon(
     pyspark 4.0 (no ``SupportsTriggerAvailableNow``) Spark runs one micro-batch instead, and warns. ``once`` and ``available_now`` exclude each other."""
     if once and available_now:
         raise ValueError("run_syphon: give once=True or available_now=True, not both")
-    refuse_ordering(config, "the syphon job")  # before the query starts: no queue is drained
+    ordering_needs_tables(config, "the syphon job")  # before the query starts: no queue is drained
 
     config = with_namespace_name(config)  # resolved once on the driver; executors never ask
     names = list(queues) if queues is not None else config.backlog_queue_names()

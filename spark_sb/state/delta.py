@@ -9,13 +9,14 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.state.records import (
     _EPOCH,
+    ACKNOWLEDGED,
     BATCH_COMMITTED,
     COLUMNS,
     ENTITIES_DDL,
@@ -23,6 +24,7 @@ from spark_sb.state.records import (
     EVENTS_DDL,
     REJECT_COLUMNS,
     REJECTS_DDL,
+    SESSIONS_DDL,
     TABLE_PROPERTIES,
     EntityRecord,
     Event,
@@ -32,6 +34,7 @@ from spark_sb.state.records import (
     event_from_row,
     reject_from_row,
 )
+from spark_sb.state.sessions import HeldLine, lines_from_rows, session_rows
 from spark_sb.state.store import DeltaTableStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -165,6 +168,7 @@ class DeltaStateStore(DeltaTableStore):
         self.backoff = backoff
         self._sleep = sleep
         self._ensured = False
+        self._sessions_ensured = False
 
     # -- plumbing
     def _is_conflict(self, exc: BaseException, creating: bool) -> bool:
@@ -292,6 +296,71 @@ class DeltaStateStore(DeltaTableStore):
             "unix_micros(time) AS time", *(c for c in REJECT_COLUMNS if c != "time")
         ).collect()
         return [reject_from_row(r, _at) for r in rows]
+
+    # -- ordering: held sessions and acknowledgements (spark_sb.state.sessions)
+    def _ensure_sessions(self) -> None:
+        """Create the ``sessions`` table where it does not exist: only a sink with ``ordering`` on uses it."""
+        if self._sessions_ensured:
+            return
+        if not _local_table_exists(self.tables.path("sessions")):
+            props = ", ".join(f"'{k}' = '{v}'" for k, v in TABLE_PROPERTIES.items())
+            sql = (
+                f"CREATE TABLE IF NOT EXISTS {self.tables.sql_name('sessions')} ({SESSIONS_DDL}) USING DELTA "
+                f"TBLPROPERTIES ({props})"
+            )
+            self._retry("sessions", lambda: self.spark.sql(sql).collect(), creating=True)
+        self._sessions_ensured = True
+
+    def read_sessions(self, sink_id: str) -> list[HeldLine]:
+        from pyspark.sql import functions as F
+
+        self._ensure_sessions()
+        rows = (
+            self._read("sessions")
+            .where(F.col("sink_id") == sink_id)
+            .selectExpr(
+                "entity",
+                "session",
+                "backlog_queue",
+                "unix_micros(since) AS since",
+                "marker",
+                "unix_micros(issued) AS issued",
+            )
+            .collect()
+        )
+        return lines_from_rows(rows, _at)
+
+    def write_sessions(self, sink_id: str, lines: Sequence[HeldLine]) -> None:
+        self._ensure_sessions()
+        rows = session_rows(sink_id, lines)
+        df = self.spark.createDataFrame(rows, SESSIONS_DDL).coalesce(1)
+        condition = "sink_id = '" + sink_id.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        writer = df.write.format("delta").mode("overwrite").option("replaceWhere", condition)
+        path = self.tables.path("sessions")
+        if path is not None:
+            self._retry("sessions", lambda: writer.save(path))
+        else:
+            self._retry("sessions", lambda: writer.saveAsTable(self.tables.sql_name("sessions")))
+
+    def read_acknowledgements(self, namespace: str, markers: Collection[str], since: datetime) -> set[str]:
+        from pyspark.sql import functions as F
+
+        if not markers:
+            return set()
+        self.ensure()
+        rows = (
+            self._read("events")
+            .where(
+                (F.col("time") >= F.lit(since))
+                & (F.col("event") == ACKNOWLEDGED)
+                & (F.col("namespace") == namespace)
+                & F.col("detail").isin(sorted(markers))
+            )
+            .select("detail")
+            .distinct()
+            .collect()
+        )
+        return {str(r["detail"]) for r in rows}
 
     # -- writes
     def _append_records(

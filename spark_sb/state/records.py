@@ -16,6 +16,7 @@ from spark_sb.core.redact import redact
 if TYPE_CHECKING:  # pragma: no cover
     from spark_sb.failover.outcome import SendOutcome
     from spark_sb.failover.records import BacklogPull, EntityStatus
+    from spark_sb.state.sessions import LineMark
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,11 @@ BATCH_COMMITTED = "batch_committed"
 #: says the same in seconds. Throttling is not an outage: nothing is diverted for it.
 THROTTLED = "throttled"
 MAINTAINED = "maintained"  # spark-sb maintain (state.maintain)
+# ordering (spark_sb.state.sessions): a line (entity, session id in ``detail``) first held by a sink, and released
+# by it (back on the primary); the syphon job passed a return marker (``detail``: the marker id)
+SESSION_HELD = "session_held"
+SESSION_RETURNED = "session_returned"
+ACKNOWLEDGED = "acknowledged"
 # the syphon's event names (spark_sb.spark.syphon_job): per entity and backlog queue, per micro-batch
 MOVED = "moved"
 EXPIRED = "expired"
@@ -55,6 +61,9 @@ EVENTS = (
     BATCH_COMMITTED,
     THROTTLED,
     MAINTAINED,
+    SESSION_HELD,
+    SESSION_RETURNED,
+    ACKNOWLEDGED,
     *SYPHON_EVENTS,
 )
 
@@ -68,6 +77,11 @@ ENTITIES_DDL = (
     "backlog_namespace STRING, "
     "pulled_backlog_queues ARRAY<STRUCT<queue: STRING, until: TIMESTAMP, error_class: STRING>>, "
     "updated_at TIMESTAMP, updated_by STRING"
+)
+#: One row per (held line, pending marker) of a sink (spark_sb.state.sessions), rewritten whole per sink.
+SESSIONS_DDL = (
+    "sink_id STRING, entity STRING, session STRING, backlog_queue STRING, since TIMESTAMP, "
+    "marker STRING, issued TIMESTAMP"
 )
 REJECTS_DDL = (
     "time TIMESTAMP, sink_id STRING, batch_id BIGINT, entity STRING, column STRING, reason STRING, "
@@ -174,6 +188,8 @@ class PartitionResult:
     statuses: tuple[EntityStatus, ...] = ()
     pulled: tuple[BacklogPull, ...] = ()
     pid: int = 0  # the Python worker process (not written to the tables)
+    #: ordering: the lines this task diverted and marked (spark_sb.state.sessions); bounded by the task's lines
+    marks: tuple[LineMark, ...] = ()
 
 
 @dataclass(frozen=True)

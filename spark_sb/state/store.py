@@ -6,10 +6,19 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from datetime import datetime
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from spark_sb.state.records import BATCH_COMMITTED, BatchWrites, EntityRecord, Event, RejectRecord
+from spark_sb.state.records import (
+    ACKNOWLEDGED,
+    BATCH_COMMITTED,
+    BatchWrites,
+    EntityRecord,
+    Event,
+    RejectRecord,
+)
+from spark_sb.state.sessions import HeldLine
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +62,18 @@ class StateStore(Protocol):
 
     def read_rejects(self, sink_id: str | None = None) -> list[RejectRecord]:
         """Rejects (all sinks when ``sink_id`` is None)."""
+        ...
+
+    def read_sessions(self, sink_id: str) -> list[HeldLine]:
+        """The held lines of ``sink_id`` (ordering; :mod:`spark_sb.state.sessions`), from the ``sessions`` table."""
+        ...
+
+    def write_sessions(self, sink_id: str, lines: Sequence[HeldLine]) -> None:
+        """Replace the held lines of ``sink_id`` by ``lines`` (one commit; no line: its rows are deleted)."""
+
+    def read_acknowledgements(self, namespace: str, markers: Collection[str], since: datetime) -> set[str]:
+        """Which of ``markers`` the syphon acknowledged (``acknowledged`` events of the primary ``namespace`` dated
+        ``since`` or later): a read bounded by time, made only while lines are held."""
         ...
 
 
@@ -115,6 +136,15 @@ class DeltaTableStore:
             self.ensure()
             self._append_records("events", events, None, None)
 
+    def read_sessions(self, sink_id: str) -> list[HeldLine]:
+        raise NotImplementedError(f"{type(self).__name__} does not keep held sessions (ordering)")
+
+    def write_sessions(self, sink_id: str, lines: Sequence[HeldLine]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not keep held sessions (ordering)")
+
+    def read_acknowledgements(self, namespace: str, markers: Collection[str], since: datetime) -> set[str]:
+        raise NotImplementedError(f"{type(self).__name__} does not read acknowledgements (ordering)")
+
 
 def _newer_or_same(incoming: EntityRecord, existing: EntityRecord | None) -> bool:
     return existing is None or incoming.since >= existing.since
@@ -130,6 +160,7 @@ class MemoryStateStore:
         self._rejects: list[RejectRecord] = []
         self._txn: dict[tuple[str, str], int] = {}
         self._entity_writes = 0
+        self._sessions: dict[str, tuple[HeldLine, ...]] = {}  # sink id -> its held lines
 
     def ensure(self) -> None:
         return None
@@ -189,3 +220,26 @@ class MemoryStateStore:
     def read_rejects(self, sink_id: str | None = None) -> list[RejectRecord]:
         with self._lock:
             return [r for r in self._rejects if sink_id is None or r.sink_id == sink_id]
+
+    def read_sessions(self, sink_id: str) -> list[HeldLine]:
+        with self._lock:
+            return list(self._sessions.get(sink_id, ()))
+
+    def write_sessions(self, sink_id: str, lines: Sequence[HeldLine]) -> None:
+        with self._lock:
+            if lines:
+                self._sessions[sink_id] = tuple(lines)
+            else:
+                self._sessions.pop(sink_id, None)
+
+    def read_acknowledgements(self, namespace: str, markers: Collection[str], since: datetime) -> set[str]:
+        wanted = set(markers)
+        with self._lock:
+            return {
+                e.detail
+                for e in self._events
+                if e.event == ACKNOWLEDGED
+                and e.namespace == namespace
+                and e.time >= since
+                and e.detail in wanted
+            }

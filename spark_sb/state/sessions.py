@@ -1,0 +1,259 @@
+"""Order through failover across processes (``ordering: session`` / ``entity`` with the Spark sink and the syphon job,
+issue 31 setting a): the held sessions of a sink, kept by its driver in the ``sessions`` state table, handed to its
+tasks at the start of every micro-batch, and released by the syphon job's acknowledgements in the events table.
+The rule itself (R1 pin, R2 mark, R3 return, R4 no hop) and its one-process argument are
+:mod:`spark_sb.failover.ordering`; this module owns how the two sides of setting (a) carry it out, and the argument
+why no interleaving of micro-batches, tasks, processes and syphon passes loses order.
+
+Who does what:
+
+* **The sink's driver** (:class:`SessionLedger`, in :class:`~spark_sb.spark.sink.ServiceBusSink`) holds the sink's
+  held lines (a *line*: (entity, session id), or (entity, ``""``) with ``ordering: entity``), each with its pinned
+  backlog queue and its *pending markers*: the return markers of the newest micro-batch that marked the line, per
+  backlog queue. At the start of a micro-batch, when some line is held, it reads the acknowledgements of its
+  pending markers from the events table (:meth:`~spark_sb.state.store.StateStore.read_acknowledgements`: rows
+  ``event = 'acknowledged'``, ``detail`` = the marker id, not older than the oldest pending marker less
+  :data:`ACK_SKEW`) and releases every line whose pending markers are all acknowledged. It hands the others to the
+  tasks (:class:`HeldLine`, picklable). After the batch it merges what the tasks report (:class:`LineMark`: a line
+  a task diverted, its queue and the newest marker the task issued for it) and, when anything changed, writes its
+  held lines to the ``sessions`` table (:meth:`~spark_sb.state.store.StateStore.write_sessions`) **before** the
+  ``foreachBatch`` function returns - whatever ``state_writes`` says -, so a restarted driver reads them
+  (:meth:`~spark_sb.state.store.StateStore.read_sessions`) before its first batch sends anything.
+* **The tasks** (:func:`~spark_sb.spark.partition.send_partition`, executors) replace their process's
+  :class:`~spark_sb.failover.ordering.SessionBook` with the handed lines (:func:`restore_book`: each held, pinned to
+  its queue, with an open call that never closes - a task never releases a line), send, and report the lines
+  they marked (:func:`marks_of`).
+* **The syphon job** drains each backlog queue from one task per micro-batch, in queue order per line
+  (:mod:`spark_sb.syphon.lines`); a marker it passes becomes an ``acknowledged`` event, which its ``foreachBatch``
+  function writes after the micro-batch (:mod:`spark_sb.spark.syphon_job`). It starts draining one lock duration
+  after it starts (a killed run's locked messages are back in the queue, in order, by then).
+
+Why the sessions table (and not the events table) holds the held lines: the driver must know them at the start of
+every batch and after a restart. Rebuilt from events it would read back to the oldest line still held - hours of
+events after a long outage -; the ``sessions`` table holds one row per (held line, pending marker), rewritten as a
+whole for the sink (``replaceWhere sink_id = ...``, one commit) only when its held lines changed: its size and the
+cost of reading it are bounded by the held lines. The acknowledgements stay in the events table because the
+syphon job already writes there once per micro-batch, and the read is bounded by time (the oldest pending marker):
+while no line is held nothing is read (the healthy path costs nothing), and a line is held from its first
+diversion until the syphon passed its newest marker.
+
+Why no interleaving loses order (a line, two of its messages a before b in the sink's order: one task's row order,
+or a's batch before b's - a micro-batch starts after every task of the one before returned):
+
+(1) Both direct, or both in one task: :mod:`spark_sb.failover.ordering` (one process, one book; the task's
+book starts with every line the driver holds, so a held line stays on its queue for the whole task - R3 never
+releases in a task).
+(2) a in the backlog (batch N), b in a later batch N' > N. The task that diverted a reported a's line with the
+newest marker m it issued (after a's send was confirmed, behind a, in the line's queue - R1: the task pinned a new
+line by the same hash and availability as :func:`~spark_sb.failover.ordering.pinned_queue`, a held one to the queue
+handed to it). The driver merged m into the line's pending markers before batch N returned, and wrote it to the
+sessions table before the ``foreachBatch`` function returned. Every later batch's handoff holds the line until every
+pending marker was acknowledged; a later batch that marks the line again replaces its pending marker of that queue
+by a newer one, behind the older in the same queue. So when b is routed to the primary, the syphon acknowledged a
+marker behind a in a's queue: the acknowledgement is written after the micro-batch in which the syphon passed it,
+which moved every earlier message of the line in that queue into the primary first (one task per queue, queue
+order per line) - a among them. The read that saw the acknowledgement is in batch N'' <= N', before b is sent.
+Two tasks of batch N that diverted one line (rows not partitioned by session id - the user's job, README) pinned it
+to one queue or, when availability changed between them, two: the line's pending markers keep one per queue and
+task, all of which must be acknowledged.
+(3) A syphon pass that straddles the driver's read changes nothing: an acknowledgement is read only once it is in
+the table, after the moves. A late backlog send: every task of batch N returned before batch N+1's read; a failed
+task attempt's diversions are re-sent by its retry with the same message ids (a direct copy that the primary's
+duplicate detection keeps first; the syphon's later copy is dropped as a duplicate).
+(4) A driver restart: the held lines of every batch that returned are in the sessions table (written before it
+returned); a batch that did not return is replayed whole (same ids), so what its first run diverted is sent again
+behind the lines the table holds. A replayed batch the sink already committed is skipped.
+(5) A syphon job killed mid-drain: the messages its tasks had locked come back to the queue after their lock
+duration, before anything behind them; the restarted job drains nothing before that (the planner waits one lock
+duration). A marker passed but whose acknowledgement was not written (the job died between the two) leaves its line
+held: it never releases early - the line's next micro-batch issues a newer marker, whose acknowledgement releases it.
+
+Not covered (as in setting b): a backlog send abandoned at its deadline whose bytes reach the service after a later
+marker (a duplicate the primary drops); two syphon jobs draining one queue at once; a syphon task retried within a
+running job while its dead attempt's locks are still held (its queue is drained again before they run out).
+
+What bounds it: the ledger holds the held lines only, each with at most one pending marker per (backlog queue,
+task of its newest marking batch); a line leaves on release. Driver-side classes are not picklable and not shared;
+:class:`HeldLine` and :class:`LineMark` are (they travel in the handoff and in the tasks' results).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from spark_sb.failover.ordering import Held, SessionBook
+
+#: How much older than the oldest pending marker an acknowledgement row may be dated (the syphon's machine clock
+#: against the driver's, which dates a marker after its batch): the ack read's time window starts this much earlier.
+ACK_SKEW = timedelta(minutes=10)
+#: The marker a task's book carries for a handed line: never acknowledged, so a task never releases it.
+HANDED = "handed"
+
+
+@dataclass(frozen=True)
+class PendingMarker:
+    """A return marker issued for a held line and not yet acknowledged: its queue, id and when the driver recorded
+    it (UTC). Picklable."""
+
+    queue: str
+    marker: str
+    issued: datetime
+
+
+@dataclass(frozen=True)
+class HeldLine:
+    """One held line of a sink (picklable: the handoff to the tasks, a ``sessions`` table row per pending marker).
+    ``queue``: the backlog queue the tasks send it to; ``since``: when it was first held (UTC)."""
+
+    entity: str
+    session: str
+    queue: str
+    since: datetime
+    pending: tuple[PendingMarker, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.entity, self.session)
+
+
+@dataclass(frozen=True)
+class LineMark:
+    """What a task reports of a line it diverted: its queue and the newest marker the task issued for it (sent
+    behind its messages there). Executor-built, picklable."""
+
+    entity: str
+    session: str
+    queue: str
+    marker: str
+
+
+# ------------------------------------------------------------------------------------------------ table rows
+def session_rows(sink_id: str, lines: Iterable[HeldLine]) -> list[tuple[object, ...]]:
+    """The ``sessions`` table's rows of a sink's held lines (:data:`~spark_sb.state.records.SESSIONS_DDL` order):
+    one per pending marker (a line without one - none is - would get one row with a null marker)."""
+    rows: list[tuple[object, ...]] = []
+    for line in lines:
+        for p in line.pending or (None,):
+            rows.append(
+                (
+                    sink_id,
+                    line.entity,
+                    line.session,
+                    line.queue if p is None else p.queue,
+                    line.since,
+                    None if p is None else p.marker,
+                    None if p is None else p.issued,
+                )
+            )
+    return rows
+
+
+def lines_from_rows(rows: Iterable[Any], when: Callable[[Any], datetime]) -> list[HeldLine]:
+    """Held lines from ``sessions`` rows (``entity``, ``session``, ``backlog_queue``, ``since``, ``marker``,
+    ``issued``; ``when`` reads a timestamp column as the store returns it). A line's queue is the queue of its
+    newest pending marker (every task of a later batch sent it there)."""
+    grouped: dict[tuple[str, str], list[Any]] = {}
+    for row in rows:
+        grouped.setdefault((str(row["entity"]), str(row["session"] or "")), []).append(row)
+    lines = []
+    for (entity, session), mine in sorted(grouped.items()):
+        pending = tuple(
+            sorted(
+                (
+                    PendingMarker(str(r["backlog_queue"]), str(r["marker"]), when(r["issued"]))
+                    for r in mine
+                    if r["marker"] is not None
+                ),
+                key=lambda p: (p.issued, p.queue),
+            )
+        )
+        queue = pending[-1].queue if pending else str(mine[0]["backlog_queue"])
+        lines.append(HeldLine(entity, session, queue, min(when(r["since"]) for r in mine), pending))
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------ the tasks
+def restore_book(book: SessionBook, lines: Iterable[HeldLine]) -> None:
+    """Executor, at the start of a task: make ``book`` (the process's) hold exactly ``lines``, each pinned to its
+    queue with the :data:`HANDED` marker and one open call, the driver's (never closed: the task never releases a
+    line, whatever is acknowledged in its process). What an
+    earlier task of this worker left in the book is dropped: the driver's handoff is the whole truth."""
+    book.replace({line.key: Held(line.queue, marker=HANDED, sending=1) for line in lines})
+
+
+def marks_of(book: SessionBook) -> tuple[LineMark, ...]:
+    """Executor, at the end of a task: the lines this task marked (their marker is not :data:`HANDED`)."""
+    return tuple(
+        LineMark(entity, session, record.queue, record.marker)
+        for (entity, session), record in sorted(book.records().items())
+        if record.marker is not None and record.marker != HANDED
+    )
+
+
+# ------------------------------------------------------------------------------------------------ the driver
+@dataclass
+class SessionLedger:
+    """The held lines of one sink (driver; not picklable, not shared). See the module docstring for the rule."""
+
+    #: Bounded by the held lines (each removed on release), each by its pending markers (see the module docstring).
+    lines: dict[tuple[str, str], HeldLine] = field(default_factory=dict)
+    loaded: bool = False
+
+    def load(self, lines: Iterable[HeldLine]) -> None:
+        """The lines read from the ``sessions`` table (a driver's first batch)."""
+        self.lines = {line.key: line for line in lines}
+        self.loaded = True
+
+    def handoff(self) -> tuple[HeldLine, ...]:
+        """The held lines, for the tasks (sorted: a stable handoff)."""
+        return tuple(self.lines[k] for k in sorted(self.lines))
+
+    def pending(self) -> set[str]:
+        """Every pending marker id (the acknowledgements to look for)."""
+        return {p.marker for line in self.lines.values() for p in line.pending}
+
+    def oldest(self) -> datetime | None:
+        """When the oldest pending marker was recorded (None: nothing pending)."""
+        issued = [p.issued for line in self.lines.values() for p in line.pending]
+        return min(issued) if issued else None
+
+    def acknowledged(self, markers: Collection[str]) -> list[HeldLine]:
+        """Drop the acknowledged ``markers``; release (remove and return) every line left with none pending."""
+        released: list[HeldLine] = []
+        for key, line in list(self.lines.items()):
+            left = tuple(p for p in line.pending if p.marker not in markers)
+            if left == line.pending:
+                continue
+            if left:
+                self.lines[key] = HeldLine(line.entity, line.session, line.queue, line.since, left)
+            else:
+                del self.lines[key]
+                released.append(line)
+        return released
+
+    def marked(self, marks: Sequence[LineMark], now: datetime) -> list[HeldLine]:
+        """Merge one batch's marks (every task that returned): per line and queue, this batch's markers replace the
+        older pending ones (they are behind them in that queue); a line not held before is held from ``now``,
+        pinned to its first queue by name. Returns the lines held for the first time."""
+        by_line: dict[tuple[str, str], list[LineMark]] = {}
+        for mark in marks:
+            by_line.setdefault((mark.entity, mark.session), []).append(mark)
+        new: list[HeldLine] = []
+        for key, mine in by_line.items():
+            queues = {m.queue for m in mine}
+            line = self.lines.get(key)
+            kept = tuple(p for p in line.pending if p.queue not in queues) if line is not None else ()
+            fresh = tuple(PendingMarker(m.queue, m.marker, now) for m in mine)
+            if line is None:
+                line = HeldLine(key[0], key[1], min(queues), now, fresh)
+                new.append(line)
+            else:
+                line = HeldLine(line.entity, line.session, line.queue, line.since, kept + fresh)
+            self.lines[key] = line
+        return new
+
+    def __len__(self) -> int:
+        return len(self.lines)
