@@ -175,7 +175,7 @@ def test_a_receive_by_sequence_numbers_naming_one_missing_number_gets_nothing(ns
 
 def test_a_dead_letter_queues_lock_is_not_settled_through_its_queue(ns: LocalNamespace) -> None:
     """The dead-letter queue is its own entity path: its receiver's lock token means nothing to the queue's
-    ``$management`` (lock lost), and its own receiver still settles it."""
+    ``$management`` (settle or renew: lock lost), and its own receiver still renews and settles it."""
     with _client(ns) as client:
         with client.get_queue_sender("q") as sender:
             sender.send_messages(ServiceBusMessage("x"))
@@ -188,7 +188,10 @@ def test_a_dead_letter_queues_lock_is_not_settled_through_its_queue(ns: LocalNam
             (dead,) = _receive(dlq, 1)
             with pytest.raises(MessageLockLostError):
                 main._settle_message_via_mgmt_link("completed", [_token(dead)])  # noqa: SLF001
+            with pytest.raises(MessageLockLostError):
+                main.renew_message_lock(dead)  # renew-lock over the queue's $management
             assert _counts(ns, "q") == (0, 1)
+            dlq.renew_message_lock(dead)
             dlq.complete_message(dead)
     assert _counts(ns, "q") == (0, 0)
 
