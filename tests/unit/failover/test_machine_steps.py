@@ -19,7 +19,7 @@ from spark_sb.core.errors import (
     UNAUTHORIZED,
     ErrorClass,
 )
-from spark_sb.failover.decisions import RetryPolicy, Verb, Where
+from spark_sb.failover.decisions import MIN_SEND_BUDGET, RetryPolicy, Verb, Where
 from spark_sb.failover.machine import EntityFailover, Step
 from spark_sb.failover.records import EntityState
 from spark_sb.failover.registry import FailoverRegistry
@@ -116,6 +116,29 @@ def test_next_attempt_gives_what_is_left_of_the_interval_then_none_once_the_time
     budget, transitions = a.next_attempt(30.0)
     assert budget is None  # failed over by now: divert instead of trying
     assert [t.to_state for t in transitions] == [FO]
+
+
+def test_a_failing_entity_with_too_little_left_for_an_attempt_waits_the_interval_out_and_fails_over() -> None:
+    """An attempt shorter than MIN_SEND_BUDGET would end at the lane's deadline, not the SDK's own timeout, and
+    that abandons the namespace's shared connection (seen under load: 0.03 s left after a slow first attempt). No
+    attempt: the clock waits out the interval - not a moment before it - and the entity is failed over."""
+    clock, (a,) = _entities(10.0, "a")
+    failing_since = clock.monotonic()  # the failing attempt's start: the timer's
+    _fail(a, TIMEOUT, clock)  # took 0.2 s
+    clock.advance(10.0 - 0.2 - MIN_SEND_BUDGET / 2)
+    budget, transitions = a.next_attempt(30.0)
+    assert budget is None and [t.to_state for t in transitions] == [FO]
+    assert clock.monotonic() - failing_since == pytest.approx(10.0)  # on time: waited the rest, not earlier
+
+
+def test_a_failing_entity_with_enough_left_still_gets_its_attempt() -> None:
+    clock, (a,) = _entities(10.0, "a")
+    _fail(a, TIMEOUT, clock)  # took 0.2 s
+    clock.advance(10.0 - 0.2 - 2 * MIN_SEND_BUDGET)
+    before = clock.monotonic()
+    budget, transitions = a.next_attempt(30.0)
+    assert transitions == [] and budget == pytest.approx(2 * MIN_SEND_BUDGET, abs=1e-6)
+    assert clock.monotonic() == before  # no wait
 
 
 def test_a_not_found_from_an_entity_that_never_accepted_a_message_is_a_wrong_destination() -> None:
