@@ -23,7 +23,9 @@ PYTEST = $(BIN)/python -m pytest --durations=15
 # Measured on the 2-core machine: the integration tier used 99 s of CPU in 475 s (its tests wait on sockets,
 # deadlines and lock expiry), the local namespace's likewise: 6 workers cut them to ~100 s each, with the
 # timing-sensitive tests still far inside their margins (the load stays under one core). The Spark tier is
-# CPU-bound (the JVMs): one worker per core. The benches pace themselves (tests/bench: two runs at a time).
+# CPU-bound (the JVMs): one worker per core, a file to a worker (--dist loadfile: the tests of a file that share one
+# child process - a Connect server, a local cluster - run it once). The benches pace themselves (tests/bench: two
+# runs at a time).
 UNIT_WORKERS ?= 2
 INTEGRATION_WORKERS ?= 6
 SERVICEBUS_LOCAL_WORKERS ?= 6
@@ -44,7 +46,6 @@ BENCH_TIER := tests/bench
 # The packaging tier checks that every file listed here exists.
 OLDEST_TIER := \
 	tests/spark/test_connect.py \
-	tests/spark/test_syphon_job_connect.py \
 	tests/spark/test_datasource.py \
 	tests/spark/test_datasource_catalog.py \
 	tests/spark/test_delta_harness.py \
@@ -98,7 +99,7 @@ test-servicebus-local: $(STAMP)
 
 test-spark: jars
 	@$(BIN)/python -c '$(SPARK_PAIR)'
-	$(PYTEST) -n $(SPARK_WORKERS) $(SPARK_TIER)
+	$(PYTEST) -n $(SPARK_WORKERS) --dist loadfile $(SPARK_TIER)
 
 # Every benchmark in its smoke mode (seconds each; the Spark ones about a minute): it runs and prints its figures.
 bench-smoke: jars
@@ -112,7 +113,7 @@ jars-oldest:
 
 test-spark-oldest: jars-oldest
 	@$(OLDEST_VENV)/bin/python -c '$(SPARK_PAIR)'
-	$(OLDEST_VENV)/bin/python -m pytest --durations=15 -n $(SPARK_WORKERS) $(OLDEST_TIER)
+	$(OLDEST_VENV)/bin/python -m pytest --durations=15 -n $(SPARK_WORKERS) --dist loadfile $(OLDEST_TIER)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -n $(INTEGRATION_WORKERS) tests servicebus_local/tests \

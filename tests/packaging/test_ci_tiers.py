@@ -88,6 +88,8 @@ def test_make_test_runs_the_whole_suite_and_ci_runs_all_of_it_tier_by_tier() -> 
     steps = recipes()
     for variable, target in TIER_TARGETS.items():
         workers = rf"-n \$\({variable.removesuffix('_TIER')}_WORKERS\) " if variable != "BENCH_TIER" else ""
+        if variable == "SPARK_TIER":  # a file's tests that share a child process run it once (test_connect)
+            workers += "--dist loadfile "
         assert re.search(rf"^\t\$\(PYTEST\) {workers}\$\({variable}\)$", steps[target], re.M), target
         if workers:
             assert re.search(rf"^{variable.removesuffix('_TIER')}_WORKERS \?= \d+$", MAKEFILE, re.M), variable
@@ -115,7 +117,6 @@ def test_the_oldest_pairs_files_exist_and_hold_the_version_sensitive_tests() -> 
         assert path.parent.relative_to(ROOT).as_posix() in make_variable("SPARK_TIER"), name
     for must in (
         "tests/spark/test_connect.py",
-        "tests/spark/test_syphon_job_connect.py",
         "tests/spark/test_datasource.py",
         "tests/spark/test_sink.py",
         "tests/spark/test_sink_state.py",

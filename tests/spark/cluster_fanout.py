@@ -1,10 +1,10 @@
 """A stream whose rows name 200 entities, through a primary namespace outage, on ``local-cluster[2,1,1024]``
 (two executor JVMs); prints a JSON report (SPEC F1, F2, issue 20).
 
-Run by ``tests/spark/test_cluster.py`` in a child process (a process holds one SparkContext). Batch 0 (one file)
-goes to the healthy primary: 200 links on one connection per executor process. Then the primary refuses and drops
-connections. Batch 1 (two files, two tasks, one per executor) diverts every row: each task costs about
-``failover_interval``, not 200 times it.
+Run by ``tests/spark/test_cluster.py`` through ``cluster_runs.py``, in a child process (a process holds one
+SparkContext). Batch 0 (one file) goes to the healthy primary: 200 links on one connection per executor process. Then
+the primary refuses and drops connections. Batch 1 (two files, two tasks, one per executor) diverts every row: each task
+costs about ``failover_interval``, not 200 times it.
 
 Usage (from the repository root): ``python -m tests.spark.cluster_fanout <work dir>``
 """
@@ -21,10 +21,23 @@ ENTITIES = [f"tenant-{i:03d}" for i in range(200)]
 
 
 def main(work: Path) -> dict[str, Any]:
+    """The scenario in a local cluster of its own."""
+    from tests.spark.cluster_harness import cluster_session, spark_work_cleaned
+
+    with spark_work_cleaned():
+        spark = cluster_session("spark-sb-cluster-fanout")
+        try:
+            return run(work, spark)
+        finally:
+            spark.stop()
+
+
+def run(work: Path, spark: Any) -> dict[str, Any]:
+    """The scenario in ``spark`` (a ``cluster_session``; ``cluster_runs.py`` runs both cluster scenarios in one)."""
     from spark_sb.admin.provisioning import provision_backlog_queues
     from spark_sb.config.service_bus import ServiceBusConfig
     from spark_sb.spark.sink import ServiceBusSink
-    from tests.spark.cluster_harness import cluster_session, run_batches, two_namespaces
+    from tests.spark.cluster_harness import run_batches, two_namespaces
     from tests.spark.connect_stream import _drain
 
     with two_namespaces() as (primary, secondary):
@@ -43,7 +56,6 @@ def main(work: Path) -> dict[str, Any]:
             }
         )
         provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
-        spark = cluster_session("spark-sb-cluster-fanout")
         peaks: list[int] = []
 
         def before(group: tuple[int, ...]) -> None:

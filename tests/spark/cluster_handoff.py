@@ -1,9 +1,9 @@
 """Failover learned across executors, on ``local-cluster[2,1,1024]`` (two executor JVMs); prints a JSON report.
 
-Run by ``tests/spark/test_cluster.py`` in a child process (a process holds one SparkContext; the test session
-already has one). The primary entity is full for the whole run. Batch 0 (one file, one task) waits
-``failover_interval`` on one executor and fails over; batch 1 (two files, two tasks, one core per executor) runs
-on both executors: through the entity table, the executor that never saw the outage starts failed over.
+Run by ``tests/spark/test_cluster.py`` through ``cluster_runs.py``, in a child process (a process holds one
+SparkContext; the test session already has one). The primary entity is full for the whole run. Batch 0 (one file, one
+task) waits ``failover_interval`` on one executor and fails over; batch 1 (two files, two tasks, one core per executor)
+runs on both executors: through the entity table, the executor that never saw the outage starts failed over.
 
 Usage (from the repository root): ``python -m tests.spark.cluster_handoff <work dir>``
 """
@@ -19,11 +19,24 @@ INTERVAL = 8.0
 
 
 def main(work: Path) -> dict[str, Any]:
+    """The scenario in a local cluster of its own."""
+    from tests.spark.cluster_harness import cluster_session, spark_work_cleaned
+
+    with spark_work_cleaned():
+        spark = cluster_session("spark-sb-cluster")
+        try:
+            return run(work, spark)
+        finally:
+            spark.stop()
+
+
+def run(work: Path, spark: Any) -> dict[str, Any]:
+    """The scenario in ``spark`` (a ``cluster_session``; ``cluster_runs.py`` runs both cluster scenarios in one)."""
     from servicebus_local.model import QueueSettings
     from spark_sb.admin.provisioning import provision_backlog_queues
     from spark_sb.config.service_bus import ServiceBusConfig
     from spark_sb.spark.sink import ServiceBusSink
-    from tests.spark.cluster_harness import cluster_session, run_batches, two_namespaces
+    from tests.spark.cluster_harness import run_batches, two_namespaces
     from tests.spark.connect_stream import _drain
 
     with two_namespaces() as (primary, secondary):
@@ -43,7 +56,6 @@ def main(work: Path) -> dict[str, Any]:
         )
         provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
         primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")
-        spark = cluster_session("spark-sb-cluster")
         rows = [[{"body": f"{f}-{i}", "message_id": f"{f}-{i}"} for i in range(10)] for f in range(3)]
         seen, error = run_batches(
             spark, ServiceBusSink(config), "body STRING, message_id STRING", work, rows, ((0,), (1, 2))

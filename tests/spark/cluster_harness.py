@@ -1,6 +1,6 @@
-"""What the ``local-cluster[2,1,1024]`` child scripts (``cluster_handoff.py``, ``cluster_fanout.py``) share: two
-local namespaces, a session with two executor JVMs that import this checkout, and the clean-up of Spark's per-run
-work folders (copies of the jars, hundreds of MB)."""
+"""What the ``local-cluster[2,1,1024]`` scenarios (``cluster_handoff.py``, ``cluster_fanout.py``, run in one session
+by ``cluster_runs.py``) share: two local namespaces, a session with two executor JVMs that import this checkout, the
+clean-up of Spark's per-run work folders (copies of the jars, hundreds of MB), a stream through a sink."""
 
 from __future__ import annotations
 
@@ -16,19 +16,28 @@ from typing import Any
 @contextmanager
 def two_namespaces() -> Iterator[tuple[Any, Any]]:
     """A started primary and secondary :class:`~servicebus_local.server.LocalNamespace`, stopped afterwards."""
-    import pyspark
-
     from servicebus_local.server import LocalNamespace
 
     primary = LocalNamespace("primary").start()
     secondary = LocalNamespace("secondary").start()
-    spark_work = Path(pyspark.__file__).parent / "work"
-    before = set(spark_work.iterdir()) if spark_work.exists() else set()
     try:
         yield primary, secondary
     finally:
         secondary.stop()
         primary.stop()
+
+
+@contextmanager
+def spark_work_cleaned() -> Iterator[None]:
+    """Removes, on leaving, the per-run work folders (copies of the jars, hundreds of MB) that the local cluster's
+    executors made in pyspark's ``work`` folder meanwhile: around the whole life of a ``cluster_session``."""
+    import pyspark
+
+    spark_work = Path(pyspark.__file__).parent / "work"
+    before = set(spark_work.iterdir()) if spark_work.exists() else set()
+    try:
+        yield
+    finally:
         if spark_work.exists():
             for run in set(spark_work.iterdir()) - before:
                 shutil.rmtree(run, ignore_errors=True)
@@ -66,7 +75,7 @@ def run_batches(
 ) -> tuple[list[list[dict[str, Any]]], str | None]:
     """Stream JSON files through ``sink`` (a ``ServiceBusSink``), one micro-batch per group of file indexes
     (``before(group)`` runs first, e.g. to break the primary); returns each batch's task results (pid, elapsed,
-    sent, diverted, rejected, failing transitions) and the query's error. Stops the session afterwards."""
+    sent, diverted, rejected, failing transitions) and the query's error. The session stays up (the caller's)."""
     from tests.spark.connect_stream import _write
 
     seen: list[list[dict[str, Any]]] = []
@@ -78,32 +87,29 @@ def run_batches(
         sink(batch_df, batch_id)
         collected.extend(sink.last_results)
 
+    folder = work / "in"
+    folder.mkdir(parents=True)
+    query = (
+        spark.readStream.schema(schema)
+        .json(str(folder))
+        .writeStream.foreachBatch(each)
+        .option("checkpointLocation", str(work / "ckpt"))
+        .start()
+    )
     try:
-        folder = work / "in"
-        folder.mkdir()
-        query = (
-            spark.readStream.schema(schema)
-            .json(str(folder))
-            .writeStream.foreachBatch(each)
-            .option("checkpointLocation", str(work / "ckpt"))
-            .start()
-        )
-        try:
-            for group in groups:
-                collected.clear()
-                if before is not None:
-                    before(group)
-                for f in group:
-                    _write(folder, f"{f}.json", files[f])
-                query.processAllAvailable()
-                sink.flush()  # the batch's state writes (a Spark job) done: the next batch finds the executors free
-                seen.append([_result(r) for r in collected])
-        finally:
-            query.stop()
-        error = query.exception()
-        sink.flush()  # before spark.stop(): the state writes need the session
+        for group in groups:
+            collected.clear()
+            if before is not None:
+                before(group)
+            for f in group:
+                _write(folder, f"{f}.json", files[f])
+            query.processAllAvailable()
+            sink.flush()  # the batch's state writes (a Spark job) done: the next batch finds the executors free
+            seen.append([_result(r) for r in collected])
     finally:
-        spark.stop()
+        query.stop()
+    error = query.exception()
+    sink.flush()  # before the session stops: the state writes need it
     return seen, None if error is None else str(error)[:2000]
 
 

@@ -1,11 +1,11 @@
 """Stream through ``format("servicebus")`` under Spark Connect; print what happened as JSON.
 
-Run by ``tests/spark/test_datasource.py`` in a child process (a process cannot hold the classic test session and a
-Connect one), with the Connect session, file writes and receives of ``connect_stream.py``. Two micro-batches: the
-primary healthy (plus one bad row), then a primary outage (diverted to the backlog); the syphon moves the backlog
-back. The state tables are catalog tables (``state_table_prefix``): the source records into its spool and
-:func:`spark_sb.relay_state` copies it (its listener on the client, its ``foreachBatch`` on the server); the
-catalog tables are read back.
+Run by ``tests/spark/test_connect.py`` (through ``connect_runs.py``) in a child process (a process cannot hold the
+classic test session and a Connect one), with the Connect session, file writes and receives of ``connect_stream.py``.
+Two micro-batches: the primary healthy (plus one bad row), then a primary outage (diverted to the backlog); the syphon
+moves the backlog back. The state tables are catalog tables (``state_table_prefix``): the source records into its spool
+and :func:`spark_sb.relay_state` copies it (its listener on the client, its ``foreachBatch`` on the server); the catalog
+tables are read back.
 
 Usage: ``python tests/spark/connect_datasource.py <work dir>``
 """
@@ -21,6 +21,16 @@ from tests.spark.connect_stream import _drain, _session, healthy_then_outage
 
 
 def main(work: Path) -> dict[str, Any]:
+    """The scenario in a Connect session of its own (its catalog tables in ``work/warehouse``)."""
+    spark = _session(work / "warehouse")
+    try:
+        return run(work, spark)
+    finally:
+        spark.stop()
+
+
+def run(work: Path, spark: Any) -> dict[str, Any]:
+    """The scenario in ``spark`` (a Connect session; ``connect_runs.py`` runs the three Connect scenarios in one)."""
     from servicebus_local.model import QueueSettings
     from servicebus_local.server import LocalNamespace
     from spark_sb import register, relay_state
@@ -47,46 +57,42 @@ def main(work: Path) -> dict[str, Any]:
         }
         config = ServiceBusConfig.from_options(opts)
         provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
-        spark = _session(work / "warehouse")
+        register(spark)
+        register(spark)  # idempotent
+        folder = work / "in"
+        folder.mkdir(parents=True)
+        healthy = [{"body": f"b{i}", "message_id": f"h{i}"} for i in range(10)]
+        bad = {"body": "x", "message_id": "bad", "session_id": "s" * 200}
+        outage = [{"body": f"o{i}", "message_id": f"o{i}"} for i in range(10)]
+        ckpt = str(work / "ckpt")
+        relay = relay_state(spark, {**opts, "checkpointLocation": ckpt}, timeout=120)
+        query = (
+            spark.readStream.schema("body STRING, message_id STRING, session_id STRING")
+            .json(str(folder))
+            .writeStream.format("servicebus")
+            .options(**opts)
+            .option("checkpointLocation", ckpt)
+            .start()
+        )
         try:
-            register(spark)
-            register(spark)  # idempotent
-            folder = work / "in"
-            folder.mkdir()
-            healthy = [{"body": f"b{i}", "message_id": f"h{i}"} for i in range(10)]
-            bad = {"body": "x", "message_id": "bad", "session_id": "s" * 200}
-            outage = [{"body": f"o{i}", "message_id": f"o{i}"} for i in range(10)]
-            ckpt = str(work / "ckpt")
-            relay = relay_state(spark, {**opts, "checkpointLocation": ckpt}, timeout=120)
-            query = (
-                spark.readStream.schema("body STRING, message_id STRING, session_id STRING")
-                .json(str(folder))
-                .writeStream.format("servicebus")
-                .options(**opts)
-                .option("checkpointLocation", ckpt)
-                .start()
+            before = relay.drains_started
+            settled: list[bool] = []  # woken by the listener, after the first micro-batch
+            healthy_then_outage(
+                query,
+                folder,
+                primary,
+                [*healthy, bad],
+                outage,
+                lambda: settled.append(relay.settle(120, wake=False, after=before)),
             )
-            try:
-                before = relay.drains_started
-                settled: list[bool] = []  # woken by the listener, after the first micro-batch
-                healthy_then_outage(
-                    query,
-                    folder,
-                    primary,
-                    [*healthy, bad],
-                    outage,
-                    lambda: settled.append(relay.settle(120, wake=False, after=before)),
-                )
-            finally:
-                query.stop()
-                relay.stop()  # the last drain
-            error = query.exception()
-            tables = {
-                t: [r.asDict() for r in spark.table(f"default.connect_{t}").collect()]
-                for t in ("events", "entities", "rejects")
-            }
         finally:
-            spark.stop()
+            query.stop()
+            relay.stop()  # the last drain
+        error = query.exception()
+        tables = {
+            t: [r.asDict() for r in spark.table(f"default.connect_{t}").collect()]
+            for t in ("events", "entities", "rejects")
+        }
         backlog = sorted(
             mid
             for q in config.backlog_queue_names("primary")

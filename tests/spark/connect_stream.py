@@ -1,10 +1,10 @@
 """Stream through ``foreachBatch(ServiceBusSink(config))`` under Spark Connect; print what happened as JSON.
 
-Run by ``tests/spark/test_connect.py`` in a child process: a Python process cannot hold a classic SparkSession
-(the session-scoped test fixture) and a Spark Connect one at once. It starts one local Connect server
-(``SparkSession.builder.remote("local[2]")`` with the Delta jars), two local namespaces in this process, and
-streams two micro-batches: the first with the primary healthy (plus one bad row), the second during a primary
-outage (diverted to the backlog). Then it reads the state tables back and prints a JSON report on the last line.
+Run by ``tests/spark/test_connect.py`` (through ``connect_runs.py``) in a child process: a Python process cannot hold a
+classic SparkSession (the session-scoped test fixture) and a Spark Connect one at once. It starts one local Connect
+server (``SparkSession.builder.remote("local[2]")`` with the Delta jars), two local namespaces in this process, and
+streams two micro-batches: the first with the primary healthy (plus one bad row), the second during a primary outage
+(diverted to the backlog). Then it reads the state tables back and prints a JSON report on the last line.
 
 Usage: ``python tests/spark/connect_stream.py <work dir>``
 """
@@ -95,6 +95,16 @@ def _drain(connection_string: str, entity: str) -> list[str]:
 
 
 def main(work: Path) -> dict[str, Any]:
+    """The scenario in a Connect session of its own."""
+    spark = _session()
+    try:
+        return run(work, spark)
+    finally:
+        spark.stop()
+
+
+def run(work: Path, spark: Any) -> dict[str, Any]:
+    """The scenario in ``spark`` (a Connect session; ``connect_runs.py`` runs the three Connect scenarios in one)."""
     from servicebus_local.model import QueueSettings
     from servicebus_local.server import LocalNamespace
     from spark_sb.admin.provisioning import provision_backlog_queues
@@ -121,37 +131,33 @@ def main(work: Path) -> dict[str, Any]:
             }
         )
         provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
-        spark = _session()
+        folder = work / "in"
+        folder.mkdir(parents=True)
+        healthy = [{"body": f"b{i}", "message_id": f"h{i}"} for i in range(10)]
+        bad = {"body": "x", "message_id": "bad", "session_id": "s" * 200}
+        outage = [{"body": f"o{i}", "message_id": f"o{i}"} for i in range(10)]
+        sb_sink = ServiceBusSink(config)
+        query = (
+            spark.readStream.schema("body STRING, message_id STRING, session_id STRING")
+            .json(str(folder))
+            .writeStream.foreachBatch(sb_sink)
+            .option("checkpointLocation", str(work / "ckpt"))
+            .start()
+        )
         try:
-            folder = work / "in"
-            folder.mkdir()
-            healthy = [{"body": f"b{i}", "message_id": f"h{i}"} for i in range(10)]
-            bad = {"body": "x", "message_id": "bad", "session_id": "s" * 200}
-            outage = [{"body": f"o{i}", "message_id": f"o{i}"} for i in range(10)]
-            sb_sink = ServiceBusSink(config)
-            query = (
-                spark.readStream.schema("body STRING, message_id STRING, session_id STRING")
-                .json(str(folder))
-                .writeStream.foreachBatch(sb_sink)
-                .option("checkpointLocation", str(work / "ckpt"))
-                .start()
-            )
-            try:
-                healthy_then_outage(query, folder, primary, [*healthy, bad], outage)
-            finally:
-                query.stop()
-            error = query.exception()
-            tables = {
-                t: [r.asDict() for r in spark.read.format("delta").load(str(state / t)).collect()]
-                for t in ("events", "entities", "rejects")
-            }
-            counts = {  # the counts read back from the events table: the route that works under Connect
-                "batches": [r.asDict() for r in batch_counts(spark, config, "connect").collect()],
-                "summary": sb_sink.summary(spark),
-                "client_summary": sb_sink.summary(),  # the function ran beside the server: this object saw nothing
-            }
+            healthy_then_outage(query, folder, primary, [*healthy, bad], outage)
         finally:
-            spark.stop()
+            query.stop()
+        error = query.exception()
+        tables = {
+            t: [r.asDict() for r in spark.read.format("delta").load(str(state / t)).collect()]
+            for t in ("events", "entities", "rejects")
+        }
+        counts = {  # the counts read back from the events table: the route that works under Connect
+            "batches": [r.asDict() for r in batch_counts(spark, config, "connect").collect()],
+            "summary": sb_sink.summary(spark),
+            "client_summary": sb_sink.summary(),  # the function ran beside the server: this object saw nothing
+        }
         primary.faults.clear()
         return {
             "session": type(spark).__module__,

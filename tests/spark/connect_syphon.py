@@ -1,9 +1,9 @@
 """The syphon query under Spark Connect; print what happened as JSON on the last line.
 
-Run by ``tests/spark/test_syphon_job_connect.py`` in a child process (a process cannot hold a classic and a Connect
-session at once). Starts a local Connect server with Delta, two local namespaces in this process, puts backlog
-messages in two backlog queues, runs ``run_syphon`` until nothing is left, and reports the primary's message ids,
-the events table and the query's progress rows.
+Run by ``tests/spark/test_connect.py`` (through ``connect_runs.py``) in a child process (a process cannot
+hold a classic and a Connect session at once). Starts a local Connect server with Delta, two local namespaces in this
+process, puts backlog messages in two backlog queues, runs ``run_syphon`` until nothing is left, and reports the
+primary's message ids, the events table and the query's progress rows.
 
 Usage: ``python tests/spark/connect_syphon.py <work dir>``
 """
@@ -14,8 +14,7 @@ import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-
-from connect_stream import _drain, _session  # noqa: E402 - sibling script
+from typing import Any
 
 from servicebus_local.model import QueueSettings
 from servicebus_local.server import LocalNamespace
@@ -23,14 +22,24 @@ from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.spark.syphon_job import run_syphon, stop_gracefully
+from tests.spark.connect_stream import _drain, _session
 
 BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]
 
 
-def main(work: Path) -> None:
+def main(work: Path) -> dict[str, Any]:
+    """The scenario in a Connect session of its own."""
+    spark = _session()
+    try:
+        return run(work, spark)
+    finally:
+        spark.stop()
+
+
+def run(work: Path, spark: Any) -> dict[str, Any]:
+    """The scenario in ``spark`` (a Connect session; ``connect_runs.py`` runs the three Connect scenarios in one)."""
     from azure.servicebus import ServiceBusClient
 
-    spark = _session()
     with LocalNamespace("primary") as primary, LocalNamespace("secondary") as secondary:
         primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
         now = datetime.now(timezone.utc)
@@ -86,9 +95,8 @@ def main(work: Path) -> None:
             "primary": sorted(_drain(primary.connection_string, "orders")),
             "events": events,
         }
-    spark.stop()
-    print(json.dumps(report, default=str))
+    return report
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    print(json.dumps(main(Path(sys.argv[1])), default=str))

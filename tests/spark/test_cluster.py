@@ -1,20 +1,38 @@
-"""Two executor JVMs (``local-cluster[2,1,1024]``): after tasks on one executor fail over, the next batch's
-task on the other executor starts failed over through the entity table; 0 lost. Runs in a child process
-(``cluster_handoff.py``) because this process already holds the test session's SparkContext."""
+"""Two executor JVMs (``local-cluster[2,1,1024]``), in a child process (``cluster_runs.py``: this process already
+holds the test session's SparkContext) that runs both scenarios in one cluster:
+
+* after tasks on one executor fail over, the next batch's task on the other executor starts failed over through
+  the entity table; 0 lost (``cluster_handoff.py``);
+* a stream to 200 entities through a primary outage (``cluster_fanout.py``).
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import pytest
 
 from .child_report import child_report
 
-pytestmark = pytest.mark.slow
+#: The tests of this file share one child process (one cluster; the Spark tiers' ``--dist loadfile`` gives them to
+#: one pytest-xdist worker). The first test also waits for the child (a cluster's start and both scenarios).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def test_next_batch_on_the_other_executor_starts_failed_over(tmp_path: Path) -> None:
-    report = child_report(["-m", "tests.spark.cluster_handoff", str(tmp_path)], "cluster run")
+@pytest.fixture(scope="module")
+def cluster_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("cluster")
+    return child_report(["-m", "tests.spark.cluster_runs", str(work)], "cluster runs", timeout=840)
+
+
+def _scenario(reports: dict[str, Any], name: str) -> dict[str, Any]:
+    report: dict[str, Any] = reports[name]
+    assert "crashed" not in report, f"the cluster scenario {name!r} crashed:\n{report['crashed']}"
+    return report
+
+
+def test_next_batch_on_the_other_executor_starts_failed_over(cluster_reports: dict[str, Any]) -> None:
+    report = _scenario(cluster_reports, "handoff")
     assert report["error"] is None
     first, second = report["batches"]
     interval = report["interval"]
@@ -27,11 +45,11 @@ def test_next_batch_on_the_other_executor_starts_failed_over(tmp_path: Path) -> 
     assert report["backlog"] == report["expected"]  # 0 lost, 0 duplicated
 
 
-def test_a_stream_to_200_entities_through_a_primary_outage(tmp_path: Path) -> None:
+def test_a_stream_to_200_entities_through_a_primary_outage(cluster_reports: dict[str, Any]) -> None:
     """Rows name 200 entities; the primary namespace goes down between batches: each task of the outage batch
     costs about failover_interval (not 200 times it), every row reaches the backlog, 0 lost, and the healthy
     batch used one connection per executor process."""
-    report = child_report(["-m", "tests.spark.cluster_fanout", str(tmp_path)], "cluster fan-out run")
+    report = _scenario(cluster_reports, "fanout")
     assert report["error"] is None
     healthy, outage = report["batches"]
     interval = report["interval"]

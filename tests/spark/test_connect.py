@@ -1,8 +1,12 @@
-"""The streaming sink under Spark Connect (Databricks standard access mode / serverless run Connect clients).
+"""Spark Connect (Databricks standard access mode and serverless run Connect clients): the foreachBatch sink, the
+syphon query and ``format("servicebus")`` with catalog state tables and the relay, each through a primary outage.
 
-One child process (``connect_stream.py``) starts one local Connect server with Delta for the whole test session
-and streams through ``foreachBatch(ServiceBusSink(config))``; the tests assert on its JSON report. Under Connect
-``DataFrame.rdd`` does not exist, so this also proves the sink uses DataFrame operations only.
+One child process (``connect_runs.py``: this process holds the test session's classic SparkContext) starts one
+local Connect server with Delta and runs the three scenarios in it (``connect_stream.py``, ``connect_syphon.py``,
+``connect_datasource.py``); the tests assert on its JSON report. They are in this one file so that pytest-xdist
+(``--dist loadfile``, the Makefile's Spark tiers) gives them to one worker, which runs the child once: a Connect
+server's start costs more than any scenario. Under Connect ``DataFrame.rdd`` does not exist, so this also proves
+that the sink, the data source and the syphon use DataFrame operations only.
 """
 
 from __future__ import annotations
@@ -15,17 +19,31 @@ import pytest
 
 from .child_report import child_report
 
-pytestmark = pytest.mark.slow
+#: The first test also waits for the child (three scenarios and a Connect server's start: ~3 min quiet, 5+ at load).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-SCRIPT = Path(__file__).with_name("connect_stream.py")
 
-
-@pytest.fixture(scope="session")
-def connect_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def connect_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Each Connect scenario's report by name (``stream``, ``syphon``, ``datasource``; see ``connect_runs.py``)."""
     if importlib.util.find_spec("grpc") is None:
         pytest.skip("Spark Connect client dependencies missing: pip install -e '.[connect]'")
     work = tmp_path_factory.mktemp("connect")
-    return child_report([str(SCRIPT), str(work)], "connect run")
+    return child_report(
+        [str(Path(__file__).with_name("connect_runs.py")), str(work)], "connect runs", timeout=840
+    )
+
+
+def _scenario(reports: dict[str, Any], name: str) -> dict[str, Any]:
+    """One scenario's report; fails the test with the scenario's traceback if it crashed."""
+    report: dict[str, Any] = reports[name]
+    assert "crashed" not in report, f"the Connect scenario {name!r} crashed:\n{report['crashed']}"
+    return report
+
+
+@pytest.fixture
+def connect_report(connect_reports: dict[str, Any]) -> dict[str, Any]:
+    return _scenario(connect_reports, "stream")
 
 
 def test_stream_under_spark_connect_sends_diverts_and_rejects(connect_report: dict[str, Any]) -> None:
@@ -67,4 +85,39 @@ def test_state_tables_written_under_spark_connect(connect_report: dict[str, Any]
     assert [(r["entity"], r["state"]) for r in tables["entities"]] == [("orders", "failed_over")]
     assert [(r["column"], r["batch_id"], r["sink_id"]) for r in tables["rejects"]] == [
         ("session_id", 0, "connect")
+    ]
+
+
+def test_the_syphon_runs_under_spark_connect(connect_reports: dict[str, Any]) -> None:
+    report = _scenario(connect_reports, "syphon")
+    assert report["session"].startswith("pyspark.sql.connect")
+    assert report["error"] is None
+    assert report["primary"] == sorted(f"q{i}-{j}" for i in range(2) for j in range(7))
+    assert report["rows"] == 14  # one row per message moved
+    assert sum(e["count"] for e in report["events"] if e["event"] == "moved") == 14
+
+
+def test_format_servicebus_under_spark_connect_with_catalog_tables_and_the_relay(
+    connect_reports: dict[str, Any],
+) -> None:
+    """The ``datasource`` scenario of ``connect_runs.py`` (``connect_datasource.py``)."""
+    report = _scenario(connect_reports, "datasource")
+    assert report["session"].startswith("pyspark.sql.connect")
+    assert report["error"] is None
+    assert report["relay"] == {"settled": True, "error": None}  # the listener woke the relay under Connect
+    assert report["backlog"] == sorted(f"o{i}" for i in range(10))  # diverted during the outage
+    assert report["moved"] == {"orders": 10}
+    assert report["primary"] == sorted(
+        [*(f"h{i}" for i in range(10)), *(f"o{i}" for i in range(10))]
+    )  # 0 lost
+    events = report["tables"]["events"]
+    commits = sorted((e["batch_id"], e["count"]) for e in events if e["event"] == "batch_committed")
+    assert commits == [(0, 11), (1, 10)]
+    assert [(e["from_state"], e["to_state"]) for e in events if e["event"] == "state_change"] == [
+        ("healthy", "failing"),
+        ("failing", "failed_over"),
+    ]
+    assert [(r["entity"], r["state"]) for r in report["tables"]["entities"]] == [("orders", "failed_over")]
+    assert [(r["column"], r["batch_id"], r["sink_id"]) for r in report["tables"]["rejects"]] == [
+        ("session_id", 0, "connect-ds")
     ]

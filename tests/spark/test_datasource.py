@@ -1,11 +1,10 @@
 """The ``servicebus`` data source (``format("servicebus")``) on real Spark (local[2]) and real Delta, against two
 local namespaces (real SDK, real TCP): a stream through a primary outage, a batch write, a replayed micro-batch,
-rejects, options refused before anything is sent; and the same stream under Spark Connect (a child process,
-``connect_datasource.py``), there with catalog state tables through the relay."""
+rejects, options refused before anything is sent. The same stream under Spark Connect, with catalog state tables
+through the relay, is in ``test_connect.py``."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,6 @@ from spark_sb.admin.provisioning import provision_backlog_queues
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.syphon.mover import Syphon
 
-from .child_report import child_report
 from .connect_stream import healthy_then_outage
 from .test_sink import _drain, _write
 
@@ -254,31 +252,3 @@ def test_a_streaming_schema_error_names_the_column(spark: Any, namespace_pair: A
     with pytest.raises(Exception, match="body"):
         query.processAllAvailable()
     query.stop()
-
-
-def test_the_same_stream_under_spark_connect(tmp_path_factory: pytest.TempPathFactory) -> None:
-    if importlib.util.find_spec("grpc") is None:
-        pytest.skip("Spark Connect client dependencies missing: pip install -e '.[connect]'")
-    work = tmp_path_factory.mktemp("connect-ds")
-    report = child_report(
-        [str(Path(__file__).with_name("connect_datasource.py")), str(work)], "connect data source"
-    )
-    assert report["session"].startswith("pyspark.sql.connect")
-    assert report["error"] is None
-    assert report["relay"] == {"settled": True, "error": None}  # the listener woke the relay under Connect
-    assert report["backlog"] == sorted(f"o{i}" for i in range(10))  # diverted during the outage
-    assert report["moved"] == {"orders": 10}
-    assert report["primary"] == sorted(
-        [*(f"h{i}" for i in range(10)), *(f"o{i}" for i in range(10))]
-    )  # 0 lost
-    events = report["tables"]["events"]
-    commits = sorted((e["batch_id"], e["count"]) for e in events if e["event"] == "batch_committed")
-    assert commits == [(0, 11), (1, 10)]
-    assert [(e["from_state"], e["to_state"]) for e in events if e["event"] == "state_change"] == [
-        ("healthy", "failing"),
-        ("failing", "failed_over"),
-    ]
-    assert [(r["entity"], r["state"]) for r in report["tables"]["entities"]] == [("orders", "failed_over")]
-    assert [(r["column"], r["batch_id"], r["sink_id"]) for r in report["tables"]["rejects"]] == [
-        ("session_id", 0, "connect-ds")
-    ]
