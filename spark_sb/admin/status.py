@@ -1,6 +1,7 @@
 """``spark-sb status``: each entity's failover state, the pulled backlog queues, the last events, the backlog
-depths, and the messages the syphon could not deliver (their entity does not exist: dead-lettered in the backlog,
-SPEC F9), read without starting Spark.
+depths, the messages the syphon could not deliver (their entity does not exist: dead-lettered in the backlog,
+SPEC F9) and, with ``ordering``, the sessions still draining (held by a sink until the syphon passed their markers,
+SPEC O4: :mod:`spark_sb.state.sessions`), read without starting Spark.
 
 The state tables under ``state_location`` are read with the ``deltalake`` package (delta-rs, no JVM); backlog
 depths come from the secondary namespace's admin endpoint (runtime message counts). Runs on a workstation or the
@@ -20,12 +21,15 @@ from spark_sb.core.redact import redact
 __all__ = [
     "StateStatus",
     "add_status_command",
+    "draining_sessions",
     "format_status",
     "newest_events",
     "read_status",
     "undeliverable",
 ]
 
+#: How many draining sessions the text report lists (the JSON lists every one).
+SESSIONS_SHOWN = 50
 #: The events that count a message the syphon dead-lettered because its destination does not exist
 #: (:mod:`spark_sb.spark.syphon_job`: event ``dead_lettered``, error class ``entity_not_found``).
 UNDELIVERABLE_EVENT = ("dead_lettered", "entity_not_found")
@@ -40,6 +44,8 @@ class StateStatus:
     events: list[dict[str, Any]]
     depths: dict[str, int | str] = field(default_factory=dict)
     undeliverable: list[dict[str, Any]] = field(default_factory=list)
+    #: Ordering: the sessions still draining (:func:`draining_sessions`), oldest first.
+    sessions: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -47,6 +53,7 @@ class StateStatus:
             "events": self.events,
             "backlog_depths": self.depths,
             "undeliverable": self.undeliverable,
+            "sessions_draining": self.sessions,
         }
 
 
@@ -125,6 +132,30 @@ def _undeliverable(data: Any) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["last"], r["entity"] or ""), reverse=True)
 
 
+def draining_sessions(location: str) -> list[dict[str, Any]]:
+    """Ordering: per (sink, entity, session) held by a sink - its messages in the backlog, or not yet known by the
+    sink to be drained -: the backlog ``queue`` it is pinned to, ``since`` when, and how many return markers wait
+    for the syphon (``pending``); oldest first. From the ``sessions`` table (one row per held session and pending
+    marker: bounded by the held sessions); [] when no sink keeps one."""
+    rows = _read_table(location, "sessions")
+    grouped: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in rows:
+        key = (r["sink_id"], r["entity"], r["session"] or "")
+        entry = grouped.setdefault(
+            key,
+            {
+                "sink_id": r["sink_id"],
+                "entity": r["entity"],
+                "session": r["session"] or "",
+                "queue": r["backlog_queue"],
+                "since": r["since"],
+                "pending": 0,
+            },
+        )
+        entry["pending"] += r["marker"] is not None
+    return sorted(grouped.values(), key=lambda e: (e["since"], e["entity"], e["session"]))
+
+
 def backlog_depths(config: Any, admin_client: Any = None) -> dict[str, int | str]:
     """Total message count of every backlog queue (an error text where it could not be read)."""
     if config.secondary is None:
@@ -167,6 +198,7 @@ def read_status(
         events=_newest(events, last_events),
         depths=backlog_depths(config, admin_client) if depths else {},
         undeliverable=_undeliverable(events),
+        sessions=draining_sessions(config.state_location),
     )
 
 
@@ -200,6 +232,20 @@ def format_status(status: StateStatus, now: datetime | None = None) -> str:
         for u in status.undeliverable:
             where = f"  in the dead-letter queue of {', '.join(u['queues'])}" if u["queues"] else ""
             lines.append(f"  {u['entity'] or '':<30} count {u['count']}  last {_ts(u['last'])}{where}")
+    if status.sessions:
+        lines.append(
+            f"sessions draining ({len(status.sessions)}; ordering: behind their backlog until the syphon passes):"
+        )
+        for d in status.sessions[:SESSIONS_SHOWN]:
+            queue_depth = status.depths.get(d["queue"])
+            lines.append(
+                f"  {d['entity'] or '':<20} {d['session'] or '(entity)':<24} since {_ts(d['since'])}  "
+                f"queue {d['queue']}"
+                + (f" (depth {queue_depth})" if queue_depth is not None else "")
+                + f"  markers pending {d['pending']}  sink {d['sink_id']}"
+            )
+        if len(status.sessions) > SESSIONS_SHOWN:
+            lines.append(f"  ... and {len(status.sessions) - SESSIONS_SHOWN} more (--json lists every one)")
     lines.append(f"last {len(status.events)} events:")
     for e in status.events:
         what = e["event"]
@@ -228,7 +274,7 @@ def add_status_command(
     p = subparsers.add_parser(
         "status",
         parents=[common],
-        help="entity failover state, pulled backlog queues, last events and backlog depths (no Spark)",
+        help="entity failover state, pulled backlog queues, sessions draining, last events and backlog depths (no Spark)",
         description="Read the state tables under state_location (deltalake, no Spark) and the backlog depths.",
     )
     p.add_argument("--config", required=True, help="the YAML configuration (conf/<env>.yaml)")

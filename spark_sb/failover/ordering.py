@@ -68,7 +68,9 @@ senders read. Setting (a), the Spark sink with the syphon job: the sink's driver
 both need the state tables. ``format('servicebus')`` refuses ``ordering`` (its commit does not carry the held
 lines). Tests: tests/unit/failover/test_ordering.py, tests/unit/sender/test_ordering.py,
 tests/unit/syphon/test_ordered.py, tests/unit/state/test_sessions.py, tests/unit/spark/test_ordering.py,
-tests/integration/test_ordering.py. Not yet: ``spark-sb status`` and the dashboard (O4);
+tests/integration/test_ordering.py, tests/spark/test_ordering.py. O4: the events ``session_held``,
+``session_returned`` (the sink) and ``acknowledged`` (the syphon job); ``spark-sb status`` lists the sessions still
+draining (:func:`spark_sb.admin.status.draining_sessions`). Not yet: the dashboard notebook (O4);
 ``bench/bench_ordering.py`` (O3).
 
 Runs anywhere (the sender's thread, the syphon); thread-safe; the records are picklable.

@@ -115,3 +115,40 @@ def test_status_command_json(
     out = json.loads(capsys.readouterr().out)
     assert out["entities"][0]["state"] == "failed_over" and out["backlog_depths"] == {}
     assert main(["status", "--config", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_status_shows_the_sessions_still_draining_with_their_queues_depth(tmp_path: Path) -> None:
+    """SPEC O4: a sink with ordering keeps its held sessions in the sessions table (one row per pending marker);
+    status lists each held session - entity, session, pinned queue and its depth, since when, markers pending -,
+    oldest first, and the JSON carries them all."""
+    import pyarrow as pa
+
+    from spark_sb.state.records import SESSIONS_DDL
+    from spark_sb.state.sessions import HeldLine, PendingMarker, session_rows
+
+    _tables(tmp_path)
+    q0, q1 = "primary/x-servicebus-transfer/0", "primary/x-servicebus-transfer/1"
+    lines = [
+        HeldLine("orders", "s2", q1, T0 + timedelta(minutes=1), (PendingMarker(q1, "m3", T0),)),
+        HeldLine("orders", "s1", q0, T0, (PendingMarker(q0, "m1", T0), PendingMarker(q1, "m2", T0))),
+    ]
+    columns = [part.split()[0] for part in SESSIONS_DDL.split(", ")]
+    rows = session_rows("sink-a", lines)
+    timestamp = pa.timestamp("us", "UTC")
+    types = {"since": timestamp, "issued": timestamp}
+    table = pa.table(
+        {c: pa.array([r[i] for r in rows], types.get(c, pa.string())) for i, c in enumerate(columns)}
+    )
+    deltalake.write_deltalake(str(tmp_path / "sessions"), table)
+    status = read_status(make_config(state_location=str(tmp_path)), admin_client=Admin())
+    assert [(d["session"], d["queue"], d["pending"]) for d in status.sessions] == [
+        ("s1", q0, 2),
+        ("s2", q1, 1),
+    ]
+    text = format_status(status, now=T0)
+    assert "sessions draining (2;" in text
+    assert (
+        f"s1                       since 2026-11-22 12:00:00  queue {q0} (depth 7)  markers pending 2" in text
+    )
+    assert status.to_json()["sessions_draining"][1]["sink_id"] == "sink-a"
+    assert read_status(make_config(state_location=str(tmp_path / "none")), depths=False).sessions == []
