@@ -104,6 +104,19 @@ SMOKE: dict[str, list[Expect]] = {
             r"^maintained / fresh: \{'first_batch': ([\d.]+), 'per_batch': ([\d.]+), 'commit': ([\d.]+)\}"
         ),
     ],
+    "bench_ordering.py": [
+        # healthy: raw, none, session, ratio; recovery: drain, median, max (s); drain: none, session, ratio
+        Expect(
+            rf"^latency \d+ ms healthy, .*: raw SDK {RATE}, ordering none {RATE}, ordering session {RATE}, "
+            rf"ratio {NUM} ",
+            2,
+        ),
+        Expect(
+            rf"^latency \d+ ms recovery, .*: drained in {NUM} s, back on the primary median {NUM} s, max {NUM} s ",
+            2,
+        ),
+        Expect(rf"^latency \d+ ms drain, .*: ordering none {RATE}, ordering session {RATE}, ratio {NUM} ", 2),
+    ],
     "bench_soak.py": [
         Expect(r"^  written (\d+), sent to the primary (\d+), diverted (\d+), moved back (\d+) "),
         Expect(r"^SOAK OK: lost 0, duplicates (\d+)$"),
@@ -131,6 +144,7 @@ ORDER = [
     "bench_isolation.py",
     "bench_local_namespace.py",
     "bench_fanout.py",
+    "bench_ordering.py",
     "bench_paired_sender.py",
     "bench_packing.py",
 ]

@@ -1,0 +1,266 @@
+"""Benchmark: ``ordering: session`` against ``ordering: none`` (issue 31, SPEC O3), same local namespaces, same run.
+
+    .venv/bin/python bench/bench_ordering.py [--count 20000] [--sessions 20] [--latency 0.002] [--repeats 3] [--smoke]
+
+Both namespaces run in child processes (``python -m servicebus_local``). At no injected latency and at ``--latency``
+(on both namespaces) it prints:
+
+* ``healthy``: ``count`` messages over ``sessions`` session ids sent with the raw SDK batch sender (the baseline,
+  same run), through a :class:`~spark_sb.sender.paired.PairedSender` with ``ordering: none`` and with ``ordering:
+  session``, interleaved, fresh queue per run; msgs/s of each and the ratio session/none (target >= 0.95: nothing
+  is held, the healthy path costs one look at the session book per message).
+* ``recovery``: the primary refuses (two rounds of one message per session diverted), recovers; a
+  :class:`~spark_sb.syphon.mover.Syphon` drains on a thread of this process (setting b: the process registry carries
+  the acknowledgements) while the sender sends a round every 250 ms; per session, the seconds from the recovery to
+  its return to the primary (its record gone from the book), median and max, beside the drain's time and the
+  ``ping_primary_interval`` (target: within drain time + ping interval + 1 s).
+* ``drain``: a backlog of ``count`` messages over the sessions moved by a Syphon with ``ordering: none`` and with
+  ``ordering: session`` (one queue, receive batch after receive batch), interleaved; msgs/s and the ratio (target
+  >= 0.7).
+
+Runs on the driver machine only (no Spark). ``--smoke``: 300 messages, 10 sessions, one repeat (CI's smoke mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timezone
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench_failover import raw_sdk  # noqa: E402 - sibling script (the same raw baseline)
+
+from harness.namespaces import Namespace, namespaces  # noqa: E402
+from spark_sb.config.namespace import NamespaceConfig, RetryConfig  # noqa: E402
+from spark_sb.config.secret import Secret  # noqa: E402
+from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
+from spark_sb.failover.outcome import namespace_key  # noqa: E402
+from spark_sb.failover.registry import process_registry  # noqa: E402
+from spark_sb.message.outbound import OutboundMessage  # noqa: E402
+from spark_sb.sender.paired import PairedSender  # noqa: E402
+from spark_sb.syphon.mover import Syphon  # noqa: E402
+
+BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]
+PING = 1.0  # ping_primary_interval in the recovery part (s)
+BATCH = 100
+ROUND = 0.25  # the recovery part: the sender sends a round of one message per session this often (s)
+
+
+def config_for(primary: str, secondary: str, ordering: str, entity: str) -> ServiceBusConfig:
+    return ServiceBusConfig(
+        primary=NamespaceConfig(connection_string=Secret(primary), namespace_name="primary"),
+        secondary=NamespaceConfig(connection_string=Secret(secondary)),
+        entity=entity,
+        backlog_queue_count=len(BACKLOG),
+        failover_interval=0.0,
+        ping_primary_interval=PING,
+        send_timeout=10.0,
+        retry=RetryConfig(total=0, backoff_factor=0.05, backoff_max=0.2),
+        ordering=ordering,
+        syphon_batch_size=BATCH,
+    )
+
+
+def messages(count: int, sessions: int, body: bytes, prefix: str = "m") -> Iterator[OutboundMessage]:
+    for i in range(count):
+        yield OutboundMessage(body=body, message_id=f"{prefix}{i}", session_id=f"s{i % sessions}")
+
+
+# ---------------------------------------------------------------------------------------------- healthy
+def paired_seconds(config: ServiceBusConfig, count: int, sessions: int, body: bytes) -> float:
+    """Seconds to send ``count`` messages through a PairedSender (its link opened first, not timed)."""
+    sender = PairedSender(config)
+    try:
+        sender.send(messages(1, sessions, body, "warm-"))
+        start = time.perf_counter()
+        sender.send(messages(count, sessions, body))
+        return time.perf_counter() - start
+    finally:
+        sender.close()
+
+
+def healthy(
+    ns: dict[str, Namespace], index: int, count: int, sessions: int, repeats: int
+) -> tuple[float, float, float]:
+    primary, secondary = ns["primary"].connection_string, ns["secondary"].connection_string
+    body = b"x" * 200
+    rates: dict[str, list[float]] = {"raw": [], "none": [], "session": []}
+    for i in range(repeats):  # interleaved, so drift affects all alike
+        rates["raw"].append(count / raw_sdk(primary, f"h-{index}-raw-{i}", count, body))
+        for ordering in ("none", "session"):
+            config = config_for(primary, secondary, ordering, f"h-{index}-{ordering}-{i}")
+            rates[ordering].append(count / paired_seconds(config, count, sessions, body))
+    return tuple(statistics.median(rates[k]) for k in ("raw", "none", "session"))  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------------- recovery
+def recovery(ns: dict[str, Namespace], index: int, sessions: int) -> tuple[float, float, float]:
+    """(drain seconds, median and max seconds from recovery to a session's return to the primary)."""
+    primary, secondary = ns["primary"], ns["secondary"]
+    config = config_for(primary.connection_string, secondary.connection_string, "session", f"r-{index}")
+    registry = process_registry()
+    registry.clear()  # the healthy part's entities: not this part's business
+    book = registry.sessions(namespace_key(config.primary))
+    sender = PairedSender(config)
+    syphon = Syphon(config, entity_backoff=0.2)
+    body = b"x" * 200
+    seq = [0]
+
+    def round_() -> None:
+        sender.send(messages(sessions, sessions, body, f"r{seq[0]}-"))
+        seq[0] += 1
+
+    stop = threading.Event()
+    drained: list[float] = []
+    try:
+        round_()
+        primary.post("/faults/refuse")
+        primary.post("/faults/drop")
+        for _ in range(2):
+            round_()
+        primary.post("/faults/accept")
+        recovered = time.monotonic()
+
+        def drain() -> None:
+            while not stop.is_set():
+                if syphon.drain_all(max_wait=0.2).forwarded_total == 0 and len(book) == 0:
+                    drained.append(time.monotonic() - recovered)
+                    return
+
+        thread = threading.Thread(target=drain, name="syphon", daemon=True)
+        thread.start()
+        back: dict[str, float] = {}
+        deadline = recovered + 60
+        while len(back) < sessions and time.monotonic() < deadline:
+            round_()
+            now = time.monotonic() - recovered
+            for s in range(sessions):
+                if f"s{s}" not in back and book.held(f"r-{index}", f"s{s}") is None:
+                    back[f"s{s}"] = now
+            stop.wait(ROUND)  # the sender's pace
+        stop.set()
+        thread.join(30)
+    finally:
+        stop.set()
+        syphon.close()
+        sender.close()
+        registry.clear()
+    if len(back) < sessions:
+        held = {k: v for k, v in book.records().items()} if len(book) else {}
+        raise RuntimeError(
+            f"{sessions - len(back)} sessions not back on the primary within 60 s (drained: {drained}; held: {held})"
+        )
+    times = sorted(back.values())
+    return (drained[0] if drained else float("nan")), statistics.median(times), times[-1]
+
+
+# ---------------------------------------------------------------------------------------------- drain
+def fill(conn: str, queue: str, dest: str, count: int, sessions: int) -> None:
+    """``count`` backlog messages for ``dest`` over the sessions into ``queue`` (not timed)."""
+    from azure.servicebus import ServiceBusClient
+
+    from spark_sb.message.backlog import to_backlog_sdk
+
+    now = datetime.now(timezone.utc)
+    with ServiceBusClient.from_connection_string(conn) as client, client.get_queue_sender(queue) as sender:
+        batch = sender.create_message_batch()
+        for m in messages(count, sessions, b"x" * 200, uuid.uuid4().hex[:8]):
+            msg = to_backlog_sdk(m, dest, now)
+            try:
+                batch.add_message(msg)
+            except Exception:  # noqa: BLE001 - full: send it
+                sender.send_messages(batch)
+                batch = sender.create_message_batch()
+                batch.add_message(msg)
+        if len(batch):
+            sender.send_messages(batch)
+
+
+def drain_seconds(config: ServiceBusConfig, queue: str, count: int) -> float:
+    """Seconds for a Syphon to move ``count`` messages out of ``queue``, receive batch after receive batch."""
+    assert config.entity is not None
+    syphon = Syphon(
+        config, backlog_queues=[queue], healthy_hints={config.entity: "healthy"}, entity_backoff=0.2
+    )
+    try:
+        start = time.perf_counter()
+        moved = 0
+        while moved < count:
+            moved += syphon.drain_queue(queue, max_wait=1, max_batches=1).forwarded_total
+        return time.perf_counter() - start
+    finally:
+        syphon.close()
+        process_registry().clear()
+
+
+def drain(
+    ns: dict[str, Namespace], index: int, count: int, sessions: int, repeats: int
+) -> tuple[float, float]:
+    primary, secondary = ns["primary"].connection_string, ns["secondary"].connection_string
+    rates: dict[str, list[float]] = {"none": [], "session": []}
+    for i in range(repeats):
+        for ordering in ("none", "session"):
+            queue, dest = f"d-{index}-{ordering}-{i}", f"dd-{index}-{ordering}-{i}"
+            fill(secondary, queue, dest, count, sessions)
+            config = config_for(primary, secondary, ordering, dest)
+            rates[ordering].append(count / drain_seconds(config, queue, count))
+    return statistics.median(rates["none"]), statistics.median(rates["session"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--count", type=int, default=20_000)
+    parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument("--latency", type=float, default=0.002)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--smoke", action="store_true", help="300 messages, 10 sessions, one repeat (CI's smoke mode)"
+    )
+    args = parser.parse_args()
+    if args.smoke:
+        args.count, args.sessions, args.repeats = 300, 10, 1
+    reps = range(args.repeats)
+    primary_queues = [f"h-{x}-{k}-{i}" for x in (0, 1) for k in ("raw", "none", "session") for i in reps]
+    primary_queues += [f"r-{x}" for x in (0, 1)]
+    primary_queues += [f"dd-{x}-{k}-{i}" for x in (0, 1) for k in ("none", "session") for i in reps]
+    secondary_queues = [
+        *BACKLOG,
+        *(f"d-{x}-{k}-{i}" for x in (0, 1) for k in ("none", "session") for i in reps),
+    ]
+    with namespaces({"primary": primary_queues, "secondary": secondary_queues}) as ns:
+        for index, latency in enumerate((0.0, args.latency)):
+            for n in ns.values():
+                n.set_latency(latency)
+            label = f"latency {latency * 1000:.0f} ms"
+            raw, none, session = healthy(ns, index, args.count, args.sessions, args.repeats)
+            print(
+                f"{label} healthy, {args.count} msgs over {args.sessions} sessions: raw SDK {raw:,.0f} msgs/s, "
+                f"ordering none {none:,.0f} msgs/s, ordering session {session:,.0f} msgs/s, "
+                f"ratio {session / none:.2f} (target >= 0.95)",
+                flush=True,
+            )
+            drained, median, worst = recovery(ns, index, args.sessions)
+            print(
+                f"{label} recovery, {args.sessions} sessions: drained in {drained:.2f} s, back on the primary "
+                f"median {median:.2f} s, max {worst:.2f} s after recovery (target <= drain + ping {PING:.0f} s + 1 s)",
+                flush=True,
+            )
+            unordered, ordered = drain(ns, index, args.count, args.sessions, args.repeats)
+            print(
+                f"{label} drain, {args.count} msgs: ordering none {unordered:,.0f} msgs/s, ordering session "
+                f"{ordered:,.0f} msgs/s, ratio {ordered / unordered:.2f} (target >= 0.7)",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
