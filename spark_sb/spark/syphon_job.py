@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import Clock, SystemClock
+from spark_sb.core.errors import ConfigError
 from spark_sb.failover.outcome import namespace_key
 from spark_sb.sender.pool import SenderPool, config_key
 from spark_sb.spark.partition import ordering_needs_tables
@@ -357,6 +358,20 @@ def drain_partition(
 
 
 # ------------------------------------------------------------------------------------------- the source
+def check_ordered_job(config: ServiceBusConfig) -> None:
+    """Driver: with ``ordering`` on the job needs the state tables (its acknowledgements go to the events table) and
+    ``syphon.prefetch`` 0 - a pooled syphon's prefetched messages stay locked in its worker after the task, while
+    the next micro-batch may drain the queue from another worker and move their sessions' later messages first.
+    One-line :class:`~spark_sb.core.errors.ConfigError` naming the key."""
+    ordering_needs_tables(config, "the syphon job")
+    if config.ordering != "none" and config.syphon_prefetch:
+        raise ConfigError.at(
+            "syphon.prefetch",
+            f"must be 0 with ordering: {config.ordering} (found {config.syphon_prefetch}): prefetched messages "
+            "stay locked in a worker while another drains their queue",
+        )
+
+
 def syphon_source(
     config: ServiceBusConfig,
     *,
@@ -368,8 +383,9 @@ def syphon_source(
     ``spark.dataSource.register``). The class carries the picklable config (pickled by value with cloudpickle, to
     the planner process and the executors). ``admin_kwargs``: extra arguments of the admin client (e.g.
     ``connection_verify`` for a local namespace). ``stop_file``: while this file exists no micro-batch starts.
-    Raises :class:`~spark_sb.core.errors.ConfigError` for ``ordering`` without state tables."""
-    ordering_needs_tables(config, "the syphon job")
+    Raises :class:`~spark_sb.core.errors.ConfigError` for ``ordering`` without state tables or with prefetch
+    (:func:`check_ordered_job`)."""
+    check_ordered_job(config)
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
     try:  # pyspark 4.1+: a Python source may say it supports Trigger.AvailableNow (no single-batch fallback)
@@ -590,7 +606,7 @@ def run_syphon(
     pyspark 4.0 (no ``SupportsTriggerAvailableNow``) Spark runs one micro-batch instead, and warns. ``once`` and ``available_now`` exclude each other."""
     if once and available_now:
         raise ValueError("run_syphon: give once=True or available_now=True, not both")
-    ordering_needs_tables(config, "the syphon job")  # before the query starts: no queue is drained
+    check_ordered_job(config)  # before the query starts: no queue is drained
 
     config = with_namespace_name(config)  # resolved once on the driver; executors never ask
     names = list(queues) if queues is not None else config.backlog_queue_names()

@@ -68,9 +68,18 @@ duration, before anything behind them; the restarted job drains nothing before t
 duration). A marker passed but whose acknowledgement was not written (the job died between the two) leaves its line
 held: it never releases early - the line's next micro-batch issues a newer marker, whose acknowledgement releases it.
 
+(6) One syphon task per queue per micro-batch, and no message of a queue locked across micro-batches: a task
+abandons what it holds when it ends (back in the queue before anything behind it), and the job refuses
+``syphon.prefetch`` above 0 with ordering (a pooled syphon's prefetched messages would stay locked in its worker
+while the next micro-batch drains the queue from another).
+
 Not covered (as in setting b): a backlog send abandoned at its deadline whose bytes reach the service after a later
 marker (a duplicate the primary drops); two syphon jobs draining one queue at once; a syphon task retried within a
-running job while its dead attempt's locks are still held (its queue is drained again before they run out).
+running job while its dead attempt's locks are still held (its queue is drained again before they run out); a
+failed sink task attempt's diversions that the syphon moves after the primary's duplicate detection window (the
+retry sent the same messages directly; past the window the late copy is delivered again, out of place). Liveness,
+not order: a line whose newest marker's acknowledgement was lost (5) and that gets no further message stays held
+(``spark-sb status`` shows it) until one comes.
 
 What bounds it: the ledger holds the held lines only, each with at most one pending marker per (backlog queue,
 task of its newest marking batch); a line leaves on release. Driver-side classes are not picklable and not shared;

@@ -370,3 +370,19 @@ def test_a_drain_yields_one_acknowledged_row_per_marker_its_syphon_passed(
         (QUEUES[0], False, "orders", "moved", 1, "s1-0", None),
         (QUEUES[0], False, "orders", ACKNOWLEDGED, 1, "m1", "m1"),
     ]
+
+
+def test_the_ordered_syphon_job_refuses_prefetch() -> None:
+    """A pooled syphon's prefetched messages stay locked in its worker after the task while the next micro-batch may
+    drain their queue from another worker: with ordering, syphon.prefetch must be 0 (one line naming the key)."""
+    config = make_config(ordering="session", state_location="/tmp/state", syphon_prefetch=10)
+    for build in (
+        lambda: run_syphon(_NoSpark(), config, checkpoint="/nowhere"),  # type: ignore[arg-type]
+        lambda: syphon_source(config),
+    ):
+        with pytest.raises(ConfigError) as err:
+            build()
+        assert str(err.value).startswith(
+            "syphon.prefetch: must be 0 with ordering: session"
+        ) and "\n" not in str(err.value)
+    syphon_source(make_config(syphon_prefetch=10))  # without ordering, prefetch is the user's call
