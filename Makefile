@@ -21,14 +21,14 @@ OLDEST_CONSTRAINTS := constraints-oldest.txt
 PYTEST = $(BIN)/python -m pytest --durations=15
 # pytest-xdist workers per tier (a tier's tests side by side in that many processes; 0: in pytest's own process).
 # Measured on the 2-core machine: the integration tier used 99 s of CPU in 475 s (its tests wait on sockets,
-# deadlines and lock expiry), the local namespace's likewise: 6 workers cut them to ~100 s each, with the
-# timing-sensitive tests still far inside their margins (the load stays under one core). The Spark tier is
+# deadlines and lock expiry), the local namespace's likewise: 4 workers cut them to a third, the timing-sensitive
+# tests inside their margins (6 did as well on a quiet machine, and missed bounds at a load of 8). The Spark tier is
 # CPU-bound (the JVMs): one worker per core, a file to a worker (--dist loadfile: the tests of a file that share one
 # child process - a Connect server, a local cluster - run it once). The benches pace themselves (tests/bench: two
 # runs at a time).
 UNIT_WORKERS ?= 2
-INTEGRATION_WORKERS ?= 6
-SERVICEBUS_LOCAL_WORKERS ?= 6
+INTEGRATION_WORKERS ?= 4
+SERVICEBUS_LOCAL_WORKERS ?= 4
 SPARK_WORKERS ?= 2
 UNIT_TIER := tests/unit tests/packaging
 INTEGRATION_TIER := tests/integration
