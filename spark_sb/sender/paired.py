@@ -287,6 +287,23 @@ class PairedSender:
                 )
         return tally.build(self._clock.monotonic() - start)
 
+    def remark(self, lines: Iterable[tuple[str, str]]) -> int:
+        """Ordering (R2): send a fresh return marker, with no message, behind each held line of ``lines``
+        ((entity, key) pairs) in its pinned queue - for a line whose newest marker's acknowledgement was lost and
+        that has no message to send (the Spark sink's tasks, :mod:`spark_sb.state.sessions`). Lines not held are
+        skipped. Returns how many markers were sent; raises like :meth:`send` when a queue does not take them.
+        Runs on the calling thread."""
+        book = self._ctx.book
+        if book is None or self._closed:
+            return 0
+        tally = Tally()
+        tally.ordered = {line: 0 for line in lines if book.held(*line) is not None}
+        if not tally.ordered:
+            return 0
+        count = len(tally.ordered)
+        self._diverter.close_lines({}, tally)
+        return count
+
     def _held(self, entity: str, key: str, tally: Tally, open_batch: Batch | None) -> bool:
         """Ordering: does the next message of the line (``entity``, ``key``), which its entity would send to the
         primary, go to its backlog queue instead? Yes while the line is held (R3; the book releases it when drained).

@@ -19,6 +19,7 @@ accepted by a backlog queue, or recorded as a reject; otherwise the task fails a
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import socket
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.core.errors import ConfigError
+from spark_sb.core.errors import ConfigError, SendError
 from spark_sb.failover.outcome import SendOutcome, namespace_key
 from spark_sb.failover.registry import FailoverRegistry, process_registry
 from spark_sb.message.outbound import OutboundMessage, Reject, RejectError
@@ -39,6 +40,9 @@ from spark_sb.state.sessions import HeldLine, marks_of, restore_book
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
+
+
+log = logging.getLogger(__name__)
 
 
 class RejectedRowsError(ValueError):
@@ -69,6 +73,7 @@ def send_partition(
     rows: Iterable[Any],
     handoff: Sequence[EntityRecord] = (),
     held: Sequence[HeldLine] = (),
+    remark: Sequence[tuple[str, str]] = (),
     *,
     registry: FailoverRegistry | None = None,
     sender: PairedSender | None = None,
@@ -80,7 +85,9 @@ def send_partition(
     registry first (SPEC S4: no second ``failover_interval`` wait, pulled backlog queues skipped). ``held``
     (``ordering`` on): the sink's held lines; the process's session book holds exactly these for the task
     (:func:`~spark_sb.state.sessions.restore_book`), and the result reports the lines the task marked
-    (:func:`~spark_sb.state.sessions.marks_of`). ``registry`` and ``sender`` (tests: an executor process of
+    (:func:`~spark_sb.state.sessions.marks_of`). ``remark``: held lines that get a fresh return marker after the
+    rows, with or without a message (:meth:`~spark_sb.state.sessions.SessionLedger.stale`; a failure to send one is
+    logged, the next batch tries again). ``registry`` and ``sender`` (tests: an executor process of
     their own): the process's registry, and a sender of the worker's pool, by default.
     """
     registry = registry or process_registry()
@@ -110,6 +117,13 @@ def send_partition(
         if pooled:
             sender.close()  # a failed sender is never reused: the task fails and Spark retries it
         raise
+    if book is not None and remark:
+        try:
+            sender.remark(remark)
+        except SendError as exc:  # liveness only: the lines stay held, the next batch sends them another
+            log.warning(
+                "ordering: fresh return markers for %d idle held sessions not sent: %s", len(remark), exc
+            )
     if pooled:
         SENDERS.release(key, sender, keep=config.client_cache)
     if rejects:
@@ -160,19 +174,33 @@ def ordering_needs_tables(config: ServiceBusConfig, where: str, store_given: boo
         )
 
 
+def _first_task() -> bool:
+    """Executor: this task computes the batch's first partition (no task context: outside Spark, True)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context is None or context.partitionId() == 0
+
+
 def partition_function(
-    config: ServiceBusConfig, handoff: Sequence[EntityRecord], held: Sequence[HeldLine] = ()
+    config: ServiceBusConfig,
+    handoff: Sequence[EntityRecord],
+    held: Sequence[HeldLine] = (),
+    remark: Sequence[tuple[str, str]] = (),
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of one batch: sends the partition, yields one row ``result`` (the pickled
     :class:`~spark_sb.state.records.PartitionResult`). Built on the driver, runs on executors; captures only the
-    picklable ``config``, ``handoff`` and ``held`` (the sink's held lines with ``ordering`` on)."""
+    picklable ``config``, ``handoff``, ``held`` (the sink's held lines with ``ordering`` on) and ``remark`` (the
+    held lines the first partition's task gives a fresh return marker)."""
     records = tuple(handoff)
     lines = tuple(held)
+    stale = tuple(remark)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
-        result = send_partition(config, arrow_rows(batches), records, lines)
+        mine = stale if stale and _first_task() else ()
+        result = send_partition(config, arrow_rows(batches), records, lines, mine)
         yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(result)], pa.binary())], names=["result"])
 
     return run

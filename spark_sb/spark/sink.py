@@ -319,6 +319,9 @@ class ServiceBusSink:
         # ordering (spark_sb.state.sessions): the held lines, this batch's handoff of them, the lines it released
         self._ledger = SessionLedger() if self.config.ordering != "none" else None
         self._held: tuple[HeldLine, ...] = ()
+        self._remark: tuple[
+            tuple[str, str], ...
+        ] = ()  # held lines whose newest marker is stale: marked afresh
         self._returned: list[HeldLine] = []
         if self.config.state_writes == "async" and self._tables is not None:
             install_sigterm_handler()  # the driver's main thread: SIGTERM then flushes the state rows
@@ -327,6 +330,12 @@ class ServiceBusSink:
     def held_lines(self) -> tuple[HeldLine, ...]:
         """Ordering: the held lines handed to the current batch's tasks (:mod:`spark_sb.state.sessions`)."""
         return self._held
+
+    @property
+    def stale_lines(self) -> tuple[tuple[str, str], ...]:
+        """Ordering: the held lines the current batch's first task gives a fresh return marker (their newest one is
+        :data:`~spark_sb.state.sessions.REMARK_AFTER` old: its acknowledgement may be lost)."""
+        return self._remark
 
     @property
     def asynchronous(self) -> bool:
@@ -343,7 +352,7 @@ class ServiceBusSink:
 
         def run_tasks(handoff: Sequence[EntityRecord]) -> list[PartitionResult]:
             try:
-                function = partition_function(config, handoff, self.held_lines)
+                function = partition_function(config, handoff, self.held_lines, self.stale_lines)
                 rows = batch_df.mapInArrow(function, RESULT_SCHEMA).collect()
             except Exception as exc:
                 told = task_failure(exc)
@@ -407,6 +416,7 @@ class ServiceBusSink:
             return None
         if self._ledger is not None:
             self._held = self._release(store)
+            self._remark = self._ledger.stale(now())
         if not self.asynchronous:
             return store.read_entities()
         if self._view.age() > MAX_VIEW_AGE:  # the first batch, the first after an error or a pause

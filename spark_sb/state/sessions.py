@@ -66,7 +66,10 @@ behind the lines the table holds. A replayed batch the sink already committed is
 (5) A syphon job killed mid-drain: the messages its tasks had locked come back to the queue after their lock
 duration, before anything behind them; the restarted job drains nothing before that (the planner waits one lock
 duration). A marker passed but whose acknowledgement was not written (the job died between the two) leaves its line
-held: it never releases early - the line's next micro-batch issues a newer marker, whose acknowledgement releases it.
+held: it never releases early - the line's next micro-batch that marks it issues a newer marker, whose
+acknowledgement releases it; a line with nothing more to send gets one from the first task of a batch once its
+newest marker is :data:`REMARK_AFTER` old (:meth:`SessionLedger.stale`,
+:meth:`~spark_sb.sender.paired.PairedSender.remark`), sent behind everything the line has in its queue.
 
 (6) One syphon task per queue per micro-batch, and no message of a queue locked across micro-batches: a task
 abandons what it holds when it ends (back in the queue before anything behind it), and the job refuses
@@ -77,9 +80,7 @@ Not covered (as in setting b): a backlog send abandoned at its deadline whose by
 marker (a duplicate the primary drops); two syphon jobs draining one queue at once; a syphon task retried within a
 running job while its dead attempt's locks are still held (its queue is drained again before they run out); a
 failed sink task attempt's diversions that the syphon moves after the primary's duplicate detection window (the
-retry sent the same messages directly; past the window the late copy is delivered again, out of place). Liveness,
-not order: a line whose newest marker's acknowledgement was lost (5) and that gets no further message stays held
-(``spark-sb status`` shows it) until one comes.
+retry sent the same messages directly; past the window the late copy is delivered again, out of place).
 
 What bounds it: the ledger holds the held lines only, each with at most one pending marker per (backlog queue,
 task of its newest marking batch); a line leaves on release. Driver-side classes are not picklable and not shared;
@@ -98,6 +99,10 @@ from spark_sb.failover.ordering import Held, SessionBook
 #: How much older than the oldest pending marker an acknowledgement row may be dated (the syphon's machine clock
 #: against the driver's, which dates a marker after its batch): the ack read's time window starts this much earlier.
 ACK_SKEW = timedelta(minutes=10)
+#: A held line whose newest pending marker is this old gets a fresh one from the batch's first task even without
+#: a message (:meth:`SessionLedger.stale`): an acknowledgement lost with a killed syphon run does not keep an idle
+#: line held for ever.
+REMARK_AFTER = timedelta(minutes=10)
 #: The marker a task's book carries for a handed line: never acknowledged, so a task never releases it.
 HANDED = "handed"
 
@@ -228,6 +233,15 @@ class SessionLedger:
         """When the oldest pending marker was recorded (None: nothing pending)."""
         issued = [p.issued for line in self.lines.values() for p in line.pending]
         return min(issued) if issued else None
+
+    def stale(self, now: datetime, after: timedelta = REMARK_AFTER) -> tuple[tuple[str, str], ...]:
+        """The lines whose newest pending marker was recorded ``after`` or longer before ``now``: the batch's first
+        task sends each a fresh marker (its acknowledgement may have been lost with a killed syphon run)."""
+        return tuple(
+            key
+            for key, line in sorted(self.lines.items())
+            if line.pending and max(p.issued for p in line.pending) <= now - after
+        )
 
     def acknowledged(self, markers: Collection[str]) -> list[HeldLine]:
         """Drop the acknowledged ``markers``; release (remove and return) every line left with none pending."""

@@ -139,7 +139,10 @@ class World:
             out = []
             for p, rows in enumerate(parts):
                 registry, sender = self.processes[(batch_id + p) % 2]  # a task lands in either process
-                out.append(send_partition(sink.config, rows, handoff, held, registry=registry, sender=sender))
+                remark = sink.stale_lines if p == 0 and not self.forget else ()  # the first task's job
+                out.append(
+                    send_partition(sink.config, rows, handoff, held, remark, registry=registry, sender=sender)
+                )
             return out
 
         sink.process_batch(batch_id, run_tasks, lambda: sum(map(len, parts)), self.store, now=self.clock.now)
@@ -386,3 +389,28 @@ def test_the_ordered_syphon_job_refuses_prefetch() -> None:
             "syphon.prefetch: must be 0 with ordering: session"
         ) and "\n" not in str(err.value)
     syphon_source(make_config(syphon_prefetch=10))  # without ordering, prefetch is the user's call
+
+
+def test_an_idle_session_whose_acknowledgement_was_lost_gets_a_fresh_marker_and_returns() -> None:
+    """A syphon run killed after it passed the sessions' newest markers, before it wrote their acknowledgements:
+    sessions with nothing more to send stay held (never released early) until their newest marker is
+    REMARK_AFTER old; then the batch's first task sends each a fresh marker, which the syphon acknowledges, and
+    the next batch returns them to the primary - in order."""
+    from spark_sb.state.sessions import REMARK_AFTER
+
+    world = World()
+    recover = outage(world)
+    world.batch(0, per_session=1)  # diverted: every session held, its marker behind its message
+    recover()
+    world.syphon.micro_batch(kill=True)  # moved everything, markers passed, no acknowledgement written
+    world.batch(1, per_session=0)
+    assert len(world.sink.held_lines) == len(SESSIONS) and world.sink.stale_lines == ()
+    world.clock.advance(REMARK_AFTER.total_seconds())
+    world.batch(2, per_session=0)  # the first task marks the idle sessions afresh
+    assert len(world.sink.stale_lines) == len(SESSIONS)
+    world.syphon.micro_batch()
+    world.batch(3, per_session=1)  # released at the batch's start: these go straight to the primary
+    assert world.sink.held_lines == ()
+    got = world.received()
+    assert all(got[s] == world.produced[s] for s in SESSIONS)
+    assert world.store.read_sessions(world.sink.sink_id) == []
