@@ -316,12 +316,11 @@ class ServiceBusSink:
         self._seq = 0
         self._force_sync = sync_writes  # Spark Connect, the data source's commit
         self._max_pending = max_pending_writes  # batches queued for the writer before a batch waits
-        # ordering (spark_sb.state.sessions): the held lines, this batch's handoff of them, the lines it released
+        # ordering (spark_sb.state.sessions): the held lines, this batch's handoff of them, those of them whose
+        # newest marker is stale (marked afresh), the lines released since the last write
         self._ledger = SessionLedger() if self.config.ordering != "none" else None
         self._held: tuple[HeldLine, ...] = ()
-        self._remark: tuple[
-            tuple[str, str], ...
-        ] = ()  # held lines whose newest marker is stale: marked afresh
+        self._remark: tuple[tuple[str, str], ...] = ()
         self._returned: list[HeldLine] = []
         if self.config.state_writes == "async" and self._tables is not None:
             install_sigterm_handler()  # the driver's main thread: SIGTERM then flushes the state rows
