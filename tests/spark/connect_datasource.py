@@ -1,6 +1,6 @@
 """Stream through ``format("servicebus")`` under Spark Connect; print what happened as JSON.
 
-Run by ``tests/spark/test_connect.py`` (through ``connect_runs.py``) in a child process (a process cannot hold the
+Run by ``tests/spark/test_connect.py`` in a child process (a process cannot hold the
 classic test session and a Connect one), with the Connect session, file writes and receives of ``connect_stream.py``.
 Two micro-batches: the primary healthy (plus one bad row), then a primary outage (diverted to the backlog); the syphon
 moves the backlog back. The state tables are catalog tables (``state_table_prefix``): the source records into its spool
@@ -30,7 +30,7 @@ def main(work: Path) -> dict[str, Any]:
 
 
 def run(work: Path, spark: Any) -> dict[str, Any]:
-    """The scenario in ``spark`` (a Connect session; ``connect_runs.py`` runs the three Connect scenarios in one)."""
+    """The scenario in ``spark`` (a Connect session)."""
     from servicebus_local.model import QueueSettings
     from servicebus_local.server import LocalNamespace
     from spark_sb import register, relay_state

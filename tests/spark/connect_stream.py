@@ -1,6 +1,6 @@
 """Stream through ``foreachBatch(ServiceBusSink(config))`` under Spark Connect; print what happened as JSON.
 
-Run by ``tests/spark/test_connect.py`` (through ``connect_runs.py``) in a child process: a Python process cannot hold a
+Run by ``tests/spark/test_connect.py`` in a child process: a Python process cannot hold a
 classic SparkSession (the session-scoped test fixture) and a Spark Connect one at once. It starts one local Connect
 server (``SparkSession.builder.remote("local[2]")`` with the Delta jars), two local namespaces in this process, and
 streams two micro-batches: the first with the primary healthy (plus one bad row), the second during a primary outage
@@ -104,7 +104,7 @@ def main(work: Path) -> dict[str, Any]:
 
 
 def run(work: Path, spark: Any) -> dict[str, Any]:
-    """The scenario in ``spark`` (a Connect session; ``connect_runs.py`` runs the three Connect scenarios in one)."""
+    """The scenario in ``spark`` (a Connect session)."""
     from servicebus_local.model import QueueSettings
     from servicebus_local.server import LocalNamespace
     from spark_sb.admin.provisioning import provision_backlog_queues

@@ -1,6 +1,6 @@
 """The syphon query under Spark Connect; print what happened as JSON on the last line.
 
-Run by ``tests/spark/test_connect.py`` (through ``connect_runs.py``) in a child process (a process cannot
+Run by ``tests/spark/test_connect.py`` in a child process (a process cannot
 hold a classic and a Connect session at once). Starts a local Connect server with Delta, two local namespaces in this
 process, puts backlog messages in two backlog queues, runs ``run_syphon`` until nothing is left, and reports the
 primary's message ids, the events table and the query's progress rows.
@@ -37,7 +37,7 @@ def main(work: Path) -> dict[str, Any]:
 
 
 def run(work: Path, spark: Any) -> dict[str, Any]:
-    """The scenario in ``spark`` (a Connect session; ``connect_runs.py`` runs the three Connect scenarios in one)."""
+    """The scenario in ``spark`` (a Connect session)."""
     from azure.servicebus import ServiceBusClient
 
     with LocalNamespace("primary") as primary, LocalNamespace("secondary") as secondary:
