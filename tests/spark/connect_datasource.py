@@ -17,16 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.spark.connect_stream import _drain, _session, healthy_then_outage
+from tests.spark.connect_stream import _drain, healthy_then_outage, in_own_session
 
 
 def main(work: Path) -> dict[str, Any]:
     """The scenario in a Connect session of its own (its catalog tables in ``work/warehouse``)."""
-    spark = _session(work / "warehouse")
-    try:
-        return run(work, spark)
-    finally:
-        spark.stop()
+    return in_own_session(run, work, work / "warehouse")
 
 
 def run(work: Path, spark: Any) -> dict[str, Any]:

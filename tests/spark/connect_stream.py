@@ -94,13 +94,21 @@ def _drain(connection_string: str, entity: str) -> list[str]:
     return out
 
 
-def main(work: Path) -> dict[str, Any]:
-    """The scenario in a Connect session of its own."""
-    spark = _session()
+def in_own_session(
+    scenario: Callable[[Path, Any], dict[str, Any]], work: Path, warehouse: Path | None = None
+) -> dict[str, Any]:
+    """``scenario(work, spark)`` in a Connect session of its own (``warehouse``: see :func:`_session`), stopped after:
+    each child script's ``main``."""
+    spark = _session(warehouse)
     try:
-        return run(work, spark)
+        return scenario(work, spark)
     finally:
         spark.stop()
+
+
+def main(work: Path) -> dict[str, Any]:
+    """The scenario in a Connect session of its own."""
+    return in_own_session(run, work)
 
 
 def run(work: Path, spark: Any) -> dict[str, Any]:

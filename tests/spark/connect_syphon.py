@@ -22,18 +22,14 @@ from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.spark.syphon_job import run_syphon, stop_gracefully
-from tests.spark.connect_stream import _drain, _session
+from tests.spark.connect_stream import _drain, in_own_session
 
 BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]
 
 
 def main(work: Path) -> dict[str, Any]:
     """The scenario in a Connect session of its own."""
-    spark = _session()
-    try:
-        return run(work, spark)
-    finally:
-        spark.stop()
+    return in_own_session(run, work)
 
 
 def run(work: Path, spark: Any) -> dict[str, Any]:
