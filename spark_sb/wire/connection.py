@@ -40,7 +40,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.core.errors import condition_of, token_expired
+from spark_sb.core.errors import classify, condition_of, token_expired
 from spark_sb.wire.lane import _WATCHDOG, abort_when_abandoned
 
 if TYPE_CHECKING:
@@ -49,10 +49,16 @@ if TYPE_CHECKING:
 __all__ = [
     "CONNECT_TIMEOUT",
     "HEARTBEAT",
+    "PING_ANSWER",
+    "QUIET",
+    "RESCUE_ROOM",
     "RENEWABLE",
     "SDK_MARGIN",
     "SILENT_AFTER",
     "TEND_EVERY",
+    "ConnectionSilent",
+    "FoundDead",
+    "Liveness",
     "NeedsWorker",
     "Opening",
     "SharedConnection",
@@ -100,6 +106,34 @@ HEARTBEAT = 4.0
 #: :data:`~spark_sb.wire.transport.NAMESPACE_SILENCE`.
 SILENT_AFTER = 6.0
 
+#: Liveness while a call waits (SPEC L1, issue 29 item 4): a call on the shared connection that has heard nothing
+#: on it (no answer, no heartbeat, no frame of any link) for this long asks the connection for a sign of life - a
+#: *ping*: an AMQP session begun (and ended once answered). Every AMQP peer answers a begin at once, and the
+#: namespace answers it itself, whatever an entity does: a ping tells a dead connection (silently dropped on the
+#: way: nothing ever comes back) from a stalled entity on a live one (the ping is answered, the call keeps waiting)
+#: within about a second, where the heartbeats (every ``HEARTBEAT / 2`` s) would take several. Cost on a live
+#: connection: one begin and one end per second of silence while a call waits - none while answers come.
+QUIET = 1.0
+
+#: A ping not answered within this long (nothing at all heard on the connection since it was sent): the connection
+#: is dead. A latency spike longer than this is taken for a dead connection: it costs a fresh connection and a
+#: repeated send (at-least-once), never a failover.
+PING_ANSWER = 0.5
+
+#: What a call on the shared connection may take past its attempt's budget to recover from a connection found dead
+#: while it waited (:meth:`SharedConnection.on_link`): the ping after an SDK timeout on a connection heard nothing
+#: since the call began (an attempt shorter than :data:`QUIET`: ``failover_interval`` 0), then a fresh connection, a
+#: fresh link and the call made once more on them. The SDK's own wait stays the attempt's budget; only this
+#: recovery runs into the room. On loopback a fresh connection takes tens of milliseconds; against the service a
+#: few round trips (TLS, SASL, open, CBS, attach). A namespace that stalls altogether (fresh connections too) is
+#: failed over this much later than the attempt's budget alone would (``failover_interval`` 0: ~0.75 s instead of
+#: 0.25 s): the price of not failing over when only the connection died.
+RESCUE_ROOM = 0.5
+
+#: After an SDK timeout on a connection heard nothing since the call began, the ping waits at most this long for an
+#: answer (inside :data:`RESCUE_ROOM`; shorter than :data:`PING_ANSWER` so that a fresh connection still fits).
+VERIFY_WAIT = 0.2
+
 #: How often a lane with nothing to do looks after its connection (:meth:`SharedConnection.tend`).
 TEND_EVERY = 0.5
 
@@ -126,7 +160,18 @@ class SharedConnection:
     service detached is dropped (closed) and reopened on next use, the connection stays.
     """
 
-    __slots__ = ("client", "connection", "detached", "dropped", "opener", "opening", "renewed", "senders")
+    __slots__ = (
+        "client",
+        "connection",
+        "detached",
+        "dropped",
+        "liveness",
+        "opener",
+        "opening",
+        "renewed",
+        "rescued",
+        "senders",
+    )
 
     def __init__(self, client: ServiceBusClient, opener: Callable[[float], Any]) -> None:
         self.client = client
@@ -141,6 +186,9 @@ class SharedConnection:
         self.detached = (
             0  # links found detached by the service between calls (idle, an expired token), dropped
         )
+        # calls moved to a fresh connection because theirs was found dead while they waited (:meth:`on_link`)
+        self.rescued = 0
+        self.liveness: Liveness | None = None  # the connection's ping state (the ping in flight, if any)
 
     @property
     def broken(self) -> bool:
@@ -203,6 +251,8 @@ class SharedConnection:
         if self.broken:
             self.discard("closed by the namespace")
             return
+        if self.liveness is not None:
+            self.liveness.settle()
         for entity, sender in list(self.senders.items()):
             if not _attached(sender):
                 self.detached += 1
@@ -239,23 +289,51 @@ class SharedConnection:
         fn: Callable[[ServiceBusSender, float], Any],
         timeout: float,
         may_connect: bool = True,
+        rescue: float = 0.0,
     ) -> Any:
         """``fn(sender, seconds_left)`` on the open link to ``entity``. If the service had ended that link or its
         connection for its lifecycle (:func:`renewable`: idle, an expired token), the call is made once more on a
         fresh link - on a fresh connection if the old one closed - within the same ``timeout``. A link that failed
-        is dropped either way (reopened on next use)."""
+        is dropped either way (reopened on next use).
+
+        Liveness (SPEC L1; issue 29 item 4): while ``fn`` waits, the connection is watched (:class:`Liveness`):
+        nothing heard on it for :data:`QUIET` seconds -> a ping; the ping not answered within
+        :data:`PING_ANSWER` -> the connection is dead, and ``fn`` is cut short. A call that timed out with
+        nothing heard since it began (shorter than :data:`QUIET`) is verified the same way (a ping, answered
+        within :data:`VERIFY_WAIT`). A connection found dead is dropped and the call is made once more on a
+        fresh connection, within ``timeout + rescue`` (the caller's deadline must allow for ``rescue``:
+        :data:`RESCUE_ROOM`): a silently dropped connection then costs about a second and a half, not the call's
+        whole budget, and is no failure at all - not even at ``failover_interval`` 0. If the fresh connection
+        fails too (refused, stalled), that failure is raised: the namespace's evidence (connection-class, or a
+        timeout with nothing heard), as it would have been. On a direct call (``may_connect`` False) the dead
+        connection is dropped and :class:`NeedsWorker` raised: the caller makes the call again on the lane's
+        worker, within what is left of the same ``timeout + rescue``.
+
+        The cost: the first send may have reached the namespace before the connection died (its answer lost on
+        the way), so the message may be enqueued twice - at-least-once, as for any retry after a timeout;
+        exactly-once with duplicate detection on the entity (the message id is the same)."""
         deadline = time.monotonic() + timeout
         # A link that does not attach (an entity that stalls) gives up before the lane's deadline: it costs the
         # link, never the connection the other entities use (SPEC F6).
         sender = self.sender(entity, sdk_timeout(timeout), may_connect)
         # the link now: the SDK replaces the handler on errors
         link = getattr(getattr(sender, "_handler", None), "_link", None)
+        watch = self._liveness() if rescue > 0.0 else None
         try:
-            return fn(sender, deadline - time.monotonic())
+            if watch is None:
+                return fn(sender, deadline - time.monotonic())
+            with watch.watching(time.time()):
+                return fn(sender, deadline - time.monotonic())
         except Exception as exc:
             # The SDK reports a detach met during a send as an unknown error; the link keeps what the service said.
             ended = _ended_by_service(link, self.connection)
             self.drop(entity)
+            room = deadline + rescue - time.monotonic()
+            if watch is not None and (
+                watch.dead
+                or (classify(exc).name == "timeout" and not watch.verify(min(VERIFY_WAIT, room / 2)))
+            ):
+                return self._rescue(entity, fn, deadline + rescue, may_connect, exc)
             left = deadline - time.monotonic()
             if not (renewable(exc) or ended in RENEWABLE) or left <= RENEW_AT_LEAST:
                 raise
@@ -266,6 +344,36 @@ class SharedConnection:
         sender = self.sender(entity, left, may_connect)
         try:
             return fn(sender, deadline - time.monotonic())
+        except Exception:
+            self.drop(entity)
+            raise
+
+    def _liveness(self) -> Liveness:
+        watch = self.liveness
+        if watch is None or watch.connection is not self.connection:
+            watch = self.liveness = Liveness(self.connection)
+        return watch
+
+    def _rescue(
+        self,
+        entity: str,
+        fn: Callable[[ServiceBusSender, float], Any],
+        until: float,
+        may_connect: bool,
+        exc: BaseException,
+    ) -> Any:
+        """The connection was found dead while a call waited on it (:meth:`on_link`): drop it and make the call
+        once more on a fresh connection, by ``until`` (monotonic)."""
+        self.discard("found dead while a call waited: nothing heard, a ping not answered")
+        self.rescued += 1
+        left = until - time.monotonic()
+        if not may_connect:
+            raise FoundDead("the connection was found dead: the call is made on a fresh one") from exc
+        if left <= RENEW_AT_LEAST:
+            raise exc
+        sender = self.sender(entity, sdk_timeout(left), may_connect)
+        try:
+            return fn(sender, until - time.monotonic())
         except Exception:
             self.drop(entity)
             raise
@@ -419,9 +527,143 @@ class SharedConnection:
             close_connection(connection)
 
 
+class ConnectionSilent(TimeoutError):
+    """Raised from a read of a connection found dead while a call waited on it (:class:`Liveness`): nothing heard
+    for :data:`QUIET` seconds and a ping not answered within :data:`PING_ANSWER`. Cuts the SDK's wait short; the
+    call is made once more on a fresh connection (:meth:`SharedConnection.on_link`)."""
+
+
+class Liveness:
+    """Is a shared connection alive while a call waits on it? (SPEC L1; issue 29 item 4.) Used on the thread that
+    uses the connection (the lane's worker, or a direct call), never by two at once; no thread of its own.
+
+    While :meth:`watching`, each read of the connection (pyamqp's ``listen``, which the SDK's wait loops on in
+    slices of :data:`SDK_SLICE`) is followed by :meth:`check`: nothing heard for :data:`QUIET` seconds (since the
+    call began or the last frame) sends a ping (an AMQP session begun: the namespace answers it at once, whatever
+    an entity does); anything heard after the ping proves the connection alive (the wait goes on); nothing heard
+    within :data:`PING_ANSWER` marks it :attr:`dead` and raises :class:`ConnectionSilent`, which ends the call.
+    :meth:`verify` does the same after a call that ended (an SDK timeout shorter than :data:`QUIET`) with nothing
+    heard since it began. The ping's session is ended once answered (:meth:`settle`), so sessions do not pile up:
+    one ping at a time per connection. Reads SDK internals (pyamqp's ``Connection.listen``, ``create_session``,
+    ``_last_frame_received_time``), pinned by ``constraints-dev.txt``."""
+
+    __slots__ = ("connection", "dead", "ping_at", "session", "since")
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.since = 0.0  # time.time() the watched call began
+        self.ping_at: float | None = None  # time.time() the ping in flight was sent
+        self.session: Any = None  # the ping's session, until answered and ended
+        self.dead = False
+
+    @contextlib.contextmanager
+    def watching(self, since: float) -> Iterator[None]:
+        """While the block runs, every read of the connection is followed by :meth:`check` (``since``: when the
+        call began, ``time.time()``)."""
+        connection = self.connection
+        self.since = since
+        listen = getattr(connection, "listen", None)
+        if connection is None or listen is None:
+            yield
+            return
+
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            out = listen(*args, **kwargs)
+            self.check()
+            return out
+
+        connection.listen = watched
+        try:
+            yield
+        finally:
+            with contextlib.suppress(AttributeError):
+                del connection.listen  # pyamqp's own again
+
+    def _heard_since(self, at: float) -> bool:
+        heard = last_heard(self.connection)
+        return heard is not None and heard > at
+
+    def check(self) -> None:
+        """After a read while a call waits: ping after :data:`QUIET` seconds of silence; :class:`ConnectionSilent`
+        when the ping has gone :data:`PING_ANSWER` seconds without anything heard."""
+        now = time.time()
+        if self.ping_at is not None:
+            if self._heard_since(self.ping_at):
+                self.ping_at = None
+                self.settle()
+            elif now - self.ping_at > PING_ANSWER:
+                self.dead = True
+                raise ConnectionSilent(
+                    f"the connection was silent for {now - self.ping_at + QUIET:.3g} s while a call waited, "
+                    "and did not answer a ping"
+                )
+            return
+        self.settle()
+        heard = last_heard(self.connection) or 0.0
+        if now - max(heard, self.since) > QUIET:
+            self._ping(now)
+
+    def verify(self, wait: float) -> bool:
+        """After a call that ended with a timeout: True if the connection was heard since the call began, or
+        answers a ping within ``wait`` seconds (reading it meanwhile); False (and :attr:`dead`) otherwise."""
+        if self.dead:
+            return False
+        if self._heard_since(self.since):
+            return True
+        if self.ping_at is None:
+            self._ping(time.time())
+        assert self.ping_at is not None
+        end = time.monotonic() + max(0.0, wait)
+        try:
+            with short_reads(self.connection):
+                while True:
+                    if self._heard_since(self.ping_at):
+                        self.ping_at = None
+                        self.settle()
+                        return True
+                    if time.monotonic() >= end or connection_broken(self.connection):
+                        break
+                    self.connection.listen(batch=16)
+        except Exception as exc:  # a read that fails: the connection is no better than silent
+            _LOGGER.info("reading a connection for a ping's answer failed: %s", type(exc).__name__)
+        self.dead = True
+        return False
+
+    def _ping(self, now: float) -> None:
+        from azure.servicebus._pyamqp.constants import SessionState
+
+        self.ping_at = now
+        if self.session is not None and self.session.state == SessionState.BEGIN_SENT:
+            return  # a ping of an earlier call still unanswered: its answer counts
+        try:
+            session = self.connection.create_session(allow_pipelined_open=True)
+            session.begin()
+        except Exception as exc:  # no ping possible (no channel left, a closed connection): silence decides
+            _LOGGER.info("a ping could not be sent: %s", type(exc).__name__)
+            return
+        self.session = session
+
+    def settle(self) -> None:
+        """End the ping's session once the namespace answered it (it stays at most until then). No wait."""
+        from azure.servicebus._pyamqp.constants import SessionState
+
+        session = self.session
+        if session is None or session.state != SessionState.MAPPED:
+            return
+        self.session = None
+        with contextlib.suppress(Exception):
+            session.end()
+
+
 class NeedsWorker(Exception):
     """A direct call (on the caller's thread) found that it needs a new connection: it is made on the lane's
     worker instead, within what is left of the same deadline."""
+
+
+class FoundDead(NeedsWorker):
+    """A direct call found its connection dead while it waited (:meth:`SharedConnection.on_link`; the connection
+    was dropped): it is made once more on the lane's worker, on a fresh connection, within what is left of its
+    deadline and rescue room."""
 
 
 def _attached(sender: ServiceBusSender) -> bool:

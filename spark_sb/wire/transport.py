@@ -49,7 +49,9 @@ from spark_sb.message.outbound import OutboundMessage
 from spark_sb.message.packing import Encoded, add_encoded, add_outbound, add_to_batch, encode
 from spark_sb.wire.connection import (
     HEARTBEAT,
+    RESCUE_ROOM,
     TEND_EVERY,
+    FoundDead,
     NeedsWorker,
     SharedConnection,
     abort_connection,
@@ -354,6 +356,7 @@ class SdkTransport:
             "dropped": conn.dropped if conn is not None else 0,
             "detached": conn.detached if conn is not None else 0,
             "renewed": conn.renewed if conn is not None else 0,
+            "rescued": conn.rescued if conn is not None else 0,
         }
 
     def is_open(self, namespace: str) -> bool:
@@ -402,26 +405,40 @@ class SdkTransport:
             sender.send_messages(payload, timeout=sdk_timeout(left))
             return getattr(sender, "_max_batch_size_on_link", None)
 
-        def send(conn: SharedConnection) -> Any:
-            return conn.on_link(entity, on_link, timeout)
-
-        def send_direct(conn: SharedConnection) -> Any:
-            return conn.on_link(entity, on_link, timeout, may_connect=False)
-
+        # The SDK waits at most ``timeout`` (the attempt's budget); a connection found dead while it waits may take
+        # RESCUE_ROOM more to make the send once more on a fresh one (SharedConnection.on_link, SPEC L1): the
+        # lane's deadline allows for it.
+        room = RESCUE_ROOM
         lane = self._lane(target.namespace)
         started = time.monotonic()
+        rescuing = False
+
+        def send(conn: SharedConnection) -> Any:
+            if rescuing:  # the direct call found the connection dead: the rest of the room, on a fresh one
+                return conn.on_link(entity, on_link, started + timeout + room - time.monotonic())
+            return conn.on_link(entity, on_link, started + timeout - time.monotonic(), rescue=room)
+
+        def send_direct(conn: SharedConnection) -> Any:
+            return conn.on_link(entity, on_link, timeout, may_connect=False, rescue=room)
+
         # On a link known to be open the SDK bounds the send itself (its timeout covers the wait for the answer;
         # no connect, SASL or CBS): send on this thread, the lane's watchdog keeping the deadline.
         pending: Pending[Any] | Finished[Any] | None = (
-            lane.direct(send_direct, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow)
+            lane.direct(send_direct, timeout + room, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow)
             if self.connected(target)
             else None
         )
         if isinstance(pending, Finished) and isinstance(pending.error, NeedsWorker):
-            pending = None  # the connection went away meanwhile: a new one is opened on the worker
+            # the connection went away meanwhile, or was found dead while the send waited: a new one is opened on
+            # the worker, within what is left of the same deadline
+            rescuing = isinstance(pending.error, FoundDead)
+            if rescuing:
+                self.direct_sends += 1  # it did send on this thread, then found the connection dead
+            pending = None
         if pending is None:
-            left = max(0.0, timeout - (time.monotonic() - started))
-            pending = lane.start(send, left, slow_after=left - SLOW_MARGIN, on_slow=on_slow)
+            elapsed = time.monotonic() - started
+            left = max(0.0, timeout + room - elapsed)
+            pending = lane.start(send, left, slow_after=timeout - SLOW_MARGIN - elapsed, on_slow=on_slow)
         else:
             self.direct_sends += 1
         self._settled(target, pending)
