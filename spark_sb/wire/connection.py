@@ -13,7 +13,9 @@ heartbeats tell a silent namespace from a stalled entity), opens every entity's 
 ``ServiceBusSender`` whose handler is opened on that connection) concurrently (:meth:`SharedConnection.open_links`,
 in waves of :data:`OPENING_AT_ONCE`), and between calls tends it (:meth:`SharedConnection.tend`: reads heartbeats
 and detaches, renews link tokens, drops a connection that went silent or was closed). A call on a link the service
-ended for its lifecycle (idle, an expired token: :data:`RENEWABLE`) is made once more on a fresh link.
+ended for its lifecycle (idle, an expired token: :data:`RENEWABLE`) is made once more on a fresh link. A send
+whose connection died silently while it waited (a ping not answered: :class:`Liveness`) is made once more on a
+fresh connection within about a second and a half (SPEC L1; :meth:`SharedConnection.on_link`).
 
 Bounds: ``SharedConnection.senders`` holds one link per entity this process sends to on the namespace (links that
 fail or are detached are removed); the links being opened at once are at most :data:`OPENING_AT_ONCE`; one
@@ -62,6 +64,7 @@ __all__ = [
     "NeedsWorker",
     "Opening",
     "SharedConnection",
+    "Spare",
     "close_connection",
     "open_connection",
     "renewable",
@@ -103,7 +106,8 @@ HEARTBEAT = 4.0
 #: namespace's beat, so this is six missed beats: well above a live connection's jitter and a latency spike of a few
 #: seconds (a 3.5 s one must not drop a connection whose calls are still answered). Dropping a connection between
 #: calls needs this certainty; a call that times out meanwhile is judged on the shorter
-#: :data:`~spark_sb.wire.transport.NAMESPACE_SILENCE`.
+#: :data:`~spark_sb.wire.transport.NAMESPACE_SILENCE`, and a send that waits on a silent connection asks it for a
+#: sign of life after :data:`QUIET` (:class:`Liveness`).
 SILENT_AFTER = 6.0
 
 #: Liveness while a call waits (SPEC L1, issue 29 item 4): a call on the shared connection that has heard nothing
@@ -116,8 +120,9 @@ SILENT_AFTER = 6.0
 QUIET = 1.0
 
 #: A ping not answered within this long (nothing at all heard on the connection since it was sent): the connection
-#: is dead. A latency spike longer than this is taken for a dead connection: it costs a fresh connection and a
-#: repeated send (at-least-once), never a failover.
+#: may be dead, and a fresh one is opened alongside while the call keeps waiting (:class:`Spare`); once the fresh
+#: one is open, the silent one is dead for us and the call moves. A namespace slow for everyone (a latency of
+#: seconds) does not open the fresh one in time either, and the call's late answer on its own connection counts.
 PING_ANSWER = 0.5
 
 #: What a call on the shared connection may take past its attempt's budget to recover from a connection found dead
@@ -298,10 +303,11 @@ class SharedConnection:
 
         Liveness (SPEC L1; issue 29 item 4): while ``fn`` waits, the connection is watched (:class:`Liveness`):
         nothing heard on it for :data:`QUIET` seconds -> a ping; the ping not answered within
-        :data:`PING_ANSWER` -> the connection is dead, and ``fn`` is cut short. A call that timed out with
-        nothing heard since it began (shorter than :data:`QUIET`) is verified the same way (a ping, answered
-        within :data:`VERIFY_WAIT`). A connection found dead is dropped and the call is made once more on a
-        fresh connection, within ``timeout + rescue`` (the caller's deadline must allow for ``rescue``:
+        :data:`PING_ANSWER` -> a fresh connection opened alongside (:class:`Spare`); once it is open (or was
+        refused) the silent connection is dead and ``fn`` is cut short. A call that timed out with nothing heard
+        since it began (shorter than :data:`QUIET`) is verified the same way (a ping, answered within
+        :data:`VERIFY_WAIT`). A connection found dead is dropped and the call is made once more on the fresh
+        connection, within ``timeout + rescue`` (the caller's deadline must allow for ``rescue``:
         :data:`RESCUE_ROOM`): a silently dropped connection then costs about a second and a half, not the call's
         whole budget, and is no failure at all - not even at ``failover_interval`` 0. If the fresh connection
         fails too (refused, stalled), that failure is raised: the namespace's evidence (connection-class, or a
@@ -319,10 +325,15 @@ class SharedConnection:
         # the link now: the SDK replaces the handler on errors
         link = getattr(getattr(sender, "_handler", None), "_link", None)
         watch = self._liveness() if rescue > 0.0 else None
+        opener = self.opener
+
+        def open_spare() -> Spare:
+            return Spare(opener, deadline + rescue - time.monotonic())
+
         try:
             if watch is None:
                 return fn(sender, deadline - time.monotonic())
-            with watch.watching(time.time()):
+            with watch.watching(time.time(), open_spare):
                 return fn(sender, deadline - time.monotonic())
         except Exception as exc:
             # The SDK reports a detach met during a send as an unknown error; the link keeps what the service said.
@@ -333,7 +344,7 @@ class SharedConnection:
                 watch.dead
                 or (classify(exc).name == "timeout" and not watch.verify(min(VERIFY_WAIT, room / 2)))
             ):
-                return self._rescue(entity, fn, deadline + rescue, may_connect, exc)
+                return self._rescue(entity, fn, deadline + rescue, may_connect, exc, watch.take_spare())
             left = deadline - time.monotonic()
             if not (renewable(exc) or ended in RENEWABLE) or left <= RENEW_AT_LEAST:
                 raise
@@ -341,6 +352,9 @@ class SharedConnection:
                 "the service ended a link (%s): the call is made once more on a fresh one", condition_of(exc)
             )
             self.renewed += 1
+        finally:
+            if watch is not None:
+                watch.drop_spare()  # a fresh connection opened for nothing (the old one answered): closed
         sender = self.sender(entity, left, may_connect)
         try:
             return fn(sender, deadline - time.monotonic())
@@ -361,11 +375,20 @@ class SharedConnection:
         until: float,
         may_connect: bool,
         exc: BaseException,
+        spare: Spare | None,
     ) -> Any:
         """The connection was found dead while a call waited on it (:meth:`on_link`): drop it and make the call
-        once more on a fresh connection, by ``until`` (monotonic)."""
+        once more on a fresh connection - ``spare`` if one was opened meanwhile - by ``until`` (monotonic). A spare
+        whose opening failed (refused: the namespace's evidence) has its error raised."""
         self.discard("found dead while a call waited: nothing heard, a ping not answered")
         self.rescued += 1
+        if spare is not None:
+            spare.done.wait(max(0.0, until - time.monotonic()))  # bounded by the opening's own deadline too
+            fresh = spare.claim()
+            if fresh is None:
+                spare.cancel()
+                raise (spare.error or exc) from exc
+            self.connection = fresh
         left = until - time.monotonic()
         if not may_connect:
             raise FoundDead("the connection was found dead: the call is made on a fresh one") from exc
@@ -541,13 +564,14 @@ class Liveness:
     slices of :data:`SDK_SLICE`) is followed by :meth:`check`: nothing heard for :data:`QUIET` seconds (since the
     call began or the last frame) sends a ping (an AMQP session begun: the namespace answers it at once, whatever
     an entity does); anything heard after the ping proves the connection alive (the wait goes on); nothing heard
-    within :data:`PING_ANSWER` marks it :attr:`dead` and raises :class:`ConnectionSilent`, which ends the call.
+    within :data:`PING_ANSWER` opens a fresh connection alongside (:class:`Spare`), and once that one is open (or
+    refused) marks this one :attr:`dead` and raises :class:`ConnectionSilent`, which ends the call.
     :meth:`verify` does the same after a call that ended (an SDK timeout shorter than :data:`QUIET`) with nothing
     heard since it began. The ping's session is ended once answered (:meth:`settle`), so sessions do not pile up:
     one ping at a time per connection. Reads SDK internals (pyamqp's ``Connection.listen``, ``create_session``,
     ``_last_frame_received_time``), pinned by ``constraints-dev.txt``."""
 
-    __slots__ = ("connection", "dead", "ping_at", "session", "since")
+    __slots__ = ("connection", "dead", "open_spare", "ping_at", "session", "since", "spare")
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
@@ -555,13 +579,18 @@ class Liveness:
         self.ping_at: float | None = None  # time.time() the ping in flight was sent
         self.session: Any = None  # the ping's session, until answered and ended
         self.dead = False
+        self.open_spare: Callable[[], Spare] | None = None
+        self.spare: Spare | None = None  # a fresh connection being opened while the watched call waits
 
     @contextlib.contextmanager
-    def watching(self, since: float) -> Iterator[None]:
+    def watching(self, since: float, open_spare: Callable[[], Spare] | None = None) -> Iterator[None]:
         """While the block runs, every read of the connection is followed by :meth:`check` (``since``: when the
-        call began, ``time.time()``)."""
+        call began, ``time.time()``; ``open_spare``: starts opening a fresh connection alongside, see
+        :meth:`check`)."""
         connection = self.connection
         self.since = since
+        self.open_spare = open_spare
+        self.spare = None
         listen = getattr(connection, "listen", None)
         if connection is None or listen is None:
             yield
@@ -584,19 +613,30 @@ class Liveness:
         return heard is not None and heard > at
 
     def check(self) -> None:
-        """After a read while a call waits: ping after :data:`QUIET` seconds of silence; :class:`ConnectionSilent`
-        when the ping has gone :data:`PING_ANSWER` seconds without anything heard."""
+        """After a read while a call waits: ping after :data:`QUIET` seconds of silence. A ping that has gone
+        :data:`PING_ANSWER` seconds without anything heard starts a fresh connection opening alongside (a
+        :class:`Spare`: the waiting call goes on meanwhile); :class:`ConnectionSilent` ends the call once that
+        fresh connection is open (the namespace answers new connections, not this one: this one is dead) or was
+        refused (the namespace's evidence). A fresh connection that does not open in time either (a namespace
+        that is slow or stalled for everyone: a latency of seconds) leaves the call waiting to its own deadline -
+        a slow answer on the old connection is still an answer."""
         now = time.time()
         if self.ping_at is not None:
             if self._heard_since(self.ping_at):
                 self.ping_at = None
                 self.settle()
+                self.drop_spare()
             elif now - self.ping_at > PING_ANSWER:
-                self.dead = True
-                raise ConnectionSilent(
-                    f"the connection was silent for {now - self.ping_at + QUIET:.3g} s while a call waited, "
-                    "and did not answer a ping"
-                )
+                spare = self.spare
+                if spare is None:
+                    if self.open_spare is not None:
+                        self.spare = self.open_spare()
+                elif spare.done.is_set() and (spare.connection is not None or spare.refused()):
+                    self.dead = True
+                    raise ConnectionSilent(
+                        f"the connection was silent for {now - self.ping_at + QUIET:.3g} s while a call waited, "
+                        "and did not answer a ping"
+                    )
             return
         self.settle()
         heard = last_heard(self.connection) or 0.0
@@ -629,6 +669,17 @@ class Liveness:
         self.dead = True
         return False
 
+    def take_spare(self) -> Spare | None:
+        """The fresh connection opened while the call waited (if any), now the caller's."""
+        spare, self.spare = self.spare, None
+        return spare
+
+    def drop_spare(self) -> None:
+        """Close the fresh connection opened alongside, if any (at once, or when its opening ends)."""
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            spare.cancel()
+
     def _ping(self, now: float) -> None:
         from azure.servicebus._pyamqp.constants import SessionState
 
@@ -653,6 +704,63 @@ class Liveness:
         self.session = None
         with contextlib.suppress(Exception):
             session.end()
+
+
+class Spare:
+    """A fresh connection opened on a helper thread of its own (``opener(timeout)``, bounded by the opening's own
+    deadline, SPEC F8) while a call keeps waiting on a connection that did not answer a ping (:class:`Liveness`):
+    whichever comes first decides - an answer on the old connection (the spare is closed), or the spare open (the
+    call moves to it). One at a time per connection; the thread ends with the opening. Thread-safe: the helper
+    thread sets the result, the connection's user claims or cancels it."""
+
+    __slots__ = ("_lock", "cancelled", "claimed", "connection", "done", "error")
+
+    def __init__(self, opener: Callable[[float], Any], timeout: float) -> None:
+        self._lock = threading.Lock()
+        self.done = threading.Event()
+        self.connection: Any = None
+        self.error: BaseException | None = None
+        self.claimed = False
+        self.cancelled = False
+        threading.Thread(
+            target=self._open, args=(opener, max(0.05, timeout)), name="spark-sb-spare", daemon=True
+        ).start()
+
+    def _open(self, opener: Callable[[float], Any], timeout: float) -> None:
+        try:
+            connection = opener(timeout)
+        except BaseException as exc:  # handed to the user (refused: the namespace's evidence)
+            self.error = exc
+            self.done.set()
+            return
+        with self._lock:
+            unwanted = self.cancelled
+            if not unwanted:
+                self.connection = connection
+        if unwanted:
+            close_connection(connection)
+        self.done.set()
+
+    def refused(self) -> bool:
+        """The opening failed with other than a timeout (refused, reset, TLS/SASL refused). No I/O."""
+        return self.error is not None and classify(self.error).name != "timeout"
+
+    def claim(self) -> Any:
+        """The open fresh connection, now the caller's; None if it is not open (yet, or at all)."""
+        with self._lock:
+            if self.cancelled or self.connection is None:
+                return None
+            self.claimed = True
+            return self.connection
+
+    def cancel(self) -> None:
+        """Not wanted: closed now if open, else when its opening ends. Never blocks on the opening."""
+        with self._lock:
+            self.cancelled = True
+            connection = None if self.claimed else self.connection
+            self.connection = None
+        if connection is not None:
+            close_connection(connection)
 
 
 class NeedsWorker(Exception):

@@ -16,7 +16,10 @@ later) is abandoned at the deadline (its socket shut down, closed in the backgro
 call builds a new one; a link that fails (an entity's error, an entity that stalls while the connection keeps
 answering) is closed alone and reopened on next use. A batch send on a link known to be open runs on the caller's
 thread (:meth:`~spark_sb.wire.lane.Lane.direct`: the SDK bounds that phase itself, the lane's watchdog keeps the
-deadline), which keeps the failed-over and healthy paths at the raw SDK's speed.
+deadline), which keeps the failed-over and healthy paths at the raw SDK's speed. A send whose connection died
+silently while it waited (nothing heard, a ping not answered) is made once more on a fresh connection, within
+:data:`~spark_sb.wire.connection.RESCUE_ROOM` past its budget (SPEC L1): a silent drop costs about a second and a
+half, never a failover when the fresh connection is served.
 :meth:`SdkTransport.answered_within` reads the connection's last frame (the namespace's heartbeats) so that the
 sender can tell a namespace's fault from an entity's (F1). SPEC B10: the two namespaces' connections are a pair -
 closing one closes both, and the pair is rebuilt on the next use. A faulted connection is closed and rebuilt
@@ -136,7 +139,9 @@ class Batch(Protocol):
 
 class Transport(Protocol):
     """The paired sender's view of Service Bus. Every operation that does I/O takes ``timeout`` (seconds) and
-    returns or raises within it (a :class:`~spark_sb.wire.lane.DeadlineExceeded` past it). May be called from the
+    returns or raises within it (a :class:`~spark_sb.wire.lane.DeadlineExceeded` past it; :meth:`send` may take
+    :data:`~spark_sb.wire.connection.RESCUE_ROOM` more to move to a fresh connection when its own is found dead
+    while it waits, SPEC L1). May be called from the
     sender's thread and its probe thread."""
 
     def max_batch_size(self, target: Target) -> int:
