@@ -137,3 +137,23 @@ def test_a_silent_connection_whose_namespace_refuses_fresh_ones_is_the_namespace
     assert rig.sender.entity_state(ENTITY) is EntityState.FAILED_OVER
     assert outcome.transitions[0].error_class == "connection"
     assert rig.diverted() == 50
+
+
+def test_a_namespace_slow_for_everyone_keeps_the_send_on_its_connection(
+    rigs: Callable[[float, float], Rig],
+) -> None:
+    """Every answer of the namespace comes 2.5 s late (new connections' too): the ping goes unanswered, the fresh
+    connection opened alongside does not open in time either, and the send's late answer on its own connection
+    counts - no send cut short, nothing repeated, nothing diverted."""
+    rig = rigs(60.0, 10.0)
+    rig.send("before")
+    rig.primary.faults.set_latency(2.5)
+    try:
+        elapsed, outcome = rig.send("after")
+    finally:
+        rig.primary.faults.set_latency(0.0)
+    assert 2.5 <= elapsed <= 4.0, f"the slow send took {elapsed:.2f} s"
+    assert outcome.total_sent == 50 and outcome.total_diverted == 0 and list(outcome.transitions) == []
+    assert rig.lifecycle()["rescued"] == 0
+    got = received_ids(rig.primary, ENTITY)
+    assert got == {f"before-{i}" for i in range(50)} | {f"after-{i}" for i in range(50)}
