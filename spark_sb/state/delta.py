@@ -311,6 +311,22 @@ class DeltaStateStore(DeltaTableStore):
             self._retry("sessions", lambda: self.spark.sql(sql).collect(), creating=True)
         self._sessions_ensured = True
 
+    def sessions_exist(self) -> bool:
+        """Whether the ``sessions`` table exists (driver): a local path's ``_delta_log``, else the catalog or
+        ``DESCRIBE DETAIL`` (a remote path). Never creates it."""
+        if self._sessions_ensured or _local_table_exists(self.tables.path("sessions")):
+            return True
+        path = self.tables.path("sessions")
+        if path is None:
+            return bool(self.spark.catalog.tableExists(self.tables.sql_name("sessions")))
+        if _local(path) is not None:
+            return False  # a local path without a commit
+        try:
+            self.spark.sql(f"DESCRIBE DETAIL {self.tables.sql_name('sessions')}").collect()
+        except Exception:  # noqa: BLE001 - "not a Delta table" / path not found: the table is not there
+            return False
+        return True
+
     def read_sessions(self, sink_id: str) -> list[HeldLine]:
         from pyspark.sql import functions as F
 

@@ -129,7 +129,9 @@ def maintain(
     1. :data:`TABLE_PROPERTIES` on tables created before they existed (only where a value differs).
     2. Retention: events and rejects older than ``retention`` seconds are deleted, except the
        ``batch_committed`` rows replay skipping reads (:data:`KEEP_COMMITTED_BATCHES` per sink). The entities
-       table (the failover state) is never deleted from.
+       table (the failover state) and the ``sessions`` table (the held lines of ``ordering``; it exists once a
+       sink with ordering on wrote it, and each write of a sink's lines replaces them: a commit and a small file
+       each time its lines change) are never deleted from: they are compacted and vacuumed only.
     3. ``OPTIMIZE`` each table (small files into large ones).
     4. ``VACUUM`` each table (files removed more than ``delta.deletedFileRetentionDuration`` ago).
     5. A ``maintained`` event (count = rows deleted).
@@ -142,9 +144,9 @@ def maintain(
     store.ensure()
     now = _utc(now or datetime.now(timezone.utc))
     cutoff = now - timedelta(seconds=retention)
+    tables_here = ("events", "entities", "rejects", *(("sessions",) if store.sessions_exist() else ()))
     done = tuple(
-        _maintain_table(store, table, cutoff, optimize=optimize, vacuum=vacuum)
-        for table in ("events", "entities", "rejects")
+        _maintain_table(store, table, cutoff, optimize=optimize, vacuum=vacuum) for table in tables_here
     )
     report = MaintenanceReport(cutoff, done)
     store.append_events(
@@ -196,7 +198,7 @@ def _maintain_table(
     elif table == "rejects":
         condition = f"time < timestamp_micros({_micros(cutoff)})"
         deleted = _affected(_run_sql(store, table, f"DELETE FROM {name} WHERE {condition}"))
-    # entities: never deleted from (the failover state)
+    # entities and sessions: never deleted from (the failover state, the held lines)
     if optimize:
         _run_sql(store, table, f"OPTIMIZE {name}")
     if vacuum:

@@ -1,6 +1,6 @@
 """State tables that stay small (smaller numbers than ``bench/bench_state_growth.py``): tables grown by months of
-batches, then ``spark-sb maintain``: old events and rejects go, the entities and the rows replay skipping reads
-stay, the files are compacted, the table properties set, and what a sink and ``status`` read at batch start costs
+batches, then ``spark-sb maintain``: old events and rejects go, the entities, the held sessions and the rows replay
+skipping reads stay, the files are compacted, the table properties set, and what a sink and ``status`` read at batch start costs
 about what it costs on young tables."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from spark_sb.state.records import (
     Event,
     RejectRecord,
 )
+from spark_sb.state.sessions import HeldLine, PendingMarker
 
 pytestmark = pytest.mark.slow
 
@@ -75,6 +76,14 @@ def test_maintain_keeps_the_tables_small_and_what_sinks_need(spark: Any, tmp_pat
             ),
         ),
     )
+    # a sink with ordering on: its held lines rewritten at every batch that changed them (a file and a commit each)
+    assert not store.sessions_exist()
+    for n in range(1, 5):
+        lines = [
+            HeldLine("orders", f"s{i}", "q0", old, (PendingMarker("q0", f"m{n}-{i}", NOW),)) for i in range(n)
+        ]
+        store.write_sessions("orders-ns/orders", lines)
+    assert store.sessions_exist()
     last = {s: store.last_committed(s) for s in (*SINKS, "retired")}
     base = measure(spark, fresh, repeat=1, commits=False)
 
@@ -87,6 +96,7 @@ def test_maintain_keeps_the_tables_small_and_what_sinks_need(spark: Any, tmp_pat
     report = _maintain_cli(spark, config)
     tables = {t["table"]: t for t in report["tables"]}
     assert tables["entities"]["deleted_rows"] == 0
+    assert tables["sessions"]["deleted_rows"] == 0 and tables["sessions"]["files_after"] <= 1
     assert tables["rejects"]["deleted_rows"] == 1
     assert tables["events"]["deleted_rows"] > 0
     assert tables["events"]["files_after"] <= 2 < 20 <= tables["events"]["files_before"]
@@ -105,8 +115,9 @@ def test_maintain_keeps_the_tables_small_and_what_sinks_need(spark: Any, tmp_pat
         (r.entity, r.state) for r in records
     )
     assert [r.batch_id for r in after.read_rejects()] == [2]
+    assert after.read_sessions("orders-ns/orders") == lines  # the held lines stay, whatever their age
     assert [e.event for e in events if e.sink_id == "spark-sb/maintain"] == [MAINTAINED]
-    for table in ("events", "entities", "rejects"):
+    for table in ("events", "entities", "rejects", "sessions"):
         props = {
             r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{grown}/{table}`").collect()
         }
