@@ -87,3 +87,12 @@ show("backlog_depth", "time", ["depth"])
 # COMMAND ----------
 
 show("rejects_by_reason", "reason", ["rejected"])
+
+
+# COMMAND ----------
+
+# MAGIC %md ## Sessions held behind their backlog, returned, still draining (`ordering`; empty without it)
+
+# COMMAND ----------
+
+show("sessions", "time", ["draining"])

@@ -8,6 +8,8 @@ inside the functions.
 * :func:`backlog_depth`: the backlog's depth over time as the events tell it (diverted in; moved, expired and
   dead-lettered by the syphon out), per time bucket, cumulative.
 * :func:`rejects_by_reason`: rejected rows per reason.
+* :func:`sessions_draining` (``ordering``, SPEC O4): per time bucket, the sessions a sink held behind their backlog
+  (diverted), those returned to the primary, and how many were draining at the end of the bucket.
 """
 
 from __future__ import annotations
@@ -15,7 +17,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from spark_sb.state.delta import StateTables
-from spark_sb.state.records import DEAD_LETTERED, DIVERTED, EXPIRED, MOVED, SENT, STATE_CHANGE
+from spark_sb.state.records import (
+    DEAD_LETTERED,
+    DIVERTED,
+    EXPIRED,
+    MOVED,
+    SENT,
+    SESSION_HELD,
+    SESSION_RETURNED,
+    STATE_CHANGE,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -104,12 +115,39 @@ def rejects_by_reason(rejects: DataFrame) -> DataFrame:
     )
 
 
+def sessions_draining(events: DataFrame, bucket: str = "1 minute") -> DataFrame:
+    """(time, held, returned, draining) per time bucket with ``ordering`` (SPEC O4): sessions (or entities, with
+    ``ordering: entity``) a sink held behind their backlog (``session_held``: the first diversion of a line),
+    returned to the primary after the syphon passed their markers (``session_returned``), and the lines still
+    draining at the bucket's end, summed over the sinks (``spark-sb status`` lists them one by one). Empty without
+    ordering."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    held = F.col("event") == SESSION_HELD
+    returned = F.col("event") == SESSION_RETURNED
+    per_bucket = (
+        events.where(held | returned)
+        .groupBy(F.window("time", bucket).start.alias("time"))
+        .agg(
+            F.sum(F.when(held, F.col("count")).otherwise(0)).alias("held"),
+            F.sum(F.when(returned, F.col("count")).otherwise(0)).alias("returned"),
+        )
+    )
+    running = Window.orderBy("time").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    return per_bucket.withColumn("draining", F.sum(F.col("held") - F.col("returned")).over(running)).orderBy(
+        "time"
+    )
+
+
 def prepare(spark: SparkSession, tables: StateTables, bucket: str = "1 minute") -> dict[str, DataFrame]:
-    """Every chart's DataFrame: ``timeline``, ``sent_vs_diverted``, ``backlog_depth``, ``rejects_by_reason``."""
+    """Every chart's DataFrame: ``timeline``, ``sent_vs_diverted``, ``backlog_depth``, ``rejects_by_reason``,
+    ``sessions``."""
     t = read_tables(spark, tables)
     return {
         "timeline": entity_timeline(t["events"]),
         "sent_vs_diverted": sent_vs_diverted(t["events"]),
         "backlog_depth": backlog_depth(t["events"], bucket),
         "rejects_by_reason": rejects_by_reason(t["rejects"]),
+        "sessions": sessions_draining(t["events"], bucket),
     }

@@ -45,6 +45,22 @@ def _state(spark: Any, location: Path) -> StateTables:
                 ev(2, 1, "diverted", 8, entity="orders", backlog_queue="p/x-servicebus-transfer/0"),
                 ev(2, 1, "sent", 2, entity="orders"),
                 ev(2, 1, "batch_committed", 11),
+                ev(
+                    2,
+                    1,
+                    "session_held",
+                    entity="orders",
+                    backlog_queue="p/x-servicebus-transfer/0",
+                    detail="s1",
+                ),
+                ev(
+                    2,
+                    1,
+                    "session_held",
+                    entity="orders",
+                    backlog_queue="p/x-servicebus-transfer/0",
+                    detail="s2",
+                ),
             ),
             (),
             (
@@ -52,6 +68,25 @@ def _state(spark: Any, location: Path) -> StateTables:
                     T0, "orders-stream", 1, "orders", "session_id", "longer than 128 characters (200)", "{}"
                 ),
             ),
+        ),
+    )
+    store.write_batch(
+        "orders-stream",
+        2,
+        BatchWrites(
+            (
+                ev(
+                    6,
+                    2,
+                    "session_returned",
+                    entity="orders",
+                    backlog_queue="p/x-servicebus-transfer/0",
+                    detail="s1",
+                ),
+                ev(6, 2, "batch_committed", 3),
+            ),
+            (),
+            (),
         ),
     )
     store.write_batch(
@@ -99,6 +134,11 @@ def test_data_preparation_over_a_state_written_by_the_store(spark: Any, tmp_path
     assert [(r.reason, r.rejected) for r in charts["rejects_by_reason"].collect()] == [
         ("longer than 128 characters (200)", 1)
     ]
+    sessions = [
+        (r.time.replace(tzinfo=timezone.utc), r.held, r.returned, r.draining)
+        for r in charts["sessions"].collect()
+    ]
+    assert sessions == [(T0 + timedelta(minutes=2), 2, 0, 2), (T0 + timedelta(minutes=6), 0, 1, 1)]
 
 
 class Widgets:
@@ -133,5 +173,5 @@ def test_the_dashboard_notebook_runs_with_stand_ins(spark: Any, tmp_path: Path) 
     for kind, source in cells(ROOT / "notebooks" / "failover_dashboard.py"):
         if kind == "python":
             exec(compile(source, "failover_dashboard.py", "exec"), scope)  # noqa: S102 - the notebook under test
-    assert len(shown) == 4
+    assert len(shown) == 5
     assert [r.depth for r in shown[2].collect()] == [8, 1]
