@@ -39,10 +39,11 @@ SPARK_TIER := tests/spark tests/acceptance
 BENCH_TIER := tests/bench
 # What the oldest pair runs: the tests whose outcome depends on the pyspark / delta-spark versions - Spark
 # Connect (sink, syphon, data source), the data source (format("servicebus"): Spark's Python data source API),
-# Delta itself and the Delta state tables (path and catalog tables, written by the sink, by delta-rs, maintained),
-# the foreachBatch sink, and the syphon job's Spark parts (its query, Trigger.AvailableNow). The rest of the
-# Spark tier drives our own logic through Spark (executor hand-off, shutdown, a blackholed primary, the syphon's
-# command line and SIGTERM, the dashboard's notebook, the acceptance scenario): it runs on the pinned pair only.
+# Delta itself and the Delta state store (path and catalog tables, maintained), the foreachBatch sink, and the
+# syphon job's Spark parts (its query, Trigger.AvailableNow). The rest of the Spark tier drives our own logic
+# through Spark (the sink's state rows and replays - the store's Delta calls are test_state_delta's -, executor
+# hand-off, shutdown, a blackholed primary, ordering, the syphon's command line and SIGTERM, the dashboard's
+# notebook, the acceptance scenario): it runs on the pinned pair only.
 # The packaging tier checks that every file listed here exists.
 OLDEST_TIER := \
 	tests/spark/test_connect.py \
@@ -52,7 +53,6 @@ OLDEST_TIER := \
 	tests/spark/test_state_delta.py \
 	tests/spark/test_state_maintenance.py \
 	tests/spark/test_sink.py \
-	tests/spark/test_sink_state.py \
 	tests/spark/test_syphon_job.py \
 	tests/spark/test_syphon_job_available_now.py \
 	tests/spark/test_quiet_start.py
@@ -102,8 +102,9 @@ test-spark: jars
 	$(PYTEST) -n $(SPARK_WORKERS) --dist loadfile $(SPARK_TIER)
 
 # Every benchmark in its smoke mode (seconds each; the Spark ones about a minute): it runs and prints its figures.
+# -rP: each run's own time ("bench_x.py --smoke: 12.3 s"; the tests' durations include waiting for a free job).
 bench-smoke: jars
-	$(PYTEST) $(BENCH_TIER)
+	$(PYTEST) -rP $(BENCH_TIER)
 
 # The version-sensitive part of the Spark tier (OLDEST_TIER) on the oldest pair: the same rules as above with VENV
 # and CONSTRAINTS set (.venv-oldest has its own stamp and Delta jars step). `make jars-oldest` only builds

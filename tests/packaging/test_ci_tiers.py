@@ -87,11 +87,14 @@ def test_make_test_runs_the_whole_suite_and_ci_runs_all_of_it_tier_by_tier() -> 
     )
     steps = recipes()
     for variable, target in TIER_TARGETS.items():
-        workers = rf"-n \$\({variable.removesuffix('_TIER')}_WORKERS\) " if variable != "BENCH_TIER" else ""
+        # the benches' runs pace themselves (SMOKE_JOBS); -rP prints each run's own time
+        workers = (
+            rf"-n \$\({variable.removesuffix('_TIER')}_WORKERS\) " if variable != "BENCH_TIER" else "-rP "
+        )
         if variable == "SPARK_TIER":  # a file's tests that share a child process run it once (test_connect)
             workers += "--dist loadfile "
         assert re.search(rf"^\t\$\(PYTEST\) {workers}\$\({variable}\)$", steps[target], re.M), target
-        if workers:
+        if variable != "BENCH_TIER":
             assert re.search(rf"^{variable.removesuffix('_TIER')}_WORKERS \?= \d+$", MAKEFILE, re.M), variable
     targets = ci_make_targets()
     missing = [t for t in TIER_TARGETS.values() if t not in targets]
@@ -107,7 +110,8 @@ def test_ci_prints_each_tiers_time() -> None:
 
 def test_the_oldest_pairs_files_exist_and_hold_the_version_sensitive_tests() -> None:
     """OLDEST_TIER names files of the Spark tier that exist; among them the Spark Connect tests (the README says
-    they run on both pairs), the data source, the sink, the Delta state tables and the syphon job."""
+    they run on both pairs), the data source, the sink, the Delta state store and its maintenance, and the syphon
+    job."""
     files = make_variable("OLDEST_TIER")
     assert files and len(files) == len(set(files))
     for name in files:
@@ -119,8 +123,8 @@ def test_the_oldest_pairs_files_exist_and_hold_the_version_sensitive_tests() -> 
         "tests/spark/test_connect.py",
         "tests/spark/test_datasource.py",
         "tests/spark/test_sink.py",
-        "tests/spark/test_sink_state.py",
         "tests/spark/test_state_delta.py",
+        "tests/spark/test_state_maintenance.py",
         "tests/spark/test_syphon_job.py",
     ):
         assert must in files, must

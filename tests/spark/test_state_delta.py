@@ -68,10 +68,73 @@ class TestDeltaPathStore(StoreContract):
 
 
 class TestDeltaCatalogStore(StoreContract):
+    """The contract's tests whose code differs for catalog tables: creation by name, reads through
+    ``spark.table``, appends through ``saveAsTable`` with and without Delta transaction ids (round trip, replays),
+    the last committed batch by a scan (no log to read), the entities table's version by name, conflicts between
+    writers. The rest run the same statements as on path tables, which TestDeltaPathStore runs (the tier's time is
+    a budget: each contract test costs seconds of Delta commits)."""
+
+    test_empty_store_reads_nothing = None  # type: ignore[assignment]  # ensure(): creation covered by every test
+    test_pulled_queues_round_trip = None  # type: ignore[assignment]  # the same row shape as the round trip
+    test_append_events_outside_batches = None  # type: ignore[assignment]  # the round trip's append, no txn id
+    test_entity_state_only_moves_forward_in_time = None  # type: ignore[assignment]  # the same MERGE statement
+
     @pytest.fixture(autouse=True)
     def _store(self, spark: Any) -> Any:
         prefix = f"spark_catalog.default.sb_{uuid.uuid4().hex[:8]}_"
         self.store = DeltaStateStore(spark, StateTables(prefix=prefix), backoff=0.05)
         yield
         for name in ("events", "entities", "rejects"):
+            spark.sql(f"DROP TABLE IF EXISTS {prefix}{name}")
+
+
+def test_held_sessions_in_catalog_tables_are_replaced_per_sink_and_acknowledgements_found_by_marker(
+    spark: Any,
+) -> None:
+    """The ``sessions`` table (ordering, spark_sb/state/sessions.py) as a catalog table: created on first use, a
+    sink's lines replaced as a whole (``replaceWhere`` through ``saveAsTable``) without touching another sink's,
+    emptied, and the syphon's acknowledgements read by marker and time from the events table. On path tables the
+    same calls run in tests/spark/test_ordering.py and test_state_maintenance.py."""
+    from datetime import datetime, timedelta, timezone
+
+    from spark_sb.state.records import ACKNOWLEDGED, Event
+    from spark_sb.state.sessions import HeldLine, PendingMarker
+
+    prefix = f"spark_catalog.default.sb_{uuid.uuid4().hex[:8]}_"
+    store = DeltaStateStore(spark, StateTables(prefix=prefix), backoff=0.05)
+    try:
+        t0 = datetime(2026, 11, 27, 8, 0, tzinfo=timezone.utc)
+        assert not store.sessions_exist()
+
+        def line(session: str, *markers: str) -> HeldLine:
+            return HeldLine("orders", session, "q1", t0, tuple(PendingMarker("q1", m, t0) for m in markers))
+
+        store.write_sessions("a", [line("s1", "m1"), line("s2", "m2", "m3")])
+        store.write_sessions("b", [line("s9", "m9")])
+        assert store.sessions_exist()
+        assert store.read_sessions("a") == [line("s1", "m1"), line("s2", "m2", "m3")]
+        store.write_sessions("a", [line("s2", "m4")])  # s1 released, s2 marked again
+        assert store.read_sessions("a") == [line("s2", "m4")]
+        assert store.read_sessions("b") == [line("s9", "m9")]
+        store.write_sessions("a", [])
+        assert store.read_sessions("a") == [] and store.read_sessions("b") == [line("s9", "m9")]
+
+        acks = [
+            Event(
+                t0 + timedelta(seconds=5),
+                "syphon/p",
+                1,
+                ACKNOWLEDGED,
+                namespace="p",
+                entity="orders",
+                detail=m,
+            )
+            for m in ("m4", "m9")
+        ]
+        store.append_events(acks)
+        assert store.read_acknowledgements("p", {"m4", "m5"}, t0) == {"m4"}
+        assert store.read_acknowledgements("p", {"m4"}, t0 + timedelta(minutes=1)) == set()
+        assert store.read_acknowledgements("other", {"m9"}, t0) == set()
+    finally:
+        for name in ("events", "entities", "rejects", "sessions"):
             spark.sql(f"DROP TABLE IF EXISTS {prefix}{name}")
