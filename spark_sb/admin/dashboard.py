@@ -81,27 +81,36 @@ def sent_vs_diverted(events: DataFrame) -> DataFrame:
     )
 
 
-def backlog_depth(events: DataFrame, bucket: str = "1 minute") -> DataFrame:
-    """(time, diverted, drained, depth): per time bucket, messages into the backlog (diverted; counted once per
-    message, from the events that name a backlog queue) and out of it (moved, expired, dead-lettered by the
-    syphon), and the cumulative depth. An estimate from the events; ``spark-sb status`` reads the real counts."""
+def _flow(
+    events: DataFrame, bucket: str, into: Column, out_of: Column, names: tuple[str, str, str]
+) -> DataFrame:
+    """(time, <in>, <out>, <level>) per time bucket: the ``count`` of the events matching ``into`` and ``out_of``,
+    and the running level (in minus out, from the first bucket), oldest first."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    into = (F.col("event") == DIVERTED) & F.col("backlog_queue").isNotNull()
-    out_of = F.col("event").isin(MOVED, EXPIRED, DEAD_LETTERED)
+    came, went, level = names
     per_bucket = (
         events.where(into | out_of)
         .groupBy(F.window("time", bucket).start.alias("time"))
         .agg(
-            F.sum(F.when(into, F.col("count")).otherwise(0)).alias("diverted"),
-            F.sum(F.when(out_of, F.col("count")).otherwise(0)).alias("drained"),
+            F.sum(F.when(into, F.col("count")).otherwise(0)).alias(came),
+            F.sum(F.when(out_of, F.col("count")).otherwise(0)).alias(went),
         )
     )
     running = Window.orderBy("time").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    return per_bucket.withColumn("depth", F.sum(F.col("diverted") - F.col("drained")).over(running)).orderBy(
-        "time"
-    )
+    return per_bucket.withColumn(level, F.sum(F.col(came) - F.col(went)).over(running)).orderBy("time")
+
+
+def backlog_depth(events: DataFrame, bucket: str = "1 minute") -> DataFrame:
+    """(time, diverted, drained, depth): per time bucket, messages into the backlog (diverted; counted once per
+    message, from the events that name a backlog queue) and out of it (moved, expired, dead-lettered by the
+    syphon), and the cumulative depth. An estimate from the events; ``spark-sb status`` reads the real counts."""
+    from pyspark.sql import functions as F
+
+    into = (F.col("event") == DIVERTED) & F.col("backlog_queue").isNotNull()
+    out_of = F.col("event").isin(MOVED, EXPIRED, DEAD_LETTERED)
+    return _flow(events, bucket, into, out_of, ("diverted", "drained", "depth"))
 
 
 def rejects_by_reason(rejects: DataFrame) -> DataFrame:
@@ -121,23 +130,10 @@ def sessions_draining(events: DataFrame, bucket: str = "1 minute") -> DataFrame:
     returned to the primary after the syphon passed their markers (``session_returned``), and the lines still
     draining at the bucket's end, summed over the sinks (``spark-sb status`` lists them one by one). Empty without
     ordering."""
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    held = F.col("event") == SESSION_HELD
-    returned = F.col("event") == SESSION_RETURNED
-    per_bucket = (
-        events.where(held | returned)
-        .groupBy(F.window("time", bucket).start.alias("time"))
-        .agg(
-            F.sum(F.when(held, F.col("count")).otherwise(0)).alias("held"),
-            F.sum(F.when(returned, F.col("count")).otherwise(0)).alias("returned"),
-        )
-    )
-    running = Window.orderBy("time").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    return per_bucket.withColumn("draining", F.sum(F.col("held") - F.col("returned")).over(running)).orderBy(
-        "time"
-    )
+    held, returned = F.col("event") == SESSION_HELD, F.col("event") == SESSION_RETURNED
+    return _flow(events, bucket, held, returned, ("held", "returned", "draining"))
 
 
 def prepare(spark: SparkSession, tables: StateTables, bucket: str = "1 minute") -> dict[str, DataFrame]:
