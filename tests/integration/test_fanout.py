@@ -158,7 +158,13 @@ def test_a_namespace_outage_diverts_200_entities_within_the_failover_interval(
     diverted = backlog_ids(fan)
     assert diverted <= {m.message_id for m in outage}
     assert len(diverted) == out.total_diverted
-    assert primary_total(fan) == 2 * E + out.total_sent
+    # at most one entity's messages twice: the first entity's send was written to the stalled connection before its
+    # deadline ran out, and the namespace stores what it read when the stall ends (a healed network does the same);
+    # which deadline ends it first (the SDK's or the lane's) decides whether it was written. That send is in doubt,
+    # its backlog copy stays, and duplicate detection on the primary drops the copy when the syphon moves it (SPEC
+    # R1: 0 duplicates with duplicate detection). Nothing beyond that entity's 2 may be extra.
+    extra = primary_total(fan) - (2 * E + out.total_sent)
+    assert extra in (0, 2), f"{shape}: {extra} more on the primary than sent"
 
 
 def test_a_connection_refused_for_the_quota_is_named_and_diverts() -> None:

@@ -162,7 +162,8 @@ def test_a_primary_namespace_that_refuses_costs_one_probe_not_one_per_entity(pai
         assert took < 5.0
         pair.primary.faults.accept_connections()
         clock.advance(30)
-        healed = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
+        # a loaded machine can be slow to hand the 30 back
+        healed = syphon.drain_queue(BACKLOG[0], max_wait=2.0)
     assert healed.forwarded_total == 30 and healed.probes <= 30
     assert set(healed.moved_ids) == {(e, f"id-{e}") for e in entities}  # ids compared as sets
     assert [pair.primary.broker.counts(e).active_message_count for e in entities] == [1] * 30
