@@ -1,6 +1,6 @@
 """Soak: a Structured Streaming query through the sink for ``--minutes`` (default 30) while the namespaces do what
 a real network and the real service do to connections that live for weeks (SPEC L1-L6). On demand; CI runs only
-its smoke mode (``--smoke``: the same set-up and the same events, each lasting seconds, about two minutes in all).
+its smoke mode (``--smoke``: the same set-up and the same events, each lasting seconds, about 75 s in all alone).
 
     .venv/bin/python bench/bench_soak.py [--minutes 30] [--rows 40] [--every 1] [--workdir DIR] [--verbose]
     .venv/bin/python bench/bench_soak.py --smoke            # CI's smoke mode: every spell in seconds
@@ -15,7 +15,7 @@ Set-up (driver = this process):
   on ``PYTHONPATH`` so Spark's Python workers import it), which the namespaces enforce;
 - local Spark (``build_spark_session``), two queries in one session: a file source (this process writes one
   JSON file of ``--rows`` rows with unique message ids every ``--every`` s) -> ``foreachBatch(ServiceBusSink)``
-  with Delta state tables, and the syphon job (``run_syphon``, a 5 s trigger) moving backlogs back.
+  with Delta state tables, and the syphon job (``run_syphon``, a 5 s trigger; smoke: 2 s) moving backlogs back.
 
 The schedule (times scale with ``--minutes``; each event logged with its offset): a quiet spell (no input:
 the links idle past 20 s, the connections past 30 s, tokens run out unused), a silent drop of the primary
@@ -79,21 +79,31 @@ class Pace:
     sample_every: float = 60.0
     blackhole_before: float = 4.0
     blackhole_after: float = 20.0
+    #: the syphon query's trigger, how often the end of the run polls the backlog, and how long the read-out of the
+    #: primary queue waits per receive
+    syphon_trigger: str = "5 seconds"
+    poll_every: float = 2.0
+    receive_wait: float = 2.0
 
 
 FULL = Pace()
 #: ``--smoke``: every spell in seconds (CI's smoke mode). The links idle out within a quiet spell, the tokens are
-#: renewed during the run, the blackholed connections are given more than SILENT_AFTER (6 s) to be found out, and
-#: (failover_interval and ping_primary_interval 1 s unless given) the 3 s flaps fail over and are moved back.
+#: renewed during the run, the blackholed connections are given more than SILENT_AFTER (6 s) to be found out (they
+#: sit silent for 7 s before input resumes on them, so the first batch after finds them out; 3 s after it), and
+#: (failover_interval and ping_primary_interval 1 s unless given) the 2 s flaps fail over and are moved back; the
+#: syphon triggers every 2 s and the end of the run polls every 0.5 s, so that no wait is longer than its spell.
 SMOKE = Pace(
     link_idle="3s",
     connection_idle="5s",
     token_lifetime=15.0,
     sample_every=5.0,
     blackhole_before=1.0,
-    blackhole_after=7.0,
+    blackhole_after=3.0,
+    syphon_trigger="2 seconds",
+    poll_every=0.5,
+    receive_wait=1.0,
 )
-SMOKE_SECONDS = 45.0
+SMOKE_SECONDS = 28.5
 
 log = logging.getLogger("bench_soak")
 
@@ -363,16 +373,16 @@ class Timeline:
 
 def schedule(total: float, smoke: bool = False) -> list[tuple[float, str, float]]:
     """(start offset s, event, duration s) for a run of ``total`` seconds; with ``smoke`` the same events in
-    :data:`SMOKE_SECONDS`, a few seconds each."""
+    :data:`SMOKE_SECONDS`, a few seconds each, back to back, without the second quiet spell (the first one's code
+    path again). The blackhole spell lasts ``duration`` + ``Pace.blackhole_after`` (11 s in smoke)."""
     if smoke:
         return [
-            (1.0, "quiet", 4.0),
-            (6.0, "blackhole", 8.0),
-            (22.0, "throttle", 4.0),
-            (27.0, "flap", 3.0),
-            (32.0, "flap", 3.0),
-            (37.0, "flap", 3.0),
-            (41.0, "quiet", 4.0),
+            (0.5, "quiet", 4.0),
+            (5.0, "blackhole", 8.0),
+            (16.5, "throttle", 2.0),
+            (19.0, "flap", 2.0),
+            (22.5, "flap", 2.0),
+            (26.0, "flap", 2.0),
         ]
     quiet = 45.0 if total >= 600 else 25.0
     flap = 12.0 if total >= 600 else 8.0
@@ -438,8 +448,9 @@ def run_schedule(
 # ---------------------------------------------------------------------------------------------- the checks
 
 
-def drain_ids(conn: str, entity: str, deadline: float) -> list[str]:
-    """Every message id in ``entity`` (receive-and-delete, driver), until a receive comes back empty twice."""
+def drain_ids(conn: str, entity: str, deadline: float, wait: float = 2.0) -> list[str]:
+    """Every message id in ``entity`` (receive-and-delete, driver), until a receive (``wait`` s at most) comes back
+    empty twice."""
     ids: list[str] = []
     empty = 0
     with (
@@ -447,7 +458,7 @@ def drain_ids(conn: str, entity: str, deadline: float) -> list[str]:
         client.get_queue_receiver(entity, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver,
     ):
         while empty < 2 and time.monotonic() < deadline:
-            got = receiver.receive_messages(max_message_count=1000, max_wait_time=2)
+            got = receiver.receive_messages(max_message_count=1000, max_wait_time=wait)
             empty = 0 if got else empty + 1
             ids.extend(str(m.message_id) for m in got)
     return ids
@@ -598,7 +609,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             spark,
             config,
             checkpoint=str(workdir / "syphon-checkpoint"),
-            trigger="5 seconds",
+            trigger=pace.syphon_trigger,
             admin_kwargs={"connection_verify": secondary.ca_file},
             stop_file=stop_file,
             writer=syphon_writer,
@@ -635,6 +646,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
                 and syphon_writer.total.moved >= sink.total.total_diverted
             ),
             timeout=180,
+            every=pace.poll_every,
         )
         timeline.mark("backlog empty")
         stop_gracefully(syphon, stop_file, timeout=60)
@@ -646,7 +658,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         throttled_rows = throttled_events(state_dir, sink.sink_id)
         spark.stop()
         left = backlog_counts(secondary, backlog)
-        received = drain_ids(primary.connection_string, ENTITY, time.monotonic() + 300)
+        received = drain_ids(primary.connection_string, ENTITY, time.monotonic() + 300, pace.receive_wait)
         statuses = {ns.name: ns.status() for ns in namespaces}
     finally:
         for ns in namespaces:
