@@ -19,6 +19,7 @@ import spark_sb.wire.connection as connection_module
 from spark_sb.wire.connection import (
     PING_ANSWER,
     QUIET,
+    VERIFY_WAIT,
     ConnectionSilent,
     FoundDead,
     Liveness,
@@ -201,15 +202,19 @@ class Sender:
 
 
 def shared(
-    clock: FakeTime, monkeypatch: pytest.MonkeyPatch, alive: list[bool | BaseException]
+    clock: FakeTime, monkeypatch: pytest.MonkeyPatch, alive: list[bool | BaseException | threading.Event]
 ) -> SharedConnection:
-    """A shared connection whose openings give, in turn, a connection alive or not (or raise the error)."""
+    """A shared connection whose openings give, in turn, a connection alive or not (or raise the error, or - an
+    event - stall until it is set, then give a live one)."""
     opened = iter(alive)
 
     def opener(timeout: float) -> Connection:
         nxt = next(opened)
         if isinstance(nxt, BaseException):
             raise nxt
+        if isinstance(nxt, threading.Event):  # an opening that stalls until the test sets the event
+            nxt.wait(10.0)
+            return Connection(clock, alive=True)
         return Connection(clock, alive=nxt)
 
     conn = SharedConnection(client=None, opener=opener)  # type: ignore[arg-type]
@@ -273,6 +278,24 @@ def test_a_fresh_connection_that_fails_too_raises_its_own_error(
         conn.on_link("q", sdk_send(live), 0.25, rescue=0.5)
     assert conn.connection is None  # nothing left that answered: the namespace's evidence (nothing heard)
     assert conn.heard() is None
+
+
+def test_a_fresh_connection_not_open_by_the_calls_deadline_is_not_waited_for(
+    clock: FakeTime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A namespace that stalls every connection (before or after SASL): the spare opened beside the silent
+    connection does not open either. The call then fails at its own deadline (and the verifying ping), not at the
+    end of the rescue room: failover keeps to the interval (B3). The spare opens 0.1 s (real time) after the
+    deadline here; waiting for it through the room would have sent on it."""
+    stalls = threading.Event()
+    conn = shared(clock, monkeypatch, [False, stalls])
+    threading.Timer(0.1, stalls.set).start()  # nothing waits for it: the call ends first
+    try:
+        with pytest.raises(OperationTimeoutError):
+            conn.on_link("q", sdk_send(live), 3.0, rescue=0.5)
+        assert conn.rescued == 1 and clock.mono <= 3.0 + VERIFY_WAIT + 2 * SLICE
+    finally:
+        stalls.set()
 
 
 def test_a_direct_call_that_finds_its_connection_dead_hands_over_to_the_worker(
