@@ -157,3 +157,26 @@ def test_a_namespace_slow_for_everyone_keeps_the_send_on_its_connection(
     assert rig.lifecycle()["rescued"] == 0
     got = received_ids(rig.primary, ENTITY)
     assert got == {f"before-{i}" for i in range(50)} | {f"after-{i}" for i in range(50)}
+
+
+@pytest.mark.parametrize(
+    ("warm", "answer_sasl"),
+    [(True, True), (False, False)],
+    ids=["warm, stalled after SASL", "cold, stalled before SASL"],
+)
+def test_a_namespace_that_stalls_every_connection_fails_over_within_the_interval_and_half_a_second(
+    rigs: Callable[[float, float], Rig], warm: bool, answer_sasl: bool
+) -> None:
+    """No fresh connection is served either: the liveness rescue (a spare connection, the room past the budget)
+    has nothing to move the send to, so it is not waited for - warm, the spare opened beside the silent connection
+    never opens; cold, there is no connection to find dead - and failover keeps to B3 (``failover_interval`` +
+    0.5 s). With the rescue room spent, both took the interval + 0.55 s and more."""
+    rig = rigs(2.0, 30.0)
+    if warm:
+        rig.send("before")
+    rig.primary.faults.stall(True, answer_sasl=answer_sasl)
+    elapsed, outcome = rig.send("outage")
+    assert outcome.total_diverted == 50 and outcome.total_sent == 0
+    assert elapsed <= 2.0 + 0.5, f"failed over after {elapsed:.2f} s"
+    assert rig.sender.entity_state(ENTITY) is EntityState.FAILED_OVER
+    rig.primary.faults.stall(False)
