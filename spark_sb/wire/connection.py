@@ -378,7 +378,7 @@ class SharedConnection:
         may_connect: bool,
         exc: BaseException,
         spare: Spare | None,
-        spare_by: float | None = None,
+        spare_by: float,
     ) -> Any:
         """The connection was found dead while a call waited on it (:meth:`on_link`): drop it and make the call
         once more on a fresh connection - ``spare`` if one was opened meanwhile - by ``until`` (monotonic). A spare
@@ -390,7 +390,7 @@ class SharedConnection:
         self.discard("found dead while a call waited: nothing heard, a ping not answered")
         self.rescued += 1
         if spare is not None:
-            by = until if spare_by is None else min(until, max(spare_by, time.monotonic()))
+            by = min(until, max(spare_by, time.monotonic()))
             spare.done.wait(max(0.0, by - time.monotonic()))  # bounded by the opening's own deadline too
             fresh = spare.claim()
             if fresh is None:

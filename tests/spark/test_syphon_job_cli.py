@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -27,19 +28,7 @@ BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]
 def test_the_job_moves_the_backlog_and_stops_cleanly_on_sigterm(namespace_pair: Any, tmp_path: Path) -> None:
     primary, secondary = namespace_pair.primary, namespace_pair.secondary
     primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
-    for name in BACKLOG:
-        secondary.broker.create_queue(name)
-    now = datetime.now(timezone.utc)
-    with (
-        ServiceBusClient.from_connection_string(secondary.connection_string) as client,
-        client.get_queue_sender(BACKLOG[1]) as sender,
-    ):
-        sender.send_messages(
-            [
-                to_backlog(OutboundMessage(body=f"m{i}", message_id=f"m{i}"), "orders", now).to_sdk()
-                for i in range(25)
-            ]
-        )
+    _backlog(secondary, BACKLOG[1], [f"m{i}" for i in range(25)], lambda i: f"m{i}")
     conf = tmp_path / "syphon.yaml"
     conf.write_text(
         "primary: {connection_string: '${env:SB_PRIMARY_CONNECTION_STRING}', namespace_name: primary}\n"
@@ -157,19 +146,7 @@ def test_spark_submit_once_moves_the_backlog(namespace_pair: Any, tmp_path: Path
     """``spark-submit jobs/syphon.py --once`` (the master and the Delta jars from spark-submit): one micro-batch."""
     primary, secondary = namespace_pair.primary, namespace_pair.secondary
     primary.broker.create_queue("orders")
-    for name in BACKLOG:
-        secondary.broker.create_queue(name)
-    now = datetime.now(timezone.utc)
-    with (
-        ServiceBusClient.from_connection_string(secondary.connection_string) as client,
-        client.get_queue_sender(BACKLOG[0]) as sender,
-    ):
-        sender.send_messages(
-            [
-                to_backlog(OutboundMessage(body="x", message_id=f"s{i}"), "orders", now).to_sdk()
-                for i in range(9)
-            ]
-        )
+    _backlog(secondary, BACKLOG[0], [f"s{i}" for i in range(9)], lambda i: "x")
     conf = tmp_path / "syphon.yaml"
     conf.write_text(
         "primary: {connection_string: '${env:SB_PRIMARY_CONNECTION_STRING}', namespace_name: primary}\n"
@@ -213,3 +190,20 @@ def test_spark_submit_once_moves_the_backlog(namespace_pair: Any, tmp_path: Path
     assert done.returncode == 0, done.stderr[-3000:]
     assert "moved 9 (orders=9)" in done.stdout
     assert primary.broker.get_queue("orders").runtime.active_message_count == 9
+
+
+def _backlog(secondary: Any, queue: str, ids: list[str], body: Callable[[int], str]) -> None:
+    """The backlog queues made on ``secondary``, and ``ids`` sent to ``queue`` as diverted from entity ``orders``."""
+    for name in BACKLOG:
+        secondary.broker.create_queue(name)
+    now = datetime.now(timezone.utc)
+    with (
+        ServiceBusClient.from_connection_string(secondary.connection_string) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        sender.send_messages(
+            [
+                to_backlog(OutboundMessage(body=body(i), message_id=m), "orders", now).to_sdk()
+                for i, m in enumerate(ids)
+            ]
+        )
