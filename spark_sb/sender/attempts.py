@@ -11,6 +11,7 @@ per-entity state of its own: the entity's :class:`~spark_sb.failover.machine.Ent
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ from spark_sb.failover.machine import EntityFailover
 from spark_sb.failover.outcome import Tally, namespace_description
 from spark_sb.failover.records import EntityState
 from spark_sb.sender.context import SendContext
+from spark_sb.wire.parking import Parked
 from spark_sb.wire.transport import NAMESPACE_SILENCE, PRIMARY, Target, Transport
 
 #: Error classes that only the service sends back: the namespace answered the call (SPEC F7).
@@ -137,24 +139,38 @@ class AttemptLoop:
         target: Target,
         progress: Progress | None = None,
         defer: bool = False,
+        resume: Parked | None = None,
+        finish: Callable[[Parked], object] | None = None,
     ) -> Attempted:
         """Call ``call(timeout)`` until it succeeds or the decision says otherwise (after sleeping through each
         RETRY). On the primary, each attempt's deadline is what the entity's failover timer leaves it and each
         failure goes to the entity's state from the moment the failing attempt started. ``defer``: a RETRY is
         returned (its delay in the decision) instead of slept through, ``progress`` carrying the loop's state to
-        the next call - so that the caller can wait for many entities' retries at once."""
+        the next call - so that the caller can wait for many entities' retries at once.
+
+        A call may raise :class:`~spark_sb.wire.parking.Parked` (an attempt under way, not answered yet): it is
+        raised on to the caller, which later goes on with ``resume`` (the parked attempt) and ``finish`` (the call
+        that finishes it, instead of a new attempt first; it may park again)."""
         ctx = self.ctx
         if progress is None:
             progress = Progress(ctx.clock.monotonic())
         began = progress.began
         while True:
-            timeout = self._budget(where, state, began, tally, target)
-            if timeout is None:
-                return Attempted(Decision(Verb.DIVERT, why="failed over"))
-            started = ctx.clock.monotonic()
-            progress.attempts += 1
+            if resume is not None and finish is not None:
+                parked, resume = resume, None
+                started = parked.started
+                attempt: Callable[[], object] = functools.partial(finish, parked)
+            else:
+                timeout = self._budget(where, state, began, tally, target)
+                if timeout is None:
+                    return Attempted(Decision(Verb.DIVERT, why="failed over"))
+                started = ctx.clock.monotonic()
+                progress.attempts += 1
+                attempt = functools.partial(call, timeout)
             try:
-                call(timeout)
+                attempt()
+            except Parked:
+                raise
             except Exception as exc:
                 cls = classify(exc)
                 if cls.rebuild_client:

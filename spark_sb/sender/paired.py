@@ -56,6 +56,7 @@ from spark_sb.sender.context import SendContext
 from spark_sb.sender.diverter import Diverter, Open, Rejects
 from spark_sb.sender.prober import Prober
 from spark_sb.wire.admin_api import primary_namespace_name
+from spark_sb.wire.parking import PARK_AFTER, Parked
 from spark_sb.wire.transport import PRIMARY, Batch, Target, Transport
 
 __all__ = ["PairedSender"]
@@ -438,23 +439,32 @@ class PairedSender:
         tally: Tally,
         progress: Progress | None = None,
         defer: bool = False,
+        park: bool = False,
     ) -> float | None:
         """Deliver one full primary batch - to the primary, or, failed over by now, to the backlog - and settle
         it (retried, diverted, split) before the caller packs on: one batch at a time, order holds. Sends are
         synchronous: measured (``bench/bench_overlap.py``), packing the next batch while one was on the wire
-        gained nothing (sends on an open link run on this thread) and cost 3-13% with the GIL shared."""
+        gained nothing (sends on an open link run on this thread) and cost 3-13% with the GIL shared. ``park``:
+        the send may raise :class:`~spark_sb.wire.parking.Parked` (see :meth:`_flush`)."""
         tally.sticky.clear()  # a batch boundary: a backlog queue may have been pulled since, choose again
         if self._admit(batch.target.entity, tally) is Route.BACKLOG or self._diverted_lines(batch, tally):
             self._diverter.divert(batch.messages, backlog, tally, progress)
             return None
-        return self._send_primary(batch, backlog, tally, progress, defer)
+        return self._send_primary(batch, backlog, tally, progress, defer, PARK_AFTER if park else None)
 
     def _flush(self, batches: list[Batch], backlog: dict[str, Open], tally: Tally) -> None:
         """Deliver the call's last batches, one per entity, waiting for their retries together: an entity whose
         send failed is tried again when its back-off is over while the others go on, so E entities failing at
         once (all disabled, say) cost about one ``failover_interval``, not E of them (SPEC F1). Each entity's
-        messages stay in order (one batch per entity, retried whole). ``waiting`` is bounded by the batches."""
+        messages stay in order (one batch per entity, retried whole). ``waiting`` is bounded by the batches.
+
+        A send not answered within :data:`~spark_sb.wire.parking.PARK_AFTER` on a connection that answers (an
+        entity that stalls) is parked while the next entities' batches go out, then finished - in the order of
+        its deadline, its answer read meanwhile by every other send - while the retries wait: E stalled entities
+        cost one attempt's budget together, not E of them (issue 29; 10 stalled at an interval of 10 s took 98 s),
+        and delay the call's other entities by ``PARK_AFTER`` each. ``parked`` is bounded by the batches too."""
         waiting: list[tuple[float, int, Batch, Progress]] = []
+        parked: list[tuple[Parked, int, Batch, Progress]] = []
         # Entities already failing go last (a stable sort: each entity has one batch here, so no entity's order
         # changes): their attempts may stall until the failover timer, and the healthy entities' batches of the
         # call are not made to wait behind them (SPEC F6).
@@ -472,11 +482,20 @@ class PairedSender:
                     waiting.append((waiting[0][0], n, batch, progress))
                     continue
                 ahead.in_flight = n
-                delay = self._deliver(batch, backlog, tally, progress, defer=True)
-                ahead.stop()  # a helper thread started by a stalled attempt: what it made is kept
+                try:
+                    delay = self._deliver(
+                        batch, backlog, tally, progress, defer=True, park=n < len(batches) - 1
+                    )
+                except Parked as p:
+                    parked.append((p, n, batch, progress))
+                    continue
+                finally:
+                    ahead.stop()  # a helper thread started by a stalled attempt: what it made is kept
                 if delay is not None:
                     waiting.append((self._clock.monotonic() + delay, n, batch, progress))
-            while waiting:
+            while waiting or parked:
+                if parked and self._finish_parked(parked, waiting, backlog, tally, ahead):
+                    continue
                 waiting.sort(key=lambda w: w[0])
                 due = waiting[0][0]
                 if due > self._clock.monotonic():
@@ -507,6 +526,36 @@ class PairedSender:
             self._ahead = None
             ahead.stop()
 
+    def _finish_parked(
+        self,
+        parked: list[tuple[Parked, int, Batch, Progress]],
+        waiting: list[tuple[float, int, Batch, Progress]],
+        backlog: dict[str, Open],
+        tally: Tally,
+        ahead: Ahead,
+    ) -> bool:
+        """Go on with the parked send whose deadline comes first until it ends or the first retry is due (then it
+        parks again); False when a retry is due now (the caller tries it first)."""
+        now = self._clock.monotonic()
+        due = min((w[0] for w in waiting), default=None)
+        if due is not None and due <= now:
+            return False
+        parked.sort(key=lambda q: q[0].deadline)
+        p, n, batch, progress = parked.pop(0)
+        ahead.in_flight = n
+        try:
+            delay = self._send_primary(
+                batch, backlog, tally, progress, True, None if due is None else due - now, resume=p
+            )
+        except Parked as again:
+            parked.append((again, n, batch, progress))
+            return True
+        finally:
+            ahead.stop()
+        if delay is not None:
+            waiting.append((self._clock.monotonic() + delay, n, batch, progress))
+        return True
+
     def _namespace_down(self) -> bool:
         """The primary namespace has an open fault (namespace-wide evidence, SPEC F1)."""
         health = self._registry.namespace(self._primary_key)
@@ -533,21 +582,37 @@ class PairedSender:
         tally: Tally,
         progress: Progress | None = None,
         defer: bool = False,
+        park_after: float | None = None,
+        resume: Parked | None = None,
     ) -> float | None:
         """Send ``batch`` to the primary and settle it; with ``defer``, a retry is not waited for here: its delay
-        is returned (``progress`` holds the loop's state) and the caller delivers the batch again after it."""
+        is returned (``progress`` holds the loop's state) and the caller delivers the batch again after it.
+        ``park_after``: the attempt may raise :class:`~spark_sb.wire.parking.Parked` (unanswered by then);
+        ``resume``: such a parked attempt, gone on with first."""
         entity = batch.target.entity
         transport = self.transport
         slow = self._slow(entity)
+
+        def send(timeout: float) -> None:
+            if park_after is None:
+                transport.send(batch, timeout, slow)
+            else:
+                transport.send(batch, timeout, slow, park_after=park_after)
+
+        def finish(parked: Parked) -> None:
+            transport.resume(parked, slow, park_after)
+
         result = self._loop.run(
             Where.PRIMARY,
-            lambda timeout: transport.send(batch, timeout, slow),
+            send,
             tally,
             state=self._entity(entity),
             messages=len(batch),
             target=batch.target,
             progress=progress,
             defer=defer,
+            resume=resume,
+            finish=finish,
         )
         if result.decision is None:
             tally.count_sent(batch.target.entity, len(batch))

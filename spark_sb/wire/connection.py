@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_sb.core.errors import classify, condition_of, token_expired
 from spark_sb.wire.lane import _WATCHDOG, abort_when_abandoned
+from spark_sb.wire.parking import Parked
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusClient, ServiceBusSender
@@ -295,6 +296,7 @@ class SharedConnection:
         timeout: float,
         may_connect: bool = True,
         rescue: float = 0.0,
+        quiet: float = QUIET,
     ) -> Any:
         """``fn(sender, seconds_left)`` on the open link to ``entity``. If the service had ended that link or its
         connection for its lifecycle (:func:`renewable`: idle, an expired token), the call is made once more on a
@@ -317,7 +319,11 @@ class SharedConnection:
 
         The cost: the first send may have reached the namespace before the connection died (its answer lost on
         the way), so the message may be enqueued twice - at-least-once, as for any retry after a timeout;
-        exactly-once with duplicate detection on the entity (the message id is the same)."""
+        exactly-once with duplicate detection on the entity (the message id is the same).
+
+        ``quiet``: the silence after which the watch pings (:data:`QUIET`; a parkable send asks sooner, so that a
+        stalled entity on an otherwise idle connection is told from a silent namespace by the time it may park:
+        :mod:`~spark_sb.wire.parking`). A :class:`~spark_sb.wire.parking.Parked` send keeps its link."""
         deadline = time.monotonic() + timeout
         # A link that does not attach (an entity that stalls) gives up before the lane's deadline: it costs the
         # link, never the connection the other entities use (SPEC F6).
@@ -333,8 +339,10 @@ class SharedConnection:
         try:
             if watch is None:
                 return fn(sender, deadline - time.monotonic())
-            with watch.watching(time.time(), open_spare):
+            with watch.watching(time.time(), open_spare, quiet):
                 return fn(sender, deadline - time.monotonic())
+        except Parked:
+            raise
         except Exception as exc:
             # The SDK reports a detach met during a send as an unknown error; the link keeps what the service said.
             ended = _ended_by_service(link, self.connection)
@@ -358,8 +366,20 @@ class SharedConnection:
             if watch is not None:
                 watch.drop_spare()  # a fresh connection opened for nothing (the old one answered): closed
         sender = self.sender(entity, left, may_connect)
+        return self._on(entity, fn, sender, deadline)
+
+    def _on(
+        self,
+        entity: str,
+        fn: Callable[[ServiceBusSender, float], Any],
+        sender: ServiceBusSender,
+        until: float,
+    ) -> Any:
+        """``fn`` once more on a fresh link; a link that fails is dropped (a parked send keeps it)."""
         try:
-            return fn(sender, deadline - time.monotonic())
+            return fn(sender, until - time.monotonic())
+        except Parked:
+            raise
         except Exception:
             self.drop(entity)
             raise
@@ -403,11 +423,7 @@ class SharedConnection:
         if left <= RENEW_AT_LEAST:
             raise exc
         sender = self.sender(entity, sdk_timeout(left), may_connect)
-        try:
-            return fn(sender, until - time.monotonic())
-        except Exception:
-            self.drop(entity)
-            raise
+        return self._on(entity, fn, sender, until)
 
     def open_links(
         self, entities: list[str], timeout: float, silence: float | None = None
@@ -579,11 +595,12 @@ class Liveness:
     one ping at a time per connection. Reads SDK internals (pyamqp's ``Connection.listen``, ``create_session``,
     ``_last_frame_received_time``), pinned by ``constraints-dev.txt``."""
 
-    __slots__ = ("connection", "dead", "open_spare", "ping_at", "session", "since", "spare")
+    __slots__ = ("connection", "dead", "open_spare", "ping_at", "quiet", "session", "since", "spare")
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
         self.since = 0.0  # time.time() the watched call began
+        self.quiet = QUIET  # the watched call's silence before a ping
         self.ping_at: float | None = None  # time.time() the ping in flight was sent
         self.session: Any = None  # the ping's session, until answered and ended
         self.dead = False
@@ -591,12 +608,15 @@ class Liveness:
         self.spare: Spare | None = None  # a fresh connection being opened while the watched call waits
 
     @contextlib.contextmanager
-    def watching(self, since: float, open_spare: Callable[[], Spare] | None = None) -> Iterator[None]:
+    def watching(
+        self, since: float, open_spare: Callable[[], Spare] | None = None, quiet: float = QUIET
+    ) -> Iterator[None]:
         """While the block runs, every read of the connection is followed by :meth:`check` (``since``: when the
         call began, ``time.time()``; ``open_spare``: starts opening a fresh connection alongside, see
-        :meth:`check`)."""
+        :meth:`check`; ``quiet``: the silence before a ping, :data:`QUIET` unless the call asks sooner)."""
         connection = self.connection
         self.since = since
+        self.quiet = quiet
         self.open_spare = open_spare
         self.spare = None
         listen = getattr(connection, "listen", None)
@@ -642,13 +662,13 @@ class Liveness:
                 elif spare.done.is_set() and (spare.connection is not None or spare.refused()):
                     self.dead = True
                     raise ConnectionSilent(
-                        f"the connection was silent for {now - self.ping_at + QUIET:.3g} s while a call waited, "
+                        f"the connection was silent for {now - self.ping_at + self.quiet:.3g} s while a call waited, "
                         "and did not answer a ping"
                     )
             return
         self.settle()
         heard = last_heard(self.connection) or 0.0
-        if now - max(heard, self.since) > QUIET:
+        if now - max(heard, self.since) > self.quiet:
             self._ping(now)
 
     def verify(self, wait: float) -> bool:

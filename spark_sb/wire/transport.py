@@ -52,6 +52,7 @@ from spark_sb.message.outbound import OutboundMessage
 from spark_sb.message.packing import Encoded, add_encoded, add_outbound, add_to_batch, encode
 from spark_sb.wire.connection import (
     HEARTBEAT,
+    QUIET,
     RESCUE_ROOM,
     TEND_EVERY,
     FoundDead,
@@ -62,6 +63,7 @@ from spark_sb.wire.connection import (
     sdk_timeout,
 )
 from spark_sb.wire.lane import Finished, Lane, Pending
+from spark_sb.wire.parking import PARK_AFTER, RESUME_AT_LEAST, Parked, holds, resume_send, send_parkable
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusMessageBatch, ServiceBusSender
@@ -150,11 +152,25 @@ class Transport(Protocol):
     def new_batch(self, target: Target) -> Batch:
         """An empty batch for ``target`` (no I/O)."""
 
-    def send(self, batch: Batch, timeout: float, on_slow: Callable[[], None] | None = None) -> None:
+    def send(
+        self,
+        batch: Batch,
+        timeout: float,
+        on_slow: Callable[[], None] | None = None,
+        park_after: float | None = None,
+    ) -> None:
         """Send one batch; returns when the service accepted it; raises SDK exceptions. ``on_slow`` is called
         (on the caller's thread or a watchdog thread: it must not block and must be thread-safe) if no answer has
         come :data:`SLOW_MARGIN` before the deadline: the caller may prepare for the failure (e.g. open the
-        backlog's link)."""
+        backlog's link). ``park_after`` (seconds): a send not answered by then on a connection that answers raises
+        :class:`~spark_sb.wire.parking.Parked` instead of waiting on (the batch stays on the wire); the caller
+        finishes it with :meth:`resume`, and sends nothing else to that entity meanwhile."""
+
+    def resume(
+        self, parked: Parked, on_slow: Callable[[], None] | None = None, park_after: float | None = None
+    ) -> None:
+        """Finish a send that :meth:`send` parked: returns or raises as that send would have, within its deadline;
+        ``park_after``: raises :class:`~spark_sb.wire.parking.Parked` again if not answered by then."""
 
     def schedule(self, target: Target, message: OutboundMessage, at: datetime, timeout: float) -> int:
         """Schedule ``message`` on ``target`` for ``at``; returns its sequence number."""
@@ -394,7 +410,13 @@ class SdkTransport:
 
         return SdkBatch(target, ServiceBusMessageBatch(max_size_in_bytes=self.max_batch_size(target)))
 
-    def send(self, batch: Batch, timeout: float, on_slow: Callable[[], None] | None = None) -> None:
+    def send(
+        self,
+        batch: Batch,
+        timeout: float,
+        on_slow: Callable[[], None] | None = None,
+        park_after: float | None = None,
+    ) -> None:
         if len(batch) == 0:
             return
         if isinstance(batch, SdkBatch):
@@ -402,14 +424,58 @@ class SdkTransport:
         else:  # a foreign batch: let the SDK pack it (raises if it does not fit one batch)
             payload = [m.to_sdk() for m in batch.messages]
         target = batch.target
-        entity = target.entity
+        started = time.monotonic()
+        park_at = None if park_after is None else started + park_after
 
         def on_link(sender: ServiceBusSender, left: float) -> Any:
             # The SDK's own timeout ends a send on an open link a little before the lane's deadline: a stalled
             # entity then costs its link only, not the connection every other entity uses.
-            sender.send_messages(payload, timeout=sdk_timeout(left))
+            if park_at is None:
+                sender.send_messages(payload, timeout=sdk_timeout(left))
+            else:
+                ticket = send_parkable(sender, payload, sdk_timeout(left), park_at)
+                if ticket is not None:
+                    raise Parked(target, started, started + timeout, (ticket, payload))
             return getattr(sender, "_max_batch_size_on_link", None)
 
+        self._on_link(
+            target, on_link, timeout, on_slow, started, PARK_AFTER if park_at is not None else QUIET
+        )
+
+    def resume(
+        self, parked: Parked, on_slow: Callable[[], None] | None = None, park_after: float | None = None
+    ) -> None:
+        """Finish a parked send (see :meth:`Transport.resume`): wait for its answer within its own deadline (read
+        meanwhile by any call on the connection, or now); if its link was dropped or replaced while it was parked
+        (its connection found dead, say), the batch is sent once more on a fresh one within the same deadline
+        (at-least-once, as for any retry). ``park_after``: parked again if not answered by then."""
+        ticket, payload = parked.ticket
+        target = parked.target
+        started = time.monotonic()
+        timeout = max(parked.deadline - started, RESUME_AT_LEAST)
+        park_at = None if park_after is None else started + park_after
+
+        def on_link(sender: ServiceBusSender, left: float) -> Any:
+            if holds(sender, ticket):
+                if resume_send(sender, payload, ticket, sdk_timeout(left), park_at):
+                    raise Parked(target, parked.started, parked.deadline, parked.ticket)
+            else:
+                sender.send_messages(payload, timeout=sdk_timeout(left))
+            return getattr(sender, "_max_batch_size_on_link", None)
+
+        self._on_link(target, on_link, timeout, on_slow, started, QUIET)
+
+    def _on_link(
+        self,
+        target: Target,
+        on_link: Callable[[ServiceBusSender, float], Any],
+        timeout: float,
+        on_slow: Callable[[], None] | None,
+        started: float,
+        quiet: float,
+    ) -> None:
+        """``on_link(sender, seconds_left)`` on the link to ``target``, within ``timeout`` (see :meth:`send`)."""
+        entity = target.entity
         # The SDK waits at most ``timeout`` (the attempt's budget); a connection found dead while it waits may take
         # RESCUE_ROOM more to make the send once more on a fresh one (SharedConnection.on_link, SPEC L1): the
         # lane's deadline allows for it - when there is an open connection to find dead. A call that must open one
@@ -418,16 +484,17 @@ class SdkTransport:
         # (bench_failover.py, stall-after-sasl-cold and stall-before-sasl-cold; goal 0.5 s).
         room = RESCUE_ROOM if self._connection_open(target.namespace) else 0.0
         lane = self._lane(target.namespace)
-        started = time.monotonic()
         rescuing = False
 
         def send(conn: SharedConnection) -> Any:
             if rescuing:  # the direct call found the connection dead: the rest of the room, on a fresh one
                 return conn.on_link(entity, on_link, started + timeout + room - time.monotonic())
-            return conn.on_link(entity, on_link, started + timeout - time.monotonic(), rescue=room)
+            return conn.on_link(
+                entity, on_link, started + timeout - time.monotonic(), rescue=room, quiet=quiet
+            )
 
         def send_direct(conn: SharedConnection) -> Any:
-            return conn.on_link(entity, on_link, timeout, may_connect=False, rescue=room)
+            return conn.on_link(entity, on_link, timeout, may_connect=False, rescue=room, quiet=quiet)
 
         # On a link known to be open the SDK bounds the send itself (its timeout covers the wait for the answer;
         # no connect, SASL or CBS): send on this thread, the lane's watchdog keeping the deadline.
@@ -461,6 +528,8 @@ class SdkTransport:
     def _settled(self, target: Target, pending: Pending[Any] | Finished[Any]) -> None:
         try:
             link_max = pending.result()
+        except Parked:
+            raise  # no answer yet, no failure either: the caller resumes it
         except Exception as exc:
             self._answered.pop(target, None)
             self._failed(target, exc, pending.started)

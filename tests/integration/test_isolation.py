@@ -302,3 +302,54 @@ def test_a_primary_never_reached_says_so_at_every_call_that_diverts(
     ]
     assert len(errors) == 2 and all("never reached" in e and "check the endpoint" in e for e in errors)
     pair.primary.faults.accept_connections()
+
+
+def test_several_stalled_entities_in_one_call_fail_over_together_and_the_healthy_ones_are_not_held(
+    pair: Any, make_sender: Callable[..., PairedSender]
+) -> None:
+    """Issue 29 item 1: four stalled entities in one call cost one failover interval together (each send is parked
+    after PARK_AFTER while the call sends on), not four intervals one after the other; the call's healthy entities
+    are enqueued at once, not after the stalled ones' deadlines."""
+    from datetime import datetime, timezone
+
+    from spark_sb.wire.parking import PARK_AFTER
+
+    sick, healthy = [f"sick{i}" for i in range(4)], [f"ok{i}" for i in range(4)]
+    for name in (*sick, *healthy):
+        pair.primary.broker.create_queue(name)
+    interval = 3.0
+    sender = make_sender(failover_interval=interval, ping_primary_interval=60.0, send_timeout=30.0)
+    warm = [OutboundMessage(body=b"w", message_id=f"w-{n}", entity=n) for n in (*sick, *healthy)]
+    assert sender.send(warm).total_sent == len(warm)
+    for name in sick:
+        pair.primary.faults.stall_entity(name)
+    try:
+        started = time.monotonic()
+        began = datetime.now(timezone.utc)
+        out = sender.send(
+            OutboundMessage(body=b"x", message_id=f"{n}-{i}", entity=n)
+            for n in (*sick, *healthy)
+            for i in range(2)
+        )
+        took = time.monotonic() - started
+        assert out.sent == {n: 2 for n in healthy}, out
+        assert out.diverted_by_entity == {n: 2 for n in sick}, out
+        assert all(sender.entity_state(n) is EntityState.FAILED_OVER for n in sick)
+        # one interval (and a parking per stalled entity, and the grace), not 4 x 3 s as before
+        assert took <= interval + len(sick) * PARK_AFTER + 1.0, f"the call took {took:.2f} s"
+        with ServiceBusClient.from_connection_string(pair.primary.connection_string) as client:
+            for name in healthy:
+                with client.get_queue_receiver(
+                    name, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+                ) as r:
+                    got = [
+                        m
+                        for m in r.receive_messages(max_message_count=10, max_wait_time=2)
+                        if m.message_id != f"w-{name}"
+                    ]
+                assert sorted(str(m.message_id) for m in got) == [f"{name}-0", f"{name}-1"]
+                late = max((m.enqueued_time_utc - began).total_seconds() for m in got)
+                assert late <= len(sick) * PARK_AFTER + 1.0, f"{name} was enqueued {late:.2f} s into the call"
+    finally:
+        for name in sick:
+            pair.primary.faults.stall_entity(name, False)

@@ -13,6 +13,7 @@ from spark_sb.core.clock import FakeClock
 from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.wire.lane import DeadlineExceeded
+from spark_sb.wire.parking import Parked
 from spark_sb.wire.transport import SLOW_MARGIN, Target
 
 BATCH_BASE = 10
@@ -194,10 +195,46 @@ class FakeTransport:
         return FakeBatch(target, self.max_batch)
 
     def send(  # type: ignore[override]
-        self, batch: FakeBatch, timeout: float, on_slow: Callable[[], None] | None = None
+        self,
+        batch: FakeBatch,
+        timeout: float,
+        on_slow: Callable[[], None] | None = None,
+        park_after: float | None = None,
     ) -> None:
+        if (
+            park_after is not None
+            and self.clock is not None
+            and park_after < timeout
+            and self._parks(batch.target)
+        ):
+            started = self.clock.monotonic()
+            self.clock.advance(park_after)
+            self.calls.append(("send", batch.target, len(batch), "Parked"))
+            raise Parked(batch.target, started, started + timeout, batch)
         self._check("send", batch.target, len(batch), timeout, on_slow)
         self.delivered.setdefault(batch.target, []).extend(batch.messages)
+
+    def resume(
+        self, parked: Parked, on_slow: Callable[[], None] | None = None, park_after: float | None = None
+    ) -> None:
+        """A parked send goes on: answered at once if its entity no longer stalls, else parked again at
+        ``park_after`` or timed out at its deadline (a scripted stall)."""
+        assert self.clock is not None
+        batch: FakeBatch = parked.ticket
+        left = max(0.0, parked.deadline - self.clock.monotonic())
+        if park_after is not None and park_after < left and self._parks(batch.target):
+            self.clock.advance(park_after)
+            self.calls.append(("resume", batch.target, len(batch), "Parked"))
+            raise parked
+        self._check("send", batch.target, len(batch), left, on_slow)
+        self.delivered.setdefault(batch.target, []).extend(batch.messages)
+
+    def _parks(self, target: Target) -> bool:
+        """A send to ``target`` would stall (a scripted stall of that one entity) while its namespace answers."""
+        return any(
+            r.make is None and r.skip == 0 and (r.count is None or r.count > 0) and r.matches("send", target)
+            for r in self.rules
+        ) and self.answered_within(target, 0.0)
 
     def connected(self, target: Target) -> bool:
         return target in self.connected_targets

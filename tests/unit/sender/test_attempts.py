@@ -18,6 +18,7 @@ from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.backlog import PROBE_SESSION, PROBE_SESSION_PREFIX, is_probe, probe_message
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.attempts import WireEvidence
+from spark_sb.wire.parking import PARK_AFTER, Parked
 from spark_sb.wire.transport import NAMESPACE_SILENCE, PRIMARY, Target
 from tests.unit.fakes import FakeTransport
 from tests.unit.sender.rig import Rig, make_config, msgs
@@ -234,3 +235,76 @@ def test_a_calls_last_batches_of_healthy_entities_go_before_those_of_a_failing_e
     rig.sender.send([*msgs(2, "x", entity="a"), *msgs(2, "y", entity="b")])
     order = [c[1].entity for c in rig.transport.calls[before:] if c[1].namespace == PRIMARY]
     assert order[0] == "b", order  # the healthy entity's batch did not wait behind the stalled one
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Several stalled entities in one call (issue 29 item 1): parked, not waited for one after another
+
+
+def _stalled_call(rig: Rig, sick: int, healthy: int) -> tuple[float, list[str]]:
+    for i in range(sick):
+        rig.transport.stall(namespace=PRIMARY, entity=f"s{i}")
+    names = [*(f"s{i}" for i in range(sick)), *(f"h{i}" for i in range(healthy))]  # the sick ones first
+    start = rig.clock.monotonic()
+    out = rig.sender.send(m for name in names for m in msgs(2, f"{name}-", entity=name))
+    assert out.sent == {f"h{i}": 2 for i in range(healthy)}
+    assert out.diverted_by_entity == {f"s{i}": 2 for i in range(sick)}
+    return rig.clock.monotonic() - start, [c[1].entity for c in rig.transport.calls if c[3] == "ok"]
+
+
+def test_ten_stalled_entities_in_one_call_fail_over_together_within_one_interval() -> None:
+    rig = Rig(failover_interval=10.0, ping_primary_interval=5.0, send_timeout=30.0)
+    rig.transport.op_seconds = 0.01  # an answered call takes 10 ms
+    took, ok = _stalled_call(rig, sick=10, healthy=20)
+    # Each stalled send is parked after PARK_AFTER and finished once the call has nothing else to do; before,
+    # they were waited for one after another: 10 x 10 s.
+    assert took <= 10.0 + 10 * PARK_AFTER + 0.5, took
+    for i in range(10):
+        assert rig.sender.entity_state(f"s{i}") is FO
+    # the healthy entities were sent while the stalled ones waited, not after them
+    assert [e for e in ok if e.startswith("h")] == [f"h{i}" for i in range(20)]
+    first_divert = next(i for i, c in enumerate(rig.transport.calls) if c[1].namespace != PRIMARY)
+    assert all(
+        c[1].entity.startswith("s") for c in rig.transport.calls[first_divert:] if c[1].namespace == PRIMARY
+    )
+
+
+def test_a_parked_send_answered_later_counts_as_sent() -> None:
+    rig = Rig(failover_interval=10.0, ping_primary_interval=5.0, send_timeout=30.0)
+    rule = rig.transport.stall(namespace=PRIMARY, entity="a")
+    rig.transport.after_slow = None
+
+    def heal_when_parked(*_: Any) -> None:
+        rig.transport.heal(rule)
+
+    names = ["a", "b", "c"]
+    original = rig.transport.send
+
+    def send(batch: Any, timeout: float, on_slow: Any = None, park_after: float | None = None) -> None:
+        try:
+            original(batch, timeout, on_slow, park_after)
+        except Parked:
+            heal_when_parked()  # the stalled entity answers while the call sends on
+            raise
+
+    rig.transport.send = send  # type: ignore[method-assign]
+    out = rig.sender.send(m for name in names for m in msgs(2, f"{name}-", entity=name))
+    assert out.sent == {"a": 2, "b": 2, "c": 2} and out.total_diverted == 0
+    assert rig.sender.entity_state("a") is H
+    assert rig.transport.ids(PRIMARY, "a") == ["a-0", "a-1"]
+
+
+def test_a_parked_send_does_not_hold_back_a_due_retry() -> None:
+    # "b" is refused twice (a busy entity), "a" stalls: b's retries are made while a's send is parked.
+    rig = Rig(failover_interval=10.0, ping_primary_interval=5.0, send_timeout=30.0)
+    rig.transport.stall(namespace=PRIMARY, entity="a")
+    rig.transport.fail(lambda: sbe.ServiceBusServerBusyError(), namespace=PRIMARY, entity="b", count=2)
+    out = rig.sender.send(
+        [*msgs(2, "a-", entity="a"), *msgs(2, "b-", entity="b"), *msgs(1, "c-", entity="c")]
+    )
+    assert out.sent == {"b": 2, "c": 1} and out.diverted_by_entity == {"a": 2}
+    b_ok = next(i for i, c in enumerate(rig.transport.calls) if c[1].entity == "b" and c[3] == "ok")
+    a_end = max(
+        i for i, c in enumerate(rig.transport.calls) if c[1].entity == "a" and c[1].namespace == PRIMARY
+    )
+    assert b_ok < a_end  # b was sent before a's parked send ended at its deadline

@@ -694,9 +694,9 @@ class _Logged(FakeTransport):
         super().__init__(**kw)
         self.log = log
 
-    def send(self, batch: Any, timeout: float, on_slow: Any = None) -> None:  # type: ignore[override]
+    def send(self, batch: Any, timeout: float, on_slow: Any = None, park_after: float | None = None) -> None:  # type: ignore[override]
         self.log.append(("send", batch.messages[0].message_id or ""))
-        super().send(batch, timeout, on_slow)
+        super().send(batch, timeout, on_slow, park_after)
 
 
 def test_a_batch_is_sent_and_settled_before_the_next_is_packed() -> None:
