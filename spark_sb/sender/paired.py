@@ -28,6 +28,7 @@ import functools
 import logging
 import random
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import Clock, SystemClock
@@ -62,6 +63,18 @@ from spark_sb.wire.transport import PRIMARY, Batch, Target, Transport
 __all__ = ["PairedSender"]
 
 _LOGGER = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ParkedBatch:
+    """A batch whose send is parked (:class:`~spark_sb.wire.parking.Parked`), where its attempt loop stands, and
+    its index among :meth:`PairedSender._flush`'s batches (-1: a full batch parked while the call packed)."""
+
+    parked: Parked
+    index: int
+    batch: Batch
+    progress: Progress
+
 
 # ---------------------------------------------------------------------------------------------------------
 # The sender
@@ -208,6 +221,7 @@ class PairedSender:
         primary: dict[str, Batch] = {}  # entity -> open primary batch
         backlog: dict[str, Open] = {}  # backlog queue -> open backlog batch
         routes: dict[str, Route] = {}  # entity -> where its messages go in this call
+        parked: dict[str, ParkedBatch] = {}  # entity -> its full batch's send, parked (one per entity)
         default = self._config.entity
         book = self._ctx.book
         ordering = self._config.ordering
@@ -245,7 +259,7 @@ class PairedSender:
                     continue
                 if len(batch) > 0:
                     del primary[entity]
-                    self._deliver(batch, backlog, tally)
+                    self._deliver_full(batch, backlog, tally, parked)
                     routes[entity] = route = self._admit(entity, tally)
                     key = order_key(ordering, msg.session_id) if book is not None and not book.empty else None
                     if route is Route.BACKLOG or (key is not None and self._held(entity, key, tally, None)):
@@ -256,7 +270,8 @@ class PairedSender:
                         continue
                 self._rejects.oversize(tally, msg, entity, batch, index, translated=False)
             self._prepare([e for e, b in primary.items() if len(b) > 0], tally)
-            self._flush([b for b in primary.values() if len(b) > 0], backlog, tally)
+            self._flush([b for b in primary.values() if len(b) > 0], backlog, tally, parked)
+            parked.clear()
             primary.clear()
             self._diverter.flush(backlog, tally)
             if tally.ordered:
@@ -452,7 +467,28 @@ class PairedSender:
             return None
         return self._send_primary(batch, backlog, tally, progress, defer, PARK_AFTER if park else None)
 
-    def _flush(self, batches: list[Batch], backlog: dict[str, Open], tally: Tally) -> None:
+    def _deliver_full(
+        self, batch: Batch, backlog: dict[str, Open], tally: Tally, parked: dict[str, ParkedBatch]
+    ) -> None:
+        """Deliver a full batch while the call packs on (:meth:`_deliver`); a send that an entity does not answer
+        is parked in ``parked`` (one per entity: bounded by the call's entities) while the call packs and sends to
+        the others, and finished before that entity's next batch goes (order holds) or in :meth:`_flush`."""
+        earlier = parked.pop(batch.target.entity, None)
+        if earlier is not None:
+            self._send_primary(earlier.batch, backlog, tally, earlier.progress, resume=earlier.parked)
+        progress = Progress(self._clock.monotonic())
+        try:
+            self._deliver(batch, backlog, tally, progress, park=True)
+        except Parked as p:
+            parked[batch.target.entity] = ParkedBatch(p, -1, batch, progress)
+
+    def _flush(
+        self,
+        batches: list[Batch],
+        backlog: dict[str, Open],
+        tally: Tally,
+        earlier: dict[str, ParkedBatch] | None = None,
+    ) -> None:
         """Deliver the call's last batches, one per entity, waiting for their retries together: an entity whose
         send failed is tried again when its back-off is over while the others go on, so E entities failing at
         once (all disabled, say) cost about one ``failover_interval``, not E of them (SPEC F1). Each entity's
@@ -462,52 +498,83 @@ class PairedSender:
         entity that stalls) is parked while the next entities' batches go out, then finished - in the order of
         its deadline, its answer read meanwhile by every other send - while the retries wait: E stalled entities
         cost one attempt's budget together, not E of them (issue 29; 10 stalled at an interval of 10 s took 98 s),
-        and delay the call's other entities by ``PARK_AFTER`` each. ``parked`` is bounded by the batches too."""
+        and delay the call's other entities by ``PARK_AFTER`` each. ``earlier``: sends of full batches parked
+        while the call packed (:meth:`_deliver_full`); an entity's last batch goes once its earlier one is
+        settled. ``parked`` and ``follow`` are bounded by the batches too."""
+        earlier = earlier or {}
         waiting: list[tuple[float, int, Batch, Progress]] = []
-        parked: list[tuple[Parked, int, Batch, Progress]] = []
+        parked: list[ParkedBatch] = list(earlier.values())
         # Entities already failing go last (a stable sort: each entity has one batch here, so no entity's order
         # changes): their attempts may stall until the failover timer, and the healthy entities' batches of the
         # call are not made to wait behind them (SPEC F6).
         batches = sorted(batches, key=lambda b: self._entity(b.target.entity).state is EntityState.FAILING)
+        # entity -> the index of its last batch, which waits behind its earlier batch's parked send
+        follow = {b.target.entity: n for n, b in enumerate(batches) if b.target.entity in earlier}
         # While the namespace is down the wait is used to translate the waiting batches for the backlog (inline
         # before a sleep; on a helper thread while an attempt stalls, started by its slow signal).
         ahead = Ahead(batches, self.transport.prepare_backlog, self._clock, self._config.entity)
         self._ahead = ahead
+
+        def step(
+            n: int, batch: Batch, progress: Progress, resume: Parked | None = None, park: bool = True
+        ) -> None:
+            """One delivery (or a parked one gone on with); its outcome filed: settled, waiting, or parked."""
+            if n >= 0:
+                ahead.in_flight = n
+            try:
+                if resume is None:
+                    delay = self._deliver(batch, backlog, tally, progress, defer=True, park=park)
+                else:
+                    due = min((w[0] for w in waiting), default=None)
+                    until = None if due is None else max(0.0, due - self._clock.monotonic())
+                    delay = self._send_primary(batch, backlog, tally, progress, True, until, resume=resume)
+            except Parked as p:
+                parked.append(ParkedBatch(p, n, batch, progress))
+                return
+            finally:
+                ahead.stop()  # a helper thread started by a stalled attempt: what it made is kept
+            if delay is not None:
+                waiting.append((self._clock.monotonic() + delay, n, batch, progress))
+                return
+            after = follow.pop(batch.target.entity, None) if n < 0 else None
+            if after is not None:  # the entity's earlier batch is settled: its last batch goes now
+                step(
+                    after,
+                    batches[after],
+                    Progress(self._clock.monotonic(), ahead=functools.partial(ahead.get, after)),
+                )
+
         try:
+            last = max((n for n, b in enumerate(batches) if b.target.entity not in follow), default=-1)
             for n, batch in enumerate(batches):
+                if batch.target.entity in follow:
+                    continue  # behind its entity's parked batch
                 progress = Progress(self._clock.monotonic(), ahead=functools.partial(ahead.get, n))
                 if waiting and self._namespace_down():
                     # The namespace is down: this entity joins its fault (its timer runs from the fault's start)
                     # and waits with the others instead of trying a dead namespace once per entity (SPEC F4).
                     waiting.append((waiting[0][0], n, batch, progress))
                     continue
-                ahead.in_flight = n
-                try:
-                    delay = self._deliver(
-                        batch, backlog, tally, progress, defer=True, park=n < len(batches) - 1
-                    )
-                except Parked as p:
-                    parked.append((p, n, batch, progress))
-                    continue
-                finally:
-                    ahead.stop()  # a helper thread started by a stalled attempt: what it made is kept
-                if delay is not None:
-                    waiting.append((self._clock.monotonic() + delay, n, batch, progress))
+                step(n, batch, progress, park=n < last or bool(parked))
             while waiting or parked:
-                if parked and self._finish_parked(parked, waiting, backlog, tally, ahead):
+                if parked and min((w[0] for w in waiting), default=float("inf")) > self._clock.monotonic():
+                    # go on with the parked send whose deadline comes first, until it ends or a retry is due
+                    parked.sort(key=lambda q: q.parked.deadline)
+                    first = parked.pop(0)
+                    step(first.index, first.batch, first.progress, resume=first.parked)
                     continue
                 waiting.sort(key=lambda w: w[0])
                 due = waiting[0][0]
                 if due > self._clock.monotonic():
                     self._ctx.log_emitted(tally)  # what happened so far is in the log while the call waits
                     if self._namespace_down():
-                        ahead.prepare([w[1] for w in waiting], until=due)
+                        ahead.prepare([w[1] for w in waiting if w[1] >= 0], until=due)
                     now = self._clock.monotonic()
                     if due > now:
                         self._clock.sleep(due - now)
                 ready = [w for w in waiting if w[0] <= self._clock.monotonic()] or waiting[:1]
-                taken = {w[1] for w in ready}
-                waiting = [w for w in waiting if w[1] not in taken]
+                taken = {id(w[2]) for w in ready}
+                waiting = [w for w in waiting if id(w[2]) not in taken]
                 retried: float | None = (
                     None  # when the namespace is down: the due time of the one that was tried
                 )
@@ -515,46 +582,13 @@ class PairedSender:
                     if retried is not None and self._namespace_down() and self._entity_failing(batch):
                         waiting.append((retried, n, batch, progress))  # not tried again one by one (F4)
                         continue
-                    ahead.in_flight = n
-                    delay = self._deliver(batch, backlog, tally, progress, defer=True)
-                    ahead.stop()
-                    if delay is not None:
-                        due = self._clock.monotonic() + delay
-                        waiting.append((due, n, batch, progress))
-                        retried = due if retried is None else retried
+                    before = len(waiting)
+                    step(n, batch, progress, park=False)
+                    if len(waiting) > before and retried is None:
+                        retried = waiting[-1][0]
         finally:
             self._ahead = None
             ahead.stop()
-
-    def _finish_parked(
-        self,
-        parked: list[tuple[Parked, int, Batch, Progress]],
-        waiting: list[tuple[float, int, Batch, Progress]],
-        backlog: dict[str, Open],
-        tally: Tally,
-        ahead: Ahead,
-    ) -> bool:
-        """Go on with the parked send whose deadline comes first until it ends or the first retry is due (then it
-        parks again); False when a retry is due now (the caller tries it first)."""
-        now = self._clock.monotonic()
-        due = min((w[0] for w in waiting), default=None)
-        if due is not None and due <= now:
-            return False
-        parked.sort(key=lambda q: q[0].deadline)
-        p, n, batch, progress = parked.pop(0)
-        ahead.in_flight = n
-        try:
-            delay = self._send_primary(
-                batch, backlog, tally, progress, True, None if due is None else due - now, resume=p
-            )
-        except Parked as again:
-            parked.append((again, n, batch, progress))
-            return True
-        finally:
-            ahead.stop()
-        if delay is not None:
-            waiting.append((self._clock.monotonic() + delay, n, batch, progress))
-        return True
 
     def _namespace_down(self) -> bool:
         """The primary namespace has an open fault (namespace-wide evidence, SPEC F1)."""

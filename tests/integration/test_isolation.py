@@ -304,12 +304,14 @@ def test_a_primary_never_reached_says_so_at_every_call_that_diverts(
     pair.primary.faults.accept_connections()
 
 
+@pytest.mark.parametrize(("per_entity", "size"), [(2, 1), (3, 100_000)], ids=["last-batches", "full-batches"])
 def test_several_stalled_entities_in_one_call_fail_over_together_and_the_healthy_ones_are_not_held(
-    pair: Any, make_sender: Callable[..., PairedSender]
+    pair: Any, make_sender: Callable[..., PairedSender], per_entity: int, size: int
 ) -> None:
     """Issue 29 item 1: four stalled entities in one call cost one failover interval together (each send is parked
     after PARK_AFTER while the call sends on), not four intervals one after the other; the call's healthy entities
-    are enqueued at once, not after the stalled ones' deadlines."""
+    are enqueued at once, not after the stalled ones' deadlines. ``full-batches``: 3 messages of 100 kB per entity,
+    so that each entity's first batch fills while the call packs (two to a 256 kB batch) and is sent then."""
     from datetime import datetime, timezone
 
     from spark_sb.wire.parking import PARK_AFTER
@@ -327,13 +329,13 @@ def test_several_stalled_entities_in_one_call_fail_over_together_and_the_healthy
         started = time.monotonic()
         began = datetime.now(timezone.utc)
         out = sender.send(
-            OutboundMessage(body=b"x", message_id=f"{n}-{i}", entity=n)
+            OutboundMessage(body=b"x" * size, message_id=f"{n}-{i}", entity=n)
+            for i in range(per_entity)
             for n in (*sick, *healthy)
-            for i in range(2)
         )
         took = time.monotonic() - started
-        assert out.sent == {n: 2 for n in healthy}, out
-        assert out.diverted_by_entity == {n: 2 for n in sick}, out
+        assert out.sent == {n: per_entity for n in healthy}, out
+        assert out.diverted_by_entity == {n: per_entity for n in sick}, out
         assert all(sender.entity_state(n) is EntityState.FAILED_OVER for n in sick)
         # one interval (and a parking per stalled entity, and the grace), not 4 x 3 s as before
         assert took <= interval + len(sick) * PARK_AFTER + 1.0, f"the call took {took:.2f} s"
@@ -347,7 +349,7 @@ def test_several_stalled_entities_in_one_call_fail_over_together_and_the_healthy
                         for m in r.receive_messages(max_message_count=10, max_wait_time=2)
                         if m.message_id != f"w-{name}"
                     ]
-                assert sorted(str(m.message_id) for m in got) == [f"{name}-0", f"{name}-1"]
+                assert [str(m.message_id) for m in got] == [f"{name}-{i}" for i in range(per_entity)]
                 late = max((m.enqueued_time_utc - began).total_seconds() for m in got)
                 assert late <= len(sick) * PARK_AFTER + 1.0, f"{name} was enqueued {late:.2f} s into the call"
     finally:

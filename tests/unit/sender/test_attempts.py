@@ -308,3 +308,38 @@ def test_a_parked_send_does_not_hold_back_a_due_retry() -> None:
         i for i, c in enumerate(rig.transport.calls) if c[1].entity == "a" and c[1].namespace == PRIMARY
     )
     assert b_ok < a_end  # b was sent before a's parked send ended at its deadline
+
+
+def test_stalled_entities_with_full_batches_in_one_call_fail_over_together_and_keep_their_order() -> None:
+    from tests.unit.fakes import BATCH_BASE, fake_size
+
+    registry = FailoverRegistry(FakeClock())
+    clock = registry.clock
+    assert isinstance(clock, FakeClock)
+    rows = [
+        OutboundMessage(body=f"{name}-{i:02}", message_id=f"{name}-{i:02}", entity=name)
+        for i in range(12)
+        for name in (*(f"s{i}" for i in range(5)), *(f"h{i}" for i in range(5)))
+    ]
+    limit = BATCH_BASE + 5 * max(fake_size(m) for m in rows)  # five messages per batch
+    transport = FakeTransport(clock, max_batch=limit, op_seconds=0.01)
+    rig = Rig(registry, transport, failover_interval=10.0, ping_primary_interval=5.0, send_timeout=30.0)
+    sick, healthy = [f"s{i}" for i in range(5)], [f"h{i}" for i in range(5)]
+    for name in sick:
+        transport.stall(namespace=PRIMARY, entity=name)
+    start = clock.monotonic()
+    # rows interleaved over the entities, as in a partition: two full batches and a last one per entity
+    out = rig.sender.send(iter(rows))
+    took = clock.monotonic() - start
+    assert out.sent == {n: 12 for n in healthy} and out.diverted_by_entity == {n: 12 for n in sick}
+    assert took <= 10.0 + len(sick) * PARK_AFTER + 1.0, took  # not 5 x 10 s
+    for name in healthy:
+        assert transport.ids(PRIMARY, name) == [f"{name}-{i:02}" for i in range(12)]
+    for name in sick:  # each backlog queue holds an entity's messages in order
+        for target, got in transport.delivered.items():
+            mine = [
+                m.message_id
+                for m in got
+                if target.namespace != PRIMARY and (m.message_id or "").startswith(name)
+            ]
+            assert mine == sorted(mine)
