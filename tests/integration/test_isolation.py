@@ -346,7 +346,7 @@ def test_several_stalled_entities_in_one_call_fail_over_together_and_the_healthy
                 ) as r:
                     got = [
                         m
-                        for m in r.receive_messages(max_message_count=10, max_wait_time=2)
+                        for m in r.receive_messages(max_message_count=per_entity + 1, max_wait_time=2)
                         if m.message_id != f"w-{name}"
                     ]
                 assert [str(m.message_id) for m in got] == [f"{name}-{i}" for i in range(per_entity)]
