@@ -18,7 +18,9 @@ calls are measured:
 - healthy p50/p99/max: the latency of each call, whose healthy messages wait for nothing but the sick entities'
   diverts (F6: a sick entity delays the others by at most 0.5 s);
 - healthy msgs/s against the same sender's run with no sick entity, measured just before in the same namespaces
-  ("vs clean", goal >= 0.9), and that clean run against the raw SDK (one client, one sender per healthy entity,
+  ("vs clean", goal >= 0.9; "all moved": every message the calls moved - the healthy ones sent and the sick ones
+  diverted - per second against the same clean rate: the sick calls carry the sick entities' messages too, which
+  the clean calls do not), and that clean run against the raw SDK (one client, one sender per healthy entity,
   the same messages; "clean vs raw"), rounds interleaved;
 - healthy diverted (goal 0): messages of healthy entities that went to the backlog, over the whole case;
 - conns: the most AMQP connections open at once on the primary (its gauge): the healthy connection and the
@@ -71,6 +73,7 @@ class Case:
     p99: float = 0.0
     worst: float = 0.0
     rate: float = 0.0
+    all_rate: float = 0.0  # every message the calls moved (healthy sent and sick diverted) per second
     clean_rate: float = 0.0
     raw_rate: float = 0.0
     diverted_healthy: int = 0
@@ -166,6 +169,7 @@ def run_config(args: argparse.Namespace, latency: float, e: int, spec: str) -> l
                     latencies = _window(sender, names, healthy, case, args.seconds)
                     peak_threads = max(peak_threads, threading.active_count())
                     case.rate = PER_ENTITY * len(healthy_names) * len(latencies) / sum(latencies)
+                    case.all_rate = PER_ENTITY * len(names) * len(latencies) / sum(latencies)
                     ordered = sorted(latencies)
                     case.p50 = statistics.median(ordered)
                     case.p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
@@ -196,12 +200,13 @@ def _judge(case: Case) -> None:
 
 def _line(c: Case) -> str:
     vs_clean = c.rate / c.clean_rate if c.clean_rate else 0.0
+    all_vs_clean = c.all_rate / c.clean_rate if c.clean_rate else 0.0
     vs_raw = c.clean_rate / c.raw_rate if c.raw_rate else 0.0
     fo = f"{c.to_failover:.2f}" if c.to_failover is not None else "never"
     return (
         f"{c.latency_ms:>4.0f} ms  E={c.entities:<4} sick={c.sick:<3} {c.shape:<10} {c.config:<9} "
         f"to failover {fo:>6} s  healthy p50/p99/max {c.p50 * 1000:7.1f}/{c.p99 * 1000:7.1f}/{c.worst * 1000:7.1f} ms  "
-        f"{c.rate:8.0f} msgs/s  vs clean {vs_clean:4.2f}  clean vs raw {vs_raw:4.2f} ({c.raw_rate:.0f} msgs/s)  "
+        f"{c.rate:8.0f} msgs/s  vs clean {vs_clean:4.2f} (all moved {all_vs_clean:4.2f})  clean vs raw {vs_raw:4.2f} ({c.raw_rate:.0f} msgs/s)  "
         f"healthy diverted {c.diverted_healthy}  conns {c.conns}  threads {c.threads}"
         + (f"  MISS: {', '.join(c.misses)}" if c.misses else "")
     )
