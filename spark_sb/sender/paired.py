@@ -57,7 +57,7 @@ from spark_sb.sender.context import SendContext
 from spark_sb.sender.diverter import Diverter, Open, Rejects
 from spark_sb.sender.prober import Prober
 from spark_sb.wire.admin_api import primary_namespace_name
-from spark_sb.wire.parking import PARK_AFTER, Parked
+from spark_sb.wire.parking import PARK_AFTER, PARK_SOON, Parked
 from spark_sb.wire.transport import PRIMARY, Batch, Target, Transport
 
 __all__ = ["PairedSender"]
@@ -454,18 +454,18 @@ class PairedSender:
         tally: Tally,
         progress: Progress | None = None,
         defer: bool = False,
-        park: bool = False,
+        park_after: float | None = None,
     ) -> float | None:
         """Deliver one full primary batch - to the primary, or, failed over by now, to the backlog - and settle
         it (retried, diverted, split) before the caller packs on: one batch at a time, order holds. Sends are
         synchronous: measured (``bench/bench_overlap.py``), packing the next batch while one was on the wire
-        gained nothing (sends on an open link run on this thread) and cost 3-13% with the GIL shared. ``park``:
-        the send may raise :class:`~spark_sb.wire.parking.Parked` (see :meth:`_flush`)."""
+        gained nothing (sends on an open link run on this thread) and cost 3-13% with the GIL shared.
+        ``park_after``: the send may raise :class:`~spark_sb.wire.parking.Parked` (see :meth:`_flush`)."""
         tally.sticky.clear()  # a batch boundary: a backlog queue may have been pulled since, choose again
         if self._admit(batch.target.entity, tally) is Route.BACKLOG or self._diverted_lines(batch, tally):
             self._diverter.divert(batch.messages, backlog, tally, progress)
             return None
-        return self._send_primary(batch, backlog, tally, progress, defer, PARK_AFTER if park else None)
+        return self._send_primary(batch, backlog, tally, progress, defer, park_after)
 
     def _deliver_full(
         self, batch: Batch, backlog: dict[str, Open], tally: Tally, parked: dict[str, ParkedBatch]
@@ -478,7 +478,7 @@ class PairedSender:
             self._send_primary(earlier.batch, backlog, tally, earlier.progress, resume=earlier.parked)
         progress = Progress(self._clock.monotonic())
         try:
-            self._deliver(batch, backlog, tally, progress, park=True)
+            self._deliver(batch, backlog, tally, progress, park_after=PARK_SOON if parked else PARK_AFTER)
         except Parked as p:
             parked[batch.target.entity] = ParkedBatch(p, -1, batch, progress)
 
@@ -498,7 +498,7 @@ class PairedSender:
         entity that stalls) is parked while the next entities' batches go out, then finished - in the order of
         its deadline, its answer read meanwhile by every other send - while the retries wait: E stalled entities
         cost one attempt's budget together, not E of them (issue 29; 10 stalled at an interval of 10 s took 98 s),
-        and delay the call's other entities by ``PARK_AFTER`` each. ``earlier``: sends of full batches parked
+        and delay the call's other entities by ``PARK_AFTER`` for the first and ``PARK_SOON`` for each next one. ``earlier``: sends of full batches parked
         while the call packed (:meth:`_deliver_full`); an entity's last batch goes once its earlier one is
         settled. ``parked`` and ``follow`` are bounded by the batches too."""
         earlier = earlier or {}
@@ -515,34 +515,36 @@ class PairedSender:
         ahead = Ahead(batches, self.transport.prepare_backlog, self._clock, self._config.entity)
         self._ahead = ahead
 
+        seen = bool(parked)  # a send of this call parked: the connection answers, the next ones park sooner
+
         def step(
             n: int, batch: Batch, progress: Progress, resume: Parked | None = None, park: bool = True
         ) -> None:
             """One delivery (or a parked one gone on with); its outcome filed: settled, waiting, or parked."""
+            nonlocal seen
             if n >= 0:
                 ahead.in_flight = n
             try:
                 if resume is None:
-                    delay = self._deliver(batch, backlog, tally, progress, defer=True, park=park)
+                    after = (PARK_SOON if seen else PARK_AFTER) if park else None
+                    delay = self._deliver(batch, backlog, tally, progress, defer=True, park_after=after)
                 else:
                     due = min((w[0] for w in waiting), default=None)
                     until = None if due is None else max(0.0, due - self._clock.monotonic())
                     delay = self._send_primary(batch, backlog, tally, progress, True, until, resume=resume)
             except Parked as p:
                 parked.append(ParkedBatch(p, n, batch, progress))
+                seen = True
                 return
             finally:
                 ahead.stop()  # a helper thread started by a stalled attempt: what it made is kept
             if delay is not None:
                 waiting.append((self._clock.monotonic() + delay, n, batch, progress))
                 return
-            after = follow.pop(batch.target.entity, None) if n < 0 else None
-            if after is not None:  # the entity's earlier batch is settled: its last batch goes now
-                step(
-                    after,
-                    batches[after],
-                    Progress(self._clock.monotonic(), ahead=functools.partial(ahead.get, after)),
-                )
+            behind = follow.pop(batch.target.entity, None) if n < 0 else None
+            if behind is not None:  # the entity's earlier batch is settled: its last batch goes now
+                then = Progress(self._clock.monotonic(), ahead=functools.partial(ahead.get, behind))
+                step(behind, batches[behind], then)
 
         try:
             last = max((n for n, b in enumerate(batches) if b.target.entity not in follow), default=-1)

@@ -63,7 +63,7 @@ from spark_sb.wire.connection import (
     sdk_timeout,
 )
 from spark_sb.wire.lane import Finished, Lane, Pending
-from spark_sb.wire.parking import PARK_AFTER, RESUME_AT_LEAST, Parked, holds, resume_send, send_parkable
+from spark_sb.wire.parking import RESUME_AT_LEAST, Parked, holds, resume_send, send_parkable
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusMessageBatch, ServiceBusSender
@@ -439,7 +439,12 @@ class SdkTransport:
             return getattr(sender, "_max_batch_size_on_link", None)
 
         self._on_link(
-            target, on_link, timeout, on_slow, started, PARK_AFTER if park_at is not None else QUIET
+            target,
+            on_link,
+            timeout,
+            on_slow,
+            started,
+            QUIET if park_after is None else min(park_after, QUIET),
         )
 
     def resume(

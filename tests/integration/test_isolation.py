@@ -351,7 +351,9 @@ def test_several_stalled_entities_in_one_call_fail_over_together_and_the_healthy
                     ]
                 assert [str(m.message_id) for m in got] == [f"{name}-{i}" for i in range(per_entity)]
                 late = max((m.enqueued_time_utc - began).total_seconds() for m in got)
-                assert late <= len(sick) * PARK_AFTER + 1.0, f"{name} was enqueued {late:.2f} s into the call"
+                # SPEC F6's 0.5 s for the stalled ones, and a margin for the sends themselves on a loaded machine
+                # (measured quiet: 0.26 to 0.29 s: PARK_AFTER for the first stalled send, PARK_SOON for each next)
+                assert late <= 0.75, f"{name} was enqueued {late:.2f} s into the call"
     finally:
         for name in sick:
             pair.primary.faults.stall_entity(name, False)

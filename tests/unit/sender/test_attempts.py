@@ -18,7 +18,7 @@ from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.backlog import PROBE_SESSION, PROBE_SESSION_PREFIX, is_probe, probe_message
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.attempts import WireEvidence
-from spark_sb.wire.parking import PARK_AFTER, Parked
+from spark_sb.wire.parking import PARK_AFTER, PARK_SOON, Parked
 from spark_sb.wire.transport import NAMESPACE_SILENCE, PRIMARY, Target
 from tests.unit.fakes import FakeTransport
 from tests.unit.sender.rig import Rig, make_config, msgs
@@ -255,10 +255,21 @@ def _stalled_call(rig: Rig, sick: int, healthy: int) -> tuple[float, list[str]]:
 def test_ten_stalled_entities_in_one_call_fail_over_together_within_one_interval() -> None:
     rig = Rig(failover_interval=10.0, ping_primary_interval=5.0, send_timeout=30.0)
     rig.transport.op_seconds = 0.01  # an answered call takes 10 ms
+    when: dict[str, float] = {}
+    check = rig.transport._check
+
+    def timed(op: str, target: Target, n: int, timeout: float, on_slow: Any = None) -> None:
+        when.setdefault(target.entity, rig.clock.monotonic())
+        check(op, target, n, timeout, on_slow)
+
+    rig.transport._check = timed  # type: ignore[method-assign]
+    start = rig.clock.monotonic()
     took, ok = _stalled_call(rig, sick=10, healthy=20)
-    # Each stalled send is parked after PARK_AFTER and finished once the call has nothing else to do; before,
-    # they were waited for one after another: 10 x 10 s.
-    assert took <= 10.0 + 10 * PARK_AFTER + 0.5, took
+    # Each stalled send is parked (the first after PARK_AFTER, the next ones after PARK_SOON) and finished once the
+    # call has nothing else to do; before, they were waited for one after another: 10 x 10 s.
+    assert took <= 10.0 + PARK_AFTER + 9 * PARK_SOON + 0.5, took
+    # the healthy entities were sent within 0.5 s of the call's start (SPEC F6), not after the stalled ones
+    assert when["h0"] - start <= 0.5, when["h0"] - start
     for i in range(10):
         assert rig.sender.entity_state(f"s{i}") is FO
     # the healthy entities were sent while the stalled ones waited, not after them
