@@ -3,7 +3,7 @@
     python -m servicebus_local --name contoso --port 5672 [--control-port 5673] [--queue q1]... \
         [--topic events:audit,billing]... [--topology topology.yaml] [--key-name K --key V] [--tls-dir DIR] \
         [--max-connections N] [--link-idle-timeout 10m] [--connection-idle-timeout 60s] [--throttle N] \
-        [--strict-settlement]
+        [--lenient-settlement]
 
 Prints ``connection_string=<...>`` (one line), ``control_url=<...>`` when a control port is given and
 ``ca_file=<...>`` (the CA the admin client must trust: ``connection_verify=`` or ``REQUESTS_CA_BUNDLE``; with
@@ -16,9 +16,10 @@ one line on stderr, exit status 2, no traceback. ``--port 0`` / ``--control-port
 connection after the N-th open one is answered and closed with ``amqp:resource-limit-exceeded``.
 ``--link-idle-timeout`` (default 10m) and ``--connection-idle-timeout`` (default 60s) are the service's lifecycle
 timers (durations: ``20s``, ``10m``, ``1h`` or plain seconds); ``--throttle N`` grants N messages per second to the
-namespace and answers ``com.microsoft:server-busy`` beyond (0, the default, is off). ``--strict-settlement``
-settles a lock over ``$management`` only for a message received by sequence number (see the README's settlement
-table).
+namespace and answers ``com.microsoft:server-busy`` beyond (0, the default, is off). A lock is settled over
+``$management`` only for a message received by sequence number (strict, SPEC E8, the default);
+``--lenient-settlement`` also settles there by lock token what a receiver link holds, as the service accepts today
+for an entity without sessions (see the README's settlement table; ``--strict-settlement`` says the default).
 """
 
 from __future__ import annotations
@@ -150,14 +151,27 @@ def build_parser() -> argparse.ArgumentParser:
             "com.microsoft:server-busy, as the Standard tier does (default: 0 = off)"
         ),
     )
-    p.add_argument(
+    settlement = p.add_mutually_exclusive_group()
+    settlement.add_argument(
         "--strict-settlement",
-        action="store_true",
+        dest="strict_settlement",
+        action="store_const",
+        const=True,
         default=None,
         help=(
             "settle a lock over $management (update-disposition) only for a message received by sequence number "
             "(deferred): a lock a receiver link holds is settled on that link only, else "
-            "com.microsoft:message-lock-lost (default: off, as the service; also $SERVICEBUS_LOCAL_STRICT_SETTLEMENT)"
+            "com.microsoft:message-lock-lost (the default, unless $SERVICEBUS_LOCAL_STRICT_SETTLEMENT=0)"
+        ),
+    )
+    settlement.add_argument(
+        "--lenient-settlement",
+        dest="strict_settlement",
+        action="store_const",
+        const=False,
+        help=(
+            "also settle by lock token over $management a lock that a receiver link of an entity without sessions "
+            "holds, as the service accepts today (the SDKs' cross-receiver settlement; see the README's table)"
         ),
     )
     return p

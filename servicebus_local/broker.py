@@ -23,8 +23,9 @@ Semantics follow the service:
 * size limits: ``max_message_size_in_kilobytes`` per message, ``max_size_in_megabytes`` per entity;
 * status ``Disabled`` / ``SendDisabled`` / ``ReceiveDisabled`` -> ``com.microsoft:entity-disabled``;
 * settlement (SPEC E8): a lock is settled on the link that received it or, by lock token, over ``$management``
-  of the same entity path (any receiver of an entity without sessions, as the service's cross-receiver
-  settlement; with ``strict_settlement`` only a message received by sequence number); a session's messages only
+  of the same entity path only for a message received by sequence number (``strict_settlement``, the default;
+  lenient, any receiver of an entity without sessions, as the service's cross-receiver settlement today); a
+  session's messages only
   by the session's current owner (else ``com.microsoft:session-lock-lost``); lock duration at most 5 minutes;
 * sessions: a session entity needs a session id on every message (a topic's subscription that requires sessions
   dead-letters a copy without one: ``Session id is null.``); a session receiver holds the session lock
@@ -483,7 +484,7 @@ class Broker:
         *,
         clock: Clock | None = None,
         faults: FaultController | None = None,
-        strict_settlement: bool = False,
+        strict_settlement: bool = True,
     ) -> None:
         self._name = name
         #: Settle a lock by token over ``$management`` only for a message received by sequence number (deferred);

@@ -1,17 +1,18 @@
 """Who may settle a lock, as on the service (SPEC E8), with the unmodified SDK over real TCP.
 
-* An entity without sessions: a lock token is settled on the link that received the message, or by any receiver
-  of the entity over ``$management`` (update-disposition), as the service allows: the SDK's own fallback after a
-  reconnect and the .NET SDK's cross-receiver settlement sample rely on it. The lock outlives the receiving link.
+* Strict settlement (the default, SPEC E8): a lock a receiver link holds is settled on that link only;
+  ``$management`` (update-disposition) settles only messages received by sequence number, so every cross-link
+  settlement (complete, abandon, defer, dead-letter) and update-disposition by the token of a message a link
+  received is refused with ``MessageLockLostError``; the refused message comes back when its lock expires.
+* Lenient (``strict_settlement=False``, ``--lenient-settlement``): an entity without sessions also settles a lock
+  token from any receiver of the entity over ``$management``, as the service accepts today: the SDK's own fallback
+  after a reconnect and the .NET SDK's cross-receiver settlement sample rely on it. The lock outlives the receiving
+  link.
 * An entity with sessions: a session's messages are settled (on a link or over ``$management``) only by the
   session's current owner; anyone else gets ``com.microsoft:session-lock-lost`` and the message stays locked until
   the session lock expires, then comes back with delivery count + 1.
 * Deferred messages (received by sequence number) are settled over ``$management``.
 * A lock is its entity path's: a dead-letter queue's lock is not settled through its queue's ``$management``.
-* ``strict_settlement`` (off by default, as the service): ``$management`` settles only messages received by
-  sequence number, so every cross-link settlement (complete, abandon, defer, dead-letter) and update-disposition by
-  the token of a message a link received is refused with ``MessageLockLostError``; the refused message comes back
-  when its lock expires.
 * Lock duration: at most 5 minutes, at create and update, refused in the service's words; a topic message without
   a session id is dead-lettered by each subscription that requires sessions.
 """
@@ -109,32 +110,41 @@ def _client(ns: LocalNamespace) -> ServiceBusClient:
     return ServiceBusClient.from_connection_string(ns.connection_string, retry_total=0)
 
 
-# -- entities without sessions: the service's cross-receiver settlement ----------------------------------------
+# -- lenient: entities without sessions, the service's cross-receiver settlement --------------------------------
+
+
+@pytest.fixture
+def lenient() -> Iterator[LocalNamespace]:
+    """A lenient namespace (``strict_settlement=False``) with queue ``q``."""
+    with LocalNamespace("lenient", queues=["q"], strict_settlement=False) as ns:
+        yield ns
 
 
 @pytest.mark.parametrize("outcome", list(SETTLE))
-def test_another_receiver_settles_a_lock_over_management_as_the_service_allows(
-    ns: LocalNamespace, outcome: str
+def test_lenient_another_receiver_settles_a_lock_over_management_as_the_service_allows(
+    lenient: LocalNamespace, outcome: str
 ) -> None:
     """Receiver B (another connection) settles what A received and still holds: the SDK finds no delivery of that
     tag on B's link and settles over B's ``$management`` link (update-disposition), which the service accepts for
     an entity without sessions."""
-    with _client(ns) as a_client, _client(ns) as b_client:
+    with _client(lenient) as a_client, _client(lenient) as b_client:
         with a_client.get_queue_sender("q") as sender:
             sender.send_messages(ServiceBusMessage("x"))
         with a_client.get_queue_receiver("q") as a, b_client.get_queue_receiver("q") as b:
             (msg,) = _receive(a, 1)
-            before = ns.counters().get("management:update-disposition", 0)
+            before = lenient.counters().get("management:update-disposition", 0)
             SETTLE[outcome](b, msg)
-            assert ns.counters()["management:update-disposition"] == before + 1
-            assert _counts(ns, "q") == _expected_after(outcome)
+            assert lenient.counters()["management:update-disposition"] == before + 1
+            assert _counts(lenient, "q") == _expected_after(outcome)
 
 
-def test_a_lock_outlives_its_receivers_connection_and_is_settled_by_token(ns: LocalNamespace) -> None:
+def test_lenient_a_lock_outlives_its_receivers_connection_and_is_settled_by_token(
+    lenient: LocalNamespace,
+) -> None:
     """A's connection closes while it holds a lock (the SDK releases only what it buffered, not what it handed
     out): the message stays locked, and B completes it by lock token over ``$management``."""
-    with _client(ns) as b_client:
-        with _client(ns) as a_client:
+    with _client(lenient) as b_client:
+        with _client(lenient) as a_client:
             with a_client.get_queue_sender("q") as sender:
                 sender.send_messages(ServiceBusMessage("x"))
             with a_client.get_queue_receiver("q") as a:
@@ -142,7 +152,7 @@ def test_a_lock_outlives_its_receivers_connection_and_is_settled_by_token(ns: Lo
         with b_client.get_queue_receiver("q") as b:
             assert b.receive_messages(max_message_count=1, max_wait_time=0.3) == []  # still locked
             b._settle_message_via_mgmt_link("completed", [_token(msg)])  # noqa: SLF001 - update-disposition
-    assert _counts(ns, "q") == (0, 0)
+    assert _counts(lenient, "q") == (0, 0)
 
 
 def test_a_deferred_message_is_settled_over_management_by_any_receiver(ns: LocalNamespace) -> None:
@@ -284,19 +294,23 @@ def test_strict_a_refused_message_comes_back_when_its_lock_expires(strict: Local
     assert _counts(strict, "short") == (0, 0)
 
 
-def test_strict_settlement_is_off_by_default_and_set_by_argument_flag_or_environment(
+def test_strict_settlement_is_on_by_default_and_turned_off_by_argument_flag_or_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(STRICT_SETTLEMENT_ENV, raising=False)
-    assert LocalNamespace("a").broker.strict_settlement is False
-    assert LocalNamespace("a", strict_settlement=True).broker.strict_settlement is True
-    assert build_parser().parse_args([]).strict_settlement is None
-    assert build_parser().parse_args(["--strict-settlement"]).strict_settlement is True
-    monkeypatch.setenv(STRICT_SETTLEMENT_ENV, "1")
     assert LocalNamespace("a").broker.strict_settlement is True
     assert LocalNamespace("a", strict_settlement=False).broker.strict_settlement is False
-    monkeypatch.setenv(STRICT_SETTLEMENT_ENV, "0")
-    assert LocalNamespace("a").broker.strict_settlement is False
+    assert build_parser().parse_args([]).strict_settlement is None
+    assert build_parser().parse_args(["--strict-settlement"]).strict_settlement is True
+    assert build_parser().parse_args(["--lenient-settlement"]).strict_settlement is False
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--strict-settlement", "--lenient-settlement"])
+    for off in ("0", "false", "off"):
+        monkeypatch.setenv(STRICT_SETTLEMENT_ENV, off)
+        assert LocalNamespace("a").broker.strict_settlement is False
+        assert LocalNamespace("a", strict_settlement=True).broker.strict_settlement is True
+    monkeypatch.setenv(STRICT_SETTLEMENT_ENV, "1")
+    assert LocalNamespace("a").broker.strict_settlement is True
 
 
 # -- session entities: only the session's owner settles ---------------------------------------------------------
