@@ -630,10 +630,7 @@ class PairedSender:
         slow = self._slow(entity)
 
         def send(timeout: float) -> None:
-            if park_after is None:
-                transport.send(batch, timeout, slow)
-            else:
-                transport.send(batch, timeout, slow, park_after=park_after)
+            transport.send(batch, timeout, slow, park_after=park_after)
 
         def finish(parked: Parked) -> None:
             transport.resume(parked, slow, park_after)

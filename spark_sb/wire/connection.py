@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_sb.core.errors import classify, condition_of, token_expired
 from spark_sb.wire.lane import _WATCHDOG, abort_when_abandoned
-from spark_sb.wire.parking import Parked
+from spark_sb.wire.parking import Parked, last_heard
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusClient, ServiceBusSender
@@ -868,12 +868,6 @@ def connection_broken(connection: Any) -> bool:
     from azure.servicebus._pyamqp.constants import ConnectionState
 
     return bool(connection.state != ConnectionState.OPENED)
-
-
-def last_heard(connection: Any) -> float | None:
-    """When a pyamqp connection last received a frame (``time.time()``), None if never. No I/O."""
-    value = getattr(connection, "_last_frame_received_time", None)
-    return float(value) if value else None
 
 
 def connection_silent(connection: Any) -> bool:

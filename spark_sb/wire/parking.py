@@ -42,6 +42,7 @@ __all__ = [
     "Parked",
     "Ticket",
     "holds",
+    "last_heard",
     "resume_send",
     "send_parkable",
 ]
@@ -172,8 +173,14 @@ def _wait(ticket: Ticket, park_at: float | None, began: float) -> bool:
     return False
 
 
+def last_heard(connection: Any) -> float | None:
+    """When a pyamqp connection last received a frame (``time.time()``), None if never. No I/O."""
+    value = getattr(connection, "_last_frame_received_time", None)
+    return float(value) if value else None
+
+
 def _heard_since(handler: Any, began: float) -> bool:
-    heard = getattr(getattr(handler, "_connection", None), "_last_frame_received_time", None)
+    heard = last_heard(getattr(handler, "_connection", None))
     return heard is not None and heard > began
 
 
