@@ -49,6 +49,7 @@ __all__ = [
     "RESERVED_PROPERTIES",
     "RETURN_MARKER",
     "ReturnMarker",
+    "backlog_additions",
     "backlog_queue_name",
     "backlog_queue_names",
     "from_backlog",
@@ -272,20 +273,30 @@ def to_backlog_sdk(msg: OutboundMessage, entity: str, now: datetime) -> ServiceB
     case - goes straight to the SDK message, with no intermediate :class:`OutboundMessage`; any other takes the
     general path. Both give the same message. Raises :class:`RejectError` like :func:`to_backlog`.
     """
+    added = backlog_additions(msg, entity, now)
+    if added is None:
+        return to_backlog(msg, entity, now).to_sdk()
     props = msg.properties
-    plain = not props  # the common case: no properties of its own
+    out = (sdk_properties(props) or {}) if props else {}
+    out.update(added)
+    return sdk_message(msg, out)  # session id, partition key, TTL and scheduled time are None here
+
+
+def backlog_additions(msg: OutboundMessage, entity: str, now: datetime) -> dict[str | bytes, Any] | None:
+    """The common case of :func:`to_backlog` (no session id, partition key, TTL, scheduled time, reserved or
+    timestamp properties: nothing to clear or record but the destination and the time): the two application
+    properties the backlog form adds to ``msg``'s own, which it otherwise keeps as they are; None for any other
+    message (:func:`to_backlog` then). Pure; the failed-over hot path (one small dict per message)."""
+    props = msg.properties
     if (
         msg.session_id is not None
         or msg.partition_key is not None
         or msg.time_to_live is not None
         or msg.scheduled_enqueue_time is not None
-        or (not plain and (not RESERVED_PROPERTIES.isdisjoint(props) or _has_timestamp(props)))
+        or (props and (not RESERVED_PROPERTIES.isdisjoint(props) or _has_timestamp(props)))
     ):
-        return to_backlog(msg, entity, now).to_sdk()
-    out = {} if plain else (sdk_properties(props) or {})
-    out[BACKLOG_PATH] = entity
-    out[BACKLOG_ENQUEUED] = _utc(now)
-    return sdk_message(msg, out)  # session id, partition key, TTL and scheduled time are None here
+        return None
+    return {BACKLOG_PATH: entity, BACKLOG_ENQUEUED: _utc(now)}
 
 
 def _has_timestamp(props: Mapping[str, Scalar]) -> bool:

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 from spark_sb.core.sdk_types import sdk_properties
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Mapping
+
     from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
 
     from spark_sb.message.outbound import OutboundMessage
@@ -110,15 +112,20 @@ def add_encoded(batch: ServiceBusMessageBatch, encoded: Encoded) -> bool:
     return _append(batch, encoded.message, encoded.data)
 
 
-def add_outbound(batch: ServiceBusMessageBatch, message: OutboundMessage) -> bool:
+def add_outbound(
+    batch: ServiceBusMessageBatch,
+    message: OutboundMessage,
+    added: Mapping[str | bytes, Any] | None = None,
+) -> bool:
     """Add ``message`` to ``batch`` as ``batch.add_message(message.to_sdk())`` would, with the same bytes; False
-    when it does not fit. The messages the product sends most (no time to live, no scheduled time, every id
+    when it does not fit. ``added``: application properties set on top of the message's own (already in the SDK's
+    encoding: the backlog form's destination and time, :func:`~spark_sb.message.backlog.backlog_additions`). The messages the product sends most (no time to live, no scheduled time, every id
     within the service's 128 characters, no tracing configured) are built straight into the pyamqp message the
     SDK would make of them (:func:`_outgoing`), without the SDK's ``ServiceBusMessage`` and
     ``AmqpAnnotatedMessage`` in between (half the CPU of a message). Any other message, or an SDK this module does
     not follow, goes the SDK's way and meets its checks (``ValueError`` / ``TypeError``)."""
     if fast_path_available() and _DIRECT is not None and getattr(batch, "_amqp_transport", None) is _FAST[0]:
-        outgoing = _outgoing(message)
+        outgoing = _outgoing(message, added)
         if outgoing is not None:
             data = bytearray()
             _FAST[3](data, outgoing)
@@ -130,10 +137,16 @@ def add_outbound(batch: ServiceBusMessageBatch, message: OutboundMessage) -> boo
                 message.session_id,
                 message.partition_key,
             )
+    if added:
+        from spark_sb.message.outbound import sdk_message
+
+        return add_to_batch(
+            batch, sdk_message(message, {**(sdk_properties(message.properties) or {}), **added})
+        )
     return add_to_batch(batch, message.to_sdk())
 
 
-def _outgoing(message: OutboundMessage) -> Any:
+def _outgoing(message: OutboundMessage, added: Mapping[str | bytes, Any] | None = None) -> Any:
     """The pyamqp message the SDK makes of ``message`` (``ServiceBusMessage`` -> ``to_outgoing_amqp_message``),
     or None when ``message`` is not of the shape built here (the SDK's way then applies)."""
     msg_type, props_type, settings, longest, partition_annotation = _DIRECT
@@ -162,6 +175,8 @@ def _outgoing(message: OutboundMessage) -> Any:
         for key, value in app.items():
             if isinstance(value, bytes):
                 app[key] = value.decode("utf-8")
+    if added:
+        app = {**app, **added} if app else dict(added)
     return msg_type(
         properties=props_type(
             message_id=message_id,

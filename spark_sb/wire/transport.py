@@ -47,7 +47,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_sb.core.errors import LaneClosed, classify, condition_of
-from spark_sb.message.backlog import to_backlog_sdk
+from spark_sb.message.backlog import backlog_additions, to_backlog_sdk
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.message.packing import Encoded, add_encoded, add_outbound, add_to_batch, encode
 from spark_sb.wire.connection import (
@@ -244,7 +244,11 @@ class SdkBatch:
         if isinstance(prepared, Encoded):
             added = add_encoded(self.sdk_batch, prepared)
         else:
-            added = add_to_batch(self.sdk_batch, to_backlog_sdk(original, entity, enqueued))
+            additions = backlog_additions(original, entity, enqueued)
+            if additions is not None:  # the common case: the original's fields and two properties more
+                added = add_outbound(self.sdk_batch, original, additions)
+            else:
+                added = add_to_batch(self.sdk_batch, to_backlog_sdk(original, entity, enqueued))
         if not added:
             return False
         self._count += 1

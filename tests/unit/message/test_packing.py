@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_sb.message import packing
-from spark_sb.message.backlog import RESERVED_PROPERTIES, to_backlog_sdk
+from spark_sb.message.backlog import RESERVED_PROPERTIES, backlog_additions, to_backlog_sdk
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.message.packing import add_encoded, add_outbound, add_to_batch, encode, fast_path_available
 
@@ -245,3 +245,46 @@ def test_a_plain_message_skips_the_sdk_message(monkeypatch: pytest.MonkeyPatch) 
     batch = ServiceBusMessageBatch(max_size_in_bytes=10000)
     assert add_outbound(batch, OutboundMessage(body=b"a", message_id="1", properties={"k": 1}))
     assert len(batch) == 1
+
+
+def _fill_backlog(
+    add: Any, msgs: list[OutboundMessage], limit: int
+) -> tuple[ServiceBusMessageBatch, list[Any]]:
+    return _fill_each(lambda batch, m: add(batch, m), msgs, limit)
+
+
+@settings(max_examples=80, deadline=None)
+@given(msgs=st.lists(st.one_of(plain, messages), min_size=1, max_size=12), limit=st.integers(400, 20000))
+def test_the_backlog_form_built_without_the_sdk_message_gives_the_sdks_own_batch(
+    msgs: list[OutboundMessage], limit: int
+) -> None:
+    """The failed-over hot path: a message with nothing to clear (:func:`backlog_additions` not None) is packed
+    as its own fields plus the two backlog properties, byte for byte the SDK's batch of ``to_backlog_sdk``; the
+    others keep the SDK's way."""
+    assert fast_path_available()
+    theirs, their_fits = _fill_backlog(
+        lambda b, m: _sdk_add(b, to_backlog_sdk(m, "orders", NOW)), msgs, limit
+    )
+
+    def ours_add(batch: ServiceBusMessageBatch, m: OutboundMessage) -> bool:
+        added = backlog_additions(m, "orders", NOW)
+        if added is None:
+            return add_to_batch(batch, to_backlog_sdk(m, "orders", NOW))
+        return add_outbound(batch, m, added)
+
+    ours, our_fits = _fill_backlog(ours_add, msgs, limit)
+    assert our_fits == their_fits
+    assert _state(ours) == _state(theirs)
+
+
+def test_the_common_backlog_form_skips_the_sdk_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain message diverted to the backlog never becomes a ServiceBusMessage (a third of its CPU)."""
+    import spark_sb.message.outbound as outbound
+
+    monkeypatch.setattr(outbound, "sdk_message", lambda *a: pytest.fail("built a ServiceBusMessage"))
+    batch = ServiceBusMessageBatch(max_size_in_bytes=10000)
+    m = OutboundMessage(body=b"a", message_id="1", properties={"k": 1})
+    added = backlog_additions(m, "orders", NOW)
+    assert added is not None and set(added) == {"x-ms-path", "x-ms-backlog-enqueued-utc"}
+    assert add_outbound(batch, m, added)
+    assert backlog_additions(replace(m, session_id="s"), "orders", NOW) is None  # a session id to record
