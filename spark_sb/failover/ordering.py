@@ -65,10 +65,14 @@ markers to its :class:`Acknowledgements`, by default the process registry's :cla
 senders read. Setting (a), the Spark sink with the syphon job: the sink's driver keeps its held lines in the
 ``sessions`` state table, hands them to its tasks each micro-batch and releases them on the syphon job's
 ``acknowledged`` events - :mod:`spark_sb.state.sessions` owns that handoff and its argument across processes;
-both need the state tables. ``format('servicebus')`` refuses ``ordering`` (its commit does not carry the held
-lines). Tests: tests/unit/failover/test_ordering.py, tests/unit/sender/test_ordering.py,
+both need the state tables. ``format('servicebus')`` keeps order the same way with ``state_location`` (path
+tables): each micro-batch's plan hands the tasks the held lines and its commit releases, merges and writes them
+(:mod:`spark_sb.state.sessions`, "The data source"); it refuses ``ordering`` with catalog tables
+(``state_table_prefix``: its commit cannot read the syphon job's acknowledgements there) and for batch writes.
+Tests: tests/unit/failover/test_ordering.py, tests/unit/sender/test_ordering.py,
 tests/unit/syphon/test_ordered.py, tests/unit/state/test_sessions.py, tests/unit/spark/test_ordering.py,
-tests/integration/test_ordering.py, tests/spark/test_ordering.py. O4: the events ``session_held``,
+tests/integration/test_ordering.py, tests/spark/test_ordering.py, tests/unit/spark/test_datasource_ordering.py,
+tests/spark/test_datasource_ordering.py. O4: the events ``session_held``,
 ``session_returned`` (the sink) and ``acknowledged`` (the syphon job); ``spark-sb status`` lists the sessions still
 draining (:func:`spark_sb.admin.status.draining_sessions`). Not yet: the dashboard notebook (O4);
 ``bench/bench_ordering.py`` (O3).

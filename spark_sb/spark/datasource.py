@@ -21,15 +21,16 @@ Where things run (Spark calls every driver-side method in a Python process of it
 * ``ServiceBusDataSource.__init__`` (driver machine; when the query starts and again each micro-batch): parses
   and checks the options, resolves the primary's namespace name (:func:`~spark_sb.wire.admin_api.with_namespace_name`).
 * ``streamWriter`` / ``writer`` (driver machine, each micro-batch / once): checks the schema (the column named),
-  the mode (append only) and ``entity``; reads from the state tables the entity records the tasks start from
-  and the last batch this ``sink_id`` committed. That :class:`WritePlan` is what the writer carries to executors
+  the mode (append only) and ``entity``; reads from the state tables the entity records the tasks start from,
+  the last batch this ``sink_id`` committed and, with ``ordering``, the held lines. That :class:`WritePlan` is what the writer carries to executors
   (picklable: the configuration and those records).
 * ``write`` (executors, once per partition task): :func:`spark_sb.spark.sink.send_partition`, the very function the
   ``foreachBatch`` sink's tasks run (the process-level sender cache, failover, rejects). A micro-batch whose id
   (the task's ``streaming.sql.batchId``) this ``sink_id`` already committed is a replay: its rows are counted,
   not sent. Returns a ``PartitionMessage`` (a :class:`TaskReport`).
-* ``commit`` (driver machine, after every task succeeded): :meth:`spark_sb.spark.sink.ServiceBusSink.record_batch`
-  plans and writes the state tables' rows, or :meth:`~spark_sb.spark.sink.ServiceBusSink.skip_replayed` records the
+* ``commit`` (driver machine, after every task succeeded; Spark builds the writer, and reads the plan, again for
+  it): :meth:`spark_sb.spark.sink.ServiceBusSink.record_batch` plans and writes the state tables' rows (with
+  ``ordering``, after releasing the held lines on the acknowledgements read then), or :meth:`~spark_sb.spark.sink.ServiceBusSink.skip_replayed` records the
   replay. The tables are Delta path tables written with ``deltalake``
   (:class:`~spark_sb.state.deltars.DeltaRsStateStore`), synchronously, before Spark commits the micro-batch:
   ``state_location``, or with catalog tables (``state_table_prefix``, which that process cannot write) the spool
@@ -39,6 +40,16 @@ Where things run (Spark calls every driver-side method in a Python process of it
   ``foreachBatch`` batch. On an object store (``abfss://`` ...) deltalake finds its credentials in the
   environment of that process (``AZURE_STORAGE_*`` variables, a managed identity), not in Spark's configuration:
   tested here on local paths only.
+
+Order through failover (``ordering: session`` / ``entity``, SPEC O1-O4) as the ``foreachBatch`` sink keeps it, with
+``state_location`` (path tables): the plan (:func:`plan_lines`, read before the writer is pickled to the tasks)
+carries the held lines the tasks hold and the stale ones the first task marks afresh; the commit, in its own
+process, reads the held lines and the syphon job's acknowledgements again, releases, merges the tasks' marks and
+writes the ``sessions`` table (:mod:`spark_sb.state.sessions`, "The data source", argues why the two reads keep
+order). Refused, with a one-line :class:`ConfigError`: without state tables, with ``state_table_prefix`` (the
+commit cannot read the acknowledgements in catalog tables: use ``state_location`` or the ``foreachBatch`` sink), and
+for a batch write (its sink id is its own, so no later write would know its held lines). While nothing is held the
+plan and the commit each cost a look for the ``sessions`` table (a read of the sink's rows, none, once it exists).
 
 A batch write records its rows under a job id of its own: sink id ``<sink_id>/<job_id>``, batch id 0.
 ``job_id`` defaults to ``write-<UTC time>-<random>``; a ``job_id`` given again after its write committed makes the
@@ -63,7 +74,7 @@ import logging
 import re
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -71,10 +82,18 @@ from typing import TYPE_CHECKING, Any
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.config.settings import KNOWN_KEYS
 from spark_sb.core.errors import ConfigError
-from spark_sb.spark.partition import arrow_rows, refuse_ordering, send_partition
+from spark_sb.failover.outcome import namespace_key
+from spark_sb.spark.partition import (
+    arrow_rows,
+    first_task,
+    ordering_needs_path_tables,
+    ordering_needs_tables,
+    send_partition,
+)
 from spark_sb.spark.schema import validate_schema
 from spark_sb.spark.sink import ServiceBusSink, default_sink_id
 from spark_sb.state.records import EntityRecord, PartitionResult
+from spark_sb.state.sessions import ACK_SKEW, HeldLine, SessionLedger
 from spark_sb.wire.admin_api import with_namespace_name
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,6 +102,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from spark_sb.failover.outcome import SendOutcome
     from spark_sb.state.deltars import DeltaRsStateStore
+    from spark_sb.state.store import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +112,12 @@ SOURCE_OPTIONS = ("config_path", "job_id", "state_spool")
 #: Options Spark passes along that are Spark's own: ignored.
 SPARK_OPTIONS = ("checkpointlocation",)
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # the task-local property Spark sets in every micro-batch job
+#: Why a batch write refuses ``ordering`` (its held sessions would be recorded under its own sink id).
+BATCH_ORDERING = (
+    "applies to streams (writeStream) with format('servicebus'): a batch write (df.write) records under a sink "
+    "id of its own (<sink_id>/<job_id>), so a later write would not know the sessions it left in the backlog; "
+    "use ordering none for batch writes"
+)
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,99}")
 
 
@@ -196,8 +222,10 @@ def parse_options(
         config = ServiceBusConfig.from_options(flat, env=env, dbutils=dbutils)
     except ConfigError as exc:
         raise _option_error(exc.errors or [("options", str(exc))]) from None
-    try:  # before any row is read (issue 31: order through failover is not kept across processes yet)
-        refuse_ordering(config, "format('servicebus')")
+    # before any row is read: order through failover (issue 31) needs path tables (spark_sb.state.sessions)
+    ordering_needs_path_tables(config, "format('servicebus')")
+    try:
+        ordering_needs_tables(config, "format('servicebus')")
     except ConfigError as exc:
         raise _option_error(exc.errors) from None
     if spool_given is not None and not spool_given.strip():
@@ -265,26 +293,64 @@ def state_store(location: str | None) -> DeltaRsStateStore | None:
 class WritePlan:
     """What the driver hands every task of one write (picklable): the configuration, the sink id the rows are
     recorded under, the entity records read at the start, the last batch this sink id committed, and the path
-    tables the commit writes (``location``: ``state_location`` or the spool; None: none)."""
+    tables the commit writes (``location``: ``state_location`` or the spool; None: none).
+
+    With ``ordering`` on (:func:`plan_lines`): ``held``, the sink's held lines left after releasing those whose
+    pending markers the syphon job had acknowledged when the plan was read (the tasks hold exactly these), and
+    ``remark``, those of them whose newest marker is :data:`~spark_sb.state.sessions.REMARK_AFTER` old (the first
+    task sends each a fresh one). Both are bounded by the sink's held lines (the sessions diverted during an outage
+    and not drained yet): empty while nothing is held."""
 
     config: ServiceBusConfig
     sink_id: str
     location: str | None = None
     handoff: tuple[EntityRecord, ...] = ()
     last_committed: int | None = None
+    held: tuple[HeldLine, ...] = ()
+    remark: tuple[tuple[str, str], ...] = ()
 
     def replayed(self, batch_id: int | None) -> bool:
         """True when ``batch_id`` was committed before this write started: its tasks send nothing."""
         return batch_id is not None and self.last_committed is not None and batch_id <= self.last_committed
 
 
-def read_plan(config: ServiceBusConfig, sink_id: str, location: str | None) -> WritePlan:
-    """The plan of one write: reads the path tables at ``location`` when there are any (driver machine)."""
+def plan_lines(
+    store: StateStore, config: ServiceBusConfig, sink_id: str, now: datetime
+) -> tuple[tuple[HeldLine, ...], tuple[tuple[str, str], ...]]:
+    """Ordering, before the tasks (driver machine; reads only): the held lines of ``sink_id`` (the ``sessions``
+    table; nothing beyond a look for its log while it does not exist), less those whose pending markers are all
+    acknowledged now (the acknowledgements are read only while a line is held), and the stale ones among them
+    (:meth:`~spark_sb.state.sessions.SessionLedger.stale`). Nothing is written here: the commit releases again
+    with what it reads then, and writes (:func:`commit_write`; the argument is :mod:`spark_sb.state.sessions`)."""
+    ledger = SessionLedger()
+    ledger.load(store.read_sessions(sink_id))
+    oldest = ledger.oldest()
+    if oldest is not None:
+        acked = store.read_acknowledgements(
+            namespace_key(config.primary), ledger.pending(), oldest - ACK_SKEW
+        )
+        ledger.acknowledged(acked)
+    return ledger.handoff(), ledger.stale(now)
+
+
+def read_plan(
+    config: ServiceBusConfig,
+    sink_id: str,
+    location: str | None,
+    now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+) -> WritePlan:
+    """The plan of one write: reads the path tables at ``location`` when there are any (driver machine): the
+    entity records, the last committed batch and, with ``ordering`` on, the held lines (:func:`plan_lines`)."""
     store = state_store(location)
     if store is None:
         return WritePlan(config, sink_id)
     store.ensure()
-    return WritePlan(config, sink_id, location, tuple(store.read_entities()), store.last_committed(sink_id))
+    last = store.last_committed(sink_id)
+    held: tuple[HeldLine, ...] = ()
+    remark: tuple[tuple[str, str], ...] = ()
+    if config.ordering != "none":
+        held, remark = plan_lines(store, config, sink_id, now())
+    return WritePlan(config, sink_id, location, tuple(store.read_entities()), last, held, remark)
 
 
 @dataclass(frozen=True)
@@ -314,10 +380,12 @@ def task_batch_id() -> int | None:
 
 def write_partition(plan: WritePlan, batches: Iterator[pa.RecordBatch], batch_id: int) -> TaskReport:
     """One partition task (executor): counts a replay's rows, sends anything else with the ``foreachBatch``
-    sink's :func:`~spark_sb.spark.sink.send_partition`."""
+    sink's :func:`~spark_sb.spark.sink.send_partition` - with ``ordering`` on, holding the plan's held lines and,
+    in the first partition's task, sending fresh markers behind its stale ones."""
     if plan.replayed(batch_id):
         return _report(batch_id, sum(b.num_rows for b in batches), None)
-    result = send_partition(plan.config, arrow_rows(batches), plan.handoff)
+    remark = plan.remark if plan.remark and first_task() else ()
+    result = send_partition(plan.config, arrow_rows(batches), plan.handoff, plan.held, remark)
     return _report(batch_id, result.rows, result)
 
 
@@ -354,8 +422,12 @@ def commit_write(plan: WritePlan, batch_id: int, messages: Sequence[Any]) -> Sen
             f"sink {plan.sink_id!r} batch {batch_id}: its tasks found it committed, the state tables no longer "
             "do; nothing was sent: run the query again"
         )
-    handoff = plan.handoff
-    return sink.record_batch(batch_id, results, handoff, store)
+    if store is not None and plan.config.ordering != "none":
+        # Ordering: the held lines as the sessions table has them, less those whose pending markers are all
+        # acknowledged now (read again here: a superset of what the plan saw), then record_batch merges the tasks'
+        # marks and writes the sessions table before the events (spark_sb.state.sessions: why this keeps order)
+        sink._release(store)
+    return sink.record_batch(batch_id, results, plan.handoff, store)
 
 
 # ------------------------------------------------------------------------------------------ the writers
@@ -490,6 +562,8 @@ def _build() -> dict[str, Any]:
             return ServiceBusStreamWriter(self.settings.config, self._sink_id(), self.settings.store_location)
 
         def writer(self, schema: StructType, overwrite: bool) -> ServiceBusBatchWriter:
+            if self.settings.config.ordering != "none":
+                raise _option_error([("ordering", BATCH_ORDERING)])
             check_write(self.settings.config, schema, overwrite, streaming=False)
             self.settings.require_store(streaming=False)
             job_id = self.settings.job_id or new_job_id()

@@ -145,16 +145,21 @@ def arrow_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[dict[str, Any]]:
         yield from batch.to_pylist()
 
 
-def refuse_ordering(config: ServiceBusConfig, where: str) -> None:
-    """Driver: raise a one-line :class:`ConfigError` naming the ``ordering`` key when ``config`` asks for order
-    through failover (``session`` / ``entity``) from ``where`` (``format('servicebus')``), which does not keep it:
-    its commit runs without the held sessions of :mod:`spark_sb.state.sessions`. Called before any row is read."""
-    if config.ordering != "none":
-        raise ConfigError.at(
-            "ordering",
-            f"{config.ordering!r} is not supported by {where} yet (order through failover is kept by the "
-            "foreachBatch sink ServiceBusSink with the syphon job, and by a PairedSender with a Syphon in one "
-            "process); valid here: none",
+def ordering_needs_path_tables(config: ServiceBusConfig, where: str) -> None:
+    """Driver: ``where`` (``format('servicebus')``) keeps order through failover (``ordering: session`` /
+    ``entity``) with path tables only: its ``commit`` runs in a Python process of Spark's without a session, so with
+    catalog tables (``state_table_prefix``, written through the spool) it could not read the syphon job's
+    acknowledgements, which are in the catalog tables. A one-line :class:`ConfigError` naming both keys and what to
+    use instead. Called before any row is read."""
+    if config.ordering != "none" and config.state_table_prefix:
+        why = (
+            f"ordering {config.ordering!r} with state_table_prefix is not supported by {where} (its commit runs "
+            "without a Spark session and cannot read the syphon job's acknowledgements in catalog tables): use "
+            "state_location (path tables), or the foreachBatch sink ServiceBusSink with state_table_prefix"
+        )
+        raise ConfigError(
+            f"{where}: option 'ordering' with option 'state_table_prefix': {why}",
+            [("ordering", why), ("state_table_prefix", why)],
         )
 
 
@@ -174,7 +179,7 @@ def ordering_needs_tables(config: ServiceBusConfig, where: str, store_given: boo
         )
 
 
-def _first_task() -> bool:
+def first_task() -> bool:
     """Executor: this task computes the batch's first partition (no task context: outside Spark, True)."""
     from pyspark import TaskContext
 
@@ -199,7 +204,7 @@ def partition_function(
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
-        mine = stale if stale and _first_task() else ()
+        mine = stale if stale and first_task() else ()
         result = send_partition(config, arrow_rows(batches), records, lines, mine)
         yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(result)], pa.binary())], names=["result"])
 

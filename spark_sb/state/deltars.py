@@ -7,17 +7,22 @@ its own on the driver machine, with no SparkSession to write through. The tables
 ``txnVersion`` = batch id on the events and rejects appends), so a data source query, a ``foreachBatch`` sink and
 ``spark-sb status`` read each other's rows. Path tables only (``state_location``): catalog tables need Spark.
 
+With ``ordering`` on (:mod:`spark_sb.state.sessions`) it also keeps the ``sessions`` table (the held lines of a sink;
+created by the first write of a held line, never by a read: while nothing was ever held, a read is one look for its
+``_delta_log``) and reads the syphon job's ``acknowledged`` events.
+
 Runs on the driver machine (the data source's planner and commit processes). Holds only the location: picklable.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.state.records import (
+    ACKNOWLEDGED,
     BATCH_COMMITTED,
     COLUMNS,
     EntityRecord,
@@ -27,6 +32,7 @@ from spark_sb.state.records import (
     event_from_row,
     reject_from_row,
 )
+from spark_sb.state.sessions import HeldLine, lines_from_rows, session_rows
 from spark_sb.state.store import DeltaTableStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -91,6 +97,31 @@ def _schemas() -> dict[str, pa.Schema]:
             ]
         ),
     }
+
+
+def _sessions_schema() -> pa.Schema:
+    """The ``sessions`` table (:data:`~spark_sb.state.records.SESSIONS_DDL`): not one of :data:`TABLES` - only a
+    sink with ``ordering`` on creates it."""
+    import pyarrow as pa
+
+    ts = pa.timestamp("us", tz="UTC")
+    text = pa.string()
+    return pa.schema(
+        [
+            ("sink_id", text),
+            ("entity", text),
+            ("session", text),
+            ("backlog_queue", text),
+            ("since", ts),
+            ("marker", text),
+            ("issued", ts),
+        ]
+    )
+
+
+def _sql_text(value: str) -> str:
+    """``value`` as a SQL string literal (delta-rs predicates)."""
+    return "'" + value.replace("'", "''") + "'"
 
 
 def _utc(dt: datetime | None) -> datetime:
@@ -296,6 +327,78 @@ class DeltaRsStateStore(DeltaTableStore):
             )
 
         self._retry("entities", merge)
+
+    # -- ordering: held sessions and acknowledgements (spark_sb.state.sessions)
+    def sessions_exist(self) -> bool:
+        """Whether the ``sessions`` table exists (one look at its log; never creates it)."""
+        from deltalake import DeltaTable
+
+        return bool(
+            DeltaTable.is_deltatable(self.path("sessions"), storage_options=self.storage_options or None)
+        )
+
+    def read_sessions(self, sink_id: str) -> list[HeldLine]:
+        """The held lines of ``sink_id``; none (and nothing read beyond the look for its log) while the ``sessions``
+        table does not exist. Its size is bounded by the held lines of the sinks that share it."""
+        import pyarrow.dataset as ds
+
+        if not self.sessions_exist():
+            return []
+        rows = (
+            self._table("sessions")
+            .to_pyarrow_dataset()
+            .to_table(filter=ds.field("sink_id") == sink_id)
+            .to_pylist()
+        )
+        return lines_from_rows(rows, _utc)
+
+    def write_sessions(self, sink_id: str, lines: Sequence[HeldLine]) -> None:
+        """Replace the held lines of ``sink_id`` by ``lines`` (one commit: an overwrite of its rows only); the table
+        is created by the first write that has a line to keep (no line and no table: nothing to do)."""
+        import pyarrow as pa
+        from deltalake import DeltaTable, write_deltalake
+
+        schema = _sessions_schema()
+        data = pa.Table.from_pylist(
+            [dict(zip(schema.names, row, strict=True)) for row in session_rows(sink_id, lines)], schema=schema
+        )
+        path = self.path("sessions")
+        if not self.sessions_exist():
+            if not lines:
+                return
+
+            def create() -> None:
+                DeltaTable.create(
+                    path, schema=schema, mode="ignore", storage_options=self.storage_options or None
+                )
+
+            self._retry("sessions", create)
+
+        def write() -> None:
+            write_deltalake(
+                self._table("sessions"), data, mode="overwrite", predicate=f"sink_id = {_sql_text(sink_id)}"
+            )
+
+        self._retry("sessions", write)
+
+    def read_acknowledgements(self, namespace: str, markers: Collection[str], since: datetime) -> set[str]:
+        """Which of ``markers`` the syphon job acknowledged (``acknowledged`` events of ``namespace`` dated ``since``
+        or later). Made only while a line is held; the filter on ``time`` lets Arrow skip the row groups older than
+        the oldest pending marker (less the skew), so the read is bounded by time, not by the table's age."""
+        import pyarrow.dataset as ds
+
+        wanted = set(markers)
+        if not wanted:
+            return set()
+        rows = self._rows(
+            "events",
+            (ds.field("time") >= _utc(since))
+            & (ds.field("event") == ACKNOWLEDGED)
+            & (ds.field("namespace") == namespace)
+            & ds.field("detail").isin(sorted(wanted)),
+            ["detail"],
+        )
+        return {str(r["detail"]) for r in rows if r["detail"] in wanted}
 
 
 __all__ = ["DeltaRsStateStore"]

@@ -76,6 +76,46 @@ abandons what it holds when it ends (back in the queue before anything behind it
 ``syphon.prefetch`` above 0 with ordering (a pooled syphon's prefetched messages would stay locked in its worker
 while the next micro-batch drains the queue from another).
 
+The data source (``format("servicebus")``, :mod:`spark_sb.spark.datasource`). Spark runs its driver side in two
+writer objects per micro-batch, in processes of its own that keep nothing between micro-batches: the *plan* (read
+before the writer is pickled to the tasks) and the *commit* (a second writer, after every task returned). Both
+start from the ``sessions`` table (path tables, read and written with deltalake):
+
+* The plan reads only: the held lines (nothing beyond a look for the table's log while it does not exist), the
+  acknowledgements of their pending markers (only while a line is held), and hands the tasks the lines not all of
+  whose pending markers are acknowledged, with the stale ones for the first task (:func:`~spark_sb.spark.datasource.plan_lines`).
+* The commit reads the same held lines again - the table has not changed: only this sink's commits write its rows,
+  and micro-batch N+1 is planned after N's commit returned - and the acknowledgements again, a superset of what the
+  plan read (they are only appended, and the time window, from the oldest pending marker, is the same); it releases
+  every line whose pending markers are all acknowledged, *then* merges the tasks' marks, and writes the ``sessions``
+  table before the events (:meth:`SessionLedger.acknowledged`, then :meth:`SessionLedger.marked`, as the sink's next
+  batch start and this batch's end would).
+
+Why the split keeps order - the argument above, with batch N' releasing in two steps:
+(7) A line the plan released (all its pending markers acknowledged when the plan read them): its rows in N' are
+routed like any line not held, and (2) holds with the read in N''s plan, before b is sent. The commit releases it
+too (a superset). If a task diverted it anyway (a worker whose entity was still failed over), the release comes
+first and the task's mark makes it a new held line pinned to the queue its messages went to. Merging first would be
+a hole: the line would keep its old queue, and the next batch would send to it while this batch's messages of the
+line wait in another queue, drained independently (an R4 hop); releasing first closes it
+(tests/unit/spark/test_datasource_ordering.py).
+(8) A line the plan handed: every task holds it for the whole task (R3 never releases in a task) and sends its rows
+to its queue, behind its earlier messages, each task that did marking it behind them (R2). If the commit finds its
+older markers acknowledged, it releases the line and re-holds it at once by those marks (fresh markers behind all it
+sent, in its queue): held until they are acknowledged, as with the sink. If no task marked it, none of its messages
+was sent in N', and its acknowledged markers are behind everything it sent before: it is drained, and released
+(its next message goes to the primary from N'+1's plan on). Only a task that returned reports marks: a failed attempt's
+diversions are (3).
+(9) A replay that the plan finds committed sends nothing; its commit records the replay and leaves the table alone.
+A commit that dies between its two writes left the ``sessions`` table written and the batch uncommitted: the replay
+sends the batch again (same ids) behind the lines it holds, as (4).
+Catalog tables (``state_table_prefix``) are refused with ordering: the commit has no Spark session, so it could
+write them only through the spool and could not read the syphon job's acknowledgements, which are in the catalog
+tables (:func:`~spark_sb.spark.partition.ordering_needs_path_tables`). A batch write (``df.write``) is refused too:
+it records under a sink id of its own, so no later write would know the lines it left held.
+What it costs while nothing is held: the plan and the commit each look for the ``sessions`` table's log and, once
+it exists, read the sink's rows (none: a Delta read of its log and no data file); nothing is written.
+
 Not covered (as in setting b): a backlog send abandoned at its deadline whose bytes reach the service after a later
 marker (a duplicate the primary drops); two syphon jobs draining one queue at once; a syphon task retried within a
 running job while its dead attempt's locks are still held (its queue is drained again before they run out); a

@@ -53,12 +53,15 @@ class _NoSpark:
 
 
 @pytest.mark.parametrize("ordering", ["session", "entity"])
-def test_format_servicebus_refuses_the_ordering_option(ordering: str) -> None:
+def test_format_servicebus_takes_the_ordering_option_with_path_tables_only(ordering: str) -> None:
+    """(More in tests/unit/spark/test_datasource_ordering.py.)"""
     options = {"primary.connection_string": PRIMARY_CS, "secondary.connection_string": SECONDARY_CS}
     with pytest.raises(ConfigError) as err:
         parse_options({**options, "entity": "orders", "ORDERING": ordering})
     text = _one_line(err)
-    assert text.startswith("format('servicebus'): option 'ordering': ") and "valid here: none" in text
+    assert text.startswith("format('servicebus'): option 'ordering': ") and "needs the state tables" in text
+    parsed = parse_options({**options, "entity": "orders", "ORDERING": ordering, "state_location": "/tmp/sb"})
+    assert parsed.config.ordering == ordering
     assert parse_options({**options, "entity": "orders", "ordering": "none"}).config.ordering == "none"
 
 
