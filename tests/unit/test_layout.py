@@ -4,6 +4,7 @@ the import paths that the README and notebooks used before the wings still work 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import pathlib
 import warnings
@@ -53,7 +54,8 @@ def _module_path(module: str) -> pathlib.Path | None:
     return None
 
 
-def _defined(path: pathlib.Path) -> set[str]:
+@functools.cache
+def _defined(path: pathlib.Path) -> frozenset[str]:
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -61,7 +63,7 @@ def _defined(path: pathlib.Path) -> set[str]:
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
-    return names
+    return frozenset(names)
 
 
 def test_every_module_of_the_package_lives_in_a_wing() -> None:
