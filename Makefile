@@ -38,7 +38,8 @@ SPARK_TIER := tests/spark tests/acceptance
 # Every bench/bench_*.py in its smoke mode (tests/bench, marker `bench`): no bench rots.
 BENCH_TIER := tests/bench
 # What the oldest pair runs: the tests whose outcome depends on the pyspark / delta-spark versions - Spark
-# Connect (sink, syphon, data source), the data source (format("servicebus"): Spark's Python data source API),
+# Connect (sink, syphon, data source), the data source (format("servicebus"): Spark's Python data source API, and
+# with ordering its plan and commit, read in two writer objects per micro-batch),
 # Delta itself and the Delta state store (path and catalog tables, maintained), the foreachBatch sink, and the
 # syphon job's Spark parts (its query, Trigger.AvailableNow). The rest of the Spark tier drives our own logic
 # through Spark (the sink's state rows and replays - the store's Delta calls are test_state_delta's -, executor
@@ -49,6 +50,7 @@ OLDEST_TIER := \
 	tests/spark/test_connect.py \
 	tests/spark/test_datasource.py \
 	tests/spark/test_datasource_catalog.py \
+	tests/spark/test_datasource_ordering.py \
 	tests/spark/test_delta_harness.py \
 	tests/spark/test_state_delta.py \
 	tests/spark/test_state_maintenance.py \

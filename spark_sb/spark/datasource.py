@@ -22,18 +22,18 @@ Where things run (Spark calls every driver-side method in a Python process of it
   and checks the options, resolves the primary's namespace name (:func:`~spark_sb.wire.admin_api.with_namespace_name`).
 * ``streamWriter`` / ``writer`` (driver machine, each micro-batch / once): checks the schema (the column named),
   the mode (append only) and ``entity``; reads from the state tables the entity records the tasks start from,
-  the last batch this ``sink_id`` committed and, with ``ordering``, the held lines. That :class:`WritePlan` is what the writer carries to executors
-  (picklable: the configuration and those records).
+  the last batch this ``sink_id`` committed and, with ``ordering``, the held lines. That :class:`WritePlan` is
+  what the writer carries to executors (picklable: the configuration and those records).
 * ``write`` (executors, once per partition task): :func:`spark_sb.spark.sink.send_partition`, the very function the
   ``foreachBatch`` sink's tasks run (the process-level sender cache, failover, rejects). A micro-batch whose id
   (the task's ``streaming.sql.batchId``) this ``sink_id`` already committed is a replay: its rows are counted,
   not sent. Returns a ``PartitionMessage`` (a :class:`TaskReport`).
 * ``commit`` (driver machine, after every task succeeded; Spark builds the writer, and reads the plan, again for
   it): :meth:`spark_sb.spark.sink.ServiceBusSink.record_batch` plans and writes the state tables' rows (with
-  ``ordering``, after releasing the held lines on the acknowledgements read then), or :meth:`~spark_sb.spark.sink.ServiceBusSink.skip_replayed` records the
-  replay. The tables are Delta path tables written with ``deltalake``
-  (:class:`~spark_sb.state.deltars.DeltaRsStateStore`), synchronously, before Spark commits the micro-batch:
-  ``state_location``, or with catalog tables (``state_table_prefix``, which that process cannot write) the spool
+  ``ordering``, after releasing the held lines on the acknowledgements read then), or
+  :meth:`~spark_sb.spark.sink.ServiceBusSink.skip_replayed` records the replay. The tables are Delta path tables
+  written with ``deltalake`` (:class:`~spark_sb.state.deltars.DeltaRsStateStore`), synchronously, before Spark
+  commits the micro-batch: ``state_location``, or with catalog tables (``state_table_prefix``, which that process cannot write) the spool
   (``state_spool``, default ``<checkpointLocation>/servicebus_state``) that :func:`spark_sb.spark.relay.relay_state`
   copies into them from the user's process.
   ``abort`` (a task failed; with ``on_reject: fail`` a bad row fails its task) records nothing, as a failed

@@ -83,7 +83,8 @@ start from the ``sessions`` table (path tables, read and written with deltalake)
 
 * The plan reads only: the held lines (nothing beyond a look for the table's log while it does not exist), the
   acknowledgements of their pending markers (only while a line is held), and hands the tasks the lines not all of
-  whose pending markers are acknowledged, with the stale ones for the first task (:func:`~spark_sb.spark.datasource.plan_lines`).
+  whose pending markers are acknowledged, with the stale ones for the first task
+  (:func:`~spark_sb.spark.datasource.plan_lines`).
 * The commit reads the same held lines again - the table has not changed: only this sink's commits write its rows,
   and micro-batch N+1 is planned after N's commit returned - and the acknowledgements again, a superset of what the
   plan read (they are only appended, and the time window, from the oldest pending marker, is the same); it releases
@@ -100,12 +101,14 @@ a hole: the line would keep its old queue, and the next batch would send to it w
 line wait in another queue, drained independently (an R4 hop); releasing first closes it
 (tests/unit/spark/test_datasource_ordering.py).
 (8) A line the plan handed: every task holds it for the whole task (R3 never releases in a task) and sends its rows
-to its queue, behind its earlier messages, each task that did marking it behind them (R2). If the commit finds its
-older markers acknowledged, it releases the line and re-holds it at once by those marks (fresh markers behind all it
-sent, in its queue): held until they are acknowledged, as with the sink. If no task marked it, none of its messages
+to its queue, behind its earlier messages, each task that sent some marking it with a fresh marker behind them
+(R2). If the commit finds its older markers acknowledged, it releases the line and re-holds it at once by those marks
+(fresh markers behind all it sent, in its queue): held until they are acknowledged, as with the sink (only the
+events differ: this commit writes ``session_returned`` and ``session_held`` for the line, where the sink, which
+merged before its next release, writes neither). If no task marked it, none of its messages
 was sent in N', and its acknowledged markers are behind everything it sent before: it is drained, and released
-(its next message goes to the primary from N'+1's plan on). Only a task that returned reports marks: a failed attempt's
-diversions are (3).
+(its next message goes to the primary from N'+1's plan on). Only a task that returned reports marks: a failed
+attempt's diversions are (3).
 (9) A replay that the plan finds committed sends nothing; its commit records the replay and leaves the table alone.
 A commit that dies between its two writes left the ``sessions`` table written and the batch uncommitted: the replay
 sends the batch again (same ids) behind the lines it holds, as (4).

@@ -217,6 +217,17 @@ def test_on_reject_fail_aborts_the_micro_batch(spark: Any, namespace_pair: Any, 
         ({"on_reject": "drop"}, "append", "option 'on_reject': .*'record', 'fail'"),
         ({"entity": None}, "append", "option 'entity': required"),
         ({}, "overwrite", "option 'mode': 'overwrite' is not supported; valid: append"),
+        ({"ordering": "session"}, "append", "option 'ordering': applies to streams"),  # a batch write
+        (
+            {"ordering": "session", "state_location": None},
+            "append",
+            "option 'ordering': 'session' needs the state tables",
+        ),
+        (
+            {"ordering": "session", "state_location": None, "state_table_prefix": "main.sb."},
+            "append",
+            "option 'ordering' with option 'state_table_prefix'.*use state_location",
+        ),
         (
             {"state_spool": "/spool"},  # beside state_location
             "append",
