@@ -16,6 +16,7 @@ Runs on the driver machine (the data source's planner and commit processes). Hol
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timezone
@@ -38,6 +39,8 @@ from spark_sb.state.store import DeltaTableStore
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
 
+
+log = logging.getLogger(__name__)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 TABLES = ("events", "entities", "rejects")
@@ -383,13 +386,33 @@ class DeltaRsStateStore(DeltaTableStore):
 
     def read_acknowledgements(self, namespace: str, markers: Collection[str], since: datetime) -> set[str]:
         """Which of ``markers`` the syphon job acknowledged (``acknowledged`` events of ``namespace`` dated ``since``
-        or later). Made only while a line is held; the filter on ``time`` lets Arrow skip the row groups older than
-        the oldest pending marker (less the skew), so the read is bounded by time, not by the table's age."""
-        import pyarrow.dataset as ds
-
+        or later). Made only while a line is held. A DataFusion query (``deltalake.QueryBuilder``) that skips the
+        files whose ``time`` statistics end before ``since``, so the read is bounded by time, not by the table's
+        age (300 files: 17 ms, against 0.5 s for an Arrow scan, which opens every file; it is the fallback)."""
         wanted = set(markers)
         if not wanted:
             return set()
+        self.ensure()
+        try:
+            from deltalake import QueryBuilder
+
+            at = _utc(since).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            sql = (
+                "SELECT DISTINCT detail FROM events WHERE "
+                f"time >= arrow_cast('{at}', 'Timestamp(Microsecond, Some(\"UTC\"))') "
+                f"AND event = {_sql_text(ACKNOWLEDGED)} AND namespace = {_sql_text(namespace)} "
+                f"AND detail IN ({', '.join(_sql_text(m) for m in sorted(wanted))})"
+            )
+            import pyarrow as pa
+
+            found = QueryBuilder().register("events", self._table("events")).execute(sql).read_all()
+            return {str(d) for d in pa.table(found).column("detail").to_pylist() if d in wanted}
+        except Exception as exc:  # noqa: BLE001 - an older deltalake, a query it cannot run: the Arrow scan
+            log.debug(
+                "acknowledgements: DataFusion query failed (%s); scanning with Arrow", type(exc).__name__
+            )
+        import pyarrow.dataset as ds
+
         rows = self._rows(
             "events",
             (ds.field("time") >= _utc(since))

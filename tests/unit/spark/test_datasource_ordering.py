@@ -246,3 +246,20 @@ def test_the_sessions_table_keeps_each_sinks_rows_apart(tmp_path: Path) -> None:
     assert [line.session for line in store.read_sessions("o'ther")] == ["c"]
     store.write_sessions(SINK, [])
     assert _held(store) == {} and [line.session for line in store.read_sessions("o'ther")] == ["c"]
+
+
+def test_acknowledgements_are_read_by_namespace_marker_and_time(tmp_path: Path) -> None:
+    _, store = _setup(tmp_path)
+    now = datetime.now(timezone.utc)
+    store.append_events(
+        [
+            Event(now, "syphon", 1, ACKNOWLEDGED, namespace="n's", detail="m'1"),
+            Event(now - timedelta(hours=2), "syphon", 1, ACKNOWLEDGED, namespace="n's", detail="m2"),
+            Event(now, "syphon", 1, ACKNOWLEDGED, namespace="other", detail="m3"),
+            Event(now, "syphon", 1, "moved", namespace="n's", detail="m4"),
+        ]
+    )
+    wanted = {"m'1", "m2", "m3", "m4", "x"}
+    assert store.read_acknowledgements("n's", wanted, now - timedelta(hours=1)) == {"m'1"}
+    assert store.read_acknowledgements("n's", wanted, now - timedelta(hours=3)) == {"m'1", "m2"}
+    assert store.read_acknowledgements("n's", set(), now) == set()
