@@ -1,0 +1,1 @@
+"""Developer tools around the local namespace (not part of the distribution: see pyproject.toml)."""
