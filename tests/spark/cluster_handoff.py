@@ -31,7 +31,7 @@ def main(work: Path) -> dict[str, Any]:
 
 
 def run(work: Path, spark: Any) -> dict[str, Any]:
-    """The scenario in ``spark`` (a ``cluster_session``; ``cluster_runs.py`` runs both cluster scenarios in one)."""
+    """The scenario in ``spark`` (a ``cluster_session``; ``cluster_runs.py`` runs every cluster scenario in one)."""
     from servicebus_local.model import QueueSettings
     from spark_sb.admin.provisioning import provision_backlog_queues
     from spark_sb.config.service_bus import ServiceBusConfig

@@ -1,6 +1,7 @@
-"""What the ``local-cluster[2,1,1024]`` scenarios (``cluster_handoff.py``, ``cluster_fanout.py``, run in one session
-by ``cluster_runs.py``) share: two local namespaces, a session with two executor JVMs that import this checkout, the
-clean-up of Spark's per-run work folders (copies of the jars, hundreds of MB), a stream through a sink."""
+"""What the ``local-cluster[2,1,1024]`` scenarios (``cluster_handoff.py``, ``cluster_fanout.py``,
+``cluster_ordering.py``, run in one session by ``cluster_runs.py``) share: two local namespaces, a session with two
+executor JVMs that import this checkout, the clean-up of Spark's per-run work folders (copies of the jars, hundreds
+of MB), a stream through a sink."""
 
 from __future__ import annotations
 

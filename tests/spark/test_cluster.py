@@ -1,9 +1,12 @@
 """Two executor JVMs (``local-cluster[2,1,1024]``), in a child process (``cluster_runs.py``: this process already
-holds the test session's SparkContext) that runs both scenarios in one cluster:
+holds the test session's SparkContext) that runs every scenario in one cluster:
 
 * after tasks on one executor fail over, the next batch's task on the other executor starts failed over through
   the entity table; 0 lost (``cluster_handoff.py``);
-* a stream to 200 entities through a primary outage (``cluster_fanout.py``).
+* a stream to 200 entities through a primary outage (``cluster_fanout.py``);
+* ``ordering: session`` with the sink and the syphon job as two queries, through an outage, a stalled entity and
+  a syphon job killed mid-drain: every session in order on the primary, and the control with ``ordering: none``
+  out of order (``cluster_ordering.py``; issue 31: it replaced tests/spark/test_ordering.py's local[2] run).
 """
 
 from __future__ import annotations
@@ -15,14 +18,14 @@ import pytest
 from .child_report import child_report
 
 #: The tests of this file share one child process (one cluster; the Spark tiers' ``--dist loadfile`` gives them to
-#: one pytest-xdist worker). The first test also waits for the child (a cluster's start and both scenarios).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+#: one pytest-xdist worker). The first test also waits for the child (a cluster's start and every scenario).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1260)]
 
 
 @pytest.fixture(scope="module")
 def cluster_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("cluster")
-    return child_report(["-m", "tests.spark.cluster_runs", str(work)], "cluster runs", timeout=840)
+    return child_report(["-m", "tests.spark.cluster_runs", str(work)], "cluster runs", timeout=1200)
 
 
 def _scenario(reports: dict[str, Any], name: str) -> dict[str, Any]:
@@ -61,3 +64,34 @@ def test_a_stream_to_200_entities_through_a_primary_outage(cluster_reports: dict
         assert r["elapsed"] <= interval + 4.0, f"an outage task took {r['elapsed']:.1f} s for 200 entities"
     assert report["on_primary"] == report["expected_primary"]
     assert report["backlog"] == report["expected_backlog"]  # 0 lost, 0 duplicated
+
+
+def test_with_ordering_session_every_session_reaches_the_primary_in_order(
+    cluster_reports: dict[str, Any],
+) -> None:
+    """``ordering: session`` (``cluster_ordering.py``): 20 sessions, rows partitioned by session id, 12
+    micro-batches through a primary outage (batches 3-6), a stalled entity (8-9) and the syphon job killed
+    mid-drain and restarted: every session's receiver on the primary gets exactly the produced sequence - in order,
+    none lost, none twice (duplicate detection on) -, and the sink's and the syphon job's tasks ran on both
+    executors."""
+    report = _scenario(cluster_reports, "ordering")
+    got, produced = report["received"], report["produced"]
+    assert len(produced) == 20
+    for s, sequence in produced.items():
+        assert got[s] == sequence, f"session {s}: {got[s]}"  # in order, none lost, none twice
+    assert report["held_at_kill"] > 0  # the syphon job was killed mid-drain
+    assert report["diverted"] >= 4 * 2 * len(produced)  # the outage's four batches at least
+    kinds = report["events"]
+    assert kinds.get("session_held", 0) >= len(produced) and kinds.get("acknowledged", 0) > 0
+    executors = report["executors"]
+    assert len(executors["sink"]) == 2 and len(executors["syphon"]) == 2, f"tasks ran on {executors}"
+    assert len({pid for pids in report["sink_pids"] for pid in pids}) >= 2
+
+
+def test_with_ordering_none_sessions_come_out_of_order(cluster_reports: dict[str, Any]) -> None:
+    """The control (the test above can fail): ``ordering: none``, a batch healthy, one diverted, one sent after
+    recovery while the syphon job has not started yet: the diverted batch reaches the primary after the later one."""
+    report = _scenario(cluster_reports, "ordering_none")
+    got, produced = report["received"], report["produced"]
+    assert all(sorted(got[s]) == sequence for s, sequence in produced.items())  # nothing lost
+    assert sum(got[s] != sequence for s, sequence in produced.items()) >= 1
