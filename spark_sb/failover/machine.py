@@ -84,6 +84,10 @@ class NamespaceHealth:
         # Entity -> start of its attempt that timed out since the namespace last answered (SPEC F7, several
         # entities failing together). Bounded by the namespace's entities; cleared by any answer and by a fault.
         self._timeouts: dict[str, float] = {}
+        # When the namespace last answered (monotonic; any entity's success, any probe's, a service error, a
+        # connection heard during a failed attempt), on whatever connection: an attempt that was waiting then is
+        # not "together with no success in between" (SPEC F7), whatever its own connection heard.
+        self._answered_at: float | None = None
         # Entities known to exist for this sink (they accepted a message here, or the state table records them:
         # SPEC F9). Bounded by the namespace's entities. ``reached``: the namespace ever answered this sink.
         self._known: set[str] = set()
@@ -133,6 +137,7 @@ class NamespaceHealth:
     def answered(self) -> bool:
         """The namespace answered (a send or a probe succeeded, a service error came back, its connection was heard
         during a failed attempt: SPEC F7). True when that closed an open fault."""
+        self._answered_at = self._clock.monotonic()  # one store, no lock (read by answered_since)
         if self._since is None:  # the hot path: no lock while healthy
             if self._timeouts:
                 with self._lock:
@@ -171,6 +176,13 @@ class NamespaceHealth:
             first = self._timeouts.get(entity)
             self._timeouts[entity] = started if first is None else min(first, started)
             return len(self._timeouts) >= SEVERAL_ENTITIES and silent_since_first
+
+    def answered_since(self, started: float) -> bool:
+        """Did the namespace answer (:meth:`answered`: any entity's success or probe, a service error, a connection
+        heard during a failed attempt), on any connection, after ``started`` (monotonic)? Then an attempt that
+        started at ``started`` and timed out failed alone: the namespace was answering meanwhile (SPEC F7)."""
+        answered_at = self._answered_at
+        return answered_at is not None and started < answered_at
 
     def first_timeout(self) -> float | None:
         """The start of the earliest attempt that timed out since the namespace last answered (None if none)."""

@@ -93,13 +93,20 @@ class WireEvidence:
         on namespace facts: a connection-class error is; a timeout is when the connection has said nothing for
         :data:`~spark_sb.wire.transport.NAMESPACE_SILENCE` (past its heartbeat), or when several distinct entities
         of the namespace time out with nothing heard since the first of them started
-        (:meth:`~spark_sb.failover.machine.NamespaceHealth.entity_timed_out`). One entity's timeout alone never is."""
+        (:meth:`~spark_sb.failover.machine.NamespaceHealth.entity_timed_out`). One entity's timeout alone never is,
+        nor a timeout during which the namespace answered on any connection
+        (:meth:`~spark_sb.failover.machine.NamespaceHealth.answered_since`)."""
         if not self.error.fail_over:
+            return False
+        health = self.state.health
+        if self.error.name == "timeout" and health is not None and health.answered_since(self.started):
+            # The namespace answered on some connection while this attempt waited (the healthy entities' sends,
+            # while probes of stalled entities time out on the isolated connection): the timeout is the entity's
+            # or its connection's, never the namespace's.
             return False
         answered = self.transport.answered_within(self.target, NAMESPACE_SILENCE)
         if namespace_wide(self.error, connection_answered=answered):
             return True
-        health = self.state.health
         if self.error.name != "timeout" or health is None:
             return False
         first = health.first_timeout()

@@ -134,6 +134,34 @@ def test_several_entities_timing_out_on_a_connection_heard_meanwhile_stay_each_e
     assert verdicts == [False] * 7
 
 
+def test_probes_timing_out_together_on_the_isolated_connection_are_no_namespace_fault_if_it_answered_meanwhile() -> (
+    None
+):
+    """Ten stalled, failed-over entities probed together on the isolated connection (which carries nothing but
+    their probes, so it hears nothing) all time out at once, while the healthy entities' sends on the other
+    connection succeeded during those probes: not several entities failing "with no success in between" (F7).
+    Before the fix the ten timeouts made a namespace fault and every healthy entity was diverted at interval 0."""
+    clock = FakeClock()
+    registry = FailoverRegistry(clock)
+    # the probes' connection: never heard (its only traffic is the stalled entities' probes)
+    isolated = Heard(clock, None)
+    healthy = registry.entity(NS, "healthy", failover_interval=0.0, ping_interval=1.0)
+    stalled = [registry.entity(NS, f"s{i}", failover_interval=0.0, ping_interval=1.0) for i in range(10)]
+    started = clock.monotonic()  # the probes start together
+    for _ in range(5):  # healthy sends succeed while they wait
+        clock.advance(0.3)
+        healthy.record_success()
+    verdicts = [_wide(clock, isolated, Target(PRIMARY, s.entity), started, s) for s in stalled]
+    assert verdicts == [False] * 10
+    health = registry.namespace(NS)
+    assert health is not None and not health.faulted
+    # the same ten timeouts with no answer anywhere since they started are the namespace's
+    started = clock.monotonic()
+    clock.advance(1.5)
+    verdicts = [_wide(clock, isolated, Target(PRIMARY, s.entity), started, s) for s in stalled]
+    assert True in verdicts
+
+
 def test_a_connection_silent_past_its_heartbeat_makes_one_timeout_the_namespaces() -> None:
     clock = FakeClock()
     registry = FailoverRegistry(clock)
