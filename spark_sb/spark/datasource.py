@@ -426,7 +426,7 @@ def commit_write(plan: WritePlan, batch_id: int, messages: Sequence[Any]) -> Sen
         # Ordering: the held lines as the sessions table has them, less those whose pending markers are all
         # acknowledged now (read again here: a superset of what the plan saw), then record_batch merges the tasks'
         # marks and writes the sessions table before the events (spark_sb.state.sessions: why this keeps order)
-        sink._release(store)
+        sink.release_acknowledged(store)
     return sink.record_batch(batch_id, results, plan.handoff, store)
 
 

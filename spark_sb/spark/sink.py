@@ -422,6 +422,12 @@ class ServiceBusSink:
             self._view.refreshed(store.read_entities())
         return self._view.records()
 
+    def release_acknowledged(self, store: StateStore) -> tuple[HeldLine, ...]:
+        """Ordering (driver machine): :meth:`_release` for a caller that is not this sink's ``foreachBatch``
+        function - the data source's commit, which runs in a process of Spark's with a sink of its own per
+        micro-batch (:mod:`spark_sb.spark.datasource`). The held lines left."""
+        return self._release(store)
+
     def _release(self, store: StateStore) -> tuple[HeldLine, ...]:
         """Ordering, at batch start (driver): load the held lines (a driver's first batch), read the
         acknowledgements of their pending markers - only while a line is held -, release the lines whose markers
