@@ -1,5 +1,5 @@
 """``ordering: session`` with ``format("servicebus")`` and the syphon job (issue 31) on local Spark against two local
-namespaces: a smaller tests/spark/test_ordering.py. The data source's stream and the syphon job run as two queries
+namespaces: a smaller tests/spark/cluster_ordering.py, on local[2]. The data source's stream and the syphon job run as two queries
 of one session (local[2]) and coordinate only through the namespaces and the Delta state tables under
 ``state_location``: each micro-batch's plan (read with deltalake on the driver machine) hands the tasks the held
 lines, its commit (a process of Spark's) releases on the acknowledgements it reads then, merges the tasks' marks and

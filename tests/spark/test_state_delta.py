@@ -94,7 +94,7 @@ def test_held_sessions_in_catalog_tables_are_replaced_per_sink_and_acknowledgeme
     """The ``sessions`` table (ordering, spark_sb/state/sessions.py) as a catalog table: created on first use, a
     sink's lines replaced as a whole (``replaceWhere`` through ``saveAsTable``) without touching another sink's,
     emptied, and the syphon's acknowledgements read by marker and time from the events table. On path tables the
-    same calls run in tests/spark/test_ordering.py and test_state_maintenance.py."""
+    same calls run in tests/spark/cluster_ordering.py (through test_cluster.py) and test_state_maintenance.py."""
     from datetime import datetime, timedelta, timezone
 
     from spark_sb.state.records import ACKNOWLEDGED, Event
