@@ -93,7 +93,7 @@ from spark_sb.spark.partition import (
 from spark_sb.spark.schema import validate_schema
 from spark_sb.spark.sink import ServiceBusSink, default_sink_id
 from spark_sb.state.records import EntityRecord, PartitionResult
-from spark_sb.state.sessions import ACK_SKEW, HeldLine, SessionLedger
+from spark_sb.state.sessions import HeldLine, SessionLedger
 from spark_sb.wire.admin_api import with_namespace_name
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -323,13 +323,7 @@ def plan_lines(
     (:meth:`~spark_sb.state.sessions.SessionLedger.stale`). Nothing is written here: the commit releases again
     with what it reads then, and writes (:func:`commit_write`; the argument is :mod:`spark_sb.state.sessions`)."""
     ledger = SessionLedger()
-    ledger.load(store.read_sessions(sink_id))
-    oldest = ledger.oldest()
-    if oldest is not None:
-        acked = store.read_acknowledgements(
-            namespace_key(config.primary), ledger.pending(), oldest - ACK_SKEW
-        )
-        ledger.acknowledged(acked)
+    ledger.release(store, namespace_key(config.primary), sink_id)
     return ledger.handoff(), ledger.stale(now)
 
 

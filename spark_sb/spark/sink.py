@@ -69,7 +69,7 @@ from spark_sb.state.records import (
     Event,
     PartitionResult,
 )
-from spark_sb.state.sessions import ACK_SKEW, HeldLine, SessionLedger
+from spark_sb.state.sessions import HeldLine, SessionLedger
 from spark_sb.state.store import StateStore
 from spark_sb.state.writer import (
     COMMIT_INTERVAL,
@@ -434,14 +434,7 @@ class ServiceBusSink:
         are all acknowledged; the held lines left, for the tasks (:mod:`spark_sb.state.sessions`)."""
         ledger = self._ledger
         assert ledger is not None
-        if not ledger.loaded:
-            ledger.load(store.read_sessions(self.sink_id))
-        oldest = ledger.oldest()
-        if oldest is not None:
-            acked = store.read_acknowledgements(
-                namespace_key(self.config.primary), ledger.pending(), oldest - ACK_SKEW
-            )
-            self._returned.extend(ledger.acknowledged(acked))
+        self._returned.extend(ledger.release(store, namespace_key(self.config.primary), self.sink_id))
         return ledger.handoff()
 
     def _hold(

@@ -286,6 +286,18 @@ class SessionLedger:
             if line.pending and max(p.issued for p in line.pending) <= now - after
         )
 
+    def release(self, store: Any, namespace: str, sink_id: str) -> list[HeldLine]:
+        """Driver: load ``sink_id``'s held lines from ``store`` (a :class:`~spark_sb.state.store.StateStore`) unless
+        loaded, read the acknowledgements of their pending markers in ``namespace`` - only while a marker is
+        pending, not older than the oldest less :data:`ACK_SKEW` - and release the lines whose markers are all
+        acknowledged (returned). The sink's batch start and the data source's plan and commit run this."""
+        if not self.loaded:
+            self.load(store.read_sessions(sink_id))
+        oldest = self.oldest()
+        if oldest is None:
+            return []
+        return self.acknowledged(store.read_acknowledgements(namespace, self.pending(), oldest - ACK_SKEW))
+
     def acknowledged(self, markers: Collection[str]) -> list[HeldLine]:
         """Drop the acknowledged ``markers``; release (remove and return) every line left with none pending."""
         released: list[HeldLine] = []
