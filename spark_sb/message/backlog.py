@@ -15,14 +15,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.core.sdk_types import sdk_properties
 from spark_sb.message.outbound import (
     OutboundMessage,
     RejectError,
     Scalar,
     _ms_to_datetime,
     _utc_ms,
-    sdk_message,
 )
 
 if TYPE_CHECKING:
@@ -276,10 +274,7 @@ def to_backlog_sdk(msg: OutboundMessage, entity: str, now: datetime) -> ServiceB
     added = backlog_additions(msg, entity, now)
     if added is None:
         return to_backlog(msg, entity, now).to_sdk()
-    props = msg.properties
-    out = (sdk_properties(props) or {}) if props else {}
-    out.update(added)
-    return sdk_message(msg, out)  # session id, partition key, TTL and scheduled time are None here
+    return msg.to_sdk(added)  # session id, partition key, TTL and scheduled time are None here
 
 
 def backlog_additions(msg: OutboundMessage, entity: str, now: datetime) -> dict[str | bytes, Any] | None:

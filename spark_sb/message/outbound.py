@@ -200,9 +200,13 @@ class OutboundMessage:
             object.__setattr__(self, "scheduled_enqueue_time", _utc_ms(st))
 
     # ------------------------------------------------------------------ SDK mapping
-    def to_sdk(self) -> ServiceBusMessage:
-        """The SDK message with every field mapped exactly (TTL in exact milliseconds). Runs on executors."""
+    def to_sdk(self, added: Mapping[str | bytes, Any] | None = None) -> ServiceBusMessage:
+        """The SDK message with every field mapped exactly (TTL in exact milliseconds); ``added``: application
+        properties set on top of the message's own, already in the SDK's encoding (the backlog form's destination
+        and time, :func:`~spark_sb.message.backlog.backlog_additions`). Runs on executors."""
         props = self.properties
+        if added:
+            return sdk_message(self, {**((sdk_properties(props) or {}) if props else {}), **added})
         return sdk_message(self, None if props is _EMPTY else sdk_properties(props))
 
     @classmethod

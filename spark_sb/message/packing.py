@@ -137,13 +137,7 @@ def add_outbound(
                 message.session_id,
                 message.partition_key,
             )
-    if added:
-        from spark_sb.message.outbound import sdk_message
-
-        return add_to_batch(
-            batch, sdk_message(message, {**(sdk_properties(message.properties) or {}), **added})
-        )
-    return add_to_batch(batch, message.to_sdk())
+    return add_to_batch(batch, message.to_sdk(added))
 
 
 def _outgoing(message: OutboundMessage, added: Mapping[str | bytes, Any] | None = None) -> Any:
