@@ -71,11 +71,11 @@ tables): each micro-batch's plan hands the tasks the held lines and its commit r
 (``state_table_prefix``: its commit cannot read the syphon job's acknowledgements there) and for batch writes.
 Tests: tests/unit/failover/test_ordering.py, tests/unit/sender/test_ordering.py,
 tests/unit/syphon/test_ordered.py, tests/unit/state/test_sessions.py, tests/unit/spark/test_ordering.py,
-tests/integration/test_ordering.py, tests/spark/test_ordering.py, tests/unit/spark/test_datasource_ordering.py,
-tests/spark/test_datasource_ordering.py. O4: the events ``session_held``,
-``session_returned`` (the sink) and ``acknowledged`` (the syphon job); ``spark-sb status`` lists the sessions still
-draining (:func:`spark_sb.admin.status.draining_sessions`). Not yet: the dashboard notebook (O4);
-``bench/bench_ordering.py`` (O3).
+tests/integration/test_ordering.py, tests/spark/cluster_ordering.py (local-cluster, through test_cluster.py),
+tests/unit/spark/test_datasource_ordering.py, tests/spark/test_datasource_ordering.py. O4: the events
+``session_held``, ``session_returned`` (the sink) and ``acknowledged`` (the syphon job); ``spark-sb status`` lists the
+sessions still draining (:func:`spark_sb.admin.status.draining_sessions`); the dashboard notebook's fifth chart
+(:func:`spark_sb.admin.dashboard.sessions_draining`). O3: ``bench/bench_ordering.py``.
 
 Runs anywhere (the sender's thread, the syphon); thread-safe; the records are picklable.
 """
