@@ -285,15 +285,24 @@ def test_a_fresh_connection_not_open_by_the_calls_deadline_is_not_waited_for(
 ) -> None:
     """A namespace that stalls every connection (before or after SASL): the spare opened beside the silent
     connection does not open either. The call then fails at its own deadline (and the verifying ping), not at the
-    end of the rescue room: failover keeps to the interval (B3). The spare opens 0.1 s (real time) after the
-    deadline here; waiting for it through the room would have sent on it."""
+    end of the rescue room: failover keeps to the interval (B3). The spare opens 1 s (real time) after the call
+    reached its deadline (fake time, moved by the call's reads) - well within the 2 s room: waiting for it through
+    the room would have sent on it."""
     stalls = threading.Event()
     conn = shared(clock, monkeypatch, [False, stalls])
-    threading.Timer(0.1, stalls.set).start()  # nothing waits for it: the call ends first
+    deadline = 3.0
+
+    def open_a_second_after_the_deadline() -> None:
+        while not stalls.is_set() and clock.mono < deadline:
+            time.sleep(0.001)
+        stalls.wait(1.0)
+        stalls.set()
+
+    threading.Thread(target=open_a_second_after_the_deadline, daemon=True).start()
     try:
         with pytest.raises(OperationTimeoutError):
-            conn.on_link("q", sdk_send(live), 3.0, rescue=0.5)
-        assert conn.rescued == 1 and clock.mono <= 3.0 + VERIFY_WAIT + 2 * SLICE
+            conn.on_link("q", sdk_send(live), deadline, rescue=2.0)
+        assert conn.rescued == 1 and clock.mono <= deadline + VERIFY_WAIT + 2 * SLICE
     finally:
         stalls.set()
 
