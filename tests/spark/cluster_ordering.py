@@ -27,20 +27,15 @@ from __future__ import annotations
 import json
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-ENTITIES = ("orders", "invoices")
+from tests.spark.ordering_harness import ENTITIES, SCHEMA, Feed, backlog_count, received, wait_drained
+
 QUEUES = [f"primary/x-servicebus-transfer/{i}" for i in range(3)]
 SESSIONS = [f"s{i:02d}" for i in range(20)]
-SCHEMA = "body STRING, message_id STRING, session_id STRING, entity STRING, seq BIGINT"
 LOCK = 4  # the backlog queues' lock duration (s): the restarted syphon job waits it + 5 s
-
-
-def entity_of(session: str) -> str:
-    return ENTITIES[int(session[1:]) % 2]
 
 
 def main(work: Path) -> dict[str, Any]:
@@ -68,9 +63,6 @@ class Stream:
 
         self.spark, self.ordering, self.work = spark, ordering, work
         self._namespaces = two_namespaces()
-        self.produced: dict[str, list[str]] = {s: [] for s in SESSIONS}
-        self.seq = 0
-        self.files = 0
         self.pids: list[list[int]] = []  # the sink tasks' Python worker pids, per micro-batch
         self.run_ids: dict[str, list[str]] = {"sink": [], "syphon": []}
         self.query: Any = None
@@ -108,8 +100,7 @@ class Stream:
                     "syphon": {"batch_duration": "2s", "batch_size": 20},
                 }
             )
-            self.folder = self.work / "in"
-            self.folder.mkdir(parents=True)
+            self.feed = Feed(self.work / "in", SESSIONS)
             self.syphon_checkpoint = str(self.work / "syphon-chk")
             self.syphon_stop = self.work / "syphon-stop"
             self.sink = sink = ServiceBusSink(self.config)
@@ -121,7 +112,7 @@ class Stream:
 
             self.query = (
                 self.spark.readStream.schema(SCHEMA)
-                .json(str(self.folder))
+                .json(str(self.feed.folder))
                 .writeStream.foreachBatch(by_session)
                 .option("checkpointLocation", str(self.work / "sink-chk"))
                 .start()
@@ -154,30 +145,14 @@ class Stream:
         self.run_ids["syphon"].append(str(self.syphon.runId))
 
     def batch(self, per_session: int = 2) -> None:
-        rows = []
-        for _ in range(per_session):
-            for s in SESSIONS:
-                mid = f"{s}-{self.seq:04d}"
-                rows.append(
-                    {"body": mid, "message_id": mid, "session_id": s, "entity": entity_of(s), "seq": self.seq}
-                )
-                self.produced[s].append(mid)
-                self.seq += 1
-        tmp = self.folder / f".{self.files}.json"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tmp.rename(self.folder / f"{self.files:03d}.json")
-        self.files += 1
+        self.feed.write(per_session)
         self.query.processAllAvailable()
 
     def backlog(self) -> int:
-        return sum(self.secondary.broker.counts(q).active_message_count for q in QUEUES)
+        return backlog_count(self.secondary, QUEUES)
 
     def wait_drained(self, seconds: float = 60) -> None:
-        deadline = time.monotonic() + seconds
-        while self.backlog() > 0:
-            assert time.monotonic() < deadline, f"the backlog still holds {self.backlog()} messages"
-            assert self.syphon.exception() is None, self.syphon.exception()
-            time.sleep(0.5)  # the syphon job's own pace: nothing in this process to await
+        wait_drained(self.secondary, QUEUES, self.syphon, seconds)
 
     def stop(self) -> None:
         """The sink's query, then the syphon job between micro-batches (as ``jobs/syphon.py`` stops on SIGTERM): the
@@ -193,25 +168,6 @@ class Stream:
         if self.syphon is not None and self.syphon.isActive:
             stop_gracefully(self.syphon, str(self.syphon_stop), timeout=60)
         self.sink.flush()
-
-    def received(self) -> dict[str, list[str]]:
-        """Each session's message ids as a session receiver on the primary gets them (five sessions at a time)."""
-        from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
-
-        def one(s: str) -> list[str]:
-            out: list[str] = []
-            with (
-                ServiceBusClient.from_connection_string(self.primary.connection_string) as client,
-                client.get_queue_receiver(
-                    entity_of(s), session_id=s, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
-                ) as receiver,
-            ):
-                while batch := receiver.receive_messages(max_message_count=200, max_wait_time=0.3):
-                    out.extend(str(m.message_id) for m in batch)
-            return out
-
-        with ThreadPoolExecutor(5) as pool:
-            return dict(zip(SESSIONS, pool.map(one, SESSIONS), strict=True))
 
     def executors(self) -> dict[str, list[str]]:
         """Per query, the executors its tasks ran on: the tasks of the jobs in its runs' job groups (a micro-batch's
@@ -238,8 +194,8 @@ class Stream:
     def report(self) -> dict[str, Any]:
         """What both runs report: the sessions' sequences, the sink's counts, where the tasks ran."""
         return {
-            "produced": self.produced,
-            "received": self.received(),
+            "produced": self.feed.produced,
+            "received": received(self.primary.connection_string, SESSIONS, at_once=5),
             "diverted": self.sink.total.total_diverted,
             "sink_pids": self.pids,
             "executors": self.executors(),

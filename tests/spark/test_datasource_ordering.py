@@ -14,15 +14,12 @@ receivers on the primary get, for every session, exactly the produced sequence: 
 
 from __future__ import annotations
 
-import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
 from servicebus_local.model import QueueSettings
 from spark_sb import register
@@ -30,19 +27,14 @@ from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.failover.outcome import namespace_key
 from spark_sb.spark.syphon_job import run_syphon, stop_gracefully
 from spark_sb.state.deltars import DeltaRsStateStore
+from tests.spark.ordering_harness import ENTITIES, SCHEMA, Feed, received, wait_drained
 
 pytestmark = pytest.mark.slow
 
-ENTITIES = ("orders", "invoices")
 QUEUES = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]
 SESSIONS = [f"s{i}" for i in range(8)]
-SCHEMA = "body STRING, message_id STRING, session_id STRING, entity STRING, seq BIGINT"
 LOCK = 3  # the backlog queues' lock duration (s): the syphon job starts draining one lock duration after it starts
 SINK_ID = "ds-ordered"
-
-
-def entity_of(session: str) -> str:
-    return ENTITIES[int(session[1:]) % 2]
 
 
 @pytest.fixture
@@ -87,16 +79,12 @@ class Stream:
         self.state = tmp / "state"
         options = options_for(pair, self.state)
         self.config = ServiceBusConfig.from_options(options)
-        self.folder = tmp / "in"
-        self.folder.mkdir()
+        self.feed = Feed(tmp / "in", SESSIONS)
         self.syphon_checkpoint = str(tmp / "syphon-chk")
         self.syphon_stop = tmp / "syphon-stop"
-        self.produced: dict[str, list[str]] = {s: [] for s in SESSIONS}
-        self.seq = 0
-        self.files = 0
         self.query = (
             spark.readStream.schema(SCHEMA)
-            .json(str(self.folder))
+            .json(str(self.feed.folder))
             # the user's job: a session's rows in one task (a micro-batch is one file: one map task, whose rows a
             # hash repartition keeps in their order; a stream cannot be sorted)
             .repartition(2, "session_id")
@@ -121,54 +109,17 @@ class Stream:
         )
 
     def batch(self) -> None:
-        rows = []
-        for s in SESSIONS:
-            mid = f"{s}-{self.seq:04d}"
-            rows.append(
-                {"body": mid, "message_id": mid, "session_id": s, "entity": entity_of(s), "seq": self.seq}
-            )
-            self.produced[s].append(mid)
-            self.seq += 1
-        tmp = self.folder / f".{self.files}.json"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tmp.rename(self.folder / f"{self.files:03d}.json")
-        self.files += 1
+        self.feed.write()
         self.query.processAllAvailable()
 
-    def backlog(self) -> int:
-        return sum(self.pair.secondary.broker.counts(q).active_message_count for q in QUEUES)
-
     def wait_drained(self, seconds: float = 60) -> None:
-        deadline = time.monotonic() + seconds
-        while self.backlog() > 0:
-            assert time.monotonic() < deadline, f"the backlog still holds {self.backlog()} messages"
-            assert self.syphon.exception() is None, self.syphon.exception()
-            time.sleep(0.5)  # the syphon job's own pace: nothing in this process to await
+        wait_drained(self.pair.secondary, QUEUES, self.syphon, seconds)
 
     def stop(self) -> None:
         self.query.stop()
         if self.syphon is not None:
             stop_gracefully(self.syphon, str(self.syphon_stop), timeout=60)
         assert self.query.exception() is None
-
-
-def received(ns: Any) -> dict[str, list[str]]:
-    """Each session's message ids as a session receiver on the primary gets them (four sessions at a time)."""
-
-    def one(s: str) -> list[str]:
-        out: list[str] = []
-        with (
-            ServiceBusClient.from_connection_string(ns.connection_string) as client,
-            client.get_queue_receiver(
-                entity_of(s), session_id=s, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
-            ) as receiver,
-        ):
-            while batch := receiver.receive_messages(max_message_count=200, max_wait_time=0.3):
-                out.extend(str(m.message_id) for m in batch)
-        return out
-
-    with ThreadPoolExecutor(4) as pool:
-        return dict(zip(SESSIONS, pool.map(one, SESSIONS), strict=True))
 
 
 def acknowledged(store: DeltaRsStateStore, config: ServiceBusConfig, seconds: float = 60) -> None:
@@ -208,9 +159,9 @@ def test_format_servicebus_with_ordering_session_keeps_every_session_in_order_th
         run.wait_drained()
     finally:
         run.stop()
-    got = received(primary)
+    got = received(primary.connection_string, SESSIONS)
     for s in SESSIONS:
-        assert got[s] == run.produced[s], f"session {s}: {got[s]}"  # in order, none lost, none twice
+        assert got[s] == run.feed.produced[s], f"session {s}: {got[s]}"  # in order, none lost, none twice
     # every session held (pinned, marked) from the outage until the batch after its markers were acknowledged;
     # batches 3-4 go behind them too unless the syphon job moved and acknowledged batch 2's markers before batch 3's
     # plan read them (it needs a pass and a Delta write after the recovery: seconds)
