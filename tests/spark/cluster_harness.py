@@ -53,7 +53,16 @@ def cluster_session(app_name: str) -> Any:
     spark = build_spark_session(
         app_name,
         "local-cluster[2,1,1024]",
-        {"spark.executorEnv.PYTHONPATH": root, "spark.executorEnv.SPARK_LOCAL_IP": "127.0.0.1"},
+        {
+            "spark.executorEnv.PYTHONPATH": root,
+            "spark.executorEnv.SPARK_LOCAL_IP": "127.0.0.1",
+            # the executors' JVMs as the driver's (tests/conftest.py: TEST_JVM_OPTIONS, in SPARK_SUBMIT_OPTS)
+            **(
+                {"spark.executor.extraJavaOptions": os.environ["SPARK_SUBMIT_OPTS"]}
+                if os.environ.get("SPARK_SUBMIT_OPTS")
+                else {}
+            ),
+        },
     )
     # Both executors registered before the first batch (on a busy machine the second may come late, and tasks
     # would all land on the first). Test code: the product itself never touches the SparkContext.
