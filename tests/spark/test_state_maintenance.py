@@ -124,16 +124,25 @@ def test_maintain_keeps_the_tables_small_and_what_sinks_need(spark: Any, tmp_pat
         assert {k: props.get(k) for k in TABLE_PROPERTIES} == TABLE_PROPERTIES
 
     # what a sink and status pay at batch start: about the young tables' cost again (the bench holds the 10%).
-    # The young and the maintained tables measured in turn, the fastest of each kept: this tier runs beside another
-    # Spark worker on 2 cores, and one sample of each, taken a minute apart, once compared a load spike with a lull.
-    bases, maintained_runs = [base], []
+    # One sample of each, a minute apart, beside another Spark worker on 2 cores, once compared a load spike with a
+    # lull: when the bounds are missed, the young and the maintained tables are measured again in turn (twice at
+    # most) and the fastest of each compared - the same bounds.
+    bases, maintained_runs = [base], [measure(spark, grown, repeat=1, commits=False)]
+
+    def within_bounds() -> bool:
+        young, old = min(b.per_batch for b in bases), min(m.per_batch for m in maintained_runs)
+        young_first, old_first = (
+            min(b.first_batch for b in bases),
+            min(m.first_batch for m in maintained_runs),
+        )
+        return old <= 1.5 * young + 0.3 and old_first <= 1.5 * young_first + 0.5
+
     for _ in range(2):
-        maintained_runs.append(measure(spark, grown, repeat=1, commits=False))
+        if within_bounds():
+            break
         bases.append(measure(spark, fresh, repeat=1, commits=False))
-    per_batch = (min(b.per_batch for b in bases), min(m.per_batch for m in maintained_runs))
-    first_batch = (min(b.first_batch for b in bases), min(m.first_batch for m in maintained_runs))
-    assert per_batch[1] <= 1.5 * per_batch[0] + 0.3, (bases, maintained_runs)
-    assert first_batch[1] <= 1.5 * first_batch[0] + 0.5, (bases, maintained_runs)
+        maintained_runs.append(measure(spark, grown, repeat=1, commits=False))
+    assert within_bounds(), (bases, maintained_runs)
     assert min(m.status for m in maintained_runs) < 3.0
 
     # the syphon job's schedule: not due within a day of the maintenance
