@@ -8,13 +8,15 @@ pair of callables (break, heal) on the primary :class:`~servicebus_local.server.
 
 From the record: the failover lag (first diverted message - fault start - ``failover_interval``), the recovery
 lag (first message accepted by the primary again - heal), and the message ids to compare as sets (0 lost).
+:func:`backlog_count` and :func:`drain` read what a namespace holds (the ordering tests of the integration and Spark
+tiers count the backlog with it).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,6 +188,12 @@ class SendLoop:
         self._stop.set()
         self._thread.join(timeout)
         assert not self._thread.is_alive(), "the send loop did not stop: a send call is hanging"
+
+
+def backlog_count(ns: Any, queues: Sequence[str]) -> int:
+    """Active messages in ``queues`` (the backlog queues) of ``ns``, a ``LocalNamespace``: what failover diverted
+    and the syphon has not moved yet."""
+    return sum(ns.broker.counts(q).active_message_count for q in queues)
 
 
 def drain(ns: Any, entity: str) -> list[Any]:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
+from harness.outages import backlog_count
 from servicebus_local.model import QueueSettings
 from spark_sb.config.namespace import NamespaceConfig, RetryConfig
 from spark_sb.config.secret import Secret
@@ -115,7 +116,7 @@ class Run:
             time.sleep(0.1)
 
     def backlog(self) -> int:
-        return sum(self.pair.secondary.broker.counts(q).active_message_count for q in QUEUES)
+        return backlog_count(self.pair.secondary, QUEUES)
 
     def close(self) -> None:
         self.stop.set()
@@ -334,7 +335,7 @@ def test_two_threads_sending_the_same_sessions_keep_each_threads_order(pair: Any
         for t in threads:
             t.join(120)
         deadline = time.monotonic() + 60
-        while sum(pair.secondary.broker.counts(q).active_message_count for q in QUEUES):
+        while backlog_count(pair.secondary, QUEUES):
             assert time.monotonic() < deadline, "the backlog did not drain"
             stop.wait(0.2)  # polling the broker's counts: nothing to await
     finally:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from harness.outages import backlog_count
 from servicebus_local.server import LocalNamespace
 from spark_sb.failover.records import EntityState
 from spark_sb.failover.registry import FailoverRegistry
@@ -55,7 +56,7 @@ class Rig:
         return time.monotonic() - start, outcome
 
     def diverted(self) -> int:
-        return sum(self.secondary.broker.counts(q).active_message_count for q in BACKLOG)
+        return backlog_count(self.secondary, BACKLOG)
 
     def close(self) -> None:
         self.sender.close()

@@ -31,7 +31,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.spark.ordering_harness import ENTITIES, SCHEMA, Feed, backlog_count, received, wait_drained
+from harness.outages import backlog_count
+from tests.spark.ordering_harness import ENTITIES, SCHEMA, Feed, received, wait_drained
 
 QUEUES = [f"primary/x-servicebus-transfer/{i}" for i in range(3)]
 SESSIONS = [f"s{i:02d}" for i in range(20)]

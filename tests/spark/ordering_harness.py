@@ -3,8 +3,8 @@ local[2]) and ``tests/spark/cluster_ordering.py`` (the foreachBatch sink on a lo
 test session's process or the cluster child's.
 
 * :class:`Feed`: the stream's input, one JSON file a micro-batch, each session's message ids as produced;
-* :func:`backlog_count` / :func:`wait_drained`: the backlog queues' active messages, and waiting for the syphon job
-  to move them;
+* :func:`wait_drained`: waiting for the syphon job to move the backlog queues' messages
+  (:func:`harness.outages.backlog_count` counts them);
 * :func:`received`: each session's message ids as a session receiver on the primary gets them.
 """
 
@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from harness.outages import backlog_count
 
 #: The two session-enabled primary queues; a session's entity is fixed by its number.
 ENTITIES = ("orders", "invoices")
@@ -53,11 +55,6 @@ class Feed:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
         tmp.rename(self.folder / f"{self.files:03d}.json")
         self.files += 1
-
-
-def backlog_count(secondary: Any, queues: Sequence[str]) -> int:
-    """Active messages in the backlog queues of ``secondary`` (a ``LocalNamespace``)."""
-    return sum(secondary.broker.counts(q).active_message_count for q in queues)
 
 
 def wait_drained(secondary: Any, queues: Sequence[str], syphon: Any, seconds: float = 60) -> None:
