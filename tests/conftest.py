@@ -74,9 +74,8 @@ def spark() -> Iterator[object]:
     from spark_sb.spark.session import build_spark_session
 
     warehouse = tempfile.mkdtemp(prefix="spark-sb-warehouse-")
-    children = (
-        os.environ.pop("SPARK_SUBMIT_OPTS") if _CHILD_JVM_OPTIONS_OURS else None
-    )  # the JVM's defaults here
+    # the JVM's defaults here: the children's options (TEST_JVM_OPTIONS) are put back once it has started
+    children = os.environ.pop("SPARK_SUBMIT_OPTS") if _CHILD_JVM_OPTIONS_OURS else None
     try:
         session = build_spark_session(
             "spark-servicebus-tests",

@@ -50,20 +50,13 @@ def cluster_session(app_name: str) -> Any:
 
     root = str(Path(__file__).resolve().parents[2])
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    spark = build_spark_session(
-        app_name,
-        "local-cluster[2,1,1024]",
-        {
-            "spark.executorEnv.PYTHONPATH": root,
-            "spark.executorEnv.SPARK_LOCAL_IP": "127.0.0.1",
-            # the executors' JVMs as the driver's (tests/conftest.py: TEST_JVM_OPTIONS, in SPARK_SUBMIT_OPTS)
-            **(
-                {"spark.executor.extraJavaOptions": os.environ["SPARK_SUBMIT_OPTS"]}
-                if os.environ.get("SPARK_SUBMIT_OPTS")
-                else {}
-            ),
-        },
-    )
+    conf = {
+        "spark.executorEnv.PYTHONPATH": root,
+        "spark.executorEnv.SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    if os.environ.get("SPARK_SUBMIT_OPTS"):  # the executors' JVMs as the driver's (tests/conftest.py)
+        conf["spark.executor.extraJavaOptions"] = os.environ["SPARK_SUBMIT_OPTS"]
+    spark = build_spark_session(app_name, "local-cluster[2,1,1024]", conf)
     # Both executors registered before the first batch (on a busy machine the second may come late, and tasks
     # would all land on the first). Test code: the product itself never touches the SparkContext.
     status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
