@@ -44,8 +44,10 @@ class Ahead:
         self._default = default_entity or ""
         self._ready: dict[int, list[object | None]] = {}  # bounded by len(batches)
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._started = threading.Lock()
+        self._thread: threading.Thread | None = None  # set only once started, under _guard
+        # Held by start() while it makes and starts the helper, and by stop() while it ends it: stop() never meets
+        # a thread made but not started yet (the watchdog that calls start() may be descheduled in between).
+        self._guard = threading.Lock()
         self.in_flight = 0  # the batch whose attempt is under way (the helper thread starts there)
 
     def __len__(self) -> int:
@@ -67,22 +69,29 @@ class Ahead:
 
     def start(self) -> None:
         """Start the helper thread (none is running): translate every batch from the one in flight on. Called
-        from the lane's watchdog (``on_slow``): never blocks."""
-        if not self._started.acquire(blocking=False):
+        from the lane's watchdog (``on_slow``): never blocks (while :meth:`stop` ends a helper, it starts none)."""
+        if not self._guard.acquire(blocking=False):
             return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="spark-sb-backlog-ahead", daemon=True)
-        self._thread.start()
+        try:
+            if self._thread is not None:
+                return
+            self._stop.clear()
+            thread = threading.Thread(target=self._run, name="spark-sb-backlog-ahead", daemon=True)
+            thread.start()
+            self._thread = thread
+        finally:
+            self._guard.release()
 
     def stop(self) -> None:
-        """End the helper thread, if one runs, after the message it is at (waited for); it may be started again."""
-        thread = self._thread
-        if thread is None or thread is threading.current_thread():
-            return
-        self._stop.set()
-        thread.join()
-        self._thread = None
-        self._started.release()
+        """End the helper thread, if one runs, after the message it is at (waited for); it may be started again.
+        A :meth:`start` under way is waited for first (it takes moments: it only starts a thread)."""
+        with self._guard:
+            thread = self._thread
+            if thread is None or thread is threading.current_thread():
+                return
+            self._stop.set()
+            thread.join()
+            self._thread = None
 
     def _run(self) -> None:
         count = len(self._batches)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 from datetime import datetime
 
+import pytest
+
 from spark_sb.core.clock import FakeClock
 from spark_sb.message.backlog import from_backlog, to_backlog
 from spark_sb.message.outbound import OutboundMessage
@@ -101,3 +103,47 @@ def test_ahead_keeps_only_whole_batches_and_a_message_it_cannot_translate_is_lef
     ahead.stop()  # waits for the helper; whatever it finished is whole
     third = ahead.get(2)
     assert third is None or len(third) == 3
+
+
+def test_stop_while_the_watchdog_is_starting_the_helper_waits_for_it_and_ends_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watchdog's start() descheduled between making the helper thread and starting it: stop() on the sender's
+    thread waits for it, then ends the helper. It used to join the thread not started yet: RuntimeError("cannot
+    join thread before it is started"), which failed the send call (bench_isolation's smoke run in CI, stop 42)."""
+    real_thread = threading.Thread
+    inside, proceed = threading.Event(), threading.Event()
+
+    class Descheduled(real_thread):  # type: ignore[misc,valid-type]
+        def start(self) -> None:
+            inside.set()
+            assert proceed.wait(10)
+            super().start()
+
+    batch = FakeBatch(Target(PRIMARY, "a"), 10_000)
+    for m in msgs(3, prefix="a-", entity="a"):
+        batch.try_add(m)
+    ahead = Ahead([batch], to_backlog, FakeClock(), None)
+    monkeypatch.setattr(threading, "Thread", Descheduled)  # what spark_sb.sender.ahead makes its helper with
+    watchdog = real_thread(target=ahead.start)
+    watchdog.start()
+    assert inside.wait(10)
+    errors: list[BaseException] = []
+
+    def stop() -> None:
+        try:
+            ahead.stop()
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    sender = real_thread(target=stop)
+    sender.start()
+    sender.join(1.0)  # the old stop() raised at once; this one waits for the start under way
+    assert errors == [] and sender.is_alive()
+    proceed.set()
+    sender.join(10)
+    watchdog.join(10)
+    assert errors == [] and not sender.is_alive()
+    assert not [t for t in threading.enumerate() if t.name == "spark-sb-backlog-ahead"]
+    made = ahead.get(0)
+    assert made is None or len(made) == 3  # whatever the helper finished is whole
