@@ -13,7 +13,7 @@ for every entity would - back to back. First a warm-up call (every entity accept
 sink), then for each shape the first ``sick`` entities are made sick through the control API (``stall``: the
 entity answers nothing; ``disabled``, ``full``, ``not-found``: the service's error conditions) and the sender goes on
 until every sick entity is failed over (reported apart: "to failover s", from the fault to the last sick entity's
-failover as the sender's listener saw it - not rounded up to the end of the call it happened in), then ``--seconds`` of
+failover as its failover state records it - not rounded up to the end of the call it happened in), then ``--seconds`` of
 calls are measured:
 
 - healthy p50/p99/max: the latency of each call, whose healthy messages wait for nothing but the sick entities'
@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -149,15 +150,8 @@ def run_config(args: argparse.Namespace, latency: float, e: int, spec: str) -> l
                 sick_names = names[:sick]
                 healthy = set(names[sick:])
                 healthy_names = names[sick:]
-                failed_over: dict[str, float] = {}  # sick entity -> when it failed over (monotonic)
 
-                def listener(
-                    t: StateTransition,
-                    healthy: set[str] = healthy,
-                    failed_over: dict[str, float] = failed_over,
-                ) -> None:
-                    if t.to_state is EntityState.FAILED_OVER:
-                        failed_over.setdefault(t.entity, time.monotonic())
+                def listener(t: StateTransition, healthy: set[str] = healthy) -> None:
                     if t.entity in healthy:  # never expected: logged to say why
                         log_transition(t)
 
@@ -177,17 +171,21 @@ def run_config(args: argparse.Namespace, latency: float, e: int, spec: str) -> l
                     path, body = SHAPES[shape]
                     for name in sick_names:
                         ns["primary"].post(path, {"entity": name, **body})
-                    started = time.monotonic()
-                    deadline = started + args.cap
+                    fault_at = datetime.now(timezone.utc)
+                    deadline = time.monotonic() + args.cap
                     while time.monotonic() < deadline and any(
                         sender.entity_state(s) is not EntityState.FAILED_OVER for s in sick_names
                     ):
                         _call(sender, names, healthy, case)
                         peak_threads = max(peak_threads, _sender_threads())
-                    if all(sender.entity_state(s) is EntityState.FAILED_OVER for s in sick_names):
-                        case.to_failover = (
-                            max(failed_over.get(s, time.monotonic()) for s in sick_names) - started
-                        )
+                    # when each failed over: its state's `since` (the transition's time, the sender's clock)
+                    since = {
+                        s.entity: s.since
+                        for s in sender.registry.statuses()
+                        if s.state is EntityState.FAILED_OVER
+                    }
+                    if all(s in since for s in sick_names):
+                        case.to_failover = (max(since[s] for s in sick_names) - fault_at).total_seconds()
                     latencies = _window(sender, names, healthy, case, args.seconds)
                     peak_threads = max(peak_threads, _sender_threads())
                     case.rate = PER_ENTITY * len(healthy_names) * len(latencies) / sum(latencies)
