@@ -2,34 +2,40 @@
 
     .venv/bin/python bench/bench_isolation.py [--entities 20,100] [--sick 1,10] [--latency-ms 0,2]
         [--shapes stall,disabled,full,not-found] [--configs 60/60/30,10/5/30,1/2/5,0/1/5]
-        [--seconds 8] [--smoke] [--check]
+        [--seconds 8] [--rounds 4] [--smoke] [--check]
 
 For each latency, E and configuration (``failover_interval/ping_primary_interval/send_timeout`` in seconds), three
 local namespaces run in child processes (harness/namespaces.py): "primary" with queues q0..q{E-1}, "raw" with the same
 queues (the raw SDK baseline) and "secondary" with the backlog queues; the latency fault is set on all three.
 
-One ``PairedSender`` sends calls of ``--per-entity`` messages per entity (20) - sick ones included, as a Spark partition holding rows
-for every entity would - back to back. First a warm-up call (every entity accepted a message: they exist for this
-sink), then for each shape the first ``sick`` entities are made sick through the control API (``stall``: the
-entity answers nothing; ``disabled``, ``full``, ``not-found``: the service's error conditions) and the sender goes on
-until every sick entity is failed over (reported apart: "to failover s", from the fault to the last sick entity's
-failover as its failover state records it - not rounded up to the end of the call it happened in), then ``--seconds`` of
-calls are measured:
+One ``PairedSender`` sends calls of ``--per-entity`` messages per entity (20) - sick ones included, as a Spark partition
+holding rows for every entity would - back to back. First a warm-up call (every entity accepted a message: they exist
+for this sink), then ``--rounds`` rounds (4), each of them:
+
+1. a clean window: ``--seconds``/rounds of calls to the healthy entities, with no entity sick (the sick ones of the
+   round before have come back), and half that of the raw SDK baseline's slices;
+2. the fault: the first ``sick`` entities are made sick through the control API (``stall``: the entity answers
+   nothing; ``disabled``, ``full``, ``not-found``: the service's error conditions); calls (unmeasured) go on until
+   every sick entity is failed over ("to failover s", the longest of the rounds: from the fault to the last sick
+   entity's failover as its failover state records it - not rounded up to the end of the call it happened in);
+3. a sick window: ``--seconds``/rounds of calls to every entity, sick ones included;
+4. the fault cleared, and calls (unmeasured) until every sick entity has come back (a probe found it answering).
+
+So the clean and the sick windows alternate in the same run, and drift of the machine falls on both. Reported:
 
 - healthy p50/p99/max: the latency of each call, whose healthy messages wait for nothing but the sick entities'
   diverts (F6: a sick entity delays the others by at most 0.5 s);
-- healthy msgs/s against the same sender's run with no sick entity, measured just before in the same namespaces
-  ("vs clean", goal >= 0.9; "all moved": every message the calls moved - the healthy ones sent and the sick ones
-  diverted - per second against the same clean rate: the sick calls carry the sick entities' messages too, which
+- healthy msgs/s against the same sender's clean windows ("vs clean", goal >= 0.9; "all moved": every message the
+  calls moved - the healthy ones sent and the sick ones diverted - per second against the same clean rate: the sick calls carry the sick entities' messages too, which
   the clean calls do not), and that clean run against the raw SDK (one client, one sender per healthy entity,
-  the same messages; "clean vs raw"), rounds interleaved;
+  the same messages; "clean vs raw"), interleaved as above;
 - healthy diverted (goal 0): messages of healthy entities that went to the backlog, over the whole case;
 - conns: the most AMQP connections open at once on the primary (its gauge): the healthy connection and the
   isolated one that probes use; threads: the sender's most (its threads are named ``spark-sb-*``; the raw
   baseline's SDK senders keep a keep-alive thread each - 100 at E = 100 - and are not counted).
 
 ``--check``: exit 1 when a goal is missed. ``--smoke``: E = 6, one sick, shapes stall and disabled, config 1/2/5,
-2 s windows (seconds in all: CI's smoke mode).
+two rounds of 1 s windows (seconds in all: CI's smoke mode).
 """
 
 from __future__ import annotations
@@ -125,14 +131,41 @@ def _window(
     return latencies
 
 
-def _raw_rate(raw: _Raw, healthy: int, seconds: float) -> float:
+def _raw_slices(raw: _Raw, healthy: int, seconds: float) -> tuple[int, float]:
+    """Messages the raw SDK baseline sent in ``seconds`` of slices, and the time they took."""
     sent = 0
     spent = 0.0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         spent += raw.slice(healthy * PER_ENTITY)
         sent += healthy * PER_ENTITY
-    return sent / spent if spent else 0.0
+    return sent, spent
+
+
+def _until(
+    sender: PairedSender,
+    names: list[str],
+    healthy: set[str],
+    case: Case,
+    sick: list[str],
+    state: EntityState,
+    cap: float,
+) -> bool:
+    """Calls (all entities, unmeasured) until every sick entity is in ``state``; False after ``cap`` seconds."""
+    deadline = time.monotonic() + cap
+    while any(sender.entity_state(s) is not state for s in sick):
+        if time.monotonic() > deadline:
+            return False
+        _call(sender, names, healthy, case)
+    return True
+
+
+def _failover_took(sender: PairedSender, sick: list[str], fault_at: datetime) -> float | None:
+    """From the fault to the last sick entity's failover, as its failover state records it (``since``)."""
+    since = {s.entity: s.since for s in sender.registry.statuses() if s.state is EntityState.FAILED_OVER}
+    if not all(s in since for s in sick):
+        return None
+    return (max(since[s] for s in sick) - fault_at).total_seconds()
 
 
 def run_config(args: argparse.Namespace, latency: float, e: int, spec: str) -> list[Case]:
@@ -165,35 +198,46 @@ def run_config(args: argparse.Namespace, latency: float, e: int, spec: str) -> l
                 try:
                     raw.open()
                     _call(sender, names, healthy, case)  # warm-up: every entity accepted a message
-                    clean = _window(sender, healthy_names, healthy, case, args.seconds / 2)
-                    case.raw_rate = _raw_rate(raw, len(healthy_names), args.seconds / 2)
-                    case.clean_rate = PER_ENTITY * len(healthy_names) * len(clean) / sum(clean)
+                    clean: list[float] = []
+                    latencies: list[float] = []
+                    raw_sent, raw_spent = 0, 0.0
+                    window = args.seconds / args.rounds
                     path, body = SHAPES[shape]
-                    for name in sick_names:
-                        ns["primary"].post(path, {"entity": name, **body})
-                    fault_at = datetime.now(timezone.utc)
-                    deadline = time.monotonic() + args.cap
-                    while time.monotonic() < deadline and any(
-                        sender.entity_state(s) is not EntityState.FAILED_OVER for s in sick_names
-                    ):
-                        _call(sender, names, healthy, case)
+                    for round_ in range(args.rounds):
+                        # with none sick (the sick entities healthy again after the round before) ...
+                        clean += _window(sender, healthy_names, healthy, case, window)
+                        sent, spent = _raw_slices(raw, len(healthy_names), window / 2)
+                        raw_sent, raw_spent = raw_sent + sent, raw_spent + spent
+                        # ... then sick: fault, every sick entity failed over, the measured window
+                        for name in sick_names:
+                            ns["primary"].post(path, {"entity": name, **body})
+                        fault_at = datetime.now(timezone.utc)
+                        _until(sender, names, healthy, case, sick_names, EntityState.FAILED_OVER, args.cap)
+                        took = _failover_took(sender, sick_names, fault_at)
+                        if took is None:
+                            case.to_failover = None
+                            break
+                        case.to_failover = max(case.to_failover or 0.0, took)
+                        latencies += _window(sender, names, healthy, case, window)
                         peak_threads = max(peak_threads, _sender_threads())
-                    # when each failed over: its state's `since` (the transition's time, the sender's clock)
-                    since = {
-                        s.entity: s.since
-                        for s in sender.registry.statuses()
-                        if s.state is EntityState.FAILED_OVER
-                    }
-                    if all(s in since for s in sick_names):
-                        case.to_failover = (max(since[s] for s in sick_names) - fault_at).total_seconds()
-                    latencies = _window(sender, names, healthy, case, args.seconds)
-                    peak_threads = max(peak_threads, _sender_threads())
-                    case.rate = PER_ENTITY * len(healthy_names) * len(latencies) / sum(latencies)
-                    case.all_rate = PER_ENTITY * len(names) * len(latencies) / sum(latencies)
-                    ordered = sorted(latencies)
-                    case.p50 = statistics.median(ordered)
-                    case.p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-                    case.worst = ordered[-1]
+                        ns["primary"].post("/faults/clear")
+                        ns["primary"].post("/faults/latency", {"seconds": latency / 1000.0})
+                        if round_ < args.rounds - 1 and not _until(
+                            sender, names, healthy, case, sick_names, EntityState.HEALTHY, args.cap
+                        ):
+                            case.misses.append("sick never came back")
+                            break
+                        peak_threads = max(peak_threads, _sender_threads())
+                    case.raw_rate = raw_sent / raw_spent if raw_spent else 0.0
+                    if clean:
+                        case.clean_rate = PER_ENTITY * len(healthy_names) * len(clean) / sum(clean)
+                    if latencies:
+                        case.rate = PER_ENTITY * len(healthy_names) * len(latencies) / sum(latencies)
+                        case.all_rate = PER_ENTITY * len(names) * len(latencies) / sum(latencies)
+                        ordered = sorted(latencies)
+                        case.p50 = statistics.median(ordered)
+                        case.p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+                        case.worst = ordered[-1]
                     case.conns = ns["primary"].peak_connections()
                     case.threads = peak_threads
                 finally:
@@ -239,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-ms", default="0,2")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--configs", default="10/5/30,1/2/5,0/1/5")
-    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--seconds", type=float, default=8.0, help="of the clean calls, and of the sick ones")
+    parser.add_argument("--rounds", type=int, default=4, help="clean and sick windows interleaved")
     parser.add_argument(
         "--cap", type=float, default=150.0, help="the longest wait for the sick ones' failover"
     )
@@ -249,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.entities, args.sick, args.latency_ms = "6", "1", "0"
-        args.shapes, args.configs, args.seconds = "stall,disabled", "1/2/5", 2.0
+        args.shapes, args.configs, args.seconds, args.rounds = "stall,disabled", "1/2/5", 2.0, 2
     globals()["PER_ENTITY"] = args.per_entity
     args.sick = [int(s) for s in args.sick.split(",")]
     args.shapes = [s for s in args.shapes.split(",") if s]
