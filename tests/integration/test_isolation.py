@@ -358,3 +358,52 @@ def test_several_stalled_entities_in_one_call_fail_over_together_and_the_healthy
     finally:
         for name in sick:
             pair.primary.faults.stall_entity(name, False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A refused entity's probes keep their link (issue 29: each probe reopened it, 10 ms of the process's CPU)
+
+_PROBE_REQUESTS = {"schedule-cancel": "management_operations", "ping": "transfers_received"}
+
+
+@pytest.mark.parametrize("mode", ["schedule-cancel", "ping"])
+@pytest.mark.parametrize(
+    "condition",
+    ["com.microsoft:entity-disabled", "amqp:not-found", "amqp:resource-limit-exceeded"],
+    ids=["disabled", "not-found", "full"],
+)
+def test_probes_of_a_refusing_entity_reuse_one_link_and_it_comes_back_on_time(
+    pair: Any, make_sender: Callable[..., PairedSender], mode: str, condition: str
+) -> None:
+    """An entity that refuses deliveries (disabled, missing, full) while its link stays attached is probed on the
+    same link every time: no session, CBS put-token or link is opened per probe (the SDK closes its handler on a
+    disabled or missing entity; the shared connection used to drop the link after any failure). Once the entity
+    accepts again, a probe on the kept link brings it back within the ping interval + 0.5 s."""
+    ping = 0.3
+    primary = pair.primary
+    sender = make_sender(probe_mode=mode, ping_primary_interval=ping)
+    assert sender.send([OutboundMessage(body=b"x", message_id="h0")]).total_sent == 1
+    primary.faults.fail_sends("a", condition)
+    assert sender.send([OutboundMessage(body=b"x", message_id="d0")]).total_diverted == 1
+    assert sender.entity_state("a") is EntityState.FAILED_OVER
+
+    def requests() -> int:
+        return int(primary.counters()[_PROBE_REQUESTS[mode]])
+
+    first = requests()
+    # the first probe opens the link; the next ones must not
+    assert primary.wait_until(lambda: requests() >= first + 1, timeout=5 * ping + 2)
+    primary.reset_counters()
+    assert primary.wait_until(lambda: requests() >= 5, timeout=10 * ping + 3), "fewer than 5 probes"
+    counters = primary.counters()
+    assert counters["sender_links_opened"] == 0, counters
+    assert counters["cbs_put_tokens"] == 0, counters
+    assert sender.entity_state("a") is EntityState.FAILED_OVER
+
+    primary.faults.clear()
+    healed = time.monotonic()
+    assert primary.wait_until(lambda: sender.entity_state("a") is EntityState.HEALTHY, timeout=ping + 2)
+    back = time.monotonic() - healed
+    assert back <= ping + 0.5, f"back {back:.2f} s after the heal (ping {ping} s)"
+    out = sender.send([OutboundMessage(body=b"x", message_id="h1")])
+    assert out.total_sent == 1 and out.total_diverted == 0
