@@ -179,7 +179,10 @@ def test_threads_and_sockets_stay_bounded_and_return_after_close(
     assert max(sockets) - sockets0 <= SOCKETS_OVER, report
     half = CALLS // 2  # not growing with calls: the second half's peak is no higher than the first's (+1)
     assert max(threads[half:]) <= max(threads[:half]) + 1, report
-    assert max(sockets[half:]) <= max(sockets[:half]) + 1, report
+    # A socket being closed in the background may overlap the next connection's for one sample (seen once in CI:
+    # [1, 3, 2, 2, 2, 5, 2, 2, 2, 2]); what leaks stays, so growth shows in the last samples: no higher than the
+    # first half's peak (+1). A socket leaked every second call ends 2 above it.
+    assert max(sockets[-3:]) <= max(sockets[:half]) + 1, report
     assert back is not None, f"not back to steady state 5 s after close(): {report}"
     assert time.monotonic() - closed_at < 6.0
 
