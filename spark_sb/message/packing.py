@@ -116,6 +116,7 @@ def add_outbound(
     batch: ServiceBusMessageBatch,
     message: OutboundMessage,
     added: Mapping[str | bytes, Any] | None = None,
+    section: bytes | None = None,
 ) -> bool:
     """Add ``message`` to ``batch`` as ``batch.add_message(message.to_sdk())`` would, with the same bytes; False
     when it does not fit. ``added``: application properties set on top of the message's own (already in the SDK's
@@ -123,12 +124,25 @@ def add_outbound(
     within the service's 128 characters, no tracing configured) are built straight into the pyamqp message the
     SDK would make of them (:func:`_outgoing`), without the SDK's ``ServiceBusMessage`` and
     ``AmqpAnnotatedMessage`` in between (half the CPU of a message). Any other message, or an SDK this module does
-    not follow, goes the SDK's way and meets its checks (``ValueError`` / ``TypeError``)."""
+    not follow, goes the SDK's way and meets its checks (``ValueError`` / ``TypeError``).
+
+    ``section``: :func:`application_section` of ``added``, encoded once for every message of a batch that has no
+    properties of its own (a failed-over entity's messages share the backlog form's two properties): the message
+    is encoded without them and the section spliced in where the SDK puts it, between the properties and the body
+    - the same bytes, without encoding the same map again for every message (a fifth of a divert's CPU)."""
     if fast_path_available() and _DIRECT is not None and getattr(batch, "_amqp_transport", None) is _FAST[0]:
-        outgoing = _outgoing(message, added)
+        spliced = section is not None and not message.properties
+        outgoing = _outgoing(message, None if spliced else added)
         if outgoing is not None:
             data = bytearray()
-            _FAST[3](data, outgoing)
+            if spliced:
+                assert section is not None
+                body = outgoing.data
+                _FAST[3](data, outgoing._replace(data=None))
+                data += section
+                _FAST[3](data, _DIRECT[0](data=body))
+            else:
+                _FAST[3](data, outgoing)
             return _append_fields(
                 batch,
                 message,
@@ -138,6 +152,16 @@ def add_outbound(
                 message.partition_key,
             )
     return add_to_batch(batch, message.to_sdk(added))
+
+
+def application_section(added: Mapping[str | bytes, Any]) -> bytes | None:
+    """The application-properties section of a message whose only application properties are ``added``, as the
+    SDK encodes it (for :func:`add_outbound`'s ``section``), or None when batches are packed the SDK's way."""
+    if not fast_path_available() or _DIRECT is None:
+        return None
+    data = bytearray()
+    _FAST[3](data, _DIRECT[0](application_properties=dict(added)))
+    return bytes(data)
 
 
 def _outgoing(message: OutboundMessage, added: Mapping[str | bytes, Any] | None = None) -> Any:

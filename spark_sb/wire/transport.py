@@ -49,7 +49,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from spark_sb.core.errors import LaneClosed, classify, condition_of
 from spark_sb.message.backlog import backlog_additions, to_backlog_sdk
 from spark_sb.message.outbound import OutboundMessage
-from spark_sb.message.packing import Encoded, add_encoded, add_outbound, add_to_batch, encode
+from spark_sb.message.packing import (
+    Encoded,
+    add_encoded,
+    add_outbound,
+    add_to_batch,
+    application_section,
+    encode,
+)
 from spark_sb.wire.connection import (
     HEARTBEAT,
     QUIET,
@@ -226,6 +233,9 @@ class SdkBatch:
         self.sdk_batch = sdk_batch
         self._messages: list[OutboundMessage] = []
         self._count = 0
+        # entity -> the backlog form's application-properties section at this batch's enqueue time, encoded once
+        # (add_outbound's ``section``); bounded by the entities whose messages this batch holds
+        self._sections: dict[tuple[str, datetime], bytes | None] = {}
 
     @property
     def messages(self) -> list[OutboundMessage]:
@@ -246,7 +256,13 @@ class SdkBatch:
         else:
             additions = backlog_additions(original, entity, enqueued)
             if additions is not None:  # the common case: the original's fields and two properties more
-                added = add_outbound(self.sdk_batch, original, additions)
+                section = None
+                if not original.properties:  # only the two: one encoding of them for the entity's messages
+                    key = (entity, enqueued)
+                    section = self._sections.get(key)
+                    if section is None and key not in self._sections:
+                        section = self._sections[key] = application_section(additions)
+                added = add_outbound(self.sdk_batch, original, additions, section)
             else:
                 added = add_to_batch(self.sdk_batch, to_backlog_sdk(original, entity, enqueued))
         if not added:

@@ -23,6 +23,7 @@ from spark_sb.message import packing
 from spark_sb.message.backlog import RESERVED_PROPERTIES, backlog_additions, to_backlog_sdk
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.message.packing import add_encoded, add_outbound, add_to_batch, encode, fast_path_available
+from spark_sb.wire.transport import SECONDARY, SdkBatch, Target
 
 UTC = timezone.utc
 NOW = datetime(2026, 11, 26, 7, 0, 0, 123000, tzinfo=UTC)
@@ -275,6 +276,56 @@ def test_the_backlog_form_built_without_the_sdk_message_gives_the_sdks_own_batch
     ours, our_fits = _fill_backlog(ours_add, msgs, limit)
     assert our_fits == their_fits
     assert _state(ours) == _state(theirs)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    msgs=st.lists(
+        st.tuples(
+            st.one_of(plain.map(lambda m: replace(m, properties={})), plain, messages), st.sampled_from("abc")
+        ),
+        min_size=1,
+        max_size=16,
+    ),
+    limit=st.integers(400, 20000),
+)
+def test_a_backlog_batch_of_several_entities_encodes_their_properties_once_and_gives_the_sdks_own_batch(
+    msgs: list[tuple[OutboundMessage, str]], limit: int
+) -> None:
+    """The transport's backlog batch encodes the two backlog properties once per entity (for the messages with
+    no properties of their own) and splices them in: byte for byte the SDK's batch of ``to_backlog_sdk``, with
+    the messages of several entities interleaved, some with properties of their own, some not."""
+    assert fast_path_available()
+    originals = [m for m, _ in msgs]
+    entity_of = {id(m): e for m, e in msgs}
+    theirs, their_fits = _fill_backlog(
+        lambda b, m: _sdk_add(b, to_backlog_sdk(m, f"orders-{entity_of[id(m)]}", NOW)), originals, limit
+    )
+    wrapped: dict[int, SdkBatch] = {}
+
+    def ours_add(batch: ServiceBusMessageBatch, m: OutboundMessage) -> bool:
+        sdk = wrapped.setdefault(
+            id(batch), SdkBatch(Target(SECONDARY, "primary/x-servicebus-transfer/0"), batch)
+        )
+        return sdk.try_add_backlog(m, f"orders-{entity_of[id(m)]}", NOW)
+
+    ours, our_fits = _fill_backlog(ours_add, originals, limit)
+    assert our_fits == their_fits
+    assert _state(ours) == _state(theirs)
+
+
+def test_a_backlog_batch_encodes_an_entitys_two_properties_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The point of the section: 50 property-less messages of two entities, two encodings of the properties."""
+    made: list[Any] = []
+    real = packing.application_section
+    monkeypatch.setattr(
+        "spark_sb.wire.transport.application_section", lambda added: made.append(added) or real(added)
+    )
+    batch = SdkBatch(Target(SECONDARY, "q"), ServiceBusMessageBatch(max_size_in_bytes=262144))
+    for k in range(50):
+        assert batch.try_add_backlog(OutboundMessage(body=b"x" * 200), f"e{k % 2}", NOW)
+    assert [a["x-ms-path"] for a in made] == ["e0", "e1"]
+    assert len(batch) == 50
 
 
 def test_the_common_backlog_form_skips_the_sdk_message(monkeypatch: pytest.MonkeyPatch) -> None:
