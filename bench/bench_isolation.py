@@ -12,8 +12,10 @@ One ``PairedSender`` sends calls of ``--per-entity`` messages per entity (20) - 
 holding rows for every entity would - back to back. First a warm-up call (every entity accepted a message: they exist
 for this sink), then ``--rounds`` rounds (4), each of them:
 
-1. a clean window: ``--seconds``/rounds of calls to the healthy entities, with no entity sick (the sick ones of the
-   round before have come back), and half that of the raw SDK baseline's slices;
+1. the clean windows, with no entity sick (the sick ones of the round before have come back): ``--seconds``/rounds
+   of calls to every entity (the same calls as the sick window's, none sick: "the same run with none"), as long
+   of calls to the healthy entities alone (the sick entities' traffic left out as well), and half that of the raw
+   SDK baseline's slices (every entity);
 2. the fault: the first ``sick`` entities are made sick through the control API (``stall``: the entity answers
    nothing; ``disabled``, ``full``, ``not-found``: the service's error conditions); calls (unmeasured) go on until
    every sick entity is failed over ("to failover s", the longest of the rounds: from the fault to the last sick
@@ -25,10 +27,13 @@ So the clean and the sick windows alternate in the same run, and drift of the ma
 
 - healthy p50/p99/max: the latency of each call, whose healthy messages wait for nothing but the sick entities'
   diverts (F6: a sick entity delays the others by at most 0.5 s);
-- healthy msgs/s against the same sender's clean windows ("vs clean", goal >= 0.9; "all moved": every message the
-  calls moved - the healthy ones sent and the sick ones diverted - per second against the same clean rate: the sick calls carry the sick entities' messages too, which
-  the clean calls do not), and that clean run against the raw SDK (one client, one sender per healthy entity,
-  the same messages; "clean vs raw"), interleaved as above;
+- healthy msgs/s - the healthy entities' messages per second - against the same in the clean windows of calls to
+  every entity ("vs clean", goal >= 0.9: the issue's "the same run's throughput with none"), and against the clean
+  windows of calls to the healthy entities alone ("vs healthy only": stricter, it charges the healthy entities
+  with the work of diverting the sick entities' messages, which the calls carry as a Spark partition would: a
+  diverted message costs about 0.85 of a sent one, so with 10 of 100 sick this one's ceiling is about 0.92); the
+  clean calls to every entity against the raw SDK (one client, one sender per entity, the same messages; "clean
+  vs raw"), interleaved as above;
 - healthy diverted (goal 0): messages of healthy entities that went to the backlog, over the whole case;
 - conns: the most AMQP connections open at once on the primary (its gauge): the healthy connection and the
   isolated one that probes use; threads: the sender's most (its threads are named ``spark-sb-*``; the raw
@@ -83,8 +88,9 @@ class Case:
     p99: float = 0.0
     worst: float = 0.0
     rate: float = 0.0
-    all_rate: float = 0.0  # every message the calls moved (healthy sent and sick diverted) per second
-    clean_rate: float = 0.0
+    clean_rate: float = 0.0  # the healthy entities' messages per second in the clean calls to every entity
+    only_rate: float = 0.0  # ... in the clean calls to the healthy entities alone
+    clean_call: float = 0.0  # the mean clean call to every entity (s)
     raw_rate: float = 0.0
     diverted_healthy: int = 0
     conns: int | None = None
@@ -216,20 +222,22 @@ def run_config(args: argparse.Namespace, latency: float, e: int, spec: str) -> l
                     registry=FailoverRegistry(),
                     listener=listener,
                 )
-                raw = _Raw(ns["raw"].connection_string, healthy_names, BODY)
+                raw = _Raw(ns["raw"].connection_string, names, BODY)
                 peak_threads = _sender_threads()
                 try:
                     raw.open()
                     _call(sender, names, healthy, case)  # warm-up: every entity accepted a message
                     clean: list[float] = []
+                    only: list[float] = []
                     latencies: list[float] = []
                     raw_sent, raw_spent = 0, 0.0
                     window = args.seconds / args.rounds
                     path, body = SHAPES[shape]
                     for round_ in range(args.rounds):
                         # with none sick (the sick entities healthy again after the round before) ...
-                        clean += _window(sender, healthy_names, healthy, case, window)
-                        sent, spent = _raw_slices(raw, len(healthy_names), window / 2)
+                        clean += _window(sender, names, healthy, case, window)
+                        only += _window(sender, healthy_names, healthy, case, window)
+                        sent, spent = _raw_slices(raw, len(names), window / 2)
                         raw_sent, raw_spent = raw_sent + sent, raw_spent + spent
                         # ... then sick: fault, every sick entity failed over, the measured window
                         for name in sick_names:
@@ -252,11 +260,12 @@ def run_config(args: argparse.Namespace, latency: float, e: int, spec: str) -> l
                             break
                         peak_threads = max(peak_threads, _sender_threads())
                     case.raw_rate = raw_sent / raw_spent if raw_spent else 0.0
-                    if clean:
+                    if clean and only:
                         case.clean_rate = PER_ENTITY * len(healthy_names) * len(clean) / sum(clean)
+                        case.only_rate = PER_ENTITY * len(healthy_names) * len(only) / sum(only)
+                        case.clean_call = sum(clean) / len(clean)
                     if latencies:
                         case.rate = PER_ENTITY * len(healthy_names) * len(latencies) / sum(latencies)
-                        case.all_rate = PER_ENTITY * len(names) * len(latencies) / sum(latencies)
                         ordered = sorted(latencies)
                         case.p50 = statistics.median(ordered)
                         case.p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
@@ -280,20 +289,21 @@ def _judge(case: Case) -> None:
         case.misses.append("sick never failed over")
     if case.clean_rate and case.rate / case.clean_rate < 0.9:
         case.misses.append("vs clean < 0.9")
-    # one call = one message per entity: its latency beyond the clean call's is what the sick ones cost it
-    if case.clean_rate and case.worst - PER_ENTITY * (case.entities - case.sick) / case.clean_rate > 0.5:
+    # a call's latency beyond the mean clean call's (the same messages, none sick) is what the sick ones cost it
+    if case.clean_call and case.worst - case.clean_call > 0.5:
         case.misses.append("delay > 0.5 s")
 
 
 def _line(c: Case) -> str:
     vs_clean = c.rate / c.clean_rate if c.clean_rate else 0.0
-    all_vs_clean = c.all_rate / c.clean_rate if c.clean_rate else 0.0
-    vs_raw = c.clean_rate / c.raw_rate if c.raw_rate else 0.0
+    vs_only = c.rate / c.only_rate if c.only_rate else 0.0
+    # the clean calls carry every entity's messages, as the raw slices do
+    vs_raw = c.clean_rate * c.entities / (c.entities - c.sick) / c.raw_rate if c.raw_rate else 0.0
     fo = f"{c.to_failover:.2f}" if c.to_failover is not None else "never"
     return (
         f"{c.latency_ms:>4.0f} ms  E={c.entities:<4} sick={c.sick:<3} {c.shape:<10} {c.config:<9} "
         f"to failover {fo:>6} s  healthy p50/p99/max {c.p50 * 1000:7.1f}/{c.p99 * 1000:7.1f}/{c.worst * 1000:7.1f} ms  "
-        f"{c.rate:8.0f} msgs/s  vs clean {vs_clean:4.2f} (all moved {all_vs_clean:4.2f})  clean vs raw {vs_raw:4.2f} ({c.raw_rate:.0f} msgs/s)  "
+        f"{c.rate:8.0f} msgs/s  vs clean {vs_clean:4.2f} (vs healthy only {vs_only:4.2f})  clean vs raw {vs_raw:4.2f} ({c.raw_rate:.0f} msgs/s)  "
         f"healthy diverted {c.diverted_healthy}  conns {c.conns}  threads {c.threads}"
         + (f"  MISS: {', '.join(c.misses)}" if c.misses else "")
     )
