@@ -808,11 +808,16 @@ class FoundDead(NeedsWorker):
 #: Refusals of one delivery or request by an entity whose link stays attached (a full, disabled or missing entity,
 #: throttling, a message too large): the link is kept for the next send or probe. Reopening it cost each probe of a
 #: failed-over entity a session, two CBS links, a put-token, the entity's link and the management pair - about 23
-#: frames each way and 10 ms of the process's CPU (issue 29: ten disabled entities probed every second took a tenth
-#: of the healthy sends' throughput). A link the service detached is reopened as before (:func:`_attached`).
+#: frames each way and 10 ms of the process's CPU (issue 29: ten disabled entities probed every second took about a
+#: tenth of a core). A link the service detached is reopened as before (:func:`_attached`).
 KEPT_ON_REFUSAL = frozenset(
     {"quota_exceeded", "entity_disabled", "entity_not_found", "server_busy", "message_too_large"}
 )
+
+
+def _refusal(exc: BaseException) -> bool:
+    """``exc`` is one of :data:`KEPT_ON_REFUSAL`."""
+    return classify(exc).name in KEPT_ON_REFUSAL
 
 
 def kept_on_refusal(sender: ServiceBusSender, exc: BaseException) -> bool:
@@ -820,7 +825,7 @@ def kept_on_refusal(sender: ServiceBusSender, exc: BaseException) -> bool:
     attached: it is kept rather than dropped. Reads the SDK's handler state; no I/O."""
     s: Any = sender
     return (
-        classify(exc).name in KEPT_ON_REFUSAL
+        _refusal(exc)
         and bool(getattr(s, "_running", False))
         and getattr(s, "_handler", None) is not None
         and _attached(sender)
@@ -840,7 +845,7 @@ def _keep_link_on_refusal(sender: ServiceBusSender) -> None:
     refusal: list[bool] = [False]  # set while the SDK handles a refusal that leaves the link attached
 
     def handle(exception: BaseException) -> Any:
-        refusal[0] = classify(exception).name in KEPT_ON_REFUSAL
+        refusal[0] = _refusal(exception)
         try:
             return handle_exception(exception)
         finally:
