@@ -233,8 +233,9 @@ class SdkBatch:
         self.sdk_batch = sdk_batch
         self._messages: list[OutboundMessage] = []
         self._count = 0
-        # entity -> the backlog form's application-properties section at this batch's enqueue time, encoded once
-        # (add_outbound's ``section``); bounded by the entities whose messages this batch holds
+        # (entity, enqueue time) -> the backlog form's application-properties section, encoded once (add_outbound's
+        # ``section``; None where batches are packed the SDK's way); bounded by the entities whose messages this
+        # batch holds (a backlog batch has one enqueue time)
         self._sections: dict[tuple[str, datetime], bytes | None] = {}
 
     @property
@@ -259,8 +260,9 @@ class SdkBatch:
                 section = None
                 if not original.properties:  # only the two: one encoding of them for the entity's messages
                     key = (entity, enqueued)
-                    section = self._sections.get(key)
-                    if section is None and key not in self._sections:
+                    if key in self._sections:
+                        section = self._sections[key]
+                    else:
                         section = self._sections[key] = application_section(additions)
                 added = add_outbound(self.sdk_batch, original, additions, section)
             else:
