@@ -67,16 +67,23 @@ def entity_timeline(events: DataFrame) -> DataFrame:
 
 
 def sent_vs_diverted(events: DataFrame) -> DataFrame:
-    """(sink_id, batch_id, time, sent, diverted) per micro-batch of each sink, in batch order."""
+    """(sink_id, batch_id, time, sent, diverted) per micro-batch of each sink, in batch order. A diverted message
+    is counted once, from the event that names its backlog queue: a batch that diverts for several entities also
+    writes one event per entity without a queue (``state.planning``), which would count it twice."""
     from pyspark.sql import functions as F
 
-    def total(kind: str) -> Column:
-        return F.sum(F.when(F.col("event") == kind, F.col("count")).otherwise(0)).alias(kind)
+    def total(when: Column, name: str) -> Column:
+        return F.sum(F.when(when, F.col("count")).otherwise(0)).alias(name)
 
+    event = F.col("event")
     return (
-        events.where(F.col("event").isin(SENT, DIVERTED) & F.col("batch_id").isNotNull())
+        events.where(event.isin(SENT, DIVERTED) & F.col("batch_id").isNotNull())
         .groupBy("sink_id", "batch_id")
-        .agg(F.min("time").alias("time"), total(SENT), total(DIVERTED))
+        .agg(
+            F.min("time").alias("time"),
+            total(event == SENT, SENT),
+            total((event == DIVERTED) & F.col("backlog_queue").isNotNull(), DIVERTED),
+        )
         .orderBy("sink_id", "batch_id")
     )
 

@@ -44,7 +44,12 @@ def _state(spark: Any, location: Path) -> StateTables:
                 ev(2, 1, "state_change", entity="orders", from_state="failing", to_state="failed_over"),
                 ev(2, 1, "diverted", 8, entity="orders", backlog_queue="p/x-servicebus-transfer/0"),
                 ev(2, 1, "sent", 2, entity="orders"),
-                ev(2, 1, "batch_committed", 11),
+                # a batch that diverts for two entities: one event per backlog queue, one more per entity without
+                # a queue (state.planning); the messages are counted once
+                ev(2, 1, "diverted", 5, backlog_queue="p/x-servicebus-transfer/1"),
+                ev(2, 1, "diverted", 3, entity="orders"),
+                ev(2, 1, "diverted", 2, entity="invoices"),
+                ev(2, 1, "batch_committed", 16),
                 ev(
                     2,
                     1,
@@ -125,12 +130,12 @@ def test_data_preparation_over_a_state_written_by_the_store(spark: Any, tmp_path
     timeline = [(r.entity, r.to_state, r.level) for r in charts["timeline"].collect()]
     assert timeline == [("orders", "failing", 1), ("orders", "failed_over", 2)]
     flow = [(r.sink_id, r.batch_id, r.sent, r.diverted) for r in charts["sent_vs_diverted"].collect()]
-    assert flow == [("orders-stream", 0, 10, 0), ("orders-stream", 1, 2, 8)]
+    assert flow == [("orders-stream", 0, 10, 0), ("orders-stream", 1, 2, 13)]
     depth = [
         (r.time.replace(tzinfo=timezone.utc), r.diverted, r.drained, r.depth)
         for r in charts["backlog_depth"].collect()
     ]
-    assert depth == [(T0 + timedelta(minutes=2), 8, 0, 8), (T0 + timedelta(minutes=5), 0, 7, 1)]
+    assert depth == [(T0 + timedelta(minutes=2), 13, 0, 13), (T0 + timedelta(minutes=5), 0, 7, 6)]
     assert [(r.reason, r.rejected) for r in charts["rejects_by_reason"].collect()] == [
         ("longer than 128 characters (200)", 1)
     ]
@@ -174,4 +179,4 @@ def test_the_dashboard_notebook_runs_with_stand_ins(spark: Any, tmp_path: Path) 
         if kind == "python":
             exec(compile(source, "failover_dashboard.py", "exec"), scope)  # noqa: S102 - the notebook under test
     assert len(shown) == 5
-    assert [r.depth for r in shown[2].collect()] == [8, 1]
+    assert [r.depth for r in shown[2].collect()] == [13, 6]
