@@ -185,7 +185,10 @@ def _until(
 
 
 def _failover_took(sender: PairedSender, sick: list[str], fault_at: datetime) -> float | None:
-    """From the fault to the last sick entity's failover, as its failover state records it (``since``)."""
+    """From the fault to the last sick entity's failover, as its failover state records it (``since``); 0 with no
+    sick entity (``--sick 0``: the baseline of healthy entities alone)."""
+    if not sick:
+        return 0.0
     since = {s.entity: s.since for s in sender.registry.statuses() if s.state is EntityState.FAILED_OVER}
     if not all(s in since for s in sick):
         return None
