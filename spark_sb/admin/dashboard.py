@@ -67,13 +67,9 @@ def entity_timeline(events: DataFrame) -> DataFrame:
 
 
 def sent_vs_diverted(events: DataFrame) -> DataFrame:
-    """(sink_id, batch_id, time, sent, diverted) per micro-batch of each sink, in batch order. A diverted message
-    is counted once, from the event that names its backlog queue: a batch that diverts for several entities also
-    writes one event per entity without a queue (``state.planning``), which would count it twice."""
+    """(sink_id, batch_id, time, sent, diverted) per micro-batch of each sink, in batch order; a diverted message
+    counted once (:func:`_diverted_once`)."""
     from pyspark.sql import functions as F
-
-    def total(when: Column, name: str) -> Column:
-        return F.sum(F.when(when, F.col("count")).otherwise(0)).alias(name)
 
     event = F.col("event")
     return (
@@ -81,11 +77,26 @@ def sent_vs_diverted(events: DataFrame) -> DataFrame:
         .groupBy("sink_id", "batch_id")
         .agg(
             F.min("time").alias("time"),
-            total(event == SENT, SENT),
-            total((event == DIVERTED) & F.col("backlog_queue").isNotNull(), DIVERTED),
+            _count_where(event == SENT).alias(SENT),
+            _count_where(_diverted_once()).alias(DIVERTED),
         )
         .orderBy("sink_id", "batch_id")
     )
+
+
+def _diverted_once() -> Column:
+    """The ``diverted`` events that count each diverted message once: those naming its backlog queue. A batch that
+    diverts for several entities also writes one event per entity without a queue (``state.planning``)."""
+    from pyspark.sql import functions as F
+
+    return (F.col("event") == DIVERTED) & F.col("backlog_queue").isNotNull()
+
+
+def _count_where(when: Column) -> Column:
+    """The sum of ``count`` over the events matching ``when`` (0 if none)."""
+    from pyspark.sql import functions as F
+
+    return F.sum(F.when(when, F.col("count")).otherwise(0))
 
 
 def _flow(
@@ -101,8 +112,8 @@ def _flow(
         events.where(into | out_of)
         .groupBy(F.window("time", bucket).start.alias("time"))
         .agg(
-            F.sum(F.when(into, F.col("count")).otherwise(0)).alias(came),
-            F.sum(F.when(out_of, F.col("count")).otherwise(0)).alias(went),
+            _count_where(into).alias(came),
+            _count_where(out_of).alias(went),
         )
     )
     running = Window.orderBy("time").rowsBetween(Window.unboundedPreceding, Window.currentRow)
@@ -115,9 +126,8 @@ def backlog_depth(events: DataFrame, bucket: str = "1 minute") -> DataFrame:
     syphon), and the cumulative depth. An estimate from the events; ``spark-sb status`` reads the real counts."""
     from pyspark.sql import functions as F
 
-    into = (F.col("event") == DIVERTED) & F.col("backlog_queue").isNotNull()
     out_of = F.col("event").isin(MOVED, EXPIRED, DEAD_LETTERED)
-    return _flow(events, bucket, into, out_of, ("diverted", "drained", "depth"))
+    return _flow(events, bucket, _diverted_once(), out_of, ("diverted", "drained", "depth"))
 
 
 def rejects_by_reason(rejects: DataFrame) -> DataFrame:
