@@ -34,6 +34,7 @@ from types import FrameType
 
 import yaml
 
+from servicebus_local.collector import CollectorPolicy
 from servicebus_local.durations import parse_seconds
 from servicebus_local.server import (
     DEFAULT_CONNECTION_IDLE_TIMEOUT,
@@ -203,8 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         # The CA the admin client (HTTPS on the same port) must trust: connection_verify=... or
         # REQUESTS_CA_BUNDLE=...
         print(f"ca_file={ns.ca_file}", flush=True)
+        # This process is the namespace's own: its held messages leave the collector's scans (see collector.py)
+        collector = CollectorPolicy(ns.broker.held_messages)
+        collector.start()
         while not stop.wait(0.5):
-            pass
+            collector.step()
     finally:
         ns.stop()
     print("stopped", flush=True)

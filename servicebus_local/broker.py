@@ -315,6 +315,10 @@ class _Store:
         self.ready: dict[str | None, list[int]] = {}
         self.expiry_heap: list[tuple[int, int]] = []
         self.size = 0
+        #: Messages removed while ready: their sequence numbers stay in ``ready`` (popped lazily) until
+        #: :meth:`compact`. Without it a queue that nobody receives from, whose messages expire, grows its ready
+        #: heap by one entry per message sent, for ever (memory, and the collector's pause, grew with hours).
+        self.stale = 0
 
     def add_ready(self, m: Message) -> None:
         m.state = READY
@@ -344,7 +348,26 @@ class _Store:
     def remove(self, m: Message) -> None:
         if self.msgs.pop(m.seq, None) is not None:
             self.size -= m.size
+        if m.state == READY:
+            self.stale += 1
         m.state = GONE
+
+    def compact(self) -> None:
+        """Drop the ready heaps' entries of messages that are gone or no longer ready, once they outnumber the
+        live messages (amortized O(1) per removal). Bounds ``ready`` by the messages held (and the session keys
+        by the sessions that hold a ready message). Called between operations (the broker's tick), never while a
+        receive walks a heap."""
+        if self.stale <= max(1024, len(self.msgs)):
+            return
+        self.stale = 0
+        msgs = self.msgs
+        for key, heap in list(self.ready.items()):
+            live = [seq for seq in heap if (m := msgs.get(seq)) is not None and m.state == READY]
+            if live:
+                heapq.heapify(live)
+                heap[:] = live
+            else:
+                del self.ready[key]
 
     def has_ready(self, session_id: str | None) -> bool:
         heap = self.ready.get(session_id)
@@ -609,6 +632,18 @@ class Broker:
             raise BrokerError(NOT_ALLOWED, f"Cannot send to '{addr.path}': send to a queue or a topic.")
         raise BrokerError(NOT_FOUND, f"The messaging entity '{self._name}:{addr.path}' could not be found.")
 
+    def held_messages(self) -> int:
+        """How many messages the namespace holds (every store, dead-letter queues and scheduled ones too)."""
+        with self._lock:
+            n = 0
+            for q in self._queues.values():
+                n += len(q.store.msgs) + len(q.dlq.msgs) + len(q.scheduled)
+            for t in self._topics.values():
+                n += len(t.scheduled)
+                for s in t.subs.values():
+                    n += len(s.store.msgs) + len(s.dlq.msgs)
+            return n
+
     # ------------------------------------------------------------------ time
 
     def tick(self) -> None:
@@ -668,6 +703,7 @@ class Broker:
             if em is None or em.state != READY:
                 continue  # settled, locked (expires when unlocked) or deferred (never expires)
             self._expire(e, store, em, now)
+        store.compact()
         return changed
 
     # ------------------------------------------------------------------ sending

@@ -420,3 +420,52 @@ def test_decode_roundtrip_of_arrays_and_described() -> None:
     assert decoded["lock-tokens"] == list(values)
     longs, _ = decode_value(amqp.encode_value(amqp.Array([1, 2**40], element="long")))
     assert longs == [1, 2**40]
+
+
+def _ready_entries(b: Broker, name: str) -> tuple[int, int]:
+    """(entries in the queue's ready heaps, session keys): what a queue that nobody drains keeps in memory."""
+    store = b._queues.find(name).store
+    return sum(len(h) for h in store.ready.values()), len(store.ready)
+
+
+@pytest.mark.parametrize("sessions", [False, True])
+def test_a_queue_nobody_drains_keeps_no_trace_of_its_expired_messages(
+    clock: FakeClock, sessions: bool
+) -> None:
+    # A producer-only queue whose messages expire (the benches' primary, a backlog nobody syphons): before the
+    # bound, every message sent left its sequence number in the ready heap for ever (memory and the collector's
+    # pauses grew with hours of running). Now what is kept is bounded by the messages held, not the messages sent.
+    b = Broker("ns", clock=clock)
+    b.create_queue(
+        "q", QueueSettings(default_message_time_to_live=timedelta(seconds=1), requires_session=sessions)
+    )
+    rounds, per_round = 40, 500
+    for r in range(rounds):
+        b.send(
+            "q",
+            [msg(f"{r}-{i}", session_id=f"s{r}-{i % 50}" if sessions else None) for i in range(per_round)],
+        )
+        clock.advance(2)
+        b.tick()
+    entries, keys = _ready_entries(b, "q")
+    assert b.get_queue("q").runtime.active_message_count == 0
+    assert entries <= 1024 + per_round, (
+        f"{entries} ready entries kept after {rounds * per_round} messages expired"
+    )
+    assert keys <= entries
+    # the queue still works: what is sent now is received, oldest first (per session: that session's)
+    b.send(
+        "q",
+        [
+            msg("late-1", session_id="z" if sessions else None),
+            msg("late-2", session_id="z" if sessions else None),
+        ],
+    )
+    if sessions:
+        owner = object()
+        accepted = b.accept_session("q", None, owner)
+        assert accepted is not None and accepted[0] == "z"
+        got = b.receive("q", 5, session_id="z", owner=owner)
+    else:
+        got = b.receive("q", 5)
+    assert [sections(d.payload)[amqp.DATA] for d in got] == [b"late-1", b"late-2"]
