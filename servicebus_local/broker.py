@@ -355,8 +355,9 @@ class _Store:
     def compact(self) -> None:
         """Drop the ready heaps' entries of messages that are gone or no longer ready, once they outnumber the
         live messages (amortized O(1) per removal). Bounds ``ready`` by the messages held (and the session keys
-        by the sessions that hold a ready message). Called between operations (the broker's tick), never while a
-        receive walks a heap."""
+        by the sessions that hold a ready message). Called at the end of every ``_tick_receivable`` (the broker's
+        tick, and the catch-up a receive, settle or renew does before it reads a heap), never while a receive
+        walks one."""
         if self.stale <= max(1024, len(self.msgs)):
             return
         self.stale = 0

@@ -41,9 +41,6 @@ class FakeGc:
     def get_freeze_count(self) -> int:
         return self.frozen
 
-    def get_count(self) -> tuple[int, int, int]:
-        return (self.young, 0, 0)
-
 
 def test_each_step_freezes_survivors_and_a_full_collection_happens_only_past_the_bound() -> None:
     g, held = FakeGc(), [0]
