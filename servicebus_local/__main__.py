@@ -211,8 +211,20 @@ def main(argv: list[str] | None = None) -> int:
             collector.step()
     finally:
         ns.stop()
-    print("stopped", flush=True)
+    _say("stopped")
     return 0
+
+
+def _say(line: str) -> None:
+    """Print one line for the parent that reads this process's stdout. A parent that is gone (killed, or done
+    reading) is no error of the namespace's: the line is dropped, and stdout is pointed at the null device so that
+    the interpreter's flush at exit does not fail on the broken pipe either."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 class UserError(Exception):

@@ -378,3 +378,31 @@ def test_cli_with_tls_dir_prints_the_shared_ca_file_which_outlives_the_namespace
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_cli_stops_quietly_when_its_parent_stopped_reading(tmp_path: Path) -> None:
+    """A parent killed before the namespace stops (a bench cut short by ``timeout``) leaves the namespace's stdout
+    a broken pipe: the stop is still clean - exit 0, no traceback on stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servicebus_local", "--name", "primary", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        printed = [proc.stdout.readline() for _ in range(2)]  # connection_string=, ca_file=: it is serving
+        assert printed[0].startswith("connection_string=") and printed[1].startswith("ca_file="), printed
+        proc.stdout.close()  # the reader is gone: the "stopped" line meets a broken pipe
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        err = proc.stderr.read()
+        assert "BrokenPipeError" not in err and "Traceback" not in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
