@@ -3,7 +3,8 @@ job: :mod:`~spark_sb.failover.records` (states, transitions, statuses), :mod:`~s
 pure decisions), :mod:`~spark_sb.failover.machine` (the entity state machine and namespace-wide evidence),
 :mod:`~spark_sb.failover.rotation` (backlog rotation and choice), :mod:`~spark_sb.failover.registry` (the
 process-level registry), :mod:`~spark_sb.failover.outcome` (what a send call did: outcomes, probe records,
-the tally). Each name is imported from the module that defines it.
+the tally), :mod:`~spark_sb.failover.ordering` (order through failover: the rule that keeps a session's
+messages in order, SPEC O1-O4). Each name is imported from the module that defines it.
 
 States per destination entity (queue or topic) of the primary namespace::
 

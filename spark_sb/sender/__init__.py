@@ -2,6 +2,7 @@
 entity is down, probe it and come back.
 
 * :mod:`~spark_sb.sender.paired` - :class:`~spark_sb.sender.paired.PairedSender`, the public face;
+* :mod:`~spark_sb.sender.context` - :class:`~spark_sb.sender.context.SendContext`, what the sender's parts share;
 * :mod:`~spark_sb.sender.attempts` - the attempt loop that carries out what the failover state decides;
 * :mod:`~spark_sb.sender.diverter` - sending to the backlog queues (rotation, rejects);
 * :mod:`~spark_sb.sender.prober` - probing failed-over entities on the isolated connections;

@@ -20,8 +20,8 @@ This module is the driver side, the ``foreachBatch`` orchestration. Where things
   ``spark.stop()``. With ``sync`` the batch reads the table first and writes before it returns. The process
   hooks that flush at exit, on SIGTERM and when a query terminates are :mod:`spark_sb.spark.hooks`.
 * The tasks run :func:`~spark_sb.spark.partition.send_partition` in executor Python workers, once per partition
-  (:mod:`spark_sb.spark.partition`, the executor side; ``send_partition``, ``arrow_rows``,
-  ``partition_function``, ``RESULT_SCHEMA`` and ``RejectedRowsError`` are re-exported here). What they need
+  (:mod:`spark_sb.spark.partition`, the executor side, which defines ``send_partition``, ``arrow_rows``,
+  ``partition_function``, ``RESULT_SCHEMA`` and ``RejectedRowsError``). What they need
   (the config, the entity records) is picklable.
 
 Delivery guarantee: at least once. A partition task returns only after every message was accepted by the primary,

@@ -3,13 +3,15 @@
 * :mod:`~spark_sb.state.records` - event names, table schemas and the records;
 * :mod:`~spark_sb.state.planning` - one batch's writes planned (pure);
 * :mod:`~spark_sb.state.store` - the store interface and the in-memory store;
+* :mod:`~spark_sb.state.sessions` - the held sessions of a sink with ordering on (the ``sessions`` table);
 * :mod:`~spark_sb.state.writer` - group commit on a background thread, the driver's view between commits;
 * :mod:`~spark_sb.state.delta` - the Delta Lake store through Spark;
 * :mod:`~spark_sb.state.deltars` - the same tables through delta-rs, where there is no Spark session;
 * :mod:`~spark_sb.state.maintenance` - keeping the tables small.
 
 Where it runs: the driver. Each name is imported from the module that defines it; the two that the README
-documents stay here too: :func:`maintain` and :class:`StateTables`. Imports: core, message, failover (records).
+documents stay here too: :func:`maintain` and :class:`StateTables`. Imports: core, message, failover (the ordering rule; records and the registry
+for type hints only).
 """
 
 from spark_sb.state.delta import StateTables

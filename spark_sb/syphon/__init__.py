@@ -2,7 +2,8 @@
 
 * :mod:`~spark_sb.syphon.mover` - :class:`~spark_sb.syphon.mover.Syphon`, one drain pass over the backlog queues;
 * :mod:`~spark_sb.syphon.receivers` - the backlog receivers and what a received message becomes;
-* :mod:`~spark_sb.syphon.rules` - the pure rules: what to do with each message, when to give up.
+* :mod:`~spark_sb.syphon.rules` - the pure rules: what to do with each message, when to give up;
+* :mod:`~spark_sb.syphon.lines` - the ordered drain: a line (entity, session id) moved in queue order.
 
 Runs in any process (the syphon job's executors, plain applications); one syphon per thread. Imports: core,
 config, message, wire, failover; never Spark, state or admin.

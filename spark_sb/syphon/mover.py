@@ -42,7 +42,7 @@ default), restores each message with :func:`spark_sb.message.backlog.from_backlo
   connection is abandoned and rebuilt.
 
 This module is the drain loop (receive, sort, probe, forward, settle). What it decides on plain data (the
-outcome type, the restore and parking rules, the entity gate) is :mod:`spark_sb.syphon.rules`, re-exported here;
+outcome type, the restore and parking rules, the entity gate) is :mod:`spark_sb.syphon.rules`;
 how received messages are settled is :mod:`spark_sb.syphon.receivers`, the receivers :mod:`spark_sb.wire.receivers`.
 
 Where it runs: in whichever process calls it (executors' Python workers in the Spark syphon job,

@@ -4,6 +4,7 @@
 * :mod:`~spark_sb.wire.connection` - opening (TCP, TLS, SASL, open: each with a deadline), reading in slices,
   aborting a silent connection;
 * :mod:`~spark_sb.wire.transport` - sending batches to entities, the transport a paired sender uses;
+* :mod:`~spark_sb.wire.parking` - parked sends: a send unanswered on a connection that answers is set aside;
 * :mod:`~spark_sb.wire.probe` - one probe of a target (ping or schedule-cancel), with its verdict;
 * :mod:`~spark_sb.wire.receivers` - receivers on the shared connection (the syphon's);
 * :mod:`~spark_sb.wire.admin_api` - admin calls and their errors: the primary's namespace name.
