@@ -10,8 +10,8 @@
 * :mod:`~spark_sb.state.maintenance` - keeping the tables small.
 
 Where it runs: the driver. Each name is imported from the module that defines it; the two that the README
-documents stay here too: :func:`maintain` and :class:`StateTables`. Imports: core, message, failover (the ordering rule; records and the registry
-for type hints only).
+documents stay here too: :func:`maintain` and :class:`StateTables`. Imports: core, message, failover (records and the
+ordering rule; outcome and the registry for type hints only).
 """
 
 from spark_sb.state.delta import StateTables
