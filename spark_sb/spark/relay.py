@@ -39,7 +39,11 @@ does not finish is stopped and the drain raises :class:`RelayError` (the thread 
 wake-up; :meth:`~StateRelay.stop` raises it).
 
 Bounded: one thread and one listener per relay, whatever the entities, batches or hours; a drain's work is what
-was added since the last one plus the entities table.
+was added since the last one plus the entities table. Under Spark Connect :meth:`~StateRelay.stop` leaves its
+listener on the session, inert, rather than remove it: pyspark's Connect ``removeListener`` holds its listener bus's
+lock while it waits for the bus's thread to end, and that thread needs the lock to deliver an event already on its
+way - a query's progress or end - so it deadlocks (pyspark 4.2.0: a CI run hung in ``relay.stop()``; reproduced).
+An inert listener costs one small object per relay started in the session, until the session ends.
 
 One relay per spool at a time (its queries' checkpoints are the spool's); several streams or batch writes may share
 a spool (their sink ids keep their rows apart), and one relay copies them all.
@@ -58,6 +62,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.core.errors import ConfigError
+from spark_sb.spark.hooks import is_connect
 from spark_sb.state.delta import DeltaStateStore, StateTables
 from spark_sb.state.writer import COMMIT_INTERVAL
 
@@ -306,11 +311,15 @@ class StateRelay:
         """Remove the listener, end the thread, and (``drain``) drain once more: what a batch write needs after
         ``save()``. Raises :class:`RelayError` when that drain fails."""
         if self._listener is not None:
-            try:
-                self.spark.streams.removeListener(self._listener)
-            except Exception as exc:  # a stopped session: nothing to remove from
-                log.debug("state relay: removing the listener: %s", exc)
-            self._listener = None
+            listener, self._listener = self._listener, None
+            listener.relay = None  # inert from now on: it wakes nothing, and does not hold this relay
+            if not is_connect(
+                self.spark
+            ):  # under Connect removal can deadlock (module docstring): left inert
+                try:
+                    self.spark.streams.removeListener(listener)
+                except Exception as exc:  # a stopped session: nothing to remove from
+                    log.debug("state relay: removing the listener: %s", exc)
         if self._thread is not None:
             with self._state:
                 self._stopping = True
@@ -348,16 +357,22 @@ def append_batch(table: str, app_id: str, batch_df: Any, batch_id: int) -> None:
 
 
 def _listener(relay: StateRelay) -> Any:
-    """A ``StreamingQueryListener`` that wakes ``relay`` after each micro-batch of a query not its own."""
+    """A ``StreamingQueryListener`` that wakes ``relay`` after each micro-batch of a query not its own; inert once
+    its ``relay`` is None (set by :meth:`StateRelay.stop`)."""
     from pyspark.sql.streaming import StreamingQueryListener
 
     class RelayListener(StreamingQueryListener):
+        def __init__(self) -> None:
+            super().__init__()
+            self.relay: StateRelay | None = relay
+
         def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's names
             pass
 
         def onQueryProgress(self, event: Any) -> None:  # noqa: N802
-            if not (event.progress.name or "").startswith(RELAY_QUERY_PREFIX):
-                relay.wake()
+            target = self.relay
+            if target is not None and not (event.progress.name or "").startswith(RELAY_QUERY_PREFIX):
+                target.wake()
 
         def onQueryIdle(self, event: Any) -> None:  # noqa: N802
             pass

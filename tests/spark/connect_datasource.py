@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,10 @@ def run(work: Path, spark: Any) -> dict[str, Any]:
         bad = {"body": "x", "message_id": "bad", "session_id": "s" * 200}
         outage = [{"body": f"o{i}", "message_id": f"o{i}"} for i in range(10)]
         ckpt = str(work / "ckpt")
-        relay = relay_state(spark, {**opts, "checkpointLocation": ckpt}, timeout=120)
+        # interval 1 s, not 30: the Connect client's start() returns after the query's first (no-data) progress
+        # event, whose drain is then the interval's, and settle() below waited 30 s more for the next (CI, under
+        # load: past its 120 s)
+        relay = relay_state(spark, {**opts, "checkpointLocation": ckpt}, timeout=120, interval=1)
         query = (
             spark.readStream.schema("body STRING, message_id STRING, session_id STRING")
             .json(str(folder))
@@ -70,20 +74,26 @@ def run(work: Path, spark: Any) -> dict[str, Any]:
             .option("checkpointLocation", ckpt)
             .start()
         )
+        timings: dict[str, float] = {}  # seconds per phase: what a failure in CI says took long
+        started = time.monotonic()
+
+        def settle() -> None:
+            timings["first batch"] = round(time.monotonic() - started, 1)
+            settled.append(
+                relay.settle(240, wake=False, after=before)
+            )  # two drains: ~20 s each here, 3x at load
+            timings["settle"] = round(time.monotonic() - started - timings["first batch"], 1)
+
         try:
             before = relay.drains_started
             settled: list[bool] = []  # woken by the listener, after the first micro-batch
-            healthy_then_outage(
-                query,
-                folder,
-                primary,
-                [*healthy, bad],
-                outage,
-                lambda: settled.append(relay.settle(120, wake=False, after=before)),
-            )
+            healthy_then_outage(query, folder, primary, [*healthy, bad], outage, settle)
+            timings["second batch"] = round(time.monotonic() - started, 1)
         finally:
             query.stop()
+            mark = time.monotonic()
             relay.stop()  # the last drain
+            timings["relay stop"] = round(time.monotonic() - mark, 1)
         error = query.exception()
         tables = {
             t: [r.asDict() for r in spark.table(f"default.connect_{t}").collect()]
@@ -108,6 +118,8 @@ def run(work: Path, spark: Any) -> dict[str, Any]:
                 "settled": settled == [True],
                 "error": None if relay.last_error is None else str(relay.last_error),
             },
+            "drains": relay.drains_started,
+            "timings": timings,
         }
     finally:
         secondary.stop()

@@ -60,7 +60,9 @@ def test_a_stream_with_catalog_tables_is_relayed_after_each_micro_batch_exactly_
     bad = {"body": "x", "message_id": "bad", "session_id": "s" * 200}  # a reject
     outage = [{"body": f"o{i}", "message_id": f"o{i}"} for i in range(30)]
 
-    relay = relay_state(spark, {**opts, "checkpointLocation": str(ckpt)}, timeout=120)
+    # interval 1 s: a drain woken by the query's first (no-data) progress event, before ``before`` is read, would
+    # otherwise hold the one settle() waits for back 30 s
+    relay = relay_state(spark, {**opts, "checkpointLocation": str(ckpt)}, timeout=120, interval=1)
     assert isinstance(relay, StateRelay)
     assert relay.spool == f"{ckpt}/servicebus_state"  # the default spool: beside the checkpoint
     query = _start(spark, folder, ckpt, opts)

@@ -5,6 +5,7 @@ removes the listener and drains once more; a relay query past its deadline is st
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -91,6 +92,45 @@ def test_stop_removes_the_listener_ends_the_thread_and_drains_once_more() -> Non
     failing.fail = RelayError("catalog refused")
     with pytest.raises(RelayError, match="catalog refused"):
         failing.stop()  # a batch write's drain: its failure is the caller's
+
+
+class _DeadlockingStreams(_Streams):
+    """pyspark 4.2.0's Connect ``removeListener`` when an event is on its way: it waits for the bus's thread, which
+    waits for the lock the remover holds (here: 10 s, then the test fails)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.removals = 0
+
+    def removeListener(self, listener: Any) -> None:  # noqa: N802
+        self.removals += 1
+        threading.Event().wait(10)
+        raise AssertionError("removeListener deadlocked")
+
+
+#: A session that says it is Spark Connect's, as ``is_connect`` reads it (its class's module).
+_ConnectSession = type("SparkSession", (SimpleNamespace,), {"__module__": "pyspark.sql.connect.session"})
+
+
+def test_under_spark_connect_stop_leaves_its_listener_inert_rather_than_remove_it() -> None:
+    """pyspark's Connect removeListener can deadlock (CI hung in relay.stop()): the relay does not call it there;
+    its listener stays on the session and wakes nothing from then on. A classic session's is removed."""
+    relay = _CountingRelay()
+    streams = _DeadlockingStreams()
+    relay.spark = _ConnectSession(streams=streams)
+    relay.start()
+    (listener,) = streams.listeners
+    listener.onQueryProgress(_progress("orders"))
+    assert relay.settle(10, wake=False, after=0)  # it woke the relay while running
+    started = time.monotonic()
+    assert relay.stop() == RelayReport({"events": 2}, 0)
+    assert time.monotonic() - started < 5 and streams.removals == 0
+    assert streams.listeners == [listener] and listener.relay is None
+    listener.onQueryProgress(_progress("orders"))  # inert: no drain, no error
+    assert relay.drains_started == 1 and relay.drains == 2
+    classic = _CountingRelay().start()
+    classic.stop(drain=False)
+    assert classic.spark.streams.listeners == []  # removed, as before
 
 
 class _Chain:
