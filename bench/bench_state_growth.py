@@ -55,7 +55,8 @@ from harness.state_growth import (  # noqa: E402
     small_commits,
 )
 from spark_sb.spark.session import LOCAL_DEFAULTS, build_spark_session  # noqa: E402
-from spark_sb.state import StateTables, maintain  # noqa: E402
+from spark_sb.state.delta import StateTables  # noqa: E402
+from spark_sb.state.maintenance import maintain  # noqa: E402
 
 SETS = ("fresh", "grown", "maintained")
 GOAL_RATIO = 1.10

@@ -18,8 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from spark_sb.admin.status import read_status
-from spark_sb.state import StateTables
-from spark_sb.state.delta import DeltaStateStore
+from spark_sb.state.delta import DeltaStateStore, StateTables
 from spark_sb.state.records import BATCH_COMMITTED, SENT, BatchWrites, EntityRecord, Event
 
 SINKS = ("orders-ns/orders", "orders-ns/payments")

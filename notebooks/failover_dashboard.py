@@ -28,7 +28,7 @@ dbutils.library.restartPython()  # noqa: F821 - the installed package becomes im
 # COMMAND ----------
 
 from spark_sb.admin.dashboard import prepare  # noqa: E402
-from spark_sb.state import StateTables  # noqa: E402
+from spark_sb.state.delta import StateTables  # noqa: E402
 
 prefix = dbutils.widgets.get("state_table_prefix").strip()  # noqa: F821
 tables = (

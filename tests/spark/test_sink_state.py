@@ -19,8 +19,7 @@ from spark_sb.admin.provisioning import provision_backlog_queues
 from spark_sb.admin.status import read_status
 from spark_sb.failover.outcome import namespace_key
 from spark_sb.spark.sink import ServiceBusSink
-from spark_sb.state import StateTables
-from spark_sb.state.delta import DeltaStateStore
+from spark_sb.state.delta import DeltaStateStore, StateTables
 from spark_sb.state.records import BatchWrites, EntityRecord, Event, PulledQueue
 
 from .test_sink import SCHEMA, _config, _drain, _run_stream, _write

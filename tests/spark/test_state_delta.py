@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from spark_sb.state import StateTables
-from spark_sb.state.delta import DeltaStateStore
+from spark_sb.state.delta import DeltaStateStore, StateTables
 from tests.unit.state.store_contract import StoreContract
 
 pytestmark = pytest.mark.slow

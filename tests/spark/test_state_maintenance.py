@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from harness.state_growth import SINKS, bulk_history, entity_records, measure, seed, small_commits
-from spark_sb.state import StateTables
-from spark_sb.state.delta import DeltaStateStore
+from spark_sb.state.delta import DeltaStateStore, StateTables
 from spark_sb.state.maintenance import maintain_if_due
 from spark_sb.state.records import (
     BATCH_COMMITTED,

@@ -131,8 +131,7 @@ def test_the_planner_reads_entity_states_written_by_the_store_as_hints(spark: An
     """What the state table says reaches the executors as hints (read without Spark, by delta-rs)."""
     from spark_sb.failover.outcome import namespace_key
     from spark_sb.spark.syphon_job import read_entity_hints
-    from spark_sb.state import StateTables
-    from spark_sb.state.delta import DeltaStateStore
+    from spark_sb.state.delta import DeltaStateStore, StateTables
     from spark_sb.state.records import BatchWrites, EntityRecord
 
     config = ServiceBusConfig.from_dict(

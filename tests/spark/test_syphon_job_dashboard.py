@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from spark_sb.admin.dashboard import prepare
-from spark_sb.state import StateTables
-from spark_sb.state.delta import DeltaStateStore
+from spark_sb.state.delta import DeltaStateStore, StateTables
 from spark_sb.state.records import BatchWrites, Event, RejectRecord
 
 from ..unit.test_notebooks import cells

@@ -32,8 +32,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "local": set(),
 }
 
-#: Names importable from a package besides its modules: the two that the README documents.
-DOCUMENTED = {("spark_sb.state", "StateTables"), ("spark_sb.state", "maintain")}
+#: Names importable from a package besides its modules: the one that the README documents.
+DOCUMENTED = {("spark_sb.state", "maintain")}
 
 
 def _imports(path: pathlib.Path) -> list[tuple[int, str, list[str]]]:
@@ -129,3 +129,21 @@ def test_an_old_import_path_still_works_for_one_release_and_says_where_it_went(o
     assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught) or (
         old in __import__("sys").modules  # imported earlier in this process: Python does not ask again
     )
+
+
+def test_an_old_name_address_still_works_for_one_release_and_says_where_it_went() -> None:
+    """``from spark_sb.state import StateTables`` (notebooks before 0.1.x): the class itself, with a warning that
+    names its one address; an unknown name is still an AttributeError."""
+    import spark_sb.state
+    from spark_sb.state.delta import StateTables
+
+    vars(spark_sb.state).pop("StateTables", None)  # as in a fresh process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = importlib.import_module("spark_sb.state").StateTables  # a notebook's from-import, in effect
+    assert old is StateTables
+    assert [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)] == [
+        "spark_sb.state.StateTables moved to spark_sb.state.delta.StateTables; the old path goes in 0.2"
+    ]
+    with pytest.raises(AttributeError, match="no_such_name"):
+        spark_sb.state.no_such_name  # noqa: B018 - the lookup is the test

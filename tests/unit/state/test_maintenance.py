@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_sb.state import StateTables
+from spark_sb.state.delta import StateTables
 from spark_sb.state.maintenance import retention_predicate, sql_string
 from spark_sb.state.records import BATCH_COMMITTED, BatchWrites, EntityRecord, Event
 from spark_sb.state.writer import EntityView, StateWriter, session_gone

@@ -20,8 +20,7 @@ from spark_sb.failover.records import BacklogPull, EntityState, EntityStatus, St
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.outbound import Reject
 from spark_sb.sender.paired import PairedSender
-from spark_sb.state import StateTables
-from spark_sb.state.delta import is_conflict
+from spark_sb.state.delta import StateTables, is_conflict
 from spark_sb.state.planning import apply_handoff, plan_batch
 from spark_sb.state.records import (
     BACKLOG_PULLED,
