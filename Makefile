@@ -27,10 +27,13 @@ PYTEST = $(BIN)/python -m pytest --durations=15
 # child process - a Connect server, a local cluster - run it once). The benches pace themselves (tests/bench: two
 # runs at a time).
 UNIT_WORKERS ?= 2
+PACKAGING_WORKERS ?= 2
 INTEGRATION_WORKERS ?= 4
 SERVICEBUS_LOCAL_WORKERS ?= 4
 SPARK_WORKERS ?= 2
-UNIT_TIER := tests/unit tests/packaging
+UNIT_TIER := tests/unit
+# Wheels built and installed into fresh venvs by pip, the CI and Makefile rules read as text: a tier of its own.
+PACKAGING_TIER := tests/packaging
 INTEGRATION_TIER := tests/integration
 SERVICEBUS_LOCAL_TIER := servicebus_local/tests
 # The Spark tier: every test marked `spark` (tests/spark and the acceptance scenario).
@@ -64,7 +67,7 @@ SPARK_PAIR = import sys, pyspark, importlib.metadata as m; from spark_sb.spark.s
 	"(jars", delta_packages() + ";", "venv", sys.prefix + ")", flush=True)
 
 .PHONY: install jars test test-fast lint demo bench wheel clean test-azure jars-oldest test-spark-oldest \
-	test-unit test-integration test-servicebus-local test-spark bench-smoke
+	test-unit test-packaging test-integration test-servicebus-local test-spark bench-smoke
 
 $(STAMP): pyproject.toml servicebus_local/pyproject.toml $(CONSTRAINTS)
 	$(PY) -m venv $(VENV)
@@ -87,11 +90,14 @@ jars: $(JARS)
 # slow tests included): every tier below, one after the other (the first that fails stops it; CI runs them all).
 test: jars
 	@$(BIN)/python -c '$(SPARK_PAIR)'
-	@$(MAKE) --no-print-directory test-unit test-integration test-servicebus-local test-spark bench-smoke
+	@$(MAKE) --no-print-directory test-unit test-packaging test-integration test-servicebus-local test-spark bench-smoke
 
 # One tier each (CI runs them in turn; together they are `make test`).
 test-unit: $(STAMP)
 	$(PYTEST) -n $(UNIT_WORKERS) $(UNIT_TIER)
+
+test-packaging: $(STAMP)
+	$(PYTEST) -n $(PACKAGING_WORKERS) $(PACKAGING_TIER)
 
 test-integration: $(STAMP)
 	$(PYTEST) -n $(INTEGRATION_WORKERS) $(INTEGRATION_TIER)

@@ -16,6 +16,7 @@ CI = (ROOT / ".ci" / "run").read_text()
 #: Each tier's Makefile variable and the target that runs it (CI runs every one of them).
 TIER_TARGETS = {
     "UNIT_TIER": "test-unit",
+    "PACKAGING_TIER": "test-packaging",
     "INTEGRATION_TIER": "test-integration",
     "SERVICEBUS_LOCAL_TIER": "test-servicebus-local",
     "SPARK_TIER": "test-spark",
