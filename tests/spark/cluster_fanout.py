@@ -38,7 +38,7 @@ def run(work: Path, spark: Any) -> dict[str, Any]:
     from spark_sb.config.service_bus import ServiceBusConfig
     from spark_sb.spark.sink import ServiceBusSink
     from tests.spark.cluster_harness import run_batches, two_namespaces
-    from tests.spark.connect_stream import _drain
+    from tests.spark.streams import drain_ids
 
     with two_namespaces() as (primary, secondary):
         for name in ENTITIES:
@@ -84,7 +84,7 @@ def run(work: Path, spark: Any) -> dict[str, Any]:
         backlog = sorted(
             mid
             for q in config.backlog_queue_names("primary")
-            for mid in _drain(secondary.connection_string, q)
+            for mid in drain_ids(secondary.connection_string, q)
         )
         on_primary = sum(primary.broker.counts(e).active_message_count for e in ENTITIES)
         return {

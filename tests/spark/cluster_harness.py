@@ -79,7 +79,7 @@ def run_batches(
     """Stream JSON files through ``sink`` (a ``ServiceBusSink``), one micro-batch per group of file indexes
     (``before(group)`` runs first, e.g. to break the primary); returns each batch's task results (pid, elapsed,
     sent, diverted, rejected, failing transitions) and the query's error. The session stays up (the caller's)."""
-    from tests.spark.connect_stream import _write
+    from tests.spark.streams import write_rows
 
     seen: list[list[dict[str, Any]]] = []
     # Every micro-batch's task results: a group's files written one after the other may be picked up by two
@@ -105,7 +105,7 @@ def run_batches(
             if before is not None:
                 before(group)
             for f in group:
-                _write(folder, f"{f}.json", files[f])
+                write_rows(folder, f"{f}.json", files[f])
             query.processAllAvailable()
             sink.flush()  # the batch's state writes (a Spark job) done: the next batch finds the executors free
             seen.append([_result(r) for r in collected])

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.spark.connect_stream import _drain, healthy_then_outage, in_own_session
+from tests.spark.connect_stream import in_own_session
+from tests.spark.streams import drain_ids, healthy_then_outage
 
 
 def main(work: Path) -> dict[str, Any]:
@@ -112,7 +113,7 @@ def run(work: Path, spark: Any) -> dict[str, Any]:
             "error": None if error is None else str(error)[:2000],
             "backlog": backlog,
             "moved": dict(moved.forwarded),
-            "primary": sorted(_drain(primary.connection_string, "orders")),
+            "primary": sorted(drain_ids(primary.connection_string, "orders")),
             "tables": tables,
             "relay": {
                 "settled": settled == [True],

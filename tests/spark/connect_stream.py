@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.spark.streams import drain_ids, healthy_then_outage
+
 #: A local Spark Connect server binds port 15002 (pyspark takes an ephemeral port only under SPARK_TESTING, which
 #: changes Spark's own behaviour), so two of these children at once - pytest-xdist workers, two checkouts - would
 #: meet on it: each holds this lock from before its server starts until the process exits (the child's runner,
@@ -54,44 +56,6 @@ def _session(warehouse: Path | None = None) -> Any:
     for key, value in settings.items():
         builder = builder.config(key, value)
     return configure_spark_with_delta_pip(builder).getOrCreate()
-
-
-def _write(folder: Path, name: str, rows: list[dict[str, Any]]) -> None:
-    tmp = folder / f".{name}"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.rename(folder / name)
-
-
-def healthy_then_outage(
-    query: Any,
-    folder: Path,
-    primary: Any,
-    first: list[dict[str, Any]],
-    outage: list[dict[str, Any]],
-    between: Callable[[], None] = lambda: None,
-) -> None:
-    """The two micro-batches of the outage tests: ``first`` with the primary healthy, then ``outage`` with the
-    primary's ``orders`` refusing sends as full (``amqp:resource-limit-exceeded``). ``between`` runs after the
-    first. The caller stops the query."""
-    _write(folder, "0.json", first)
-    query.processAllAvailable()
-    between()
-    primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")
-    _write(folder, "1.json", outage)
-    query.processAllAvailable()
-
-
-def _drain(connection_string: str, entity: str) -> list[str]:
-    from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
-
-    out: list[str] = []
-    with (
-        ServiceBusClient.from_connection_string(connection_string) as client,
-        client.get_queue_receiver(entity, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver,
-    ):
-        while batch := receiver.receive_messages(max_message_count=200, max_wait_time=0.5):
-            out.extend(str(m.message_id) for m in batch)
-    return out
 
 
 def in_own_session(
@@ -170,11 +134,11 @@ def run(work: Path, spark: Any) -> dict[str, Any]:
         return {
             "session": type(spark).__module__,
             "error": None if error is None else str(error)[:2000],
-            "primary": sorted(_drain(primary.connection_string, "orders")),
+            "primary": sorted(drain_ids(primary.connection_string, "orders")),
             "backlog": sorted(
                 mid
                 for q in config.backlog_queue_names("primary")
-                for mid in _drain(secondary.connection_string, q)
+                for mid in drain_ids(secondary.connection_string, q)
             ),
             "tables": tables,
             "counts": counts,

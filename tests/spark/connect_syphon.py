@@ -22,7 +22,8 @@ from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.spark.syphon_job import run_syphon, stop_gracefully
-from tests.spark.connect_stream import _drain, in_own_session
+from tests.spark.connect_stream import in_own_session
+from tests.spark.streams import drain_ids
 
 BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]
 
@@ -88,7 +89,7 @@ def run(work: Path, spark: Any) -> dict[str, Any]:
             "session": type(spark).__module__,
             "error": error,
             "rows": rows,
-            "primary": sorted(_drain(primary.connection_string, "orders")),
+            "primary": sorted(drain_ids(primary.connection_string, "orders")),
             "events": events,
         }
     return report

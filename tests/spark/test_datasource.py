@@ -12,38 +12,13 @@ from typing import Any
 import pytest
 
 from servicebus_local.model import QueueSettings
-from spark_sb import register
 from spark_sb.admin.provisioning import provision_backlog_queues
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.syphon.mover import Syphon
 
-from .connect_stream import healthy_then_outage
-from .test_sink import _drain, _write
+from .streams import drain_messages, healthy_then_outage, source_options, start_source, write_rows
 
-pytestmark = pytest.mark.slow
-
-SCHEMA = "body STRING, message_id STRING, session_id STRING"
-
-
-def _options(pair: Any, state: Path | None = None, **extra: str) -> dict[str, str]:
-    opts = {
-        "primary.connection_string": pair.primary.connection_string,
-        "primary.namespace_name": "primary",
-        "secondary.connection_string": pair.secondary.connection_string,
-        "entity": "orders",
-        "backlog_queue_count": "2",
-        "failover_interval": "0",
-        "ping_primary_interval": "1h",
-        "send_timeout": "5s",
-        "retry.total": "0",
-        "retry.backoff_factor": "0.05",
-        "retry.backoff_max": "0.2",
-        "sink_id": "ds",
-    }
-    if state is not None:
-        opts["state_location"] = str(state)
-    opts.update(extra)
-    return opts
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("registered")]
 
 
 def _tables(spark: Any, state: Path) -> dict[str, list[dict[str, Any]]]:
@@ -53,30 +28,13 @@ def _tables(spark: Any, state: Path) -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def _start(spark: Any, folder: Path, ckpt: Path, opts: dict[str, str]) -> Any:
-    return (
-        spark.readStream.schema(SCHEMA)
-        .json(str(folder))
-        .writeStream.format("servicebus")
-        .options(**opts)
-        .option("checkpointLocation", str(ckpt))
-        .start()
-    )
-
-
-@pytest.fixture(autouse=True)
-def _registered(spark: Any) -> None:
-    register(spark)
-    register(spark)  # idempotent
-
-
 def test_stream_through_a_primary_outage_diverts_records_and_the_syphon_restores_all(
     spark: Any, namespace_pair: Any, tmp_path: Path
 ) -> None:
     primary, secondary = namespace_pair.primary, namespace_pair.secondary
     primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
     state = tmp_path / "state"
-    opts = _options(namespace_pair, state)
+    opts = source_options(namespace_pair, state)
     config = ServiceBusConfig.from_options(opts)
     provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
     folder = tmp_path / "in"
@@ -85,7 +43,7 @@ def test_stream_through_a_primary_outage_diverts_records_and_the_syphon_restores
     bad = {"body": "x", "message_id": "bad", "session_id": "s" * 200}  # session id > 128 chars: a reject
     outage = [{"body": f"o{i}", "message_id": f"o{i}"} for i in range(30)]
 
-    query = _start(spark, folder, tmp_path / "ckpt", opts)
+    query = start_source(spark, folder, tmp_path / "ckpt", opts)
     try:
         healthy_then_outage(
             query, folder, primary, [*healthy, bad], outage
@@ -115,7 +73,7 @@ def test_stream_through_a_primary_outage_diverts_records_and_the_syphon_restores
     with Syphon(config) as syphon:
         moved = syphon.drain_all(max_wait=0.5)
     assert moved.forwarded == {"orders": 30}
-    received = [str(m.message_id) for m in _drain(primary, "orders")]
+    received = [str(m.message_id) for m in drain_messages(primary, "orders")]
     assert sorted(received) == sorted(r["message_id"] for r in healthy + outage)  # 0 lost, no duplicates
 
 
@@ -129,10 +87,10 @@ def test_batch_write_of_10000_rows_is_recorded_under_its_own_job_id(
         .selectExpr("concat('b', id) AS body", "concat('m', id) AS message_id")
         .repartition(2)
     )
-    opts = _options(namespace_pair, state, job_id="backfill-1")
+    opts = source_options(namespace_pair, state, job_id="backfill-1")
     df.write.format("servicebus").options(**opts).mode("append").save()
 
-    received = {str(m.message_id) for m in _drain(namespace_pair.primary, "orders")}
+    received = {str(m.message_id) for m in drain_messages(namespace_pair.primary, "orders")}
     assert received == {f"m{i}" for i in range(10_000)}
     events = _tables(spark, state)["events"]
     assert {e["sink_id"] for e in events} == {"ds/backfill-1"}
@@ -141,11 +99,11 @@ def test_batch_write_of_10000_rows_is_recorded_under_its_own_job_id(
 
     # The same job id again: a replay of a committed write, nothing sent. Another job id: sent, recorded apart.
     df.write.format("servicebus").options(**opts).mode("append").save()
-    assert _drain(namespace_pair.primary, "orders") == []
+    assert drain_messages(namespace_pair.primary, "orders") == []
     spark.range(3).selectExpr("concat('c', id) AS body").write.format("servicebus").options(
-        **_options(namespace_pair, state)
+        **source_options(namespace_pair, state)
     ).mode("append").save()
-    assert len(_drain(namespace_pair.primary, "orders")) == 3
+    assert len(drain_messages(namespace_pair.primary, "orders")) == 3
     events = _tables(spark, state)["events"]
     assert [(e["sink_id"], e["count"]) for e in events if e["event"] == "replay_skipped"] == [
         ("ds/backfill-1", 10_000)
@@ -161,30 +119,30 @@ def test_a_replayed_micro_batch_is_skipped_and_recorded(
         "orders", QueueSettings()
     )  # no duplicate detection: a resend shows
     state = tmp_path / "state"
-    opts = _options(namespace_pair, state)
+    opts = source_options(namespace_pair, state)
     folder = tmp_path / "in"
     folder.mkdir()
     ckpt = tmp_path / "ckpt"
-    _write(folder, "0.json", [{"body": f"b{i}", "message_id": f"m{i}"} for i in range(10)])
-    query = _start(spark, folder, ckpt, opts)
+    write_rows(folder, "0.json", [{"body": f"b{i}", "message_id": f"m{i}"} for i in range(10)])
+    query = start_source(spark, folder, ckpt, opts)
     try:
         query.processAllAvailable()
     finally:
         query.stop()
-    assert len(_drain(namespace_pair.primary, "orders")) == 10
+    assert len(drain_messages(namespace_pair.primary, "orders")) == 10
 
     # The driver died after the data source's commit, before Spark wrote the batch to the checkpoint's commit log.
     for name in ("0", ".0.crc"):
         (ckpt / "commits" / name).unlink(missing_ok=True)
-    query = _start(spark, folder, ckpt, opts)
+    query = start_source(spark, folder, ckpt, opts)
     try:
         query.processAllAvailable()
-        _write(folder, "1.json", [{"body": "n", "message_id": "n1"}])
+        write_rows(folder, "1.json", [{"body": "n", "message_id": "n1"}])
         query.processAllAvailable()
     finally:
         query.stop()
     assert query.exception() is None
-    assert [str(m.message_id) for m in _drain(namespace_pair.primary, "orders")] == ["n1"]
+    assert [str(m.message_id) for m in drain_messages(namespace_pair.primary, "orders")] == ["n1"]
     events = _tables(spark, state)["events"]
     assert [(e["batch_id"], e["count"]) for e in events if e["event"] == "replay_skipped"] == [(0, 10)]
     assert sorted(e["batch_id"] for e in events if e["event"] == "batch_committed") == [0, 1]
@@ -195,8 +153,10 @@ def test_on_reject_fail_aborts_the_micro_batch(spark: Any, namespace_pair: Any, 
     state = tmp_path / "state"
     folder = tmp_path / "in"
     folder.mkdir()
-    _write(folder, "0.json", [{"body": "x", "message_id": "bad", "session_id": "s" * 200}])
-    query = _start(spark, folder, tmp_path / "ckpt", _options(namespace_pair, state, on_reject="fail"))
+    write_rows(folder, "0.json", [{"body": "x", "message_id": "bad", "session_id": "s" * 200}])
+    query = start_source(
+        spark, folder, tmp_path / "ckpt", source_options(namespace_pair, state, on_reject="fail")
+    )
     with pytest.raises(Exception, match="RejectedRowsError") as failed:
         query.processAllAvailable()
     query.stop()
@@ -240,23 +200,25 @@ def test_bad_options_are_refused_before_any_send(
 ) -> None:
     namespace_pair.primary.broker.create_queue("orders", QueueSettings())
     opts = {
-        k: v for k, v in {**_options(namespace_pair, tmp_path / "state"), **extra}.items() if v is not None
+        k: v
+        for k, v in {**source_options(namespace_pair, tmp_path / "state"), **extra}.items()
+        if v is not None
     }
     df = spark.createDataFrame([("b", "m1")], "body STRING, message_id STRING")
     with pytest.raises(Exception, match=expected):
         df.write.format("servicebus").options(**opts).mode(mode).save()
-    assert _drain(namespace_pair.primary, "orders") == []
+    assert drain_messages(namespace_pair.primary, "orders") == []
 
 
 def test_a_streaming_schema_error_names_the_column(spark: Any, namespace_pair: Any, tmp_path: Path) -> None:
     folder = tmp_path / "in"
     folder.mkdir()
-    _write(folder, "0.json", [{"payload": "x"}])
+    write_rows(folder, "0.json", [{"payload": "x"}])
     query = (
         spark.readStream.schema("payload STRING")
         .json(str(folder))
         .writeStream.format("servicebus")
-        .options(**_options(namespace_pair))
+        .options(**source_options(namespace_pair))
         .option("checkpointLocation", str(tmp_path / "ckpt"))
         .start()
     )

@@ -15,11 +15,9 @@ from spark_sb import ConfigError, StateRelay, relay_state
 from spark_sb.admin.provisioning import provision_backlog_queues
 from spark_sb.config.service_bus import ServiceBusConfig
 
-from .connect_stream import healthy_then_outage
-from .test_datasource import _options, _registered, _start  # noqa: F401 - _registered: the autouse fixture
-from .test_sink import _drain
+from .streams import drain_messages, healthy_then_outage, source_options, start_source
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("registered")]
 
 
 def _prefix() -> str:
@@ -50,7 +48,7 @@ def test_a_stream_with_catalog_tables_is_relayed_after_each_micro_batch_exactly_
     primary, secondary = namespace_pair.primary, namespace_pair.secondary
     primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
     prefix = _prefix()
-    opts = _options(namespace_pair, state_table_prefix=prefix)
+    opts = source_options(namespace_pair, state_table_prefix=prefix)
     config = ServiceBusConfig.from_options(opts)
     provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
     folder = tmp_path / "in"
@@ -65,7 +63,7 @@ def test_a_stream_with_catalog_tables_is_relayed_after_each_micro_batch_exactly_
     relay = relay_state(spark, {**opts, "checkpointLocation": str(ckpt)}, timeout=120, interval=1)
     assert isinstance(relay, StateRelay)
     assert relay.spool == f"{ckpt}/servicebus_state"  # the default spool: beside the checkpoint
-    query = _start(spark, folder, ckpt, opts)
+    query = start_source(spark, folder, ckpt, opts)
     before = relay.drains_started
 
     def relayed_after_the_first_micro_batch() -> None:
@@ -106,7 +104,7 @@ def test_a_stream_with_catalog_tables_is_relayed_after_each_micro_batch_exactly_
     report = again.drain()
     assert report.rows == {"rejects": 0, "events": 0}
     assert _key(_catalog(spark, prefix)["events"]) == _key(events)
-    received = {str(m.message_id) for m in _drain(primary, "orders")}
+    received = {str(m.message_id) for m in drain_messages(primary, "orders")}
     assert received == {r["message_id"] for r in healthy}  # the outage's rows wait in the backlog
 
 
@@ -118,11 +116,11 @@ def test_a_batch_write_with_catalog_tables_needs_a_spool_and_is_relayed_under_it
     df = (
         spark.range(500).selectExpr("concat('b', id) AS body", "concat('m', id) AS message_id").repartition(2)
     )
-    opts = _options(namespace_pair, state_table_prefix=prefix, job_id="backfill-7")
+    opts = source_options(namespace_pair, state_table_prefix=prefix, job_id="backfill-7")
     with pytest.raises(Exception, match="state_spool") as refused:  # no checkpoint in a batch write
         df.write.format("servicebus").options(**opts).mode("append").save()
     assert "required with state_table_prefix" in str(refused.value)
-    assert _drain(namespace_pair.primary, "orders") == []  # refused before any send
+    assert drain_messages(namespace_pair.primary, "orders") == []  # refused before any send
 
     spool = tmp_path / "spool"
     opts["state_spool"] = str(spool)
@@ -132,12 +130,12 @@ def test_a_batch_write_with_catalog_tables_needs_a_spool_and_is_relayed_under_it
     events = _catalog(spark, prefix)["events"]
     assert {e["sink_id"] for e in events} == {"ds/backfill-7"}
     assert [(e["batch_id"], e["count"]) for e in events if e["event"] == "batch_committed"] == [(0, 500)]
-    assert len(_drain(namespace_pair.primary, "orders")) == 500
+    assert len(drain_messages(namespace_pair.primary, "orders")) == 500
 
     # The same job id again: a replay (nothing sent), its replay_skipped row relayed too.
     df.write.format("servicebus").options(**opts).mode("append").save()
     relay_state(spark, opts, timeout=120).stop()
-    assert _drain(namespace_pair.primary, "orders") == []
+    assert drain_messages(namespace_pair.primary, "orders") == []
     events = _catalog(spark, prefix)["events"]
     assert [(e["sink_id"], e["count"]) for e in events if e["event"] == "replay_skipped"] == [
         ("ds/backfill-7", 500)
@@ -146,7 +144,7 @@ def test_a_batch_write_with_catalog_tables_needs_a_spool_and_is_relayed_under_it
 
 
 def test_relay_state_names_what_is_missing(spark: Any, namespace_pair: Any) -> None:
-    opts = _options(namespace_pair)
+    opts = source_options(namespace_pair)
     with pytest.raises(ConfigError, match="'state_table_prefix': required"):
         relay_state(spark, opts)
     with pytest.raises(ConfigError, match="'state_spool': required"):
@@ -158,7 +156,7 @@ def test_relay_state_refuses_a_prefix_whose_catalog_or_schema_this_session_lacks
 ) -> None:
     """The README's Databricks example (``main.ops.sb_``) on plain Spark: one line at relay_state(), naming the
     option and what to give instead - not a REQUIRES_SINGLE_PART_NAMESPACE error when the relay exits."""
-    opts = {**_options(namespace_pair), "state_spool": str(tmp_path / "spool")}
+    opts = {**source_options(namespace_pair), "state_spool": str(tmp_path / "spool")}
     running = len(spark.streams.active)
     with pytest.raises(ConfigError) as refused:
         relay_state(spark, {**opts, "state_table_prefix": "main.ops.sb_"})

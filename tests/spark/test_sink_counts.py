@@ -18,9 +18,7 @@ from spark_sb.admin.provisioning import provision_backlog_queues
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.spark.sink import ServiceBusSink, batch_counts
 
-from .connect_stream import healthy_then_outage
-from .test_datasource import _options, _start
-from .test_sink import SCHEMA, _config
+from .streams import SINK_SCHEMA, healthy_then_outage, sink_config, source_options, start_source
 
 pytestmark = pytest.mark.slow
 
@@ -56,13 +54,17 @@ def test_foreach_batch_counts_are_in_the_summary_and_the_events_table(
 
     primary, secondary = namespace_pair.primary, namespace_pair.secondary
     primary.broker.create_queue("orders", QueueSettings())
-    config = _config(namespace_pair, state_location=str(tmp_path / "state"))
+    config = sink_config(namespace_pair, state_location=str(tmp_path / "state"))
     provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
     sb_sink = ServiceBusSink(config)
     folder = tmp_path / "in"
     folder.mkdir()
     # an observation of the input: it is reported, but it counts rows before the sink sent anything
-    df = spark.readStream.schema(SCHEMA).json(str(folder)).observe("input", F.count(F.lit(1)).alias("rows"))
+    df = (
+        spark.readStream.schema(SINK_SCHEMA)
+        .json(str(folder))
+        .observe("input", F.count(F.lit(1)).alias("rows"))
+    )
     query = df.writeStream.foreachBatch(sb_sink).option("checkpointLocation", str(tmp_path / "ckpt")).start()
     try:
         healthy_then_outage(query, folder, primary, [*HEALTHY, BAD], OUTAGE)
@@ -84,12 +86,12 @@ def test_data_source_counts_are_in_the_events_table(spark: Any, namespace_pair: 
     primary, secondary = namespace_pair.primary, namespace_pair.secondary
     primary.broker.create_queue("orders", QueueSettings())
     register(spark)
-    opts = _options(namespace_pair, tmp_path / "state")
+    opts = source_options(namespace_pair, tmp_path / "state")
     config = ServiceBusConfig.from_options(opts)
     provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
     folder = tmp_path / "in"
     folder.mkdir()
-    query = _start(spark, folder, tmp_path / "ckpt", opts)
+    query = start_source(spark, folder, tmp_path / "ckpt", opts)
     try:
         healthy_then_outage(query, folder, primary, [*HEALTHY, BAD], OUTAGE)
     finally:

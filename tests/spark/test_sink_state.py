@@ -22,7 +22,7 @@ from spark_sb.spark.sink import ServiceBusSink
 from spark_sb.state.delta import DeltaStateStore, StateTables
 from spark_sb.state.records import BatchWrites, EntityRecord, Event, PulledQueue
 
-from .test_sink import SCHEMA, _config, _drain, _run_stream, _write
+from .streams import SINK_SCHEMA, drain_messages, run_sink_stream, sink_config, write_rows
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def test_outage_failover_and_rejects_are_in_the_tables_without_secrets(
     primary, secondary = namespace_pair.primary, namespace_pair.secondary
     primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
     state = tmp_path / "state"
-    config = _config(namespace_pair, state_location=str(state), sink_id="orders-stream")
+    config = sink_config(namespace_pair, state_location=str(state), sink_id="orders-stream")
     provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
     sb_sink = ServiceBusSink(config)
     folder = tmp_path / "in"
@@ -50,9 +50,9 @@ def test_outage_failover_and_rejects_are_in_the_tables_without_secrets(
 
     def outage_batch() -> None:
         primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")  # the primary entity is full
-        _write(folder, "a.json", [*rows, bad])
+        write_rows(folder, "a.json", [*rows, bad])
 
-    _run_stream(spark, sb_sink, folder, tmp_path / "ckpt", [outage_batch])
+    run_sink_stream(spark, sb_sink, folder, tmp_path / "ckpt", [outage_batch])
     sb_sink.flush()  # the state writes are asynchronous: flush before reading the tables
 
     tables = _tables(spark, state)
@@ -103,11 +103,13 @@ def test_replayed_batch_is_skipped_and_recorded(
     primary.broker.create_queue("orders", QueueSettings())  # no duplicate detection: a resend would show
     state, ckpt, folder = tmp_path / "state", tmp_path / "ckpt", tmp_path / "in"
     folder.mkdir()
-    config = _config(namespace_pair, state_location=str(state), sink_id="replay", state_writes=state_writes)
+    config = sink_config(
+        namespace_pair, state_location=str(state), sink_id="replay", state_writes=state_writes
+    )
     batches = [[{"body": f"{n}-{i}", "message_id": f"{n}-{i}"} for i in range(5)] for n in range(2)]
-    files = [lambda n=n: _write(folder, f"{n}.json", batches[n]) for n in range(2)]
+    files = [lambda n=n: write_rows(folder, f"{n}.json", batches[n]) for n in range(2)]
     first = ServiceBusSink(config)
-    _run_stream(spark, first, folder, ckpt, files)
+    run_sink_stream(spark, first, folder, ckpt, files)
     if state_writes == "async":
         first.flush()
     else:
@@ -116,10 +118,10 @@ def test_replayed_batch_is_skipped_and_recorded(
     (ckpt / "commits" / "1").unlink()
     (ckpt / "commits" / ".1.crc").unlink(missing_ok=True)
     restarted = ServiceBusSink(config)
-    _run_stream(spark, restarted, folder, ckpt, [lambda: None])
+    run_sink_stream(spark, restarted, folder, ckpt, [lambda: None])
     restarted.flush()
 
-    received = sorted(str(m.message_id) for m in _drain(primary, "orders"))
+    received = sorted(str(m.message_id) for m in drain_messages(primary, "orders"))
     assert received == sorted(r["message_id"] for b in batches for r in b)  # sent once, not twice
     events = _tables(spark, state)["events"]
     skipped = [(e.batch_id, e["count"]) for e in events if e.event == "replay_skipped"]
@@ -135,17 +137,17 @@ def test_content_message_ids_make_a_resent_batch_harmless(
     batch carries the same ids and duplicate detection on the primary keeps one copy of each."""
     primary = namespace_pair.primary
     primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
-    config = _config(namespace_pair, message_id_mode="content")
+    config = sink_config(namespace_pair, message_id_mode="content")
     ckpt, folder = tmp_path / "ckpt", tmp_path / "in"
     folder.mkdir()
     rows = [{"body": f"order {i}"} for i in range(15)]
-    _run_stream(spark, ServiceBusSink(config), folder, ckpt, [lambda: _write(folder, "0.json", rows)])
+    run_sink_stream(spark, ServiceBusSink(config), folder, ckpt, [lambda: write_rows(folder, "0.json", rows)])
     (ckpt / "commits" / "0").unlink()
     (ckpt / "commits" / ".0.crc").unlink(missing_ok=True)
     again = ServiceBusSink(config)
-    _run_stream(spark, again, folder, ckpt, [lambda: None])
+    run_sink_stream(spark, again, folder, ckpt, [lambda: None])
     assert again.total.total_sent == 15  # sent a second time ...
-    received = _drain(primary, "orders")
+    received = drain_messages(primary, "orders")
     assert sorted(str(m) for m in received) == sorted(r["body"] for r in rows)  # ... delivered once
     assert len({str(m.message_id) for m in received}) == 15
 
@@ -156,7 +158,7 @@ def test_two_queries_write_the_same_tables_at_once(spark: Any, namespace_pair: A
     primary, secondary = namespace_pair.primary, namespace_pair.secondary
     primary.broker.create_queue("orders", QueueSettings())
     state = tmp_path / "state"
-    base = _config(namespace_pair, state_location=str(state))
+    base = sink_config(namespace_pair, state_location=str(state))
     provision_backlog_queues(base, admin_client=secondary.admin_client(), retry_pause=0)
     primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")
     queries, sinks, expected = [], [], []
@@ -166,11 +168,11 @@ def test_two_queries_write_the_same_tables_at_once(spark: Any, namespace_pair: A
         for n in range(2):
             rows = [{"body": f"{name}-{n}-{i}", "message_id": f"{name}-{n}-{i}"} for i in range(5)]
             expected.extend(r["message_id"] for r in rows)
-            _write(folder, f"{n}.json", rows)
+            write_rows(folder, f"{n}.json", rows)
         sink = ServiceBusSink(base.with_overrides(sink_id=name))
         sinks.append(sink)
         queries.append(
-            spark.readStream.schema(SCHEMA)
+            spark.readStream.schema(SINK_SCHEMA)
             .option("maxFilesPerTrigger", 1)
             .json(str(folder))
             .writeStream.foreachBatch(sink)
@@ -190,7 +192,9 @@ def test_two_queries_write_the_same_tables_at_once(spark: Any, namespace_pair: A
     commits = sorted((e.sink_id, e.batch_id) for e in tables["events"] if e.event == "batch_committed")
     assert commits == [("q1", 0), ("q1", 1), ("q2", 0), ("q2", 1)]
     assert [(r.entity, r.state) for r in tables["entities"]] == [("orders", "failed_over")]
-    backlog = [str(m.message_id) for q in base.backlog_queue_names("primary") for m in _drain(secondary, q)]
+    backlog = [
+        str(m.message_id) for q in base.backlog_queue_names("primary") for m in drain_messages(secondary, q)
+    ]
     assert sorted(backlog) == sorted(expected)
 
 
@@ -201,7 +205,7 @@ def test_recorded_failover_reaches_fresh_tasks(spark: Any, namespace_pair: Any, 
     primary, secondary = namespace_pair.primary, namespace_pair.secondary
     primary.broker.create_queue("invoices", QueueSettings())
     state = tmp_path / "state"
-    config = _config(
+    config = sink_config(
         namespace_pair, entity="invoices", state_location=str(state), failover_interval="10m", sink_id="fresh"
     )
     provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
@@ -223,14 +227,14 @@ def test_recorded_failover_reaches_fresh_tasks(spark: Any, namespace_pair: Any, 
     folder = tmp_path / "in"
     folder.mkdir()
     rows = [{"body": f"b{i}", "message_id": f"i{i}"} for i in range(12)]
-    _run_stream(spark, sb_sink, folder, tmp_path / "ckpt", [lambda: _write(folder, "a.json", rows)])
+    run_sink_stream(spark, sb_sink, folder, tmp_path / "ckpt", [lambda: write_rows(folder, "a.json", rows)])
     sb_sink.flush()
 
     assert sb_sink.total.total_sent == 0
     assert sb_sink.total.diverted == {"primary/x-servicebus-transfer/1": 12}
     assert sb_sink.last_outcome is not None and sb_sink.last_outcome.elapsed < 60  # no 10 min wait
-    assert _drain(primary, "invoices") == []
-    backlog = _drain(secondary, "primary/x-servicebus-transfer/1")
+    assert drain_messages(primary, "invoices") == []
+    backlog = drain_messages(secondary, "primary/x-servicebus-transfer/1")
     assert sorted(str(m.message_id) for m in backlog) == sorted(r["message_id"] for r in rows)
 
 
@@ -242,7 +246,7 @@ def test_workers_that_never_saw_the_outage_start_the_next_batch_failed_over(
     primary, secondary = namespace_pair.primary, namespace_pair.secondary
     primary.broker.create_queue("orders", QueueSettings())
     interval = 8.0
-    config = _config(namespace_pair, state_location=str(tmp_path / "state"), failover_interval=interval)
+    config = sink_config(namespace_pair, state_location=str(tmp_path / "state"), failover_interval=interval)
     provision_backlog_queues(config, admin_client=secondary.admin_client(), retry_pause=0)
     primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")  # the whole test: the primary is full
     sb_sink = ServiceBusSink(config)
@@ -254,14 +258,14 @@ def test_workers_that_never_saw_the_outage_start_the_next_batch_failed_over(
     def batch(*files: int) -> Any:
         def write() -> None:
             for f in files:
-                _write(folder, f"{f}.json", rows[f])
+                write_rows(folder, f"{f}.json", rows[f])
 
         return write
 
     def record() -> None:
         seen.append(list(sb_sink.last_results))
 
-    _run_stream(spark, sb_sink, folder, tmp_path / "ckpt", [batch(0), record, batch(1, 2), record])
+    run_sink_stream(spark, sb_sink, folder, tmp_path / "ckpt", [batch(0), record, batch(1, 2), record])
     sb_sink.flush()
 
     first, second = seen
@@ -273,7 +277,9 @@ def test_workers_that_never_saw_the_outage_start_the_next_batch_failed_over(
         assert r.outcome.elapsed < interval / 2, f"a task waited {r.outcome.elapsed:.1f} s"
         assert r.outcome.total_diverted == 10 and r.outcome.total_sent == 0
         assert not [t for t in r.outcome.transitions if t.to_state.value == "failing"]
-    backlog = [str(m.message_id) for q in config.backlog_queue_names("primary") for m in _drain(secondary, q)]
+    backlog = [
+        str(m.message_id) for q in config.backlog_queue_names("primary") for m in drain_messages(secondary, q)
+    ]
     assert sorted(backlog) == sorted(r["message_id"] for f in rows for r in f)  # 0 lost, 0 duplicated
 
 
@@ -281,10 +287,10 @@ def test_wrong_column_type_fails_the_first_batch_naming_the_column(
     spark: Any, namespace_pair: Any, tmp_path: Path
 ) -> None:
     namespace_pair.primary.broker.create_queue("orders", QueueSettings())
-    config = _config(namespace_pair, on_reject="record")  # on_reject is about rows, not about the schema
+    config = sink_config(namespace_pair, on_reject="record")  # on_reject is about rows, not about the schema
     folder = tmp_path / "in"
     folder.mkdir()
-    _write(folder, "a.json", [{"body": "b", "session_id": 5}])
+    write_rows(folder, "a.json", [{"body": "b", "session_id": 5}])
     query = (
         spark.readStream.schema("body STRING, session_id INT")
         .json(str(folder))
@@ -295,6 +301,6 @@ def test_wrong_column_type_fails_the_first_batch_naming_the_column(
     with pytest.raises(Exception, match=r"column 'session_id': expected string, found int"):
         query.processAllAvailable()
     query.stop()
-    assert _drain(namespace_pair.primary, "orders") == []
+    assert drain_messages(namespace_pair.primary, "orders") == []
     shutil.rmtree(tmp_path / "ckpt", ignore_errors=True)
-    assert SCHEMA  # the good schema is the one test_sink streams
+    assert SINK_SCHEMA  # the good schema is the one test_sink streams

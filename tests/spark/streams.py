@@ -1,0 +1,139 @@
+"""What the Spark tests share to drive a stream through two local namespaces - in the test session and in the child
+scripts that run a Connect server or a local cluster (``connect_*.py``, ``cluster_*.py``): rows written into a
+stream's source folder as whole files, queues drained, the sink's config and the data source's options for a
+namespace pair, a stream run file by file, and the two micro-batches of the outage tests. Helpers, not tests: the
+test files import them from here rather than from each other."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from spark_sb.config.service_bus import ServiceBusConfig
+
+#: The foreachBatch sink's test rows (``test_sink*.py``).
+SINK_SCHEMA = "body STRING, message_id STRING, session_id STRING, properties MAP<STRING, STRING>"
+#: The ``servicebus`` data source's test rows (``test_datasource*.py``).
+SOURCE_SCHEMA = "body STRING, message_id STRING, session_id STRING"
+
+
+def write_rows(folder: Path, name: str, rows: list[dict[str, Any]]) -> None:
+    """``rows`` as JSON lines in ``folder/name``, whole at once (renamed into place: a stream never reads half)."""
+    tmp = folder / f".{name}"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.rename(folder / name)
+
+
+def _receive_all(connection_string: str, entity: str) -> list[Any]:
+    from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
+
+    out: list[Any] = []
+    with (
+        ServiceBusClient.from_connection_string(connection_string) as client,
+        client.get_queue_receiver(entity, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver,
+    ):
+        while batch := receiver.receive_messages(max_message_count=200, max_wait_time=0.5):
+            out.extend(batch)
+    return out
+
+
+def drain_messages(ns: Any, entity: str) -> list[Any]:
+    """Every message of queue ``entity`` in the local namespace ``ns``, received and deleted."""
+    return _receive_all(ns.connection_string, entity)
+
+
+def drain_ids(connection_string: str, entity: str) -> list[str]:
+    """The message ids of every message of queue ``entity``, received and deleted."""
+    return [str(m.message_id) for m in _receive_all(connection_string, entity)]
+
+
+def sink_config(pair: Any, **overrides: Any) -> ServiceBusConfig:
+    """The sink's config for a namespace pair: entity ``orders``, two backlog queues, fail over at the first
+    failure, no probe within the test, no retries."""
+    settings: dict[str, Any] = {
+        "primary": {"connection_string": pair.primary.connection_string, "namespace_name": "primary"},
+        "secondary": {"connection_string": pair.secondary.connection_string},
+        "entity": "orders",
+        "backlog_queue_count": 2,
+        "failover_interval": 0,
+        "ping_primary_interval": "1h",
+        "send_timeout": "5s",
+        "retry": {"total": 0, "backoff_factor": 0.05, "backoff_max": 0.2},
+    }
+    settings.update(overrides)
+    return ServiceBusConfig.from_dict(settings)
+
+
+def run_sink_stream(spark: Any, sb_sink: Any, folder: Path, ckpt: Path, files: list[Any]) -> None:
+    """A ``foreachBatch(sb_sink)`` stream of ``folder``: each of ``files`` (a callable that writes one) then a
+    micro-batch; the query stopped after, and its error, if any, fails the test."""
+    query = (
+        spark.readStream.schema(SINK_SCHEMA)
+        .json(str(folder))
+        .writeStream.foreachBatch(sb_sink)
+        .option("checkpointLocation", str(ckpt))
+        .start()
+    )
+    try:
+        for write in files:
+            write()
+            query.processAllAvailable()
+    finally:
+        query.stop()
+    assert query.exception() is None
+
+
+def source_options(pair: Any, state: Path | None = None, **extra: str) -> dict[str, str]:
+    """``format("servicebus")``'s options for a namespace pair (sink id ``ds``), the same settings as
+    :func:`sink_config`; ``state``: its ``state_location``."""
+    opts = {
+        "primary.connection_string": pair.primary.connection_string,
+        "primary.namespace_name": "primary",
+        "secondary.connection_string": pair.secondary.connection_string,
+        "entity": "orders",
+        "backlog_queue_count": "2",
+        "failover_interval": "0",
+        "ping_primary_interval": "1h",
+        "send_timeout": "5s",
+        "retry.total": "0",
+        "retry.backoff_factor": "0.05",
+        "retry.backoff_max": "0.2",
+        "sink_id": "ds",
+    }
+    if state is not None:
+        opts["state_location"] = str(state)
+    opts.update(extra)
+    return opts
+
+
+def start_source(spark: Any, folder: Path, ckpt: Path, opts: dict[str, str]) -> Any:
+    """A started stream of ``folder`` into ``format("servicebus")`` with ``opts``."""
+    return (
+        spark.readStream.schema(SOURCE_SCHEMA)
+        .json(str(folder))
+        .writeStream.format("servicebus")
+        .options(**opts)
+        .option("checkpointLocation", str(ckpt))
+        .start()
+    )
+
+
+def healthy_then_outage(
+    query: Any,
+    folder: Path,
+    primary: Any,
+    first: list[dict[str, Any]],
+    outage: list[dict[str, Any]],
+    between: Callable[[], None] = lambda: None,
+) -> None:
+    """The two micro-batches of the outage tests: ``first`` with the primary healthy, then ``outage`` with the
+    primary's ``orders`` refusing sends as full (``amqp:resource-limit-exceeded``). ``between`` runs after the
+    first. The caller stops the query."""
+    write_rows(folder, "0.json", first)
+    query.processAllAvailable()
+    between()
+    primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")
+    write_rows(folder, "1.json", outage)
+    query.processAllAvailable()
