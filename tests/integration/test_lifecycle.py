@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from azure.core.credentials import AccessToken
-from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
+from azure.servicebus import ServiceBusClient
 from azure.servicebus._pyamqp import cbs
 from azure.servicebus._pyamqp.constants import CbsAuthState, CbsState
 from azure.servicebus._pyamqp.utils import generate_sas_token
@@ -28,7 +28,6 @@ from azure.servicebus._pyamqp.utils import generate_sas_token
 from harness.outages import backlog_count
 from servicebus_local.server import LocalNamespace
 from spark_sb.config.namespace import CredentialConfig, NamespaceConfig, RetryConfig
-from spark_sb.config.secret import Secret
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import FakeClock
 from spark_sb.failover.registry import FailoverRegistry
@@ -39,44 +38,13 @@ from spark_sb.syphon.mover import Syphon
 from spark_sb.wire.connection import SILENT_AFTER
 from spark_sb.wire.transport import PRIMARY, SdkTransport
 
-pytestmark = pytest.mark.slow
+from .rigs import BACKLOG, ENTITY, batch, config_for, received_ids
 
-ENTITY = "orders"
-BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]
+pytestmark = pytest.mark.slow
 
 #: "At most about a second": a fresh connection and link on loopback take a few tens of milliseconds; the rest is
 #: room for a loaded 2-core machine.
 NEXT_SEND_WITHIN = 1.0
-
-
-def config_for(primary: LocalNamespace, secondary: LocalNamespace, interval: float) -> ServiceBusConfig:
-    return ServiceBusConfig(
-        primary=NamespaceConfig(
-            connection_string=Secret(primary.connection_string), namespace_name="primary"
-        ),
-        secondary=NamespaceConfig(connection_string=Secret(secondary.connection_string)),
-        entity=ENTITY,
-        backlog_queue_count=len(BACKLOG),
-        failover_interval=interval,
-        ping_primary_interval=1.0,
-        send_timeout=3.0,
-        retry=RetryConfig(total=0, backoff_factor=0.1, backoff_max=0.5),
-    )
-
-
-def received_ids(ns: LocalNamespace, entity: str) -> set[str]:
-    expected = ns.broker.counts(entity).active_message_count
-    out: set[str] = set()
-    deadline = time.monotonic() + 15
-    with (
-        ServiceBusClient.from_connection_string(ns.connection_string) as client,
-        client.get_queue_receiver(entity, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver,
-    ):
-        while len(out) < expected and time.monotonic() < deadline:
-            out |= {
-                str(m.message_id) for m in receiver.receive_messages(max_message_count=500, max_wait_time=1)
-            }
-    return out
 
 
 def await_true(what: str, check: Callable[[], bool], within: float) -> float:
@@ -86,10 +54,6 @@ def await_true(what: str, check: Callable[[], bool], within: float) -> float:
         assert time.monotonic() - start < within, f"{what}: not within {within} s"
         time.sleep(0.02)
     return time.monotonic() - start
-
-
-def batch(prefix: str, n: int = 50) -> list[OutboundMessage]:
-    return [OutboundMessage(body=b"x" * 100, message_id=f"{prefix}-{i}") for i in range(n)]
 
 
 class Rig:

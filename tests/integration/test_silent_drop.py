@@ -24,7 +24,7 @@ from spark_sb.failover.records import EntityState
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.sender.paired import PairedSender
 from spark_sb.wire.transport import PRIMARY, SdkTransport
-from tests.integration.test_lifecycle import BACKLOG, ENTITY, batch, config_for, received_ids
+from tests.integration.rigs import BACKLOG, ENTITY, batch, config_for, received_ids
 
 pytestmark = pytest.mark.slow
 

@@ -9,19 +9,18 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode, ServiceBusSubQueue
+from azure.servicebus import ServiceBusSubQueue
 
 from servicebus_local.model import QueueSettings
-from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import FakeClock
 from spark_sb.message.backlog import probe_message, to_backlog
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.syphon.mover import Syphon
 from spark_sb.syphon.rules import EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE
 
-pytestmark = pytest.mark.slow
+from .rigs import BACKLOG, put_messages, syphon_config, take_messages
 
-BACKLOG = ["primary/x-servicebus-transfer/0", "primary/x-servicebus-transfer/1"]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
@@ -34,44 +33,6 @@ def pair(namespace_pair: Any) -> Any:
     return namespace_pair
 
 
-def _config(pair: Any) -> ServiceBusConfig:
-    return ServiceBusConfig.from_dict(
-        {
-            "primary": {"connection_string": pair.primary.connection_string, "namespace_name": "primary"},
-            "secondary": {"connection_string": pair.secondary.connection_string},
-            "backlog_queue_count": 2,
-            "send_timeout": "5s",
-            "retry": {"total": 0, "backoff_factor": 0.05, "backoff_max": 0.1},
-        }
-    )
-
-
-def _put(ns: Any, queue: str, messages: list[OutboundMessage]) -> None:
-    with (
-        ServiceBusClient.from_connection_string(ns.connection_string) as client,
-        client.get_queue_sender(queue) as sender,
-    ):
-        sender.send_messages([m.to_sdk() for m in messages])
-
-
-def _take(ns: Any, entity: str, sub_queue: Any = None, subscription: str | None = None) -> list[Any]:
-    with ServiceBusClient.from_connection_string(ns.connection_string) as client:
-        receiver = (
-            client.get_subscription_receiver(
-                entity, subscription, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
-            )
-            if subscription
-            else client.get_queue_receiver(
-                entity, sub_queue=sub_queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
-            )
-        )
-        out: list[Any] = []
-        with receiver:
-            while batch := receiver.receive_messages(max_message_count=100, max_wait_time=0.5):
-                out.extend(batch)
-        return out
-
-
 def test_moves_queues_and_topics_restoring_properties(pair: Any) -> None:
     now = datetime.now(timezone.utc)
     to_queue = [
@@ -79,19 +40,19 @@ def test_moves_queues_and_topics_restoring_properties(pair: Any) -> None:
         for i in range(5)
     ]
     to_topic = OutboundMessage(body="t", message_id="t1", subject="evt", time_to_live=timedelta(hours=1))
-    _put(pair.secondary, BACKLOG[0], [to_backlog(m, "orders", now) for m in to_queue])
-    _put(pair.secondary, BACKLOG[1], [to_backlog(to_topic, "events", now)])
+    put_messages(pair.secondary, BACKLOG[0], [to_backlog(m, "orders", now) for m in to_queue])
+    put_messages(pair.secondary, BACKLOG[1], [to_backlog(to_topic, "events", now)])
 
-    with Syphon(_config(pair)) as syphon:
+    with Syphon(syphon_config(pair)) as syphon:
         outcome = syphon.drain_all(max_wait=0.5)
     assert outcome.forwarded == {"orders": 5, "events": 1}
     assert (outcome.abandoned, outcome.expired, outcome.invalid) == (0, 0, 0)
 
-    got = {str(m.message_id): m for m in _take(pair.primary, "orders")}
+    got = {str(m.message_id): m for m in take_messages(pair.primary, "orders")}
     assert sorted(got) == [f"q{i}" for i in range(5)]
     assert got["q3"].application_properties[b"n"] == 3
     assert not any(k.startswith(b"x-ms-") for m in got.values() for k in m.application_properties)
-    (event,) = _take(pair.primary, "events", subscription="audit")
+    (event,) = take_messages(pair.primary, "events", subscription="audit")
     assert event.subject == "evt" and event.time_to_live is not None
     assert timedelta(minutes=59) < event.time_to_live <= timedelta(hours=1)
     for name in BACKLOG:  # completed only after the primary accepted them: nothing left behind
@@ -105,13 +66,16 @@ def test_expired_in_backlog_dead_lettered_there_and_strays_too(pair: Any) -> Non
     )
     stray = OutboundMessage(body="not from the sender", message_id="stray")
     probe = replace(probe_message("orders", "ping"), time_to_live=None)  # a probe that reached the backlog
-    _put(pair.secondary, BACKLOG[0], [expired, stray, probe])
+    put_messages(pair.secondary, BACKLOG[0], [expired, stray, probe])
 
-    with Syphon(_config(pair)) as syphon:
+    with Syphon(syphon_config(pair)) as syphon:
         outcome = syphon.drain_all(max_wait=0.5)
     assert (outcome.expired, outcome.invalid, outcome.probes_dropped, outcome.forwarded_total) == (1, 1, 1, 0)
-    assert _take(pair.primary, "orders") == []
-    dead = {str(m.message_id): m for m in _take(pair.secondary, BACKLOG[0], ServiceBusSubQueue.DEAD_LETTER)}
+    assert take_messages(pair.primary, "orders") == []
+    dead = {
+        str(m.message_id): m
+        for m in take_messages(pair.secondary, BACKLOG[0], ServiceBusSubQueue.DEAD_LETTER)
+    }
     assert sorted(dead) == ["old", "stray"]
     assert dead["old"].dead_letter_reason == EXPIRED_IN_BACKLOG
     assert dead["stray"].dead_letter_reason == NOT_A_BACKLOG_MESSAGE
@@ -119,14 +83,14 @@ def test_expired_in_backlog_dead_lettered_there_and_strays_too(pair: Any) -> Non
 
 def test_failing_primary_abandons_backs_off_and_loses_nothing(pair: Any) -> None:
     now = datetime.now(timezone.utc)
-    _put(
+    put_messages(
         pair.secondary,
         BACKLOG[0],
         [to_backlog(OutboundMessage(body=f"m{i}", message_id=f"m{i}"), "orders", now) for i in range(4)],
     )
     clock = FakeClock()
     pair.primary.faults.fail_sends("orders", "com.microsoft:entity-disabled")
-    with Syphon(_config(pair), clock=clock, entity_backoff=30) as syphon:
+    with Syphon(syphon_config(pair), clock=clock, entity_backoff=30) as syphon:
         first = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
         assert first.forwarded_total == 0 and first.abandoned == 4
         assert pair.secondary.broker.get_queue(BACKLOG[0]).runtime.active_message_count == 4
@@ -136,7 +100,9 @@ def test_failing_primary_abandons_backs_off_and_loses_nothing(pair: Any) -> None
         clock.advance(30)
         second = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
     assert second.forwarded == {"orders": 4}
-    assert sorted(str(m.message_id) for m in _take(pair.primary, "orders")) == [f"m{i}" for i in range(4)]
+    assert sorted(str(m.message_id) for m in take_messages(pair.primary, "orders")) == [
+        f"m{i}" for i in range(4)
+    ]
 
 
 def test_a_primary_namespace_that_refuses_costs_one_probe_not_one_per_entity(pair: Any) -> None:
@@ -146,14 +112,14 @@ def test_a_primary_namespace_that_refuses_costs_one_probe_not_one_per_entity(pai
     for e in entities:
         pair.primary.broker.create_queue(e)
     now = datetime.now(timezone.utc)
-    _put(
+    put_messages(
         pair.secondary,
         BACKLOG[0],
         [to_backlog(OutboundMessage(body=e, message_id=f"id-{e}"), e, now) for e in entities],
     )
     clock = FakeClock()
     pair.primary.faults.refuse_connections()
-    with Syphon(_config(pair), clock=clock, entity_backoff=30, record_ids=True) as syphon:
+    with Syphon(syphon_config(pair), clock=clock, entity_backoff=30, record_ids=True) as syphon:
         started = time.monotonic()
         outage = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
         took = time.monotonic() - started
@@ -172,26 +138,30 @@ def test_a_primary_namespace_that_refuses_costs_one_probe_not_one_per_entity(pai
 def test_replay_after_a_lost_complete_is_harmless_with_duplicate_detection(pair: Any) -> None:
     now = datetime.now(timezone.utc)
     msg = to_backlog(OutboundMessage(body="once", message_id="once"), "orders", now)
-    _put(pair.secondary, BACKLOG[0], [msg])
-    _put(pair.secondary, BACKLOG[1], [msg])  # the same message reaches the backlog twice (a task retry)
-    with Syphon(_config(pair)) as syphon:
+    put_messages(pair.secondary, BACKLOG[0], [msg])
+    put_messages(
+        pair.secondary, BACKLOG[1], [msg]
+    )  # the same message reaches the backlog twice (a task retry)
+    with Syphon(syphon_config(pair)) as syphon:
         outcome = syphon.drain_all(max_wait=0.5)
     assert outcome.forwarded == {"orders": 2}
-    assert [str(m.message_id) for m in _take(pair.primary, "orders")] == ["once"]  # duplicate detection
+    assert [str(m.message_id) for m in take_messages(pair.primary, "orders")] == [
+        "once"
+    ]  # duplicate detection
 
 
 def test_a_blackholed_primary_never_hangs_the_syphon(pair: Any) -> None:
     """The primary accepts TCP and never answers SASL (the SDK would wait forever): each send to it ends at
     send_timeout, the messages are abandoned (nothing lost), and they move once it answers again."""
     now = datetime.now(timezone.utc)
-    _put(
+    put_messages(
         pair.secondary,
         BACKLOG[0],
         [to_backlog(OutboundMessage(body=f"m{i}", message_id=f"m{i}"), "orders", now) for i in range(3)],
     )
     clock = FakeClock()
     pair.primary.faults.stall(True, answer_sasl=False)
-    config = _config(pair).with_overrides(send_timeout=1.0)
+    config = syphon_config(pair).with_overrides(send_timeout=1.0)
     with Syphon(config, clock=clock, entity_backoff=30) as syphon:
         started = time.monotonic()
         stalled = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
@@ -206,7 +176,7 @@ def test_a_blackholed_primary_never_hangs_the_syphon(pair: Any) -> None:
         clock.advance(30)
         moved = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
     assert moved.forwarded == {"orders": 3}
-    assert sorted(str(m.message_id) for m in _take(pair.primary, "orders")) == ["m0", "m1", "m2"]
+    assert sorted(str(m.message_id) for m in take_messages(pair.primary, "orders")) == ["m0", "m1", "m2"]
 
 
 def test_the_receivers_of_every_backlog_queue_share_one_connection(namespace_pair: Any) -> None:
@@ -219,8 +189,10 @@ def test_the_receivers_of_every_backlog_queue_share_one_connection(namespace_pai
     now = datetime.now(timezone.utc)
     sent = [OutboundMessage(body=f"m{i}", message_id=f"m{i}") for i in range(16)]
     for i, name in enumerate(queues):
-        _put(namespace_pair.secondary, name, [to_backlog(m, "orders", now) for m in sent[2 * i : 2 * i + 2]])
-    config = replace(_config(namespace_pair), backlog_queue_count=8)
+        put_messages(
+            namespace_pair.secondary, name, [to_backlog(m, "orders", now) for m in sent[2 * i : 2 * i + 2]]
+        )
+    config = replace(syphon_config(namespace_pair), backlog_queue_count=8)
     before = namespace_pair.secondary.counters()["connections_opened"]
     with Syphon(config) as syphon:
         outcome = syphon.drain_all(max_wait=0.3, dead_letter=True)
@@ -228,6 +200,6 @@ def test_the_receivers_of_every_backlog_queue_share_one_connection(namespace_pai
         assert namespace_pair.secondary.counters()["connections_opened"] - before == 1
         # and no thread per receiver (the SDK's keep-alive readers): the lane's one thread tends the connection
         assert not [t.name for t in threading.enumerate() if "keep_alive" in t.name]
-    assert sorted(str(m.message_id) for m in _take(namespace_pair.primary, "orders")) == sorted(
+    assert sorted(str(m.message_id) for m in take_messages(namespace_pair.primary, "orders")) == sorted(
         m.message_id or "" for m in sent
     )

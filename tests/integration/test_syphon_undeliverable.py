@@ -21,7 +21,7 @@ from spark_sb.message.outbound import OutboundMessage
 from spark_sb.syphon.mover import Syphon
 from spark_sb.syphon.rules import DESTINATION_NOT_FOUND
 
-from .test_syphon import BACKLOG, _config, _put, _take
+from .rigs import BACKLOG, put_messages, syphon_config, take_messages
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ def pair(namespace_pair: Any) -> Any:
 
 
 def _attempts(pair: Any, max_attempts: int) -> ServiceBusConfig:
-    return replace(_config(pair), syphon_max_attempts=max_attempts)
+    return replace(syphon_config(pair), syphon_max_attempts=max_attempts)
 
 
 def _backlog(entity: str, ids: list[str]) -> list[OutboundMessage]:
@@ -55,7 +55,9 @@ def _depth(pair: Any, queue: str) -> tuple[int, int]:
 def test_a_message_for_an_entity_that_does_not_exist_is_dead_lettered_after_max_attempts(
     pair: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _put(pair.secondary, BACKLOG[0], _backlog("orderz", ["typo-1", "typo-2"]) + _backlog("orders", ["ok-1"]))
+    put_messages(
+        pair.secondary, BACKLOG[0], _backlog("orderz", ["typo-1", "typo-2"]) + _backlog("orders", ["ok-1"])
+    )
     clock = FakeClock()
     caplog.set_level(logging.WARNING, logger="spark_sb.syphon.mover")
     with Syphon(_attempts(pair, 3), clock=clock, entity_backoff=BACKOFF) as syphon:
@@ -74,13 +76,13 @@ def test_a_message_for_an_entity_that_does_not_exist_is_dead_lettered_after_max_
         after = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
         assert (after.received, after.abandoned) == (0, 0)
 
-    assert [str(m.message_id) for m in _take(pair.primary, "orders")] == ["ok-1"]
-    dead = _take(pair.secondary, BACKLOG[0], ServiceBusSubQueue.DEAD_LETTER)
+    assert [str(m.message_id) for m in take_messages(pair.primary, "orders")] == ["ok-1"]
+    dead = take_messages(pair.secondary, BACKLOG[0], ServiceBusSubQueue.DEAD_LETTER)
     assert sorted(str(m.message_id) for m in dead) == ["typo-1", "typo-2"]
     for m in dead:
         assert m.dead_letter_reason == DESTINATION_NOT_FOUND
         assert "'orderz'" in m.dead_letter_error_description
-        assert _config(pair).primary.endpoint_host() in m.dead_letter_error_description  # the namespace
+        assert syphon_config(pair).primary.endpoint_host() in m.dead_letter_error_description  # the namespace
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("orderz does not exist" in w and "dead-lettered" in w for w in warnings), warnings
 
@@ -88,7 +90,7 @@ def test_a_message_for_an_entity_that_does_not_exist_is_dead_lettered_after_max_
 def test_a_dead_letter_pass_leaves_destination_not_found_parked(pair: Any) -> None:
     """What the syphon dead-lettered for a missing destination stays in the backlog's dead-letter queue (parked,
     with its reason) when the dead-letter queue is drained: never forwarded, never retried in a loop."""
-    _put(pair.secondary, BACKLOG[0], _backlog("orderz", ["typo-1"]))
+    put_messages(pair.secondary, BACKLOG[0], _backlog("orderz", ["typo-1"]))
     with Syphon(_attempts(pair, 1), clock=FakeClock(), entity_backoff=BACKOFF) as syphon:
         first = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
         assert first.undeliverable == 1  # max_attempts 1: the first not-found answer
@@ -99,7 +101,7 @@ def test_a_dead_letter_pass_leaves_destination_not_found_parked(pair: Any) -> No
 
 @pytest.mark.parametrize("fault", ["entity_disabled", "refused"])
 def test_an_entity_that_is_down_is_never_dead_lettered_however_many_passes(pair: Any, fault: str) -> None:
-    _put(pair.secondary, BACKLOG[0], _backlog("orders", ["m-1", "m-2"]))
+    put_messages(pair.secondary, BACKLOG[0], _backlog("orders", ["m-1", "m-2"]))
     clock = FakeClock()
     if fault == "refused":
         pair.primary.faults.refuse_connections()
@@ -118,5 +120,5 @@ def test_an_entity_that_is_down_is_never_dead_lettered_however_many_passes(pair:
         pair.primary.faults.clear()
         healed = syphon.drain_queue(BACKLOG[0], max_wait=0.5)
     assert (healed.forwarded, healed.undeliverable) == ({"orders": 2}, 0)
-    assert sorted(str(m.message_id) for m in _take(pair.primary, "orders")) == ["m-1", "m-2"]
+    assert sorted(str(m.message_id) for m in take_messages(pair.primary, "orders")) == ["m-1", "m-2"]
     assert _depth(pair, BACKLOG[0]) == (0, 0)
