@@ -1,8 +1,9 @@
-"""The failover state machine, backlog rotation and choice, tested with a fake clock (SPEC B3-B5, B8)."""
+"""The failover state machine (spark_sb.failover.machine) and the pure decisions it and the backlog choice rest on,
+tested with a fake clock (SPEC B3-B5, B8). The records, the registry and the rotation have their own files:
+``test_records.py``, ``test_registry.py``, ``test_rotation.py``."""
 
 from __future__ import annotations
 
-import pickle
 import random
 from collections import Counter
 
@@ -19,8 +20,6 @@ from spark_sb.failover.decisions import (
 )
 from spark_sb.failover.machine import EntityFailover
 from spark_sb.failover.records import EntityState
-from spark_sb.failover.registry import FailoverRegistry, process_registry
-from spark_sb.failover.rotation import BacklogChooser, BacklogRotation
 
 H, F, FO = EntityState.HEALTHY, EntityState.FAILING, EntityState.FAILED_OVER
 
@@ -131,39 +130,7 @@ def test_restore_failed_over_from_state_table() -> None:
     assert status.state is FO and status.entity == "orders"
 
 
-def test_records_are_picklable() -> None:
-    clock = FakeClock()
-    m = machine(clock, interval=0.0)
-    t = m.record_failure(CONNECTION, "x")
-    assert pickle.loads(pickle.dumps(t)) == t
-    assert pickle.loads(pickle.dumps(m.status())) == m.status()
-
-
-# -- rotation and choice
-
-
-def test_pull_returns_after_backlog_retry_interval() -> None:
-    clock = FakeClock()
-    rot = BacklogRotation(clock)
-    queues = ["p/x-servicebus-transfer/0", "p/x-servicebus-transfer/1"]
-    rec = rot.pull("sec", queues[0], until=clock.monotonic() + 300.0, error_class="connection")
-    assert rec.until == clock.now() + (rec.until - rec.at) and (rec.until - rec.at).total_seconds() == 300.0
-    assert rot.available("sec", queues) == [queues[1]]
-    assert rot.available("other-namespace", queues) == queues
-    clock.advance(299.999)
-    assert not rot.is_available("sec", queues[0])
-    assert [p.queue for p in rot.pulled("sec")] == [queues[0]]
-    clock.advance(0.001)
-    assert rot.available("sec", queues) == queues
-    assert rot.pulled() == []
-
-
-def test_mark_good_returns_queue_at_once() -> None:
-    clock = FakeClock()
-    rot = BacklogRotation(clock)
-    rot.pull("sec", "q0", until=clock.monotonic() + 300)
-    rot.mark_good("sec", "q0")
-    assert rot.is_available("sec", "q0")
+# -- the backlog choice (pure)
 
 
 def test_choose_random_and_empty() -> None:
@@ -186,46 +153,6 @@ def test_session_affine_is_stable_and_moves_only_pulled_sessions() -> None:
         else:
             assert after[s] != "q3"
     assert choose_session_affine([], "s") is None
-
-
-def test_chooser_sticky_until_pulled() -> None:
-    clock = FakeClock()
-    rot = BacklogRotation(clock)
-    queues = [f"q{i}" for i in range(5)]
-    chooser = BacklogChooser(queues, rot, "sec", rng=random.Random(7))
-    first = chooser.choose("orders")
-    assert all(chooser.choose("orders") == first for _ in range(20))
-    rot.pull("sec", first, until=clock.monotonic() + 10)  # type: ignore[arg-type]
-    second = chooser.choose("orders")
-    assert second != first and second in queues
-    assert all(chooser.choose("orders") == second for _ in range(20))
-    for q in queues:
-        rot.pull("sec", q, until=clock.monotonic() + 10)
-    assert chooser.choose("orders") is None
-    clock.advance(10)
-    assert chooser.choose("orders") in queues
-
-
-def test_chooser_session_affine() -> None:
-    rot = BacklogRotation(FakeClock())
-    queues = [f"q{i}" for i in range(5)]
-    chooser = BacklogChooser(queues, rot, "sec", selection="session-affine", rng=random.Random(1))
-    assert chooser.choose("e", "s1") == choose_session_affine(queues, "s1")
-    assert chooser.choose("e", None) in queues  # no session: sticky random
-    with pytest.raises(ValueError, match="session-affine"):
-        BacklogChooser(queues, rot, "sec", selection="round-robin")
-
-
-def test_registry_shares_entity_state_and_rotation() -> None:
-    reg = FailoverRegistry(FakeClock())
-    a = reg.entity("ns", "orders", failover_interval=0, ping_interval=30)
-    b = reg.entity("ns", "orders", failover_interval=0, ping_interval=30)
-    assert a is b
-    assert reg.entity("ns", "other", failover_interval=0, ping_interval=30) is not a
-    assert reg.entity("ns2", "orders", failover_interval=0, ping_interval=30) is not a
-    a.record_failure(CONNECTION)
-    assert {(s.entity, s.state) for s in reg.statuses()} == {("orders", FO), ("other", H), ("orders", H)}
-    assert process_registry() is process_registry()
 
 
 def test_invalid_intervals() -> None:
