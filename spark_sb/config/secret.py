@@ -79,10 +79,12 @@ def _find_dbutils() -> Any:
 
 @dataclass
 class Resolver:
-    """Substitutes secret references in configuration values (driver side, at load time)."""
+    """Substitutes secret references in configuration values (driver side, at load time). Its repr shows neither
+    the environment (``os.environ``: connection strings among it) nor ``dbutils``: a traceback with locals or a
+    log of the resolver must not carry a secret."""
 
-    env: Mapping[str, str]
-    dbutils: Any = None
+    env: Mapping[str, str] = field(repr=False)
+    dbutils: Any = field(default=None, repr=False)
     _dbutils_looked: bool = False
 
     def resolve(self, key: str, raw: str) -> tuple[str, bool]:

@@ -64,7 +64,7 @@ _SECTION = 3  # described-type constructor 0x00 + smallulong descriptor
 def encoded_size(msg: OutboundMessage) -> int:
     """Bytes of the AMQP message the SDK builds from ``msg.to_sdk()`` (``get_message_encoded_size``).
 
-    A fast arithmetic mirror of the SDK's pyamqp encoder (proven equal in tests/unit/message/test_rows.py).
+    A fast arithmetic mirror of the SDK's pyamqp encoder (proven equal in tests/unit/message/test_wire_size.py).
     ``ServiceBusMessageBatch.add_message`` counts this plus :func:`batch_overhead`. A message without a
     message id is counted with the 36-character UUID id the SDK assigns. Runs per message on executors.
     """

@@ -6,7 +6,6 @@ import io
 import logging
 import pickle
 from dataclasses import replace
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,6 @@ from spark_sb.config.endpoints import parse_connection_string
 from spark_sb.config.namespace import CredentialConfig, NamespaceConfig, RetryConfig
 from spark_sb.config.secret import Secret
 from spark_sb.config.service_bus import ServiceBusConfig, load_config
-from spark_sb.core.durations import parse_duration
 from spark_sb.core.errors import ConfigError
 from spark_sb.core.redact import RedactingFilter
 from spark_sb.message.rows import LOGICAL_COLUMNS
@@ -273,35 +271,6 @@ def test_several_errors_are_all_reported() -> None:
 def test_x_keys_are_kept_in_extra() -> None:
     c = ServiceBusConfig.from_dict({"primary.connection_string": CS1, "x-team": {"name": "a", "size": 3}})
     assert dict(c.extra) == {"x-team.name": "a", "x-team.size": "3"}
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [
-        (30, 30.0),
-        (30.5, 30.5),
-        ("30", 30.0),
-        ("30.5", 30.5),
-        ("30s", 30.0),
-        ("5m", 300.0),
-        ("1h", 3600.0),
-        ("250ms", 0.25),
-        ("2d", 172800.0),
-        ("PT1M", 60.0),
-        ("PT1H30M", 5400.0),
-        ("PT0.5S", 0.5),
-        ("P1DT1S", 86401.0),
-        (timedelta(minutes=2), 120.0),
-    ],
-)
-def test_durations(text: Any, seconds: float) -> None:
-    assert parse_duration(text, "k") == seconds
-
-
-@pytest.mark.parametrize("text", ["", "abc", "5 parsecs", "P", "PT", "-5s", True, None, [1]])
-def test_bad_durations(text: Any) -> None:
-    with pytest.raises(ConfigError, match="^k: "):
-        parse_duration(text, "k")
 
 
 # ------------------------------------------------------------------------------- namespaces

@@ -1,5 +1,5 @@
 """The sink's driver logic without Spark: replay skipping, the handoff, bounded totals (SPEC S4-S6), plus the
-config keys and row conversion it relies on (sink_id, message_id_mode, state_table_prefix, schema check)."""
+config keys and row conversion it relies on (sink_id, message_id_mode, state_table_prefix)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from spark_sb.failover.outcome import SendOutcome, namespace_key
 from spark_sb.failover.records import EntityState, EntityStatus, StateTransition
 from spark_sb.message.outbound import Reject, message_id_from_content
 from spark_sb.message.rows import row_to_message
-from spark_sb.spark.schema import SchemaError, validate_schema
 from spark_sb.spark.sink import ServiceBusSink, SinkIdConflictError, default_sink_id
 from spark_sb.state.records import (
     BATCH_COMMITTED,
@@ -543,7 +542,7 @@ def test_sink_id_default_and_state_keys() -> None:
         replace(c, state_table_prefix="main.ops.sb_", state_location="/tmp/x")
 
 
-# ----------------------------------------------------------------------------------- rows and schema
+# ----------------------------------------------------------------------------------- rows
 COLS = {c: c for c in ("body", "entity", "message_id", "properties")}
 
 
@@ -564,19 +563,6 @@ def test_content_message_ids_are_stable_and_cover_entity_body_and_properties() -
         == "given"
     )
     assert row_to_message(row, COLS, "orders", 262144).message_id is None  # column mode: the SDK assigns one
-
-
-def test_schema_check_names_the_column_and_the_accepted_types() -> None:
-    from pyspark.sql import types as T
-
-    good = T.StructType([T.StructField("body", T.StringType()), T.StructField("time_to_live", T.LongType())])
-    validate_schema(good, COLS)
-    bad = T.StructType([T.StructField("body", T.StringType()), T.StructField("session_id", T.IntegerType())])
-    with pytest.raises(SchemaError, match="column 'session_id': expected string, found int") as info:
-        validate_schema(bad, COLS)
-    assert info.value.column == "session_id"
-    with pytest.raises(SchemaError, match="column 'body': expected string, binary, struct, map or array"):
-        validate_schema(T.StructType([T.StructField("body", T.DoubleType())]), COLS)
 
 
 def test_task_failure_finds_the_librarys_error_in_a_spark_job_error_and_nothing_else() -> None:
