@@ -6,7 +6,7 @@ import argparse
 import io
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -17,16 +17,14 @@ from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, 
 import spark_sb.config.service_bus as config_module
 from spark_sb.admin import cli
 from spark_sb.admin.provisioning import provision_backlog_queues
-from spark_sb.admin.report import BACKLOG_QUEUE_SPEC, QueueStatus, format_duration
+from spark_sb.admin.report import BACKLOG_QUEUE_SPEC, QueueStatus
 from spark_sb.config.endpoints import derive_namespace_name, is_address_host
 from spark_sb.config.namespace import NamespaceConfig
 from spark_sb.config.secret import Secret
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import FakeClock
-from spark_sb.core.durations import MAX_DURATION
 from spark_sb.core.errors import ConfigError, ProvisioningError
 from spark_sb.message.backlog import backlog_queue_names, parse_backlog_queue_name
-from spark_sb.wire.admin_api import is_retryable, resolve_primary_namespace_name
 
 NS = "contoso"
 
@@ -155,98 +153,6 @@ def test_namespace_name_override_wins() -> None:
 
     assert derive_namespace_name("contoso.servicebus.windows.net", override="prod-eu") == "prod-eu"
     assert derive_namespace_name("127.0.0.1:5671", override="prod-eu", lookup=lookup) == "prod-eu"
-
-
-def test_resolve_primary_namespace_name_from_namespace_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    admin = FakeAdmin(namespace_name="primary-local")
-    monkeypatch.setattr(NamespaceConfig, "endpoint_host", lambda self: "127.0.0.1:40001")
-    cfg = NamespaceConfig()
-    assert resolve_primary_namespace_name(cfg, admin_client=admin) == "primary-local"  # type: ignore[arg-type]
-    assert admin.calls == ["namespace"]
-    assert resolve_primary_namespace_name(replace(cfg, namespace_name="given")) == "given"
-    monkeypatch.setattr(NamespaceConfig, "endpoint_host", lambda self: "contoso.servicebus.windows.net")
-    assert resolve_primary_namespace_name(cfg) == "contoso"
-
-
-# ----------------------------------------------------------------------------------------------------- spec, drift
-
-
-def test_spec_matches_the_seed() -> None:
-    kwargs = BACKLOG_QUEUE_SPEC.create_kwargs()
-    assert kwargs == {
-        "max_size_in_megabytes": 5120,
-        "max_delivery_count": 2147483647,
-        "default_message_time_to_live": MAX_DURATION,
-        "auto_delete_on_idle": MAX_DURATION,
-        "lock_duration": timedelta(minutes=1),
-        "dead_lettering_on_message_expiration": True,
-        "enable_batched_operations": True,
-    }
-    # TimeSpan.MaxValue, trimmed so that the SDK's ISO serialization never exceeds it
-    assert timedelta(days=10675199, hours=2, minutes=48, seconds=5, microseconds=477580) == MAX_DURATION
-
-
-def test_differences_tolerate_the_service_rounding_of_the_maximum() -> None:
-    rounded_up = timedelta(
-        days=10675199, seconds=10085, microseconds=477581
-    )  # "...5.4775807S" read by Python
-    props = spec_props("q", default_message_time_to_live=rounded_up, auto_delete_on_idle=rounded_up)
-    assert BACKLOG_QUEUE_SPEC.differences(props) == ()
-
-
-def test_differences_name_property_expected_and_actual() -> None:
-    props = spec_props(
-        "q",
-        lock_duration=timedelta(seconds=30),
-        default_message_time_to_live=timedelta(days=14),
-        enable_batched_operations=False,
-        max_delivery_count=None,
-    )
-    diffs = {d.name: d for d in BACKLOG_QUEUE_SPEC.differences(props)}
-    assert set(diffs) == {
-        "lock_duration",
-        "default_message_time_to_live",
-        "enable_batched_operations",
-        "max_delivery_count",
-    }
-    assert diffs["lock_duration"].describe() == "lock_duration: expected PT1M, actual PT30S"
-    assert (
-        diffs["default_message_time_to_live"].describe()
-        == "default_message_time_to_live: expected max, actual P14D"
-    )
-    assert (
-        diffs["enable_batched_operations"].describe()
-        == "enable_batched_operations: expected true, actual false"
-    )
-    assert (
-        diffs["max_delivery_count"].describe()
-        == "max_delivery_count: expected 2147483647, actual (not reported)"
-    )
-
-
-@pytest.mark.parametrize(
-    ("value", "text"),
-    [
-        (timedelta(minutes=1), "PT1M"),
-        (timedelta(seconds=90), "PT1M30S"),
-        (timedelta(days=1, hours=2), "P1DT2H"),
-        (timedelta(seconds=1.5), "PT1.5S"),
-        (timedelta(0), "PT0S"),
-        (MAX_DURATION, "max"),
-    ],
-)
-def test_format_duration(value: timedelta, text: str) -> None:
-    assert format_duration(value) == text
-
-
-def test_retry_classification() -> None:
-    assert is_retryable(http_error(500))
-    assert is_retryable(http_error(503))
-    assert is_retryable(http_error(429))
-    assert is_retryable(ConnectionError("refused"))
-    assert not is_retryable(http_error(400))
-    assert not is_retryable(http_error(403))
-    assert not is_retryable(ClientAuthenticationError("401"))
 
 
 # ---------------------------------------------------------------------------------------------------- provisioning

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import argparse
 import io
-import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from azure.core.exceptions import ServiceRequestError
 
 from spark_sb.admin import cli
 from spark_sb.admin.provisioning import (
@@ -20,34 +18,9 @@ from spark_sb.admin.provisioning import (
 from spark_sb.config.service_bus import load_config
 from spark_sb.core.clock import FakeClock
 from spark_sb.core.errors import ProvisioningError
-from spark_sb.wire.admin_api import describe_admin_error as describe_error
-from spark_sb.wire.admin_api import is_certificate_error, is_retryable
 
 #: Variables through which requests / OpenSSL could already trust the local CA.
 _TRUST_VARIABLES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR")
-
-
-def _wrapped_verify_error() -> ServiceRequestError:
-    cause = ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
-    try:
-        raise ServiceRequestError("connection failed", error=cause) from cause
-    except ServiceRequestError as exc:
-        return exc
-
-
-def test_a_certificate_error_is_recognised_through_the_sdk_wrapper() -> None:
-    exc = _wrapped_verify_error()
-    assert is_certificate_error(exc)
-    assert not is_retryable(exc)
-    assert not is_certificate_error(ServiceRequestError("connection refused"))
-    assert is_retryable(ServiceRequestError("connection refused"))
-
-
-def test_the_error_says_how_to_trust_the_certificate() -> None:
-    text = describe_error(_wrapped_verify_error(), "sb://127.0.0.1:5682 (development emulator)")
-    assert "not trusted" in text
-    assert "REQUESTS_CA_BUNDLE" in text
-    assert "ca_file" in text and "python -m servicebus_local" in text
 
 
 @pytest.fixture

@@ -18,11 +18,10 @@ from azure.servicebus._common.utils import transform_outbound_messages
 from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 
 from spark_sb.core.clock import FakeClock
-from spark_sb.failover.ordering import WHOLE_ENTITY, SessionBook, pinned_queue, return_marker
-from spark_sb.failover.registry import FailoverRegistry
+from spark_sb.failover.ordering import WHOLE_ENTITY, pinned_queue, return_marker
 from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage
-from spark_sb.syphon.lines import RECEIVE_FAILURE_PAUSE, Lines
+from spark_sb.syphon.lines import RECEIVE_FAILURE_PAUSE
 from spark_sb.syphon.mover import Syphon
 from spark_sb.syphon.rules import SyphonOutcome
 from spark_sb.wire.transport import PRIMARY, SECONDARY, Target
@@ -193,31 +192,6 @@ def world() -> Iterator[World]:
     w = World()
     yield w
     w.syphon.close()
-
-
-# ------------------------------------------------------------------------------------------------- Lines
-def test_lines_hold_a_line_behind_its_head_until_the_head_is_met_again() -> None:
-    clock = FakeClock()
-    lines = Lines(clock, horizon=100.0)
-    line = ("q", "orders", "s")
-    assert lines.admits(line, 7)
-    lines.hold(line, 10)
-    lines.hold(line, 12)  # a later one held back too: the head stays 10
-    assert not lines.admits(line, 11) and not lines.admits(line, 12)
-    assert lines.admits(("q", "orders", "t"), 11)  # other lines go on
-    assert lines.admits(line, 10) and len(lines) == 0  # the head is back: the line moves again
-    lines.hold(line, 20)
-    clock.advance(101)
-    assert lines.admits(line, 25) and len(lines) == 0  # its head never came back (left the queue otherwise)
-
-
-def test_lines_pause_a_queue_for_a_while() -> None:
-    clock = FakeClock()
-    lines = Lines(clock)
-    lines.pause("q")
-    assert lines.paused("q") and not lines.paused("r")
-    clock.advance(RECEIVE_FAILURE_PAUSE)
-    assert not lines.paused("q")
 
 
 # ------------------------------------------------------------------------------------------------- the drain
@@ -416,15 +390,3 @@ def test_new_messages_keep_coming_while_the_syphon_drains_and_no_session_is_over
     assert w.per_session() == {s: list(range(n)) for s, n in produced.items()}
     assert all(len(q) == 0 for q in w.queues.values())
     w.syphon.close()
-
-
-def test_the_registry_book_is_the_default_acknowledgement_of_a_syphon_given_the_registry() -> None:
-    clock = FakeClock()
-    registry = FailoverRegistry(clock)
-    syphon = Syphon(make_config(ordering="session"), backlog_queues=QUEUES, clock=clock, registry=registry)
-    assert syphon.acks is registry.sessions("primary.servicebus.windows.net")
-    assert isinstance(syphon.acks, SessionBook)
-    syphon.close()
-    plain = Syphon(make_config(), backlog_queues=QUEUES, clock=clock, registry=registry)
-    assert plain.acks is None and not plain.ordered
-    plain.close()
