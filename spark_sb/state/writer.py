@@ -9,15 +9,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
 
 from spark_sb.state.records import BatchWrites, EntityRecord
 from spark_sb.state.store import StateStore, _newer_or_same
-
-if TYPE_CHECKING:  # pragma: no cover
-    pass
-
-log = logging.getLogger(__name__)
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +161,7 @@ class StateWriter:
         max_pending: int = MAX_PENDING_BATCHES,
         refresh: bool = True,
         commit_interval: float = COMMIT_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.sink_id = sink_id
@@ -175,7 +170,8 @@ class StateWriter:
         self.max_pending = max_pending
         self.refresh = refresh
         self.commit_interval = commit_interval
-        self._oldest = 0.0  # time.monotonic() when the oldest queued batch was queued
+        self._clock = clock  # the commit interval's time (injected for tests); flush's timeout is real time
+        self._oldest = 0.0  # the clock when the oldest queued batch was queued
         self._flushing = 0  # callers waiting in flush(): commit now
         self._refresh_due = False  # a commit since the last read of the entities table
         self._written_through: int | None = None  # the write number (seq) of the last committed group
@@ -203,7 +199,7 @@ class StateWriter:
                 self._cond.wait()
             self._raise_locked()
             if not self._queue:
-                self._oldest = time.monotonic()
+                self._oldest = self._clock()
             self._queue.append((seq, batch_id, writes))
             self._closed = False
             if self._thread is None or not self._thread.is_alive():
@@ -299,7 +295,7 @@ class StateWriter:
             if self._refresh_due and not (self._flushing or self._closed):  # a flush waits for writes only
                 self._refresh_due = False
                 return []
-            wait = self._oldest + self.commit_interval - time.monotonic()
+            wait = self._oldest + self.commit_interval - self._clock()
             if (
                 wait <= 0
                 or self._flushing

@@ -183,6 +183,25 @@ def test_a_quiet_batch_is_committed_by_itself_once_the_interval_is_over() -> Non
     writer.close(timeout=WAIT)
 
 
+def test_the_commit_interval_runs_on_the_injected_clock() -> None:
+    """An hour's interval on a clock that reads two hours later once the batch is queued: committed at once,
+    without a flush and without waiting an hour of real time."""
+    readings = iter([0.0])
+    store = SignallingStore()
+    writer = StateWriter(
+        store,
+        "s",
+        EntityView(),
+        refresh=False,
+        commit_interval=3600,
+        clock=lambda: next(readings, 7200.0),
+    )
+    writer.submit(0, 0, _quiet(0))
+    assert store.written.acquire(timeout=WAIT)  # no flush
+    assert store.groups == [(0, [0])]
+    writer.close(timeout=WAIT)
+
+
 @pytest.mark.parametrize(
     "news",
     [
