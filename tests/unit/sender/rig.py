@@ -12,9 +12,13 @@ from spark_sb.config.namespace import NamespaceConfig
 from spark_sb.config.secret import Secret
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import FakeClock
-from spark_sb.failover.records import EntityState, StateTransition
+from spark_sb.failover.decisions import RetryPolicy
+from spark_sb.failover.ordering import NONE
+from spark_sb.failover.records import EntityState, Listener, StateTransition, log_transition
 from spark_sb.failover.registry import FailoverRegistry
+from spark_sb.failover.rotation import BacklogChooser
 from spark_sb.message.outbound import OutboundMessage
+from spark_sb.sender.context import SendContext
 from spark_sb.sender.paired import PairedSender
 from spark_sb.wire.transport import SECONDARY
 from tests.unit.fakes import FakeTransport
@@ -69,6 +73,44 @@ class Rig:
 
     def moves(self) -> list[tuple[EntityState, EntityState]]:
         return [(t.from_state, t.to_state) for t in self.transitions]
+
+
+def make_context(
+    transport: FakeTransport | None = None,
+    *,
+    registry: FailoverRegistry | None = None,
+    listener: Listener = log_transition,
+    given: bool = True,
+    **cfg: Any,
+) -> SendContext:
+    """A sender's context alone (no PairedSender): a fake clock, a fresh registry, the fake transport (``given``
+    False: none given, an SDK transport would be built on first use), the rig's queues under a seeded choice."""
+    registry = registry or FailoverRegistry(FakeClock())
+    clock = registry.clock
+    assert isinstance(clock, FakeClock)
+    config = make_config(**cfg)
+    secondary_key = "secondary-key" if config.secondary is not None else ""
+    if transport is None and given:
+        transport = FakeTransport(clock, max_batch=1000, op_seconds=1.0)
+    return SendContext(
+        config=config,
+        clock=clock,
+        policy=RetryPolicy(backlog_budget=float(config.send_timeout)),
+        registry=registry,
+        chooser=BacklogChooser(
+            QUEUES if config.secondary is not None else [],
+            registry.rotation,
+            secondary_key,
+            selection=config.backlog_selection,
+            rng=random.Random(42),
+        ),
+        primary_key="primary-key",
+        secondary_key=secondary_key,
+        listener=listener,
+        probe_budget=5.0,
+        transport_given=transport,
+        book=registry.sessions("primary-key") if config.ordering != NONE else None,
+    )
 
 
 def msgs(

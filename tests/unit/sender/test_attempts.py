@@ -1,11 +1,10 @@
 """Namespace verdicts from namespace facts (issue 29, SPEC F6, F7), on a fake clock with the fake transport: one
 entity's timeout is never a namespace fault; several entities timing out with nothing heard is; any sign that the
-namespace answers ends a fault; probes rotate over the failed-over entities; closing is evidence of nothing; probes
-carry a session id so that session entities accept them."""
+namespace answers ends a fault; closing is evidence of nothing; probes carry a session id so that session entities
+accept them. (The prober's own rules - rotation, a refused probe, a probe after close - are in test_prober.py.)"""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ from spark_sb.sender.attempts import WireEvidence
 from spark_sb.wire.parking import PARK_AFTER, PARK_SOON, Parked
 from spark_sb.wire.transport import NAMESPACE_SILENCE, PRIMARY, Target
 from tests.unit.fakes import FakeTransport
-from tests.unit.sender.rig import Rig, make_config, msgs
+from tests.unit.sender.rig import Rig, msgs
 
 H, F, FO = EntityState.HEALTHY, EntityState.FAILING, EntityState.FAILED_OVER
 NS = "primary.example:5671"
@@ -29,12 +28,6 @@ NS = "primary.example:5671"
 
 def conn_error() -> BaseException:
     return sbe.ServiceBusConnectionError(message="connection refused")
-
-
-def not_allowed() -> BaseException:
-    err = sbe.ServiceBusError("The SessionId was not set on a message, and it cannot be sent to the entity.")
-    err._condition = "amqp:not-allowed"  # type: ignore[attr-defined]
-    return err
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -51,23 +44,6 @@ def test_every_probe_carries_a_session_id_and_is_recognised_by_it() -> None:
     # a message of the probe session is a probe even without the other marks
     assert is_probe(OutboundMessage(body=b"x", session_id=PROBE_SESSION))
     assert not is_probe(OutboundMessage(body=b"x", session_id="orders-1"))
-
-
-def test_a_probe_refused_for_good_is_logged_as_an_error_and_stays_failed_over(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    rig = Rig(failover_interval=0.0, ping_primary_interval=5.0)
-    rig.transport.fail(conn_error, namespace=PRIMARY, count=1)
-    rig.sender.send(msgs(1))
-    assert rig.sender.entity_state("orders") is FO
-    rig.transport.fail(not_allowed, op="schedule", namespace=PRIMARY)
-    rig.clock.advance(5.0)
-    with caplog.at_level(logging.ERROR, logger="spark_sb.sender.prober"):
-        out = rig.sender.send(msgs(1, "z"))
-    assert [(p.ok, p.error_class) for p in out.probes] == [(False, "invalid_request")]
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "spark_sb.sender.prober"]
-    assert len(errors) == 1 and "'orders'" in errors[0].getMessage() and "refused" in errors[0].getMessage()
-    assert rig.sender.entity_state("orders") is FO  # diverted, nothing lost, and said loudly
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -195,26 +171,6 @@ def test_a_service_error_or_a_live_connection_ends_an_open_namespace_fault() -> 
     assert rig.sender.entity_state("x") is H  # it was failing only because of the namespace
 
 
-def test_probes_rotate_so_a_permanently_sick_entity_never_holds_the_namespace_fault() -> None:
-    rig = Rig(failover_interval=0.0, ping_primary_interval=5.0)
-    rule = rig.transport.fail(conn_error, namespace=PRIMARY)
-    for e in "abc":
-        rig.sender.send(msgs(1, e, entity=e))
-    assert {rig.sender.entity_state(e) for e in "abc"} == {FO}
-    rig.transport.heal(rule)
-    rig.transport.fail(conn_error, namespace=PRIMARY, entity="a")  # `a` alone stays sick, for good
-    probed: list[str] = []
-    for _ in range(4):
-        rig.clock.advance(5.0)
-        out = rig.sender.maintain()
-        probed.extend(p.entity for p in out.probes)
-        if rig.sender.entity_state("b") is H:
-            break
-    # one probe per interval for the namespace, not always of `a`: the second interval's probe is another's
-    assert rig.sender.entity_state("b") is H and rig.sender.entity_state("c") is H, probed
-    assert probed[0] == "a" or len(probed) == 1
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Closing is evidence of nothing (F7)
 
@@ -222,36 +178,6 @@ def test_probes_rotate_so_a_permanently_sick_entity_never_holds_the_namespace_fa
 def test_lane_closed_is_a_closed_client_not_a_connection_fault() -> None:
     cls = classify(LaneClosed("the lane's worker was retired before the call started"))
     assert cls.name == "client_closed" and not cls.fail_over
-
-
-def test_a_probe_after_close_builds_nothing_and_records_nothing() -> None:
-    clock = FakeClock()
-    registry = FailoverRegistry(clock)
-    transport = FakeTransport(clock)
-    rig = Rig(registry=registry, transport=transport, failover_interval=0.0, ping_primary_interval=5.0)
-    transport.stall(namespace=PRIMARY, entity="orders", count=1)  # its own fault: the namespace answers
-    rig.sender.send(msgs(1))
-    state = rig.sender._entity("orders")
-    assert state.state is FO
-    rig.sender.close()
-    clock.advance(5.0)
-    assert state.claim_probe()
-    before = len(transport.calls)
-    rig.sender._probes.probe("orders", state)
-    assert len(transport.calls) == before  # nothing was tried
-    assert rig.sender._probes.collect() == []  # nothing recorded
-    assert state.state is FO and not state._probing  # the claim was given back
-    health = registry.namespace(rig.sender._primary_key)
-    assert health is None or not health.faulted
-
-
-def test_the_sender_builds_no_transport_after_close() -> None:
-    from spark_sb.sender.paired import PairedSender
-
-    sender = PairedSender(make_config())
-    sender.close()
-    with pytest.raises(LaneClosed):
-        _ = sender.transport
 
 
 def test_a_calls_last_batches_of_healthy_entities_go_before_those_of_a_failing_entity() -> None:

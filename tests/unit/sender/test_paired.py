@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pickle
-import random
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
@@ -18,14 +17,10 @@ from spark_sb.config.namespace import NamespaceConfig
 from spark_sb.config.secret import Secret
 from spark_sb.core.clock import FakeClock
 from spark_sb.core.errors import (
-    MessageRejectedError,
-    NoBacklogAvailableError,
     ServerBusyError,
     ServiceBusConfigError,
 )
-from spark_sb.failover.decisions import choose_session_affine
-from spark_sb.failover.outcome import SendOutcome
-from spark_sb.failover.records import EntityState, StateTransition
+from spark_sb.failover.records import EntityState
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.backlog import (
     BACKLOG_PATH,
@@ -37,11 +32,10 @@ from spark_sb.message.backlog import (
     probe_message,
 )
 from spark_sb.message.outbound import OutboundMessage
-from spark_sb.sender.paired import PairedSender
 from spark_sb.wire.admin_api import primary_namespace_name
 from spark_sb.wire.transport import PRIMARY, SECONDARY, Target
 from tests.unit.fakes import FakeTransport
-from tests.unit.sender.rig import QUEUES, SECRET, Rig, conn_error, make_config, msgs
+from tests.unit.sender.rig import QUEUES, SECRET, Rig, conn_error, msgs
 
 H, F, FO = EntityState.HEALTHY, EntityState.FAILING, EntityState.FAILED_OVER
 
@@ -191,38 +185,7 @@ def test_translation_applied_on_divert_and_reversible() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# B4/B8: failed over, probes
-
-
-def test_failed_over_entity_diverts_at_once_and_probes_each_ping_interval() -> None:
-    rig = Rig(failover_interval=0.0, ping_primary_interval=30.0)
-    rule = rig.transport.fail(conn_error, namespace=PRIMARY)
-    rig.sender.send(msgs(2, "a"))
-    primary_calls = len(rig.transport.calls)
-    out = rig.sender.send(msgs(2, "b"))  # within the ping interval: no primary traffic at all
-    assert rig.transport.calls[primary_calls:] and all(
-        c[1].namespace == SECONDARY for c in rig.transport.calls[primary_calls:]
-    )
-    assert out.probes == () and out.diverted_by_entity == {"orders": 2}
-
-    rig.clock.advance(30.0)  # probe due; primary still down
-    rig.transport.fail(conn_error, op="schedule", namespace=PRIMARY)
-    out = rig.sender.send(msgs(2, "c"))
-    assert [(p.mode, p.ok, p.error_class) for p in out.probes] == [("schedule-cancel", False, "connection")]
-    assert out.diverted_by_entity == {"orders": 2} and rig.sender.entity_state("orders") is FO
-
-    rig.clock.advance(27.0)  # not yet due again (the failed probe and the divert took 2 s)
-    assert rig.sender.send(msgs(1, "d")).probes == ()
-
-    rig.transport.heal()  # primary back
-    rig.clock.advance(2.0)
-    out = rig.sender.send(msgs(3, "e"))
-    (probe,) = out.probes
-    assert probe.ok and probe.cancel_ok and probe.sequence_number is not None
-    assert rig.transport.scheduled[Target(PRIMARY, "orders")] == {}  # cancelled: nothing deliverable
-    assert [(t.from_state, t.to_state) for t in out.transitions] == [(FO, H)]
-    assert out.sent == {"orders": 3} and rig.transport.ids(PRIMARY, "orders") == ["e0", "e1", "e2"]
-    assert rule not in rig.transport.rules
+# B4/B8: failed over, probes (the prober's scheduling, rotation and recovery: test_prober.py)
 
 
 def test_probe_schedule_cancel_marks_message_and_retries_cancel() -> None:
@@ -317,17 +280,6 @@ def test_ping_probe_mode() -> None:
     assert is_probe(ping) and not is_probe(real) and real.message_id == "z0"
 
 
-def test_maintain_probes_idle_failed_over_entities() -> None:
-    rig = Rig(failover_interval=0.0, ping_primary_interval=5.0)
-    rig.transport.fail(conn_error, namespace=PRIMARY, count=1)
-    rig.sender.send(msgs(1))
-    assert rig.sender.maintain().probes == ()
-    rig.clock.advance(5.0)
-    out = rig.sender.maintain()
-    assert [p.ok for p in out.probes] == [True]
-    assert rig.sender.entity_state("orders") is H
-
-
 def test_is_probe_on_sdk_messages() -> None:
     assert is_probe(ServiceBusMessage(b"", content_type=PING_CONTENT_TYPE))
     assert is_probe(ServiceBusMessage(b"", application_properties={"x-spark-sb-probe": "schedule-cancel"}))
@@ -377,34 +329,7 @@ def test_unauthorized_raises_clear_error_and_diverts_nothing(make: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# B5: rotation
-
-
-def test_failing_backlog_queue_is_pulled_and_same_messages_go_to_another() -> None:
-    rig = Rig(failover_interval=0.0)
-    rig.transport.fail(conn_error, namespace=PRIMARY)
-    first = rig.sender._chooser.choose("orders")  # the sticky choice the sender will use
-    assert first is not None
-    rig.transport.fail(lambda: sbe.MessagingEntityDisabledError(), namespace=SECONDARY, entity=first)
-    out = rig.sender.send(msgs(10))
-    assert [p.queue for p in out.pulls] == [first] and out.pulls[0].error_class == "entity_disabled"
-    assert rig.transport.at(SECONDARY, first) == []
-    ids = [m.message_id for m in rig.backlog()]
-    assert sorted(ids) == sorted(f"m{i}" for i in range(10)) and len(ids) == len(set(ids))
-    assert first not in out.diverted and out.total_diverted == 10
-    # returns to the rotation after backlog_retry_interval
-    rotation = rig.registry.rotation
-    assert first not in rotation.available(rig.sender._secondary_key, QUEUES)
-    rig.clock.advance(300.0)
-    assert first in rotation.available(rig.sender._secondary_key, QUEUES)
-
-
-def test_transient_backlog_error_is_retried_on_the_same_queue() -> None:
-    rig = Rig(failover_interval=0.0)
-    rig.transport.fail(conn_error, namespace=PRIMARY)
-    rig.transport.fail(lambda: sbe.ServiceBusServerBusyError(), namespace=SECONDARY, count=1)
-    out = rig.sender.send(msgs(4))
-    assert out.pulls == () and len(out.diverted) == 1 and out.total_diverted == 4
+# B5: rotation shared by the senders of a process (the diverter's pulls: test_diverter.py)
 
 
 def test_rotation_and_failover_state_shared_by_senders_of_one_process() -> None:
@@ -427,47 +352,6 @@ def test_rotation_and_failover_state_shared_by_senders_of_one_process() -> None:
     assert set(out.diverted) == {QUEUES[2]} and not any(transport_b.at(SECONDARY, q) for q in pulled)
 
 
-def test_all_backlog_queues_failing_raises_and_does_not_claim_sent() -> None:
-    rig = Rig(failover_interval=0.0)
-    rig.transport.fail(conn_error, namespace=PRIMARY, skip=1)  # first batch reaches the primary
-    rig.transport.fail(conn_error, namespace=SECONDARY)
-    ms = msgs(30)
-    with pytest.raises(NoBacklogAvailableError, match="every backlog queue is pulled") as info:
-        rig.sender.send(ms)
-    outcome = info.value.outcome
-    assert isinstance(outcome, SendOutcome)
-    delivered = rig.transport.ids(PRIMARY, "orders")
-    assert 0 < len(delivered) < 30
-    assert outcome.sent == {"orders": len(delivered)} and outcome.total_diverted == 0
-    assert {p.queue for p in outcome.pulls} == set(QUEUES)
-    assert SECRET not in str(info.value)
-
-
-def test_no_secondary_configured_raises_when_failed_over() -> None:
-    rig = Rig(failover_interval=0.0, secondary=None)
-    rig.transport.fail(conn_error, namespace=PRIMARY)
-    with pytest.raises(NoBacklogAvailableError, match="no secondary"):
-        rig.sender.send(msgs(1))
-
-
-def test_session_affine_choice_is_stable_per_session() -> None:
-    rig = Rig(failover_interval=0.0, backlog_selection="session-affine")
-    rig.transport.fail(conn_error, namespace=PRIMARY)
-    sessions = [f"s{i}" for i in range(12)]
-    batch = [
-        OutboundMessage(body=b"x", message_id=f"{s}-{j}", session_id=s) for j in range(3) for s in sessions
-    ]
-    rig.sender.send(batch)
-    rig.sender.send([OutboundMessage(body=b"x", message_id=f"{s}-late", session_id=s) for s in sessions])
-    for s in sessions:
-        expected = choose_session_affine(QUEUES, s)
-        where = {
-            q for q in QUEUES for m in rig.transport.at(SECONDARY, q) if m.properties[BACKLOG_SESSION_ID] == s
-        }
-        assert where == {expected}
-    assert len({choose_session_affine(QUEUES, s) for s in sessions}) > 1
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Partial failures, sizes
 
@@ -488,34 +372,6 @@ def test_partial_batch_failure_then_failover_splits_without_duplicates() -> None
     backlog = [m.message_id for m in rig.backlog()]
     assert primary and backlog
     assert Counter(primary + backlog) == Counter(f"m{i}" for i in range(60))
-
-
-def test_oversize_message_rejected_and_batch_goes_on() -> None:
-    rig = Rig()
-    batch = msgs(2, "a") + [OutboundMessage(body=b"y" * 2000, message_id="huge")] + msgs(2, "b")
-    out = rig.sender.send(batch)
-    assert rig.transport.ids(PRIMARY, "orders") == ["a0", "a1", "b0", "b1"]
-    (reject,) = out.rejects
-    assert "too large" in reject.reason and reject.row_index == 2 and reject.entity == "orders"
-    assert "huge" in reject.row_json
-
-
-def test_oversize_with_on_reject_fail_raises() -> None:
-    rig = Rig(on_reject="fail")
-    with pytest.raises(MessageRejectedError) as info:
-        rig.sender.send([OutboundMessage(body=b"y" * 2000, message_id="huge")])
-    assert info.value.reject is not None and "too large" in info.value.reject.reason
-
-
-def test_oversize_after_translation_is_rejected() -> None:
-    rig = Rig(failover_interval=0.0)
-    rig.transport.fail(conn_error, namespace=PRIMARY)
-    # fits the primary batch alone (limit 1000), but not once x-ms-* properties are added
-    near_limit = OutboundMessage(body=b"z" * 940, message_id="edge")
-    out = rig.sender.send([near_limit, *msgs(2)])
-    (reject,) = out.rejects
-    assert "after backlog translation" in reject.reason
-    assert sorted(m.message_id or "" for m in rig.backlog()) == ["m0", "m1"]
 
 
 def test_service_refusing_batch_as_too_large_splits_it() -> None:
@@ -557,24 +413,6 @@ def test_close_closes_the_transport_and_the_sender() -> None:
     assert rig.transport.closed == 1
     with pytest.raises(RuntimeError, match="closed"):
         rig.sender.send(msgs(1))
-
-
-def test_listener_failure_does_not_fail_the_send() -> None:
-    clock = FakeClock()
-    transport = FakeTransport(clock)
-    transport.fail(conn_error, namespace=PRIMARY)
-
-    def broken(_: StateTransition) -> None:
-        raise RuntimeError("listener bug")
-
-    sender = PairedSender(
-        make_config(failover_interval=0.0),
-        transport=transport,
-        clock=clock,
-        listener=broken,
-        rng=random.Random(1),
-    )
-    assert sender.send(msgs(2)).total_diverted == 2
 
 
 def test_backlog_queue_names_from_primary_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -750,32 +588,3 @@ def test_a_namespace_down_is_not_tried_once_per_entity_while_the_batches_wait() 
     assert out.diverted_by_entity == {e: 2 for e in entities} and out.total_sent == 0
     tries = [t for op, t, _ in rig.transport.timeouts if op == "send" and t.namespace == PRIMARY]
     assert len(tries) <= 10, f"{len(tries)} sends to a dead namespace for 50 entities"
-
-
-def test_a_namespace_outage_over_many_entities_logs_a_line_per_kind_of_change_not_per_entity(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """With the default listener, the transitions of one call are logged by kind (from, to, error, detail): 200
-    entities failing over in one outage make a few lines naming a few entities, not 400 lines; every transition
-    is still in the outcome. A listener of the caller's own still gets each one."""
-    rig = Rig(failover_interval=10.0)
-    rig.transport.op_seconds = 0.01
-    logged = PairedSender(
-        rig.config, transport=rig.transport, clock=rig.clock, registry=rig.registry, rng=random.Random(1)
-    )
-    rig.transport.fail(conn_error, namespace=PRIMARY)
-    entities = [f"e{i}" for i in range(200)]
-    with caplog.at_level("INFO", logger="spark_sb.failover"):
-        out = logged.send([m for e in entities for m in msgs(1, prefix=f"{e}-", entity=e)])
-    assert out.total_diverted == 200 and len(out.transitions) == 400
-    lines = [r.getMessage() for r in caplog.records if r.name.startswith("spark_sb.failover")]
-    assert 2 <= len(lines) <= 4, lines
-    assert any(
-        line.startswith("199 entities ('e1', 'e2', 'e3', 'e4', 'e5' and 194 more)") for line in lines
-    ), lines
-    assert any("-> failed_over" in line and line.startswith("200 entities") for line in lines), lines
-    own = Rig(failover_interval=10.0)
-    own.transport.op_seconds = 0.01
-    own.transport.fail(conn_error, namespace=PRIMARY)
-    own.sender.send([m for e in entities for m in msgs(1, prefix=f"{e}-", entity=e)])
-    assert len(own.transitions) == 400
