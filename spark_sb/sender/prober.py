@@ -122,9 +122,8 @@ class Prober:
             except Exception as exc:  # each probe meets (and records) the failure itself
                 _LOGGER.info("opening the links of %d probes failed: %s", len(claimed), describe_error(exc))
         for state in claimed:
-            if (
-                self._stopping.is_set()
-            ):  # closing is no evidence (SPEC F7): the claim given back, as probe() does
+            # closing is no evidence (SPEC F7): the claim given back, as probe() does
+            if self._stopping.is_set():
                 state.release_probe()
                 continue
             self.probe(state.entity, state)

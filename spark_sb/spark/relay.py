@@ -313,9 +313,8 @@ class StateRelay:
         if self._listener is not None:
             listener, self._listener = self._listener, None
             listener.relay = None  # inert from now on: it wakes nothing, and does not hold this relay
-            if not is_connect(
-                self.spark
-            ):  # under Connect removal can deadlock (module docstring): left inert
+            # under Connect removal can deadlock (module docstring): the listener is left inert
+            if not is_connect(self.spark):
                 try:
                     self.spark.streams.removeListener(listener)
                 except Exception as exc:  # a stopped session: nothing to remove from
