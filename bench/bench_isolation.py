@@ -35,8 +35,9 @@ So the clean and the sick windows alternate in the same run, and drift of the ma
   clean calls to every entity against the raw SDK (one client, one sender per entity, the same messages; "clean
   vs raw"), interleaved as above;
 - healthy diverted (goal 0): messages of healthy entities that went to the backlog, over the whole case;
-- conns: the most AMQP connections open at once on the primary (its gauge): the healthy connection and the
-  isolated one that probes use; threads: the sender's most (its threads are named ``spark-sb-*``; the raw
+- conns: the most AMQP connections open at once on the primary during the case (its gauge, reset when the case
+  starts): the healthy connection and the isolated one that probes use; opened: the connections the primary
+  accepted during the case (a connection torn down and built again counts each time); threads: the sender's most (its threads are named ``spark-sb-*``; the raw
   baseline's SDK senders keep a keep-alive thread each - 100 at E = 100 - and are not counted).
 
 ``--check``: exit 1 when a goal is missed. ``--smoke``: E = 6, one sick, shapes stall and disabled, config 1/2/5,
@@ -94,6 +95,7 @@ class Case:
     raw_rate: float = 0.0
     diverted_healthy: int = 0
     conns: int | None = None
+    opened: int | None = None
     threads: int = 0
     misses: list[str] = field(default_factory=list)
 
@@ -226,6 +228,8 @@ def run_config(args: argparse.Namespace, latency: float, e: int, spec: str) -> l
                     listener=listener,
                 )
                 raw = _Raw(ns["raw"].connection_string, names, BODY)
+                # the gauges of this case alone: the peak restarts from the connections open now (none of ours)
+                ns["primary"].post("/counters/reset")
                 peak_threads = _sender_threads()
                 try:
                     raw.open()
@@ -274,6 +278,7 @@ def run_config(args: argparse.Namespace, latency: float, e: int, spec: str) -> l
                         case.p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
                         case.worst = ordered[-1]
                     case.conns = ns["primary"].peak_connections()
+                    case.opened = int(ns["primary"].status().get("counters", {}).get("connections_opened", 0))
                     case.threads = peak_threads
                 finally:
                     sender.close()
@@ -307,7 +312,7 @@ def _line(c: Case) -> str:
         f"{c.latency_ms:>4.0f} ms  E={c.entities:<4} sick={c.sick:<3} {c.shape:<10} {c.config:<9} "
         f"to failover {fo:>6} s  healthy p50/p99/max {c.p50 * 1000:7.1f}/{c.p99 * 1000:7.1f}/{c.worst * 1000:7.1f} ms  "
         f"{c.rate:8.0f} msgs/s  vs clean {vs_clean:4.2f} (vs healthy only {vs_only:4.2f})  clean vs raw {vs_raw:4.2f} ({c.raw_rate:.0f} msgs/s)  "
-        f"healthy diverted {c.diverted_healthy}  conns {c.conns}  threads {c.threads}"
+        f"healthy diverted {c.diverted_healthy}  conns {c.conns} (opened {c.opened})  threads {c.threads}"
         + (f"  MISS: {', '.join(c.misses)}" if c.misses else "")
     )
 

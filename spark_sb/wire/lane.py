@@ -11,7 +11,11 @@ every call bounded whatever the SDK does:
   worker and its context (e.g. an SDK client and sender) are never used again, the context's sockets are shut
   down in the background so the stuck call returns, and the worker closes the context when its call returns -
   nobody waits for any of it;
-* the next call builds a fresh worker and a fresh context.
+* the next call builds a fresh worker and a fresh context;
+* except for a call still **queued** at its deadline behind a call that has a deadline of its own: the worker is
+  busy, and the running call's caller guards that deadline, so the queued call is **withdrawn** (:class:`Withdrawn`,
+  never run) and the worker and its context are kept. A call queued behind one without a deadline
+  (:meth:`Lane.submit`) abandons the worker as above.
 
 One lane serves one destination (one SDK client and sender): SDK objects are not thread-safe, and each is used
 by one thread at a time. A lane may be called from several threads (the sender's thread, a probe thread); calls
@@ -73,15 +77,25 @@ class DeadlineExceeded(TimeoutError):
     """
 
 
-class _Call:
-    __slots__ = ("done", "error", "fn", "result", "started")
+class Withdrawn(DeadlineExceeded):
+    """A call reached its deadline still queued behind calls that were each within a deadline of their own: it was
+    withdrawn (never runs) and the worker and its client were kept - a busy lane is not a stuck one (SPEC F6: ten
+    probes of stalled entities queued on the isolated connection must not tear it down one after another). A
+    timeout to the caller; about the connection it says nothing (:meth:`SdkTransport._failed
+    <spark_sb.wire.transport.SdkTransport._failed>` leaves the connection alone)."""
 
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
+
+class _Call:
+    __slots__ = ("deadline", "done", "error", "fn", "result", "started", "withdrawn")
+
+    def __init__(self, fn: Callable[[Any], Any], deadline: float | None = None) -> None:
         self.fn = fn
+        self.deadline = deadline  # monotonic; None: the call has no deadline of its own (submit)
         self.done = threading.Event()
         self.result: Any = None
         self.error: BaseException | None = None
         self.started = False
+        self.withdrawn = False  # its caller gave up before it started (Withdrawn): never run
 
 
 class _Worker(threading.Thread):
@@ -106,6 +120,11 @@ class _Worker(threading.Thread):
         self.context: Any = None
         self.retired = False  # abandoned or closed: finish the current call, close the context, exit
         self.use = threading.Lock()  # held while the context is in use: by this thread or by a direct call
+        # a call is started by this thread or withdrawn by its caller, never both (see withdraw)
+        self._claim = threading.Lock()
+        self._running_until: float | None = (
+            None  # the deadline of the call running now (None: none, or none of its own)
+        )
         # what an opening on this worker registered (abort_when_abandoned): one at a time, in practice
         self._aborts: dict[int, Callable[[BaseException], None]] = {}
         self._aborts_lock = threading.Lock()
@@ -157,7 +176,11 @@ class _Worker(threading.Thread):
                     call.error = LaneClosed("the lane's worker was retired before the call started")
                     call.done.set()
                 break
-            call.started = True
+            with self._claim:
+                if call.withdrawn:  # its caller gave up while it waited (it got Withdrawn): not run
+                    continue
+                call.started = True
+                self._running_until = call.deadline
             with self.use:
                 try:
                     if self.context is None:
@@ -165,8 +188,24 @@ class _Worker(threading.Thread):
                     call.result = call.fn(self.context)
                 except BaseException as exc:  # handed to the caller
                     call.error = exc
+            with self._claim:
+                self._running_until = None
             call.done.set()
         self._finish()
+
+    def withdraw(self, call: _Call) -> bool:
+        """On the caller's thread, at ``call``'s deadline: withdraw it if it has not started and the call running
+        now has a deadline of its own - the worker is busy, and whether it is stuck is for that call's caller to
+        tell at that deadline (it waits for it, and abandons the worker if it is passed) - so that the worker and
+        its context are kept (True). False: the call started, or the worker runs a call without a deadline
+        (:meth:`Lane.submit`) or none at all (the caller then abandons the worker). Calls queued together (probes
+        started at once) reach their deadlines together: the queued ones are withdrawn and the running one's
+        caller alone decides about the worker."""
+        with self._claim:
+            if call.started or self._running_until is None:
+                return False
+            call.withdrawn = True
+            return True
 
     def _tend(self) -> None:
         """No call came for ``idle_every`` seconds: let ``idle`` look after the context (skipped while a direct
@@ -264,10 +303,11 @@ class Lane(Generic[C]):
         """Start ``fn(context)`` on the worker and return at once; :meth:`Pending.result` waits for it within
         the same deadline (``timeout`` seconds from now, whenever ``result`` is called), so the caller may do
         other work (pack the next batch) meanwhile. ``call`` is ``start(...).result()``."""
-        job = _Call(fn)
+        timeout = max(0.0, timeout)
+        job = _Call(fn, time.monotonic() + timeout)
         worker = self._current()
         worker.calls.put(job)
-        return Pending(self, worker, job, max(0.0, timeout), slow_after, on_slow)
+        return Pending(self, worker, job, timeout, slow_after, on_slow)
 
     def direct(
         self,
@@ -464,6 +504,13 @@ class Pending(Generic[R]):
                 assert self._on_slow is not None
                 self._on_slow()
         if not done and not job.done.wait(max(0.0, self._deadline - time.monotonic())):
+            if self._worker.withdraw(job):
+                # queued behind calls each within its own deadline: the connection is busy, not stuck (SPEC F6:
+                # probes of stalled entities queued on the isolated connection must not tear it down in turn)
+                raise Withdrawn(
+                    f"{self._lane.name}: waited {self._timeout:.2f} s behind other calls and never started "
+                    "(the client is kept)"
+                )
             self._lane._abandon(self._worker, _no_answer(self._timeout))
             raise self._lane._exceeded(self._timeout)
         if job.error is not None:

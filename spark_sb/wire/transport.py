@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from spark_sb.core.errors import LaneClosed, classify, condition_of
+from spark_sb.core.errors import CLIENT_CLOSED, LaneClosed, classify, condition_of
 from spark_sb.message.backlog import backlog_additions, to_backlog_sdk
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.message.packing import (
@@ -61,6 +61,7 @@ from spark_sb.wire.connection import (
     HEARTBEAT,
     QUIET,
     RESCUE_ROOM,
+    SDK_SLICE,
     TEND_EVERY,
     FoundDead,
     NeedsWorker,
@@ -69,7 +70,7 @@ from spark_sb.wire.connection import (
     open_connection,
     sdk_timeout,
 )
-from spark_sb.wire.lane import Finished, Lane, Pending
+from spark_sb.wire.lane import Finished, Lane, Pending, Withdrawn
 from spark_sb.wire.parking import RESUME_AT_LEAST, Parked, holds, resume_send, send_parkable
 
 if TYPE_CHECKING:
@@ -99,6 +100,14 @@ SECONDARY = "secondary"
 #: How long before its deadline a call still unanswered counts as slow: enough to open a new connection with
 #: the SDK (about 0.5 s), so that a link opened then is ready when the call fails.
 SLOW_MARGIN = 1.0
+
+#: A call made with :meth:`SdkTransport._call` (a probe's schedule or cancel) that gets its turn on the lane with
+#: less of its deadline left than this is not started (:class:`~spark_sb.wire.lane.Withdrawn`): the SDK cannot
+#: answer within less (its timeout is cut :func:`~spark_sb.wire.connection.sdk_timeout`'s margin shorter and a
+#: read waits up to :data:`~spark_sb.wire.connection.SDK_SLICE`), so the call would overrun the lane's deadline
+#: and cost the connection. Measured: ten probes of stalled entities queued on the isolated connection at
+#: 0/1/5 s (E = 20, bench_isolation.py) built a new connection every 1.5 s without it, none with it.
+MIN_CALL_LEFT = 3 * SDK_SLICE
 
 #: A timeout is the namespace's fault (SPEC F7) only when its connection has said nothing - no answer, no heartbeat
 #: - for this long when the attempt fails: the namespace sends an empty frame at least every ``HEARTBEAT / 2``
@@ -375,11 +384,19 @@ class SdkTransport:
         on_slow: Callable[[], None] | None = None,
     ) -> Any:
         entity = target.entity
+        started = time.monotonic()
 
         def run(conn: SharedConnection) -> Any:
-            return conn.on_link(entity, fn, timeout)
+            # what is left of the deadline when the call starts, not all of it: a call that waited behind others
+            # on the lane (probes of stalled entities on the isolated connection) gives up before the lane's
+            # deadline, as a call that did not wait does, and costs its link, never the connection (SPEC F6)
+            left = started + timeout - time.monotonic()
+            if left < MIN_CALL_LEFT:
+                raise Withdrawn(
+                    f"{target}: {max(0.0, left):.2f} s of its deadline left when its turn came; not started"
+                )
+            return conn.on_link(entity, fn, left)
 
-        started = time.monotonic()
         try:
             return self._lane(target.namespace).call(
                 run, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow
@@ -642,9 +659,12 @@ class SdkTransport:
     def _failed(self, target: Target, exc: BaseException, started: float) -> None:
         """A call to ``target`` that started at ``started`` (monotonic) failed with ``exc``: the link was closed
         already; the connection is closed too (rebuilt on next use) unless the failure was the link's alone - a
-        link-level error condition, or a timeout while the connection kept answering (a stalled entity)."""
+        link-level error condition, or a timeout while the connection kept answering (a stalled entity). Two
+        failures say nothing about the connection and leave it alone: a call that met a client closed on our side
+        (``client_closed``: a lane reset or abandoned by another call already decided; closing is never evidence,
+        SPEC F7) and a call withdrawn unstarted from a busy lane (:class:`~spark_sb.wire.lane.Withdrawn`)."""
         cls = classify(exc)
-        if not cls.rebuild_client:
+        if not cls.rebuild_client or cls is CLIENT_CLOSED or isinstance(exc, Withdrawn):
             return
         condition = condition_of(exc) or ""
         if condition.startswith("amqp:link:"):

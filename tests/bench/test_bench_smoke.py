@@ -67,7 +67,8 @@ SMOKE: dict[str, list[Expect]] = {
     "bench_isolation.py": [
         Expect(
             rf"E=6\s+sick=1\s+(?:stall|disabled)\s+1/2/5\s+to failover\s+{NUM} s .*\s{NUM} msgs/s\s+"
-            rf"vs clean {NUM} \(vs healthy only {NUM}\)\s+clean vs raw {NUM} \({NUM} msgs/s\)",
+            rf"vs clean {NUM} \(vs healthy only {NUM}\)\s+clean vs raw {NUM} \({NUM} msgs/s\)"
+            r".*\sconns (\d+) \(opened (\d+)\)",
             2,
         )
     ],

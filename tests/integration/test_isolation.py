@@ -228,6 +228,48 @@ def test_a_stalled_entity_never_diverts_or_slows_a_healthy_one_of_its_namespace(
     pair.primary.faults.stall_entity("a", False)
 
 
+@pytest.mark.parametrize("mode", ["schedule-cancel", "ping"])
+def test_probes_of_many_stalled_entities_queue_on_one_isolated_connection_and_never_rebuild_it(
+    pair: Any, make_sender: Callable[..., PairedSender], mode: str
+) -> None:
+    """SPEC F2, F6: ten stalled entities' probes, all due at once every second, wait their turn on the isolated
+    connection. A probe whose deadline passes while it waits is withdrawn (it never runs; the connection is kept),
+    one whose turn comes with too little time left is not started, and a client closed by another call is no
+    evidence. Before: the first probe past its deadline abandoned the connection and each probe still queued on it
+    closed the next one (a new connection every 1.5 s, 3 to 5 open at once, bench_isolation.py E = 20)."""
+    sick = [f"stall{i}" for i in range(10)]
+    for name in sick:
+        pair.primary.broker.create_queue(name)
+    sender = make_sender(failover_interval=0.0, ping_primary_interval=1.0, send_timeout=5.0, probe_mode=mode)
+    warm = [OutboundMessage(body=b"w", message_id=f"w-{n}", entity=n) for n in (*sick, "b")]
+    assert sender.send(warm).total_sent == len(warm)
+    for name in sick:
+        pair.primary.faults.stall_entity(name)
+    try:
+        out = sender.send(OutboundMessage(body=b"x", message_id=f"s-{n}", entity=n) for n in sick)
+        assert out.total_diverted == len(sick), out
+        assert all(sender.entity_state(n) is EntityState.FAILED_OVER for n in sick)
+        healthy_connections = sender.transport.lifecycle(PRIMARY)["connections"]  # type: ignore[attr-defined]
+        isolated = sender.transport.isolated()
+        # four rounds of ten probes, each round due at once, while `b` and the stalled entities keep sending
+        end = time.monotonic() + 4.5
+        n = 0
+        while time.monotonic() < end:
+            n += 1
+            out = sender.send(
+                OutboundMessage(body=b"x", message_id=f"{e}-{n}", entity=e) for e in (*sick, "b")
+            )
+            assert out.sent == {"b": 1} and out.total_diverted == len(sick), out
+            time.sleep(0.05)
+        assert isolated.lifecycle(PRIMARY)["connections"] == 1  # type: ignore[attr-defined]
+        assert sender.transport.lifecycle(PRIMARY)["connections"] == healthy_connections  # type: ignore[attr-defined]
+        assert all(sender.entity_state(n) is EntityState.FAILED_OVER for n in sick)
+        assert sender.entity_state("b") is EntityState.HEALTHY
+    finally:
+        for name in sick:
+            pair.primary.faults.stall_entity(name, False)
+
+
 def test_closing_a_sender_during_its_probe_is_evidence_of_nothing(
     pair: Any, make_sender: Callable[..., PairedSender]
 ) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from spark_sb.core.errors import LaneClosed, classify
-from spark_sb.wire.lane import DeadlineExceeded, Lane
+from spark_sb.wire.lane import DeadlineExceeded, Lane, Withdrawn
 
 
 class Ctx:
@@ -128,6 +128,77 @@ def test_a_call_queued_behind_a_stuck_one_keeps_its_own_deadline() -> None:
         rig.lane.call(lambda ctx: None, 0.2)
     assert rig.lane.call(lambda ctx: ctx.n, 5.0) == 2
     release.set()
+
+
+def test_a_call_queued_behind_one_with_a_deadline_of_its_own_is_withdrawn_and_the_worker_kept() -> None:
+    # SPEC F6: ten probes of stalled entities queued on the isolated connection reach their deadlines together;
+    # a busy worker is not a stuck one, so they are withdrawn and the connection kept, not torn down in turn
+    rig = Rig()
+    release = threading.Event()
+    running = threading.Event()
+    ran: list[str] = []
+
+    def slow(ctx: Ctx) -> int:
+        running.set()
+        release.wait(30)
+        return ctx.n
+
+    first: list[int] = []
+    holder = threading.Thread(target=lambda: first.append(rig.lane.call(slow, 5.0)))
+    holder.start()
+    assert running.wait(5)
+    started = time.monotonic()
+    with pytest.raises(Withdrawn, match="never started") as info:
+        rig.lane.call(lambda ctx: ran.append("queued"), 0.2)
+    assert 0.2 <= time.monotonic() - started < 2.0
+    assert (
+        isinstance(info.value, DeadlineExceeded) and classify(info.value).name == "timeout"
+    )  # to its caller
+    assert rig.lane.abandoned == 0 and not rig.built[0].unblocked.is_set()  # the worker and its context kept
+    release.set()
+    holder.join(5)
+    assert first == [1]  # the running call finished on its context
+    assert rig.lane.call(lambda ctx: ctx.n, 5.0) == 1  # and the next call has the same one
+    assert ran == []  # the withdrawn call never ran, not even once the worker was free
+    assert len(rig.built) == 1 and rig.lane.generation == 1
+
+
+def test_a_running_call_past_its_own_deadline_is_abandoned_by_its_caller_the_queued_ones_withdrawn() -> None:
+    rig = Rig()
+    release = threading.Event()
+    running = threading.Event()
+    errors: list[BaseException] = []
+
+    def stuck(ctx: Ctx) -> None:
+        running.set()
+        release.wait(30)
+
+    def call(fn: Any, timeout: float) -> None:
+        try:
+            rig.lane.call(fn, timeout)
+        except DeadlineExceeded as exc:
+            errors.append(exc)
+
+    holder = threading.Thread(target=call, args=(stuck, 0.3))
+    holder.start()
+    assert running.wait(5)
+    queued = [threading.Thread(target=call, args=(lambda ctx: None, 0.3)) for _ in range(3)]
+    for t in queued:
+        t.start()
+    for t in [holder, *queued]:
+        t.join(5)
+    # the stuck call's own caller abandons the worker at its deadline, once; the calls queued behind it (their
+    # deadlines a little later) are withdrawn, and never run
+    assert rig.lane.abandoned == 1
+    assert sorted(type(e).__name__ for e in errors) == [
+        "DeadlineExceeded",
+        "Withdrawn",
+        "Withdrawn",
+        "Withdrawn",
+    ]
+    assert rig.built[0].unblocked.wait(5)
+    release.set()
+    assert rig.lane.call(lambda ctx: ctx.n, 5.0) == 2
 
 
 def test_many_threads_share_a_lane_one_call_at_a_time() -> None:

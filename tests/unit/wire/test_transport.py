@@ -13,14 +13,15 @@ import pytest
 from azure.servicebus import ServiceBusMessageBatch
 from azure.servicebus import exceptions as sbe
 
-from spark_sb.core.errors import LaneClosed
+from spark_sb.core.errors import CLIENT_CLOSED, LaneClosed, classify
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.message.packing import Encoded
 from spark_sb.wire import transport as transport_module
 from spark_sb.wire.connection import HEARTBEAT
-from spark_sb.wire.lane import DeadlineExceeded, Finished
+from spark_sb.wire.lane import DeadlineExceeded, Finished, Withdrawn
 from spark_sb.wire.transport import (
     CONNECTED_FRESH,
+    MIN_CALL_LEFT,
     PRIMARY,
     SECONDARY,
     SdkBatch,
@@ -223,6 +224,84 @@ def test_a_timeout_on_a_silent_connection_aborts_and_rebuilds_it(monkeypatch: py
     failed(t, ORDERS, sbe.OperationTimeoutError(message="timed out"))
     assert lane.resets == ["faulted"]
     assert aborted == [conn.connection]  # reset, so that nothing left on it lands later
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        LaneClosed("the lane's worker was retired before the call started"),
+        ValueError(
+            "The handler has already been shutdown. Please use ServiceBusClient to create a new instance."
+        ),
+    ],
+    ids=["lane-closed", "sdk-handler-shut-down"],
+)
+def test_a_call_that_met_a_client_closed_on_our_side_closes_nothing(
+    monkeypatch: pytest.MonkeyPatch, exc: BaseException
+) -> None:
+    # closing is never evidence (SPEC F7): another call's reset or abandonment already decided, and a reset here
+    # would close the connection built since (ten probes queued on the isolated connection each closed the next)
+    aborted: list[object] = []
+    monkeypatch.setattr(transport_module, "abort_connection", aborted.append)
+    lane = StandInLane(Conn(heard=time.time() - HEARTBEAT))  # even on a connection silent for a while
+    t = transport_with(lane)
+    assert classify(exc) is CLIENT_CLOSED
+    failed(t, ORDERS, exc)
+    assert lane.resets == [] and aborted == []
+
+
+def test_a_call_withdrawn_unstarted_from_a_busy_lane_closes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    aborted: list[object] = []
+    monkeypatch.setattr(transport_module, "abort_connection", aborted.append)
+    lane = StandInLane(Conn(heard=time.time() - HEARTBEAT / 2 - 1.0))  # silent: a timeout would rebuild it
+    t = transport_with(lane)
+    failed(t, ORDERS, Withdrawn("waited 1.50 s behind other calls and never started"))
+    assert lane.resets == [] and aborted == []
+
+
+def test_a_call_whose_turn_comes_with_too_little_of_its_deadline_left_is_not_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ran: list[float] = []
+    clock = {"now": 1000.0}
+
+    class Clock:
+        """The transport's ``time``: monotonic time moves only when the lane's queue holds a call."""
+
+        @staticmethod
+        def monotonic() -> float:
+            return clock["now"]
+
+        @staticmethod
+        def time() -> float:
+            return time.time()
+
+    class RealConn(Conn):
+        def on_link(self, entity: str, fn: Any, timeout: float) -> Any:
+            return fn(None, timeout)
+
+    class QueueingLane(StandInLane):
+        """Runs the call after ``waited`` seconds in the queue (as a worker busy with other calls would)."""
+
+        waited = 0.0
+
+        def call(self, fn: Any, timeout: float, **_: Any) -> Any:
+            clock["now"] += self.waited
+            return fn(self.conn)
+
+    monkeypatch.setattr(transport_module, "time", Clock)
+    lane = QueueingLane(RealConn(heard=time.time()))
+    t = transport_with(lane)
+    assert t._call(ORDERS, lambda sender, left: ran.append(left) or 7, 1.0) == 7
+    assert ran == [1.0]
+    lane.waited = 0.3  # its turn came with 0.1 s of 0.4 s left: the SDK could not answer in time
+    with pytest.raises(Withdrawn, match="left when its turn came"):
+        t._call(ORDERS, lambda sender, left: ran.append(left), 0.4)
+    assert ran == [1.0] and lane.resets == []
+    lane.waited = 0.1  # 0.3 s of 0.4 s left: made, with what is left of the deadline (not all 0.4 s)
+    t._call(ORDERS, lambda sender, left: ran.append(left), 0.4)
+    assert ran == [1.0, pytest.approx(0.3)]
+    assert MIN_CALL_LEFT < 0.3
 
 
 def test_a_connection_error_on_a_lane_already_gone_closes_nothing() -> None:
