@@ -298,9 +298,13 @@ def test_a_lane_abandoning_an_opening_worker_frees_it_within_its_deadline(
             t0 = time.monotonic()
             with pytest.raises(DeadlineExceeded):
                 lane.call(lambda conn: conn.connection, 0.3)
-            freed = wait_until(lambda: len(spark_threads()) <= threads0, 2.0)
-            assert freed is not None and time.monotonic() - t0 < 0.3 + 1.0, spark_threads()
-            assert client_sockets(ports) == 0
+            # the worker gone and its socket closed, both within the same bound (the socket's close may come a
+            # moment after the thread's end under load: seen once in a 4-worker integration tier)
+            freed = wait_until(lambda: len(spark_threads()) <= threads0 and client_sockets(ports) == 0, 2.0)
+            assert freed is not None and time.monotonic() - t0 < 0.3 + 1.0, (
+                spark_threads(),
+                client_sockets(ports),
+            )
     finally:
         lane.close()
         client.close()
