@@ -134,12 +134,23 @@ def is_probe(message: Any) -> bool:
     probe session (:data:`PROBE_SESSION`, :data:`PROBE_SESSION_PREFIX`) is a probe too.
     """
 
-    content_type = getattr(message, "content_type", None)
+    raw = None if isinstance(message, OutboundMessage) else getattr(message, "raw_amqp_message", None)
+    if raw is not None:
+        # An SDK message: its AMQP properties read once, not through the SDK's getters - each of those tests the
+        # property map's truth, which lists its keys (the syphon reads this for every message it moves: about 4%
+        # of its time, measured with cProfile).
+        amqp = raw.properties
+        content_type = None if amqp is None else amqp.content_type
+        session = None if amqp is None else amqp.group_id
+    else:
+        content_type = getattr(message, "content_type", None)
+        session = getattr(message, "session_id", None)
     if isinstance(content_type, bytes):
         content_type = content_type.decode("utf-8", "replace")
     if content_type == PING_CONTENT_TYPE:
         return True
-    session = getattr(message, "session_id", None)
+    if isinstance(session, bytes):
+        session = session.decode("utf-8", "replace")
     if isinstance(session, str) and session.startswith(PROBE_SESSION):
         return True
     props = message.properties if isinstance(message, OutboundMessage) else None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from azure.servicebus import ServiceBusMessage
@@ -15,10 +17,15 @@ from hypothesis import strategies as st
 
 from spark_sb.message.backlog import (
     BACKLOG_PATH,
+    PING_CONTENT_TYPE,
+    PROBE_PROPERTY,
+    PROBE_SESSION,
+    PROBE_SESSION_PREFIX,
     RESERVED_PROPERTIES,
     RETURN_MARKER,
     ReturnMarker,
     from_backlog,
+    is_probe,
     to_backlog,
     to_backlog_sdk,
 )
@@ -108,3 +115,28 @@ def test_the_return_marker_property_is_reserved_a_user_message_carrying_it_is_a_
         and restored.entity == "orders"
     )
     assert wire(to_backlog_sdk(marker, "orders", NOW)) == wire(to_backlog(marker, "orders", NOW).to_sdk())
+
+
+def test_is_probe_reads_an_sdk_messages_amqp_properties_sent_or_received() -> None:
+    # sent: the SDK's message; received: its AMQP properties come back as bytes. The probe session and the ping's
+    # content type are recognised in both forms (the syphon drops probes), as the probe property is
+    def received(
+        content_type: bytes | None = None,
+        group_id: bytes | None = None,
+        props: dict[bytes, Any] | None = None,
+    ) -> Any:
+        amqp = SimpleNamespace(content_type=content_type, group_id=group_id)
+        return SimpleNamespace(
+            raw_amqp_message=SimpleNamespace(properties=amqp), application_properties=props
+        )
+
+    assert is_probe(ServiceBusMessage(b"", session_id=PROBE_SESSION))
+    assert is_probe(ServiceBusMessage(b"", session_id=f"{PROBE_SESSION_PREFIX}orders"))
+    assert not is_probe(ServiceBusMessage(b"", session_id="orders-1"))
+    assert is_probe(received(content_type=PING_CONTENT_TYPE.encode()))
+    assert is_probe(received(group_id=PROBE_SESSION.encode()))
+    assert is_probe(received(group_id=f"{PROBE_SESSION_PREFIX}orders".encode()))
+    assert is_probe(received(props={PROBE_PROPERTY.encode(): b"schedule-cancel"}))
+    assert not is_probe(received(content_type=b"text/plain", group_id=b"orders-1", props={b"k": b"v"}))
+    bare = SimpleNamespace(raw_amqp_message=SimpleNamespace(properties=None), application_properties=None)
+    assert not is_probe(bare)
