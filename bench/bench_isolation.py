@@ -37,8 +37,9 @@ So the clean and the sick windows alternate in the same run, and drift of the ma
 - healthy diverted (goal 0): messages of healthy entities that went to the backlog, over the whole case;
 - conns: the most AMQP connections open at once on the primary during the case (its gauge, reset when the case
   starts): the healthy connection and the isolated one that probes use; opened: the connections the primary
-  accepted during the case (a connection torn down and built again counts each time); threads: the sender's most (its threads are named ``spark-sb-*``; the raw
-  baseline's SDK senders keep a keep-alive thread each - 100 at E = 100 - and are not counted).
+  accepted during the case (a connection torn down and built again counts each time); threads: the sender's
+  most (its threads are named ``spark-sb-*``; the raw baseline's SDK senders keep a keep-alive thread each - 100
+  at E = 100 - and are not counted).
 
 ``--check``: exit 1 when a goal is missed. ``--smoke``: E = 6, one sick, shapes stall and disabled, config 1/2/5,
 two rounds of 1 s windows (seconds in all: CI's smoke mode).

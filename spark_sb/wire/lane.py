@@ -86,11 +86,11 @@ class Withdrawn(DeadlineExceeded):
 
 
 class _Call:
-    __slots__ = ("deadline", "done", "error", "fn", "result", "started", "withdrawn")
+    __slots__ = ("done", "error", "fn", "result", "started", "timed", "withdrawn")
 
-    def __init__(self, fn: Callable[[Any], Any], deadline: float | None = None) -> None:
+    def __init__(self, fn: Callable[[Any], Any], timed: bool = False) -> None:
         self.fn = fn
-        self.deadline = deadline  # monotonic; None: the call has no deadline of its own (submit)
+        self.timed = timed  # its caller waits for it within a deadline (start, call); not so for submit
         self.done = threading.Event()
         self.result: Any = None
         self.error: BaseException | None = None
@@ -122,9 +122,7 @@ class _Worker(threading.Thread):
         self.use = threading.Lock()  # held while the context is in use: by this thread or by a direct call
         # a call is started by this thread or withdrawn by its caller, never both (see withdraw)
         self._claim = threading.Lock()
-        self._running_until: float | None = (
-            None  # the deadline of the call running now (None: none, or none of its own)
-        )
+        self._running_timed = False  # the call running now has a deadline that its caller guards
         # what an opening on this worker registered (abort_when_abandoned): one at a time, in practice
         self._aborts: dict[int, Callable[[BaseException], None]] = {}
         self._aborts_lock = threading.Lock()
@@ -180,7 +178,7 @@ class _Worker(threading.Thread):
                 if call.withdrawn:  # its caller gave up while it waited (it got Withdrawn): not run
                     continue
                 call.started = True
-                self._running_until = call.deadline
+                self._running_timed = call.timed
             with self.use:
                 try:
                     if self.context is None:
@@ -189,7 +187,7 @@ class _Worker(threading.Thread):
                 except BaseException as exc:  # handed to the caller
                     call.error = exc
             with self._claim:
-                self._running_until = None
+                self._running_timed = False
             call.done.set()
         self._finish()
 
@@ -202,7 +200,7 @@ class _Worker(threading.Thread):
         started at once) reach their deadlines together: the queued ones are withdrawn and the running one's
         caller alone decides about the worker."""
         with self._claim:
-            if call.started or self._running_until is None:
+            if call.started or not self._running_timed:
                 return False
             call.withdrawn = True
             return True
@@ -303,11 +301,10 @@ class Lane(Generic[C]):
         """Start ``fn(context)`` on the worker and return at once; :meth:`Pending.result` waits for it within
         the same deadline (``timeout`` seconds from now, whenever ``result`` is called), so the caller may do
         other work (pack the next batch) meanwhile. ``call`` is ``start(...).result()``."""
-        timeout = max(0.0, timeout)
-        job = _Call(fn, time.monotonic() + timeout)
+        job = _Call(fn, timed=True)
         worker = self._current()
         worker.calls.put(job)
-        return Pending(self, worker, job, timeout, slow_after, on_slow)
+        return Pending(self, worker, job, max(0.0, timeout), slow_after, on_slow)
 
     def direct(
         self,
