@@ -44,8 +44,10 @@ that call counts in ``sending`` from the moment it diverted a, before the send, 
 was acknowledged; its close issues a newer marker, behind a, and only that marker's acknowledgement releases.
 (4) a direct, b in the backlog: a was sent before b was routed, so the primary has a before b is even diverted -
 provided a's batch was sent. Within one call a session the call started sending to the primary stays on the
-primary path for the call (an open primary batch holding a is diverted whole, in order, if its entity fails over),
-so b is never put in the backlog ahead of an unsent a, even when another thread holds the session meanwhile.
+primary path for the call, and before any later message of an entity is diverted the call settles what it still
+holds of that entity for the primary (its open batch, a parked send: sent, or diverted first - SPEC O6), so b is
+never put in the backlog ahead of an unsent a, even when the entity fails over in the middle of the call or
+another thread holds the session meanwhile.
 Two executors (threads) sending one session share the book's record: through the process registry (setting b, a
 plain application: every step is one locked update of the record) or through the state tables (setting a: the
 sink's handoff to its tasks carries the held sessions; the syphon writes acknowledgements to the events table).

@@ -249,6 +249,9 @@ class PairedSender:
                         if route is Route.PRIMARY and self._held(entity, key, tally, primary.get(entity)):
                             route = Route.BACKLOG  # held (R3): behind its messages in its queue
                 if route is Route.BACKLOG:
+                    if entity in parked or len(primary.get(entity) or ()) > 0:
+                        # O6: what the call holds of the entity for the primary goes before a later message
+                        self._settle(entity, primary, backlog, tally, parked)
                     if self._diverter.to_backlog(backlog, msg, entity, index, tally):
                         routes.clear()  # a backlog batch went out: admit again (a probe may have succeeded)
                     continue
@@ -263,6 +266,8 @@ class PairedSender:
                     routes[entity] = route = self._admit(entity, tally)
                     key = order_key(ordering, msg.session_id) if book is not None and not book.empty else None
                     if route is Route.BACKLOG or (key is not None and self._held(entity, key, tally, None)):
+                        if entity in parked:
+                            self._settle(entity, primary, backlog, tally, parked)  # O6, as above
                         self._diverter.to_backlog(backlog, msg, entity, index, tally)
                         continue
                     batch = primary[entity] = self.transport.new_batch(Target(PRIMARY, entity))
@@ -302,6 +307,26 @@ class PairedSender:
                     else f"{sum(tally.throttled.values()):.1f} s in all",
                 )
         return tally.build(self._clock.monotonic() - start)
+
+    def _settle(
+        self,
+        entity: str,
+        primary: dict[str, Batch],
+        backlog: dict[str, Open],
+        tally: Tally,
+        parked: dict[str, ParkedBatch],
+    ) -> None:
+        """SPEC O6: the entity's next message goes to the backlog while the call still holds earlier ones of it
+        for the primary - a send parked unanswered, an open batch (the entity failed over in the middle of the
+        call). Those are settled first - sent, or diverted ahead of it - so that no line's later message enters
+        a backlog queue before an earlier one. Synchronous (no parking): the entity is failed over, so this is
+        mostly a translation into the open backlog batches."""
+        earlier = parked.pop(entity, None)
+        if earlier is not None:
+            self._send_primary(earlier.batch, backlog, tally, earlier.progress, resume=earlier.parked)
+        batch = primary.pop(entity, None)
+        if batch is not None and len(batch) > 0:
+            self._deliver(batch, backlog, tally, Progress(self._clock.monotonic()))
 
     def remark(self, lines: Iterable[tuple[str, str]]) -> int:
         """Ordering (R2): send a fresh return marker, with no message, behind each held line of ``lines``

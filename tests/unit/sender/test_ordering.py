@@ -364,3 +364,31 @@ def test_every_session_reaches_the_primary_in_order_through_outages_and_partial_
     syphon.drain()
     got = per_session(primary_ids(rig))
     assert {s: v for s, v in got.items()} == {s: list(range(n)) for s, n in produced.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# O6: the seams of one call
+
+
+@pytest.mark.parametrize("interval", [0.0, 3.0, 10.0])
+def test_an_entity_failing_over_in_the_middle_of_a_call_never_puts_a_later_message_before_an_earlier_one(
+    interval: float,
+) -> None:
+    """Issue 47 item 2: s-0 sits in its entity's open primary batch; a namespace fault met on another entity's
+    batch fails the entity over in the same call, a backlog batch goes out (the call's routes are admitted
+    again) and s-1 is diverted. The open batch holding s-0 is settled - diverted - before s-1 enters the
+    backlog: the pinned queue holds [s-0, s-1, marker], not [s-1, s-0, marker]."""
+    rig = Rig(ordering="session", failover_interval=interval)
+    rig.transport.fail(conn_error, namespace=PRIMARY, entity="other")
+    call = session_msgs("s", 0, 1, entity="orders")
+    call += [OutboundMessage(body=b"y" * 300, entity="other", message_id=f"o-{i}") for i in range(12)]
+    call += session_msgs("s", 1, 1, entity="orders")
+    rig.sender.send(call)
+    queue = book_of(rig).held("orders", "s")
+    assert queue is not None
+    pinned = [from_backlog(m)[0] for m in rig.transport.at(SECONDARY, queue.queue)]
+    line = [m.message_id if marker_of(m) is None else "marker" for m in pinned if m.entity == "orders"]
+    assert line == ["s-0", "s-1", "marker"]
+    rig.transport.heal()
+    Syphon(rig).drain()
+    assert primary_ids(rig) == ["s-0", "s-1"]
