@@ -12,10 +12,12 @@ every call bounded whatever the SDK does:
   down in the background so the stuck call returns, and the worker closes the context when its call returns -
   nobody waits for any of it;
 * the next call builds a fresh worker and a fresh context;
-* except for a call still **queued** at its deadline behind a call that has a deadline of its own: the worker is
-  busy, and the running call's caller guards that deadline, so the queued call is **withdrawn** (:class:`Withdrawn`,
-  never run) and the worker and its context are kept. A call queued behind one without a deadline
-  (:meth:`Lane.submit`) abandons the worker as above.
+* except for a call still **queued** at its deadline behind a call that has a deadline of its own (a direct call
+  included: a call is queued until it holds the context): the worker is busy, and the running call's caller guards
+  that deadline, so the queued call is **withdrawn** (:class:`Withdrawn`, never run) and the worker and its context
+  are kept (SPEC F10). A call queued behind one without a deadline (:meth:`Lane.submit`) abandons the worker as
+  above. A queued call whose worker another caller abandoned never runs on it: :class:`LaneClosed`, evidence of
+  nothing (F7).
 
 One lane serves one destination (one SDK client and sender): SDK objects are not thread-safe, and each is used
 by one thread at a time. A lane may be called from several threads (the sender's thread, a probe thread); calls
@@ -122,7 +124,8 @@ class _Worker(threading.Thread):
         self.use = threading.Lock()  # held while the context is in use: by this thread or by a direct call
         # a call is started by this thread or withdrawn by its caller, never both (see withdraw)
         self._claim = threading.Lock()
-        self._running_timed = False  # the call running now has a deadline that its caller guards
+        # the call holding the context now (this thread's or a direct call) has a deadline its caller guards
+        self._running_timed = False
         # what an opening on this worker registered (abort_when_abandoned): one at a time, in practice
         self._aborts: dict[int, Callable[[BaseException], None]] = {}
         self._aborts_lock = threading.Lock()
@@ -174,26 +177,33 @@ class _Worker(threading.Thread):
                     call.error = LaneClosed("the lane's worker was retired before the call started")
                     call.done.set()
                 break
-            with self._claim:
-                if call.withdrawn:  # its caller gave up while it waited (it got Withdrawn): not run
-                    continue
-                call.started = True
-                self._running_timed = call.timed
+            # Started only once it holds the context: while a direct call holds it, this call is still queued
+            # (withdrawn at its deadline, never abandoning the worker the direct call uses: SPEC F10).
             with self.use:
+                with self._claim:
+                    if call.withdrawn:  # its caller gave up while it waited (it got Withdrawn): not run
+                        continue
+                    if self.retired:  # abandoned or reset while it waited for the context: never run on it
+                        call.error = LaneClosed("the lane's worker was retired before the call started")
+                        call.done.set()
+                        break
+                    call.started = True
+                    self._running_timed = call.timed
                 try:
                     if self.context is None:
                         self.context = self._factory()
                     call.result = call.fn(self.context)
                 except BaseException as exc:  # handed to the caller
                     call.error = exc
-            with self._claim:
-                self._running_timed = False
+                with self._claim:
+                    self._running_timed = False
             call.done.set()
         self._finish()
 
     def withdraw(self, call: _Call) -> bool:
-        """On the caller's thread, at ``call``'s deadline: withdraw it if it has not started and the call running
-        now has a deadline of its own - the worker is busy, and whether it is stuck is for that call's caller to
+        """On the caller's thread, at ``call``'s deadline: withdraw it if it has not started (it starts once it
+        holds the context) and the call holding the context now - on the worker, or a direct call on its caller's
+        thread - has a deadline of its own: the worker is busy, and whether it is stuck is for that call's caller to
         tell at that deadline (it waits for it, and abandons the worker if it is passed) - so that the worker and
         its context are kept (True). False: the call started, or the worker runs a call without a deadline
         (:meth:`Lane.submit`) or none at all (the caller then abandons the worker). Calls queued together (probes
@@ -329,6 +339,9 @@ class Lane(Generic[C]):
             context = worker.context  # read while held: the worker neither builds nor closes it meanwhile
             if context is None or worker.retired:
                 return None
+            # a call queued meanwhile is withdrawn at its deadline, never abandons the worker this one uses
+            with worker._claim:
+                worker._running_timed = True
             timeout = max(0.0, timeout)
             now = time.monotonic()
             deadline = _WATCHDOG.watch(now + timeout, lambda: self._abandon(worker, _no_answer(timeout)))
@@ -348,6 +361,8 @@ class Lane(Generic[C]):
                     slow.cancel()
                 late = not deadline.cancel()  # the deadline fired first: the worker was abandoned
         finally:
+            with worker._claim:
+                worker._running_timed = False
             worker.use.release()
         if late:
             exceeded = self._exceeded(timeout)
