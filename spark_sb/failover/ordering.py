@@ -26,7 +26,9 @@ The rule (per session; :class:`SessionBook`):
   stays on its queue, behind its own messages.
 * **R4 No hop.** When a held session's queue fails, its messages are not sent to another queue: the call fails for
   that session (after the other sessions' messages went out; its task fails and Spark retries it). A second queue
-  would let the syphon move the later messages first.
+  would let the syphon move the later messages first. A held session's queue pulled from the rotation is still
+  tried once per call, for up to ``send_timeout`` (SPEC O8: a blip never stops a query); when it answers it
+  returns to the rotation.
 
 Why no interleaving loses order. Take a session and any two of its messages a before b in the sink's order (one
 thread's, or one task's; consecutive micro-batches, whose sends end before the next starts).
@@ -209,11 +211,17 @@ class SessionBook:
             return record.queue
 
     def diverted(
-        self, entity: str, session: str, queues: Sequence[str], available: Callable[[str], bool]
+        self,
+        entity: str,
+        session: str,
+        queues: Sequence[str],
+        available: Callable[[str], bool],
+        retry: Callable[[str], bool] | None = None,
     ) -> str:
         """One message of the session goes to the backlog, in a call that will :meth:`close_call` it: the queue
         (R1: pinned at first, by the session id's hash - the entity's name with ``ordering: entity``; R4: raises
-        :class:`QueueUnavailableError` when the pinned queue is not available)."""
+        :class:`QueueUnavailableError` when the pinned queue is not available - unless ``retry(queue)`` grants a
+        held line's pulled queue a try, SPEC O8)."""
         with self._lock:
             record = self._held.get((entity, session))
             if record is None:
@@ -224,7 +232,7 @@ class SessionBook:
                     )
                 self._held[(entity, session)] = Held(queue, sending=1)
                 return queue
-            if not available(record.queue):
+            if not available(record.queue) and (retry is None or not retry(record.queue)):
                 raise QueueUnavailableError(
                     f"the backlog queue {record.queue!r} of session {session!r} (entity {entity!r}) is unavailable; "
                     "with ordering: session its messages wait for it rather than go to another queue"

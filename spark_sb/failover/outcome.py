@@ -84,6 +84,9 @@ class Tally:
         self.ordered: dict[tuple[str, str], int] = {}  # messages diverted (each closed at the call's end, R2)
         self.direct: set[tuple[str, str]] = set()  # lines this call routed to the primary (they stay there)
         self.stopped: dict[tuple[str, str], str] = {}  # lines whose backlog queue failed (R4): why
+        # O8: the pulled queues of held lines this call tried (True: the try is granted or it answered; False: it
+        # failed, the lines stop) - bounded by the backlog queues
+        self.pinned_tries: dict[str, bool] = {}
 
     def count_sent(self, entity: str, count: int) -> None:
         self.sent[entity] = self.sent.get(entity, 0) + count

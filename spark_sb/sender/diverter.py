@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from spark_sb.core.errors import MessageRejectedError, NoBacklogAvailableError, SendError, describe_error
-from spark_sb.failover.decisions import Verb, Where
+from spark_sb.failover.decisions import Verb, Where, backoff_delay
 from spark_sb.failover.ordering import QueueUnavailableError, marker_of, order_key, return_marker
 from spark_sb.failover.outcome import Tally, message_row, namespace_description
 from spark_sb.message.outbound import OutboundMessage, Reject, RejectError
@@ -158,7 +158,9 @@ class Diverter:
             if not self.ctx.chooser.queues:
                 raise self._no_backlog(entity)
             try:
-                queue = book.diverted(entity, key, self.ctx.chooser.queues, self._available)
+                queue = book.diverted(
+                    entity, key, self.ctx.chooser.queues, self._available, lambda q: self._try(q, tally)
+                )
             except QueueUnavailableError as err:
                 tally.stopped[line] = str(err)
                 return False
@@ -194,6 +196,21 @@ class Diverter:
 
     def _available(self, queue: str) -> bool:
         return self.ctx.registry.rotation.is_available(self.ctx.secondary_key, queue)
+
+    @staticmethod
+    def _try(queue: str, tally: Tally) -> bool:
+        """SPEC O8: may a held line's pulled queue be tried in this call? Once: granted at the first meeting, refused
+        after that try failed - so a blip shorter than the pull never stops a query (each task attempt tries)."""
+        return tally.pinned_tries.setdefault(queue, True)
+
+    def _holds_lines(self, slot: Open) -> bool:
+        """Does the batch hold messages (or markers) of ordered lines, which cannot go to another queue?"""
+        if self.ctx.book is None:
+            return False
+        ordering = self.ctx.config.ordering
+        return bool(slot.markers) or any(
+            order_key(ordering, m.session_id) is not None for m in slot.originals
+        )
 
     def close_lines(self, backlog: dict[str, Open], tally: Tally, *, mark: bool = True) -> None:
         """R2, at the end of a call (after :meth:`flush`: the lines' messages are confirmed): close every line the
@@ -253,23 +270,49 @@ class Diverter:
         elsewhere (B5)."""
         tally.sticky.clear()  # a batch boundary: a queue may be pulled now (here or by another sender)
         batch = slot.batch
-        if not self.ctx.registry.rotation.is_available(self.ctx.secondary_key, batch.target.entity):
+        queue = batch.target.entity
+        rotation, namespace = self.ctx.registry.rotation, self.ctx.secondary_key
+        pulled = not rotation.is_available(namespace, queue)
+        if pulled and not tally.pinned_tries.get(queue, False):
             # its queue was pulled while it was packed (settling the batch before it): send it elsewhere
             self._again(slot, backlog, tally)
             return
-        queue = batch.target.entity
         transport = self.ctx.transport()
-        result = self.loop.run(
-            Where.BACKLOG,
-            lambda timeout: transport.send(batch, timeout),
-            tally,
-            messages=len(batch),
-            target=batch.target,
-        )
+        # O8: a batch of ordered lines has nowhere else to go: its queue is tried for up to the backlog budget
+        # (send_timeout) before it is pulled and the lines stop - once per call and queue.
+        persist = self._holds_lines(slot) and tally.pinned_tries.get(queue, True)
+        progress = Progress(self.ctx.clock.monotonic())
+        while True:
+            result = self.loop.run(
+                Where.BACKLOG,
+                lambda timeout: transport.send(batch, timeout),
+                tally,
+                messages=len(batch),
+                target=batch.target,
+                progress=progress,
+            )
+            decision, cls = result.decision, result.error_class
+            if (
+                not persist
+                or decision is None
+                or decision.verb is not Verb.PULL
+                or cls is None
+                or not cls.retry
+            ):
+                break
+            policy, clock = self.ctx.policy, self.ctx.clock
+            left = policy.backlog_budget - (clock.monotonic() - progress.began)
+            if left <= 0:
+                break
+            clock.sleep(min(backoff_delay(progress.attempts, policy.backoff_base, policy.backoff_cap), left))
         if result.decision is None:
             count, entities = slot.counted()
             tally.count_diverted(batch.target.entity, count, entities)
+            if pulled:  # a held line's pulled queue answered (O8): back in the rotation for everyone
+                rotation.mark_good(namespace, queue)
             return
+        if persist:
+            tally.pinned_tries[queue] = False
         verb = result.decision.verb
         if verb is Verb.SPLIT:
             half = len(slot.originals) // 2

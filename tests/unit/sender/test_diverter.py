@@ -393,10 +393,11 @@ def test_a_line_whose_pinned_queue_is_pulled_stops_and_nothing_goes_elsewhere() 
     (queue,) = p.backlog
     p.flush()
     p.pull(queue)
+    p.transport.fail(conn_error, namespace=SECONDARY, entity=queue)  # and still not answering
     p.divert(session_msgs("s1", 2) + session_msgs("s2", 1))
+    p.flush()  # O8: the held line's pulled queue is tried once in the call; it fails: the line stops
     line = ("orders", "s1")
     assert line in p.tally.stopped and queue in p.tally.stopped[line]
-    p.flush()
     p.diverter.close_lines(p.backlog, p.tally)
     assert p.ids(queue) == ["s1-0"]  # the stopped line: no message, no marker
     others = [m.message_id for q in QUEUES if q != queue for m in p.transport.at(SECONDARY, q)]

@@ -314,9 +314,8 @@ def test_a_marker_whose_queue_fails_is_not_sent_elsewhere_and_the_session_waits_
     syphon = Syphon(rig)
     fail_over(rig)
     queue = pinned_queue("s", QUEUES, _all)
-    rig.transport.fail(
-        conn_error, namespace=SECONDARY, entity=queue, skip=1, count=2
-    )  # the marker's two tries
+    # the marker's tries, for as long as the backlog budget lets its batch try (O8)
+    rig.transport.fail(conn_error, namespace=SECONDARY, entity=queue, skip=1)
     rig.sender.send(session_msgs("s", 0, 2))
     assert all(marker_of(from_backlog(m)[0]) is None for q in QUEUES for m in rig.transport.at(SECONDARY, q))
     recover(rig)
@@ -392,3 +391,45 @@ def test_an_entity_failing_over_in_the_middle_of_a_call_never_puts_a_later_messa
     rig.transport.heal()
     Syphon(rig).drain()
     assert primary_ids(rig) == ["s-0", "s-1"]
+
+
+def test_a_held_lines_pulled_queue_is_tried_once_per_call_so_a_blip_never_stops_the_query() -> None:
+    """Issue 47 item 4 (SPEC O8): a blip of a held session's queue pulls it from the rotation for
+    backlog_retry_interval (300 s). Each later call (a task attempt) tries the queue once, for up to
+    send_timeout, before the line fails: while the blip lasts each attempt fails after trying; when the queue
+    answers again, well inside the pull, the next attempt goes through and the queue is back in the rotation."""
+    rig = Rig(ordering="session", failover_interval=0.0, send_timeout=5.0)
+    fail_over(rig)
+    rig.sender.send(session_msgs("s", 0, 2))
+    queue = pinned_queue("s", QUEUES, _all)
+    assert queue is not None
+    blip = rig.transport.fail(conn_error, namespace=SECONDARY, entity=queue)
+    for attempt in range(3):  # the first call meets the blip; each retry tries the queue again, then fails
+        sends = len(rig.transport.sends(SECONDARY))
+        began = rig.clock.monotonic()
+        with pytest.raises(QueueUnavailableError):
+            rig.sender.send(session_msgs("s", 2, 2))
+        tries = [c for c in rig.transport.sends(SECONDARY)[sends:] if c[1].entity == queue]
+        assert tries, f"attempt {attempt}: the pulled queue was not tried"
+        assert rig.clock.monotonic() - began <= 5.0 + 2.0  # within send_timeout (and one op's time)
+    rig.transport.heal(blip)  # the blip is over, 300 s of pull are not
+    out = rig.sender.send(session_msgs("s", 2, 2))
+    assert out.total_diverted == 2
+    ids = [from_backlog(m)[0].message_id for m in rig.transport.at(SECONDARY, queue)]
+    assert [i for i in ids if i and i.startswith("s-")] == ["s-0", "s-1", "s-2", "s-3"]
+    assert rig.registry.rotation.pulled() == []  # back in the rotation for every sender of the process
+
+
+def test_a_held_lines_queue_failing_in_a_call_is_tried_for_the_backlog_budget_before_its_line_stops() -> None:
+    """O8: the batch of a held line has nowhere else to go, so its queue is not pulled after two quick failures
+    but tried for up to send_timeout: a blip of a few seconds inside one call costs nothing."""
+    rig = Rig(ordering="session", failover_interval=0.0, send_timeout=30.0)
+    fail_over(rig)
+    rig.sender.send(session_msgs("s", 0, 2))
+    queue = pinned_queue("s", QUEUES, _all)
+    assert queue is not None
+    rig.transport.fail(conn_error, namespace=SECONDARY, entity=queue, count=4)  # about 4 x (1 s + back-off)
+    out = rig.sender.send(session_msgs("s", 2, 2))
+    assert out.total_diverted == 2
+    ids = [from_backlog(m)[0].message_id for m in rig.transport.at(SECONDARY, queue)]
+    assert [i for i in ids if i and i.startswith("s-")] == ["s-0", "s-1", "s-2", "s-3"]
