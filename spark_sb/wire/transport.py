@@ -507,7 +507,8 @@ class SdkTransport:
                 sender.send_messages(payload, timeout=sdk_timeout(left))
             return getattr(sender, "_max_batch_size_on_link", None)
 
-        self._on_link(target, on_link, timeout, on_slow, started, QUIET)
+        # no new call: it finishes one already on the wire, with RESUME_AT_LEAST at least (its minimum)
+        self._on_link(target, on_link, timeout, on_slow, started, QUIET, minimum=0.0)
 
     def _on_link(
         self,
@@ -517,8 +518,13 @@ class SdkTransport:
         on_slow: Callable[[], None] | None,
         started: float,
         quiet: float,
+        minimum: float = MIN_CALL_LEFT,
     ) -> None:
-        """``on_link(sender, seconds_left)`` on the link to ``target``, within ``timeout`` (see :meth:`send`)."""
+        """``on_link(sender, seconds_left)`` on the link to ``target``, within ``timeout`` (see :meth:`send`). Not
+        started (:class:`~spark_sb.wire.lane.Withdrawn`) with less than ``minimum`` of the deadline left, at once or
+        when its turn on the lane's worker comes (SPEC F10), as :meth:`_call`."""
+        if timeout < minimum:
+            raise Withdrawn(f"{target}: {max(0.0, timeout):.2f} s of its deadline at its start; not started")
         entity = target.entity
         # The SDK waits at most ``timeout`` (the attempt's budget); a connection found dead while it waits may take
         # RESCUE_ROOM more to make the send once more on a fresh one (SharedConnection.on_link, SPEC L1): the
@@ -531,11 +537,16 @@ class SdkTransport:
         rescuing = False
 
         def send(conn: SharedConnection) -> Any:
+            # what is left when its turn comes on the worker (after calls queued before it): too little, and the
+            # SDK could not answer in time - the call would cost its link or overrun the lane's deadline
+            left = started + timeout + (room if rescuing else 0.0) - time.monotonic()
+            if left < minimum:
+                raise Withdrawn(
+                    f"{target}: {max(0.0, left):.2f} s of its deadline left when its turn came; not started"
+                )
             if rescuing:  # the direct call found the connection dead: the rest of the room, on a fresh one
-                return conn.on_link(entity, on_link, started + timeout + room - time.monotonic())
-            return conn.on_link(
-                entity, on_link, started + timeout - time.monotonic(), rescue=room, quiet=quiet
-            )
+                return conn.on_link(entity, on_link, left)
+            return conn.on_link(entity, on_link, left, rescue=room, quiet=quiet)
 
         def send_direct(conn: SharedConnection) -> Any:
             return conn.on_link(entity, on_link, timeout, may_connect=False, rescue=room, quiet=quiet)
