@@ -376,16 +376,22 @@ class Lane(Generic[C]):
         with contextlib.suppress(LaneClosed):
             self._current().calls.put(_Call(fn))
 
-    def reset(self, why: str = "reset") -> None:
-        """Retire the current worker and its context (closed in the background); the next call builds anew."""
+    def reset(self, why: str = "reset", generation: int | None = None) -> bool:
+        """Retire the current worker and its context (closed in the background); the next call builds anew.
+        ``generation``: only if the current worker is that one (a failure resets the connection it met, never a
+        newer one built since). True if a worker was retired."""
         with self._lock:
-            worker, self._worker = self._worker, None
+            worker = self._worker
+            if worker is None or (generation is not None and worker.generation != generation):
+                return False
+            self._worker = None
         if worker is not None:
             _LOGGER.debug(
                 "%s: %s; the client is closed in the background and rebuilt on next use", self.name, why
             )
             worker.retired = True
             worker.calls.put(None)
+        return True
 
     def close(self) -> None:
         """Retire the worker (its context is closed in the background, never awaited); no call is accepted. An
@@ -398,12 +404,15 @@ class Lane(Generic[C]):
         if worker is not None:
             worker.abort(LaneClosed(f"{self.name}: closed while a connection was being opened"))
 
-    def context(self) -> C | None:
-        """The current worker's context if it is built (None otherwise). A read for checks only (is the
-        connection still open?): the context is used by the worker or a direct call alone."""
+    def context(self, generation: int | None = None) -> C | None:
+        """The current worker's context if it is built (None otherwise; None too if ``generation`` is given and the
+        current worker is another). A read for checks only (is the connection still open?): the context is used
+        by the worker or a direct call alone."""
         with self._lock:
             worker = self._worker
-        return None if worker is None else worker.context  # type: ignore[no-any-return]
+        if worker is None or (generation is not None and worker.generation != generation):
+            return None
+        return worker.context  # type: ignore[no-any-return]
 
     @property
     def closed(self) -> bool:

@@ -397,12 +397,15 @@ class SdkTransport:
                 )
             return conn.on_link(entity, fn, left)
 
+        generation: int | None = None  # the lane's worker (connection) the call ran on
         try:
-            return self._lane(target.namespace).call(
+            pending = self._lane(target.namespace).start(
                 run, timeout, slow_after=timeout - SLOW_MARGIN, on_slow=on_slow
             )
+            generation = pending.generation
+            return pending.result()
         except Exception as exc:
-            self._failed(target, exc, started)
+            self._failed(target, exc, started, generation)
             raise
 
     def lifecycle(self, namespace: str) -> dict[str, int]:
@@ -587,7 +590,7 @@ class SdkTransport:
             raise  # no answer yet, no failure either: the caller resumes it
         except Exception as exc:
             self._answered.pop(target, None)
-            self._failed(target, exc, pending.started)
+            self._failed(target, exc, pending.started, pending.generation)
             raise
         self._answered[target] = (pending.generation, time.monotonic())
         if isinstance(link_max, int) and link_max > 0:
@@ -667,9 +670,11 @@ class SdkTransport:
         entity = target.entity
         self._lane(target.namespace).submit(lambda conn: conn.open_links([entity], timeout))
 
-    def _failed(self, target: Target, exc: BaseException, started: float) -> None:
-        """A call to ``target`` that started at ``started`` (monotonic) failed with ``exc``: the link was closed
-        already; the connection is closed too (rebuilt on next use) unless the failure was the link's alone - a
+    def _failed(self, target: Target, exc: BaseException, started: float, generation: int | None) -> None:
+        """A call to ``target`` that started at ``started`` (monotonic) on the lane's worker ``generation`` (None:
+        it never reached a worker) failed with ``exc``: the link was closed already; the connection it met is closed
+        too (rebuilt on next use) - never a newer one another call built since - unless the failure was the link's
+        alone - a
         link-level error condition, or a timeout while the connection kept answering (a stalled entity). Two
         failures say nothing about the connection and leave it alone: a call that met a client closed on our side
         (``client_closed``: a lane reset or abandoned by another call already decided; closing is never evidence,
@@ -684,17 +689,16 @@ class SdkTransport:
             return  # the connection is alive (heard within a heartbeat): only the entity stalled (F6, F7)
         with self._lock:
             lane = self._lanes.get(target.namespace)
-        if lane is not None and lane.live:
-            _LOGGER.info(
-                "%s: the connection faulted (%s): it is closed and rebuilt on next use", target, cls.name
-            )
-            if (
-                cls.name == "timeout"
-            ):  # silent past its heartbeat: reset, so that nothing left on it lands later
-                conn = lane.context()
-                if conn is not None and conn.connection is not None:
-                    abort_connection(conn.connection)
-            lane.reset("faulted")
+        if generation is None or lane is None or not lane.live or lane.generation != generation:
+            return  # no connection met, or the one met was replaced already (by an abandonment or a reset)
+        _LOGGER.info(
+            "%s: the connection faulted (%s): it is closed and rebuilt on next use", target, cls.name
+        )
+        if cls.name == "timeout":  # silent past its heartbeat: reset, so that nothing left on it lands later
+            conn = lane.context(generation)
+            if conn is not None and conn.connection is not None:
+                abort_connection(conn.connection)
+        lane.reset("faulted", generation)
 
     def fault(self, target: Target) -> None:
         """The call to ``target`` failed with a connection-class error: if its namespace's connection is broken

@@ -110,3 +110,15 @@ def test_a_call_queued_behind_a_direct_call_abandoned_at_its_own_deadline_never_
     assert len(out) == 1 and isinstance(out[0], DeadlineExceeded)  # the direct call's own deadline
     assert rig.lane.abandoned == 1
     assert rig.lane.call(lambda ctx: ctx.use(), 5.0) == 2  # the next call builds a fresh context
+
+
+def test_a_reset_for_an_older_worker_leaves_the_current_one_and_its_context() -> None:
+    rig = Rig()
+    rig.lane.call(lambda ctx: None, 5.0)
+    rig.lane.reset("faulted")  # worker 1 retired; the next call builds worker 2
+    assert rig.lane.call(lambda ctx: ctx.use(), 5.0) == 2 and rig.lane.generation == 2
+    assert rig.lane.context(1) is None and rig.lane.context(2) is rig.built[1]
+    assert rig.lane.reset("faulted", generation=1) is False  # a failure met on worker 1
+    assert rig.lane.call(lambda ctx: ctx.use(), 5.0) == 2 and not rig.built[1].closed.is_set()
+    assert rig.lane.reset("faulted", generation=2) is True
+    assert rig.built[1].closed.wait(5) and rig.lane.call(lambda ctx: ctx.use(), 5.0) == 3

@@ -56,11 +56,14 @@ class StandInLane:
         self.resets: list[str] = []
         self.closed = False
 
-    def context(self) -> Conn | None:
-        return self.conn
+    def context(self, generation: int | None = None) -> Conn | None:
+        return self.conn if generation in (None, self.generation) else None
 
-    def reset(self, why: str = "reset") -> None:
+    def reset(self, why: str = "reset", generation: int | None = None) -> bool:
+        if generation not in (None, self.generation):
+            return False
         self.resets.append(why)
+        return True
 
     def close(self) -> None:
         self.closed = True
@@ -285,9 +288,12 @@ def test_a_call_whose_turn_comes_with_too_little_of_its_deadline_left_is_not_sta
 
         waited = 0.0
 
-        def call(self, fn: Any, timeout: float, **_: Any) -> Any:
+        def start(self, fn: Any, timeout: float, **_: Any) -> Finished[Any]:
             clock["now"] += self.waited
-            return fn(self.conn)
+            try:
+                return Finished(fn(self.conn), None, self.generation, clock["now"])
+            except Exception as exc:
+                return Finished(None, exc, self.generation, clock["now"])
 
     monkeypatch.setattr(transport_module, "time", Clock)
     lane = QueueingLane(RealConn(heard=time.time()))

@@ -149,3 +149,50 @@ def test_a_parked_send_is_resumed_even_past_its_deadline_it_is_no_new_call(
     assert lane.conn.calls == [
         pytest.approx(RESUME_AT_LEAST)
     ]  # the link no longer holds it: sent once more, within that
+
+
+# ------------------------------------------------------------- a failure resets the connection it met, no other
+
+
+class GenerationLane(QueueingLane):
+    """A lane whose worker (and connection) may be newer than the one a failed call used: a reset or a read of the
+    context for a generation other than the current one does nothing."""
+
+    def context(self, generation: int | None = None) -> Conn | None:  # type: ignore[override]
+        return self.conn if generation in (None, self.generation) else None
+
+    def reset(self, why: str = "reset", generation: int | None = None) -> bool:  # type: ignore[override]
+        if generation not in (None, self.generation):
+            return False
+        self.resets.append(why)
+        return True
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [ConnectionResetError("socket shut down"), TimeoutError("no answer")],
+    ids=["connection-error", "timeout-on-a-silent-connection"],
+)
+def test_a_failure_on_an_older_connection_leaves_the_newer_one_alone(
+    monkeypatch: pytest.MonkeyPatch, exc: BaseException
+) -> None:
+    # issue 47's suspicion, proven: a call failed on the lane's worker 1 (abandoned at its deadline, say); before
+    # its caller came to _failed, another call (a probe on the same lane) built worker 2 and its connection -
+    # not heard from yet. _failed reset "the lane", which by then was worker 2: its connection aborted and closed
+    aborted: list[object] = []
+    monkeypatch.setattr(transport_module, "abort_connection", aborted.append)
+    conn = Conn()
+    conn.heard = lambda: None  # type: ignore[method-assign]  # the new connection, nothing heard on it yet
+    lane = GenerationLane(conn)
+    lane.generation = 2
+    t = SdkTransport(make_config())
+    t._lanes[PRIMARY] = lane  # type: ignore[assignment]
+    t._last[PRIMARY] = conn  # type: ignore[assignment]
+    with pytest.raises(type(exc)):
+        t._settled(ORDERS, Finished(None, exc, 1, time.monotonic()))
+    assert lane.resets == [] and aborted == []
+    # the same failure on the connection the call used closes it (as before)
+    with pytest.raises(type(exc)):
+        t._settled(ORDERS, Finished(None, exc, 2, time.monotonic()))
+    assert lane.resets == ["faulted"]
+    assert aborted == ([conn.connection] if isinstance(exc, TimeoutError) else [])
