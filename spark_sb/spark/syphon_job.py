@@ -21,8 +21,11 @@
   (entity, kind) and appends them to the events table (kinds ``moved``, ``expired``, ``abandoned``,
   ``dead_lettered``, ``settle_failed``, ``syphon_error``, ``parked``; a ``dead_lettered`` row of an entity whose
   destination does not exist has detail ``DestinationNotFound`` and error class ``entity_not_found``, SPEC F9),
-  idempotently per micro-batch
-  (``txnAppId`` = ``syphon/<primary namespace name>``, ``txnVersion`` = batch id).
+  idempotently per micro-batch of the run (``txnAppId`` = ``syphon/<primary namespace name>/<run id>``, a run id
+  fresh at every query start; ``txnVersion`` = batch id). The events' ``sink_id`` is ``syphon/<primary namespace
+  name>`` (what readers filter on). The transaction id is the run's (SPEC O5): a run on a fresh checkpoint, the
+  other entry point or a second job counts its batch ids from 0 again, and a replayed micro-batch (restart on the
+  same checkpoint) drained the queues again - new events each time, never a copy to skip.
 
 Restartable: the checkpoint holds only offsets (a replayed micro-batch drains again: moving is idempotent with
 message ids and duplicate detection on the primary). Stopping: :func:`request_stop` lets the running micro-batch
@@ -205,9 +208,13 @@ class BacklogWatcher:
 
     def work(self) -> list[tuple[str, bool]]:
         """(queue, dead_letter) pairs to drain now; every queue when the counts cannot be read. With ordering,
-        nothing until one lock duration after the first look (:meth:`_ordered_start`)."""
+        nothing until one lock duration after the first look (:meth:`_ordered_start`); under ``Trigger.AvailableNow``
+        this call waits that long instead (an empty offer would end the run before its first drain)."""
         if not self._ordered_start():
-            return []
+            if self.at_start is None:
+                return []
+            assert self._not_before is not None
+            self.clock.sleep(self._not_before - self.clock.monotonic())
         try:
             counts = self.counts()
         except Exception as exc:  # noqa: BLE001 - the loop never dies: drain blind instead
@@ -490,6 +497,11 @@ def syphon_sink_id(config: ServiceBusConfig) -> str:
     return f"syphon/{name}"
 
 
+def new_run_id() -> str:
+    """A fresh run id (pure; random): one per query start of the syphon job."""
+    return uuid.uuid4().hex
+
+
 def error_class_of(kind: str, detail: str | None) -> str | None:
     """The ``error_class`` column of a syphon event (pure): ``entity_not_found`` for messages dead-lettered because
     their destination does not exist (what ``spark-sb status`` sums as undeliverable), else none."""
@@ -505,18 +517,31 @@ class SyphonBatchWriter:
     and the queues drained, exactly once) and appends them to the events table as events. ``total`` keeps counts
     (in the process that runs the function: under Spark Connect, beside the server)."""
 
-    def __init__(self, config: ServiceBusConfig, *, store: StateStore | None = None) -> None:
+    def __init__(
+        self, config: ServiceBusConfig, *, store: StateStore | None = None, run_id: str | None = None
+    ) -> None:
         ordering_needs_tables(config, "the syphon job", store_given=store is not None)
         self.config = config
         self.sink_id = syphon_sink_id(config)
+        self.run_id = run_id or new_run_id()
         self.total = SyphonTotals()
         self._store = store
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"config": self.config}
+        return {"config": self.config, "run_id": self.run_id}  # the run id travels (Spark Connect)
 
     def __setstate__(self, state: Mapping[str, Any]) -> None:
-        self.__init__(state["config"])  # type: ignore[misc]
+        self.__init__(state["config"], run_id=state.get("run_id"))  # type: ignore[misc]
+
+    def start_run(self) -> str:
+        """A new run (driver, before the query starts; :func:`run_syphon` calls it): a fresh run id."""
+        self.run_id = new_run_id()
+        return self.run_id
+
+    @property
+    def txn_id(self) -> str:
+        """The Delta transaction id of this run's appends: ``syphon/<primary namespace name>/<run id>``."""
+        return f"{self.sink_id}/{self.run_id}"
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F
@@ -578,7 +603,7 @@ class SyphonBatchWriter:
         moved = sum(n for _q, _e, kind, n, _d in aggregated if kind == MOVED)
         events.append(Event(at, self.sink_id, batch_id, BATCH_COMMITTED, namespace=namespace, count=moved))
         store.ensure()
-        store.write_batch(self.sink_id, batch_id, BatchWrites(tuple(events), (), ()))
+        store.write_batch(self.txn_id, batch_id, BatchWrites(tuple(events), (), ()))  # events: sink_id
 
 
 # ------------------------------------------------------------------------------------------- the query
@@ -613,10 +638,10 @@ def run_syphon(
     spark.dataSource.register(
         syphon_source(config, queues=names, admin_kwargs=admin_kwargs, stop_file=stop_file)
     )
+    writer = writer or SyphonBatchWriter(config)
+    writer.start_run()  # this run's Delta transaction id (SPEC O5), before the function is pickled
     stream = spark.readStream.format(SOURCE_NAME).load()
-    out = stream.writeStream.foreachBatch(writer or SyphonBatchWriter(config)).option(
-        "checkpointLocation", checkpoint
-    )
+    out = stream.writeStream.foreachBatch(writer).option("checkpointLocation", checkpoint)
     if query_name:
         out = out.queryName(query_name)
     if available_now:

@@ -288,3 +288,25 @@ def test_the_drain_takes_its_syphon_from_the_workers_pool_which_closes_it_after_
     clock.advance(CONFIG.idle_timeout + 1)  # unused for longer than idle_timeout: closed at the next acquire
     list(syphon_job.drain_partition(CONFIG, QUEUES[0], False, queues=QUEUES))
     assert len(built) == 2 and built[0].closed and not built[1].closed and syphon_job.SYPHONS.idle() == 1
+
+
+def test_an_ordered_available_now_run_waits_out_the_lock_duration_instead_of_ending_before_its_first_drain() -> (
+    None
+):
+    """Issue 47 item 1 (found with its Spark test): with ordering the first drain waits one lock duration; under
+    Trigger.AvailableNow an empty first offer ends the run, so the ordered run drained nothing. Now the watcher
+    waits (on its clock) and offers the queues; another trigger still offers nothing until then."""
+    from dataclasses import replace
+
+    ordered = replace(CONFIG, ordering="session")
+    admin = FakeAdmin()
+    admin.counts[QUEUES[0]] = (3, 0)
+    clock = FakeClock()
+    watcher = BacklogWatcher(ordered, QUEUES, admin=admin, lock_wait=8.0, clock=clock)
+    watcher.prepare_available_now()
+    assert watcher.work() == [(QUEUES[0], False)]
+    assert clock.sleeps == [8.0]
+    continuous = BacklogWatcher(ordered, QUEUES, admin=admin, lock_wait=8.0, clock=FakeClock())
+    assert continuous.work() == []
+    continuous.clock.advance(8.0)  # type: ignore[attr-defined]
+    assert continuous.work() == [(QUEUES[0], False)]
