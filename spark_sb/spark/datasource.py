@@ -323,7 +323,7 @@ def plan_lines(
     (:meth:`~spark_sb.state.sessions.SessionLedger.stale`). Nothing is written here: the commit releases again
     with what it reads then, and writes (:func:`commit_write`; the argument is :mod:`spark_sb.state.sessions`)."""
     ledger = SessionLedger()
-    ledger.release(store, namespace_key(config.primary), sink_id)
+    ledger.release(store, namespace_key(config.primary), sink_id, now)
     return ledger.handoff(), ledger.stale(now)
 
 

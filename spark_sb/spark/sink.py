@@ -414,8 +414,9 @@ class ServiceBusSink:
         if self.skip_replayed(store, batch_id, count_rows, now()):
             return None
         if self._ledger is not None:
-            self._held = self._release(store)
-            self._remark = self._ledger.stale(now())
+            at = now()
+            self._held = self._release(store, at)
+            self._remark = self._ledger.stale(at)
         if not self.asynchronous:
             return store.read_entities()
         if self._view.age() > MAX_VIEW_AGE:  # the first batch, the first after an error or a pause
@@ -426,15 +427,15 @@ class ServiceBusSink:
         """Ordering (driver machine): :meth:`_release` for a caller that is not this sink's ``foreachBatch``
         function - the data source's commit, which runs in a process of Spark's with a sink of its own per
         micro-batch (:mod:`spark_sb.spark.datasource`). The held lines left."""
-        return self._release(store)
+        return self._release(store, datetime.now(timezone.utc))
 
-    def _release(self, store: StateStore) -> tuple[HeldLine, ...]:
+    def _release(self, store: StateStore, now: datetime) -> tuple[HeldLine, ...]:
         """Ordering, at batch start (driver): load the held lines (a driver's first batch), read the
         acknowledgements of their pending markers - only while a line is held -, release the lines whose markers
         are all acknowledged; the held lines left, for the tasks (:mod:`spark_sb.state.sessions`)."""
         ledger = self._ledger
         assert ledger is not None
-        self._returned.extend(ledger.release(store, namespace_key(self.config.primary), self.sink_id))
+        self._returned.extend(ledger.release(store, namespace_key(self.config.primary), self.sink_id, now))
         return ledger.handoff()
 
     def _hold(

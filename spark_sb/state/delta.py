@@ -34,7 +34,7 @@ from spark_sb.state.records import (
     event_from_row,
     reject_from_row,
 )
-from spark_sb.state.sessions import HeldLine, lines_from_rows, session_rows
+from spark_sb.state.sessions import HeldLine, lines_from_rows, namespace_spellings, session_rows
 from spark_sb.state.store import DeltaTableStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -369,7 +369,7 @@ class DeltaStateStore(DeltaTableStore):
             .where(
                 (F.col("time") >= F.lit(since))
                 & (F.col("event") == ACKNOWLEDGED)
-                & (F.col("namespace") == namespace)
+                & F.lower(F.col("namespace")).isin(list(namespace_spellings(namespace)))
                 & F.col("detail").isin(sorted(markers))
             )
             .select("detail")

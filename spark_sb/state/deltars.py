@@ -33,7 +33,7 @@ from spark_sb.state.records import (
     event_from_row,
     reject_from_row,
 )
-from spark_sb.state.sessions import HeldLine, lines_from_rows, session_rows
+from spark_sb.state.sessions import HeldLine, lines_from_rows, namespace_spellings, session_rows
 from spark_sb.state.store import DeltaTableStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -385,8 +385,8 @@ class DeltaRsStateStore(DeltaTableStore):
         self._retry("sessions", write)
 
     def read_acknowledgements(self, namespace: str, markers: Collection[str], since: datetime) -> set[str]:
-        """Which of ``markers`` the syphon job acknowledged (``acknowledged`` events of ``namespace`` dated ``since``
-        or later). Made only while a line is held. A DataFusion query (``deltalake.QueryBuilder``) that skips the
+        """Which of ``markers`` the syphon job acknowledged (``acknowledged`` events of ``namespace``, any spelling,
+        dated ``since`` or later). Made only while a line is held. A DataFusion query (``deltalake.QueryBuilder``) that skips the
         files whose ``time`` statistics end before ``since``, so the read is bounded by time, not by the table's
         age (300 files: 17 ms, against 0.5 s for an Arrow scan, which opens every file; it is the fallback)."""
         wanted = set(markers)
@@ -400,7 +400,8 @@ class DeltaRsStateStore(DeltaTableStore):
             sql = (
                 "SELECT DISTINCT detail FROM events WHERE "
                 f"time >= arrow_cast('{at}', 'Timestamp(Microsecond, Some(\"UTC\"))') "
-                f"AND event = {_sql_text(ACKNOWLEDGED)} AND namespace = {_sql_text(namespace)} "
+                f"AND event = {_sql_text(ACKNOWLEDGED)} "
+                f"AND lower(namespace) IN ({', '.join(_sql_text(n) for n in namespace_spellings(namespace))}) "
                 f"AND detail IN ({', '.join(_sql_text(m) for m in sorted(wanted))})"
             )
             import pyarrow as pa
@@ -417,11 +418,15 @@ class DeltaRsStateStore(DeltaTableStore):
             "events",
             (ds.field("time") >= _utc(since))
             & (ds.field("event") == ACKNOWLEDGED)
-            & (ds.field("namespace") == namespace)
             & ds.field("detail").isin(sorted(wanted)),
-            ["detail"],
+            ["detail", "namespace"],
         )
-        return {str(r["detail"]) for r in rows if r["detail"] in wanted}
+        spellings = set(namespace_spellings(namespace))
+        return {
+            str(r["detail"])
+            for r in rows
+            if r["detail"] in wanted and str(r["namespace"] or "").lower() in spellings
+        }
 
 
 __all__ = ["DeltaRsStateStore"]

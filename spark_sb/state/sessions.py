@@ -134,7 +134,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from spark_sb.failover.ordering import Held, SessionBook
@@ -146,6 +146,8 @@ ACK_SKEW = timedelta(minutes=10)
 #: a message (:meth:`SessionLedger.stale`): an acknowledgement lost with a killed syphon run does not keep an idle
 #: line held for ever.
 REMARK_AFTER = timedelta(minutes=10)
+#: The start of an acknowledgement read not bounded by time.
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 #: The marker a task's book carries for a handed line: never acknowledged, so a task never releases it.
 HANDED = "handed"
 
@@ -185,6 +187,23 @@ class LineMark:
     session: str
     queue: str
     marker: str
+
+
+def namespace_spellings(namespace: str) -> tuple[str, ...]:
+    """Every lower-case spelling of the primary ``namespace`` (``host[:port]``, as the sink or the syphon wrote it)
+    that names the same namespace: with and without the service's default AMQP ports, a trailing dot or slash
+    (SPEC O6: the sink and the syphon job may be configured with ``Contoso...`` and ``contoso...:5671/``).
+    An acknowledgement read matches ``lower(namespace)`` against these. Pure."""
+    host = namespace.strip().lower().rstrip("/")
+    name, port = host, ""
+    if host.startswith("["):  # [v6]:port
+        name, _, rest = host.partition("]")
+        name, port = name + "]", rest.lstrip(":")
+    elif host.count(":") == 1:
+        name, port = host.split(":")
+    name = name.rstrip(".")
+    ports = ("", ":5671", ":5672") if port in ("", "5671", "5672") else (f":{port}",)
+    return tuple(sorted({f"{n}{p}{s}" for n in (name, name + ".") for p in ports for s in ("", "/")}))
 
 
 # ------------------------------------------------------------------------------------------------ table rows
@@ -227,7 +246,13 @@ def lines_from_rows(rows: Iterable[Any], when: Callable[[Any], datetime]) -> lis
                 key=lambda p: (p.issued, p.queue),
             )
         )
-        queue = pending[-1].queue if pending else str(mine[0]["backlog_queue"])
+        # the queue the driver pinned it to before (SessionLedger.marked: its newest markers' first queue by name)
+        newest = max((p.issued for p in pending), default=None)
+        queue = (
+            min(p.queue for p in pending if p.issued == newest)
+            if pending
+            else min(str(r["backlog_queue"]) for r in mine)
+        )
         lines.append(HeldLine(entity, session, queue, min(when(r["since"]) for r in mine), pending))
     return lines
 
@@ -286,17 +311,24 @@ class SessionLedger:
             if line.pending and max(p.issued for p in line.pending) <= now - after
         )
 
-    def release(self, store: Any, namespace: str, sink_id: str) -> list[HeldLine]:
+    def release(
+        self, store: Any, namespace: str, sink_id: str, now: datetime | None = None
+    ) -> list[HeldLine]:
         """Driver: load ``sink_id``'s held lines from ``store`` (a :class:`~spark_sb.state.store.StateStore`) unless
         loaded, read the acknowledgements of their pending markers in ``namespace`` - only while a marker is
         pending, not older than the oldest less :data:`ACK_SKEW` - and release the lines whose markers are all
-        acknowledged (returned). The sink's batch start and the data source's plan and commit run this."""
+        acknowledged (returned). The sink's batch start and the data source's plan and commit run this.
+        ``now`` (UTC, the driver's clock): once the oldest pending marker is :data:`REMARK_AFTER` old the read is
+        not bounded by time, so a syphon whose clock is more than ``ACK_SKEW`` behind still releases the line."""
         if not self.loaded:
             self.load(store.read_sessions(sink_id))
         oldest = self.oldest()
         if oldest is None:
             return []
-        return self.acknowledged(store.read_acknowledgements(namespace, self.pending(), oldest - ACK_SKEW))
+        since = oldest - ACK_SKEW
+        if now is not None and oldest <= now - REMARK_AFTER:
+            since = EPOCH
+        return self.acknowledged(store.read_acknowledgements(namespace, self.pending(), since))
 
     def acknowledged(self, markers: Collection[str]) -> list[HeldLine]:
         """Drop the acknowledged ``markers``; release (remove and return) every line left with none pending."""

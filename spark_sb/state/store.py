@@ -18,7 +18,7 @@ from spark_sb.state.records import (
     Event,
     RejectRecord,
 )
-from spark_sb.state.sessions import HeldLine
+from spark_sb.state.sessions import HeldLine, namespace_spellings
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,9 @@ class StateStore(Protocol):
         """Replace the held lines of ``sink_id`` by ``lines`` (one commit; no line: its rows are deleted)."""
 
     def read_acknowledgements(self, namespace: str, markers: Collection[str], since: datetime) -> set[str]:
-        """Which of ``markers`` the syphon acknowledged (``acknowledged`` events of the primary ``namespace`` dated
-        ``since`` or later): a read bounded by time, made only while lines are held."""
+        """Which of ``markers`` the syphon acknowledged (``acknowledged`` events dated ``since`` or later): a read
+        bounded by time, made only while lines are held. ``namespace`` matches every spelling of it
+        (:func:`~spark_sb.state.sessions.namespace_spellings`: case, default port, trailing slash - SPEC O6)."""
         ...
 
 
@@ -233,13 +234,13 @@ class MemoryStateStore:
                 self._sessions.pop(sink_id, None)
 
     def read_acknowledgements(self, namespace: str, markers: Collection[str], since: datetime) -> set[str]:
-        wanted = set(markers)
+        wanted, spellings = set(markers), set(namespace_spellings(namespace))
         with self._lock:
             return {
                 e.detail
                 for e in self._events
                 if e.event == ACKNOWLEDGED
-                and e.namespace == namespace
+                and (e.namespace or "").lower() in spellings
                 and e.time >= since
                 and e.detail in wanted
             }

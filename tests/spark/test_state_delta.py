@@ -134,6 +134,7 @@ def test_held_sessions_in_catalog_tables_are_replaced_per_sink_and_acknowledgeme
         assert store.read_acknowledgements("p", {"m4", "m5"}, t0) == {"m4"}
         assert store.read_acknowledgements("p", {"m4"}, t0 + timedelta(minutes=1)) == set()
         assert store.read_acknowledgements("other", {"m9"}, t0) == set()
+        assert store.read_acknowledgements("P:5671/", {"m4", "m5"}, t0) == {"m4"}  # another spelling (O6)
     finally:
         for name in ("events", "entities", "rejects", "sessions"):
             spark.sql(f"DROP TABLE IF EXISTS {prefix}{name}")

@@ -263,3 +263,5 @@ def test_acknowledgements_are_read_by_namespace_marker_and_time(tmp_path: Path) 
     assert store.read_acknowledgements("n's", wanted, now - timedelta(hours=1)) == {"m'1"}
     assert store.read_acknowledgements("n's", wanted, now - timedelta(hours=3)) == {"m'1", "m2"}
     assert store.read_acknowledgements("n's", set(), now) == set()
+    # another spelling of the namespace (case, default port, trailing slash: SPEC O6) reads the same rows
+    assert store.read_acknowledgements("N'S:5671/", wanted, now - timedelta(hours=1)) == {"m'1"}

@@ -8,10 +8,14 @@ from __future__ import annotations
 import pickle
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from spark_sb.failover.ordering import SessionBook
 from spark_sb.state.records import ACKNOWLEDGED, Event
 from spark_sb.state.sessions import (
+    ACK_SKEW,
     HANDED,
+    REMARK_AFTER,
     HeldLine,
     LineMark,
     SessionLedger,
@@ -86,6 +90,81 @@ def test_the_memory_store_keeps_a_sinks_lines_and_finds_acknowledgements_by_mark
     store.append_events([ack])
     assert store.read_acknowledgements("p.example", {"m1", "m9"}, T0) == {"m1"}
     assert store.read_acknowledgements("other", {"m1"}, T0) == set()
+    assert store.read_acknowledgements("P.Example:5671/", {"m1"}, T0) == {
+        "m1"
+    }  # another spelling of p.example
     assert store.read_acknowledgements("p.example", {"m1"}, T0 + timedelta(seconds=1)) == set()
     store.write_sessions("sink", ())
     assert store.read_sessions("sink") == []
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 47's suspicions at the ledger: namespace spellings, a driver restart, clock skew
+
+
+@pytest.mark.parametrize(
+    "syphon_wrote",
+    [
+        "Contoso.servicebus.windows.net",
+        "contoso.servicebus.windows.net:5671",
+        "CONTOSO.servicebus.windows.net./",
+    ],
+)
+def test_an_acknowledgement_is_found_whatever_spelling_of_the_namespace_the_syphon_wrote(
+    syphon_wrote: str,
+) -> None:
+    """Suspicion (proven at ce9de6a, where the read compared the host string as written): a sink configured with
+    one spelling of its primary and a syphon job with another (case, port, trailing dot or slash) kept every held
+    line held for ever. Another namespace's acknowledgements are still not read."""
+    store = MemoryStateStore()
+    ledger = SessionLedger()
+    ledger.marked([LineMark("orders", "s", Q0, "m1")], T0)
+    store.append_events(
+        [
+            Event(
+                T0, "syphon/contoso", 1, ACKNOWLEDGED, namespace=syphon_wrote, entity="orders", detail="m1"
+            ),
+            Event(T0, "syphon/fabrikam", 1, ACKNOWLEDGED, namespace="fabrikam.example", detail="m1"),
+        ]
+    )
+    ledger.loaded = True
+    released = ledger.release(store, "contoso.servicebus.windows.net", "sink", T0)
+    assert [line.session for line in released] == ["s"]
+    assert store.read_acknowledgements("fabrikam.servicebus.windows.net", {"m1"}, T0) == set()
+    assert store.read_acknowledgements("contoso.servicebus.windows.net:5680", {"m1"}, T0) == set()
+
+
+def test_a_held_line_keeps_its_queue_across_a_driver_restart() -> None:
+    """Suspicion (proven at ce9de6a): two tasks of one batch pinned a line to two queues; the driver pins it to
+    the first by name (min), but a restarted driver read the newest marker's queue with ties broken by the last
+    name - the next batch's tasks sent the line to another queue than before the restart."""
+    ledger = SessionLedger()
+    ledger.marked([LineMark("orders", "s", Q1, "a"), LineMark("orders", "s", Q0, "b")], T0)
+    before = ledger.handoff()[0].queue
+    columns = ("sink_id", "entity", "session", "backlog_queue", "since", "marker", "issued")
+    rows = [dict(zip(columns, r, strict=True)) for r in session_rows("sink", ledger.handoff())]
+    for order in (rows, rows[::-1]):
+        restarted = SessionLedger()
+        restarted.load(lines_from_rows(order, lambda v: v))
+        assert restarted.handoff()[0].queue == before == Q0
+    ledger.marked([LineMark("orders", "s", Q0, "c")], T0 + timedelta(seconds=1))  # a later batch, Q0
+    rows = [dict(zip(columns, r, strict=True)) for r in session_rows("sink", ledger.handoff())]
+    restarted = SessionLedger()
+    restarted.load(lines_from_rows(rows, lambda v: v))
+    assert restarted.handoff()[0].queue == Q0
+
+
+def test_a_syphon_clock_behind_by_more_than_the_ack_skew_still_releases_the_line() -> None:
+    """Suspicion (proven at ce9de6a): the acknowledgement read starts ACK_SKEW (10 min) before the oldest pending
+    marker; a syphon driver whose clock is further behind dates its acknowledgement before that and the line is
+    held for ever (a remark replaces the marker, whose acknowledgement is dated as far back). Once the oldest
+    pending marker is REMARK_AFTER old the read is not bounded by time."""
+    skew = ACK_SKEW + timedelta(minutes=5)
+    store = MemoryStateStore()
+    ledger = SessionLedger()
+    ledger.marked([LineMark("orders", "s", Q0, "m1")], T0)
+    ledger.loaded = True
+    store.append_events([Event(T0 - skew, "syphon/p", 1, ACKNOWLEDGED, namespace="p.example", detail="m1")])
+    assert ledger.release(store, "p.example", "sink", T0 + timedelta(seconds=10)) == []  # bounded read first
+    released = ledger.release(store, "p.example", "sink", T0 + REMARK_AFTER)
+    assert [line.session for line in released] == ["s"]
