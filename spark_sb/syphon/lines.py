@@ -83,3 +83,108 @@ class Lines:
 
     def __len__(self) -> int:
         return len(self._heads)
+
+
+# ------------------------------------------------------------------------------------------- the queue's view
+#: Peeked message states (the service's ``x-opt-message-state``): active (available or locked), deferred, scheduled.
+ACTIVE, DEFERRED, SCHEDULED = 0, 1, 2
+#: Messages per peek page.
+PEEK_PAGE = 250
+
+
+class QueueView:
+    """One drain pass's view of one backlog queue (SPEC O6, O7): what a peek (browse) showed, which - unlike a
+    receive - lists messages locked by anybody and deferred ones. The queue is the shared truth between the syphons
+    of every Python worker: a message of a line present in the queue before one this pass received, and not received
+    by it (locked elsewhere, or by a receive whose answer was lost, or an abandon that failed), holds the line back;
+    a deferred one is fetched by sequence number and moved in its place.
+
+    ``through``: every message with a sequence number up to it that was in the queue at its peek is in the view
+    (sequence numbers only grow, so nothing new appears below it; what leaves is forgotten with :meth:`gone`).
+    ``failed``: a peek failed - the view proves nothing past ``through``. Pure bookkeeping; where it runs: the
+    draining thread of the syphon's process, for one pass. What bounds it: the messages of the queue up to the
+    highest sequence number the pass received (each peeked once per pass)."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.through = 0
+        self.failed = False
+        self._entries: dict[int, tuple[LineKey | None, int]] = {}  # sequence number -> (line, state)
+        self._held: dict[
+            LineKey, int
+        ] = {}  # line -> sequence number it is held back from, for the rest of the pass
+
+    def add(self, sequence: int, line: LineKey | None, state: int) -> None:
+        self._entries[sequence] = (line, state)
+        self.through = max(self.through, sequence)
+
+    def covers(self, sequence: int) -> bool:
+        return sequence <= self.through
+
+    def gone(self, sequence: int | None) -> None:
+        """The message left the queue (completed, dead-lettered by this pass)."""
+        if sequence is not None:
+            self._entries.pop(sequence, None)
+
+    def mark(self, sequence: int | None, state: int) -> None:
+        """The message is back in the queue in ``state`` (deferred, or active after an abandon)."""
+        if sequence is not None and sequence in self._entries:
+            self._entries[sequence] = (self._entries[sequence][0], state)
+
+    def hold(self, line: LineKey | None, sequence: int | None = None) -> None:
+        """Nothing of ``line`` from ``sequence`` on (None: all of it) moves in this pass: it was not moved."""
+        if line is not None:
+            start = 0 if sequence is None else sequence
+            self._held[line] = min(self._held.get(line, start), start)
+
+    def held(self, line: LineKey | None, sequence: int | None = None) -> bool:
+        """Is ``line`` held back at ``sequence`` (None: anywhere) in this pass?"""
+        if line is None or line not in self._held:
+            return False
+        return sequence is None or sequence >= self._held[line]
+
+    def deferred(self) -> list[int]:
+        return sorted(s for s, (_, state) in self._entries.items() if state == DEFERRED)
+
+    def plan(
+        self, mine: dict[int, LineKey | None], budget: int
+    ) -> tuple[set[int], dict[LineKey | None, list[int]]]:
+        """Which received messages (``mine``: sequence number -> line) may move now, and which deferred messages to
+        fetch first (per line, in queue order; at most ``budget`` in all). Per line, in sequence order: a received
+        or deferred message moves while nothing before it in the queue held it back; a message present that this
+        pass did not receive (locked elsewhere) holds back the rest of its line, as does a held line, a deferred
+        message over the budget, or a sequence number the view does not cover. Messages without a line (no order
+        kept) move, their deferred ones are fetched within the budget."""
+        by_line: dict[LineKey | None, list[tuple[int, bool, int]]] = {}  # line -> (seq, mine, state)
+        for seq, (line, state) in self._entries.items():
+            if seq not in mine and state != SCHEDULED:
+                by_line.setdefault(line, []).append((seq, False, state))
+        for seq, line in mine.items():
+            by_line.setdefault(line, []).append((seq, True, ACTIVE))
+        movable: set[int] = set()
+        fetch: dict[LineKey | None, list[int]] = {}
+        left = budget
+        for line in sorted(by_line, key=lambda k: min(s for s, _, _ in by_line[k])):
+            blocked = False
+            for seq, received, state in sorted(by_line[line]):
+                if line is None:  # no order kept: each message on its own
+                    if received:
+                        movable.add(seq)
+                    elif state == DEFERRED and left > 0:
+                        fetch.setdefault(line, []).append(seq)
+                        left -= 1
+                    continue
+                if blocked or self.held(line, seq) or not self.covers(seq):
+                    blocked = True
+                    continue
+                if received:
+                    movable.add(seq)
+                elif state == DEFERRED and left > 0:
+                    fetch.setdefault(line, []).append(seq)
+                    left -= 1
+                else:  # locked by someone else (or deferred over the budget): the line waits behind it
+                    blocked = True
+        return movable, fetch
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -68,7 +68,7 @@ from spark_sb.failover.ordering import NONE, WHOLE_ENTITY, Acknowledgements, mar
 from spark_sb.failover.outcome import namespace_key
 from spark_sb.failover.registry import FailoverRegistry, process_registry
 from spark_sb.message.backlog import BACKLOG_SESSION_ID
-from spark_sb.syphon.lines import LineKey, Lines
+from spark_sb.syphon.lines import ACTIVE, DEFERRED, PEEK_PAGE, LineKey, Lines, QueueView
 from spark_sb.syphon.receivers import (
     Held,
     Pairs,
@@ -77,6 +77,7 @@ from spark_sb.syphon.receivers import (
     as_utc,
     complete,
     dead_letter_action,
+    defer,
     from_received,
     path_of,
     settle,
@@ -86,6 +87,7 @@ from spark_sb.syphon.rules import (
     DEAD_LETTER,
     DESTINATION_NOT_FOUND,
     EXPIRED_IN_BACKLOG,
+    LOCK_DURATION,
     LOCK_SAFETY_MARGIN,
     NOT_A_BACKLOG_MESSAGE,
     EntityGate,
@@ -120,6 +122,8 @@ class Syphon:
     probe). ``record_ids``: keep the (entity, message id) of every forwarded message in the outcome.
     ``acks``: where return markers are acknowledged with ``ordering`` on (default: the held sessions of ``registry``,
     itself the process registry with the system clock - the paired senders of this process read them).
+    ``lock_duration``: the backlog queues' lock (seconds; provisioned at 60): a message's lock is measured from the
+    local monotonic time of the receive that took it (B12), so a clock skewed against the service's changes nothing.
     """
 
     def __init__(
@@ -134,6 +138,7 @@ class Syphon:
         record_ids: bool = False,
         acks: Acknowledgements | None = None,
         registry: FailoverRegistry | None = None,
+        lock_duration: float = LOCK_DURATION,
     ) -> None:
         if config.secondary is None:
             raise ValueError("the syphon needs a secondary namespace (config key 'secondary')")
@@ -158,7 +163,11 @@ class Syphon:
                 registry = process_registry()
             acks = registry.sessions(namespace_key(config.primary)) if registry is not None else None
         self.acks = acks
-        self.lines = Lines(self.clock)  # the lines held back (ordering on; bounded there)
+        self.lines = Lines(self.clock)  # queues paused after a failed receive (ordering on; bounded there)
+        self.lock_duration = float(lock_duration)
+        # The start of the last receive per (queue, sub-queue) (monotonic): with prefetch, what a receive returns may
+        # have been locked since then. Bounded by the (queue, sub-queue) pairs drained.
+        self._last_receive: dict[tuple[str, bool], float] = {}
         self._warned_markers = False
         # Sends to the primary go through lanes (one per entity): each has a deadline (send_timeout) that holds
         # whatever the SDK does, and a stuck client is abandoned and rebuilt (SPEC B3, R1).
@@ -291,6 +300,9 @@ class Syphon:
             yield empty
             return
         parked: Pairs = []  # dead-lettered on purpose: held (locked) through the pass, abandoned at its end
+        # The queue as peeks show it, for this pass (O6, O7): ordering proves every line's head with it; without
+        # ordering it finds deferred messages (left by an ordered syphon) once nothing else comes.
+        view = None if dead_letter else QueueView(queue)
         batches = 0
         renewed = False  # one fresh receiver per drain for a token that expired while it idled (SPEC L3)
         try:
@@ -299,6 +311,11 @@ class Syphon:
                     break
                 outcome = SyphonOutcome()
                 outcome.receive_calls += 1
+                key = (queue, dead_letter)
+                started = self.clock.monotonic()
+                # With prefetch, a message may have been locked into the buffer since the previous receive began.
+                since = self._last_receive.get(key, started) if self.config.syphon_prefetch else started
+                self._last_receive[key] = started
                 try:
                     messages = lane.call(receive, wait + float(self.config.send_timeout))
                 except Exception as exc:  # noqa: BLE001 - B11: a faulted receiver is replaced; the loop goes on
@@ -324,16 +341,32 @@ class Syphon:
                     self._add(into, outcome)
                     yield outcome
                     break
-                if not messages:
+                if not messages and (view is None or view.failed):
                     self._add(into, outcome)
                     yield outcome
                     break
-                batches += 1
+                if messages:
+                    batches += 1
                 generation = lane.generation
-                held = [Held(m, generation) for m in messages]
+                held = self._held(messages, generation, since)
                 outcome.received += len(held)
+                if view is not None and (self.ordered or not messages):
+                    # Ordering: every message before the last one received, whoever holds it; the end of the
+                    # queue once a receive comes back empty (what is left there is locked or deferred).
+                    upto = max((h.sequence for h in held if h.sequence is not None), default=None)
+                    if messages and upto is None:
+                        view.failed = True  # no sequence numbers: nothing can be placed
+                    else:
+                        self._look(lane, view, upto, outcome)
                 try:
-                    progressed = self._move(lane, held, outcome, dead_letter, parked)
+                    progressed = self._move(
+                        lane,
+                        held,
+                        outcome,
+                        dead_letter,
+                        parked,
+                        view if self.ordered or not messages else None,
+                    )
                 finally:
                     self._add(into, outcome)
                 yield outcome
@@ -349,30 +382,163 @@ class Syphon:
                 self._settle(lane, parked, abandon, tail)
                 self._add(into, tail)
 
+    def _held(self, messages: Sequence[ServiceBusReceivedMessage], generation: int, since: float) -> Pairs:
+        """The received messages, each with the local monotonic time its lock runs out (B12): ``since`` (the receive
+        began; the lock was taken after) plus the lock duration, less how much older its lock is than the newest of
+        the batch (the service's timestamps compared with each other only: no skew)."""
+        stamps = [getattr(m, "locked_until_utc", None) for m in messages]
+        newest = max((as_utc(t) for t in stamps if t is not None), default=None)
+        out: Pairs = []
+        for m in messages:
+            locked_until = getattr(m, "locked_until_utc", None)
+            ends = None
+            if locked_until is not None and newest is not None:
+                older = (newest - as_utc(locked_until)).total_seconds()
+                ends = since + self.lock_duration - max(older, 0.0)
+            out.append(Held(m, generation, lock_ends=ends))
+        return out
+
+    def _look(self, lane: ReceiverLane, view: QueueView, upto: int | None, outcome: SyphonOutcome) -> None:
+        """Extend ``view`` by peeks (pages of :data:`PEEK_PAGE`, each within ``send_timeout``) through sequence number
+        ``upto`` (None: to the end of the queue). A failed peek marks the view failed (nothing past it moves)."""
+        timeout = float(self.config.send_timeout)
+        while upto is None or view.through < upto:
+            start = view.through + 1
+
+            def peek(ctx: Receiving, start: int = start) -> list[ServiceBusReceivedMessage]:
+                # sequence_number 0 would mean "after the last received" to the SDK: the queue starts at 1
+                return ctx.receiver.peek_messages(
+                    max_message_count=PEEK_PAGE, sequence_number=max(start, 1), timeout=timeout
+                )
+
+            outcome.peek_calls += 1
+            try:
+                page = lane.call(peek, timeout)
+            except Exception as exc:  # noqa: BLE001 - B11: nothing past the view moves in this pass
+                view.failed = True
+                if self.ordered:
+                    outcome.errors.append(f"{view.queue}: peek failed: {type(exc).__name__}")
+                    log.warning("syphon: peek of %s failed (%s)", view.queue, type(exc).__name__)
+                else:  # only a look for deferred messages (left by an ordered syphon): the next pass looks again
+                    log.info("syphon: peek of %s failed (%s)", view.queue, type(exc).__name__)
+                return
+            last = view.through
+            for m in page:
+                seq = getattr(m, "sequence_number", None)
+                if seq is None or seq < start:
+                    continue
+                state = int(getattr(m, "state", ACTIVE) or ACTIVE)
+                view.add(seq, self._line_of(lane, m), state)
+            if len(page) < PEEK_PAGE or view.through == last:  # the end of the queue, as of this peek
+                if upto is not None:
+                    view.through = max(view.through, upto)
+                return
+
+    def _fetch(
+        self, lane: ReceiverLane, sequences: list[int], outcome: SyphonOutcome
+    ) -> list[ServiceBusReceivedMessage] | None:
+        """Deferred messages by sequence number (locked now, settled through ``$management``); None when the call
+        failed (another syphon holds one of them, or the connection failed)."""
+        timeout = float(self.config.send_timeout)
+
+        def fetch(ctx: Receiving) -> list[ServiceBusReceivedMessage]:
+            return ctx.receiver.receive_deferred_messages(sequences, timeout=timeout)
+
+        outcome.fetch_calls += 1
+        try:
+            got = lane.call(fetch, timeout)
+        except Exception as exc:  # noqa: BLE001 - the line waits; nothing is lost
+            log.info("syphon: fetching %d deferred messages failed (%s)", len(sequences), type(exc).__name__)
+            return None
+        outcome.fetched += len(got)
+        return got
+
     @staticmethod
     def _add(into: SyphonOutcome | None, outcome: SyphonOutcome) -> None:
         if into is not None:
             merged = into.merge(outcome)
             into.__dict__.update(merged.__dict__)
 
+    def _plan(
+        self, lane: ReceiverLane, held: Pairs, view: QueueView, outcome: SyphonOutcome
+    ) -> tuple[Pairs, Pairs]:
+        """Ordering (O6): (the messages to move now - received, or deferred and fetched now - in queue order; the
+        received ones held back). A line moves in queue order up to the first message of it that is in the queue and
+        not in this pass's hands (locked by another worker or a lost call), or that could not be fetched."""
+        mine = {h.sequence: self._line_of(lane, h.msg) for h in held if h.sequence is not None}
+        unplaced = [h for h in held if h.sequence is None]
+        if view.failed:
+            covered = {s for s in mine if view.covers(s)}
+            mine = {s: line for s, line in mine.items() if s in covered or line is None}
+        movable, fetch = view.plan(mine, max(int(self.config.syphon_batch_size), 1))
+        for line in list(
+            fetch
+        ):  # a line whose entity backs off is not fetched: it would only be deferred again
+            if line is not None and self.gate.decide(line[1]) == "wait":
+                del fetch[line]
+                view.hold(line, None)
+                movable -= {s for s, k in mine.items() if k == line}
+        fetched: Pairs = []
+        if fetch:
+            wanted = sorted(s for seqs in fetch.values() for s in seqs)
+            started = self.clock.monotonic()
+            got = self._fetch(lane, wanted, outcome)
+            per_line = (
+                [got] if got is not None else [self._fetch(lane, seqs, outcome) for seqs in fetch.values()]
+            )
+            generation = lane.generation
+            arrived = {
+                h.sequence: h
+                for batch in per_line
+                if batch
+                for h in self._held(batch, generation, started)
+                if h.sequence is not None
+            }
+            for line, seqs in fetch.items():
+                missing = next((s for s in seqs if s not in arrived), None)
+                if missing is None or line is None:
+                    continue
+                # the line stops at the first it could not fetch: what it holds of the line after that waits
+                view.hold(line, missing)
+                movable -= {s for s, k in mine.items() if k == line and s > missing}
+                late = [arrived.pop(s) for s in seqs if s > missing and s in arrived]
+                if late:
+                    self._defer(lane, late, outcome, view)
+            fetched = list(arrived.values())
+        by_seq = {h.sequence: h for h in held if h.sequence is not None}
+        moving = [by_seq[s] for s in movable if s in by_seq] + fetched + unplaced
+        moving.sort(key=lambda h: h.sequence if h.sequence is not None else -1)
+        waiting = [h for s, h in by_seq.items() if s not in movable]
+        return moving, waiting
+
     def _move(
-        self, lane: ReceiverLane, held: Pairs, outcome: SyphonOutcome, dead_letter: bool, parked: Pairs
+        self,
+        lane: ReceiverLane,
+        held: Pairs,
+        outcome: SyphonOutcome,
+        dead_letter: bool,
+        parked: Pairs,
+        view: QueueView | None = None,
     ) -> bool:
         """Sort one receive batch: probes dropped, parked kept, expired and invalid dead-lettered, the rest
-        forwarded per entity (or abandoned). True when anything left the queue (worth another receive)."""
+        forwarded per entity (or held back). With ``view`` (ordering, or deferred messages to pick up): each line
+        moves in queue order behind its head (:meth:`_plan`). True when anything left the queue (worth another
+        receive)."""
         from spark_sb.message.backlog import is_probe
 
         now = self.clock.now()
         # Not send_timeout too: a (drifted) queue whose lock is shorter than send_timeout would then never move.
-        lock_floor = now + LOCK_SAFETY_MARGIN
+        lock_floor = self.clock.monotonic() + LOCK_SAFETY_MARGIN.total_seconds()
         by_entity: dict[str, Pairs] = {}
         drop: Pairs = []
         dead: dict[str, Pairs] = {}
         skipped = 0
         parked_before = len(parked)
-        pending = list(held)
-        hold_back: Pairs = []  # ordering: not moved now, abandoned (the rest of a held line)
+        pending: Pairs = list(held)
+        hold_back: Pairs = []  # ordering: not moved now, held back (deferred): the rest of a held line
         try:
+            if view is not None:
+                pending, hold_back = self._plan(lane, held, view, outcome)
             while pending:
                 h = pending.pop(0)
                 msg = h.msg
@@ -384,14 +550,15 @@ class Syphon:
                     drop.append(h)
                     continue
                 line = self._line_of(lane, msg)
-                if line is not None and not self.lines.admits(line, getattr(msg, "sequence_number", None)):
+                if view is not None and view.held(line, h.sequence):
                     hold_back.append(h)  # behind a message of its line that was not moved
                     continue
-                locked_until = getattr(msg, "locked_until_utc", None)
-                if locked_until is not None and as_utc(locked_until) < lock_floor:
+                if h.lock_ends is not None and h.lock_ends < lock_floor:
                     skipped += 1  # B12: it will be redelivered; do not forward it now
-                    if line is not None:  # ordering: back now, first; the rest of its line behind it
-                        self.lines.hold(line, getattr(msg, "sequence_number", None))
+                    if (
+                        view is not None and line is not None
+                    ):  # ordering: the rest of its line waits behind it
+                        view.hold(line, h.sequence)
                         hold_back.append(h)
                     continue
                 try:
@@ -413,8 +580,9 @@ class Syphon:
                 by_entity.setdefault(restored.entity, []).append(h)
             outcome.skipped_lock_expiring += skipped
             if hold_back:
-                self._abandon(lane, hold_back, outcome)
+                self._hold(lane, hold_back, outcome, view)
             self._settle(lane, drop, complete, outcome)
+            self._gone(view, drop)
             for reason, items in dead.items():
                 if dead_letter:
                     # Already in the dead-letter queue: leave it there (parked) with the service's reason.
@@ -422,6 +590,7 @@ class Syphon:
                     continue
                 short = reason.split(":")[0]
                 self._settle(lane, items, dead_letter_action(short, reason), outcome)
+                self._gone(view, items)
 
             moved_before = outcome.forwarded_total + outcome.undeliverable + outcome.markers
             entities = list(by_entity)
@@ -436,10 +605,10 @@ class Syphon:
                     # F9: the messages are the entity's probe, on a connection of their own
                     transport = self._isolated()
                 elif not self._allowed(entity, outcome):
-                    self._abandon(lane, pairs, outcome)
+                    self._hold(lane, pairs, outcome, view)
                     continue
                 started = time.monotonic()
-                error = self._forward(lane, entity, pairs, outcome, dead_letter, parked, transport)
+                error = self._forward(lane, entity, pairs, outcome, dead_letter, parked, transport, view)
                 if error is None:
                     self.gate.succeeded(entity)
                 else:
@@ -449,13 +618,19 @@ class Syphon:
             left = outcome.forwarded_total + outcome.undeliverable + outcome.markers - moved_before
             return left > 0 or bool(drop) or bool(dead and not dead_letter) or len(parked) > parked_before
         finally:
-            # Whatever is still held (cancelled, or an unexpected error): abandoned, never left locked (B11).
+            # Whatever is still held (cancelled, or an unexpected error): released, never left locked (B11).
             rest = [h for items in by_entity.values() for h in items]
             if rest:
                 outcome.cancelled = outcome.cancelled or self._cancelled.is_set()
-                self._abandon(lane, rest, outcome)
+                self._hold(lane, rest, outcome, view)
             if pending:
-                self._abandon(lane, pending, outcome)
+                self._hold(lane, pending, outcome, view)
+
+    @staticmethod
+    def _gone(view: QueueView | None, pairs: Pairs) -> None:
+        if view is not None:
+            for h in pairs:
+                view.gone(h.sequence)
 
     def _allowed(self, entity: str, outcome: SyphonOutcome) -> bool:
         """B9: may the syphon move to ``entity`` now? Probes it when the gate says so."""
@@ -544,33 +719,39 @@ class Syphon:
         dead_letter: bool,
         parked: Pairs | None = None,
         transport: SdkTransport | None = None,
+        view: QueueView | None = None,
     ) -> BaseException | None:
         """Send to the primary entity in size-packed batches, each within ``send_timeout`` (on ``transport``, the
         main one by default); complete each batch's messages after the primary accepted it. On a failure the rest
         is settled by :meth:`_undelivered` (abandoned, or dead-lettered when the entity does not exist) and the
-        failure returned."""
+        failure returned. With ordering, only what was in the failed send is abandoned (a real attempt: its delivery
+        count rises); what comes after it is deferred (O7)."""
         primary = transport or self._primary
         target = Target(PRIMARY, entity)
         sent = 0
+        in_batch: Pairs = []
         try:
             batch = primary.new_batch(target)
-            in_batch: Pairs = []
             for h in pairs:
                 if self._cancelled.is_set():
                     outcome.cancelled = True
                     break
                 assert h.restored is not None
+                if view is not None and view.held(self._line_of(lane, h.msg), h.sequence):
+                    break  # its line stopped (a marker whose acknowledgement failed): the rest waits
                 if marker_of(h.restored) is not None:  # every message of its line before it goes in first
                     if in_batch:
                         self._send_and_complete(lane, batch, in_batch, entity, outcome, dead_letter, primary)
+                        self._gone(view, in_batch)
                         sent += len(in_batch)
                         in_batch = []
                         batch = primary.new_batch(target)
-                    self._pass_marker(lane, entity, h, outcome, dead_letter)
+                    self._pass_marker(lane, entity, h, outcome, dead_letter, view)
                     sent += 1
                     continue
                 if not batch.try_add(h.restored):  # batch full: send it, start anew
                     self._send_and_complete(lane, batch, in_batch, entity, outcome, dead_letter, primary)
+                    self._gone(view, in_batch)
                     sent += len(in_batch)
                     in_batch = []
                     batch = primary.new_batch(target)
@@ -579,14 +760,24 @@ class Syphon:
                 in_batch.append(h)
             if in_batch:
                 self._send_and_complete(lane, batch, in_batch, entity, outcome, dead_letter, primary)
+                self._gone(view, in_batch)
                 sent += len(in_batch)
+                in_batch = []
             if sent < len(pairs):
-                self._abandon(lane, pairs[sent:], outcome)
+                self._hold(lane, pairs[sent:], outcome, view)
             return None
         except Exception as exc:  # noqa: BLE001 - B9/B11: abandon, back off, go on
             log.warning("syphon: send to primary entity %s failed (%s)", entity, type(exc).__name__)
             outcome.errors.append(f"{entity}: send failed: {type(exc).__name__}")
-            self._undelivered(lane, entity, pairs[sent:], outcome, exc, dead_letter, parked)
+            rest = pairs[sent:]
+            tried = len(in_batch) if self.ordered and view is not None else len(rest)
+            if view is not None:
+                for h in rest:
+                    view.hold(self._line_of(lane, h.msg), h.sequence)  # nothing more of them in this pass
+                for h in rest[:tried]:
+                    view.mark(h.sequence, ACTIVE)  # abandoned: back in the queue, not this pass's
+            self._gone(view, self._undelivered(lane, entity, rest[:tried], outcome, exc, dead_letter, parked))
+            self._hold(lane, rest[tried:], outcome, view)
             return exc
 
     def _undelivered(
@@ -598,10 +789,11 @@ class Syphon:
         exc: BaseException,
         dead_letter: bool,
         parked: Pairs | None,
-    ) -> None:
+    ) -> Pairs:
         """Settle what the primary did not take after ``exc`` (:func:`undelivered_verdict` per message): the
         messages due are dead-lettered in the backlog with reason ``DestinationNotFound`` (F9; from a dead-letter
-        queue, where that cannot be done, they are parked for the rest of the pass), the others abandoned."""
+        queue, where that cannot be done, they are parked for the rest of the pass), the others abandoned. Returns
+        the dead-lettered ones."""
         from spark_sb.core.errors import classify
 
         error_class = classify(exc).name
@@ -613,7 +805,7 @@ class Syphon:
         dead = [h for h, verdict in verdicts if verdict == DEAD_LETTER]
         self._abandon(lane, [h for h, verdict in verdicts if verdict != DEAD_LETTER], outcome)
         if not dead:
-            return
+            return []
         namespace = self._primary_host()
         attempts = max(attempt_of(getattr(h.msg, "delivery_count", None)) for h in dead)
         if dead_letter and parked is not None:
@@ -626,7 +818,7 @@ class Syphon:
                 len(dead),
                 lane.queue,
             )
-            return
+            return []
         outcome.undeliverable += len(dead)
         outcome._count(outcome.undeliverable_by_entity, entity, len(dead))
         log.warning(
@@ -642,6 +834,7 @@ class Syphon:
         )
         description = not_found_description(entity, namespace, attempts)
         self._settle(lane, dead, dead_letter_action(DESTINATION_NOT_FOUND, description), outcome)
+        return dead
 
     def _primary_host(self) -> str:
         """The primary namespace as logs and dead-letter descriptions name it: its host (never a secret)."""
@@ -669,13 +862,29 @@ class Syphon:
         self._settle(lane, pending, complete, outcome)
 
     def _abandon(self, lane: ReceiverLane, pairs: Pairs, outcome: SyphonOutcome) -> None:
+        """Abandon ``pairs`` (a real attempt to move them failed: their delivery counts rise)."""
         for h in pairs:
             outcome.abandoned += 1
             outcome._count(outcome.abandoned_by_entity, h.restored.entity if h.restored else path_of(h.msg))
-            line = self._line_of(lane, h.msg)
-            if line is not None:  # ordering: nothing after it in its line moves before it is back
-                self.lines.hold(line, getattr(h.msg, "sequence_number", None))
         self._settle(lane, pairs, abandon, outcome)
+
+    def _hold(self, lane: ReceiverLane, pairs: Pairs, outcome: SyphonOutcome, view: QueueView | None) -> None:
+        """Release ``pairs`` without an attempt to move them: deferred with ordering (O7: they keep their place,
+        no receive returns them, their delivery counts stay; the view finds them again), abandoned without."""
+        if self.ordered and view is not None:
+            for h in pairs:
+                view.hold(self._line_of(lane, h.msg), h.sequence)
+            self._defer(lane, pairs, outcome, view)
+        else:
+            self._abandon(lane, pairs, outcome)
+
+    def _defer(self, lane: ReceiverLane, pairs: Pairs, outcome: SyphonOutcome, view: QueueView) -> None:
+        if not pairs:
+            return
+        outcome.deferred += len(pairs)
+        for h in pairs:
+            view.mark(h.sequence, DEFERRED)
+        self._settle(lane, pairs, defer, outcome)
 
     # -- ordering ------------------------------------------------------------------------------------------
     def _line_of(self, lane: ReceiverLane, msg: ServiceBusReceivedMessage) -> LineKey | None:
@@ -693,7 +902,13 @@ class Syphon:
         return None if key is None else (lane.queue, entity, key)
 
     def _pass_marker(
-        self, lane: ReceiverLane, entity: str, h: Held, outcome: SyphonOutcome, dead_letter: bool
+        self,
+        lane: ReceiverLane,
+        entity: str,
+        h: Held,
+        outcome: SyphonOutcome,
+        dead_letter: bool,
+        view: QueueView | None = None,
     ) -> None:
         """A return marker, reached after every earlier message of its line went into the primary: acknowledged
         (R3 reads it), then completed - never sent to the primary. From a dead-letter queue, or with ``ordering:
@@ -711,7 +926,7 @@ class Syphon:
                 log.warning(
                     "syphon: acknowledging a return marker of %s failed (%s)", entity, type(exc).__name__
                 )
-                self._abandon(lane, [h], outcome)
+                self._hold(lane, [h], outcome, view)
                 return
         elif not dead_letter and not self._warned_markers:
             self._warned_markers = True
@@ -724,3 +939,4 @@ class Syphon:
             )
         outcome.markers += 1
         self._settle(lane, [h], complete, outcome)
+        self._gone(view, [h])

@@ -43,6 +43,13 @@ class Held:
     msg: ServiceBusReceivedMessage
     generation: int
     restored: OutboundMessage | None = None
+    #: When its lock runs out, on the syphon's monotonic clock (None: unknown).
+    lock_ends: float | None = None
+
+    @property
+    def sequence(self) -> int | None:
+        value = getattr(self.msg, "sequence_number", None)
+        return None if value is None else int(value)
 
 
 Pairs = list[Held]
@@ -72,14 +79,21 @@ def settle(
     outcomes_by = time.monotonic() + timeout * OUTCOME_SHARE
 
     def settle_all(ctx: Receiving) -> int:
-        if action is complete and len(live) > 1:
-            not_done = complete_on_link(ctx.receiver, live, outcomes_by)
+        failed = 0
+        on_link = [h for h in live if not by_sequence(h)]
+        fetched = [h for h in live if by_sequence(h)]
+        if action is complete and len(fetched) > 1:
+            # received by sequence number: settled through $management, all in one request
+            failed += complete_by_management(ctx.receiver, fetched)
+            fetched = []
+        if action is complete and len(on_link) > 1:
+            not_done = complete_on_link(ctx.receiver, on_link, outcomes_by)
             if not_done is not None:
                 if not_done:
                     log.info("syphon: %d completions not confirmed; they will be redelivered", len(not_done))
-                return len(not_done)
-        failed = 0
-        for h in live:
+                failed += len(not_done)
+                on_link = []
+        for h in on_link + fetched:
             try:
                 action(ctx.receiver, h.msg)
             except Exception as exc:  # noqa: BLE001 - B11: logged and counted; redelivery follows
@@ -97,6 +111,41 @@ def settle(
 # -- settle actions (run on the receiver lane's thread) --------------------------------------------------------
 def complete(receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage) -> None:
     receiver.complete_message(msg)
+
+
+def defer(receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage) -> None:
+    """Defer: the message keeps its place, no receive returns it, its delivery count stays; fetched again by its
+    sequence number (the syphon's ordered drain, SPEC O7)."""
+    receiver.defer_message(msg)
+
+
+def by_sequence(h: Held) -> bool:
+    """Was ``h`` received by sequence number (a deferred message: settled through ``$management``)?"""
+    return bool(getattr(h.msg, "_is_deferred_message", False))
+
+
+def complete_by_management(receiver: ServiceBusReceiver, held: Sequence[Held]) -> int:
+    """Complete messages received by sequence number in one ``$management`` update-disposition (the SDK sends one
+    per message); returns how many were not completed (all of them when the request failed: redelivered after their
+    locks, still deferred)."""
+    settle_via: Any = getattr(receiver, "_settle_message_via_mgmt_link", None)
+    if settle_via is None:
+        failed = 0
+        for h in held:
+            try:
+                receiver.complete_message(h.msg)
+            except Exception:  # noqa: BLE001 - counted; redelivery follows
+                failed += 1
+        return failed
+    try:
+        settle_via("completed", [h.msg.lock_token for h in held])
+    except Exception as exc:  # noqa: BLE001 - counted; they stay deferred and are fetched again
+        log.info("syphon: completing %d fetched messages failed (%s)", len(held), type(exc).__name__)
+        return len(held)
+    for h in held:
+        with contextlib.suppress(AttributeError):
+            h.msg._settled = True  # noqa: SLF001 - the SDK's own flag: settled, never settle again
+    return 0
 
 
 #: The share of a settle call's deadline spent awaiting the outcomes of a batch of completions.

@@ -45,6 +45,9 @@ DEAD_LETTER_PROPERTIES = ("DeadLetterReason", "DeadLetterErrorDescription")
 #: completing it would fail. (A lock lost during a send: the complete fails, is counted, and the redelivered copy
 #: is dropped by duplicate detection on the primary.)
 LOCK_SAFETY_MARGIN = timedelta(seconds=2)
+#: The backlog queues' lock duration as provisioned (seconds): a lock is measured from the local monotonic time of
+#: the receive that took it, never the service's ``locked_until`` against this machine's wall clock (skew).
+LOCK_DURATION = 60.0
 
 
 @dataclass
@@ -77,6 +80,13 @@ class SyphonOutcome:
     probes: int = 0
     #: Return markers passed (``ordering``): acknowledged and completed, never forwarded.
     markers: int = 0
+    #: Ordering: messages deferred (held back behind their line's head without an attempt: their delivery count
+    #: does not rise, no receive returns them again), deferred messages fetched by sequence number, the calls that
+    #: fetched them, and the peeks (browse pages) that proved the lines' heads.
+    deferred: int = 0
+    fetched: int = 0
+    fetch_calls: int = 0
+    peek_calls: int = 0
     cancelled: bool = False
     #: (entity, message id) of each forwarded message, when the syphon records them (the Spark job's rows).
     moved_ids: list[tuple[str, str | None]] = field(default_factory=list)

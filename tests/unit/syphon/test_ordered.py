@@ -39,16 +39,27 @@ def received(msg: OutboundMessage) -> ServiceBusReceivedMessage:
 
 
 class Delivered:
-    """A received message as the syphon sees it: the SDK's decoding, the broker's fields set by the fake queue."""
+    """A received (or peeked) message as the syphon sees it: the SDK's decoding, the broker's fields set by the fake
+    queue."""
 
     def __init__(
-        self, inner: ServiceBusReceivedMessage, sequence: int, locked_until: datetime, count: int
+        self,
+        inner: ServiceBusReceivedMessage,
+        sequence: int,
+        locked_until: datetime | None,
+        count: int,
+        token: str = "",
+        *,
+        by_sequence: bool = False,
+        state: int = 0,
     ) -> None:
         self._inner = inner
         self.sequence_number = sequence
         self.locked_until_utc = locked_until
         self.delivery_count = count
-        self.lock_token = f"lock-{sequence}-{count}"
+        self.lock_token = token
+        self._is_deferred_message = by_sequence
+        self.state = state
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -57,58 +68,135 @@ class Delivered:
 @dataclass
 class Entry:
     msg: ServiceBusReceivedMessage
-    deliveries: int = 0
+    deliveries: int = 0  # the service's delivery count: abandons and lock expiries
     locked_until: datetime | None = None
+    token: str = ""
+    deferred: bool = False
+
+
+class LockLost(Exception):
+    pass
 
 
 class FakeQueue:
-    """A backlog queue with peek-lock semantics on the fake clock; fed from ``source`` (what senders put there)."""
+    """A backlog queue with peek-lock semantics on the fake clock, as the local namespace has them
+    (servicebus_local/broker.py): a receive locks available messages in sequence order; abandon and a lock that runs
+    out count a delivery; defer keeps a message in its place, invisible to receives, its count unchanged; a peek shows
+    every message (locked ones as active, deferred ones as deferred while unlocked); receive-by-sequence locks
+    deferred ones. Settling needs the current lock. ``skew``: the service's clock is this much behind the executor's
+    (``locked_until_utc`` is in service time). Fed from ``source`` (what senders put there)."""
 
-    def __init__(self, clock: FakeClock, source: Callable[[], list[OutboundMessage]]) -> None:
+    def __init__(
+        self, clock: FakeClock, source: Callable[[], list[OutboundMessage]], skew: timedelta = timedelta(0)
+    ) -> None:
         self.clock = clock
         self.source = source
+        self.skew = skew
         self.taken = 0
         self.entries: dict[int, Entry] = {}
         self.fail_receives = 0  # receives that lock messages, then fail (the answer is lost)
         self.fail_abandons: set[str] = set()  # message ids whose abandon fails (they stay locked)
+        self.receives = 0  # receive calls that returned messages
+        self.delivered = 0  # messages handed out (receive and receive-by-sequence)
+        self.peeks = 0
+        self._serial = 0
 
     def _ingest(self) -> None:
         new = self.source()[self.taken :]
-        for m in new:
-            self.entries[len(self.entries) + self.taken + 1000] = Entry(received(m))
+        for i, m in enumerate(new):  # sequence numbers only grow
+            self.entries[self.taken + i + 1000] = Entry(received(m))
         self.taken += len(new)
+        now = self.clock.now()
+        for e in self.entries.values():
+            if e.locked_until is not None and e.locked_until <= now:  # the lock ran out: a delivery counted
+                e.locked_until = None
+                e.deliveries += 1
+
+    def _lock(self, seq: int, e: Entry, *, by_sequence: bool = False) -> Delivered:
+        self._serial += 1
+        e.locked_until = self.clock.now() + LOCK
+        e.token = f"lock-{seq}-{self._serial}"
+        self.delivered += 1
+        return Delivered(
+            e.msg, seq, e.locked_until - self.skew, e.deliveries, e.token, by_sequence=by_sequence
+        )
 
     def receive_messages(self, max_message_count: int, max_wait_time: float) -> list[Delivered]:
         self._ingest()
-        now = self.clock.now()
         out = []
         for seq in sorted(self.entries):
             e = self.entries[seq]
-            if e.locked_until is not None and e.locked_until > now:
+            if e.locked_until is not None or e.deferred:
                 continue
-            e.locked_until = now + LOCK
-            out.append(Delivered(e.msg, seq, e.locked_until, e.deliveries))
-            e.deliveries += 1
+            out.append(self._lock(seq, e))
             if len(out) == max_message_count:
                 break
         if self.fail_receives and out:
             self.fail_receives -= 1
             raise ConnectionError("the receive's answer was lost")
+        if out:
+            self.receives += 1
         return out
 
+    def peek_messages(
+        self, max_message_count: int = 1, *, sequence_number: int = 0, timeout: float | None = None
+    ) -> list[Delivered]:
+        self._ingest()
+        self.peeks += 1
+        out = []
+        for seq in sorted(self.entries):
+            e = self.entries[seq]
+            if seq >= sequence_number:
+                state = 1 if e.deferred and e.locked_until is None else 0
+                out.append(Delivered(e.msg, seq, None, e.deliveries, state=state))
+            if len(out) == max_message_count:
+                break
+        return out
+
+    def receive_deferred_messages(
+        self, sequence_numbers: list[int], *, timeout: float | None = None
+    ) -> list[Delivered]:
+        self._ingest()
+        found = []
+        for seq in sequence_numbers:
+            e = self.entries.get(seq)
+            if e is None or not e.deferred or e.locked_until is not None:
+                raise LookupError(f"Failed to retrieve deferred message with sequence number {seq}.")
+            found.append((seq, e))
+        return [self._lock(seq, e, by_sequence=True) for seq, e in found]
+
+    def _held(self, m: Delivered) -> Entry:
+        self._ingest()
+        e = self.entries.get(m.sequence_number)
+        if e is None or e.locked_until is None or e.token != m.lock_token:
+            raise LockLost(f"the lock of {m.sequence_number} was lost")
+        return e
+
     def complete_message(self, m: Delivered) -> None:
-        self.entries.pop(m.sequence_number, None)
+        self._held(m)
+        del self.entries[m.sequence_number]
 
     def abandon_message(self, m: Delivered) -> None:
         if m.message_id in self.fail_abandons:
             self.fail_abandons.discard(m.message_id)
             raise ConnectionError("abandon lost")
-        entry = self.entries.get(m.sequence_number)
-        if entry is not None:
-            entry.locked_until = None
+        e = self._held(m)
+        e.locked_until = None
+        e.deliveries += 1
+
+    def defer_message(self, m: Delivered) -> None:
+        e = self._held(m)
+        e.locked_until = None
+        e.deferred = True
 
     def dead_letter_message(self, m: Delivered, *, reason: str, error_description: str) -> None:
-        self.entries.pop(m.sequence_number, None)
+        self._held(m)
+        del self.entries[m.sequence_number]
+
+    def counts(self) -> dict[str, int]:
+        """Delivery count per message id (what is still in the queue)."""
+        self._ingest()
+        return {str(e.msg.message_id): e.deliveries for e in self.entries.values()}
 
     def __len__(self) -> int:
         self._ingest()
