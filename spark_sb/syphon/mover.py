@@ -86,6 +86,7 @@ from spark_sb.syphon.receivers import (
 from spark_sb.syphon.rules import (
     DEAD_LETTER,
     DESTINATION_NOT_FOUND,
+    ENTITY_NOT_FOUND,
     EXPIRED_IN_BACKLOG,
     LOCK_DURATION,
     LOCK_SAFETY_MARGIN,
@@ -168,6 +169,8 @@ class Syphon:
         # The start of the last receive per (queue, sub-queue) (monotonic): with prefetch, what a receive returns may
         # have been locked since then. Bounded by the (queue, sub-queue) pairs drained.
         self._last_receive: dict[tuple[str, bool], float] = {}
+        # Entities whose last probe answered that they do not exist (F9); bounded by the entities met.
+        self._missing: dict[str, bool] = {}
         self._warned_markers = False
         # Sends to the primary go through lanes (one per entity): each has a deadline (send_timeout) that holds
         # whatever the SDK does, and a stuck client is abandoned and rebuilt (SPEC B3, R1).
@@ -605,7 +608,11 @@ class Syphon:
                     # F9: the messages are the entity's probe, on a connection of their own
                     transport = self._isolated()
                 elif not self._allowed(entity, outcome):
-                    self._hold(lane, pairs, outcome, view)
+                    if self._missing.get(entity):  # F9: each delivery counts towards the verdict
+                        self._abandon(lane, pairs, outcome)
+                        self._abandoned(lane, view, pairs)
+                    else:  # an outage: no attempt was made, the delivery counts stay (O7)
+                        self._hold(lane, pairs, outcome, view)
                     continue
                 started = time.monotonic()
                 error = self._forward(lane, entity, pairs, outcome, dead_letter, parked, transport, view)
@@ -625,6 +632,13 @@ class Syphon:
                 self._hold(lane, rest, outcome, view)
             if pending:
                 self._hold(lane, pending, outcome, view)
+
+    def _abandoned(self, lane: ReceiverLane, view: QueueView | None, pairs: Pairs) -> None:
+        """``pairs`` were abandoned: back in the queue, not this pass's; their lines wait for the rest of it."""
+        if view is not None:
+            for h in pairs:
+                view.mark(h.sequence, ACTIVE)
+                view.hold(self._line_of(lane, h.msg), h.sequence)
 
     @staticmethod
     def _gone(view: QueueView | None, pairs: Pairs) -> None:
@@ -659,10 +673,12 @@ class Syphon:
                 log.info(
                     "syphon: probe of primary entity %s failed (%s); backing off", entity, type(exc).__name__
                 )
+            self._missing[entity] = classify(exc).name == ENTITY_NOT_FOUND
             self.gate.failed(
                 entity, namespace_wide=self._namespace_wide(entity, exc, started, self._primary.isolated())
             )
             return False
+        self._missing.pop(entity, None)
         self.gate.succeeded(entity)
         return True
 
@@ -774,8 +790,7 @@ class Syphon:
             if view is not None:
                 for h in rest:
                     view.hold(self._line_of(lane, h.msg), h.sequence)  # nothing more of them in this pass
-                for h in rest[:tried]:
-                    view.mark(h.sequence, ACTIVE)  # abandoned: back in the queue, not this pass's
+            self._abandoned(lane, view, rest[:tried])
             self._gone(view, self._undelivered(lane, entity, rest[:tried], outcome, exc, dead_letter, parked))
             self._hold(lane, rest[tried:], outcome, view)
             return exc

@@ -238,6 +238,23 @@ class World:
         self.syphon._replace_receiver = lambda *a: None  # type: ignore[method-assign]
         self.rig.transport.max_batch = max_batch
 
+    def worker(self, **config: Any) -> Syphon:
+        """Another Python worker's syphon on the same queues, primary and acknowledgements (no process state
+        shared with :attr:`syphon`)."""
+        other = Syphon(
+            make_config(ordering=self.syphon.config.ordering, **config),
+            backlog_queues=QUEUES,
+            clock=self.clock,
+            healthy_hints={"orders": "healthy"},
+            acks=self.book,
+        )
+        lanes = {q: FakeLane(q, self.queues[q]) for q in QUEUES}
+        other._primary.close()
+        other._primary = self.rig.transport  # type: ignore[assignment]
+        other._lane = lambda queue, dead_letter: lanes[queue]  # type: ignore[assignment,method-assign]
+        other._replace_receiver = lambda *a: None  # type: ignore[method-assign]
+        return other
+
     def _source(self, queue: str) -> Callable[[], list[OutboundMessage]]:
         return lambda: self.rig.transport.at(SECONDARY, queue)
 
