@@ -206,11 +206,15 @@ class _Worker(threading.Thread):
         thread - has a deadline of its own: the worker is busy, and whether it is stuck is for that call's caller to
         tell at that deadline (it waits for it, and abandons the worker if it is passed) - so that the worker and
         its context are kept (True). False: the call started, or the worker runs a call without a deadline
-        (:meth:`Lane.submit`) or none at all (the caller then abandons the worker). Calls queued together (probes
+        (:meth:`Lane.submit`) or none at all: the worker is retired here, under the lock a direct call's start takes,
+        and the caller then abandons it. Calls queued together (probes
         started at once) reach their deadlines together: the queued ones are withdrawn and the running one's
         caller alone decides about the worker."""
         with self._claim:
             if call.started or not self._running_timed:
+                # its caller abandons the worker next: from now on nothing starts on it (a direct call of another
+                # caller would have its socket shut under it by that abandonment)
+                self.retired = True
                 return False
             call.withdrawn = True
             return True
@@ -339,8 +343,11 @@ class Lane(Generic[C]):
             context = worker.context  # read while held: the worker neither builds nor closes it meanwhile
             if context is None or worker.retired:
                 return None
-            # a call queued meanwhile is withdrawn at its deadline, never abandons the worker this one uses
+            # a call queued meanwhile is withdrawn at its deadline, never abandons the worker this one uses; one
+            # whose caller decided to abandon it already (withdraw said no) retired it under the same lock
             with worker._claim:
+                if worker.retired:
+                    return None
                 worker._running_timed = True
             timeout = max(0.0, timeout)
             now = time.monotonic()

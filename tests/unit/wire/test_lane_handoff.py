@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from spark_sb.core.errors import CLIENT_CLOSED, LaneClosed, classify
+from spark_sb.wire import lane as lane_module
 from spark_sb.wire.lane import DeadlineExceeded, Finished, Lane, Withdrawn
 
 
@@ -122,3 +123,17 @@ def test_a_reset_for_an_older_worker_leaves_the_current_one_and_its_context() ->
     assert rig.lane.call(lambda ctx: ctx.use(), 5.0) == 2 and not rig.built[1].closed.is_set()
     assert rig.lane.reset("faulted", generation=2) is True
     assert rig.built[1].closed.wait(5) and rig.lane.call(lambda ctx: ctx.use(), 5.0) == 3
+
+
+def test_no_direct_call_starts_on_a_worker_a_queued_calls_caller_has_decided_to_abandon() -> None:
+    # the interleaving, held still: a queued call reached its deadline unstarted with nothing timed running (the
+    # direct call it waited behind had just let go), so withdraw said no and its caller goes on to abandon the
+    # worker; a direct call of another caller that came in between ran on the worker and had its socket shut
+    # under it by that abandonment (another caller's abandonment cutting a call short, F10)
+    rig = Rig()
+    rig.lane.call(lambda ctx: None, 5.0)
+    worker = rig.lane._worker
+    assert worker is not None
+    queued = lane_module._Call(lambda ctx: None, timed=True)  # its turn had not come
+    assert worker.withdraw(queued) is False  # its caller abandons the worker next
+    assert rig.lane.direct(lambda ctx: ctx.use(), 2.0) is None  # so nothing starts on it meanwhile
