@@ -17,8 +17,14 @@ Both namespaces run in child processes (``python -m servicebus_local``). At no i
 * ``drain``: a backlog of ``count`` messages over the sessions moved by a Syphon with ``ordering: none`` and with
   ``ordering: session`` (one queue, receive batch after receive batch), interleaved; msgs/s and the ratio (target
   >= 0.7).
+* ``held`` (SPEC O7, no latency only): a backlog queue as the service creates it (``MaxDeliveryCount`` 10, lock
+  60 s); eight sessions flow into it while another worker holds the first session's head locked for ``--hold``
+  seconds (a minute; renewed, then abandoned) and a Syphon (``ordering: session``) drains it pass after pass. Printed:
+  messages moved, receive calls (receives and receives by sequence number) per message moved (target <= 1), the
+  highest delivery count of a held message (target <= 3) and what was dead-lettered (0).
 
-Runs on the driver machine only (no Spark). ``--smoke``: 300 messages, 10 sessions, one repeat (CI's smoke mode).
+Runs on the driver machine only (no Spark). ``--smoke``: 300 messages, 10 sessions, one repeat, a 5 s hold (CI's
+smoke mode).
 """
 
 from __future__ import annotations
@@ -214,6 +220,92 @@ def drain(
     return statistics.median(rates["none"]), statistics.median(rates["session"])
 
 
+# ---------------------------------------------------------------------------------------------- held line
+HELD_SESSIONS = 8
+
+
+def held(ns: dict[str, Namespace], hold: float) -> tuple[int, int, float, int, int]:
+    """(moved, receive calls, deliveries per message moved, highest delivery count of a held message, dead-lettered)
+    for a line held ``hold`` seconds behind a head another worker keeps locked."""
+    from azure.servicebus import ServiceBusClient
+
+    from spark_sb.message.backlog import to_backlog_sdk
+
+    primary, secondary = ns["primary"].connection_string, ns["secondary"].connection_string
+    queue, dest = "held-backlog", "held-dest"
+    config = config_for(primary, secondary, "session", dest)
+    fill(secondary, queue, dest, HELD_SESSIONS * 5, HELD_SESSIONS)  # s0's head first
+    stop = threading.Event()
+    seq = [0]
+
+    def produce() -> None:  # a round of one message per session every 0.25 s (what the senders divert)
+        with (
+            ServiceBusClient.from_connection_string(secondary) as client,
+            client.get_queue_sender(queue) as sender,
+        ):
+            while not stop.wait(ROUND):
+                now = datetime.now(timezone.utc)
+                batch = [
+                    to_backlog_sdk(
+                        OutboundMessage(body=b"x" * 200, message_id=f"p{seq[0]}-{s}", session_id=f"s{s}"),
+                        dest,
+                        now,
+                    )
+                    for s in range(HELD_SESSIONS)
+                ]
+                seq[0] += 1
+                sender.send_messages(batch, timeout=10)
+
+    syphon = Syphon(config, backlog_queues=[queue], healthy_hints={dest: "healthy"}, entity_backoff=0.2)
+    moved = calls = deliveries = 0
+    worst = 0
+    with (
+        ServiceBusClient.from_connection_string(secondary) as client,
+        client.get_queue_receiver(queue) as other,
+    ):
+        (head,) = other.receive_messages(max_message_count=1, max_wait_time=10)  # another worker's lock
+        producer = threading.Thread(target=produce, name="producer", daemon=True)
+        producer.start()
+        try:
+            released = time.monotonic() + hold
+            renewed = time.monotonic()
+            while time.monotonic() < released:
+                out = syphon.drain_queue(queue, max_wait=0.2)
+                moved += out.forwarded_total + out.markers
+                calls += out.receive_calls + out.fetch_calls
+                deliveries += out.received + out.fetched
+                if time.monotonic() - renewed > 20:
+                    other.renew_message_lock(head, timeout=10)
+                    renewed = time.monotonic()
+            waiting = [
+                m
+                for m in other.peek_messages(max_message_count=5000, sequence_number=1, timeout=10)
+                if m.session_id is None and (m.application_properties or {}).get(b"x-ms-sessionid") == b"s0"
+            ]
+            worst = max((m.delivery_count or 0 for m in waiting), default=0)
+            other.abandon_message(head)
+            stop.set()
+            producer.join(15)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:  # the held line moves, then the queue is empty
+                out = syphon.drain_queue(queue, max_wait=0.5)
+                moved += out.forwarded_total + out.markers
+                calls += out.receive_calls + out.fetch_calls
+                deliveries += out.received + out.fetched
+                if out.forwarded_total == 0 and not other.peek_messages(sequence_number=1, timeout=10):
+                    break
+        finally:
+            stop.set()
+            syphon.close()
+            process_registry().clear()
+        dead = len(
+            client.get_queue_receiver(queue, sub_queue="deadletter").peek_messages(
+                max_message_count=5000, sequence_number=1, timeout=10
+            )
+        )
+    return moved, calls, deliveries / max(moved, 1), worst, dead
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -222,18 +314,21 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=20)
     parser.add_argument("--latency", type=float, default=0.002)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--hold", type=float, default=60.0, help="seconds a held line's head stays locked")
     parser.add_argument(
         "--smoke", action="store_true", help="300 messages, 10 sessions, one repeat (CI's smoke mode)"
     )
     args = parser.parse_args()
     if args.smoke:
-        args.count, args.sessions, args.repeats = 300, 10, 1
+        args.count, args.sessions, args.repeats, args.hold = 300, 10, 1, 5.0
     reps = range(args.repeats)
     primary_queues = [f"h-{x}-{k}-{i}" for x in (0, 1) for k in ("raw", "none", "session") for i in reps]
     primary_queues += [f"r-{x}" for x in (0, 1)]
     primary_queues += [f"dd-{x}-{k}-{i}" for x in (0, 1) for k in ("none", "session") for i in reps]
+    primary_queues += ["held-dest"]
     secondary_queues = [
         *BACKLOG,
+        "held-backlog",
         *(f"d-{x}-{k}-{i}" for x in (0, 1) for k in ("none", "session") for i in reps),
     ]
     with namespaces({"primary": primary_queues, "secondary": secondary_queues}) as ns:
@@ -260,6 +355,15 @@ def main() -> None:
                 f"{ordered:,.0f} msgs/s, ratio {ordered / unordered:.2f} (target >= 0.7)",
                 flush=True,
             )
+            if index == 0:
+                moved, calls, per, worst, dead = held(ns, args.hold)
+                print(
+                    f"{label} held line, {HELD_SESSIONS} sessions, head locked {args.hold:.0f} s: {moved} moved, "
+                    f"{calls} receive calls, {calls / max(moved, 1):.2f} per message moved (target <= 1), "
+                    f"{per:.2f} deliveries per message moved, max delivery count of a held message {worst} "
+                    f"(target <= 3), dead-lettered {dead}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -1,21 +1,25 @@
 """The syphon's ordered drain (``ordering: session`` / ``entity``; the rule is :mod:`spark_sb.failover.ordering`): a
-line - (primary entity, session id), or the entity - is moved in queue order, and a message the syphon did not
-move (abandoned: its entity backs off, its send failed, its lock was about to run out, the drain was cancelled)
-holds back every later message of its line until it comes back. The service redelivers an abandoned message
-before anything behind it in the queue, so the rest of its line is abandoned too and comes back after it.
+line - (primary entity, session id), or the entity - is moved in queue order (SPEC O1, O6, O7).
 
-:class:`Lines` keeps, per (backlog queue, entity, line), the sequence number of the first message held back - the
-line's *head* - on an injected clock. A later message of the line is not moved (:meth:`Lines.admits` is False)
-until the head, or anything before it, is received again. Sequence numbers make this hold across receive batches,
-drains and a receiver's prefetch buffer: a message received after the head went back is behind it whatever
-path brought it. An entry whose head is not met again within ``horizon`` seconds (it left the queue some other
-way: dead-lettered by hand, say) is dropped.
+:class:`QueueView` is the proof, and it lives in the queue, not in a process (the syphon job's next task may run in
+another Python worker; a killed task leaves locks nobody remembers): for each receive batch a pass peeks (browses)
+the queue from its start through the highest sequence number it received - a peek lists messages locked by anybody
+and deferred ones, which a receive skips. A message of a line that is in the queue before one the pass received,
+and that the pass does not hold, holds the rest of the line back (its return marker is not acknowledged). What is
+held back is *deferred*, not abandoned: it keeps its place, no receive returns it again and its delivery count does
+not rise; a later pass finds it in the view and fetches it by sequence number when its line can move, merged in
+sequence order with the line's received messages. Only a real attempt to move a message (a failed send) abandons
+it.
 
-:meth:`Lines.pause` stops a queue's drain for a while: after a receive failed, the messages it may have locked
-are not known, and a later message of their lines must not be moved before their locks run out.
+Cost, per pass and queue: each message up to the last one received is peeked once (pages of :data:`PEEK_PAGE`);
+when a receive comes back empty the rest of the queue (locked or deferred messages only) is peeked once; deferred
+messages are fetched at most ``syphon.batch_size`` per batch, and not at all while their entity backs off.
 
-What bounds it: the lines held back (each dropped when its head is met again, or after ``horizon``) and the
-queues paused. Where it runs: in the syphon's process, on the draining thread; not picklable, not shared.
+:class:`Lines` pauses a queue after a failed receive (the worker that saw it waits for the locks it may have
+taken; every other worker is protected by the view). Its heads (:meth:`Lines.hold`, :meth:`Lines.admits`) are a
+process's memory of held lines, kept for callers; the drain itself no longer relies on them.
+
+Where it runs: in the syphon's process, on the draining thread; not picklable, not shared.
 """
 
 from __future__ import annotations

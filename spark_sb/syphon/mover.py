@@ -14,7 +14,9 @@ default), restores each message with :func:`spark_sb.message.backlog.from_backlo
   call failed is replaced. :meth:`Syphon.cancel` (any thread) stops the drains: messages received and not yet
   forwarded are abandoned.
 * **Locks and lifetimes (B12).** Prefetch ``syphon.prefetch`` (0), receive batches of ``syphon.batch_size``
-  (forwarding one takes well under the lock duration); a message whose lock runs out within 2 s, or whose time
+  (forwarding one takes well under the lock duration); a lock is measured on the local monotonic clock from the
+  receive that took it (``lock_duration``; never the service's timestamp against this machine's wall clock, which
+  may be skewed); a message whose lock runs out within 2 s, or whose time
   to live ran out in the backlog, is not forwarded (expired ones are dead-lettered in the
   backlog with reason ``TTLExpiredInBacklog``); a scheduled time still in the future is kept; probes dropped.
 * **Wrong destinations (F9).** A message whose entity does not exist is abandoned and tried again until its
@@ -28,12 +30,14 @@ default), restores each message with :func:`spark_sb.message.backlog.from_backlo
   dead-lettered on its own (max delivery count reached, lock lost); what the syphon parked there on purpose
   (expired in the backlog, not a backlog message, destination not found) stays, with its reason.
 * **Order (``ordering: session`` / ``entity``).** A line - (entity, session id), or the entity - is moved in queue
-  order, and a message not moved holds back the rest of its line until it comes back
-  (:mod:`spark_sb.syphon.lines`, by sequence number); a return marker is never sent to the primary: reached after
-  every earlier message of its line went in, it is acknowledged (``acks``: the process registry's
+  order, proven against the queue itself (:mod:`spark_sb.syphon.lines`: a peek shows a line's head locked by any
+  worker, or deferred); what waits behind its head is deferred (its delivery count stays; O7) and fetched by
+  sequence number when the line moves; a return marker is never sent to the primary: reached after every earlier
+  message of its line went in, it is acknowledged (``acks``: the process registry's
   :class:`~spark_sb.failover.ordering.SessionBook` by default, which the process's paired senders read; the rule is
   :mod:`spark_sb.failover.ordering`) and then completed. After a failed receive a queue is left alone until the
-  locks it may have taken run out. With ``ordering: none`` the drain is as above and markers (from senders with
+  locks it may have taken run out. With ``ordering: none`` the drain is as above without the proof (deferred
+  messages an ordered syphon left are fetched once a receive comes back empty) and markers (from senders with
   another setting) are completed without an acknowledgement, with a warning.
 * **Deadlines.** Every call has one that holds whatever the SDK does: sends to the primary go through
   :class:`~spark_sb.wire.transport.SdkTransport` lanes; the backlog receivers are links on one connection in one

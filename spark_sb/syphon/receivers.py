@@ -5,9 +5,10 @@ themselves are links on one connection (:mod:`spark_sb.wire.receivers`).
 * :func:`settle` settles held messages in one lane call (deadline ``send_timeout``); a message from a receiver
   that was replaced since, or a settle that fails, is counted in the :class:`~spark_sb.syphon.rules.SyphonOutcome`
   and never raised: its lock runs out and it is redelivered.
-* Every message is settled on the receiver link that received it (SPEC E8: a lock token is the receiving link's;
-  ``$management`` settles messages received by sequence number, which the syphon never does). Several
-  completions go in one round trip on that link (:func:`complete_on_link`).
+* Every message is settled on the receiver link that received it (SPEC E8: a lock token is the receiving link's);
+  several completions go in one round trip on that link (:func:`complete_on_link`). Deferred messages the ordered
+  drain fetched by sequence number are settled through ``$management``, as the service requires (completions in
+  one request: :func:`complete_by_management`).
 
 Where it runs: in the process of the :class:`~spark_sb.syphon.mover.Syphon` that drains (executors' Python workers in
 the Spark syphon job; the driver in tests and tools), on the receivers' lane thread. Nothing here is picklable.
