@@ -594,6 +594,8 @@ class World:
         self.log(f"{rec} starts on context {ctx.gen} ({'worker' if on_worker else 'calling thread'})")
         if rec.entered > 1:
             self.violate(f"{rec} ran twice")
+        if rec.outcome in ("Withdrawn", "DeadlineExceeded", "LaneClosed"):
+            self.violate(f"{rec} ran after its caller was told it {rec.outcome}")
         if ctx.closed:
             self.violate(f"{rec} ran on context {ctx.gen}, closed")
         if ctx.running or ctx.tending:

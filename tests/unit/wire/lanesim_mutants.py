@@ -40,6 +40,8 @@ MUTANTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
             ),
             (
                 """            with worker._claim:
+                if worker.retired:
+                    return None
                 worker._running_timed = True
 """,
                 "",
@@ -49,6 +51,20 @@ MUTANTS: dict[str, tuple[str, list[tuple[str, str]]]] = {
     "no-withdraw": (
         "a queued call at its deadline always abandons the worker (the withdrawal of issue 45 removed)",
         [("            if call.started or not self._running_timed:", "            if True:")],
+    ),
+    "withdraw-no-retire": (
+        "withdraw() says no without retiring the worker (the race fixed in 9553dbb): a direct call may start on it "
+        "before the queued call's caller abandons it",
+        [
+            (
+                "                self.retired = True\n                return False",
+                "                return False",
+            ),
+            (
+                "                if worker.retired:\n                    return None\n                worker._running_timed",
+                "                worker._running_timed",
+            ),
+        ],
     ),
     "runs-withdrawn": (
         "the worker runs a call its caller withdrew",
