@@ -157,14 +157,22 @@ def test_nothing_stranded_in_a_drifted_backlog_queue(pair: Any) -> None:
 
 
 def test_a_message_whose_lock_runs_out_while_buffered_is_not_forwarded(pair: Any) -> None:
-    """Locks checked before forwarding (B12): with the syphon's clock within 2 s of the locks' end, nothing is
-    forwarded; the messages stay in the backlog for redelivery."""
+    """Locks checked before forwarding (B12): messages prefetched into the receiver's buffer when a receive began,
+    and handed over 29 s later (30 s locks), are not forwarded; they stay in the backlog for redelivery. The lock is
+    measured on the syphon's monotonic clock from that receive, never its wall clock against the service's (issue 47:
+    a skewed executor)."""
     pair.secondary.broker.create_queue(Q, QueueSettings(lock_duration=timedelta(seconds=30)))
-    _put(pair.secondary, Q, _backlogged(3))
-    late = FakeClock(start=datetime.now(timezone.utc) + timedelta(seconds=29))
-    with Syphon(_config(pair), clock=late, healthy_hints={"orders": "healthy"}) as syphon:
-        outcome = syphon.drain_queue(Q, max_wait=0.5)
-    assert outcome.skipped_lock_expiring == 3 and outcome.forwarded_total == 0
+    clock = FakeClock(start=datetime.now(timezone.utc))
+    config = _config(pair, syphon={"prefetch": 10})
+    with Syphon(config, clock=clock, healthy_hints={"orders": "healthy"}, lock_duration=30.0) as syphon:
+        assert (
+            syphon.drain_queue(Q, max_wait=0.5).received == 0
+        )  # the receiver's link opens, its credit given
+        _put(pair.secondary, Q, _backlogged(3))
+        assert pair.secondary.wait_until(lambda: not pair.secondary.broker.has_available(Q), timeout=10)
+        clock.advance(29)  # prefetched (locked) since then
+        outcome = syphon.drain_queue(Q, max_wait=0.5, max_batches=1)
+    assert outcome.skipped_lock_expiring == 3 and outcome.forwarded_total == 0, outcome
     assert pair.primary.counters()["messages_received"] == 0
     assert pair.secondary.broker.get_queue(Q).runtime.active_message_count == 3  # locked, not gone
 
