@@ -9,7 +9,9 @@ spark-submit the master comes from spark-submit), starts the query, and waits. S
 cleanly: the running micro-batch finishes (every message it holds is completed or abandoned), no new one starts,
 then the query and the session stop; exit status 0. The checkpoint defaults to ``<state_location>/_syphon``.
 ``--available-now`` (``Trigger.AvailableNow``, what serverless jobs accept) drains what the backlog queues hold
-at the start and exits; ``--once`` runs one micro-batch (``Trigger.Once``) and exits.
+at the start and exits; ``--once`` runs one micro-batch (``Trigger.Once``) and exits. With ``ordering``, a job
+started while another drains the same backlog queues (another checkpoint) is refused: one line naming the first
+on stderr, exit status 3 (SPEC O5).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from types import FrameType
 from spark_sb.config.service_bus import load_config
 from spark_sb.core.durations import parse_duration
 from spark_sb.core.errors import ConfigError
-from spark_sb.spark.syphon_job import SyphonBatchWriter, run_syphon, stop_gracefully
+from spark_sb.spark.syphon_job import SyphonBatchWriter, SyphonRefused, run_syphon, stop_gracefully
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -94,16 +96,21 @@ def main(argv: list[str] | None = None) -> int:
         spark = build_spark_session("spark-servicebus-syphon", master, local_defaults=not under_submit)
     stop_file = str(Path(tempfile.gettempdir()) / f"spark-sb-syphon-{uuid.uuid4().hex}.stop")
     writer = SyphonBatchWriter(config)
-    query = run_syphon(
-        spark,
-        config,
-        checkpoint=checkpoint,
-        trigger=f"{trigger_seconds} seconds",
-        once=args.once,
-        available_now=args.available_now,
-        stop_file=stop_file,
-        writer=writer,
-    )
+    try:
+        query = run_syphon(
+            spark,
+            config,
+            checkpoint=checkpoint,
+            trigger=f"{trigger_seconds} seconds",
+            once=args.once,
+            available_now=args.available_now,
+            stop_file=stop_file,
+            writer=writer,
+        )
+    except SyphonRefused as exc:  # ordering: another job drains this backlog (SPEC O5)
+        spark.stop()
+        print(f"syphon: refused: {exc}", file=sys.stderr)
+        return 3
     print(f"syphon: started (query {query.id}, checkpoint {checkpoint})", flush=True)
     graceful = True
     try:

@@ -27,6 +27,10 @@
   other entry point or a second job counts its batch ids from 0 again, and a replayed micro-batch (restart on the
   same checkpoint) drained the queues again - new events each time, never a copy to skip.
 
+One ordered job a backlog: with ``ordering``, a run records a lease in the events table (``syphon_running`` at its
+start and every minute, ``syphon_stopped`` when it stops) and a run started on another checkpoint while a lease on
+the same queues is live is refused in one line naming the first (:class:`SyphonLease`; SPEC O5).
+
 Restartable: the checkpoint holds only offsets (a replayed micro-batch drains again: moving is idempotent with
 message ids and duplicate detection on the primary). Stopping: :func:`request_stop` lets the running micro-batch
 finish (every message it holds is completed or abandoned) and keeps the next one from starting; ``query.stop()``
@@ -43,11 +47,12 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.config.service_bus import ServiceBusConfig
@@ -606,6 +611,241 @@ class SyphonBatchWriter:
         store.write_batch(self.txn_id, batch_id, BatchWrites(tuple(events), (), ()))  # events: sink_id
 
 
+# ------------------------------------------------------------------------------------------- the lease
+#: Ordering: the events of a syphon job's lease on its backlog (SPEC O5): ``syphon_running`` when a run starts and
+#: every :data:`LEASE_HEARTBEAT` seconds while it runs, ``syphon_stopped`` when it stops or is refused.
+SYPHON_RUNNING = "syphon_running"
+SYPHON_STOPPED = "syphon_stopped"
+#: Seconds between two ``syphon_running`` events of a running ordered job (one small commit each).
+LEASE_HEARTBEAT = 60.0
+#: A run whose newest lease event is ``syphon_running`` and younger than this holds the lease (seconds): a job
+#: killed without stopping blocks another for at most this long (a restart on its own checkpoint is not blocked).
+LEASE_STALE = 300.0
+
+
+class SyphonRefused(RuntimeError):
+    """Ordering: another syphon job drains the same backlog queues (SPEC O5); the message is one line naming it."""
+
+
+@dataclass(frozen=True)
+class SyphonRun:
+    """One run of the syphon job as its lease events tell it (pure data). ``queues``: None for every backlog
+    queue of the config (also when the list was too long to record)."""
+
+    run_id: str
+    host: str
+    checkpoint: str
+    started: datetime
+    queues: tuple[str, ...] | None = None
+    seen: datetime | None = None  # its newest lease event
+
+    def detail(self) -> str:
+        return json.dumps(
+            {
+                "run": self.run_id,
+                "checkpoint": self.checkpoint,
+                "started": self.started.isoformat(),
+                "queues": None if self.queues is None else list(self.queues),
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_event(cls, event: Event) -> SyphonRun | None:
+        """The run a lease event names (None: not one this code wrote whole; the detail is cut at 1,000 chars)."""
+        try:
+            d = json.loads(event.detail)
+            queues = d.get("queues")
+            return cls(
+                str(d["run"]),
+                event.executor_host or "?",
+                str(d.get("checkpoint") or "?"),
+                datetime.fromisoformat(str(d["started"])),
+                None if queues is None else tuple(str(q) for q in queues),
+                event.time,
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def overlaps(self, other: SyphonRun) -> bool:
+        return self.queues is None or other.queues is None or bool(set(self.queues) & set(other.queues))
+
+    def describe(self, now: datetime) -> str:
+        seen = self.seen or self.started
+        return (
+            f"run {self.run_id} on {self.host} (checkpoint {self.checkpoint}, started "
+            f"{self.started:%Y-%m-%d %H:%M:%S} UTC, last seen {max(0.0, (now - seen).total_seconds()):.0f} s ago)"
+        )
+
+
+def live_runs(events: Sequence[Event], now: datetime, stale: float = LEASE_STALE) -> list[SyphonRun]:
+    """The runs holding a lease (pure): whose newest lease event is ``syphon_running``, at most ``stale`` seconds
+    old. ``events``: lease events of one backlog (any order; bounded by the caller's time window)."""
+    newest: dict[str, tuple[Event, SyphonRun]] = {}  # bounded by the runs seen in the window
+    for event in events:
+        run = SyphonRun.from_event(event)
+        if run is None or event.event not in (SYPHON_RUNNING, SYPHON_STOPPED):
+            continue
+        known = newest.get(run.run_id)
+        if known is None or (event.time, event.event == SYPHON_STOPPED) >= (
+            known[0].time,
+            known[0].event == SYPHON_STOPPED,
+        ):
+            newest[run.run_id] = (event, run)
+    return [
+        run
+        for event, run in newest.values()
+        if event.event == SYPHON_RUNNING and (now - event.time).total_seconds() <= stale
+    ]
+
+
+def read_lease_events(store: StateStore, sink_id: str, since: datetime) -> list[Event]:
+    """The lease events of ``sink_id`` dated ``since`` or later (driver; a filtered read on a Delta store)."""
+    from spark_sb.state.delta import DeltaStateStore
+
+    if isinstance(store, DeltaStateStore):
+        from pyspark.sql import functions as F
+
+        path = store.tables.path("events")
+        store.ensure()
+        df = (
+            store.spark.read.format("delta").load(path)
+            if path is not None
+            else store.spark.table(store.tables.sql_name("events"))
+        )
+        rows = (
+            df.where(
+                (F.col("sink_id") == sink_id)
+                & F.col("event").isin(SYPHON_RUNNING, SYPHON_STOPPED)
+                & (F.col("time") >= F.lit(since))
+            )
+            .selectExpr("unix_micros(time) AS us", "event", "namespace", "executor_host", "detail")
+            .collect()
+        )
+        epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+        return [
+            Event(
+                epoch + timedelta(microseconds=int(r["us"])),
+                sink_id,
+                None,
+                str(r["event"]),
+                namespace=r["namespace"],
+                executor_host=r["executor_host"],
+                detail=r["detail"] or "",
+            )
+            for r in rows
+        ]
+    return [
+        e
+        for e in store.read_events(sink_id)
+        if e.event in (SYPHON_RUNNING, SYPHON_STOPPED) and e.time >= since
+    ]
+
+
+class SyphonLease:
+    """Ordering: one run's lease on its backlog queues (driver; not picklable). Two syphons receiving from one
+    backlog queue break O1 (one can move a session's later message while the other holds the earlier one locked),
+    so a second ordered job is refused while a first runs. :meth:`acquire` records ``syphon_running`` and then reads
+    the lease events: another live run on other checkpoint whose queues overlap refuses this one (it records
+    ``syphon_stopped``). Of two runs starting together at least one sees the other (each reads after its own
+    write): one or both are refused, never neither. Not used with ``ordering: none`` (moving is idempotent)."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        sink_id: str,
+        namespace: str,
+        run: SyphonRun,
+        *,
+        clock: Clock | None = None,
+        stale: float = LEASE_STALE,
+        heartbeat: float = LEASE_HEARTBEAT,
+    ) -> None:
+        self.store, self.sink_id, self.namespace, self.run = store, sink_id, namespace, run
+        self.clock = clock or SystemClock()
+        self.stale, self.heartbeat = stale, heartbeat
+        self._lock = threading.Lock()
+        self._released = False
+        self._last_beat: float | None = None
+
+    def _write(self, kind: str) -> None:
+        event = Event(
+            self.clock.now(),
+            self.sink_id,
+            None,
+            kind,
+            namespace=self.namespace,
+            executor_host=self.run.host,
+            detail=self.run.detail(),
+        )
+        self.store.append_events([event])
+
+    def acquire(self) -> None:
+        """Take the lease or raise :class:`SyphonRefused` naming the run that holds it."""
+        self._write(SYPHON_RUNNING)
+        self._last_beat = self.clock.monotonic()
+        now = self.clock.now()
+        events = read_lease_events(self.store, self.sink_id, now - timedelta(seconds=self.stale))
+        blocking = [
+            r
+            for r in live_runs(events, now, self.stale)
+            if r.run_id != self.run.run_id and r.checkpoint != self.run.checkpoint and r.overlaps(self.run)
+        ]
+        if blocking:
+            self.release()
+            first = min(blocking, key=lambda r: (r.started, r.run_id))
+            raise SyphonRefused(
+                f"another syphon job drains these backlog queues with ordering: {first.describe(now)}; stop it "
+                f"first (two would break the order of sessions), or wait until it has been silent for "
+                f"{self.stale:.0f} s"
+            )
+
+    def beat(self) -> bool:
+        """Record ``syphon_running`` when :attr:`heartbeat` seconds passed since the last (True: written)."""
+        with self._lock:
+            if self._released:
+                return False
+            now = self.clock.monotonic()
+            if self._last_beat is not None and now - self._last_beat < self.heartbeat:
+                return False
+            self._write(SYPHON_RUNNING)
+            self._last_beat = now
+            return True
+
+    def release(self) -> None:
+        """Record ``syphon_stopped`` (once; later calls do nothing). Never raises: a lease not released runs out."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            try:
+                self._write(SYPHON_STOPPED)
+            except Exception as exc:  # noqa: BLE001 - it runs out after LEASE_STALE
+                log.warning("syphon: the lease of run %s was not released (%s)", self.run.run_id, exc)
+
+
+#: The leases of the ordered syphon queries this process started, by query id (bounded by its running queries).
+_LEASES: dict[str, SyphonLease] = {}
+
+
+def _keep_lease(query: StreamingQuery, lease: SyphonLease) -> None:
+    """The lease's thread (driver): a heartbeat while the query runs, the release when it ends."""
+    try:
+        while True:
+            try:
+                if query.awaitTermination(max(1, int(lease.heartbeat))):
+                    break
+            except Exception:  # noqa: BLE001 - the query failed: it ended
+                break
+            try:
+                lease.beat()
+            except Exception as exc:  # noqa: BLE001 - the next beat tries again; the lease runs out if none lands
+                log.warning("syphon: lease heartbeat failed (%s)", type(exc).__name__)
+    finally:
+        lease.release()
+        _LEASES.pop(str(query.id), None)
+
+
 # ------------------------------------------------------------------------------------------- the query
 def run_syphon(
     spark: SparkSession,
@@ -639,7 +879,23 @@ def run_syphon(
         syphon_source(config, queues=names, admin_kwargs=admin_kwargs, stop_file=stop_file)
     )
     writer = writer or SyphonBatchWriter(config)
-    writer.start_run()  # this run's Delta transaction id (SPEC O5), before the function is pickled
+    run_id = writer.start_run()  # this run's Delta transaction id (SPEC O5), before the function is pickled
+    lease = None
+    if (
+        config.ordering != "none"
+    ):  # a second ordered job on these queues is refused before it drains (SPEC O5)
+        store = store_for(spark, config)
+        assert store is not None  # check_ordered_job: ordering has the state tables
+        all_queues = set(names) == set(config.backlog_queue_names())
+        run = SyphonRun(
+            run_id,
+            socket.gethostname(),
+            checkpoint,
+            datetime.now(timezone.utc),
+            None if all_queues else tuple(sorted(names)),
+        )
+        lease = SyphonLease(store, writer.sink_id, namespace_key(config.primary), run)
+        lease.acquire()
     stream = spark.readStream.format(SOURCE_NAME).load()
     out = stream.writeStream.foreachBatch(writer).option("checkpointLocation", checkpoint)
     if query_name:
@@ -650,7 +906,16 @@ def run_syphon(
         out = out.trigger(once=True)
     else:
         out = out.trigger(processingTime=trigger)
-    return out.start()
+    try:
+        query = out.start()
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
+    if lease is not None:
+        _LEASES[str(query.id)] = lease
+        threading.Thread(target=_keep_lease, args=(query, lease), name="syphon-lease", daemon=True).start()
+    return query
 
 
 def request_stop(stop_file: str) -> None:
@@ -671,4 +936,7 @@ def stop_gracefully(query: StreamingQuery, stop_file: str, timeout: float) -> bo
             break
         time.sleep(0.1)  # polling the query's status: there is nothing to await
     query.stop()
+    lease = _LEASES.pop(str(query.id), None)
+    if lease is not None:  # before the caller stops the session (the lease's thread would write too late)
+        lease.release()
     return idle or not query.isActive

@@ -5,6 +5,7 @@ Local Spark against two local namespaces."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -246,3 +247,43 @@ def test_an_ordered_run_on_a_fresh_checkpoint_records_the_acknowledgement_the_si
         "m-second",
     }
     assert _moved(_events(spark, state)) == 4
+
+
+def test_a_second_ordered_job_on_the_backlog_is_refused_in_one_line_naming_the_first(
+    spark: Any, namespace_pair: Any, tmp_path: Path
+) -> None:
+    """Two ordered syphons on one backlog queue break O1; the second is refused before it drains anything, and
+    starts once the first stopped (its lease released)."""
+    from spark_sb.spark.syphon_job import SyphonRefused
+
+    pair = namespace_pair
+    for name in BACKLOG:
+        pair.secondary.broker.create_queue(name, QueueSettings(lock_duration=timedelta(seconds=LOCK)))
+    config = _config(pair, tmp_path / "state", ordering="session")
+    admin = {"connection_verify": pair.secondary.ca_file}
+    stop = str(tmp_path / "stop")
+    first = run_syphon(
+        spark,
+        config,
+        checkpoint=str(tmp_path / "chk-job"),
+        trigger="1 second",
+        admin_kwargs=admin,
+        stop_file=stop,
+    )
+    try:
+        with pytest.raises(SyphonRefused) as refused:
+            run_syphon(
+                spark, config, checkpoint=str(tmp_path / "chk-notebook"), available_now=True, query_name=None
+            )
+    finally:
+        stop_gracefully(first, stop, timeout=30)
+    message = str(refused.value)
+    assert "\n" not in message and f"checkpoint {tmp_path / 'chk-job'}" in message
+    leases = [json.loads(e.detail) for e in _events(spark, tmp_path / "state") if e.event == "syphon_running"]
+    first_run = next(d["run"] for d in leases if d["checkpoint"] == str(tmp_path / "chk-job"))
+    assert f"run {first_run} on " in message
+    second = run_syphon(
+        spark, config, checkpoint=str(tmp_path / "chk-notebook"), available_now=True, admin_kwargs=admin
+    )
+    second.awaitTermination(120)
+    assert second.exception() is None

@@ -310,3 +310,135 @@ def test_an_ordered_available_now_run_waits_out_the_lock_duration_instead_of_end
     assert continuous.work() == []
     continuous.clock.advance(8.0)  # type: ignore[attr-defined]
     assert continuous.work() == [(QUEUES[0], False)]
+
+
+# ------------------------------------------------------------------------------------------- every run's ledger (O5)
+def test_every_run_records_its_micro_batches_whatever_their_ids_and_a_pickled_writer_keeps_its_run() -> None:
+    """Issue 47 item 1: a run on a fresh checkpoint (or a second job) counts batch ids from 0 again. Its appends
+    go under a transaction id of its own (``syphon/<name>/<run id>``), so none is skipped; the events keep the sink
+    id readers filter on. Within a run a batch id is written once."""
+    import pickle
+
+    store = MemoryStateStore()
+    at = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    first = SyphonBatchWriter(CONFIG, store=store)
+    first.start_run()
+    first.record(3, [("q0", "orders", "moved", 5, None)], store, now=at)
+    second = SyphonBatchWriter(CONFIG, store=store)  # a fresh checkpoint: batch ids from 0
+    second.start_run()
+    second.record(
+        0, [("q0", "orders", "moved", 2, None), ("q0", "orders", "acknowledged", 1, "m1")], store, now=at
+    )
+    restarted = first.run_id
+    first.start_run()  # the same writer's next query (the same checkpoint, a replayed batch 3 drained again)
+    assert first.run_id != restarted and first.txn_id == f"syphon/p/{first.run_id}"
+    first.record(3, [("q0", "orders", "moved", 4, None)], store, now=at)
+    first.record(3, [("q0", "orders", "moved", 4, None)], store, now=at)  # the same run's batch: once
+    events = store.read_events()
+    assert sum(e.count for e in events if e.event == "moved") == 11
+    assert [e.detail for e in events if e.event == "acknowledged"] == ["m1"]
+    assert {e.sink_id for e in events} == {"syphon/p"}
+    copy = pickle.loads(pickle.dumps(first))  # the foreachBatch function under Spark Connect
+    assert copy.run_id == first.run_id and copy.txn_id == first.txn_id
+
+
+def _lease(
+    store: MemoryStateStore,
+    clock: FakeClock,
+    run_id: str,
+    checkpoint: str = "/chk/job",
+    queues: tuple[str, ...] | None = None,
+    host: str = "host-a",
+) -> Any:
+    from spark_sb.spark.syphon_job import SyphonLease, SyphonRun
+
+    run = SyphonRun(run_id, host, checkpoint, clock.now(), queues)
+    return SyphonLease(store, "syphon/p", "p.example:5671", run, clock=clock, stale=300, heartbeat=60)
+
+
+def test_a_second_ordered_job_is_refused_in_one_line_naming_the_first_until_it_stops() -> None:
+    from spark_sb.spark.syphon_job import SyphonRefused
+
+    store, clock = MemoryStateStore(), FakeClock()
+    first = _lease(store, clock, "run-1", "/chk/job", host="driver-1")
+    first.acquire()
+    clock.advance(20)
+    with pytest.raises(SyphonRefused) as refused:
+        _lease(store, clock, "run-2", "/chk/notebook", host="driver-2").acquire()
+    message = str(refused.value)
+    assert "\n" not in message
+    assert (
+        "run run-1 on driver-1 (checkpoint /chk/job, started 2026-01-01 00:00:00 UTC, last seen 20 s ago)"
+        in message
+    )
+    # the refused run left no lease behind: once the first stops, a third starts
+    first.release()
+    third = _lease(store, clock, "run-3", "/chk/notebook")
+    third.acquire()
+    with pytest.raises(SyphonRefused, match="run run-3 on host-a"):
+        _lease(store, clock, "run-4", "/chk/other").acquire()
+
+
+def test_a_lease_runs_out_without_heartbeats_and_holds_with_them() -> None:
+    store, clock = MemoryStateStore(), FakeClock()
+    first = _lease(store, clock, "run-1")
+    first.acquire()
+    for _ in range(10):  # ten minutes of heartbeats: still held
+        clock.advance(60)
+        assert first.beat()
+        assert not first.beat()  # not due again yet
+    from spark_sb.spark.syphon_job import SyphonRefused
+
+    with pytest.raises(SyphonRefused):
+        _lease(store, clock, "run-2", "/chk/other").acquire()
+    clock.advance(301)  # the first was killed: silent for longer than the stale time
+    _lease(store, clock, "run-3", "/chk/other").acquire()
+
+
+def test_a_restart_on_the_same_checkpoint_and_a_job_on_other_queues_are_not_refused() -> None:
+    from spark_sb.spark.syphon_job import SyphonRefused
+
+    store, clock = MemoryStateStore(), FakeClock()
+    _lease(store, clock, "run-1", "/chk/job", queues=(QUEUES[0],)).acquire()  # then killed
+    _lease(store, clock, "run-2", "/chk/job", queues=(QUEUES[0],)).acquire()  # its restart
+    _lease(store, clock, "run-3", "/chk/other", queues=(QUEUES[1],)).acquire()  # another queue
+    with pytest.raises(SyphonRefused):
+        _lease(store, clock, "run-4", "/chk/third").acquire()  # every queue: overlaps
+
+
+def test_of_two_jobs_starting_together_one_at_least_is_refused() -> None:
+    """Each run reads after its own write: the one whose read comes second sees the other's running lease."""
+    from spark_sb.spark.syphon_job import SyphonRefused
+
+    store, clock = MemoryStateStore(), FakeClock()
+    second = _lease(store, clock, "run-2", "/chk/b")
+
+    class Interleaved(MemoryStateStore):
+        def read_events(self, sink_id: str | None = None) -> list[Any]:
+            if not hasattr(self, "raced"):  # the other starts between this one's write and its read
+                self.raced = True
+                second.store = self
+                with pytest.raises(SyphonRefused):
+                    second.acquire()
+            return super().read_events(sink_id)
+
+    racing = Interleaved()
+    first = _lease(racing, clock, "run-1", "/chk/a")
+    first.acquire()  # the second's lease was released when it was refused
+    assert [e.event for e in racing.read_events()] == ["syphon_running", "syphon_running", "syphon_stopped"]
+
+
+def test_a_released_lease_is_released_once_and_a_failing_store_does_not_raise() -> None:
+    store, clock = MemoryStateStore(), FakeClock()
+    lease = _lease(store, clock, "run-1")
+    lease.acquire()
+    lease.release()
+    lease.release()
+    assert not lease.beat()
+    assert [e.event for e in store.read_events()] == ["syphon_running", "syphon_stopped"]
+
+    class Down(MemoryStateStore):
+        def append_events(self, events: Any) -> None:
+            raise OSError("the table is gone")
+
+    _lease(Down(), clock, "run-2").release()  # runs out after the stale time instead
