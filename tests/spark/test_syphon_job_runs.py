@@ -6,6 +6,9 @@ Local Spark against two local namespaces."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -80,6 +83,33 @@ def _drain_now(spark: Any, config: ServiceBusConfig, checkpoint: Path, pair: Any
     )
     query.awaitTermination(120)
     assert not query.isActive and query.exception() is None
+
+
+def _job(pair: Any, state: Path, *args: str, ordering: str = "none") -> subprocess.CompletedProcess[str]:
+    """``python jobs/syphon.py --config ... <args>`` (its own Spark driver) on the local namespaces."""
+    conf = state.parent / f"syphon-{ordering}.yaml"
+    conf.write_text(
+        "primary: {connection_string: '${env:SB_PRIMARY_CONNECTION_STRING}', namespace_name: primary}\n"
+        "secondary: {connection_string: '${env:SB_SECONDARY_CONNECTION_STRING}'}\n"
+        f"backlog_queue_count: {len(BACKLOG)}\n"
+        f"state_location: {state}\n"
+        f"ordering: {ordering}\n"
+        "syphon: {batch_duration: 10s, prefetch: 0}\n"
+    )
+    env = {
+        **os.environ,
+        "SB_PRIMARY_CONNECTION_STRING": pair.primary.connection_string,
+        "SB_SECONDARY_CONNECTION_STRING": pair.secondary.connection_string,
+        "REQUESTS_CA_BUNDLE": pair.secondary.ca_file,
+    }
+    return subprocess.run(
+        [sys.executable, str(ROOT / "jobs/syphon.py"), "--config", str(conf), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 @pytest.fixture
@@ -158,7 +188,8 @@ def test_a_run_on_a_fresh_checkpoint_and_the_notebook_after_the_job_record_every
     state = tmp_path / "state"
     config = _config(pair, state)
     _put(pair.secondary, BACKLOG[0], _messages("a", 5))
-    _drain_now(spark, config, tmp_path / "chk-job", pair)
+    done = _job(pair, state, "--available-now")  # its default checkpoint, <state_location>/_syphon
+    assert done.returncode == 0, done.stderr[-3000:]
     assert _moved(_events(spark, state)) == 5
 
     _put(pair.secondary, BACKLOG[1], _messages("b", 4))
@@ -275,6 +306,7 @@ def test_a_second_ordered_job_on_the_backlog_is_refused_in_one_line_naming_the_f
             run_syphon(
                 spark, config, checkpoint=str(tmp_path / "chk-notebook"), available_now=True, query_name=None
             )
+        job = _job(pair, tmp_path / "state", "--available-now", ordering="session")  # the other entry point
     finally:
         stop_gracefully(first, stop, timeout=30)
     message = str(refused.value)
@@ -282,6 +314,9 @@ def test_a_second_ordered_job_on_the_backlog_is_refused_in_one_line_naming_the_f
     leases = [json.loads(e.detail) for e in _events(spark, tmp_path / "state") if e.event == "syphon_running"]
     first_run = next(d["run"] for d in leases if d["checkpoint"] == str(tmp_path / "chk-job"))
     assert f"run {first_run} on " in message
+    assert job.returncode == 3, job.stderr[-3000:]
+    line = [x for x in job.stderr.splitlines() if x.startswith("syphon: refused: ")]
+    assert len(line) == 1 and f"run {first_run} on " in line[0] and str(tmp_path / "chk-job") in line[0]
     second = run_syphon(
         spark, config, checkpoint=str(tmp_path / "chk-notebook"), available_now=True, admin_kwargs=admin
     )
