@@ -2,18 +2,24 @@
 line - (primary entity, session id), or the entity - is moved in queue order (SPEC O1, O6, O7).
 
 :class:`QueueView` is the proof, and it lives in the queue, not in a process (the syphon job's next task may run in
-another Python worker; a killed task leaves locks nobody remembers): for each receive batch a pass peeks (browses)
-the queue from its start through the highest sequence number it received - a peek lists messages locked by anybody
-and deferred ones, which a receive skips. A message of a line that is in the queue before one the pass received,
+another Python worker; a killed task leaves locks nobody remembers): for each receive batch a pass proves, by peeks (browses), what the
+queue holds through the highest sequence number it received - a peek lists messages locked by anybody and deferred
+ones, which a receive skips. A message of a line that is in the queue before one the pass received,
 and that the pass does not hold, holds the rest of the line back (its return marker is not acknowledged). What is
 held back is *deferred*, not abandoned: it keeps its place, no receive returns it again and its delivery count does
 not rise; a later pass finds it in the view and fetches it by sequence number when its line can move, merged in
 sequence order with the line's received messages. Only a real attempt to move a message (a failed send) abandons
 it.
 
-Cost, per pass and queue: each message up to the last one received is peeked once (pages of :data:`PEEK_PAGE`);
-when a receive comes back empty the rest of the queue (locked or deferred messages only) is peeked once; deferred
-messages are fetched at most ``syphon.batch_size`` per batch, and not at all while their entity backs off.
+Cost, per pass and queue: a peek shows only what a receive could not. Sequence numbers are assigned gapless and
+increasing per (non-partitioned) entity - the service's rule, the local namespace's too; backlog queues are
+provisioned unpartitioned - so a message of the queue that the pass did not receive lies before the first one it
+received, or in a gap between two it received (:func:`next_peek`): one one-message peek from sequence number 1 shows
+whether anything is ahead; each gap is peeked with as many messages as it has numbers (gaps a few received messages
+apart in one peek); what the view covers is not peeked again in the pass. A receive batch continuing a contiguous
+run costs no peek. When a receive comes back empty the rest of the queue (locked or deferred messages only) is peeked
+once (pages of :data:`PEEK_PAGE`); deferred messages are fetched at most ``syphon.batch_size`` per batch, and not at
+all while their entity backs off.
 
 :class:`Lines` pauses a queue after a failed receive (the worker that saw it waits for the locks it may have
 taken; every other worker is protected by the view). Its heads (:meth:`Lines.hold`, :meth:`Lines.admits`) are a
@@ -23,6 +29,9 @@ Where it runs: in the syphon's process, on the draining thread; not picklable, n
 """
 
 from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
 
 from spark_sb.core.clock import Clock
 
@@ -92,8 +101,43 @@ class Lines:
 # ------------------------------------------------------------------------------------------- the queue's view
 #: Peeked message states (the service's ``x-opt-message-state``): active (available or locked), deferred, scheduled.
 ACTIVE, DEFERRED, SCHEDULED = 0, 1, 2
-#: Messages per peek page.
+#: Messages per peek page (the most one peek asks for).
 PEEK_PAGE = 250
+#: Two gaps at most this many received messages apart are peeked in one call (the received ones between read once
+#: more): a peek's round trip costs more than reading a few messages.
+PEEK_MERGE = 16
+
+
+def next_peek(covered: int, received: Sequence[int]) -> tuple[int, tuple[int, int] | None]:
+    """The next peek that proves a view covering sequence numbers through ``covered`` up to the last of ``received``
+    (this pass's received sequence numbers, sorted, distinct; gapless numbering assumed): ``(covered, (first
+    sequence number, max_message_count))`` with ``covered`` moved over the received messages that continue it, or
+    ``(covered, None)`` when nothing is left to prove. Nothing covered yet: one message from 1 (the queue's oldest
+    present one: ahead of the first received or not). Else the gap up to the next received message, merged with the
+    gaps after it while the received runs between are at most :data:`PEEK_MERGE` long, at most :data:`PEEK_PAGE`
+    messages. A peek answer is the present messages from its first sequence number on, in order: whatever it
+    lists, it covers through its last (pure)."""
+    i = bisect_right(received, covered)
+    while i < len(received) and received[i] == covered + 1:
+        covered += 1
+        i += 1
+    if i == len(received):
+        return covered, None
+    start = covered + 1
+    if covered == 0:
+        return covered, (1, 1)
+    end = received[i] - 1  # the gap's last sequence number
+    while True:
+        run = i
+        while run + 1 < len(received) and received[run + 1] == received[run] + 1:
+            run += 1
+        if run + 1 >= len(received) or run - i + 1 > PEEK_MERGE:
+            break
+        if received[run + 1] - start > PEEK_PAGE:  # the merged peek would ask for more than a page
+            break
+        end = received[run + 1] - 1
+        i = run + 1
+    return covered, (start, min(PEEK_PAGE, end - start + 1))
 
 
 class QueueView:
@@ -103,11 +147,12 @@ class QueueView:
     by it (locked elsewhere, or by a receive whose answer was lost, or an abandon that failed), holds the line back;
     a deferred one is fetched by sequence number and moved in its place.
 
-    ``through``: every message with a sequence number up to it that was in the queue at its peek is in the view
-    (sequence numbers only grow, so nothing new appears below it; what leaves is forgotten with :meth:`gone`).
+    ``through``: every message with a sequence number up to it that was in the queue at its peek, or received by
+    the pass, is in the view (sequence numbers only grow, so nothing new appears below it; what leaves is forgotten
+    with :meth:`gone`); the caller moves it as its peeks prove (:func:`next_peek`).
     ``failed``: a peek failed - the view proves nothing past ``through``. Pure bookkeeping; where it runs: the
     draining thread of the syphon's process, for one pass. What bounds it: the messages of the queue up to the
-    highest sequence number the pass received (each peeked once per pass)."""
+    highest sequence number the pass received, and what the peeks showed past it."""
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
@@ -119,8 +164,8 @@ class QueueView:
         ] = {}  # line -> sequence number it is held back from, for the rest of the pass
 
     def add(self, sequence: int, line: LineKey | None, state: int) -> None:
+        """A message present in the queue (peeked, or received by the pass: ``ACTIVE``); ``through`` is not moved."""
         self._entries[sequence] = (line, state)
-        self.through = max(self.through, sequence)
 
     def covers(self, sequence: int) -> bool:
         return sequence <= self.through

@@ -72,7 +72,7 @@ from spark_sb.failover.ordering import NONE, WHOLE_ENTITY, Acknowledgements, mar
 from spark_sb.failover.outcome import namespace_key
 from spark_sb.failover.registry import FailoverRegistry, process_registry
 from spark_sb.message.backlog import BACKLOG_SESSION_ID
-from spark_sb.syphon.lines import ACTIVE, DEFERRED, PEEK_PAGE, LineKey, Lines, QueueView
+from spark_sb.syphon.lines import ACTIVE, DEFERRED, PEEK_PAGE, LineKey, Lines, QueueView, next_peek
 from spark_sb.syphon.receivers import (
     Held,
     Pairs,
@@ -360,11 +360,10 @@ class Syphon:
                 if view is not None and (self.ordered or not messages):
                     # Ordering: every message before the last one received, whoever holds it; the end of the
                     # queue once a receive comes back empty (what is left there is locked or deferred).
-                    upto = max((h.sequence for h in held if h.sequence is not None), default=None)
-                    if messages and upto is None:
+                    if messages and all(h.sequence is None for h in held):
                         view.failed = True  # no sequence numbers: nothing can be placed
                     else:
-                        self._look(lane, view, upto, outcome)
+                        self._look(lane, view, held if messages else None, outcome)
                 try:
                     progressed = self._move(
                         lane,
@@ -405,41 +404,82 @@ class Syphon:
             out.append(Held(m, generation, lock_ends=ends))
         return out
 
-    def _look(self, lane: ReceiverLane, view: QueueView, upto: int | None, outcome: SyphonOutcome) -> None:
-        """Extend ``view`` by peeks (pages of :data:`PEEK_PAGE`, each within ``send_timeout``) through sequence number
-        ``upto`` (None: to the end of the queue). A failed peek marks the view failed (nothing past it moves)."""
+    def _look(
+        self,
+        lane: ReceiverLane,
+        view: QueueView,
+        held: Pairs | None,
+        outcome: SyphonOutcome,
+    ) -> None:
+        """Extend ``view`` by peeks, each within ``send_timeout``: with ``held`` (a receive batch, every one with a
+        sequence number) through the last of them, peeking only where a message they are not could be
+        (:func:`~spark_sb.syphon.lines.next_peek`); without (a receive came back empty), to the end of the queue in
+        pages of :data:`PEEK_PAGE`. A failed peek marks the view failed (nothing past what it covers moves)."""
+        if held is None:
+            self._look_to_end(lane, view, outcome)
+            return
+        for h in held:  # present, locked by this pass
+            if h.sequence is not None:
+                view.add(h.sequence, self._line_of(lane, h.msg), ACTIVE)
+        received = sorted({h.sequence for h in held if h.sequence is not None})
+        covered = view.through
+        while True:
+            covered, wanted = next_peek(covered, received)
+            if wanted is None:
+                break
+            start, count = wanted
+            fresh = self._peek(lane, view, start, count, outcome)
+            if fresh is None:
+                break
+            if not fresh:  # nothing present from ``start`` on: nothing hides before the last received
+                covered = max(covered, received[-1])
+                break
+            covered = max(covered, fresh[-1])
+        view.through = max(view.through, covered)
+
+    def _look_to_end(self, lane: ReceiverLane, view: QueueView, outcome: SyphonOutcome) -> None:
+        while True:
+            fresh = self._peek(lane, view, view.through + 1, PEEK_PAGE, outcome)
+            if not fresh:
+                return
+            view.through = max(view.through, fresh[-1])
+            if len(fresh) < PEEK_PAGE:  # the end of the queue, as of this peek
+                return
+
+    def _peek(
+        self, lane: ReceiverLane, view: QueueView, start: int, count: int, outcome: SyphonOutcome
+    ) -> list[int] | None:
+        """One peek of up to ``count`` messages from sequence number ``start`` into ``view``: the sequence numbers it
+        listed from ``start`` on, in order; None when it failed (the view is marked failed)."""
         timeout = float(self.config.send_timeout)
-        while upto is None or view.through < upto:
-            start = view.through + 1
 
-            def peek(ctx: Receiving, start: int = start) -> list[ServiceBusReceivedMessage]:
-                # sequence_number 0 would mean "after the last received" to the SDK: the queue starts at 1
-                return ctx.receiver.peek_messages(
-                    max_message_count=PEEK_PAGE, sequence_number=max(start, 1), timeout=timeout
-                )
+        def peek(ctx: Receiving) -> list[ServiceBusReceivedMessage]:
+            # sequence_number 0 would mean "after the last peeked" to the SDK: the queue starts at 1
+            return ctx.receiver.peek_messages(
+                max_message_count=count, sequence_number=max(start, 1), timeout=timeout
+            )
 
-            outcome.peek_calls += 1
-            try:
-                page = lane.call(peek, timeout)
-            except Exception as exc:  # noqa: BLE001 - B11: nothing past the view moves in this pass
-                view.failed = True
-                if self.ordered:
-                    outcome.errors.append(f"{view.queue}: peek failed: {type(exc).__name__}")
-                    log.warning("syphon: peek of %s failed (%s)", view.queue, type(exc).__name__)
-                else:  # only a look for deferred messages (left by an ordered syphon): the next pass looks again
-                    log.info("syphon: peek of %s failed (%s)", view.queue, type(exc).__name__)
-                return
-            last = view.through
-            for m in page:
-                seq = getattr(m, "sequence_number", None)
-                if seq is None or seq < start:
-                    continue
-                state = int(getattr(m, "state", ACTIVE) or ACTIVE)
-                view.add(seq, self._line_of(lane, m), state)
-            if len(page) < PEEK_PAGE or view.through == last:  # the end of the queue, as of this peek
-                if upto is not None:
-                    view.through = max(view.through, upto)
-                return
+        outcome.peek_calls += 1
+        try:
+            page = lane.call(peek, timeout)
+        except Exception as exc:  # noqa: BLE001 - B11: nothing past the view moves in this pass
+            view.failed = True
+            if self.ordered:
+                outcome.errors.append(f"{view.queue}: peek failed: {type(exc).__name__}")
+                log.warning("syphon: peek of %s failed (%s)", view.queue, type(exc).__name__)
+            else:  # only a look for deferred messages (left by an ordered syphon): the next pass looks again
+                log.info("syphon: peek of %s failed (%s)", view.queue, type(exc).__name__)
+            return None
+        outcome.peeked += len(page)
+        listed: list[int] = []
+        for m in page:
+            seq = getattr(m, "sequence_number", None)
+            if seq is None or seq < start:
+                continue
+            state = int(getattr(m, "state", ACTIVE) or ACTIVE)
+            view.add(seq, self._line_of(lane, m), state)
+            listed.append(seq)
+        return sorted(listed)
 
     def _fetch(
         self, lane: ReceiverLane, sequences: list[int], outcome: SyphonOutcome

@@ -82,11 +82,12 @@ class SyphonOutcome:
     markers: int = 0
     #: Ordering: messages deferred (held back behind their line's head without an attempt: their delivery count
     #: does not rise, no receive returns them again), deferred messages fetched by sequence number, the calls that
-    #: fetched them, and the peeks (browse pages) that proved the lines' heads.
+    #: fetched them, the peeks (browses) that proved the lines' heads and the messages they listed.
     deferred: int = 0
     fetched: int = 0
     fetch_calls: int = 0
     peek_calls: int = 0
+    peeked: int = 0
     cancelled: bool = False
     #: (entity, message id) of each forwarded message, when the syphon records them (the Spark job's rows).
     moved_ids: list[tuple[str, str | None]] = field(default_factory=list)

@@ -82,8 +82,9 @@ class FakeQueue:
     """A backlog queue with peek-lock semantics on the fake clock, as the local namespace has them
     (servicebus_local/broker.py): a receive locks available messages in sequence order; abandon and a lock that runs
     out count a delivery; defer keeps a message in its place, invisible to receives, its count unchanged; a peek shows
-    every message (locked ones as active, deferred ones as deferred while unlocked); receive-by-sequence locks
-    deferred ones. Settling needs the current lock. ``skew``: the service's clock is this much behind the executor's
+    every message present from a sequence number on, at most the count asked (locked ones as active, deferred ones
+    as deferred while unlocked); receive-by-sequence locks deferred ones. Sequence numbers are gapless and
+    increasing, from 1000 (the service's rule; a peek from 1 finds the oldest). Settling needs the current lock. ``skew``: the service's clock is this much behind the executor's
     (``locked_until_utc`` is in service time). Fed from ``source`` (what senders put there)."""
 
     def __init__(
@@ -99,6 +100,9 @@ class FakeQueue:
         self.receives = 0  # receive calls that returned messages
         self.delivered = 0  # messages handed out (receive and receive-by-sequence)
         self.peeks = 0
+        self.peeked = 0  # messages the peeks listed
+        #: Called with what a receive returns, before the syphon gets it (another worker acting meanwhile).
+        self.on_receive: Callable[[list[Delivered]], None] | None = None
         self._serial = 0
 
     def _ingest(self) -> None:
@@ -136,6 +140,8 @@ class FakeQueue:
             raise ConnectionError("the receive's answer was lost")
         if out:
             self.receives += 1
+        if self.on_receive is not None:
+            self.on_receive(out)
         return out
 
     def peek_messages(
@@ -151,6 +157,7 @@ class FakeQueue:
                 out.append(Delivered(e.msg, seq, None, e.deliveries, state=state))
             if len(out) == max_message_count:
                 break
+        self.peeked += len(out)
         return out
 
     def receive_deferred_messages(
