@@ -16,7 +16,7 @@ Both namespaces run in child processes (``python -m servicebus_local``). At no i
   ``ping_primary_interval`` (target: within drain time + ping interval + 1 s).
 * ``drain``: a backlog of ``count`` messages over the sessions moved by a Syphon with ``ordering: none`` and with
   ``ordering: session`` (one queue, receive batch after receive batch), interleaved; msgs/s and the ratio (target
-  >= 0.7).
+  >= 0.7); the ordered drain's peek calls and messages peeked per message moved (its proof's cost).
 * ``held`` (SPEC O7, no latency only): a backlog queue as the service creates it (``MaxDeliveryCount`` 10, lock
   60 s); eight sessions flow into it while another worker holds the first session's head locked for ``--hold``
   seconds (a minute; renewed, then abandoned) and a Syphon (``ordering: session``) drains it pass after pass. Printed:
@@ -189,18 +189,22 @@ def fill(conn: str, queue: str, dest: str, count: int, sessions: int) -> None:
             sender.send_messages(batch)
 
 
-def drain_seconds(config: ServiceBusConfig, queue: str, count: int) -> float:
-    """Seconds for a Syphon to move ``count`` messages out of ``queue``, receive batch after receive batch."""
+def drain_seconds(config: ServiceBusConfig, queue: str, count: int) -> tuple[float, int, int]:
+    """(seconds for a Syphon to move ``count`` messages out of ``queue``, receive batch after receive batch; its peek
+    calls; the messages they listed)."""
     assert config.entity is not None
     syphon = Syphon(
         config, backlog_queues=[queue], healthy_hints={config.entity: "healthy"}, entity_backoff=0.2
     )
     try:
         start = time.perf_counter()
-        moved = 0
+        moved = peeks = peeked = 0
         while moved < count:
-            moved += syphon.drain_queue(queue, max_wait=1, max_batches=1).forwarded_total
-        return time.perf_counter() - start
+            out = syphon.drain_queue(queue, max_wait=1, max_batches=1)
+            moved += out.forwarded_total
+            peeks += out.peek_calls
+            peeked += out.peeked
+        return time.perf_counter() - start, peeks, peeked
     finally:
         syphon.close()
         process_registry().clear()
@@ -208,16 +212,27 @@ def drain_seconds(config: ServiceBusConfig, queue: str, count: int) -> float:
 
 def drain(
     ns: dict[str, Namespace], index: int, count: int, sessions: int, repeats: int
-) -> tuple[float, float]:
+) -> tuple[float, float, float, float]:
+    """(median msgs/s unordered, ordered; the ordered drain's peek calls and peeked messages per message moved)."""
     primary, secondary = ns["primary"].connection_string, ns["secondary"].connection_string
     rates: dict[str, list[float]] = {"none": [], "session": []}
+    peeks = peeked = 0
     for i in range(repeats):
         for ordering in ("none", "session"):
             queue, dest = f"d-{index}-{ordering}-{i}", f"dd-{index}-{ordering}-{i}"
             fill(secondary, queue, dest, count, sessions)
             config = config_for(primary, secondary, ordering, dest)
-            rates[ordering].append(count / drain_seconds(config, queue, count))
-    return statistics.median(rates["none"]), statistics.median(rates["session"])
+            seconds, calls, listed = drain_seconds(config, queue, count)
+            rates[ordering].append(count / seconds)
+            if ordering == "session":
+                peeks, peeked = peeks + calls, peeked + listed
+    moved = count * repeats
+    return (
+        statistics.median(rates["none"]),
+        statistics.median(rates["session"]),
+        peeks / moved,
+        peeked / moved,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- held line
@@ -349,10 +364,11 @@ def main() -> None:
                 f"median {median:.2f} s, max {worst:.2f} s after recovery (target <= drain + ping {PING:.0f} s + 1 s)",
                 flush=True,
             )
-            unordered, ordered = drain(ns, index, args.count, args.sessions, args.repeats)
+            unordered, ordered, peeks, peeked = drain(ns, index, args.count, args.sessions, args.repeats)
             print(
                 f"{label} drain, {args.count} msgs: ordering none {unordered:,.0f} msgs/s, ordering session "
-                f"{ordered:,.0f} msgs/s, ratio {ordered / unordered:.2f} (target >= 0.7)",
+                f"{ordered:,.0f} msgs/s, ratio {ordered / unordered:.2f} (target >= 0.7); ordered: {peeks:.3f} peek "
+                f"calls, {peeked:.3f} messages peeked per message moved",
                 flush=True,
             )
             if index == 0:

@@ -116,7 +116,18 @@ SMOKE: dict[str, list[Expect]] = {
             rf"^latency \d+ ms recovery, .*: drained in {NUM} s, back on the primary median {NUM} s, max {NUM} s ",
             2,
         ),
-        Expect(rf"^latency \d+ ms drain, .*: ordering none {RATE}, ordering session {RATE}, ratio {NUM} ", 2),
+        Expect(
+            rf"^latency \d+ ms drain, .*: ordering none {RATE}, ordering session {RATE}, ratio {NUM} .*; "
+            rf"ordered: {NUM} peek calls, {NUM} messages peeked per message moved$",
+            2,
+        ),
+        # held line (O7, no latency only): moved, receive calls, per message moved, deliveries per message moved,
+        # the highest delivery count of a held message; nothing dead-lettered (no load excuses one)
+        Expect(
+            r"^latency \d+ ms held line, \d+ sessions, head locked \d+ s: (\d+) moved, (\d+) receive calls, "
+            rf"{NUM} per message moved \(target <= 1\), {NUM} deliveries per message moved, max delivery count of a "
+            r"held message (\d+) \(target <= 3\), dead-lettered 0$"
+        ),
     ],
     "bench_soak.py": [
         Expect(r"^  written (\d+), sent to the primary (\d+), diverted (\d+), moved back (\d+) "),
