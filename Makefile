@@ -31,7 +31,7 @@ PACKAGING_WORKERS ?= 2
 INTEGRATION_WORKERS ?= 4
 SERVICEBUS_LOCAL_WORKERS ?= 4
 SPARK_WORKERS ?= 2
-UNIT_TIER := tests/unit
+UNIT_TIER := tests/unit tests/sim
 # Wheels built and installed into fresh venvs by pip, the CI and Makefile rules read as text: a tier of its own.
 PACKAGING_TIER := tests/packaging
 INTEGRATION_TIER := tests/integration
@@ -67,7 +67,7 @@ SPARK_PAIR = import sys, pyspark, importlib.metadata as m; from spark_sb.spark.s
 	"(jars", delta_packages() + ";", "venv", sys.prefix + ")", flush=True)
 
 .PHONY: install jars test test-fast lint demo bench wheel clean test-azure jars-oldest test-spark-oldest \
-	test-unit test-packaging test-integration test-servicebus-local test-spark bench-smoke
+	test-unit test-packaging test-integration test-servicebus-local test-spark bench-smoke simulate
 
 $(STAMP): pyproject.toml servicebus_local/pyproject.toml $(CONSTRAINTS)
 	$(PY) -m venv $(VENV)
@@ -123,6 +123,12 @@ jars-oldest:
 test-spark-oldest: jars-oldest
 	@$(OLDEST_VENV)/bin/python -c '$(SPARK_PAIR)'
 	$(OLDEST_VENV)/bin/python -m pytest --durations=15 -n $(SPARK_WORKERS) --dist loadfile $(OLDEST_TIER)
+
+# The ordering simulation (tests/sim, SPEC O9) on demand: N schedules (the unit tier runs 2,000); SIM_SEED=<n>
+# replays one, SIM_FIRST=<n> starts elsewhere.
+N ?= 20000
+simulate: $(STAMP)
+	SIM_SCHEDULES=$(N) $(PYTEST) -n $(UNIT_WORKERS) tests/sim -k every_schedule
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -n $(INTEGRATION_WORKERS) tests servicebus_local/tests \

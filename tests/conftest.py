@@ -3,6 +3,7 @@ tiers: each test's tier marker comes from its directory, one marker per tier, so
 
 | directory            | marker  | what                                                              |
 | tests/unit           | unit    | pure logic with fakes and a fake clock                            |
+| tests/sim            | unit    | the ordering simulation: real code, fake namespaces and clock     |
 | tests/integration    | local   | the real SDK over real TCP against local namespaces               |
 | tests/spark          | spark   | the session SparkSession (local[2], Delta), local namespaces too   |
 | tests/acceptance     | spark   | the acceptance scenario, run against two local namespaces         |
@@ -38,6 +39,7 @@ _CHILD_JVM_OPTIONS_OURS = "SPARK_SUBMIT_OPTS" not in os.environ
 os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
 TIERS = {
     "unit": "unit",
+    "sim": "unit",
     "packaging": "packaging",
     "integration": "local",
     "spark": "spark",

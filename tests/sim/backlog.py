@@ -63,6 +63,7 @@ class Delivery:
     behind: bool  # an earlier message of its line (same queue) was locked or deferred at the receive
     attempted: bool = False  # the syphon sent it to the primary while it held this lock
     excused: bool = False  # the receive's reply was lost, or a fault cut the delivery short
+    idle: bool = False  # it ended raising the delivery count without having been an attempt (O7)
 
 
 class SimQueue:
@@ -99,7 +100,9 @@ class SimQueue:
         self.world.note(f"{self.name}: seq {e.seq} dead-lettered ({reason}, count {e.count})")
 
     def _unlock(self, e: Entry, *, count: bool = True) -> None:
-        self._open.pop(e.token, None)
+        d = self._open.pop(e.token, None)
+        if count and d is not None and d.behind and not d.attempted and not d.excused:
+            d.idle = True  # its delivery count rose, and it was no attempt to move it (O7)
         e.token = ""
         if count:
             e.count += 1
@@ -118,7 +121,7 @@ class SimQueue:
                 if was_deferred:
                     e.state = DEFERRED
 
-    def _lock(self, e: Entry, *, by_sequence: bool = False) -> Delivered:
+    def _lock(self, e: Entry, before: set[str], *, by_sequence: bool = False) -> Delivered:
         if e.sdk is None:
             e.sdk = received(e.out)
         now = self.clock.monotonic()
@@ -126,8 +129,9 @@ class SimQueue:
         e.state = LOCKED
         e.locked_until = now + LOCK_SECONDS
         e.token = f"{'d' if by_sequence else 'l'}{self.world.locks}"
+        # held back: an earlier message of its line is in the queue, not taken by this same call (``before``)
         behind = e.line is not None and any(
-            o.line == e.line and o.seq < e.seq and o.state in (LOCKED, DEFERRED) and o is not e
+            o.line == e.line and o.seq < e.seq and (o.state != LOCKED or o.token in before)
             for o in self.entries.values()
         )
         d = Delivery(self.name, e.seq, str(e.out.message_id), behind)
@@ -140,6 +144,13 @@ class SimQueue:
         if e.reason is not None:
             msg.dead_letter_reason = e.reason  # type: ignore[attr-defined]
         return msg
+
+    def op(self, what: str, *ids: Any) -> None:
+        """Record an operation when the world keeps an operation log (debugging a seed: ``World.oplog``)."""
+        if self.world.oplog is not None:
+            self.world.oplog.append(
+                f"[{self.clock.monotonic() - 1000:7.1f}] {self.name[-1]}{'/DLQ' if self.dead_letter else ''} {what} {list(ids)}"
+            )
 
     def _entry(self, msg: Any) -> Entry:
         """The entry a settle names by its lock; MessageLockLostError when that lock is gone."""
@@ -155,13 +166,15 @@ class SimQueue:
     ) -> list[Any]:
         self.tick()
         out = []
+        before = set(self._open)
         for seq in sorted(self.entries):
             e = self.entries[seq]
             if e.state != READY:
                 continue
-            out.append(self._lock(e))
+            out.append(self._lock(e, before))
             if len(out) >= (max_message_count or 1):
                 break
+        self.op("receive", *(m.message_id for m in out))
         if not out and max_wait_time:
             self.clock.advance(min(float(max_wait_time), 1.0))  # an empty receive waits (bounded)
         return out
@@ -177,12 +190,14 @@ class SimQueue:
                 e.sdk = received(e.out)
             msg = Delivered(e.sdk, e.seq, None, e.count)  # type: ignore[arg-type]
             msg.lock_token = None  # type: ignore[assignment]
-            msg.state = 1 if e.state == DEFERRED else 0  # type: ignore[attr-defined] - ServiceBusMessageState
+            # ServiceBusMessageState: 1 deferred, 0 active
+            msg.state = 1 if e.state == DEFERRED else 0  # type: ignore[attr-defined]
             if e.reason is not None:
                 msg.dead_letter_reason = e.reason  # type: ignore[attr-defined]
             out.append(msg)
             if len(out) >= max_message_count:
                 break
+        self.op(f"peek from {sequence_number}", *(m.message_id for m in out))
         return out
 
     def receive_deferred_messages(self, sequence_numbers: Any, **_: Any) -> list[Any]:
@@ -196,14 +211,18 @@ class SimQueue:
                     message=f"Failed to retrieve deferred message with sequence number {s}."
                 )
             found.append(e)
-        return [self._lock(e, by_sequence=True) for e in found]
+        self.op("receive deferred", *(e.out.message_id for e in found))
+        before = set(self._open)
+        return [self._lock(e, before, by_sequence=True) for e in found]
 
     def complete_message(self, msg: Any) -> None:
+        self.op("complete", msg.message_id)
         e = self._entry(msg)
         self._open.pop(e.token, None)
         del self.entries[e.seq]
 
     def abandon_message(self, msg: Any, **_: Any) -> None:
+        self.op("abandon", msg.message_id)
         e = self._entry(msg)
         deferred = e.token.startswith("d")
         self._unlock(e)
@@ -211,6 +230,7 @@ class SimQueue:
             e.state = DEFERRED
 
     def defer_message(self, msg: Any, **_: Any) -> None:
+        self.op("defer", msg.message_id)
         e = self._entry(msg)
         self._open.pop(e.token, None)
         e.token = ""
@@ -219,6 +239,7 @@ class SimQueue:
     def dead_letter_message(
         self, msg: Any, reason: str | None = None, error_description: str | None = None, **_: Any
     ) -> None:
+        self.op(f"dead-letter ({reason})", msg.message_id)
         e = self._entry(msg)
         if self.dead_letter:
             raise sbe.ServiceBusError(

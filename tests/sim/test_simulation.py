@@ -22,11 +22,7 @@ FIRST = int(os.environ.get("SIM_FIRST", "0"))
 CHUNKS = 8
 #: Properties whose break (issue 47) is being fixed by another change not landed yet: a schedule violating only
 #: these xfails its chunk (named in the report) instead of failing the tier. Empty once every fix has landed.
-KNOWN_OPEN: dict[str, str] = {
-    "O5": "issue 47 item 1: the syphon job's Delta transaction id is the namespace's, not the run's",
-    "O8": "issue 47 item 4: a held line's pulled queue is refused without being tried",
-    "O7": "issue 47 item 6: the ordered syphon receives and abandons a held line at every pass",
-}
+KNOWN_OPEN: dict[str, str] = {}
 
 
 @pytest.fixture(autouse=True)
