@@ -81,6 +81,7 @@ from spark_sb.syphon.mover import Syphon
 from spark_sb.syphon.rules import (
     DESTINATION_NOT_FOUND,
     ENTITY_NOT_FOUND,
+    LOCK_DURATION,
     NOT_A_BACKLOG_MESSAGE,
     SyphonOutcome,
 )
@@ -134,6 +135,7 @@ class BacklogWatcher:
     lock_wait: float | None = None
     clock: Clock = field(default_factory=SystemClock)
     _not_before: float | None = None
+    _locks: dict[str, float] | None = None  # :meth:`lock_durations`, once read
 
     def _ordered_start(self) -> bool:
         """Ordering: True once the locks a killed run of the job may have held ran out (then its messages are back
@@ -150,17 +152,27 @@ class BacklogWatcher:
         return self.clock.monotonic() >= self._not_before
 
     def _longest_lock(self) -> float:
-        try:
-            admin = self._admin()
-            longest = max(admin.get_queue(q).lock_duration.total_seconds() for q in self.queues)
-        except Exception as exc:  # noqa: BLE001 - the provisioned lock and a margin
-            log.info(
-                "syphon: lock durations unavailable (%s): waiting %.0f s",
-                type(exc).__name__,
-                RECEIVE_FAILURE_PAUSE,
-            )
+        locks = self.lock_durations()
+        if not locks:
+            log.info("syphon: lock durations unavailable: waiting %.0f s", RECEIVE_FAILURE_PAUSE)
             return RECEIVE_FAILURE_PAUSE
-        return float(longest) + LOCK_MARGIN
+        return max(locks.values()) + LOCK_MARGIN
+
+    def lock_durations(self) -> dict[str, float]:
+        """Each backlog queue's lock duration (seconds), read once from the admin endpoint (empty when it cannot be
+        read: the drains assume the provisioned lock, :data:`~spark_sb.syphon.rules.LOCK_DURATION`). The ordered
+        drain measures every lock it holds with it (a queue created by hand may lock for less than the provisioned
+        60 s). Bounded by the backlog queues."""
+        if self._locks is None:
+            try:
+                admin = self._admin()
+                self._locks = {
+                    q: float(admin.get_queue(q).lock_duration.total_seconds()) for q in self.queues
+                }
+            except Exception as exc:  # noqa: BLE001 - read again at the next look
+                log.info("syphon: lock durations unavailable (%s)", type(exc).__name__)
+                return {}
+        return self._locks
 
     def prepare_available_now(self) -> None:
         """``Trigger.AvailableNow`` starts: remember what each queue holds now. From here a queue is offered while
@@ -332,10 +344,12 @@ def drain_partition(
     dead_letter: bool,
     hints: Mapping[str, str] | None = None,
     queues: Sequence[str] = (),
+    lock_duration: float | None = None,
 ) -> Iterator[tuple[Any, ...]]:
     """Drain one backlog queue (its dead-letter queue with ``dead_letter``) for at most
     ``syphon.batch_duration``; yields rows of :data:`ROW_SCHEMA`. Executor (a Python worker). Never raises: an
-    error becomes a ``syphon_error`` row (B11). If the caller stops iterating, what is held is abandoned."""
+    error becomes a ``syphon_error`` row (B11). If the caller stops iterating, what is held is abandoned.
+    ``lock_duration``: the queue's lock (seconds, read by the planner; None: the provisioned lock)."""
     try:
         key = config_key(config)
         names = list(queues or [queue])
@@ -347,6 +361,7 @@ def drain_partition(
             return Syphon(config, backlog_queues=names, record_ids=True, acks=CollectedAcks())
 
         syphon = SYPHONS.acquire(key, float(config.idle_timeout), build)
+        syphon.lock_duration = float(lock_duration) if lock_duration else LOCK_DURATION
         acks = getattr(syphon, "acks", None) if ordered else None
         acks = acks if isinstance(acks, CollectedAcks) else None
         try:
@@ -450,15 +465,20 @@ def syphon_source(
                     "work": [[q, d] for q, d in work],
                     "hints": read_entity_hints(config),
                 }
+                if config.ordering != "none":  # the ordered drain measures its locks with the queues' own
+                    self._last["locks"] = self._watcher.lock_durations()
             return self._last
 
         def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-            hints = end.get("hints") or {}
-            return [InputPartition(json.dumps([q, bool(d), hints])) for q, d in end.get("work", [])]
+            hints, locks = end.get("hints") or {}, end.get("locks") or {}
+            return [
+                InputPartition(json.dumps([q, bool(d), hints, locks.get(q)])) for q, d in end.get("work", [])
+            ]
 
         def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-            queue, dead_letter, hints = json.loads(partition.value)
-            yield from drain_partition(config, queue, dead_letter, hints or None, names)
+            queue, dead_letter, hints, *lock = json.loads(partition.value)
+            lock_duration = lock[0] if lock and lock[0] else None
+            yield from drain_partition(config, queue, dead_letter, hints or None, names, lock_duration)
 
         def commit(self, end: dict[str, Any]) -> None:
             return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -442,3 +443,50 @@ def test_a_released_lease_is_released_once_and_a_failing_store_does_not_raise() 
             raise OSError("the table is gone")
 
     _lease(Down(), clock, "run-2").release()  # runs out after the stale time instead
+
+
+def test_the_ordered_drain_measures_its_locks_with_the_queues_own_lock_duration(monkeypatch: Any) -> None:
+    """Issue 47 (the syphon measures a lock from its receive plus the lock duration, SPEC O6): a backlog queue
+    created by hand may lock for 30 s, not the provisioned 60. The planner reads each queue's lock once and the
+    partition carries it; a pooled syphon drains each queue with that queue's own. Unread: the provisioned lock."""
+    from collections.abc import Iterator
+    from datetime import timedelta
+
+    from spark_sb.sender.pool import SenderPool
+    from spark_sb.spark import syphon_job
+    from spark_sb.syphon.rules import LOCK_DURATION
+
+    class LockAdmin(FakeAdmin):
+        reads = 0
+
+        def get_queue(self, queue: str) -> Any:
+            LockAdmin.reads += 1
+            return SimpleNamespace(lock_duration=timedelta(seconds=30 if queue == QUEUES[0] else 45))
+
+    watcher = BacklogWatcher(CONFIG, QUEUES, admin=LockAdmin())
+    assert watcher.lock_durations() == {QUEUES[0]: 30.0, QUEUES[1]: 45.0, **{q: 45.0 for q in QUEUES[2:]}}
+    watcher.lock_durations()
+    assert LockAdmin.reads == len(QUEUES)  # read once
+    assert BacklogWatcher(CONFIG, QUEUES, admin=DownAdmin()).lock_durations() == {}
+
+    seen: list[float] = []
+
+    class FakeSyphon:
+        lock_duration = -1.0
+
+        def __init__(self, config: ServiceBusConfig, **kwargs: Any) -> None:
+            pass
+
+        def set_hints(self, hints: Any) -> None:
+            pass
+
+        def drain_batches(self, queue: str, **kwargs: Any) -> Iterator[SyphonOutcome]:
+            seen.append(self.lock_duration)
+            yield SyphonOutcome()
+
+    monkeypatch.setattr(syphon_job, "SYPHONS", SenderPool(clock=FakeClock()))
+    monkeypatch.setattr(syphon_job, "Syphon", FakeSyphon)
+    list(syphon_job.drain_partition(CONFIG, QUEUES[0], False, queues=QUEUES, lock_duration=30.0))
+    list(syphon_job.drain_partition(CONFIG, QUEUES[1], False, queues=QUEUES, lock_duration=45.0))
+    list(syphon_job.drain_partition(CONFIG, QUEUES[1], False, queues=QUEUES))
+    assert seen == [30.0, 45.0, LOCK_DURATION]
