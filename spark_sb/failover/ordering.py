@@ -56,7 +56,9 @@ sink's handoff to its tasks carries the held sessions; the syphon writes acknowl
 A marker that is never sent or never reached (a failed call, a lost send) only delays the release until a later
 call's marker is acknowledged: it never releases early. Not covered: a backlog send abandoned at its deadline whose
 bytes still reach the service after a later marker (a duplicate of a retried message, dropped by the primary's
-duplicate detection) and two syphons draining one queue at once.
+duplicate detection). Two syphon jobs on one backlog: the second ordered one is refused, naming the first (SPEC O5,
+:mod:`spark_sb.spark.syphon_job`); a syphon worker never moves a line past a message another holds locked (it
+proves each line's head from the queue's own view, :mod:`spark_sb.syphon.lines`).
 
 What bounds it: the book holds held sessions only (those with messages in the backlog): at most the sessions
 diverted during an outage, each removed on release; a record counts its open calls, not their messages' ids.

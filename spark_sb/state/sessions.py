@@ -120,10 +120,10 @@ What it costs while nothing is held: the plan and the commit each look for the `
 it exists, read the sink's rows (none: a Delta read of its log and no data file); nothing is written.
 
 Not covered (as in setting b): a backlog send abandoned at its deadline whose bytes reach the service after a later
-marker (a duplicate the primary drops); two syphon jobs draining one queue at once; a syphon task retried within a
-running job while its dead attempt's locks are still held (its queue is drained again before they run out); a
-failed sink task attempt's diversions that the syphon moves after the primary's duplicate detection window (the
-retry sent the same messages directly; past the window the late copy is delivered again, out of place).
+marker (a duplicate the primary drops); a failed sink task attempt's diversions that the syphon moves after the
+primary's duplicate detection window (the retry sent the same messages directly; past the window the late copy is
+delivered again, out of place). Two syphon jobs, and a syphon task retried while its dead attempt's locks are held,
+are covered since issue 47: a second ordered job is refused; every worker proves a line's head from the queue.
 
 What bounds it: the ledger holds the held lines only, each with at most one pending marker per (backlog queue,
 task of its newest marking batch); a line leaves on release. Driver-side classes are not picklable and not shared;
