@@ -31,7 +31,8 @@ default), restores each message with :func:`spark_sb.message.backlog.from_backlo
   (expired in the backlog, not a backlog message, destination not found) stays, with its reason.
 * **Order (``ordering: session`` / ``entity``).** A line - (entity, session id), or the entity - is moved in queue
   order, proven against the queue itself (:mod:`spark_sb.syphon.lines`: a peek shows a line's head locked by any
-  worker, or deferred); what waits behind its head is deferred (its delivery count stays; O7) and fetched by
+  worker, or deferred; only ahead of the first received message and in the gaps between received sequence numbers
+  is peeked); what waits behind its head is deferred (its delivery count stays; O7) and fetched by
   sequence number when the line moves; a return marker is never sent to the primary: reached after every earlier
   message of its line went in, it is acknowledged (``acks``: the process registry's
   :class:`~spark_sb.failover.ordering.SessionBook` by default, which the process's paired senders read; the rule is
