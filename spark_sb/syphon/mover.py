@@ -421,7 +421,7 @@ class Syphon:
             return
         for h in held:  # present, locked by this pass
             if h.sequence is not None:
-                view.add(h.sequence, self._line_of(lane, h.msg), ACTIVE)
+                view.add(h.sequence, self._line(lane, h), ACTIVE)
         received = sorted({h.sequence for h in held if h.sequence is not None})
         covered = view.through
         while True:
@@ -513,7 +513,7 @@ class Syphon:
         """Ordering (O6): (the messages to move now - received, or deferred and fetched now - in queue order; the
         received ones held back). A line moves in queue order up to the first message of it that is in the queue and
         not in this pass's hands (locked by another worker or a lost call), or that could not be fetched."""
-        mine = {h.sequence: self._line_of(lane, h.msg) for h in held if h.sequence is not None}
+        mine = {h.sequence: self._line(lane, h) for h in held if h.sequence is not None}
         unplaced = [h for h in held if h.sequence is None]
         if view.failed:
             covered = {s for s in mine if view.covers(s)}
@@ -597,7 +597,7 @@ class Syphon:
                     outcome.probes_dropped += 1
                     drop.append(h)
                     continue
-                line = self._line_of(lane, msg)
+                line = self._line(lane, h)
                 if view is not None and view.held(line, h.sequence):
                     hold_back.append(h)  # behind a message of its line that was not moved
                     continue
@@ -683,7 +683,7 @@ class Syphon:
         if view is not None:
             for h in pairs:
                 view.mark(h.sequence, ACTIVE)
-                view.hold(self._line_of(lane, h.msg), h.sequence)
+                view.hold(self._line(lane, h), h.sequence)
 
     @staticmethod
     def _gone(view: QueueView | None, pairs: Pairs) -> None:
@@ -798,7 +798,7 @@ class Syphon:
                     outcome.cancelled = True
                     break
                 assert h.restored is not None
-                if view is not None and view.held(self._line_of(lane, h.msg), h.sequence):
+                if view is not None and view.held(self._line(lane, h), h.sequence):
                     break  # its line stopped (a marker whose acknowledgement failed): the rest waits
                 if marker_of(h.restored) is not None:  # every message of its line before it goes in first
                     if in_batch:
@@ -834,7 +834,7 @@ class Syphon:
             tried = len(in_batch) if self.ordered and view is not None else len(rest)
             if view is not None:
                 for h in rest:
-                    view.hold(self._line_of(lane, h.msg), h.sequence)  # nothing more of them in this pass
+                    view.hold(self._line(lane, h), h.sequence)  # nothing more of them in this pass
             self._abandoned(lane, view, rest[:tried])
             self._gone(view, self._undelivered(lane, entity, rest[:tried], outcome, exc, dead_letter, parked))
             self._hold(lane, rest[tried:], outcome, view)
@@ -933,7 +933,7 @@ class Syphon:
         no receive returns them, their delivery counts stay; the view finds them again), abandoned without."""
         if self.ordered and view is not None:
             for h in pairs:
-                view.hold(self._line_of(lane, h.msg), h.sequence)
+                view.hold(self._line(lane, h), h.sequence)
             self._defer(lane, pairs, outcome, view)
         else:
             self._abandon(lane, pairs, outcome)
@@ -947,6 +947,13 @@ class Syphon:
         self._settle(lane, pairs, defer, outcome)
 
     # -- ordering ------------------------------------------------------------------------------------------
+    def _line(self, lane: ReceiverLane, h: Held) -> LineKey | None:
+        """:meth:`_line_of` of a held message, worked out once."""
+        line = h.line
+        if line is False:
+            line = h.line = self._line_of(lane, h.msg)
+        return line
+
     def _line_of(self, lane: ReceiverLane, msg: ServiceBusReceivedMessage) -> LineKey | None:
         """The line of a received backlog message with ``ordering`` on - (queue, entity, session id or ``""``) -,
         None when it keeps no order (``ordering: none``, a dead-letter queue, no session id with ``session``)."""

@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal
 
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.syphon.rules import DEAD_LETTER_PROPERTIES, SyphonOutcome
@@ -46,9 +47,12 @@ class Held:
     restored: OutboundMessage | None = None
     #: When its lock runs out, on the syphon's monotonic clock (None: unknown).
     lock_ends: float | None = None
+    #: Its line with ordering, once the syphon worked it out (``Syphon._line``: read once, not per use); False: not yet.
+    line: tuple[str, str, str] | None | Literal[False] = False
 
-    @property
+    @cached_property
     def sequence(self) -> int | None:
+        """Its sequence number (read from the SDK message once: each read decodes its annotations)."""
         value = getattr(self.msg, "sequence_number", None)
         return None if value is None else int(value)
 
