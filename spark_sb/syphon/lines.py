@@ -2,14 +2,14 @@
 line - (primary entity, session id), or the entity - is moved in queue order (SPEC O1, O6, O7).
 
 :class:`QueueView` is the proof, and it lives in the queue, not in a process (the syphon job's next task may run in
-another Python worker; a killed task leaves locks nobody remembers): for each receive batch a pass proves, by peeks (browses), what the
-queue holds through the highest sequence number it received - a peek lists messages locked by anybody and deferred
-ones, which a receive skips. A message of a line that is in the queue before one the pass received,
-and that the pass does not hold, holds the rest of the line back (its return marker is not acknowledged). What is
-held back is *deferred*, not abandoned: it keeps its place, no receive returns it again and its delivery count does
-not rise; a later pass finds it in the view and fetches it by sequence number when its line can move, merged in
-sequence order with the line's received messages. Only a real attempt to move a message (a failed send) abandons
-it.
+another Python worker; a killed task leaves locks nobody remembers): for each receive batch a pass proves, by peeks
+(browses), what the queue holds through the highest sequence number it received - a peek lists messages locked by
+anybody and deferred ones, which a receive skips. A message of a line that is in the queue before one the pass
+received, and that the pass does not hold, holds the rest of the line back (its return marker is not acknowledged).
+What is held back is *deferred*, not abandoned: it keeps its place, no receive returns it again and its delivery
+count does not rise; a later pass finds it in the view and fetches it by sequence number when its line can move,
+merged in sequence order with the line's received messages. Only a real attempt to move a message (a failed send)
+abandons it.
 
 Cost, per pass and queue: a peek shows only what a receive could not. Sequence numbers are assigned gapless and
 increasing per (non-partitioned) entity - the service's rule, the local namespace's too; backlog queues are
@@ -17,7 +17,8 @@ provisioned unpartitioned - so a message of the queue that the pass did not rece
 received, or in a gap between two it received (:func:`next_peek`): one one-message peek from sequence number 1 shows
 whether anything is ahead; each gap is peeked with as many messages as it has numbers (gaps a few received messages
 apart in one peek); what the view covers is not peeked again in the pass. A receive batch continuing a contiguous
-run costs no peek. When a receive comes back empty the rest of the queue (locked or deferred messages only) is peeked
+run costs no peek. A pass that leaves nothing of what it covered in the queue proves that nothing up to there is in
+it for good (no number is given twice): the syphon's next passes start there, for :data:`CLEAR_FOR` at most. When a receive comes back empty the rest of the queue (locked or deferred messages only) is peeked
 once (pages of :data:`PEEK_PAGE`); deferred messages are fetched at most ``syphon.batch_size`` per batch, and not at
 all while their entity backs off.
 
@@ -103,6 +104,9 @@ class Lines:
 ACTIVE, DEFERRED, SCHEDULED = 0, 1, 2
 #: Messages per peek page (the most one peek asks for).
 PEEK_PAGE = 250
+#: How long a syphon starts its passes' views where its last pass left the queue clear (seconds): at least this
+#: often a pass proves from the queue's start (what another worker left behind there is found within it).
+CLEAR_FOR = 60.0
 #: Two gaps at most this many received messages apart are peeked in one call (the received ones between read once
 #: more): a peek's round trip costs more than reading a few messages.
 PEEK_MERGE = 16

@@ -73,7 +73,16 @@ from spark_sb.failover.ordering import NONE, WHOLE_ENTITY, Acknowledgements, mar
 from spark_sb.failover.outcome import namespace_key
 from spark_sb.failover.registry import FailoverRegistry, process_registry
 from spark_sb.message.backlog import BACKLOG_SESSION_ID
-from spark_sb.syphon.lines import ACTIVE, DEFERRED, PEEK_PAGE, LineKey, Lines, QueueView, next_peek
+from spark_sb.syphon.lines import (
+    ACTIVE,
+    CLEAR_FOR,
+    DEFERRED,
+    PEEK_PAGE,
+    LineKey,
+    Lines,
+    QueueView,
+    next_peek,
+)
 from spark_sb.syphon.receivers import (
     Held,
     Pairs,
@@ -176,6 +185,11 @@ class Syphon:
         self._last_receive: dict[tuple[str, bool], float] = {}
         # Entities whose last probe answered that they do not exist (F9); bounded by the entities met.
         self._missing: dict[str, bool] = {}
+        # Ordering: per backlog queue, (n, t): a pass ended with nothing up to sequence number n left in the queue
+        # (its view empty, not failed), its proof starting from the queue's start at monotonic time t. No message
+        # can appear up to n again (numbers only grow), so a pass within CLEAR_FOR of t starts its view at n.
+        # Bounded by the backlog queues.
+        self._clear: dict[str, tuple[int, float]] = {}
         self._warned_markers = False
         # Sends to the primary go through lanes (one per entity): each has a deadline (send_timeout) that holds
         # whatever the SDK does, and a stuck client is abandoned and rebuilt (SPEC B3, R1).
@@ -311,6 +325,12 @@ class Syphon:
         # The queue as peeks show it, for this pass (O6, O7): ordering proves every line's head with it; without
         # ordering it finds deferred messages (left by an ordered syphon) once nothing else comes.
         view = None if dead_letter else QueueView(queue)
+        proven = self.clock.monotonic()  # when the view's proof started from the queue's start
+        carried = 0
+        clear = self._clear.get(queue)
+        if view is not None and self.ordered and clear is not None and proven - clear[1] < CLEAR_FOR:
+            carried, proven = clear
+            view.through = carried
         batches = 0
         renewed = False  # one fresh receiver per drain for a token that expired while it idled (SPEC L3)
         try:
@@ -358,6 +378,9 @@ class Syphon:
                 generation = lane.generation
                 held = self._held(messages, generation, since)
                 outcome.received += len(held)
+                if carried and any(h.sequence is not None and h.sequence <= carried for h in held):
+                    # a message the last clear pass saw leave is back (its completion failed): prove from the start
+                    self._clear.pop(queue, None)
                 if view is not None and (self.ordered or not messages):
                     # Ordering: every message before the last one received, whoever holds it; the end of the
                     # queue once a receive comes back empty (what is left there is locked or deferred).
@@ -383,6 +406,8 @@ class Syphon:
                 self._add(into, SyphonOutcome(cancelled=True))
                 yield SyphonOutcome(cancelled=True)
         finally:
+            if view is not None and self.ordered and not view.failed and len(view) == 0 and view.through:
+                self._clear[queue] = (view.through, proven)
             if parked:
                 tail = SyphonOutcome()
                 tail.parked += len(parked)

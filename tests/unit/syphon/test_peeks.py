@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from spark_sb.syphon.lines import PEEK_MERGE, PEEK_PAGE, next_peek
-from tests.unit.syphon.test_ordered import LOCK, Delivered, FakeQueue, World, queue_of
+from spark_sb.syphon.lines import CLEAR_FOR, PEEK_MERGE, PEEK_PAGE, next_peek
+from tests.unit.syphon.test_ordered import LOCK, Delivered, FakeQueue, World, msgs, queue_of
 from tests.unit.syphon.test_seams import backlogged
 
 
@@ -141,3 +141,41 @@ def test_a_later_receive_batch_peeks_only_past_what_the_view_covers() -> None:
         pass
     assert w.per_session() == {"s": [0, 1, 2, 3]} and not marker_acknowledged(w)
     w.syphon.close()
+
+
+# ------------------------------------------------------------------------------------------------- across passes
+def test_a_pass_after_one_that_left_the_queue_clear_costs_no_peek_until_the_carry_runs_out() -> None:
+    """Passes of one receive batch each (the bench's drain): the first proves from the queue's start (one message
+    peeked); it left nothing up to its last received message in the queue, so the next passes start there and
+    their contiguous batches cost no peek - until CLEAR_FOR after that proof, when a pass proves from the start
+    again."""
+    w = World(batch_size=10)
+    queue = backlogged(w, ("s", 0, 60))
+    name = queue_of("s")
+    peeks = [w.syphon.drain_queue(name, max_wait=0, max_batches=1).peek_calls for _ in range(3)]
+    assert peeks == [1, 0, 0] and queue.peeked == 1
+    w.clock.advance(CLEAR_FOR)
+    assert w.syphon.drain_queue(name, max_wait=0, max_batches=1).peek_calls == 1
+    w.drain()
+    assert w.per_session() == {"s": list(range(60))} and marker_acknowledged(w)
+    w.syphon.close()
+
+
+def test_a_pass_that_left_a_held_line_behind_carries_nothing_to_the_next(world: World) -> None:
+    """Another worker holds s-2: the pass moves s-0, s-1 and defers s-3.. and the marker (its view is not empty).
+    The sender keeps the session on the backlog: s-6 (and a marker) come behind them. The next pass receives only
+    those; it must prove from the start (s-2 locked, s-3.. deferred) and not move s-6. (Carrying the view's end would
+    move it.)"""
+    queue = backlogged(world, ("s", 0, 6))
+    lock_elsewhere(queue, "s-2")
+    name = queue_of("s")
+    world.syphon.drain_queue(name, max_wait=0)
+    assert world.per_session() == {"s": [0, 1]}
+    world.rig.sender.send(msgs("s", 6, 1))
+    assert world.per_session() == {"s": [0, 1]}  # held: behind the backlog
+    out = world.syphon.drain_queue(name, max_wait=0)
+    assert out.received == 2 and out.deferred == 2 and world.per_session() == {"s": [0, 1]}
+    world.clock.advance(LOCK.total_seconds() + 1)
+    world.drain()
+    world.drain()
+    assert world.per_session() == {"s": list(range(7))}
