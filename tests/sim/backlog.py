@@ -97,7 +97,8 @@ class SimQueue:
         assert self.dlq is not None
         self.dlq.seq = max(self.dlq.seq, e.seq)
         self.dlq.entries[e.seq] = Entry(e.seq, e.out, e.line, e.marker, e.sdk, READY, e.count, reason=reason)
-        self.world.note(f"{self.name}: seq {e.seq} dead-lettered ({reason}, count {e.count})")
+        self.world.dead_lettered.add(str(e.out.message_id))
+        self.world.note(f"{self.name[-1]}: {e.out.message_id} dead-lettered ({reason}, count {e.count})")
 
     def _unlock(self, e: Entry, *, count: bool = True) -> None:
         d = self._open.pop(e.token, None)

@@ -247,6 +247,7 @@ class World:
         self.open_deliveries: dict[str, Delivery] = {}
         self.last_delivery: dict[str, Delivery] = {}
         self.violations: list[Violation] = []
+        self.dead_lettered: set[str] = set()  # message ids a backlog queue dead-lettered at some point
         self.executor_skew = self.params.executor_skew
         self.config = make_config(
             ordering="session",
@@ -586,8 +587,12 @@ class World:
         roll = self.rng.random()
         if roll < 0.33:
             self.sink_batch()
-        elif roll < 0.56:
-            self.job_batch(self.rng.choice(self.jobs))
+        elif roll < 0.56:  # the syphon job: one micro-batch, or a few at a 10 s trigger
+            job = self.rng.choice(self.jobs)
+            for n in range(self.rng.choice((1, 1, 3, 5))):
+                if n:
+                    self.clock.advance(10.0)
+                self.job_batch(job)
         elif roll < 0.62:
             seconds = self.rng.choice((1.0, 5.0, 20.0, 40.0, 70.0))
             self.clock.advance(seconds)
@@ -640,11 +645,11 @@ class World:
             self.pending is None
             and not self.sink.held_lines
             and all(len(q) == 0 and q.dlq is not None and len(q.dlq) == 0 for q in self.queues.values())
-            and all(len(self.received(s)) == len(self.produced[s]) for s in self.produced)
+            and all(len(self.received(s, [])) == len(self.produced[s]) for s in self.produced)
         )
 
     # ------------------------------------------------------------------------------------------ the checks
-    def received(self, session: str) -> list[str]:
+    def received(self, session: str, violations: list[Violation]) -> list[str]:
         """What a session receiver on the primary gets of ``session``: arrival order, duplicates within the window
         dropped (a duplicate past the window is delivered again: a violation of its own)."""
         entity = entity_of(session)
@@ -657,26 +662,28 @@ class World:
             if first is not None and at - first <= DUP_WINDOW:
                 continue
             if first is not None:
-                self.violations.append(Violation("duplicates", f"{mid} delivered again after the window"))
+                violations.append(Violation("duplicates", f"{mid} delivered again after the window"))
             seen[mid] = at
             out.append(mid)
         return out
 
     def check(self) -> list[Violation]:
-        got_by = {s: self.received(s) for s in self.produced}
         v = list(self.violations)
+        got_by = {s: self.received(s, v) for s in self.produced}
         for s, produced in self.produced.items():
             got = got_by[s]
             place = {mid: i for i, mid in enumerate(produced)}
             positions = [place[m] for m in got]
             if positions != sorted(positions):
-                v.append(Violation("O1", f"session {s}: sink order {produced}, primary received {got}"))
+                late = [m for i, m in enumerate(got) if any(place[o] > place[m] for o in got[:i])]
+                # a message that came late through a dead-letter queue (MaxDeliveryCountExceeded): O7's break
+                prop = "O1-dlq" if set(late) <= self.dead_lettered else "O1"
+                v.append(Violation(prop, f"session {s}: sink order {produced}, primary received {got}"))
             missing = [m for m in produced if m not in set(got)]
             if missing:
                 where = {m: self.where(m) for m in missing}
-                v.append(
-                    Violation("loss/liveness", f"session {s}: not on the primary after the tail: {where}")
-                )
+                prop = "liveness-dlq" if all(w.startswith("DLQ") for w in where.values()) else "loss/liveness"
+                v.append(Violation(prop, f"session {s}: not on the primary after the tail: {where}"))
         if self.sink.held_lines:
             v.append(
                 Violation(
