@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,12 +27,15 @@ DEFAULT_DETACH_DESCRIPTION = "The link was force detached by the local namespace
 
 @dataclass
 class SendFault:
-    """Transfers to ``entity`` are rejected with ``condition`` (``remaining`` None = forever)."""
+    """Transfers to ``entity`` are rejected with ``condition`` (``remaining`` None = forever; ``seconds``: for that
+    long from the first transfer it rejects - a blip that starts when someone sends; ``began``: that moment)."""
 
     entity: str
     condition: str
     description: str
     remaining: int | None
+    seconds: float | None = None
+    began: float | None = None
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,8 @@ def _norm(entity: str) -> str:
 class FaultController:
     """Switches for the faults of one namespace. Runs in any thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic  # the clock of timed faults (fail_sends(seconds=...))
         self._lock = threading.Condition()
         self._refusing = False
         self._stalled = False
@@ -180,13 +185,19 @@ class FaultController:
         condition: str,
         description: str = "injected fault",
         count: int | None = None,
+        seconds: float | None = None,
     ) -> None:
         """Reject transfers to ``entity`` (queue or topic; ``*`` = every entity) with the AMQP error
-        ``condition``, ``count`` times (None = until cleared)."""
+        ``condition``, ``count`` times (None = until cleared) - or, with ``seconds``, for that long from the first
+        transfer it rejects (a blip met by whoever sends first, whenever that is)."""
         if count is not None and count <= 0:
             raise ValueError("count must be positive or None")
+        if seconds is not None and seconds <= 0:
+            raise ValueError("seconds must be positive or None")
         with self._lock:
-            self._send_faults[_norm(entity)] = SendFault(_norm(entity), condition, description, count)
+            self._send_faults[_norm(entity)] = SendFault(
+                _norm(entity), condition, description, count, seconds
+            )
 
     def stall_entity(self, entity: str, on: bool = True) -> None:
         """Transfers to ``entity`` are never settled while on (held transfers are processed when it ends); its
@@ -284,6 +295,13 @@ class FaultController:
             fault = self._send_faults.get(key) or self._send_faults.get("*")
             if fault is None:
                 return None
+            if fault.seconds is not None:
+                now = self._monotonic()
+                if fault.began is None:
+                    fault.began = now
+                elif now - fault.began >= fault.seconds:
+                    del self._send_faults[fault.entity]
+                    return None
             if fault.remaining is not None:
                 fault.remaining -= 1
                 if fault.remaining <= 0:

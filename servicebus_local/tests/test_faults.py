@@ -406,3 +406,22 @@ def test_cli_stops_quietly_when_its_parent_stopped_reading(tmp_path: Path) -> No
             proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def test_a_timed_send_fault_lasts_its_seconds_from_the_first_transfer_it_rejects() -> None:
+    """A blip met by whoever sends first (issue 47's cluster scenario): set long before anyone sends, it starts
+    with the first rejected transfer and ends ``seconds`` later, on the controller's clock."""
+    from servicebus_local.faults import FaultController
+
+    now = [100.0]
+    faults = FaultController(monotonic=lambda: now[0])
+    faults.fail_sends("Q", "com.microsoft:timeout", "a blip", seconds=4.0)
+    now[0] += 60.0  # nobody sent for a minute: the blip has not started
+    assert faults.send_fault("other") is None
+    assert faults.send_fault("q") == ("com.microsoft:timeout", "a blip")  # starts now
+    now[0] += 3.9
+    assert faults.send_fault("q") is not None
+    now[0] += 0.1
+    assert faults.send_fault("q") is None and faults.send_fault("q") is None  # over, and gone
+    with pytest.raises(ValueError, match="seconds"):
+        faults.fail_sends("q", "com.microsoft:timeout", seconds=0)

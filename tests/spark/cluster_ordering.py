@@ -8,7 +8,7 @@ executors' Python workers, so the held sessions travel from the driver to each b
 
 * ``ordered`` (:func:`run_ordered`): 20 session ids over two session-enabled primary queues with duplicate
   detection, rows repartitioned by session id (the user's job), 12 micro-batches: the primary refuses connections
-  over batches 3-6, the entity ``invoices`` is stalled over batches 8-9; the syphon job starts with the recovery
+  over batches 3-6, a backlog queue refuses sends for 3 s from batch 5's first send to it (SPEC O8: the query survives it), the entity ``invoices`` is stalled over batches 8-9; the syphon job starts with the recovery
   (before batch 7), is stopped (its tasks killed) mid-drain after batch 8 and started again from its checkpoint.
   Session receivers on the primary then read every session.
 * ``control`` (:func:`run_control`): the same shape with ``ordering: none`` - a batch healthy, one diverted, one
@@ -37,6 +37,10 @@ from tests.spark.ordering_harness import ENTITIES, SCHEMA, Feed, received, wait_
 QUEUES = [f"primary/x-servicebus-transfer/{i}" for i in range(3)]
 SESSIONS = [f"s{i:02d}" for i in range(20)]
 LOCK = 4  # the backlog queues' lock duration (s): the restarted syphon job waits it + 5 s
+#: The backlog queue that refuses sends (a retryable timeout) for BLIP seconds from the first send batch 5 makes
+#: to it (held sessions are pinned to each queue): longer than one task attempt's try (send_timeout 2 s), so an
+#: attempt fails and Spark retries it; far shorter than backlog_retry_interval, and than Spark's 4 attempts.
+BLIP_QUEUE, BLIP = QUEUES[0], 3.0
 
 
 def main(work: Path) -> dict[str, Any]:
@@ -192,6 +196,18 @@ class Stream:
             out[query] = sorted(ids)
         return out
 
+    def failed_tasks(self) -> int:
+        """The sink query's failed task attempts (Spark retried them), from the driver's status tracker."""
+        tracker = self.spark.sparkContext.statusTracker()
+        failed = 0
+        for run in self.run_ids["sink"]:
+            for job in tracker.getJobIdsForGroup(run):
+                info = tracker.getJobInfo(job)
+                for stage in info.stageIds if info is not None else ():
+                    stage_info = tracker.getStageInfo(stage)
+                    failed += stage_info.numFailedTasks if stage_info is not None else 0
+        return failed
+
     def report(self) -> dict[str, Any]:
         """What both runs report: the sessions' sequences, the sink's counts, where the tasks ran."""
         return {
@@ -211,6 +227,8 @@ def run_ordered(work: Path, spark: Any) -> dict[str, Any]:
             if b == 3:
                 run.primary.faults.refuse_connections()
                 run.primary.faults.drop_connections()
+            if b == 5:  # a backlog queue's blip (O8): far shorter than backlog_retry_interval (300 s)
+                run.secondary.faults.fail_sends(BLIP_QUEUE, "com.microsoft:timeout", "a blip", seconds=BLIP)
             if b == 7:
                 run.primary.faults.accept_connections()
                 run.start_syphon()  # started with the recovery: it does not take a slot while it cannot move
@@ -230,7 +248,12 @@ def run_ordered(work: Path, spark: Any) -> dict[str, Any]:
             r["event"]: r["n"]
             for r in events.groupBy("event").count().withColumnRenamed("count", "n").collect()
         }
-        return {**run.report(), "held_at_kill": held, "events": kinds}
+        return {
+            **run.report(),
+            "held_at_kill": held,
+            "events": kinds,
+            "sink_failed_tasks": run.failed_tasks(),
+        }
 
 
 def run_control(work: Path, spark: Any) -> dict[str, Any]:
