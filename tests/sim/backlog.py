@@ -28,7 +28,7 @@ from spark_sb.core.clock import FakeClock
 from spark_sb.failover.ordering import marker_of
 from spark_sb.message.backlog import from_backlog
 from spark_sb.message.outbound import OutboundMessage
-from tests.unit.syphon.test_ordered import Delivered, received
+from tests.unit.syphon.test_ordered import Delivered
 
 if TYPE_CHECKING:  # pragma: no cover
     from tests.sim.world import World
@@ -124,7 +124,7 @@ class SimQueue:
 
     def _lock(self, e: Entry, before: set[str], *, by_sequence: bool = False) -> Delivered:
         if e.sdk is None:
-            e.sdk = received(e.out)
+            e.sdk = self.world.encoded(e.out)
         now = self.clock.monotonic()
         self.world.locks += 1
         e.state = LOCKED
@@ -188,7 +188,7 @@ class SimQueue:
                 continue
             e = self.entries[seq]
             if e.sdk is None:
-                e.sdk = received(e.out)
+                e.sdk = self.world.encoded(e.out)
             msg = Delivered(e.sdk, e.seq, None, e.count)  # type: ignore[arg-type]
             msg.lock_token = None  # type: ignore[assignment]
             # ServiceBusMessageState: 1 deferred, 0 active

@@ -52,6 +52,7 @@ from spark_sb.wire.transport import PRIMARY, SECONDARY, Target
 from tests.sim.backlog import Delivery, SimLane, SimQueue
 from tests.unit.fakes import FakeBatch, FakeTransport
 from tests.unit.sender.rig import make_config
+from tests.unit.syphon.test_ordered import received
 
 ENTITIES = ("orders", "invoices")
 #: The primary's duplicate detection window (seconds): longer than any schedule.
@@ -247,6 +248,7 @@ class World:
         self.open_deliveries: dict[str, Delivery] = {}
         self.last_delivery: dict[str, Delivery] = {}
         self.violations: list[Violation] = []
+        self.sdk_cache: dict[str, Any] = {}  # message id -> its SDK form (bounded by the schedule's messages)
         self.dead_lettered: set[str] = set()  # message ids a backlog queue dead-lettered at some point
         self.executor_skew = self.params.executor_skew
         self.config = make_config(
@@ -294,6 +296,15 @@ class World:
             self.note(f"fault: {op} {where}: {kind}")
             return kind
         return None
+
+    def encoded(self, out: OutboundMessage) -> Any:
+        """The SDK's received form of a backlog message, encoded once per message id (a copy sent again differs only
+        in its backlog enqueue time, which no check reads): the encoding is a fifth of a schedule's time."""
+        key = str(out.message_id)
+        found = self.sdk_cache.get(key)
+        if found is None:
+            found = self.sdk_cache[key] = received(out)
+        return found
 
     def attempted(self, target: Target, messages: list[OutboundMessage]) -> None:
         """A send to the primary: the syphon's current delivery of each message was an attempt to move it (O7)."""
