@@ -544,10 +544,14 @@ class Syphon:
             covered = {s for s in mine if view.covers(s)}
             mine = {s: line for s, line in mine.items() if s in covered or line is None}
         movable, fetch = view.plan(mine, max(int(self.config.syphon_batch_size), 1))
-        for line in list(
-            fetch
-        ):  # a line whose entity backs off is not fetched: it would only be deferred again
-            if line is not None and self.gate.decide(line[1]) == "wait":
+        # A line whose entity backs off is not fetched: it would only be deferred again, and fetching by sequence
+        # number is a delivery (O7: its count rises only on an attempt to move it). Unless this process sent to the
+        # entity recently, a probe is made first (the hints may be stale), so an entity still down costs no fetch;
+        # one that does not exist (F9) is fetched: each delivery counts towards its verdict.
+        for line in list(fetch):
+            if line is None or self._missing.get(line[1]):
+                continue
+            if not self._allowed(line[1], outcome, proven=True):
                 del fetch[line]
                 view.hold(line, None)
                 movable -= {s for s, k in mine.items() if k == line}
@@ -677,7 +681,7 @@ class Syphon:
                 if self._last_attempt(entity, pairs):
                     # F9: the messages are the entity's probe, on a connection of their own
                     transport = self._isolated()
-                elif not self._allowed(entity, outcome):
+                elif not self._allowed(entity, outcome, proven=self._redelivered(pairs)):
                     if self._missing.get(entity):  # F9: each delivery counts towards the verdict
                         self._abandon(lane, pairs, outcome)
                         self._abandoned(lane, view, pairs)
@@ -716,10 +720,18 @@ class Syphon:
             for h in pairs:
                 view.gone(h.sequence)
 
-    def _allowed(self, entity: str, outcome: SyphonOutcome) -> bool:
-        """B9: may the syphon move to ``entity`` now? Probes it when the gate says so."""
+    @staticmethod
+    def _redelivered(pairs: Pairs) -> bool:
+        """O7: was one of ``pairs`` delivered before and not moved (an earlier attempt failed, here or in another
+        worker)? Then a worker that did not send to its entity recently probes before it tries again."""
+        return any((getattr(h.msg, "delivery_count", None) or 0) > 1 for h in pairs)
+
+    def _allowed(self, entity: str, outcome: SyphonOutcome, *, proven: bool = False) -> bool:
+        """B9: may the syphon move to ``entity`` now? Probes it when the gate says so - and, with ``proven``,
+        unless this process sent to it recently (a hint of the state table may be stale: a worker new to the
+        entity would make a delivery, and fail, where a probe costs none)."""
         decision = self.gate.decide(entity)
-        if decision == "send":
+        if decision == "send" and (not proven or self.gate.known_good(entity)):
             return True
         if decision == "wait":
             return False

@@ -200,6 +200,10 @@ class EntityGate:
             return "send"
         return "probe"
 
+    def known_good(self, entity: str) -> bool:
+        """A success of this process's, recent (``ok_for``): not a hint, which may be stale."""
+        return self._ok_until.get(entity, 0.0) > self.clock.monotonic() and self.decide(entity) == "send"
+
     def succeeded(self, entity: str) -> None:
         self._backoff_until.pop(entity, None)
         self._namespace_until = 0.0  # the namespace answered

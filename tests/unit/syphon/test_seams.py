@@ -142,6 +142,36 @@ def test_a_line_whose_entity_backs_off_is_not_fetched_and_deferred_again_at_ever
     assert world.per_session() == {"s": [0, 1, 2, 3]}
 
 
+def test_a_new_worker_with_a_stale_healthy_hint_probes_before_it_fetches_a_held_line(world: World) -> None:
+    """O7 (found by the simulation, tests/sim, seed 30): through a primary outage every micro-batch's task may run
+    in a Python worker new to the entity, whose gate knows only the state table's hint - 'healthy', stale. It
+    fetched the held line's deferred messages by sequence number (a delivery each), sent, failed and abandoned
+    them: one delivery per pass by no attempt the primary could take, until MaxDeliveryCount dead-lettered the
+    head. Now a worker that did not send to the entity recently probes before it fetches, or sends what was
+    delivered before; the probe fails, nothing is fetched."""
+    queue = backlogged(world, ("s", 0, 4))
+    world.rig.transport.fail(conn_error, namespace=PRIMARY)
+    world.rig.transport.fail(conn_error, op="schedule", namespace=PRIMARY)  # its probes fail too
+    world.syphon.drain_queue(queue_of("s"), max_wait=0)  # the line is deferred
+    delivered: list[int] = []
+    for _ in range(8):
+        world.clock.advance(10)  # a micro-batch every 10 s, each in a new worker
+        fresh = world.worker()
+        try:
+            fresh.drain_queue(queue_of("s"), max_wait=0)
+        finally:
+            fresh.close()
+        delivered.append(queue.delivered)
+    # the first new worker receives the line again (abandoned by the first pass's real attempt), probes, fails and
+    # defers it; from then on a pass costs no delivery: before, each fetched, sent, failed and abandoned it
+    assert delivered[1:] == [delivered[1]] * (len(delivered) - 1), delivered
+    assert max(queue.counts().values()) <= 2
+    world.rig.transport.heal()
+    world.clock.advance(31)
+    world.syphon.drain_queue(queue_of("s"), max_wait=0)
+    assert world.per_session() == {"s": [0, 1, 2, 3]}
+
+
 # ------------------------------------------------------------------------------------------- clock skew
 @pytest.mark.parametrize("ordering", ["session", "none"])
 def test_an_executor_a_minute_ahead_of_the_service_still_moves_fresh_locks(ordering: str) -> None:
