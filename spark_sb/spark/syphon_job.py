@@ -100,6 +100,8 @@ ROW_SCHEMA = (
 )
 #: Ordering: added to the backlog queues' longest lock duration before a run's first drain (seconds).
 LOCK_MARGIN = 5.0
+#: The MaxDeliveryCount ``spark-sb provision`` gives the backlog queues (never dead-lettered by deliveries).
+BOUNDLESS = 2147483647
 #: The receive wait inside a micro-batch: the planner already knows there are messages (admin counts), so a
 #: receive that comes back empty after this long ends the queue's pass.
 RECEIVE_WAIT = 1.0
@@ -166,12 +168,24 @@ class BacklogWatcher:
         if self._locks is None:
             try:
                 admin = self._admin()
-                self._locks = {
-                    q: float(admin.get_queue(q).lock_duration.total_seconds()) for q in self.queues
-                }
+                props = {q: admin.get_queue(q) for q in self.queues}
             except Exception as exc:  # noqa: BLE001 - read again at the next look
                 log.info("syphon: lock durations unavailable (%s)", type(exc).__name__)
                 return {}
+            self._locks = {q: float(p.lock_duration.total_seconds()) for q, p in props.items()}
+            bounded = sorted(
+                q
+                for q, p in props.items()
+                if (getattr(p, "max_delivery_count", None) or BOUNDLESS) < BOUNDLESS
+            )
+            if bounded and self.config.ordering != "none":
+                log.warning(
+                    "syphon: ordering: backlog queues %s dead-letter a message after MaxDeliveryCount deliveries: a "
+                    "line whose primary entity fails that many attempts (a long stall) loses its place - create "
+                    "them with `spark-sb provision` (MaxDeliveryCount %d)",
+                    ", ".join(bounded),
+                    BOUNDLESS,
+                )
         return self._locks
 
     def prepare_available_now(self) -> None:

@@ -445,11 +445,15 @@ def test_a_released_lease_is_released_once_and_a_failing_store_does_not_raise() 
     _lease(Down(), clock, "run-2").release()  # runs out after the stale time instead
 
 
-def test_the_ordered_drain_measures_its_locks_with_the_queues_own_lock_duration(monkeypatch: Any) -> None:
+def test_the_ordered_drain_measures_its_locks_with_the_queues_own_lock_duration(
+    monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     """Issue 47 (the syphon measures a lock from its receive plus the lock duration, SPEC O6): a backlog queue
     created by hand may lock for 30 s, not the provisioned 60. The planner reads each queue's lock once and the
     partition carries it; a pooled syphon drains each queue with that queue's own. Unread: the provisioned lock."""
+    import logging
     from collections.abc import Iterator
+    from dataclasses import replace
     from datetime import timedelta
 
     from spark_sb.sender.pool import SenderPool
@@ -461,12 +465,24 @@ def test_the_ordered_drain_measures_its_locks_with_the_queues_own_lock_duration(
 
         def get_queue(self, queue: str) -> Any:
             LockAdmin.reads += 1
-            return SimpleNamespace(lock_duration=timedelta(seconds=30 if queue == QUEUES[0] else 45))
+            return SimpleNamespace(
+                lock_duration=timedelta(seconds=30 if queue == QUEUES[0] else 45),
+                max_delivery_count=10 if queue == QUEUES[1] else 2147483647,
+            )
 
     watcher = BacklogWatcher(CONFIG, QUEUES, admin=LockAdmin())
-    assert watcher.lock_durations() == {QUEUES[0]: 30.0, QUEUES[1]: 45.0, **{q: 45.0 for q in QUEUES[2:]}}
+    with caplog.at_level(logging.WARNING, logger="spark_sb.spark.syphon_job"):
+        assert watcher.lock_durations() == {QUEUES[0]: 30.0, QUEUES[1]: 45.0, **{q: 45.0 for q in QUEUES[2:]}}
+    assert not caplog.records  # ordering none: a bounded MaxDeliveryCount costs no order
+    ordered = BacklogWatcher(replace(CONFIG, ordering="session"), QUEUES, admin=LockAdmin())
+    with caplog.at_level(logging.WARNING, logger="spark_sb.spark.syphon_job"):
+        ordered.lock_durations()
+    (warning,) = caplog.records  # said once, naming the queue created by hand
+    assert QUEUES[1] in warning.getMessage() and "spark-sb provision" in warning.getMessage()
+    assert QUEUES[0] not in warning.getMessage()
+    LockAdmin.reads = 0
     watcher.lock_durations()
-    assert LockAdmin.reads == len(QUEUES)  # read once
+    assert LockAdmin.reads == 0  # read once, before the count was reset
     assert BacklogWatcher(CONFIG, QUEUES, admin=DownAdmin()).lock_durations() == {}
 
     seen: list[float] = []
