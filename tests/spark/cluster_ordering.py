@@ -8,7 +8,7 @@ executors' Python workers, so the held sessions travel from the driver to each b
 
 * ``ordered`` (:func:`run_ordered`): 20 session ids over two session-enabled primary queues with duplicate
   detection, rows repartitioned by session id (the user's job), 12 micro-batches: the primary refuses connections
-  over batches 3-6, a backlog queue refuses sends for 3 s from batch 5's first send to it (SPEC O8: the query survives it), the entity ``invoices`` is stalled over batches 8-9; the syphon job starts with the recovery
+  over batches 3-6, a backlog queue refuses sends for 5 s from batch 5's first send to it (SPEC O8: the query survives it), the entity ``invoices`` is stalled over batches 8-9; the syphon job starts with the recovery
   (before batch 7), is stopped (its tasks killed) mid-drain after batch 8 and started again from its checkpoint.
   Session receivers on the primary then read every session.
 * ``control`` (:func:`run_control`): the same shape with ``ordering: none`` - a batch healthy, one diverted, one
@@ -40,7 +40,7 @@ LOCK = 4  # the backlog queues' lock duration (s): the restarted syphon job wait
 #: The backlog queue that refuses sends (a retryable timeout) for BLIP seconds from the first send batch 5 makes
 #: to it (held sessions are pinned to each queue): longer than one task attempt's try (send_timeout 2 s), so an
 #: attempt fails and Spark retries it; far shorter than backlog_retry_interval, and than Spark's 4 attempts.
-BLIP_QUEUE, BLIP = QUEUES[0], 3.0
+BLIP_QUEUE, BLIP = QUEUES[0], 5.0
 
 
 def main(work: Path) -> dict[str, Any]:
