@@ -8,7 +8,8 @@ executors' Python workers, so the held sessions travel from the driver to each b
 
 * ``ordered`` (:func:`run_ordered`): 20 session ids over two session-enabled primary queues with duplicate
   detection, rows repartitioned by session id (the user's job), 12 micro-batches: the primary refuses connections
-  over batches 3-6, a backlog queue refuses sends for 5 s from batch 5's first send to it (SPEC O8: the query survives it), the entity ``invoices`` is stalled over batches 8-9; the syphon job starts with the recovery
+  over batches 3-6, a backlog queue refuses sends for 5 s from batch 5's first send to it (SPEC O8: the query
+  survives it), the entity ``invoices`` is stalled over batches 8-9; the syphon job starts with the recovery
   (before batch 7), is stopped (its tasks killed) mid-drain after batch 8 and started again from its checkpoint.
   Session receivers on the primary then read every session.
 * ``control`` (:func:`run_control`): the same shape with ``ordering: none`` - a batch healthy, one diverted, one

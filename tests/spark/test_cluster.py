@@ -70,8 +70,8 @@ def test_with_ordering_session_every_session_reaches_the_primary_in_order(
     cluster_reports: dict[str, Any],
 ) -> None:
     """``ordering: session`` (``cluster_ordering.py``): 20 sessions, rows partitioned by session id, 12
-    micro-batches through a primary outage (batches 3-6), a backlog queue's 5 s blip (batch 5), a stalled entity (8-9) and the syphon job killed
-    mid-drain and restarted: every session's receiver on the primary gets exactly the produced sequence - in order,
+    micro-batches through a primary outage (batches 3-6), a backlog queue's 5 s blip (batch 5), a stalled entity
+    (8-9) and the syphon job killed mid-drain and restarted: every session's receiver on the primary gets exactly the produced sequence - in order,
     none lost, none twice (duplicate detection on) -, and the sink's and the syphon job's tasks ran on both
     executors."""
     report = _scenario(cluster_reports, "ordering")
