@@ -20,6 +20,7 @@ from spark_sb.config.endpoints import ConnectionStringInfo, derive_namespace_nam
 from spark_sb.config.secret import Secret
 from spark_sb.config.settings import CREDENTIAL_KINDS, RETRY_SETTINGS, one_of
 from spark_sb.core.errors import ConfigError
+from spark_sb.core.hosts import name_and_port
 
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential
@@ -228,18 +229,12 @@ class NamespaceConfig:
         """The namespace this one reaches, as ``host:port`` in lower case (the port the SDK would use when none is
         given: 5672 for a development emulator, else 5671), so that two spellings of one namespace compare
         equal. Pure; for configurations that passed :meth:`check`."""
-        host = self.endpoint_host().strip().rstrip("/").lower()
         emulator = self.use_development_emulator
         info = self.connection_info()
         if info is not None:
             emulator = emulator or info.use_development_emulator
-        name, port = host, ""
-        if host.startswith("["):  # [v6]:port
-            name, _, rest = host.partition("]")
-            name, port = name + "]", rest.lstrip(":")
-        elif host.count(":") == 1:
-            name, port = host.split(":")
-        return f"{name.rstrip('.')}:{port or (5672 if emulator else 5671)}"
+        name, port = name_and_port(self.endpoint_host())
+        return f"{name}:{port or (5672 if emulator else 5671)}"
 
     def _bare_fqns(self) -> str:
         fq = self.fully_qualified_namespace or ""

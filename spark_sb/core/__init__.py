@@ -6,6 +6,7 @@
 * :mod:`~spark_sb.core.redact` - removing registered secrets from any text;
 * :mod:`~spark_sb.core.durations` - durations of the configuration and ISO-8601;
 * :mod:`~spark_sb.core.counts` - merging per-key counts;
+* :mod:`~spark_sb.core.hosts` - a namespace's host as written, split into name and port;
 * :mod:`~spark_sb.core.sdk_types` - the SDK types the per-message hot paths look up once.
 
 Runs anywhere (driver, executors' Python workers, plain processes); pure and picklable. Imports: the standard

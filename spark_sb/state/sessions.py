@@ -137,6 +137,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from spark_sb.core.hosts import name_and_port
 from spark_sb.failover.ordering import Held, SessionBook
 
 #: How much older than the oldest pending marker an acknowledgement row may be dated (the syphon's machine clock
@@ -194,14 +195,7 @@ def namespace_spellings(namespace: str) -> tuple[str, ...]:
     that names the same namespace: with and without the service's default AMQP ports, a trailing dot or slash
     (SPEC O6: the sink and the syphon job may be configured with ``Contoso...`` and ``contoso...:5671/``).
     An acknowledgement read matches ``lower(namespace)`` against these. Pure."""
-    host = namespace.strip().lower().rstrip("/")
-    name, port = host, ""
-    if host.startswith("["):  # [v6]:port
-        name, _, rest = host.partition("]")
-        name, port = name + "]", rest.lstrip(":")
-    elif host.count(":") == 1:
-        name, port = host.split(":")
-    name = name.rstrip(".")
+    name, port = name_and_port(namespace)
     ports = ("", ":5671", ":5672") if port in ("", "5671", "5672") else (f":{port}",)
     return tuple(sorted({f"{n}{p}{s}" for n in (name, name + ".") for p in ports for s in ("", "/")}))
 

@@ -17,6 +17,7 @@ CI = (ROOT / ".ci" / "run").read_text()
 TIER_TARGETS = {
     "UNIT_TIER": "test-unit",
     "PACKAGING_TIER": "test-packaging",
+    "SIM_TIER": "test-sim",
     "INTEGRATION_TIER": "test-integration",
     "SERVICEBUS_LOCAL_TIER": "test-servicebus-local",
     "SPARK_TIER": "test-spark",

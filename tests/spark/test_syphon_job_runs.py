@@ -250,7 +250,7 @@ def test_an_ordered_run_on_a_fresh_checkpoint_records_the_acknowledgement_the_si
     """``ordering: session``: the marker the second run passes is an ``acknowledged`` row that the sink's read
     (``read_acknowledgements``) finds; before the fix it was dropped and the session stayed held for ever."""
     from spark_sb.failover.outcome import namespace_key
-    from spark_sb.spark.syphon_job import store_for
+    from spark_sb.state.maintenance import store_for
 
     pair = namespace_pair
     pair.primary.broker.create_queue(
