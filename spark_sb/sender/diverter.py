@@ -228,6 +228,7 @@ class Diverter:
             record = book.held(entity, key)
             if marker is None or record is None or not mark or (entity, key) in tally.stopped:
                 continue
+            self._try(record.queue, tally)  # O8: a pulled queue is tried once for its lines' markers too
             self._mark(backlog, record.queue, return_marker(entity, key, marker), entity, tally)
         self.flush(backlog, tally)
 

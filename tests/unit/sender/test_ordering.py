@@ -433,3 +433,26 @@ def test_a_held_lines_queue_failing_in_a_call_is_tried_for_the_backlog_budget_be
     assert out.total_diverted == 2
     ids = [from_backlog(m)[0].message_id for m in rig.transport.at(SECONDARY, queue)]
     assert [i for i in ids if i and i.startswith("s-")] == ["s-0", "s-1", "s-2", "s-3"]
+
+
+def test_a_remark_to_a_pulled_queue_is_tried_not_dropped_for_another_remark_after() -> None:
+    """Issue 47's suspicion 'markers dropped with a pulled queue delay a return by up to REMARK_AFTER' (proven at
+    ce9de6a): a held line with nothing to send gets a fresh marker (the sink's remark, after REMARK_AFTER); its
+    queue had been pulled by a blip meanwhile and the marker was dropped without a try - the line waited another
+    10 minutes, against O3. Now the pulled queue is tried once for the marker; it answers, the marker goes."""
+    rig = Rig(ordering="session", failover_interval=0.0)
+    syphon = Syphon(rig)
+    fail_over(rig)
+    rig.sender.send(session_msgs("s", 0, 2))
+    queue = pinned_queue("s", QUEUES, _all)
+    assert queue is not None
+    recover(rig)
+    syphon.drain()
+    book_of(rig).acknowledged("orders", "s", "lost")  # the newest marker's acknowledgement never came
+    rig.registry.rotation.pull("secondary.servicebus.windows.net", queue, rig.clock.monotonic() + 300.0)
+    assert rig.sender.remark([("orders", "s")]) == 1
+    markers = [m for m in rig.transport.at(SECONDARY, queue) if marker_of(from_backlog(m)[0]) is not None]
+    assert len(markers) == 2  # the first call's and the remark's, both in the line's queue
+    syphon.drain()
+    rig.sender.send(session_msgs("s", 2, 1))
+    assert primary_ids(rig) == ["s-0", "s-1", "s-2"]
