@@ -280,8 +280,9 @@ class Diverter:
             return
         transport = self.ctx.transport()
         # O8: a batch of ordered lines has nowhere else to go: its queue is tried for up to the backlog budget
-        # (send_timeout) before it is pulled and the lines stop - once per call and queue.
-        persist = self._holds_lines(slot) and tally.pinned_tries.get(queue, True)
+        # (send_timeout) before it is pulled and the lines stop - once per call and queue. Whether the batch holds
+        # such lines is looked at only once a send failed (a scan of the batch: not on the healthy backlog path).
+        persist: bool | None = None
         progress = Progress(self.ctx.clock.monotonic())
         while True:
             result = self.loop.run(
@@ -293,13 +294,11 @@ class Diverter:
                 progress=progress,
             )
             decision, cls = result.decision, result.error_class
-            if (
-                not persist
-                or decision is None
-                or decision.verb is not Verb.PULL
-                or cls is None
-                or not cls.retry
-            ):
+            if decision is None:
+                break
+            if persist is None:
+                persist = tally.pinned_tries.get(queue, True) and self._holds_lines(slot)
+            if not persist or decision.verb is not Verb.PULL or cls is None or not cls.retry:
                 break
             policy, clock = self.ctx.policy, self.ctx.clock
             left = policy.backlog_budget - (clock.monotonic() - progress.began)

@@ -75,6 +75,7 @@ from spark_sb.state.records import (
     BatchWrites,
     Event,
 )
+from spark_sb.state.sessions import EPOCH
 from spark_sb.state.store import StateStore
 from spark_sb.syphon.lines import RECEIVE_FAILURE_PAUSE
 from spark_sb.syphon.mover import Syphon
@@ -756,10 +757,9 @@ def read_lease_events(store: StateStore, sink_id: str, since: datetime) -> list[
             .selectExpr("unix_micros(time) AS us", "event", "namespace", "executor_host", "detail")
             .collect()
         )
-        epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
         return [
             Event(
-                epoch + timedelta(microseconds=int(r["us"])),
+                EPOCH + timedelta(microseconds=int(r["us"])),
                 sink_id,
                 None,
                 str(r["event"]),

@@ -386,9 +386,9 @@ class DeltaRsStateStore(DeltaTableStore):
 
     def read_acknowledgements(self, namespace: str, markers: Collection[str], since: datetime) -> set[str]:
         """Which of ``markers`` the syphon job acknowledged (``acknowledged`` events of ``namespace``, any spelling,
-        dated ``since`` or later). Made only while a line is held. A DataFusion query (``deltalake.QueryBuilder``) that skips the
-        files whose ``time`` statistics end before ``since``, so the read is bounded by time, not by the table's
-        age (300 files: 17 ms, against 0.5 s for an Arrow scan, which opens every file; it is the fallback)."""
+        dated ``since`` or later). Made only while a line is held. A DataFusion query (``deltalake.QueryBuilder``)
+        that skips the files whose ``time`` statistics end before ``since``, so the read is bounded by time, not by
+        the table's age (300 files: 17 ms, against 0.5 s for an Arrow scan, which opens every file; it is the fallback)."""
         wanted = set(markers)
         if not wanted:
             return set()
