@@ -27,8 +27,20 @@ MAY_IMPORT: dict[str, set[str]] = {
     "sender": {"core", "config", "message", "wire", "failover"},
     "syphon": {"core", "config", "message", "wire", "failover"},
     "state": {"core", "message", "failover"},
-    "spark": {"core", "config", "message", "wire", "failover", "sender", "syphon", "state"},
-    "admin": {"core", "config", "message", "wire", "failover", "sender", "syphon", "state", "spark"},
+    "source": {"core", "config", "message", "wire"},
+    "spark": {"core", "config", "message", "wire", "failover", "sender", "syphon", "state", "source"},
+    "admin": {
+        "core",
+        "config",
+        "message",
+        "wire",
+        "failover",
+        "sender",
+        "syphon",
+        "state",
+        "spark",
+        "source",
+    },
     "local": set(),
 }
 
@@ -81,7 +93,10 @@ def test_a_wing_imports_only_the_wings_below_it(wing: str) -> None:
             parts = module.split(".")
             if parts[0] == "spark_sb" and len(parts) > 1 and parts[1] not in MAY_IMPORT[wing] | {wing}:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
-            if wing in ("message", "wire", "failover", "sender", "syphon") and parts[0] == "pyspark":
+            if (
+                wing in ("message", "wire", "failover", "sender", "syphon", "source")
+                and parts[0] == "pyspark"
+            ):
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module} (Spark)")
     assert wrong == []
 
