@@ -1,0 +1,88 @@
+"""The executors' read of one partition (SOURCE.md §4 ``read(p)``, R13, R17): peek its ranges, keep its numbers.
+
+Runs in executors' Python workers, in ``read(partition)``: stateless; the :class:`~spark_sb.source.manifest.
+PartitionSpec` is picklable, the :class:`~spark_sb.source.transport.Peeker` is the process's cached client (not
+picklable, never shipped). Peeks have no side effects, so a retried task reads the same messages. Rows are made by
+:mod:`~spark_sb.source.rows` from the :class:`~spark_sb.source.transport.Peeked` this yields.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from spark_sb.source.manifest import PartitionSpec, Ranges, count, ranges_of
+from spark_sb.source.transport import Peeked, Peeker
+
+log = logging.getLogger(__name__)
+
+#: Messages per peek page.
+PAGE = 100
+#: Missing numbers named in an error or a warning (the count is always given).
+NAMED = 20
+
+
+class DataLossError(RuntimeError):
+    """Numbers of a committed-to manifest are no longer on the entity (``failOnDataLoss=true``), or the entity was
+    re-created under the checkpoint."""
+
+
+@dataclass
+class ReadStats:
+    """What one partition's read saw (executor; picklable): messages yielded, pages peeked, numbers missing."""
+
+    yielded: int = 0
+    pages: int = 0
+    missing: int = 0
+
+
+def describe(ranges: Ranges) -> str:
+    shown = ", ".join(f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in ranges[:NAMED])
+    return shown + (f", ... ({len(ranges) - NAMED} more ranges)" if len(ranges) > NAMED else "")
+
+
+def read_partition(
+    spec: PartitionSpec,
+    peeker: Peeker,
+    *,
+    fail_on_data_loss: bool = True,
+    timeout: float = 10.0,
+    page: int = PAGE,
+    stats: ReadStats | None = None,
+) -> Iterator[Peeked]:
+    """The messages of ``spec`` in sequence order, by peek from each range's ``lo``. Numbers missing fail the
+    read at its end with :class:`DataLossError` (``fail_on_data_loss``), or are WARNed and counted in ``stats``."""
+    stats = stats if stats is not None else ReadStats()
+    missing: list[int] = []
+    for lo, hi in spec.ranges:
+        cur = lo
+        while cur <= hi:
+            was = cur
+            got = peeker.peek(spec.entity, cur, min(page, hi - cur + 1), timeout)
+            stats.pages += 1
+            for p in got:
+                if p.seq < cur:
+                    continue
+                if p.seq > hi:
+                    break
+                missing.extend(range(cur, p.seq))
+                cur = p.seq + 1
+                stats.yielded += 1
+                yield p
+            if not got or got[-1].seq > hi or cur == was:
+                break
+        if cur <= hi:
+            missing.extend(range(cur, hi + 1))
+    if not missing:
+        return
+    gone = ranges_of(missing)
+    stats.missing += count(gone)
+    msg = (
+        f"data loss on {spec.entity}: {count(gone)} messages of the batch's manifest are gone from the entity "
+        f"(sequence numbers {describe(gone)}). Likely causes: their time to live ran out, another consumer "
+        "received them (one query per entity), or the entity was purged"
+    )
+    if fail_on_data_loss:
+        raise DataLossError(msg + "; set failOnDataLoss=false to go on without them")
+    log.warning("%s; going on (failOnDataLoss=false)", msg)
