@@ -1,0 +1,528 @@
+"""The driver's side of the source (SOURCE.md §3-§6, R13-R16, R18, R23, R24): settle, receive, keep locks, defer.
+
+:class:`SourcePlanner` runs in the planner process (one per query run, serial calls; not picklable). It speaks
+:class:`~spark_sb.source.transport.EntityLink` only, on an injected clock; the Spark adapter maps the reader's
+options onto :class:`PlannerLimits` and calls it from ``initialOffset``, ``latestOffset``, ``partitions``,
+``commit``, ``reportLatestOffset`` and ``prepareForTriggerAvailableNow``. The lock keeper is :meth:`keep_locks`:
+a daemon thread calls it in production (``keeper_thread=True``); tests and the simulation call it on their clock.
+No call raises on a namespace fault (a fault means "no new data this trigger"); a re-created entity raises
+:class:`~spark_sb.source.reader.DataLossError` with ``fail_on_data_loss``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from spark_sb.core.clock import Clock
+from spark_sb.source.manifest import (
+    MAX_OFFSET_RANGES,
+    MAX_PER_PARTITION,
+    Manifest,
+    PartitionSpec,
+    Ranges,
+    channel_of,
+    contains,
+    count,
+    cut,
+    minus,
+    ranges_of,
+    split,
+    union,
+)
+from spark_sb.source.reader import DataLossError
+from spark_sb.source.settle import Settler
+from spark_sb.source.transport import DEFERRED, EntityLink, Received
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlannerLimits:
+    """The planner's limits, in plain numbers (seconds, counts, bytes); defaults as SOURCE.md §10. Picklable."""
+
+    max_messages: int = 50_000  # maxMessagesPerTrigger
+    max_bytes: int | None = None  # maxBytesPerTrigger (no cap on the peek route unless set)
+    min_messages: int = 0  # minMessagesPerTrigger
+    max_trigger_delay: float = 900.0  # maxTriggerDelay (15m)
+    max_receive_time: float = 10.0  # maxReceiveTime
+    receive_wait: float = 1.0  # receiveWaitTime
+    receive_batch: int = 100  # messages asked per receive call
+    min_partitions: int | None = None  # minPartitions
+    max_per_partition: int = MAX_PER_PARTITION  # maxMessagesPerPartition
+    max_offset_ranges: int = MAX_OFFSET_RANGES  # maxOffsetRanges
+    fail_on_data_loss: bool = True  # failOnDataLoss
+    recover_deferred: bool = False  # recoverDeferred
+    call_timeout: float = 10.0  # every link call's deadline
+    settle_timeout: float = 60.0  # one settle step's deadline
+
+
+@dataclass
+class BatchStats:
+    """One batch's numbers, given to ``on_batch`` once its messages are deferred (driver; picklable)."""
+
+    b: int
+    received: int = 0
+    bytes: int = 0
+    owed_completed: int = 0
+    settled: int = 0
+    owed: int = 0
+    dropped: int = 0
+    deferred: int = 0
+    defer_failed: int = 0
+    max_delivery_count: int = 0
+    near_dead_letter: int = 0
+    receive_seconds: float = 0.0
+    defer_seconds: float = 0.0
+    settle_seconds: float = 0.0
+
+
+class _Held:
+    """A message held peek-locked: its receive and when its lock was last taken or renewed."""
+
+    __slots__ = ("received", "renewed_at", "locked_until")
+
+    def __init__(self, received: Received, now: float) -> None:
+        self.received = received
+        self.renewed_at = now
+        self.locked_until = received.locked_until
+
+    def due(self, now: float) -> bool:
+        return now >= self.renewed_at + (self.locked_until - self.renewed_at) / 2
+
+
+@dataclass
+class _Pending:
+    """The manifest returned by ``latest_offset`` and not yet planned: its start, and the messages to defer."""
+
+    start: Manifest
+    end: Manifest
+    held: dict[int, _Held]  # bounded by the batch (maxMessagesPerTrigger)
+    stats: BatchStats
+
+
+class SourcePlanner:
+    """One entity's planner (driver; one per query run; not picklable). See the module docstring."""
+
+    def __init__(
+        self,
+        entity: str,
+        link: EntityLink | Callable[[], EntityLink],
+        clock: Clock,
+        limits: PlannerLimits | None = None,
+        *,
+        on_batch: Callable[[BatchStats], None] | None = None,
+        max_delivery_count: int | None = None,
+        keeper_thread: bool = False,
+    ) -> None:
+        self.entity = entity
+        self.channel = channel_of(entity)
+        self.clock = clock
+        self.limits = limits or PlannerLimits()
+        self.on_batch = on_batch
+        self.max_delivery_count = max_delivery_count
+        self._factory: Callable[[], EntityLink] | None = None
+        self._link: EntityLink | None = None
+        if callable(link) and not hasattr(link, "receive"):
+            self._factory = link
+        else:
+            self._link = link  # type: ignore[assignment]
+        lim = self.limits
+        self._settler = Settler(
+            self.channel, clock, timeout=lim.settle_timeout, call_timeout=lim.call_timeout
+        )
+        self._mutex = threading.RLock()
+        self._held: dict[
+            int, _Held
+        ] = {}  # received, in no manifest yet: bounded by max_messages + receive_batch
+        self._pending: _Pending | None = None
+        self._known: Manifest | None = None  # the last offset Spark showed or planned (4.0/4.1: no start)
+        self._owed_now: tuple[str, Ranges] | None = (
+            None  # owed after settling one start, less what was completed
+        )
+        self._epoch: str | None = None
+        self._watermark: int | None = None
+        self._drained = False
+        self._adopt: Ranges = ()  # recoverDeferred: deferred numbers no manifest names (bounded by max_messages)
+        self._last_batch_at = clock.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if keeper_thread:
+            self._thread = threading.Thread(target=self._keeper, name=f"sb-lock-keeper-{entity}", daemon=True)
+            self._thread.start()
+
+    # -- the link ----------------------------------------------------------------------------------------------
+    def link(self) -> EntityLink:
+        if self._link is None:
+            assert self._factory is not None
+            self._link = self._factory()
+        return self._link
+
+    def _drop_link(self, why: Exception) -> None:
+        """After a namespace fault: a factory opens a new link next time; the carried locks are lost with it."""
+        log.info("source %s: link fault (%s)", self.entity, why)
+        if self._factory is None or self._link is None:
+            return
+        link, self._link = self._link, None
+        self._held.clear()
+        try:
+            link.close()
+        except Exception:  # noqa: BLE001
+            log.debug("closing the link of %s failed", self.entity, exc_info=True)
+
+    # -- Spark's calls -----------------------------------------------------------------------------------------
+    def initial_offset(self) -> dict[str, Any]:
+        """Batch 0 (no data). WARNs with the count of deferred messages no manifest names; with
+        ``recover_deferred`` adopts them (up to ``max_messages``) into the first batch (at-least-once for those)."""
+        with self._mutex:
+            epoch = self._read_epoch()
+            start = Manifest(b=0, epoch={self.channel: epoch} if epoch else {})
+            try:
+                deferred = self.link().counts(self.limits.call_timeout).deferred
+            except Exception as exc:  # noqa: BLE001
+                log.info("source %s: no counts at start (%s)", self.entity, exc)
+                deferred = 0
+            if deferred:
+                log.warning(
+                    "source %s: %d deferred messages are named by no offset of this checkpoint (a lost or new "
+                    "checkpoint); %s",
+                    self.entity,
+                    deferred,
+                    "adopting them (recoverDeferred)"
+                    if self.limits.recover_deferred
+                    else "they stay invisible: set recoverDeferred=true or run `spark-sb source recover` to read them",
+                )
+                if self.limits.recover_deferred:
+                    try:
+                        self._adopt = self._sweep_deferred()
+                    except Exception as exc:  # noqa: BLE001 - the next start tries again
+                        log.warning(
+                            "source %s: the sweep for deferred messages failed (%s)", self.entity, exc
+                        )
+            self._known = start
+            return start.to_dict()
+
+    def latest_offset(self, start: dict[str, Any] | None, max_rows: int | None = None) -> dict[str, Any]:
+        """Settle ``start`` (the last committed end), receive up to the limits, return the new manifest - or
+        ``start`` unchanged if nothing is held. ``start=None`` (4.0/4.1): the last offset seen."""
+        with self._mutex:
+            s = Manifest.from_dict(start) if start is not None else (self._known or Manifest(b=0))
+            pending = self._pending
+            if pending is not None:
+                if pending.start == s:
+                    return pending.end.to_dict()  # asked again before planning it: the same answer
+                log.warning(
+                    "source %s: batch %d was never planned; its messages join the next",
+                    self.entity,
+                    pending.end.b,
+                )
+                self._held.update(pending.held)
+                self._pending = None
+            s = self._check_epoch(s)
+            stats = BatchStats(b=s.b + 1)
+            owed = self._settle_start(s, stats)
+            if self._drained:
+                return s.to_dict()
+            t0 = self.clock.monotonic()
+            owed = self._receive(owed, max_rows, stats)
+            stats.receive_seconds = self.clock.monotonic() - t0
+            self._owed_now = (s.to_json(), owed)
+            waiting = (
+                self.limits.min_messages
+                and self._watermark is None
+                and len(self._held) < self.limits.min_messages
+                and self.clock.monotonic() - self._last_batch_at < self.limits.max_trigger_delay
+            )
+            if (not self._held and not self._adopt) or waiting:
+                return s.to_dict()
+            return self._emit(s, owed, stats).to_dict()
+
+    def partitions(self, start: dict[str, Any] | None, end: dict[str, Any]) -> list[PartitionSpec]:
+        """The batch's partitions; defers ``end``'s held messages on their link (once). Pure in (start, end):
+        a second call defers nothing. ``partitions(o, o)`` (4.0/4.1 ``setLatestSeenOffset``) only learns ``o``."""
+        with self._mutex:
+            e = Manifest.from_dict(end)
+            self._known = e
+            if start is not None and Manifest.from_dict(start).b == e.b:
+                return []
+            pending = self._pending
+            if pending is not None and pending.end == e:
+                self._pending = None
+                self._defer(pending)
+            return split(e, self.limits.min_partitions, self.limits.max_per_partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark committed the batch ending at ``end``: settle it (the same step ``latest_offset(end)`` skips)."""
+        with self._mutex:
+            e = Manifest.from_dict(end)
+            if self._known is None or e.b >= self._known.b:
+                self._known = e
+            if self._epoch is None or e.epoch.get(self.channel, self._epoch) == self._epoch:
+                self._settle_start(e, BatchStats(b=e.b + 1))
+
+    def report_latest(self) -> dict[str, Any]:
+        """``reportLatestOffset``: the entity's backlog from its admin counts; ``None`` where a call failed."""
+        with self._mutex:
+            owed = count(self._owed_now[1]) if self._owed_now else 0
+            out: dict[str, Any] = {"activeMessages": None, "deferredOnEntity": None, "owed": owed}
+            out["oldestAgeSeconds"] = None
+            try:
+                counts = self.link().counts(self.limits.call_timeout)
+                out["activeMessages"], out["deferredOnEntity"] = counts.active, counts.deferred
+                first = self.link().peek(0, 1, self.limits.call_timeout)
+                enqueued = getattr(first[0].message, "enqueued_time_utc", None) if first else None
+                if enqueued is not None:
+                    out["oldestAgeSeconds"] = max(0.0, (self.clock.now() - enqueued).total_seconds())
+            except Exception as exc:  # noqa: BLE001
+                log.info("source %s: no backlog report (%s)", self.entity, exc)
+            return out
+
+    def prepare_available_now(self) -> int:
+        """Pin the watermark W (the highest number present, by galloping peek; -1 if none): batches stop when a
+        receive is empty or yields only numbers above W."""
+        with self._mutex:
+            try:
+                self._watermark = self._highest()
+            except Exception as exc:  # noqa: BLE001 - one batch, as on 4.0/4.1
+                log.warning("source %s: no watermark (%s): AvailableNow runs one batch", self.entity, exc)
+                self._watermark = -1
+            self._drained = False
+            log.info("source %s: AvailableNow up to sequence number %d", self.entity, self._watermark)
+            return self._watermark
+
+    def stop(self) -> None:
+        """Stop the keeper and close the link (held locks lapse on the service)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.limits.call_timeout)
+        with self._mutex:
+            if self._link is not None:
+                link, self._link = self._link, None
+                try:
+                    link.close()
+                except Exception:  # noqa: BLE001
+                    log.debug("closing the link of %s failed", self.entity, exc_info=True)
+
+    # -- the lock keeper ---------------------------------------------------------------------------------------
+    def keep_locks(self) -> float | None:
+        """Renew the held locks due (half their lock gone); forget the lost ones. Returns the next due time on
+        the clock (None if nothing is held). A lost lock of a planned message is left to the defer (owed)."""
+        with self._mutex:
+            now = self.clock.monotonic()
+            pending = self._pending.held if self._pending else {}
+            for book in (self._held, pending):
+                for seq in [s for s, h in book.items() if now >= h.locked_until]:
+                    del book[seq]
+            due = [h for book in (self._held, pending) for h in book.values() if h.due(now)]
+            if due:
+                try:
+                    renewed = self.link().renew([h.received for h in due], self.limits.call_timeout)
+                except Exception as exc:  # noqa: BLE001 - tried again at the next tick
+                    log.info("source %s: renew failed (%s)", self.entity, exc)
+                    renewed = None
+                if renewed is not None:
+                    for h in due:
+                        seq = h.received.seq
+                        if seq in renewed:
+                            h.renewed_at, h.locked_until = now, renewed[seq]
+                        else:
+                            self._held.pop(seq, None)
+                            pending.pop(seq, None)
+            times = [
+                h.renewed_at + (h.locked_until - h.renewed_at) / 2
+                for b in (self._held, pending)
+                for h in b.values()
+            ]
+            return min(times) if times else None
+
+    def _keeper(self) -> None:
+        while True:
+            nxt = self.keep_locks()
+            wait = 1.0 if nxt is None else min(5.0, max(0.05, nxt - self.clock.monotonic()))
+            if self._stop.wait(wait):
+                return
+
+    # -- steps ---------------------------------------------------------------------------------------------------
+    def _read_epoch(self) -> str | None:
+        if self._epoch is None:
+            try:
+                self._epoch = self.link().counts(self.limits.call_timeout).created_at
+            except Exception as exc:  # noqa: BLE001
+                log.info("source %s: no creation time (%s)", self.entity, exc)
+        return self._epoch
+
+    def _check_epoch(self, s: Manifest) -> Manifest:
+        """A start from an entity since re-created names other messages: fail, or (failOnDataLoss=false) reset."""
+        epoch = self._read_epoch()
+        was = s.epoch.get(self.channel)
+        if epoch is None or was is None or was == epoch:
+            return s
+        msg = (
+            f"entity {self.entity} was re-created ({was} -> {epoch}): the checkpoint's offsets name messages of the "
+            "old entity"
+        )
+        if self.limits.fail_on_data_loss:
+            raise DataLossError(msg + "; set failOnDataLoss=false to start over from the new entity")
+        log.warning("%s; starting over (failOnDataLoss=false)", msg)
+        self._owed_now = None
+        return Manifest(b=s.b, epoch={**s.epoch, self.channel: epoch})
+
+    def _settle_start(self, s: Manifest, stats: BatchStats) -> Ranges:
+        key = s.to_json()
+        if self._owed_now is not None and self._owed_now[0] == key:
+            return self._owed_now[1]
+        t0 = self.clock.monotonic()
+        if s.ranges(self.channel) or s.owed_ranges(self.channel):
+            result = self._settler.settle(self.link(), s)
+            owed = result.owed
+            stats.settled, stats.dropped = result.settled, result.dropped
+        else:
+            owed = ()
+        stats.settle_seconds = self.clock.monotonic() - t0
+        self._owed_now = (key, owed)
+        return owed
+
+    def _receive(self, owed: Ranges, max_rows: int | None, stats: BatchStats) -> Ranges:
+        """Receive into ``self._held`` until a limit; complete owed numbers at once. Returns the owed left."""
+        lim = self.limits
+        limit = min(lim.max_messages, max_rows) if max_rows is not None else lim.max_messages
+        size = sum(h.received.size for h in self._held.values())
+        t0 = self.clock.monotonic()
+        while len(self._held) < limit and (lim.max_bytes is None or size < lim.max_bytes):
+            if self.clock.monotonic() - t0 >= lim.max_receive_time:
+                break
+            if len(ranges_of(self._held)) >= lim.max_offset_ranges:
+                break
+            self.keep_locks()
+            want = min(lim.receive_batch, limit - len(self._held))
+            try:
+                got = self.link().receive(want, lim.receive_wait, lim.receive_wait + lim.call_timeout)
+            except Exception as exc:  # noqa: BLE001 - no new data this trigger
+                self._drop_link(exc)
+                break
+            now = self.clock.monotonic()
+            owed_got = [r for r in got if contains(owed, r.seq)]
+            for r in got:
+                stats.max_delivery_count = max(stats.max_delivery_count, r.delivery_count)
+                if self.max_delivery_count and r.delivery_count >= self.max_delivery_count - 1:
+                    stats.near_dead_letter += 1
+                if not contains(owed, r.seq):
+                    self._held[r.seq] = _Held(r, now)
+                    size += r.size
+            if owed_got:
+                owed = self._complete_owed(owed, owed_got, stats)
+            if self._watermark is not None and (not got or all(r.seq > self._watermark for r in got)):
+                self._drained = True
+                break
+            if not got:
+                break
+        if stats.near_dead_letter:
+            log.warning(
+                "source %s: %d messages near MaxDeliveryCount (%s)",
+                self.entity,
+                stats.near_dead_letter,
+                self.max_delivery_count,
+            )
+        return owed
+
+    def _complete_owed(self, owed: Ranges, got: list[Received], stats: BatchStats) -> Ranges:
+        try:
+            done = self.link().complete(got, self.limits.call_timeout)
+        except Exception as exc:  # noqa: BLE001 - still owed; a lost reply is found gone at the next settle
+            log.info("source %s: completing %d owed messages failed (%s)", self.entity, len(got), exc)
+            return owed
+        stats.owed_completed += len(done)
+        return minus(owed, ranges_of(done))
+
+    def _emit(self, s: Manifest, owed: Ranges, stats: BatchStats) -> Manifest:
+        kept, _rest = cut(self._held, self.limits.max_offset_ranges)  # the rest is carried to the next batch
+        held = {seq: self._held.pop(seq) for seq in kept}
+        ranges = union(ranges_of(kept), self._adopt)
+        self._adopt = ()
+        size = sum(h.received.size for h in held.values())
+        epoch = {**s.epoch, self.channel: self._epoch} if self._epoch else dict(s.epoch)
+        end = Manifest(
+            b=s.b + 1,
+            m={self.channel: ranges},
+            owed={self.channel: owed} if owed else {},
+            epoch=epoch,
+            n=count(ranges),
+            bytes=size,
+        )
+        stats.received, stats.bytes, stats.owed = len(held), size, count(owed)
+        self._pending = _Pending(start=s, end=end, held=held, stats=stats)
+        return end
+
+    def _defer(self, pending: _Pending) -> None:
+        stats = pending.stats
+        handles = [h.received for h in pending.held.values()]
+        t0 = self.clock.monotonic()
+        done: set[int] = set()
+        if handles:
+            try:
+                done = self.link().defer(handles, self.limits.call_timeout)
+            except Exception as exc:  # noqa: BLE001 - read by peek all the same; owed at settle
+                log.info("source %s: defer of batch %d failed (%s)", self.entity, pending.end.b, exc)
+        stats.defer_seconds = self.clock.monotonic() - t0
+        stats.deferred = len(done)
+        stats.defer_failed = stats.received - len(done)
+        self._last_batch_at = self.clock.monotonic()
+        log.info(
+            "source %s batch %d: %d messages (%d bytes), %d deferred, %d defer failed, %d settled, %d owed, "
+            "%d owed completed, %d dropped; receive %.2fs defer %.2fs settle %.2fs",
+            self.entity,
+            stats.b,
+            stats.received,
+            stats.bytes,
+            stats.deferred,
+            stats.defer_failed,
+            stats.settled,
+            stats.owed,
+            stats.owed_completed,
+            stats.dropped,
+            stats.receive_seconds,
+            stats.defer_seconds,
+            stats.settle_seconds,
+        )
+        if self.on_batch is not None:
+            try:
+                self.on_batch(stats)
+            except Exception:  # noqa: BLE001 - metrics never fail a batch
+                log.warning("source %s: on_batch failed", self.entity, exc_info=True)
+
+    def _highest(self) -> int:
+        """The highest sequence number present: a galloping peek, then a bisection (about 2*log2 peeks)."""
+        t = self.limits.call_timeout
+        first = self.link().peek(0, 1, t)
+        if not first:
+            return -1
+        lo, step = first[0].seq, 1
+        while True:
+            probe = self.link().peek(lo + step, 1, t)
+            if not probe:
+                hi = lo + step
+                break
+            lo, step = probe[0].seq, step * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            probe = self.link().peek(mid, 1, t)
+            if probe:
+                lo = probe[0].seq
+            else:
+                hi = mid
+        return lo
+
+    def _sweep_deferred(self) -> Ranges:
+        """The DEFERRED numbers on the entity (peek from 0), up to ``max_messages``."""
+        found: list[int] = []
+        cur = 0
+        while len(found) < self.limits.max_messages:
+            page = self.link().peek(cur, 250, self.limits.call_timeout)
+            if not page:
+                break
+            found.extend(p.seq for p in page if p.state == DEFERRED)
+            cur = page[-1].seq + 1
+        return ranges_of(found[: self.limits.max_messages])

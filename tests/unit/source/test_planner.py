@@ -1,0 +1,255 @@
+"""The driver's planner (SOURCE.md §4-§6, R13-R16, R18, R23, R24) on the fake entity and the fake clock."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from spark_sb.core.clock import FakeClock
+from spark_sb.source.manifest import Manifest, PartitionSpec, numbers
+from spark_sb.source.planner import BatchStats, PlannerLimits, SourcePlanner
+from spark_sb.source.reader import DataLossError
+from spark_sb.source.transport import DEFERRED
+from tests.unit.source.fakes import LOCKED, FakeEntity
+
+CH = "p/orders"
+
+
+def world(n: int = 0, **limits: Any) -> tuple[FakeClock, FakeEntity, SourcePlanner]:
+    clock = FakeClock()
+    e = FakeEntity(clock, lock_duration=30.0)
+    for _ in range(n):
+        e.send()
+    return clock, e, SourcePlanner("orders", e.link(), clock, PlannerLimits(**limits))
+
+
+def seqs(offset: dict[str, Any]) -> list[int]:
+    return list(numbers(Manifest.from_dict(offset).ranges(CH)))
+
+
+def test_a_batch_is_received_locked_deferred_in_partitions_and_deleted_at_commit() -> None:
+    clock, e, p = world(7, max_per_partition=3)
+    start = p.initial_offset()
+    end = p.latest_offset(start, None)
+    assert seqs(end) == list(range(1, 8)) and Manifest.from_dict(end).b == 1
+    assert Manifest.from_dict(end).epoch == {CH: e.created_at} and end["n"] == 7
+    assert all(m.state == LOCKED for m in e.messages.values())
+    specs = p.partitions(start, end)
+    assert [s.ranges for s in specs] == [((1, 3),), ((4, 5),), ((6, 7),)]
+    assert all(m.state == DEFERRED for m in e.messages.values())
+    assert p.partitions(start, end) == specs and e.calls["defer"] == 1  # pure: the second call defers nothing
+    p.commit(end)
+    assert e.messages == {} and e.calls["delete"] == 1
+    assert p.latest_offset(end, None) == end  # nothing new: start unchanged; its settle was not done again
+    assert e.calls["delete"] == 1
+
+
+def test_nothing_received_returns_start_and_writes_nothing() -> None:
+    clock, e, p = world(0, receive_wait=1.0)
+    start = p.initial_offset()
+    t0 = clock.monotonic()
+    assert p.latest_offset(start, None) == start
+    assert e.calls["receive"] == 1 and clock.monotonic() - t0 == 1.0  # one empty receiveWaitTime
+
+
+def test_limits_max_rows_max_messages_max_bytes_and_the_range_cut() -> None:
+    _, _, p = world(20, receive_batch=4)
+    assert len(seqs(p.latest_offset(p.initial_offset(), 6))) == 6
+    _, _, p = world(20, receive_batch=4, max_messages=5)
+    assert len(seqs(p.latest_offset(p.initial_offset(), None))) == 5
+    _, _, p = world(20, receive_batch=1, max_bytes=200)  # 51 bytes a message: the fourth passes 200
+    assert len(seqs(p.latest_offset(p.initial_offset(), None))) == 4
+    clock, e, p = world(8, max_offset_ranges=2)
+    for s in (2, 4, 6):  # deferred by someone else: 1, 3, 5, 7-8 are received
+        e.messages[s].state = DEFERRED
+    start = p.initial_offset()
+    end = p.latest_offset(start, None)
+    assert seqs(end) == [1, 3]  # cut at 2 ranges; 5, 7, 8 carried, still locked, into the next batch
+    p.partitions(start, end)
+    p.commit(end)
+    assert seqs(p.latest_offset(end, None)) == [5, 7, 8]
+
+
+def test_max_receive_time_ends_a_receive_that_keeps_getting_messages() -> None:
+    clock, e, p = world(50, receive_batch=2, max_receive_time=10.0)
+
+    def slow(op: str, phase: str, _link: object) -> None:
+        if op == "receive" and phase == "after":
+            clock.advance(3)
+
+    e.hook = slow
+    assert len(seqs(p.latest_offset(p.initial_offset(), None))) == 8  # 4 receives: 0, 3, 6, 9 s
+
+
+def test_min_messages_waits_holding_the_locks_until_max_trigger_delay() -> None:
+    clock, e, p = world(2, min_messages=5, max_trigger_delay=60.0)
+    start = p.initial_offset()
+    assert p.latest_offset(start, None) == start
+    e.send()
+    clock.advance(20)
+    assert p.latest_offset(start, None) == start
+    clock.advance(41)  # 61 s since the planner started: the delay is over; the locks were renewed on the way
+    end = p.latest_offset(start, None)
+    assert seqs(end) == [1, 2, 3] and e.states()["locked"] == 3
+
+
+def test_the_lock_keeper_renews_held_locks_at_half_their_duration_so_a_slow_wal_loses_none() -> None:
+    clock, e, p = world(3)
+    start = p.initial_offset()
+    end = p.latest_offset(start, None)
+    renews = []
+    for _ in range(12):  # 3 minutes of a slow offset log at a 30 s lock: the keeper's thread ticks every 15 s
+        clock.advance(15)
+        p.keep_locks()
+        renews.append(e.calls["renew"])
+    assert renews[-1] >= 6
+    p.partitions(start, end)
+    assert all(m.state == DEFERRED for m in e.messages.values())
+    assert max(m.delivery_count for m in e.messages.values()) == 1
+
+
+def test_a_defer_refused_for_a_lost_lock_leaves_the_message_owed_then_completed_never_emitted() -> None:
+    clock, e, p = world(3)
+    start = p.initial_offset()
+    end = p.latest_offset(start, None)
+    clock.advance(31)  # no keeper: the locks lapse before partitions()
+    specs = p.partitions(start, end)
+    assert specs == [PartitionSpec(CH, ((1, 3),))]
+    # refused for the lapsed locks: nothing deferred
+    assert e.calls["defer"] == 1 and e.states()["active"] == 3
+    p.commit(end)  # settle: not deferred, still there -> owed
+    e.send()
+    nxt = p.latest_offset(end, None)
+    assert Manifest.from_dict(nxt).owed == {}  # all three completed at once when received again
+    assert seqs(nxt) == [4] and list(e.messages) == [4]
+
+
+def test_a_new_driver_settles_a_batch_that_was_never_deferred_and_completes_it_when_it_comes_back() -> None:
+    """The prototype's duplicate: a batch in the WAL whose driver died before the defer."""
+    clock, e, p = world(4)
+    start = p.initial_offset()
+    end = p.latest_offset(start, None)  # WAL'd; the driver dies before partitions()
+    clock.advance(5)
+    p2 = SourcePlanner("orders", e.link(), clock, PlannerLimits())
+    assert p2.partitions(start, end) == [
+        PartitionSpec(CH, ((1, 4),))
+    ]  # the replay: nothing held, nothing deferred
+    p2.commit(end)
+    e.send()
+    clock.advance(30)  # the dead driver's locks lapse
+    nxt = p2.latest_offset(end, None)
+    assert seqs(nxt) == [5] and list(e.messages) == [5]
+    assert max(d for d in (m.delivery_count for m in e.messages.values())) == 1
+
+
+def test_spark_4_0_latest_offset_without_start_learns_it_from_partitions_o_o() -> None:
+    clock, e, p = world(2)
+    start = p.initial_offset()
+    end = p.latest_offset(start, None)
+    p.partitions(start, end)
+    p2 = SourcePlanner("orders", e.link(), clock, PlannerLimits())  # a restart after batch 1 committed
+    assert p2.partitions(end, end) == []  # setLatestSeenOffset
+    e.send()
+    nxt = p2.latest_offset(None, None)
+    assert Manifest.from_dict(nxt).b == 2 and seqs(nxt) == [3]
+    assert list(e.messages) == [3]  # batch 1 settled first
+
+
+def test_asked_again_before_planning_the_same_manifest_comes_back() -> None:
+    _, e, p = world(2)
+    start = p.initial_offset()
+    end = p.latest_offset(start, None)
+    e.send()
+    assert p.latest_offset(start, None) == end
+
+
+def test_available_now_stops_at_the_watermark_under_a_live_producer() -> None:
+    clock, e, p = world(10, receive_batch=4)
+    start = p.initial_offset()
+    assert p.prepare_available_now() == 10
+    got: list[int] = []
+    for _ in range(10):
+        for _ in range(3):
+            e.send()
+        end = p.latest_offset(start, None)
+        if end == start:
+            break
+        p.partitions(start, end)
+        p.commit(end)
+        got.extend(seqs(end))
+        start = end
+    assert got[:10] == list(range(1, 11)) and max(got) <= 10 + 4  # the overshoot: at most one receive
+
+
+def test_report_latest_gives_backlog_owed_and_the_oldest_age() -> None:
+    clock, e, p = world(3)
+    clock.advance(42)
+    start = p.initial_offset()
+    end = p.latest_offset(start, 2)
+    p.partitions(start, end)
+    assert p.report_latest() == {
+        "activeMessages": 1,
+        "deferredOnEntity": 2,
+        "owed": 0,
+        "oldestAgeSeconds": 42.0,
+    }
+
+
+def test_a_re_created_entity_fails_the_query_or_starts_over_without_settling() -> None:
+    clock, e, p = world(2)
+    old = Manifest(b=5, m={CH: ((1, 2),)}, epoch={CH: "2025-01-01T00:00:00+00:00"}).to_dict()
+    with pytest.raises(DataLossError, match="re-created"):
+        p.latest_offset(old, None)
+    _, e2, p2 = world(2, fail_on_data_loss=False)
+    end = p2.latest_offset(old, None)
+    assert e2.calls["delete"] == 0 and Manifest.from_dict(end).b == 6 and seqs(end) == [1, 2]
+
+
+def test_a_new_checkpoint_warns_the_count_of_orphan_deferred_messages_and_can_adopt_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock, e, _ = world(5)
+    link = e.link()
+    link.defer(link.receive(3, 0, 1), 1)  # a dead driver's batch, its checkpoint lost
+    with caplog.at_level(logging.WARNING):
+        p = SourcePlanner("orders", e.link(), clock, PlannerLimits())
+        start = p.initial_offset()
+    assert "3 deferred messages" in caplog.text
+    assert seqs(p.latest_offset(start, None)) == [4, 5]  # the orphans stay invisible
+    p = SourcePlanner("orders", e.link(), clock, PlannerLimits(recover_deferred=True))
+    start = p.initial_offset()
+    clock.advance(31)
+    assert seqs(p.latest_offset(start, None)) == [1, 2, 3, 4, 5]
+
+
+def test_on_batch_gets_each_batchs_numbers_once() -> None:
+    got: list[BatchStats] = []
+    clock, e, _ = world(4)
+    p = SourcePlanner("orders", e.link(), clock, PlannerLimits(), on_batch=got.append)
+    start = p.initial_offset()
+    end = p.latest_offset(start, None)
+    p.partitions(start, end)
+    p.partitions(start, end)
+    assert [(s.b, s.received, s.deferred, s.defer_failed) for s in got] == [(1, 4, 4, 0)]
+
+
+def test_a_link_factory_reopens_the_link_after_a_fault_and_no_call_raises() -> None:
+    clock, e, _ = world(2)
+    opened = []
+
+    def factory() -> Any:
+        opened.append(e.link())
+        return opened[-1]
+
+    p = SourcePlanner("orders", factory, clock, PlannerLimits())
+    start = p.initial_offset()
+
+    def down(op: str, phase: str, _link: object) -> None:
+        raise ConnectionError("namespace down")
+
+    e.hook = down
+    assert p.latest_offset(start, None) == start
+    e.hook = None
+    assert seqs(p.latest_offset(start, None)) == [1, 2] and len(opened) == 2
