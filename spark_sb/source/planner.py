@@ -371,16 +371,21 @@ class SourcePlanner:
         return Manifest(b=s.b, epoch={**s.epoch, self.channel: epoch})
 
     def _settle_start(self, s: Manifest, stats: BatchStats) -> Ranges:
+        """Settle ``s`` once; after an incomplete settle (a fault, the deadline) settle what is still owed again:
+        what was not tried is owed, and an idle query (``start`` unchanged) would otherwise never delete it."""
         key = s.to_json()
+        target = s
         if self._owed_now is not None and self._owed_now[0] == key:
-            return self._owed_now[1]
+            if self._settle_complete:
+                return self._owed_now[1]
+            target = Manifest(b=s.b, owed={self.channel: self._owed_now[1]})
         t0 = self.clock.monotonic()
-        if s.ranges(self.channel) or s.owed_ranges(self.channel):
-            result = self._settler.settle(self.link(), s)
-            owed = result.owed
+        owed: Ranges = ()
+        self._settle_complete = True
+        if target.ranges(self.channel) or target.owed_ranges(self.channel):
+            result = self._settler.settle(self.link(), target)
+            owed, self._settle_complete = result.owed, result.complete
             stats.settled, stats.dropped = result.settled, result.dropped
-        else:
-            owed = ()
         stats.settle_seconds = self.clock.monotonic() - t0
         self._owed_now = (key, owed)
         return owed

@@ -61,11 +61,13 @@ class _Deadline:
         return min(self.call_timeout, self.end - self.clock.monotonic())
 
 
-def present(link: EntityLink, seqs: Sequence[int], deadline: _Deadline) -> tuple[set[int], set[int]]:
-    """``(present, deferred)`` among ``seqs`` by peek. A number whose peek failed counts as present (never
-    dropped on a doubt: a dropped number that is still there would be emitted again)."""
+def present(link: EntityLink, seqs: Sequence[int], deadline: _Deadline) -> tuple[set[int], set[int], bool]:
+    """``(present, deferred, doubt)`` among ``seqs`` by peek. A number whose peek failed counts as present and not
+    deferred (never dropped on a doubt: a dropped number that is still there would be emitted again); ``doubt``
+    says so, and the settle is incomplete (tried again)."""
     found: set[int] = set()
     deferred: set[int] = set()
+    doubt = False
     for lo, hi in ranges_of(seqs):
         cur = lo
         while cur <= hi:
@@ -77,6 +79,7 @@ def present(link: EntityLink, seqs: Sequence[int], deadline: _Deadline) -> tuple
             except Exception as exc:  # noqa: BLE001 - a doubt keeps the rest owed
                 log.debug("peek from %d failed (%s): kept owed", cur, exc)
                 found.update(range(cur, hi + 1))
+                doubt = True
                 break
             for p in page:
                 if lo <= p.seq <= hi:
@@ -86,7 +89,7 @@ def present(link: EntityLink, seqs: Sequence[int], deadline: _Deadline) -> tuple
             if not page or page[-1].seq >= hi:
                 break
             cur = page[-1].seq + 1
-    return found & set(seqs), deferred & set(seqs)
+    return found & set(seqs), deferred & set(seqs), doubt
 
 
 def settle_numbers(
@@ -118,11 +121,13 @@ def settle_numbers(
             untried.extend(chunk)
             faulted = True
             continue
-        there, deferred = present(link, chunk, deadline)
+        there, deferred, doubt = present(link, chunk, deadline)
+        faulted = faulted or doubt
         gone.update(n for n in chunk if n not in there)
         kept.update(there - deferred)  # active or locked: owed, completed when next received
-        faulted = _bisect(link, sorted(deferred), deadline, deleted, refused, untried)
-    there, _ = present(link, refused, deadline) if refused else (set(), set())
+        faulted = _bisect(link, sorted(deferred), deadline, deleted, refused, untried) or faulted
+    there, _, doubt = present(link, refused, deadline) if refused else (set(), set(), False)
+    faulted = faulted or doubt
     owed = set(untried) | kept | there
     dropped = gone | (set(refused) - there)
     return deleted, owed, dropped, not faulted

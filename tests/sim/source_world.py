@@ -1,0 +1,319 @@
+"""The world of one simulated schedule of the ``servicebus`` source (SOURCE.md §4's crash windows, §13 A1): the real
+planner, settle step and reader over the fake entity of tests/unit/source/fakes.py, on one fake clock, driven by a
+simulated Spark micro-batch loop.
+
+* **Spark.** An offset log (WAL), a commit log and an idempotent sink keyed by batch id (as Delta's), all durable
+  across driver kills. The loop is MicroBatchExecution's: ``latestOffset(start)`` -> WAL -> ``commit(previous)`` ->
+  ``partitions`` (sometimes twice) -> tasks (up to 4 attempts) -> sink -> commit log. A restart replays from the
+  logs: an uncommitted batch is planned again from the WAL (``partitions(start, end)``); on the 4.0/4.1 path
+  ``latestOffset()`` has no start and a restart calls ``partitions(o, o)``.
+* **Kills.** The driver dies (:class:`Killed`, a BaseException the code under test cannot catch) at every point of
+  §13 A1: mid-receive, after ``latestOffset`` before the WAL, after the WAL before the defer, mid-read, after the
+  sink commit before the commit log, after the commit log before settle - and mid-settle. A restart comes after a
+  random delay (shorter or longer than a lock).
+* **Faults.** Any link call may fail before it acts or lose its reply after (lost settle replies among them); an
+  executor's peek may fail its task (retried); the lock keeper may starve through a slow WAL; batches may run
+  for several lock durations.
+* **Checks** after a final drain without faults: every produced message in the sink exactly once; the entity
+  empty (0 active, 0 deferred, 0 dead-lettered); a message delivered at most once plus once per fault window it
+  was locked in (a kill, a starved keeper, a failed lock call) - A1's "max delivery count <= 2 per kill window".
+
+Test code: one thread, not picklable. Bounded by the schedule (<= 60 messages, <= MAX_TRIGGERS triggers).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Any
+
+from spark_sb.core.clock import FakeClock
+from spark_sb.source.manifest import PartitionSpec
+from spark_sb.source.planner import PlannerLimits, SourcePlanner
+from spark_sb.source.reader import DataLossError, read_partition
+from tests.unit.source.fakes import FakeEntity, FakeLink
+
+ENTITY = "orders"
+TASK_ATTEMPTS = 4
+MAX_KILLS = 3
+MAX_TRIGGERS = 400
+#: Calls whose fault can leave a message locked until its lock lapses (a redelivery window).
+LOCK_OPS = {"receive", "renew", "defer", "complete"}
+
+
+class Killed(BaseException):
+    """The driver process dies here (SIGKILL): nothing of the code under test sees it."""
+
+
+class TaskFailed(Exception):
+    """An executor's Python worker died mid-read: Spark retries the task."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    prop: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.prop}: {self.detail}"
+
+
+@dataclass
+class Params:
+    """What a schedule's seed draws besides its steps."""
+
+    messages: int
+    lock: float
+    limits: PlannerLimits
+    spark40: bool
+    kill_rate: float
+    chaos: float
+    max_rows: int | None
+
+
+def draw(rng: random.Random) -> Params:
+    lock = rng.choice([5.0, 10.0, 30.0])
+    limits = PlannerLimits(
+        max_messages=rng.randint(1, 12),
+        receive_batch=rng.randint(1, 5),
+        min_messages=rng.choice([0, 0, 0, 3]),
+        max_trigger_delay=rng.choice([5.0, 20.0]),
+        max_receive_time=rng.choice([2.0, 10.0]),
+        receive_wait=1.0,
+        min_partitions=rng.choice([None, 1, 3]),
+        max_per_partition=rng.randint(1, 8),
+        max_offset_ranges=rng.choice([2, 10_000]),
+        call_timeout=2.0,
+        settle_timeout=20.0,
+    )
+    return Params(
+        messages=rng.randint(10, 40),
+        lock=lock,
+        limits=limits,
+        spark40=rng.random() < 0.3,
+        kill_rate=rng.choice([0.02, 0.05, 0.1]),
+        chaos=rng.choice([0.0, 0.03, 0.08]),
+        max_rows=rng.choice([None, None, 5]),
+    )
+
+
+class SourceWorld:
+    """One schedule. ``run()`` returns the violations; ``trace`` holds the last steps."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.p = draw(self.rng)
+        self.clock = FakeClock()
+        self.entity = FakeEntity(self.clock, ENTITY, lock_duration=self.p.lock, hook=self._hook)
+        self.peeker = self.entity.peeker()
+        self.trace: deque[str] = deque(maxlen=40)
+        # Spark's durable state: the offset log, the commit log, the sink (rows by batch id)
+        self.offsets: dict[int, dict[str, Any]] = {}
+        self.commits: set[int] = set()
+        self.sink: dict[int, list[str]] = {}
+        self.produced: list[str] = []
+        self.allowance: Counter[int] = Counter()  # redelivery windows a message was locked in
+        self.kills = 0
+        self.incarnation = 0
+        self.faulty = True  # off in the final drain
+        self.planner: SourcePlanner | None = None
+        self.initial: dict[str, Any] | None = None
+        self.violations: list[Violation] = []
+        self.triggers = 0
+
+    # -- faults --------------------------------------------------------------------------------------------------
+    def note(self, text: str) -> None:
+        self.trace.append(f"  t={self.clock.monotonic() - 1000:7.1f} d{self.incarnation} {text}")
+
+    def _window(self) -> None:
+        for seq in self.entity.locked():
+            self.allowance[seq] += 1
+
+    def kill(self, point: str) -> None:
+        if self.faulty and self.kills < MAX_KILLS and self.rng.random() < self.p.kill_rate:
+            self.kills += 1
+            self.note(f"KILL {point}")
+            self._window()
+            raise Killed(point)
+
+    def _hook(self, op: str, phase: str, link: FakeLink | None) -> None:
+        if not self.faulty:
+            return
+        if op == "read":
+            if phase == "before" and self.rng.random() < self.p.chaos:
+                raise TaskFailed("executor lost")
+            if phase == "after":
+                self.kill("mid-read")
+            return
+        if op == "receive" and phase == "after":
+            self.kill("mid-receive")
+        if op == "delete":
+            self.kill(f"mid-settle ({phase})")
+        if op == "defer" and phase == "before":
+            self.kill("after the WAL, before the defer")
+        if self.rng.random() < self.p.chaos:
+            kind = self.rng.choice(["fail", "stall"])
+            self.note(f"fault {op} {phase} {kind}")
+            if op in LOCK_OPS:
+                self._window()
+            if kind == "stall":
+                self.clock.advance(self.p.limits.call_timeout)
+            raise TimeoutError(f"{op} {phase}") if kind == "stall" else ConnectionError(f"{op} {phase}")
+
+    # -- time ----------------------------------------------------------------------------------------------------
+    def elapse(self, seconds: float, starve: bool = False) -> None:
+        """Time passes with the planner's keeper thread ticking every quarter lock (unless it starves)."""
+        if starve and self.faulty:
+            self.note(f"keeper starved {seconds:.1f}s")
+            self._window()
+            self.clock.advance(seconds)
+            return
+        step = self.p.lock / 4
+        while seconds > 0:
+            self.clock.advance(min(step, seconds))
+            seconds -= step
+            if self.planner is not None:
+                self.planner.keep_locks()
+
+    def produce(self, most: int) -> None:
+        for _ in range(self.rng.randint(0, most)):
+            if len(self.produced) < self.p.messages:
+                mid = f"id-{len(self.produced)}"
+                self.entity.send(mid, message_id=mid)
+                self.produced.append(mid)
+
+    # -- Spark ---------------------------------------------------------------------------------------------------
+    def start_of(self, batch: int) -> dict[str, Any]:
+        if batch == 0:
+            if self.initial is None:
+                assert self.planner is not None
+                self.initial = self.planner.initial_offset()
+            return self.initial
+        return self.offsets[batch - 1]
+
+    def driver(self) -> None:
+        """One driver process: restart from the logs, then triggers until the drain is done."""
+        self.incarnation += 1
+        self.initial = None
+        link = self.entity.link(tag=self.incarnation)
+        self.planner = p = SourcePlanner(ENTITY, link, self.clock, self.p.limits, max_delivery_count=10)
+        if self.offsets:
+            last = max(self.offsets)
+            if self.p.spark40:
+                p.partitions(self.offsets[last], self.offsets[last])  # setLatestSeenOffset
+            if last not in self.commits:
+                self.note(f"replay batch {last}")
+                self.run_batch(last)
+        idle = 0
+        while self.triggers < MAX_TRIGGERS:
+            self.triggers += 1
+            self.produce(3 if self.faulty else 0)
+            last = max(self.offsets) if self.offsets else -1
+            start = self.offsets[last] if last >= 0 else self.start_of(0)
+            end = p.latest_offset(None if self.p.spark40 else start, self.p.max_rows)
+            self.kill("after latestOffset, before the WAL")
+            if end == start:
+                idle += 1
+                if self.faulty and len(self.produced) >= self.p.messages and idle >= 3:
+                    self.faulty = False
+                    self.note("drain")
+                if not self.faulty and idle >= 2 and not self.entity.messages:
+                    return
+                self.elapse(self.rng.choice([0.5, 2.0]) if self.faulty else self.p.lock + 1)
+                continue
+            idle = 0
+            batch = last + 1
+            self.note(f"latest b={end['b']} m={end['m']} owed={end['owed']}")
+            slow = self.rng.choice([0.0, 0.1, 0.7, 2.5]) * self.p.lock
+            self.elapse(slow, starve=self.rng.random() < self.p.chaos)  # the WAL write
+            self.offsets[batch] = end
+            self.note(f"WAL {batch}")
+            self.kill("after the WAL, before the defer")
+            if batch > 0:
+                p.commit(self.offsets[batch - 1])
+            self.run_batch(batch)
+
+    def run_batch(self, batch: int) -> None:
+        assert self.planner is not None
+        start, end = self.start_of(batch), self.offsets[batch]
+        specs = self.planner.partitions(start, end)
+        if self.rng.random() < 0.2:
+            again = self.planner.partitions(start, end)
+            if again != specs:
+                self.violations.append(Violation("pure", f"partitions of batch {batch} changed: {again}"))
+        rows = [mid for spec in specs for mid in self.task(spec)]
+        self.elapse(
+            self.rng.choice([0.0, 1.0, 3.0 * self.p.lock])
+        )  # a long batch: deferred messages hold no lock
+        if batch not in self.sink:  # Delta's idempotence by batch id
+            self.sink[batch] = rows
+        self.note(f"sink {batch}: {len(rows)} rows")
+        self.kill("after the sink commit, before the commit log")
+        self.commits.add(batch)
+        self.kill("after the commit log, before settle")
+
+    def task(self, spec: PartitionSpec) -> list[str]:
+        for attempt in range(TASK_ATTEMPTS):
+            try:
+                return [p.message.message_id for p in read_partition(spec, self.peeker, timeout=2.0)]
+            except TaskFailed:
+                self.note(f"task {spec.ranges} attempt {attempt} failed")
+        raise TaskFailed(f"task {spec.ranges} failed {TASK_ATTEMPTS} times")
+
+    # -- the schedule --------------------------------------------------------------------------------------------
+    def run(self) -> list[Violation]:
+        logging.disable(logging.CRITICAL)
+        try:
+            while self.triggers < MAX_TRIGGERS:
+                try:
+                    self.driver()
+                    break
+                except Killed:
+                    self.planner = None
+                    self.clock.advance(self.rng.choice([1.0, self.p.lock / 2, self.p.lock * 1.5]))
+                except DataLossError as exc:
+                    self.violations.append(Violation("loss", f"the query failed: {exc}"))
+                    return self.violations
+                except TaskFailed as exc:  # four attempts failed: the query stops; the user restarts it
+                    self.note(f"query stopped: {exc}")
+                    self._window()  # its carried locks lapse
+        finally:
+            logging.disable(logging.NOTSET)
+        return self.check()
+
+    def check(self) -> list[Violation]:
+        v = self.violations
+        if self.triggers >= MAX_TRIGGERS:
+            v.append(Violation("liveness", f"not drained after {MAX_TRIGGERS} triggers"))
+        got = Counter(mid for rows in self.sink.values() for mid in rows)
+        lost = [m for m in self.produced if m not in got]
+        dup = sorted(m for m, c in got.items() if c > 1)
+        if lost:
+            v.append(Violation("lost", f"{len(lost)} messages never in the sink: {lost[:8]}"))
+        if dup:
+            v.append(Violation("duplicate", f"{len(dup)} messages in the sink twice or more: {dup[:8]}"))
+        states = self.entity.states()
+        left = {k: c for k, c in states.items() if c}
+        if left:
+            v.append(Violation("entity", f"the entity is not empty after the drain: {left}"))
+        deliveries = Counter(seq for seq, _ in self.entity.deliveries)
+        over = {s: c for s, c in deliveries.items() if c > 1 + self.allowance[s]}
+        if over:
+            s = min(over)
+            v.append(
+                Violation(
+                    "delivery",
+                    f"{len(over)} messages delivered more often than their fault windows allow, e.g. seq {s}: "
+                    f"{over[s]} deliveries, {self.allowance[s]} windows",
+                )
+            )
+        return v
+
+    def summary(self) -> str:
+        return (
+            f"{self.p.messages} messages, lock {self.p.lock}s, {self.kills} kills, chaos {self.p.chaos}, "
+            f"spark40={self.p.spark40}, {len(self.offsets)} batches, {self.triggers} triggers, {self.p.limits}"
+        )
