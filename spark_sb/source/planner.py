@@ -140,9 +140,9 @@ class SourcePlanner:
         ] = {}  # received, in no manifest yet: bounded by max_messages + receive_batch
         self._pending: _Pending | None = None
         self._known: Manifest | None = None  # the last offset Spark showed or planned (4.0/4.1: no start)
-        self._owed_now: tuple[str, Ranges] | None = (
-            None  # owed after settling one start, less what was completed
-        )
+        # owed after settling one start, less what was completed since; and whether that settle tried everything
+        self._owed_now: tuple[str, Ranges] | None = None
+        self._settle_complete = True
         self._epoch: str | None = None
         self._watermark: int | None = None
         self._drained = False
