@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.syphon.rules import DEAD_LETTER_PROPERTIES, SyphonOutcome
-from spark_sb.wire.receivers import ReceiverLane, Receiving
+from spark_sb.wire.receivers import ReceiverLane, Receiving, dispose_on_link
 
 if TYPE_CHECKING:  # pragma: no cover
     from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiver
@@ -160,104 +160,16 @@ OUTCOME_SHARE = 0.8
 def complete_on_link(
     receiver: ServiceBusReceiver, held: Sequence[Held], deadline: float
 ) -> list[Held] | None:
-    """Complete ``held`` on the receiver link that received them, in one round trip: dispositions (accepted,
-    unsettled; one frame per run of consecutive delivery ids), then one wait, until ``deadline``
-    (``time.monotonic()``), for the service's outcomes, where the SDK's ``complete_message`` waits for each in turn. Returns the messages whose completion was not
-    confirmed (refused, lock lost, no answer in time, link gone: redelivered when their locks run out), or None
-    when this SDK's link offers no such way (the caller completes one by one, as the SDK does).
-
-    The link's own machinery (the SDK's pyamqp receiver link, private: the same calls its ``send_disposition``
-    makes) is used, never ``$management``: update-disposition is for messages received by sequence number."""
-    link = _receive_link(receiver)
-    if link is None:
-        return None
-    from azure.servicebus._pyamqp.constants import LinkState  # noqa: PLC0415 - the SDK's, only when used
-    from azure.servicebus._pyamqp.outcomes import Accepted  # noqa: PLC0415
-    from azure.servicebus._pyamqp.receiver import check_disposition_outcome  # noqa: PLC0415
-
-    pending: dict[int, dict[str, Any]] = link._pending_dispositions  # noqa: SLF001
-    tags: set[bytes] | None = getattr(link, "_received_delivery_tags", None)
-    sent: list[tuple[Held, int]] = []
-    not_done: list[Held] = []
-    try:
-        for run in _runs(held, pending, tags, not_done):
-            ids = [delivery_id for _, delivery_id in run]
-            for delivery_id in ids:
-                pending[delivery_id] = {"settled": False, "outcome": None}
-            first_tag = run[0][0].msg._delivery_tag  # noqa: SLF001
-            try:  # one disposition frame for the run (first..last), as AMQP allows
-                link._outgoing_disposition(  # noqa: SLF001
-                    ids[0], ids[-1] if len(ids) > 1 else None, first_tag, False, Accepted(), None
-                )
-            except Exception as exc:  # noqa: BLE001 - not this link's delivery (e.g. the SDK reattached): counted
-                for delivery_id in ids:
-                    pending.pop(delivery_id, None)
-                log.debug("syphon: no disposition for %d held messages (%s)", len(ids), type(exc).__name__)
-                not_done.extend(h for h, _ in run)
-                continue
-            if tags is not None:
-                for h, _ in run[1:]:
-                    tags.discard(h.msg._delivery_tag)  # noqa: SLF001 - settled by the run's frame
-            sent.extend(run)
-        connection = link._session._connection  # noqa: SLF001
-        while sent:
-            waiting = sum(1 for _, d in sent if not pending[d]["settled"])
-            if not waiting:
-                break
-            if time.monotonic() >= deadline or link.state in (LinkState.DETACHED, LinkState.ERROR):
-                break
-            connection.listen(wait=False)
-    except Exception as exc:  # noqa: BLE001 - the connection failed while waiting: what is not confirmed is counted
-        log.debug("syphon: awaiting the completions' outcomes failed (%s)", type(exc).__name__)
-    finally:
-        for h, delivery_id in sent:
-            state = pending.pop(delivery_id, None) or {}
-            try:
-                if not state.get("settled"):
-                    raise TimeoutError("no outcome")
-                check_disposition_outcome(delivery_id, state.get("outcome"))
-            except Exception:  # noqa: BLE001 - refused (lock lost), or no answer: redelivered after its lock
-                not_done.append(h)
-                continue
-            with contextlib.suppress(AttributeError):
-                h.msg._settled = True  # noqa: SLF001 - the SDK's own flag: settled, never settle again
-    return not_done
+    """Complete ``held`` on the receiver link that received them, in one round trip (one disposition frame per run
+    of consecutive delivery ids, then one wait until ``deadline``, ``time.monotonic()``): :func:`~spark_sb.wire.
+    receivers.dispose_on_link` with ``accepted``. Returns the messages whose completion was not confirmed
+    (redelivered when their locks run out), or None when this SDK's link offers no such way (the caller completes
+    one by one, as the SDK does)."""
+    return dispose_on_link(receiver, held, deadline, None, _message_of)
 
 
-def _runs(
-    held: Sequence[Held], pending: dict[int, Any], tags: set[bytes] | None, not_done: list[Held]
-) -> list[list[tuple[Held, int]]]:
-    """``held`` by delivery id in runs of consecutive ids, each a delivery this link carried (its tag among the
-    link's ``tags``; unknown: a run of its own, which the link refuses); without a delivery id, or already awaited,
-    into ``not_done``."""
-    ordered: list[tuple[Held, int]] = []
-    for h in held:
-        delivery_id = h.msg._delivery_id  # noqa: SLF001
-        if delivery_id is None or delivery_id in pending:
-            not_done.append(h)
-        else:
-            ordered.append((h, delivery_id))
-    ordered.sort(key=lambda item: item[1])
-    runs: list[list[tuple[Held, int]]] = []
-    extendable = False  # the last run's deliveries are all the link's
-    for h, delivery_id in ordered:
-        known = tags is not None and h.msg._delivery_tag in tags  # noqa: SLF001
-        if extendable and known and delivery_id == runs[-1][-1][1] + 1:
-            runs[-1].append((h, delivery_id))
-        else:
-            runs.append([(h, delivery_id)])
-            extendable = known
-    return runs
-
-
-def _receive_link(receiver: ServiceBusReceiver) -> Any:
-    """The receiver's open pyamqp receive link when it has what :func:`complete_on_link` uses, else None."""
-    handler = getattr(receiver, "_handler", None)
-    link = getattr(handler, "_link", None)
-    needed = ("_pending_dispositions", "_outgoing_disposition", "_session", "state")
-    if link is None or getattr(link, "_is_closed", True) or not all(hasattr(link, a) for a in needed):
-        return None
-    return link
+def _message_of(h: Held) -> Any:
+    return h.msg
 
 
 def abandon(receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage) -> None:

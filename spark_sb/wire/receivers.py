@@ -20,7 +20,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from spark_sb.config.service_bus import ServiceBusConfig
@@ -45,15 +45,17 @@ class Receiving:
 
 
 class SharedReceivers:
-    """The receiver lane's context: one connection to the secondary and a receiver link per (queue, sub-queue) on
-    it, each opened at its first use. Used by the lane's thread only (``unblock`` excepted)."""
+    """The receiver lane's context: one connection to the secondary (the syphon; ``namespace="primary"``: the
+    source) and a receiver link per (queue, sub-queue) on it, each opened at its first use, with ``prefetch``
+    (the syphon's setting when None). Used by the lane's thread only (``unblock`` excepted)."""
 
-    def __init__(self, config: ServiceBusConfig) -> None:
-        assert config.secondary is not None
-        self.client: ServiceBusClient = config.secondary.client(
-            **{**config.client_kwargs(), "retry_total": 0}
-        )
-        self.prefetch = config.syphon_prefetch
+    def __init__(
+        self, config: ServiceBusConfig, namespace: str = "secondary", prefetch: int | None = None
+    ) -> None:
+        ns = config.secondary if namespace == "secondary" else config.primary
+        assert ns is not None
+        self.client: ServiceBusClient = ns.client(**{**config.client_kwargs(), "retry_total": 0})
+        self.prefetch = config.syphon_prefetch if prefetch is None else prefetch
         self.connection: Any = None
         # Bounded by the (backlog queue, sub-queue) pairs drained: 2 x backlog_queue_count.
         self.receivers: dict[tuple[str, bool], ServiceBusReceiver] = {}
@@ -163,7 +165,7 @@ class SharedReceivers:
         self.receivers.clear()
         if connection is None:
             return
-        log.info("the syphon's receiver connection was dropped (%s); a new one is opened on next use", why)
+        log.info("a receiver connection was dropped (%s); a new one is opened on next use", why)
         amqp.shut_down_connection(connection)
         for receiver in receivers:
             _quiet_close(receiver)
@@ -234,13 +236,139 @@ class ReceiverLane:
         self._shared.reset(why)
 
 
-def receivers_lane(config: ServiceBusConfig) -> Lane[SharedReceivers]:
-    """The syphon's one receiver lane: its context (the connection) is built at the first call, on its thread."""
+def receivers_lane(
+    config: ServiceBusConfig,
+    namespace: str = "secondary",
+    prefetch: int | None = None,
+    name: str = "syphon-receivers",
+) -> Lane[SharedReceivers]:
+    """A receiver lane (the syphon's one, on the secondary; the source's on the primary): its context (the
+    connection) is built at the first call, on its thread."""
     return Lane(
-        "syphon-receivers",
-        functools.partial(SharedReceivers, config),
+        name,
+        functools.partial(SharedReceivers, config, namespace, prefetch),
         SharedReceivers.close,
         SharedReceivers.unblock,
         idle=SharedReceivers.tend,
         idle_every=amqp.TEND_EVERY,
     )
+
+
+# -- range dispositions on a receiving link (the syphon's completions, the source's defers and completions) ----------
+T = TypeVar("T")
+
+
+def dispose_on_link(
+    receiver: ServiceBusReceiver,
+    items: Sequence[T],
+    deadline: float,
+    outcome: Any = None,
+    message_of: Callable[[T], Any] = lambda item: item,
+) -> list[T] | None:
+    """Settle ``items`` (``message_of(item)``: the SDK message) on the receiver link that received them with
+    ``outcome`` (a pyamqp outcome; None: ``Accepted``), in one round trip: dispositions (unsettled; one frame per
+    run of consecutive delivery ids, first..last), then one wait, until ``deadline`` (``time.monotonic()``), for the
+    service's outcomes, where the SDK waits for each in turn. Returns the items whose settlement was not confirmed
+    (refused, lock lost, no answer in time, link gone: their locks run out), or None when this SDK's link offers no
+    such way (the caller settles one by one, as the SDK does). Runs on the receiver lane's thread.
+
+    The link's own machinery (the SDK's pyamqp receiver link, private: the same calls its ``send_disposition``
+    makes) is used, never ``$management``: update-disposition is for messages received by sequence number."""
+    link = _receive_link(receiver)
+    if link is None:
+        return None
+    from azure.servicebus._pyamqp.constants import LinkState  # noqa: PLC0415 - the SDK's, only when used
+    from azure.servicebus._pyamqp.outcomes import Accepted  # noqa: PLC0415
+    from azure.servicebus._pyamqp.receiver import check_disposition_outcome  # noqa: PLC0415
+
+    state_out = Accepted() if outcome is None else outcome
+    expected = type(
+        state_out
+    ).__name__.lower()  # the outcome the service echoes when it applied it: "modified"
+    pending: dict[int, dict[str, Any]] = link._pending_dispositions  # noqa: SLF001
+    tags: set[bytes] | None = getattr(link, "_received_delivery_tags", None)
+    sent: list[tuple[T, int]] = []
+    not_done: list[T] = []
+    try:
+        for run in _runs(items, message_of, pending, tags, not_done):
+            ids = [delivery_id for _, delivery_id in run]
+            for delivery_id in ids:
+                pending[delivery_id] = {"settled": False, "outcome": None}
+            first_tag = message_of(run[0][0])._delivery_tag  # noqa: SLF001
+            try:  # one disposition frame for the run (first..last), as AMQP allows
+                link._outgoing_disposition(  # noqa: SLF001
+                    ids[0], ids[-1] if len(ids) > 1 else None, first_tag, False, state_out, None
+                )
+            except Exception as exc:  # noqa: BLE001 - not this link's delivery (e.g. the SDK reattached): counted
+                for delivery_id in ids:
+                    pending.pop(delivery_id, None)
+                log.debug("no disposition for %d held messages (%s)", len(ids), type(exc).__name__)
+                not_done.extend(item for item, _ in run)
+                continue
+            if tags is not None:
+                for item, _ in run[1:]:
+                    tags.discard(message_of(item)._delivery_tag)  # noqa: SLF001 - settled by the run's frame
+            sent.extend(run)
+        connection = link._session._connection  # noqa: SLF001
+        while sent:
+            waiting = sum(1 for _, d in sent if not pending[d]["settled"])
+            if not waiting:
+                break
+            if time.monotonic() >= deadline or link.state in (LinkState.DETACHED, LinkState.ERROR):
+                break
+            connection.listen(wait=False)
+    except Exception as exc:  # noqa: BLE001 - the connection failed while waiting: what is not confirmed is counted
+        log.debug("awaiting the dispositions' outcomes failed (%s)", type(exc).__name__)
+    finally:
+        for item, delivery_id in sent:
+            state = pending.pop(delivery_id, None) or {}
+            try:
+                if not state.get("settled"):
+                    raise TimeoutError("no outcome")
+                check_disposition_outcome(delivery_id, state.get("outcome"), expected)
+            except Exception:  # noqa: BLE001 - refused (lock lost), or no answer: its lock runs out
+                not_done.append(item)
+                continue
+            with contextlib.suppress(AttributeError):
+                message_of(item)._settled = True  # noqa: SLF001 - the SDK's own flag: settled, never settle again
+    return not_done
+
+
+def _runs(
+    items: Sequence[T],
+    message_of: Callable[[T], Any],
+    pending: dict[int, Any],
+    tags: set[bytes] | None,
+    not_done: list[T],
+) -> list[list[tuple[T, int]]]:
+    """``items`` by delivery id in runs of consecutive ids, each a delivery this link carried (its tag among the
+    link's ``tags``; unknown: a run of its own, which the link refuses); without a delivery id, or already awaited,
+    into ``not_done``."""
+    ordered: list[tuple[T, int]] = []
+    for item in items:
+        delivery_id = message_of(item)._delivery_id  # noqa: SLF001
+        if delivery_id is None or delivery_id in pending:
+            not_done.append(item)
+        else:
+            ordered.append((item, delivery_id))
+    ordered.sort(key=lambda pair: pair[1])
+    runs: list[list[tuple[T, int]]] = []
+    extendable = False  # the last run's deliveries are all the link's
+    for item, delivery_id in ordered:
+        known = tags is not None and message_of(item)._delivery_tag in tags  # noqa: SLF001
+        if extendable and known and delivery_id == runs[-1][-1][1] + 1:
+            runs[-1].append((item, delivery_id))
+        else:
+            runs.append([(item, delivery_id)])
+            extendable = known
+    return runs
+
+
+def _receive_link(receiver: ServiceBusReceiver) -> Any:
+    """The receiver's open pyamqp receive link when it has what :func:`dispose_on_link` uses, else None."""
+    handler = getattr(receiver, "_handler", None)
+    link = getattr(handler, "_link", None)
+    needed = ("_pending_dispositions", "_outgoing_disposition", "_session", "state")
+    if link is None or getattr(link, "_is_closed", True) or not all(hasattr(link, a) for a in needed):
+        return None
+    return link
