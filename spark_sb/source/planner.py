@@ -33,9 +33,9 @@ from spark_sb.source.manifest import (
     split,
     union,
 )
-from spark_sb.source.reader import DataLossError
+from spark_sb.source.reader import DataLossError, deferred_numbers, highest
 from spark_sb.source.settle import Settler
-from spark_sb.source.transport import DEFERRED, EntityLink, Received
+from spark_sb.source.transport import EntityLink, Peeked, Received
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +135,8 @@ class SourcePlanner:
             self.channel, clock, timeout=lim.settle_timeout, call_timeout=lim.call_timeout
         )
         self._mutex = threading.RLock()
-        self._held: dict[
-            int, _Held
-        ] = {}  # received, in no manifest yet: bounded by max_messages + receive_batch
+        # received, in no manifest yet: bounded by max_messages + receive_batch
+        self._held: dict[int, _Held] = {}
         self._pending: _Pending | None = None
         self._known: Manifest | None = None  # the last offset Spark showed or planned (4.0/4.1: no start)
         # owed after settling one start, less what was completed since; and whether that settle tried everything
@@ -160,6 +159,9 @@ class SourcePlanner:
             assert self._factory is not None
             self._link = self._factory()
         return self._link
+
+    def _peek(self, from_seq: int, count: int) -> list[Peeked]:
+        return self.link().peek(from_seq, count, self.limits.call_timeout)
 
     def _drop_link(self, why: Exception) -> None:
         """After a namespace fault: a factory opens a new link next time; the carried locks are lost with it."""
@@ -197,7 +199,7 @@ class SourcePlanner:
                 )
                 if self.limits.recover_deferred:
                     try:
-                        self._adopt = self._sweep_deferred()
+                        self._adopt = deferred_numbers(self._peek, self.limits.max_messages)
                     except Exception as exc:  # noqa: BLE001 - the next start tries again
                         log.warning(
                             "source %s: the sweep for deferred messages failed (%s)", self.entity, exc
@@ -285,7 +287,7 @@ class SourcePlanner:
         receive is empty or yields only numbers above W."""
         with self._mutex:
             try:
-                self._watermark = self._highest()
+                self._watermark = highest(self._peek)
             except Exception as exc:  # noqa: BLE001 - one batch, as on 4.0/4.1
                 log.warning("source %s: no watermark (%s): AvailableNow runs one batch", self.entity, exc)
                 self._watermark = -1
@@ -475,59 +477,10 @@ class SourcePlanner:
         stats.deferred = len(done)
         stats.defer_failed = stats.received - len(done)
         self._last_batch_at = self.clock.monotonic()
-        log.info(
-            "source %s batch %d: %d messages (%d bytes), %d deferred, %d defer failed, %d settled, %d owed, "
-            "%d owed completed, %d dropped; receive %.2fs defer %.2fs settle %.2fs",
-            self.entity,
-            stats.b,
-            stats.received,
-            stats.bytes,
-            stats.deferred,
-            stats.defer_failed,
-            stats.settled,
-            stats.owed,
-            stats.owed_completed,
-            stats.dropped,
-            stats.receive_seconds,
-            stats.defer_seconds,
-            stats.settle_seconds,
-        )
+        # the INFO line is the adapter's on_batch (spark_sb.spark.reader.BatchRecorder)
+        log.debug("source %s: %s", self.entity, stats)
         if self.on_batch is not None:
             try:
                 self.on_batch(stats)
             except Exception:  # noqa: BLE001 - metrics never fail a batch
                 log.warning("source %s: on_batch failed", self.entity, exc_info=True)
-
-    def _highest(self) -> int:
-        """The highest sequence number present: a galloping peek, then a bisection (about 2*log2 peeks)."""
-        t = self.limits.call_timeout
-        first = self.link().peek(0, 1, t)
-        if not first:
-            return -1
-        lo, step = first[0].seq, 1
-        while True:
-            probe = self.link().peek(lo + step, 1, t)
-            if not probe:
-                hi = lo + step
-                break
-            lo, step = probe[0].seq, step * 2
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            probe = self.link().peek(mid, 1, t)
-            if probe:
-                lo = probe[0].seq
-            else:
-                hi = mid
-        return lo
-
-    def _sweep_deferred(self) -> Ranges:
-        """The DEFERRED numbers on the entity (peek from 0), up to ``max_messages``."""
-        found: list[int] = []
-        cur = 0
-        while len(found) < self.limits.max_messages:
-            page = self.link().peek(cur, 250, self.limits.call_timeout)
-            if not page:
-                break
-            found.extend(p.seq for p in page if p.state == DEFERRED)
-            cur = page[-1].seq + 1
-        return ranges_of(found[: self.limits.max_messages])

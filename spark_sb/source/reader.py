@@ -3,17 +3,19 @@
 Runs in executors' Python workers, in ``read(partition)``: stateless; the :class:`~spark_sb.source.manifest.
 PartitionSpec` is picklable, the :class:`~spark_sb.source.transport.Peeker` is the process's cached client (not
 picklable, never shipped). Peeks have no side effects, so a retried task reads the same messages. Rows are made by
-:mod:`~spark_sb.source.rows` from the :class:`~spark_sb.source.transport.Peeked` this yields.
+:mod:`~spark_sb.source.rows` from the :class:`~spark_sb.source.transport.Peeked` this yields. Also the driver's peek
+walks over any peek function: :func:`highest` (AvailableNow's watermark, the batch read's end) and
+:func:`deferred_numbers` (recoverDeferred).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from spark_sb.source.manifest import PartitionSpec, Ranges, count, ranges_of
-from spark_sb.source.transport import Peeked, Peeker
+from spark_sb.source.transport import DEFERRED, Peeked, Peeker
 
 log = logging.getLogger(__name__)
 
@@ -86,3 +88,43 @@ def read_partition(
     if fail_on_data_loss:
         raise DataLossError(msg + "; set failOnDataLoss=false to go on without them")
     log.warning("%s; going on (failOnDataLoss=false)", msg)
+
+
+#: ``peek(from_seq, count)``: one peek call with its deadline bound in.
+PeekFn = Callable[[int, int], list[Peeked]]
+
+
+def highest(peek: PeekFn, start: int = 0) -> int:
+    """The highest sequence number present from ``start`` (-1: none): a galloping peek, then a bisection
+    (about 2*log2 of the span in peeks). Numbers are never reused, so a miss at ``n`` means none at or above it."""
+    first = peek(start, 1)
+    if not first:
+        return -1
+    lo, step = first[0].seq, 1
+    while True:
+        probe = peek(lo + step, 1)
+        if not probe:
+            hi = lo + step
+            break
+        lo, step = probe[0].seq, step * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        probe = peek(mid, 1)
+        if probe:
+            lo = probe[0].seq
+        else:
+            hi = mid
+    return lo
+
+
+def deferred_numbers(peek: PeekFn, most: int, page: int = 250) -> Ranges:
+    """The DEFERRED numbers present (a sweep by peek from 0), the lowest ``most`` of them."""
+    found: list[int] = []
+    cur = 0
+    while len(found) < most:
+        got = peek(cur, page)
+        if not got:
+            break
+        found.extend(p.seq for p in got if p.state == DEFERRED)
+        cur = got[-1].seq + 1
+    return ranges_of(found[:most])

@@ -9,6 +9,7 @@ import pytest
 from spark_sb.core.clock import FakeClock
 from spark_sb.source.manifest import PartitionSpec
 from spark_sb.source.reader import DataLossError, ReadStats, read_partition
+from spark_sb.source.transport import Peeked
 from tests.unit.source.fakes import FakeEntity
 
 
@@ -59,3 +60,30 @@ def test_without_fail_on_data_loss_a_missing_number_is_warned_and_counted(
         ]
     assert got == [1, 2, 4, 5] and stats.missing == 1
     assert "sequence numbers 3" in caplog.text
+
+
+def test_the_galloping_peek_finds_the_highest_number_in_about_two_log2_peeks() -> None:
+    from spark_sb.source.reader import highest
+
+    e = entity(1000)
+    for gone in [*range(1, 300), *range(700, 990)]:
+        del e.messages[gone]
+    calls: list[int] = []
+
+    def peek(frm: int, n: int) -> list[Peeked]:
+        calls.append(frm)
+        return e.peek(frm, n)
+
+    assert highest(peek) == 1000 and len(calls) <= 2 * 11
+    assert highest(lambda frm, n: []) == -1
+
+
+def test_the_sweep_finds_deferred_numbers_only_up_to_its_bound() -> None:
+    from spark_sb.source.reader import deferred_numbers
+
+    e = entity(20)
+    link = e.link()
+    got = link.receive(20, 0, 1)
+    link.defer([r for r in got if r.seq % 3 == 0], 1)
+    assert deferred_numbers(e.peek, 100, page=4) == ((3, 3), (6, 6), (9, 9), (12, 12), (15, 15), (18, 18))
+    assert deferred_numbers(e.peek, 2) == ((3, 3), (6, 6))
