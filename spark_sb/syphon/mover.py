@@ -110,6 +110,7 @@ from spark_sb.syphon.rules import (
     attempt_of,
     due_for_verdict,
     is_parked,
+    keeps_count,
     not_found_description,
     restore_for_primary,
     undelivered_verdict,
@@ -872,10 +873,31 @@ class Syphon:
             if view is not None:
                 for h in rest:
                     view.hold(self._line(lane, h), h.sequence)  # nothing more of them in this pass
-            self._abandoned(lane, view, rest[:tried])
-            self._gone(view, self._undelivered(lane, entity, rest[:tried], outcome, exc, dead_letter, parked))
-            self._hold(lane, rest[tried:], outcome, view)
+            again, kept = self._after_attempt(lane, rest[:tried], exc, view)
+            self._abandoned(lane, view, again)
+            self._gone(view, self._undelivered(lane, entity, again, outcome, exc, dead_letter, parked))
+            self._hold(lane, kept + rest[tried:], outcome, view)
             return exc
+
+    def _after_attempt(
+        self, lane: ReceiverLane, pairs: Pairs, exc: BaseException, view: QueueView | None
+    ) -> tuple[Pairs, Pairs]:
+        """O7: of ``pairs`` (a real attempt to move them failed with ``exc``), (those to abandon or dead-letter, those
+        of an ordered line to defer - :func:`~spark_sb.syphon.rules.keeps_count`: their delivery count rose enough
+        already, whatever the length of the outage and the number of workers that try them)."""
+        if view is None or not self.ordered:
+            return pairs, []
+        from spark_sb.core.errors import classify
+
+        error_class = classify(exc).name
+        again: Pairs = []
+        kept: Pairs = []
+        for h in pairs:
+            keep = self._line(lane, h) is not None and keeps_count(
+                error_class, getattr(h.msg, "delivery_count", None)
+            )
+            (kept if keep else again).append(h)
+        return again, kept
 
     def _undelivered(
         self,

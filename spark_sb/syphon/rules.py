@@ -152,6 +152,21 @@ def undelivered_verdict(error_class: str | None, delivery_count: int | None, max
     return ABANDON
 
 
+#: O7: an ordered line's message is abandoned after a failed attempt (its delivery count rises) only while its count
+#: is below this; from then on a failed attempt defers it (the count stays). The count is the service's, shared by
+#: every worker, and a line may wait behind its head for the whole of an outage.
+ABANDONED_ATTEMPTS = 1
+
+
+def keeps_count(error_class: str | None, delivery_count: int | None) -> bool:
+    """O7 (pure): should a message of an ordered line that the primary did not take be deferred (its delivery count
+    stays) rather than abandoned? Yes once its count reached :data:`ABANDONED_ATTEMPTS` - an entity whose probes
+    answer while its sends fail gets a real attempt per pass from every worker new to it, and a backlog queue with
+    a bounded ``MaxDeliveryCount`` would dead-letter the head (out of its line's order). Never for a destination
+    that answered not-found: each delivery counts towards its verdict (F9)."""
+    return error_class != ENTITY_NOT_FOUND and max(int(delivery_count or 0), 0) >= ABANDONED_ATTEMPTS
+
+
 def due_for_verdict(delivery_count: int | None, max_attempts: int) -> bool:
     """True when a not-found answer to this delivery would dead-letter the message (pure)."""
     return undelivered_verdict(ENTITY_NOT_FOUND, delivery_count, max_attempts) == DEAD_LETTER

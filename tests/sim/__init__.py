@@ -17,5 +17,7 @@ seed 0 until a property failed that HEAD's run of the same seed does not fail):
 
 Not found in 3,000 schedules (equivalent here: setting (a) never acknowledges in a task's book, and a line has one
 pending marker per queue): ``Held.drained`` ignoring ``sending``; the ledger releasing a line on any one
-acknowledged marker. Found on HEAD itself (KNOWN_OPEN in test_simulation.py): O7 / O1-dlq / liveness-dlq.
+acknowledged marker. Found on HEAD itself, then fixed: O7 / O1-dlq / liveness-dlq - a probe-answering entity whose
+sends fail had each held head abandoned after every pass's attempt until MaxDeliveryCount 10 dead-lettered it
+(seeds 57, 139, ...: 10 of 600; with the O7 check of abandoned attempts, 118 of seeds 0-999, the first at 18).
 """

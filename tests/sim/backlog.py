@@ -64,6 +64,9 @@ class Delivery:
     attempted: bool = False  # the syphon sent it to the primary while it held this lock
     excused: bool = False  # the receive's reply was lost, or a fault cut the delivery short
     idle: bool = False  # it ended raising the delivery count without having been an attempt (O7)
+    abandoned: bool = (
+        False  # it ended in an abandon (the syphon's choice to raise the count; not a lock run out)
+    )
 
 
 class SimQueue:
@@ -139,6 +142,7 @@ class SimQueue:
         self.deliveries.append(d)
         self._open[e.token] = d
         self.world.open_deliveries[e.token] = d
+        self.world.last_delivery[d.message_id] = d  # a send to the primary now is this delivery's attempt
         skew = self.world.executor_skew
         msg = Delivered(e.sdk, e.seq, self.clock.now() + timedelta(seconds=LOCK_SECONDS + skew), e.count)
         msg.lock_token = e.token
@@ -226,6 +230,9 @@ class SimQueue:
         self.op("abandon", msg.message_id)
         e = self._entry(msg)
         deferred = e.token.startswith("d")
+        d = self._open.get(e.token)
+        if d is not None:
+            d.abandoned = True
         self._unlock(e)
         if deferred and e.seq in self.entries:
             e.state = DEFERRED

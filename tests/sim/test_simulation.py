@@ -2,7 +2,7 @@
 
 ``SIM_SCHEDULES`` schedules (default 2,000, split into chunks for the tier's workers), each from its seed; after
 each the checkers (no loss, O1 per session, O3 release in the quiet tail, duplicates only within the primary's
-window, O5 ledger rows, O7 idle deliveries, O8 no task failure without a fault). A failing schedule prints its
+window, O5 ledger rows, O7 idle deliveries and abandoned attempts, O8 no task failure without a fault). A failing schedule prints its
 seed, what it violated and the last steps; ``SIM_SEED=<n>`` replays that one schedule exactly (``make simulate
 N=...`` runs more)."""
 
@@ -20,19 +20,6 @@ SCHEDULES = int(os.environ.get("SIM_SCHEDULES", "2000"))
 SEED = os.environ.get("SIM_SEED")
 FIRST = int(os.environ.get("SIM_FIRST", "0"))
 CHUNKS = 8
-#: Properties whose break (issue 47) is being fixed by another change not landed yet: a schedule violating only
-#: these xfails its chunk (named in the report) instead of failing the tier. Empty once every fix has landed.
-KNOWN_OPEN: dict[str, str] = {
-    # Left open at issue 47's close (its first form - a new worker fetching a held head on a stale 'healthy' hint,
-    # a delivery per pass by no attempt - is fixed: test_seams.py::test_a_new_worker_with_a_stale_healthy_hint_...).
-    # What is left: a primary entity whose probes answer but whose sends stall or fail (entity-stall /
-    # entity-refuse here; on the service a stalled entity answers $management) gets a real attempt per pass from
-    # each worker new to it, so on a backlog queue created with the service's default MaxDeliveryCount (10, not
-    # by `spark-sb provision`) a long stall dead-letters the line's head (the syphon job warns of such queues).
-    "O7": "a held message's delivery count raised by a probe-answering entity whose sends fail (see above)",
-    "O1-dlq": "the same: with MaxDeliveryCount 10 the head is dead-lettered and reaches the primary late",
-    "liveness-dlq": "the same: messages left in a backlog dead-letter queue (MaxDeliveryCountExceeded)",
-}
 
 
 @pytest.fixture(autouse=True)
@@ -62,21 +49,14 @@ def seeds(chunk: int) -> list[int]:
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_every_schedule_keeps_order_loses_nothing_and_releases_every_held_session(chunk: int) -> None:
     failures: list[str] = []
-    known: set[str] = set()
     for seed in seeds(chunk):
         violations, world = run(seed)
         if not violations:
-            continue
-        props = {v.prop for v in violations}
-        if props <= set(KNOWN_OPEN):
-            known |= props
             continue
         failures.append(report(seed, violations, world))
         if len(failures) >= 3:
             break
     assert not failures, "\n\n".join(failures)
-    if known:
-        pytest.xfail("known breaks not fixed yet: " + "; ".join(KNOWN_OPEN[p] for p in sorted(known)))
 
 
 def test_a_seed_replays_its_schedule_exactly() -> None:

@@ -61,6 +61,9 @@ DUP_WINDOW = 3600.0
 TASK_ATTEMPTS = 4
 #: O7: deliveries of a held-back message that were no attempt to move it.
 MAX_IDLE_DELIVERIES = 3
+#: O7: failed attempts after which the syphon abandoned a message (raising its delivery count): its count must not
+#: follow the length of an outage (with the service's default MaxDeliveryCount 10 the head would be dead-lettered).
+MAX_ABANDONED_ATTEMPTS = 3
 FAULT_KINDS = ("refuse", "fail", "stall", "lost")
 #: Batch limits (the fake transport's sizes): about 3 messages a primary batch; two translated messages or one
 #: return marker a backlog batch - so that batches fill in the middle of a send call.
@@ -714,15 +717,26 @@ class World:
                 )
         for q in self.queues.values():
             idle: dict[tuple[int, str], int] = {}
+            tried: dict[tuple[int, str], int] = {}
             for d in q.deliveries:
                 if d.idle:
                     idle[(d.seq, d.message_id)] = idle.get((d.seq, d.message_id), 0) + 1
+                if d.abandoned and d.attempted:
+                    tried[(d.seq, d.message_id)] = tried.get((d.seq, d.message_id), 0) + 1
             worst = max(idle.items(), key=lambda kv: kv[1], default=None)
             if worst is not None and worst[1] > MAX_IDLE_DELIVERIES:
                 v.append(
                     Violation(
                         "O7",
                         f"{q.name}: {worst[0][1]} delivery count raised {worst[1]} times while held back, by no attempt to move it",
+                    )
+                )
+            worst = max(tried.items(), key=lambda kv: kv[1], default=None)
+            if worst is not None and worst[1] > MAX_ABANDONED_ATTEMPTS:
+                v.append(
+                    Violation(
+                        "O7",
+                        f"{q.name}: {worst[0][1]} abandoned after {worst[1]} failed attempts: its delivery count follows the outage",
                     )
                 )
         return v

@@ -172,6 +172,66 @@ def test_a_new_worker_with_a_stale_healthy_hint_probes_before_it_fetches_a_held_
     assert world.per_session() == {"s": [0, 1, 2, 3]}
 
 
+@pytest.mark.parametrize("stall", [False, True], ids=["sends-refused", "sends-stall"])
+def test_a_probe_answering_entity_whose_sends_fail_does_not_raise_the_heads_delivery_count_per_pass(
+    world: World, stall: bool
+) -> None:
+    """O7, O1 (found by the simulation, tests/sim seeds 57, 139, ...: entity-stall / entity-refuse): the primary
+    entity answers its probes while its sends fail. Every pass - in a worker new to the entity, or after the gate's
+    back-off in the same one - probes, tries the line's head for real and fails. Before, each failed attempt
+    abandoned the head: its delivery count followed the outage (20 passes: 20), and a backlog queue with the
+    service's default MaxDeliveryCount 10 dead-letters it out of its line's order. Now a message whose count rose
+    once is deferred after a failed attempt: the count stays, the line keeps its place and moves in order."""
+    queue = backlogged(world, ("s", 0, 4))
+    if stall:
+        world.rig.transport.stall(namespace=PRIMARY)
+    else:
+        world.rig.transport.fail(conn_error, namespace=PRIMARY)  # sends only: the probes (schedule) answer
+    counts: list[int] = []
+    for n in range(20):
+        world.clock.advance(10)  # a micro-batch every 10 s: past the entity's back-off (5 s)
+        if n % 2:
+            world.syphon.drain_queue(queue_of("s"), max_wait=0)  # the same worker again
+        else:
+            fresh = world.worker()  # a worker new to the entity
+            try:
+                fresh.drain_queue(queue_of("s"), max_wait=0)
+            finally:
+                fresh.close()
+        counts.append(max(queue.counts().values()))
+    assert world.primary() == []
+    assert max(counts) <= 3, counts
+    world.rig.transport.heal()
+    world.clock.advance(LOCK.total_seconds() + 1)
+    world.syphon.drain_queue(queue_of("s"), max_wait=0)
+    assert world.per_session() == {"s": [0, 1, 2, 3]}
+    assert len(queue) == 0
+    record = world.book.held("orders", "s")
+    assert record is not None and record.drained
+
+
+def test_an_ordered_line_whose_entity_does_not_exist_is_still_dead_lettered_at_its_last_attempt(
+    world: World,
+) -> None:
+    """F9 with ordering: a failed attempt that answered not-found abandons (each delivery counts towards the
+    verdict), it is not deferred as an outage's is (O7) - else the line would stay in the backlog for ever."""
+    from azure.servicebus.exceptions import MessagingEntityNotFoundError
+
+    def gone() -> BaseException:
+        return MessagingEntityNotFoundError(message="no such queue")
+
+    queue = backlogged(world, ("s", 0, 2))
+    world.rig.transport.fail(gone, namespace=PRIMARY)
+    world.rig.transport.fail(gone, op="schedule", namespace=PRIMARY)  # its probes answer not-found too
+    undeliverable = 0
+    for _ in range(30):
+        world.clock.advance(10)
+        undeliverable += world.syphon.drain_queue(queue_of("s"), max_wait=0).undeliverable
+        if not [m for m in queue.counts() if m.startswith("s-")]:
+            break
+    assert undeliverable == 2 and world.primary() == []
+
+
 # ------------------------------------------------------------------------------------------- clock skew
 @pytest.mark.parametrize("ordering", ["session", "none"])
 def test_an_executor_a_minute_ahead_of_the_service_still_moves_fresh_locks(ordering: str) -> None:
