@@ -47,6 +47,10 @@ class Killed(BaseException):
     """The driver process dies here (SIGKILL): nothing of the code under test sees it."""
 
 
+class RunEnded(Exception):
+    """An AvailableNow run ended (its latestOffset returned its start): the user starts the next run."""
+
+
 class TaskFailed(Exception):
     """An executor's Python worker died mid-read: Spark retries the task."""
 
@@ -71,6 +75,7 @@ class Params:
     kill_rate: float
     chaos: float
     max_rows: int | None
+    available_now: bool
 
 
 def draw(rng: random.Random) -> Params:
@@ -96,6 +101,7 @@ def draw(rng: random.Random) -> Params:
         kill_rate=rng.choice([0.02, 0.05, 0.1]),
         chaos=rng.choice([0.0, 0.03, 0.08]),
         max_rows=rng.choice([None, None, 5]),
+        available_now=rng.random() < 0.2,
     )
 
 
@@ -207,6 +213,12 @@ class SourceWorld:
             if last not in self.commits:
                 self.note(f"replay batch {last}")
                 self.run_batch(last)
+        if self.p.available_now:
+            watermark = p.prepare_available_now()
+            self.note(f"AvailableNow run up to {watermark}")
+            # A6: each trigger but the last emits a message at or below W (each at most once a run), or ends it
+            budget = sum(1 for seq in self.entity.messages if seq <= watermark) + 2
+        run_start = self.triggers
         idle = 0
         while self.triggers < MAX_TRIGGERS:
             self.triggers += 1
@@ -215,6 +227,22 @@ class SourceWorld:
             start = self.offsets[last] if last >= 0 else self.start_of(0)
             end = p.latest_offset(None if self.p.spark40 else start, self.p.max_rows)
             self.kill("after latestOffset, before the WAL")
+            if end == start and self.p.available_now:
+                self.note(f"AvailableNow run ended after {self.triggers - run_start} triggers")
+                took = self.triggers - run_start
+                if took > budget:
+                    self.violations.append(
+                        Violation("available-now", f"a run took {took} triggers, over {budget}")
+                    )
+                if not self.faulty and not self.entity.messages:
+                    return
+                self._window()  # a carried lock (the range cut) lapses with the run's planner
+                p.stop()
+                self.elapse(self.p.lock + 1 if not self.faulty else 1.0)
+                if self.faulty and len(self.produced) >= self.p.messages:
+                    self.faulty = False
+                    self.note("drain")
+                raise RunEnded()
             if end == start:
                 idle += 1
                 if self.faulty and len(self.produced) >= self.p.messages and idle >= 3:
@@ -277,6 +305,8 @@ class SourceWorld:
                 except DataLossError as exc:
                     self.violations.append(Violation("loss", f"the query failed: {exc}"))
                     return self.violations
+                except RunEnded:
+                    self.planner = None
                 except TaskFailed as exc:  # four attempts failed: the query stops; the user restarts it
                     self.note(f"query stopped: {exc}")
                     self._window()  # its carried locks lapse
@@ -315,5 +345,5 @@ class SourceWorld:
     def summary(self) -> str:
         return (
             f"{self.p.messages} messages, lock {self.p.lock}s, {self.kills} kills, chaos {self.p.chaos}, "
-            f"spark40={self.p.spark40}, {len(self.offsets)} batches, {self.triggers} triggers, {self.p.limits}"
+            f"spark40={self.p.spark40}, available_now={self.p.available_now}, {len(self.offsets)} batches, {self.triggers} triggers, {self.p.limits}"
         )

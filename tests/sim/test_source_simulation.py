@@ -6,8 +6,22 @@ the checkers (every message in the sink exactly once, the entity empty after the
 windows, partitions pure). A failing schedule prints its seed, what it violated and the last steps; ``SIM_SEED=<n>``
 replays that one schedule exactly.
 
-What it found (each break put back alone in a scratch copy of the tree, schedules run from seed 0): see the
-commit that added it and the report of issue 48's protocol core.
+What it found on the code as first written (fixed; each has a unit test): a settle cut short by a fault left
+deferred numbers owed and an idle query never settled them again (seed 32); a failed peek in the settle step kept a
+deferred number owed yet called the settle complete (seed 134).
+
+Breaks put back alone in a scratch copy of the tree (schedules from seed 0 until the first violation; share of the
+first 300 or 1,000 schedules that violate):
+
+| break put back                                                           | property           | schedules | share    |
+| no owed set: a number not deferred is forgotten (the prototype's bug)    | duplicate, entity  | 1         | 178/300  |
+| the same, kills only (no other fault)                                    | duplicate          | 1         |          |
+| a number whose peek failed in the settle step counts as gone             | duplicate, entity  | 1         | 61/300   |
+| no lock keeper                                                           | delivery           | 1         | 279/300  |
+| AvailableNow ignores its watermark                                       | available-now      | 4         | 151/1000 |
+
+Not found in 300 schedules (equivalent here: one process never settles two manifests of one batch number): the
+settle step remembering manifests by batch number only.
 """
 
 from __future__ import annotations
@@ -61,9 +75,9 @@ def test_a_source_seed_replays_its_schedule_exactly() -> None:
 
 
 def test_the_schedules_meet_every_kill_point() -> None:
-    """The kill points of SOURCE.md §13 A1 (and mid-settle) are all met within the first 200 schedules."""
+    """The kill points of SOURCE.md §13 A1 (and mid-settle) are all met within the first 100 schedules."""
     met: set[str] = set()
-    for seed in range(200):
+    for seed in range(100):
         world = SourceWorld(seed)
         world.run()
         met |= {line.split("KILL ", 1)[1] for line in world.trace if "KILL " in line}
