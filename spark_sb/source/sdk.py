@@ -40,7 +40,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiver
     from azure.servicebus.management import ServiceBusAdministrationClient
 
-__all__ = ["PeekerFactory", "SdkEntityLink", "SdkPeeker", "Handle", "peeker", "size_of"]
+__all__ = [
+    "EntityInfo",
+    "Handle",
+    "PeekerFactory",
+    "SdkEntityLink",
+    "SdkPeeker",
+    "close_peekers",
+    "peeker",
+    "size_of",
+]
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -79,6 +88,16 @@ def size_of(message: Any) -> int:
     for k, v in (message.application_properties or {}).items():
         n += len(k) + (len(v) if isinstance(v, (bytes, str)) else 8)
     return n + 64
+
+
+@dataclass(frozen=True)
+class EntityInfo:
+    """What the planner checks at start (admin properties): the lock duration (seconds), whether the entity
+    requires sessions (refused in part 1), and its ``MaxDeliveryCount`` (for the near-dead-letter WARN, §9)."""
+
+    lock_duration: float
+    requires_session: bool
+    max_delivery_count: int
 
 
 class SdkEntityLink:
@@ -210,6 +229,14 @@ class SdkEntityLink:
             functools.partial(_peek, from_seq, count, time.monotonic() + timeout), timeout
         )
 
+    def info(self, timeout: float) -> EntityInfo:
+        """The entity's lock duration, sessions and max delivery count (admin properties); remembers the lock
+        duration for ``locked_until``."""
+        deadline = time.monotonic() + timeout
+        found = self._admin.call(lambda admin: admin.info(deadline), timeout)
+        self.lock_duration = found.lock_duration
+        return found
+
     def counts(self, timeout: float) -> EntityCounts:
         """The entity's admin runtime counts and its creation time (ISO-8601 UTC)."""
         deadline = time.monotonic() + timeout
@@ -275,16 +302,14 @@ class SdkEntityLink:
         against this machine's clock."""
         if self.lock_duration is None:
             try:
-                self.lock_duration = self._admin.call(
-                    lambda admin: admin.lock_duration(deadline), max(0.05, deadline - time.monotonic())
-                )
+                return self.info(max(0.05, deadline - time.monotonic())).lock_duration
             except Exception as exc:  # noqa: BLE001 - measured from the message instead (clock skew included)
                 log.info("source: the lock duration of %s was not read (%s)", self.path, type(exc).__name__)
                 until = getattr(message, "locked_until_utc", None)
                 if until is None:
                     return 0.0
                 return max(0.0, (until - datetime.now(timezone.utc)).total_seconds())
-        return self.lock_duration
+        return float(self.lock_duration)
 
 
 def sdk_margin(timeout: float) -> float:
@@ -380,12 +405,16 @@ class _Admin:
             created_at=created_text,
         )
 
-    def lock_duration(self, deadline: float) -> float:
+    def info(self, deadline: float) -> EntityInfo:
         if self.subscription:
             p: Any = self.client.get_subscription(self.topic, self.subscription, **self._kw(deadline))
         else:
             p = self.client.get_queue(self.topic, **self._kw(deadline))
-        return float(p.lock_duration.total_seconds())
+        return EntityInfo(
+            lock_duration=float(p.lock_duration.total_seconds()),
+            requires_session=bool(p.requires_session),
+            max_delivery_count=int(p.max_delivery_count or 10),
+        )
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -93,6 +93,8 @@ def test_received_messages_are_deferred_in_one_range_peeked_as_deferred_and_dele
     seqs = [h.seq for h in held]
     assert len(set(seqs)) == 5 and all(h.delivery_count == 0 and h.size > 64 for h in held)
     assert link.lock_duration == 60.0  # the entity's, read once from the admin endpoint
+    info = link.info(T)
+    assert (info.lock_duration, info.requires_session, info.max_delivery_count) == (60.0, False, 10)
     before = ns.counters()["settlements"]
     amqp_link = held[0].handle.message._receiver._handler._link
     frames: list[tuple[int, int | None]] = []
