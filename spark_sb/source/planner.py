@@ -211,6 +211,12 @@ class SourcePlanner:
         """Settle ``start`` (the last committed end), receive up to the limits, return the new manifest - or
         ``start`` unchanged if nothing is held. ``start=None`` (4.0/4.1): the last offset seen."""
         with self._mutex:
+            if start is None and self._known is None:
+                log.warning(
+                    "source %s: latestOffset() without a start, and neither initialOffset nor "
+                    "setLatestSeenOffset came first: reading from batch 0",
+                    self.entity,
+                )
             s = Manifest.from_dict(start) if start is not None else (self._known or Manifest(b=0))
             pending = self._pending
             if pending is not None:
@@ -342,7 +348,11 @@ class SourcePlanner:
 
     def _keeper(self) -> None:
         while True:
-            nxt = self.keep_locks()
+            try:
+                nxt = self.keep_locks()
+            except Exception:  # noqa: BLE001 - the keeper never dies; the next tick tries again
+                log.warning("source %s: the lock keeper failed", self.entity, exc_info=True)
+                nxt = None
             wait = 1.0 if nxt is None else min(5.0, max(0.05, nxt - self.clock.monotonic()))
             if self._stop.wait(wait):
                 return
@@ -385,9 +395,16 @@ class SourcePlanner:
         owed: Ranges = ()
         self._settle_complete = True
         if target.ranges(self.channel) or target.owed_ranges(self.channel):
-            result = self._settler.settle(self.link(), target)
-            owed, self._settle_complete = result.owed, result.complete
-            stats.settled, stats.dropped = result.settled, result.dropped
+            try:
+                link = self.link()
+            except Exception as exc:  # noqa: BLE001 - no link: everything stays owed, settled next time
+                log.info("source %s: no link to settle on (%s)", self.entity, exc)
+                self._settle_complete = False
+                owed = union(target.ranges(self.channel), target.owed_ranges(self.channel))
+            else:
+                result = self._settler.settle(link, target)
+                owed, self._settle_complete = result.owed, result.complete
+                stats.settled, stats.dropped = result.settled, result.dropped
         stats.settle_seconds = self.clock.monotonic() - t0
         self._owed_now = (key, owed)
         return owed

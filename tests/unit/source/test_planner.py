@@ -272,3 +272,29 @@ def test_an_idle_query_settles_again_what_a_faulted_settle_left_owed() -> None:
     e.hook = None
     assert p.latest_offset(end, None) == end
     assert e.messages == {}
+
+
+def test_a_link_that_cannot_be_opened_leaves_start_owed_and_raises_nothing() -> None:
+    clock, e, p0 = world(2)
+    start = p0.initial_offset()
+    end = p0.latest_offset(start, None)
+    p0.partitions(start, end)
+    down = [True]
+
+    def factory() -> Any:
+        if down[0]:
+            raise ConnectionError("no connection")
+        return e.link()
+
+    p = SourcePlanner("orders", factory, clock, PlannerLimits())
+    assert p.latest_offset(end, None) == end and e.states()["deferred"] == 2
+    down[0] = False
+    assert p.latest_offset(end, None) == end and e.messages == {}
+
+
+def test_the_keeper_thread_stops_with_the_planner() -> None:
+    clock, e, _ = world(1)
+    p = SourcePlanner("orders", e.link(), clock, PlannerLimits(), keeper_thread=True)
+    assert p._thread is not None and p._thread.is_alive()
+    p.stop()
+    assert not p._thread.is_alive()
