@@ -135,9 +135,12 @@ class SdkEntityLink:
 
         def run(receiver: ServiceBusReceiver) -> list[ServiceBusReceivedMessage]:
             left = sdk_timeout(deadline - time.monotonic())
-            return receiver.receive_messages(
-                max_message_count=max_count, max_wait_time=max(0.01, min(wait, left))
-            )
+            try:
+                return receiver.receive_messages(
+                    max_message_count=max_count, max_wait_time=max(0.01, min(wait, left))
+                )
+            finally:
+                _revoke_credit(receiver)
 
         messages = self._on_receiver(run, timeout)
         if not messages:
@@ -316,6 +319,20 @@ def sdk_margin(timeout: float) -> float:
     """How much earlier than a call's deadline its SDK work should end (see :func:`~spark_sb.wire.connection.
     sdk_timeout`)."""
     return timeout - sdk_timeout(timeout)
+
+
+def _revoke_credit(receiver: ServiceBusReceiver) -> None:
+    """Take back the credit a receive left on the link (it asked for ``max_count`` and got fewer): otherwise each
+    message sent between receives is delivered, locked, and released by the SDK (no receive call is waiting) -
+    as often as credit was left (measured: 10 deliveries and 10 releases for 3 messages after an empty receive of
+    10). Never raises."""
+    link: Any = getattr(getattr(receiver, "_handler", None), "_link", None)
+    if link is None or getattr(link, "current_link_credit", 0) <= 0:
+        return
+    try:
+        link.flow(link_credit=0)
+    except Exception as exc:  # noqa: BLE001 - a broken link: the next call meets it
+        log.debug("source: taking back the link credit failed (%s)", type(exc).__name__)
 
 
 def _message_of(r: Received) -> Any:

@@ -239,3 +239,15 @@ def test_executors_peek_every_entity_on_one_cached_connection_per_namespace(
         assert len(_receive(SdkEntityLink(_config(ns), SHORT, lock_duration=1.0), 2)) == 2
     finally:
         close_peekers()
+
+
+def test_credit_left_by_a_receive_is_taken_back_so_nothing_is_delivered_between_receives(
+    ns: LocalNamespace, link: SdkEntityLink
+) -> None:
+    assert link.receive(10, 0.2, T) == []  # asked for 10, got none
+    _put(ns, QUEUE, 3)
+    assert ns.counters()["messages_delivered"] == 0  # no credit out: nothing locked, nothing released
+    assert len(link.receive(2, 1.0, T)) == 2
+    assert ns.counters()["messages_delivered"] == 2
+    assert [p.state for p in link.peek(1, 10, T)] == [ACTIVE] * 3  # the third waits, unlocked
+    assert ns.counters()["messages_delivered"] == 2 and ns.counters()["settlements"] == 0
