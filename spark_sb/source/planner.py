@@ -39,6 +39,9 @@ from spark_sb.source.transport import EntityLink, Peeked, Received
 
 log = logging.getLogger(__name__)
 
+#: recoverDeferred adopts at most this many orphan deferred messages (the rest: a WARN, run it again).
+ADOPT_MAX = 1_000_000
+
 
 @dataclass(frozen=True)
 class PlannerLimits:
@@ -145,7 +148,8 @@ class SourcePlanner:
         self._epoch: str | None = None
         self._watermark: int | None = None
         self._drained = False
-        self._adopt: Ranges = ()  # recoverDeferred: deferred numbers no manifest names (bounded by max_messages)
+        self._adopt: Ranges = ()  # recoverDeferred: deferred numbers no manifest names (bounded: ADOPT_MAX)
+        self._sweep_pending = False
         self._last_batch_at = clock.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -178,15 +182,18 @@ class SourcePlanner:
     # -- Spark's calls -----------------------------------------------------------------------------------------
     def initial_offset(self) -> dict[str, Any]:
         """Batch 0 (no data). WARNs with the count of deferred messages no manifest names; with
-        ``recover_deferred`` adopts them (up to ``max_messages``) into the first batch (at-least-once for those)."""
+        ``recover_deferred`` adopts them all (up to :data:`ADOPT_MAX`) into the first batch (at-least-once for
+        those): all at once, since ``initialOffset`` is not called again once the first offset is in the WAL."""
         with self._mutex:
             epoch = self._read_epoch()
             start = Manifest(b=0, epoch={self.channel: epoch} if epoch else {})
             try:
-                deferred = self.link().counts(self.limits.call_timeout).deferred
+                deferred: int | None = self.link().counts(self.limits.call_timeout).deferred
             except Exception as exc:  # noqa: BLE001
-                log.info("source %s: no counts at start (%s)", self.entity, exc)
-                deferred = 0
+                log.warning(
+                    "source %s: no counts at start (%s): orphan deferred messages unknown", self.entity, exc
+                )
+                deferred = None
             if deferred:
                 log.warning(
                     "source %s: %d deferred messages are named by no offset of this checkpoint (a lost or new "
@@ -197,13 +204,9 @@ class SourcePlanner:
                     if self.limits.recover_deferred
                     else "they stay invisible: set recoverDeferred=true or run `spark-sb source recover` to read them",
                 )
-                if self.limits.recover_deferred:
-                    try:
-                        self._adopt = deferred_numbers(self._peek, self.limits.max_messages)
-                    except Exception as exc:  # noqa: BLE001 - the next start tries again
-                        log.warning(
-                            "source %s: the sweep for deferred messages failed (%s)", self.entity, exc
-                        )
+            if self.limits.recover_deferred and deferred != 0:
+                self._sweep_pending = True
+                self._sweep()
             self._known = start
             return start.to_dict()
 
@@ -230,8 +233,12 @@ class SourcePlanner:
                 self._held.update(pending.held)
                 self._pending = None
             s = self._check_epoch(s)
+            self._named(s)
             stats = BatchStats(b=s.b + 1)
             owed = self._settle_start(s, stats)
+            if self._sweep_pending:
+                self._sweep()
+                self._named(s)
             if self._drained:
                 return s.to_dict()
             t0 = self.clock.monotonic()
@@ -254,6 +261,7 @@ class SourcePlanner:
         with self._mutex:
             e = Manifest.from_dict(end)
             self._known = e
+            self._named(e)
             if start is not None and Manifest.from_dict(start).b == e.b:
                 return []
             pending = self._pending
@@ -381,6 +389,21 @@ class SourcePlanner:
         log.warning("%s; starting over (failOnDataLoss=false)", msg)
         self._owed_now = None
         return Manifest(b=s.b, epoch={**s.epoch, self.channel: epoch})
+
+    def _sweep(self) -> None:
+        """recoverDeferred: adopt the DEFERRED numbers on the entity; a failed sweep is tried again by the next
+        ``latest_offset`` (after its settle, so only orphans and numbers of ``start`` are deferred then)."""
+        try:
+            self._adopt = deferred_numbers(self._peek, ADOPT_MAX)
+            self._sweep_pending = False
+        except Exception as exc:  # noqa: BLE001
+            log.warning("source %s: the sweep for deferred messages failed (%s)", self.entity, exc)
+
+    def _named(self, m: Manifest) -> None:
+        """``m`` is in the offset log: its numbers are no orphans (a replayed batch 0 calls ``initialOffset``
+        again, so its sweep finds the dead driver's deferred batch; found by the simulation)."""
+        if self._adopt:
+            self._adopt = minus(self._adopt, union(m.ranges(self.channel), m.owed_ranges(self.channel)))
 
     def _settle_start(self, s: Manifest, stats: BatchStats) -> Ranges:
         """Settle ``s`` once; after an incomplete settle (a fault, the deadline) settle what is still owed again:

@@ -76,10 +76,12 @@ class Params:
     chaos: float
     max_rows: int | None
     available_now: bool
+    lose_checkpoint: bool
 
 
 def draw(rng: random.Random) -> Params:
     lock = rng.choice([5.0, 10.0, 30.0])
+    lose = rng.random() < 0.1
     limits = PlannerLimits(
         max_messages=rng.randint(1, 12),
         receive_batch=rng.randint(1, 5),
@@ -92,6 +94,7 @@ def draw(rng: random.Random) -> Params:
         max_offset_ranges=rng.choice([2, 10_000]),
         call_timeout=2.0,
         settle_timeout=20.0,
+        recover_deferred=lose,
     )
     return Params(
         messages=rng.randint(10, 40),
@@ -102,6 +105,7 @@ def draw(rng: random.Random) -> Params:
         chaos=rng.choice([0.0, 0.03, 0.08]),
         max_rows=rng.choice([None, None, 5]),
         available_now=rng.random() < 0.2,
+        lose_checkpoint=lose,
     )
 
 
@@ -121,6 +125,9 @@ class SourceWorld:
         self.commits: set[int] = set()
         self.sink: dict[int, list[str]] = {}
         self.produced: list[str] = []
+        # A7: the rows of a checkpoint since deleted, and the messages on the entity then (at-least-once for those)
+        self.lost_rows: list[str] = []
+        self.at_least_once: set[str] = set()
         self.allowance: Counter[int] = Counter()  # redelivery windows a message was locked in
         self.kills = 0
         self.incarnation = 0
@@ -301,6 +308,8 @@ class SourceWorld:
                     break
                 except Killed:
                     self.planner = None
+                    if self.p.lose_checkpoint and not self.lost_rows and self.rng.random() < 0.5:
+                        self.lose_checkpoint()
                     self.clock.advance(self.rng.choice([1.0, self.p.lock / 2, self.p.lock * 1.5]))
                 except DataLossError as exc:
                     self.violations.append(Violation("loss", f"the query failed: {exc}"))
@@ -314,13 +323,26 @@ class SourceWorld:
             logging.disable(logging.NOTSET)
         return self.check()
 
+    def lose_checkpoint(self) -> None:
+        """The user deletes the checkpoint (SOURCE.md §6, A7): the next driver starts from ``initialOffset``, with
+        ``recoverDeferred``; a new query id, so the sink's batch ids start again."""
+        self.note("CHECKPOINT LOST")
+        self.lost_rows = [mid for rows in self.sink.values() for mid in rows] or ["-"]
+        self.at_least_once = {m.message_id for m in self.entity.messages.values()}
+        for seq in self.entity.messages:
+            self.allowance[seq] += 1
+        self.offsets.clear()
+        self.commits.clear()
+        self.sink.clear()
+
     def check(self) -> list[Violation]:
         v = self.violations
         if self.triggers >= MAX_TRIGGERS:
             v.append(Violation("liveness", f"not drained after {MAX_TRIGGERS} triggers"))
         got = Counter(mid for rows in self.sink.values() for mid in rows)
+        got.update(m for m in self.lost_rows if m != "-")
         lost = [m for m in self.produced if m not in got]
-        dup = sorted(m for m, c in got.items() if c > 1)
+        dup = sorted(m for m, c in got.items() if c > 1 and m not in self.at_least_once)
         if lost:
             v.append(Violation("lost", f"{len(lost)} messages never in the sink: {lost[:8]}"))
         if dup:
@@ -345,5 +367,5 @@ class SourceWorld:
     def summary(self) -> str:
         return (
             f"{self.p.messages} messages, lock {self.p.lock}s, {self.kills} kills, chaos {self.p.chaos}, "
-            f"spark40={self.p.spark40}, available_now={self.p.available_now}, {len(self.offsets)} batches, {self.triggers} triggers, {self.p.limits}"
+            f"spark40={self.p.spark40}, available_now={self.p.available_now}, lost={bool(self.lost_rows)}, {len(self.offsets)} batches, {self.triggers} triggers, {self.p.limits}"
         )

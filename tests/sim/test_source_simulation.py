@@ -2,13 +2,17 @@
 tests/sim/source_world.py).
 
 ``SOURCE_SIM_SCHEDULES`` schedules (default 1,000, in chunks for the tier's workers), each from its seed; after each
-the checkers (every message in the sink exactly once, the entity empty after the drain, deliveries within the fault
-windows, partitions pure). A failing schedule prints its seed, what it violated and the last steps; ``SIM_SEED=<n>``
+the checkers (every message in the sink exactly once - at least once for those on the entity when a checkpoint was
+lost -, the entity empty after the drain, deliveries within the fault windows, partitions pure, AvailableNow runs
+ending). A failing schedule prints its seed, what it violated and the last steps; ``SIM_SEED=<n>``
 replays that one schedule exactly.
 
 What it found on the code as first written (fixed; each has a unit test): a settle cut short by a fault left
 deferred numbers owed and an idle query never settled them again (seed 32); a failed peek in the settle step kept a
-deferred number owed yet called the settle complete (seed 134).
+deferred number owed yet called the settle complete (seed 134); with lost checkpoints (A7) - recoverDeferred adopted a
+replayed batch 0's own deferred messages (initialOffset is called again for it) after its settle deleted them: data
+loss (seed 36), and a failed count at initialOffset skipped the sweep for good (seed 184). Seeds as the world was
+when each was found.
 
 Breaks put back alone in a scratch copy of the tree (schedules from seed 0 until the first violation; share of the
 first 300 or 1,000 schedules that violate):

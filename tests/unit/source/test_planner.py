@@ -298,3 +298,38 @@ def test_the_keeper_thread_stops_with_the_planner() -> None:
     assert p._thread is not None and p._thread.is_alive()
     p.stop()
     assert not p._thread.is_alive()
+
+
+def test_recover_deferred_does_not_adopt_a_replayed_first_batch() -> None:
+    """Found by the simulation: a restart replaying batch 0 calls initialOffset again, whose sweep found batch 0's
+    own deferred messages; adopted into batch 1 after batch 0's settle deleted them, they were data loss."""
+    clock, e, p = world(3)
+    p = SourcePlanner("orders", e.link(), clock, PlannerLimits(recover_deferred=True))
+    initial = p.initial_offset()
+    end0 = p.latest_offset(initial, None)
+    p.partitions(initial, end0)  # deferred; the driver dies before the commit log
+    p2 = SourcePlanner("orders", e.link(), clock, PlannerLimits(recover_deferred=True))
+    start = p2.initial_offset()  # Spark's start of the replayed batch 0
+    assert p2.partitions(start, end0) == [PartitionSpec(CH, ((1, 3),))]
+    e.send()
+    end1 = p2.latest_offset(end0, None)
+    assert seqs(end1) == [4] and list(e.messages) == [4]
+
+
+def test_recover_deferred_sweeps_without_counts_and_again_after_a_failed_sweep() -> None:
+    clock, e, _ = world(4)
+    link = e.link()
+    link.defer(link.receive(2, 0, 1), 1)  # orphans of a lost checkpoint
+    failing = {"counts", "peek"}
+
+    def hook(op: str, phase: str, _link: object) -> None:
+        if op in failing and phase == "before":
+            raise ConnectionError(op)
+
+    e.hook = hook
+    p = SourcePlanner("orders", e.link(), clock, PlannerLimits(recover_deferred=True))
+    start = p.initial_offset()
+    failing.discard("counts")
+    failing.discard("peek")
+    clock.advance(31)
+    assert seqs(p.latest_offset(start, None)) == [1, 2, 3, 4]
