@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spark_sb.core.clock import Clock
+from spark_sb.source.locks import Held, KeeperThread, renew_due
 from spark_sb.source.manifest import (
     MAX_OFFSET_RANGES,
     MAX_PER_PARTITION,
@@ -83,27 +84,13 @@ class BatchStats:
     settle_seconds: float = 0.0
 
 
-class _Held:
-    """A message held peek-locked: its receive and when its lock was last taken or renewed."""
-
-    __slots__ = ("received", "renewed_at", "locked_until")
-
-    def __init__(self, received: Received, now: float) -> None:
-        self.received = received
-        self.renewed_at = now
-        self.locked_until = received.locked_until
-
-    def due(self, now: float) -> bool:
-        return now >= self.renewed_at + (self.locked_until - self.renewed_at) / 2
-
-
 @dataclass
 class _Pending:
     """The manifest returned by ``latest_offset`` and not yet planned: its start, and the messages to defer."""
 
     start: Manifest
     end: Manifest
-    held: dict[int, _Held]  # bounded by the batch (maxMessagesPerTrigger)
+    held: dict[int, Held]  # bounded by the batch (maxMessagesPerTrigger)
     stats: BatchStats
 
 
@@ -139,7 +126,7 @@ class SourcePlanner:
         )
         self._mutex = threading.RLock()
         # received, in no manifest yet: bounded by max_messages + receive_batch
-        self._held: dict[int, _Held] = {}
+        self._held: dict[int, Held] = {}
         self._pending: _Pending | None = None
         self._known: Manifest | None = None  # the last offset Spark showed or planned (4.0/4.1: no start)
         # owed after settling one start, less what was completed since; and whether that settle tried everything
@@ -151,11 +138,9 @@ class SourcePlanner:
         self._adopt: Ranges = ()  # recoverDeferred: deferred numbers no manifest names (bounded: ADOPT_MAX)
         self._sweep_pending = False
         self._last_batch_at = clock.monotonic()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._keeper: KeeperThread | None = None
         if keeper_thread:
-            self._thread = threading.Thread(target=self._keeper, name=f"sb-lock-keeper-{entity}", daemon=True)
-            self._thread.start()
+            self._keeper = KeeperThread(self.keep_locks, clock, f"sb-lock-keeper-{entity}")
 
     # -- the link ----------------------------------------------------------------------------------------------
     def link(self) -> EntityLink:
@@ -311,9 +296,8 @@ class SourcePlanner:
 
     def stop(self) -> None:
         """Stop the keeper and close the link (held locks lapse on the service)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.limits.call_timeout)
+        if self._keeper is not None:
+            self._keeper.stop(self.limits.call_timeout)
         with self._mutex:
             if self._link is not None:
                 link, self._link = self._link, None
@@ -324,46 +308,11 @@ class SourcePlanner:
 
     # -- the lock keeper ---------------------------------------------------------------------------------------
     def keep_locks(self) -> float | None:
-        """Renew the held locks due (half their lock gone); forget the lost ones. Returns the next due time on
-        the clock (None if nothing is held). A lost lock of a planned message is left to the defer (owed)."""
+        """The lock keeper's tick: renew the held locks past half their lock, forget the lost ones (a lost lock of
+        a planned message is left to the defer: owed). Returns the next due time on the clock (None: none held)."""
         with self._mutex:
-            now = self.clock.monotonic()
-            pending = self._pending.held if self._pending else {}
-            for book in (self._held, pending):
-                for seq in [s for s, h in book.items() if now >= h.locked_until]:
-                    del book[seq]
-            due = [h for book in (self._held, pending) for h in book.values() if h.due(now)]
-            if due:
-                try:
-                    renewed = self.link().renew([h.received for h in due], self.limits.call_timeout)
-                except Exception as exc:  # noqa: BLE001 - tried again at the next tick
-                    log.info("source %s: renew failed (%s)", self.entity, exc)
-                    renewed = None
-                if renewed is not None:
-                    for h in due:
-                        seq = h.received.seq
-                        if seq in renewed:
-                            h.renewed_at, h.locked_until = now, renewed[seq]
-                        else:
-                            self._held.pop(seq, None)
-                            pending.pop(seq, None)
-            times = [
-                h.renewed_at + (h.locked_until - h.renewed_at) / 2
-                for b in (self._held, pending)
-                for h in b.values()
-            ]
-            return min(times) if times else None
-
-    def _keeper(self) -> None:
-        while True:
-            try:
-                nxt = self.keep_locks()
-            except Exception:  # noqa: BLE001 - the keeper never dies; the next tick tries again
-                log.warning("source %s: the lock keeper failed", self.entity, exc_info=True)
-                nxt = None
-            wait = 1.0 if nxt is None else min(5.0, max(0.05, nxt - self.clock.monotonic()))
-            if self._stop.wait(wait):
-                return
+            books = (self._held, self._pending.held if self._pending else {})
+            return renew_due(self.link, books, self.clock.monotonic(), self.limits.call_timeout)
 
     # -- steps ---------------------------------------------------------------------------------------------------
     def _read_epoch(self) -> str | None:
@@ -457,7 +406,7 @@ class SourcePlanner:
                 if self.max_delivery_count and r.delivery_count >= self.max_delivery_count - 1:
                     stats.near_dead_letter += 1
                 if not contains(owed, r.seq):
-                    self._held[r.seq] = _Held(r, now)
+                    self._held[r.seq] = Held(r, now)
                     size += r.size
             if owed_got:
                 owed = self._complete_owed(owed, owed_got, stats)

@@ -295,9 +295,9 @@ def test_a_link_that_cannot_be_opened_leaves_start_owed_and_raises_nothing() -> 
 def test_the_keeper_thread_stops_with_the_planner() -> None:
     clock, e, _ = world(1)
     p = SourcePlanner("orders", e.link(), clock, PlannerLimits(), keeper_thread=True)
-    assert p._thread is not None and p._thread.is_alive()
+    assert p._keeper is not None and p._keeper.thread.is_alive()
     p.stop()
-    assert not p._thread.is_alive()
+    assert not p._keeper.thread.is_alive()
 
 
 def test_recover_deferred_does_not_adopt_a_replayed_first_batch() -> None:
