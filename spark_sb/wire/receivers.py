@@ -16,6 +16,7 @@ most one receiver link per (backlog queue, sub-queue) it drains - ``2 x backlog_
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
@@ -257,6 +258,9 @@ def receivers_lane(
 # -- range dispositions on a receiving link (the syphon's completions, the source's defers and completions) ----------
 T = TypeVar("T")
 
+#: Frames read per pass while outcomes are awaited (pyamqp's ``listen(batch=)``).
+LISTEN_BATCH = 512
+
 
 def dispose_on_link(
     receiver: ServiceBusReceiver,
@@ -281,6 +285,7 @@ def dispose_on_link(
     from azure.servicebus._pyamqp.outcomes import Accepted  # noqa: PLC0415
     from azure.servicebus._pyamqp.receiver import check_disposition_outcome  # noqa: PLC0415
 
+    _index_dispositions(link)
     state_out = Accepted() if outcome is None else outcome
     expected = type(
         state_out
@@ -310,13 +315,18 @@ def dispose_on_link(
                     tags.discard(message_of(item)._delivery_tag)  # noqa: SLF001 - settled by the run's frame
             sent.extend(run)
         connection = link._session._connection  # noqa: SLF001
-        while sent:
-            waiting = sum(1 for _, d in sent if not pending[d]["settled"])
+        # the outcomes still awaited, in delivery-id order (the order they come back in): the front is dropped as
+        # it is answered, so a wait for n outcomes costs O(n), not a scan of all n per frame read (O(n^2): a
+        # 5,000-message defer took 9 s); frames are read in batches of what is still awaited
+        waiting = collections.deque(sorted(d for _, d in sent))
+        while waiting:
+            while waiting and pending[waiting[0]]["settled"]:
+                waiting.popleft()
             if not waiting:
                 break
             if time.monotonic() >= deadline or link.state in (LinkState.DETACHED, LinkState.ERROR):
                 break
-            connection.listen(wait=False)
+            connection.listen(wait=False, batch=min(len(waiting), LISTEN_BATCH))
     except Exception as exc:  # noqa: BLE001 - the connection failed while waiting: what is not confirmed is counted
         log.debug("awaiting the dispositions' outcomes failed (%s)", type(exc).__name__)
     finally:
@@ -332,6 +342,37 @@ def dispose_on_link(
             with contextlib.suppress(AttributeError):
                 message_of(item)._settled = True  # noqa: SLF001 - the SDK's own flag: settled, never settle again
     return not_done
+
+
+def _index_dispositions(link: Any) -> None:
+    """Make the link find an incoming disposition's awaited deliveries by id, not by walking every awaited one:
+    pyamqp's ``ReceiverLink._incoming_disposition`` scans all pending dispositions for each frame, and the namespace
+    answers a range delivery by delivery - O(n^2) for n awaited outcomes (measured: 5,000 defers awaited 13 s, 11 s
+    of it in that scan). Same rule (a settled answer from the sender sets outcome and settled for the ids in
+    first..last); a range wider than what is awaited is still walked the SDK's way. Installed once per link
+    (instance attribute); the link's own method is kept for that case."""
+    original = getattr(link, "_incoming_disposition", None)
+    if original is None or getattr(link, "_spark_sb_indexed", False):
+        return  # not pyamqp's link (a test's), or indexed already
+    from azure.servicebus._pyamqp.constants import Role  # noqa: PLC0415 - the SDK's, only when used
+
+    def incoming_disposition(frame: Any) -> None:
+        pending: dict[int, dict[str, Any]] = link._pending_dispositions  # noqa: SLF001
+        if not pending or frame[0] != Role.Sender or not frame[3]:
+            return
+        first = frame[1]
+        last = frame[2] if frame[2] is not None else first
+        if not 0 <= last - first < len(pending):
+            original(frame)
+            return
+        for delivery_id in range(first, last + 1):
+            found = pending.get(delivery_id)
+            if found is not None:
+                found["outcome"] = frame[4]
+                found["settled"] = True
+
+    link._incoming_disposition = incoming_disposition  # noqa: SLF001
+    link._spark_sb_indexed = True  # noqa: SLF001
 
 
 def _runs(
