@@ -77,6 +77,7 @@ class Params:
     max_rows: int | None
     available_now: bool
     lose_checkpoint: bool
+    factory: bool  # the planner gets a link factory (a fault drops the link and a new one opens)
 
 
 def draw(rng: random.Random) -> Params:
@@ -106,6 +107,7 @@ def draw(rng: random.Random) -> Params:
         max_rows=rng.choice([None, None, 5]),
         available_now=rng.random() < 0.2,
         lose_checkpoint=lose,
+        factory=rng.random() < 0.5,
     )
 
 
@@ -211,7 +213,8 @@ class SourceWorld:
         """One driver process: restart from the logs, then triggers until the drain is done."""
         self.incarnation += 1
         self.initial = None
-        link = self.entity.link(tag=self.incarnation)
+        tag = self.incarnation
+        link: Any = (lambda: self.entity.link(tag=tag)) if self.p.factory else self.entity.link(tag=tag)
         self.planner = p = SourcePlanner(ENTITY, link, self.clock, self.p.limits, max_delivery_count=10)
         if self.offsets:
             last = max(self.offsets)
