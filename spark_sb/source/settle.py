@@ -61,7 +61,7 @@ class _Deadline:
         return min(self.call_timeout, self.end - self.clock.monotonic())
 
 
-def present(link: EntityLink, seqs: Sequence[int], deadline: _Deadline) -> tuple[set[int], set[int], bool]:
+def _present(link: EntityLink, seqs: Sequence[int], deadline: _Deadline) -> tuple[set[int], set[int], bool]:
     """``(present, deferred, doubt)`` among ``seqs`` by peek. A number whose peek failed counts as present and not
     deferred (never dropped on a doubt: a dropped number that is still there would be emitted again); ``doubt``
     says so, and the settle is incomplete (tried again)."""
@@ -121,12 +121,12 @@ def settle_numbers(
             untried.extend(chunk)
             faulted = True
             continue
-        there, deferred, doubt = present(link, chunk, deadline)
+        there, deferred, doubt = _present(link, chunk, deadline)
         faulted = faulted or doubt
         gone.update(n for n in chunk if n not in there)
         kept.update(there - deferred)  # active or locked: owed, completed when next received
         faulted = _bisect(link, sorted(deferred), deadline, deleted, refused, untried) or faulted
-    there, _, doubt = present(link, refused, deadline) if refused else (set(), set(), False)
+    there, _, doubt = _present(link, refused, deadline) if refused else (set(), set(), False)
     faulted = faulted or doubt
     owed = set(untried) | kept | there
     dropped = gone | (set(refused) - there)
