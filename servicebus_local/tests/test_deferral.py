@@ -18,8 +18,10 @@ from azure.servicebus import (
     ServiceBusReceivedMessage,
     ServiceBusReceiveMode,
     ServiceBusReceiver,
+    ServiceBusSubQueue,
 )
-from azure.servicebus._pyamqp.outcomes import Accepted, Modified
+from azure.servicebus._pyamqp.error import AMQPError
+from azure.servicebus._pyamqp.outcomes import Accepted, Modified, Rejected, Released
 from azure.servicebus.exceptions import MessageNotFoundError
 
 from servicebus_local.clock import FakeClock
@@ -77,8 +79,15 @@ def _range(
 
 
 def _applied(answers: dict[int, Any]) -> None:
+    """Each delivery's answer is its outcome, not a refusal (a ``rejected`` carrying an error, as the SDK reads it)."""
     for outcome in answers.values():
-        assert outcome is not None and "rejected" not in outcome, outcome
+        assert outcome is not None and not _refusal(outcome), outcome
+
+
+def _refusal(outcome: Any) -> Any:
+    """The error of a ``rejected`` answer (None: applied)."""
+    fields = outcome.get("rejected") if isinstance(outcome, dict) else None
+    return fields[0] if fields else None
 
 
 def test_peek_shows_deferred_messages_with_their_state(ns: LocalNamespace, client: ServiceBusClient) -> None:
@@ -138,27 +147,38 @@ def test_a_receive_and_delete_list_naming_one_number_not_deferred_fails_whole_an
 def test_a_range_disposition_settles_every_delivery_of_the_range(
     ns: LocalNamespace, client: ServiceBusClient
 ) -> None:
-    _send(ns, 9)
-    with client.get_queue_receiver("q") as r:
-        got = sorted(_receive(r, 9), key=lambda m: m._delivery_id)  # noqa: SLF001
-        settlements = ns.counters()["settlements"]
-        _range(r, got[0:3], Modified(delivery_failed=True, undeliverable_here=True, message_annotations=None))
-        _range(r, got[3:6], Accepted())
-        _range(
-            r, got[6:9], Modified(delivery_failed=True, undeliverable_here=False, message_annotations=None)
+    _send(ns, 15)
+    dead = Rejected(
+        error=AMQPError(
+            condition=b"com.microsoft:dead-letter",
+            description=b"d",
+            info={b"DeadLetterReason": "why", b"DeadLetterErrorDescription": "d"},  # as the SDK: strings
         )
-        assert ns.counters()["settlements"] - settlements == 9  # one per delivery, from three frames
-    peeked = _peek(client)
-    deferred = {int(m.sequence_number or 0) for m in got[0:3]}
-    abandoned = {int(m.sequence_number or 0) for m in got[6:9]}
-    assert peeked == {
+    )
+    abandon = Modified(delivery_failed=True, undeliverable_here=False, message_annotations=None)
+    with client.get_queue_receiver("q") as r:
+        got = sorted(_receive(r, 15), key=lambda m: m._delivery_id)  # noqa: SLF001
+        settlements = ns.counters()["settlements"]
+        for i, outcome in enumerate((DEFER, Accepted(), abandon, Released(), dead)):
+            _applied(_range(r, got[3 * i : 3 * i + 3], outcome))
+        assert ns.counters()["settlements"] - settlements == 15  # one per delivery, from five frames
+
+    def seqs(i: int) -> list[int]:
+        return [int(m.sequence_number or 0) for m in got[3 * i : 3 * i + 3]]
+
+    assert _peek(client) == {
         **dict.fromkeys(
-            deferred, (ServiceBusMessageState.DEFERRED, 0)
+            seqs(0), (ServiceBusMessageState.DEFERRED, 0)
         ),  # modified, undeliverable-here: deferred
         **dict.fromkeys(
-            abandoned, (ServiceBusMessageState.ACTIVE, 1)
+            seqs(2), (ServiceBusMessageState.ACTIVE, 1)
         ),  # modified: abandoned, delivery count + 1
-    }  # the accepted range is gone
+        **dict.fromkeys(seqs(3), (ServiceBusMessageState.ACTIVE, 0)),  # released: back, no delivery counted
+    }  # accepted: gone
+    with client.get_queue_receiver("q", sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+        dead_lettered = dlq.peek_messages(max_message_count=10, sequence_number=1)
+    assert sorted(int(m.sequence_number or 0) for m in dead_lettered) == seqs(4)
+    assert {m.dead_letter_reason for m in dead_lettered} == {"why"}
 
 
 def test_deferred_messages_outlive_their_link_and_connection(ns: LocalNamespace) -> None:
@@ -237,7 +257,8 @@ def test_a_range_with_one_lost_lock_rejects_that_delivery_and_applies_the_others
                 clock.advance(0.6)  # the first lock ended (1.2 s); the others hold until 1.6 s
                 answers = _range(r, first + rest, DEFER)
                 lost = answers.pop(int(first[0]._delivery_id))  # noqa: SLF001
-                assert lost is not None and "rejected" in lost and b"message-lock-lost" in str(lost).encode()
+                error = _refusal(lost)
+                assert error is not None and error[0] == b"com.microsoft:message-lock-lost"
                 _applied(answers)
             assert {s: state for s, (state, _) in _peek(client, "short").items()} == {
                 first[0].sequence_number: ServiceBusMessageState.ACTIVE,
