@@ -105,7 +105,8 @@ class SdkEntityLink:
     or ``topic/subscriptions/name``) in the primary namespace of ``config``. ``lock_duration``: the entity's, in
     seconds (None: read once from the admin endpoint at the first receive that got messages). ``admin_kwargs`` go
     to the admin client (``connection_verify=<ca.pem>`` for a local namespace). ``monotonic``: the planner's clock
-    for ``locked_until``. Used by one thread at a time (the planner's); the lanes' threads do the I/O."""
+    for ``locked_until``. Thread-safe: calls from the planner and the lock keeper run one at a time on the lane's
+    thread, which does the I/O."""
 
     def __init__(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -251,3 +252,21 @@ def test_credit_left_by_a_receive_is_taken_back_so_nothing_is_delivered_between_
     assert ns.counters()["messages_delivered"] == 2
     assert [p.state for p in link.peek(1, 10, T)] == [ACTIVE] * 3  # the third waits, unlocked
     assert ns.counters()["messages_delivered"] == 2 and ns.counters()["settlements"] == 0
+
+
+def test_the_lock_keeper_renews_from_its_thread_while_the_planner_receives(ns: LocalNamespace) -> None:
+    short = SdkEntityLink(_config(ns), SHORT, lock_duration=1.0)
+    try:
+        _put(ns, SHORT, 2)
+        held = _receive(short, 2)
+        renewed: list[dict[int, float]] = []
+        waiting = threading.Thread(target=lambda: renewed.append(short.renew(held, T)))
+        empty = threading.Thread(target=lambda: short.receive(10, 0.5, T))  # waits on the same lane
+        empty.start()
+        waiting.start()
+        empty.join(T)
+        waiting.join(T)
+        assert renewed and set(renewed[0]) == {h.seq for h in held}
+        assert short.defer(held, T) == {h.seq for h in held}
+    finally:
+        short.close()
