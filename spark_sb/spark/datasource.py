@@ -530,17 +530,53 @@ def _build() -> dict[str, Any]:
             )
 
     class ServiceBusDataSource(DataSource):
-        """``format("servicebus")``. Built by Spark from the options on the driver machine (there they are
-        checked); picklable (the options and the configuration)."""
+        """``format("servicebus")``: the sink (writers) and the source (readers, :mod:`spark_sb.spark.reader`).
+        Built by Spark from the options on the driver machine; a writer checks them as the sink's, a reader as the
+        source's (each names a bad option before anything is sent or received). Picklable (the options and what
+        was checked)."""
 
         def __init__(self, options: dict[str, str]) -> None:
             super().__init__(options)
-            parsed = parse_options(options)
-            self.settings = replace(parsed, config=with_namespace_name(parsed.config))
+            self._settings: SourceOptions | None = None
+            self._read: Any = None
+
+        @property
+        def settings(self) -> SourceOptions:
+            """The options checked as the sink's (driver machine; once)."""
+            if self._settings is None:
+                parsed = parse_options(self.options)
+                self._settings = replace(parsed, config=with_namespace_name(parsed.config))
+            return self._settings
+
+        def _read_options(self) -> Any:
+            """The options checked as the source's (driver machine; once): a SourceReadOptions."""
+            if self._read is None:
+                from spark_sb.source.options import parse_source_options
+
+                parsed = parse_source_options(self.options)
+                self._read = replace(parsed, config=with_namespace_name(parsed.config))
+            return self._read
 
         @classmethod
         def name(cls) -> str:
             return SOURCE_NAME
+
+        def schema(self) -> str:
+            from spark_sb.spark.reader import reader_schema
+
+            return reader_schema(self._read_options())
+
+        def streamReader(self, schema: StructType) -> Any:  # noqa: N802 - Spark's name
+            from spark_sb.spark import reader
+
+            opts = self._read_options()
+            reader.stream_path(opts)  # one entity per query: refused now, naming the option
+            return reader.__getattr__("ServiceBusStreamReader")(opts)
+
+        def reader(self, schema: StructType) -> Any:
+            from spark_sb.spark import reader
+
+            return reader.__getattr__("ServiceBusBatchReader")(self._read_options())
 
         def _sink_id(self) -> str:
             config = self.settings.config
