@@ -270,3 +270,21 @@ def test_the_lock_keeper_renews_from_its_thread_while_the_planner_receives(ns: L
         assert short.defer(held, T) == {h.seq for h in held}
     finally:
         short.close()
+
+
+def test_an_executors_peek_on_a_stalled_namespace_ends_within_its_deadline_and_then_recovers(
+    ns: LocalNamespace,
+) -> None:
+    _put(ns, QUEUE, 2)
+    peeker = PeekerFactory(_config(ns))()
+    try:
+        assert len(peeker.peek(QUEUE, 1, 10, T)) == 2
+        ns.faults.stall()
+        started = time.monotonic()
+        with pytest.raises((DeadlineExceeded, OperationTimeoutError)):
+            peeker.peek(QUEUE, 1, 10, 1.0)
+        assert time.monotonic() - started < 1.5
+        ns.faults.stall(False)
+        assert len(peeker.peek(QUEUE, 1, 10, T)) == 2
+    finally:
+        close_peekers()
