@@ -288,3 +288,17 @@ def test_an_executors_peek_on_a_stalled_namespace_ends_within_its_deadline_and_t
         assert len(peeker.peek(QUEUE, 1, 10, T)) == 2
     finally:
         close_peekers()
+
+
+def test_a_link_opened_on_a_stalled_namespace_gives_up_at_its_deadline(ns: LocalNamespace) -> None:
+    link = SdkEntityLink(_config(ns), QUEUE, lock_duration=60.0)
+    try:
+        ns.faults.stall()  # SASL is answered, the AMQP open never is
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):  # the opening's own deadline, or the lane's (DeadlineExceeded)
+            link.receive(10, 0.5, 1.0)
+        assert time.monotonic() - started < 1.5
+        ns.faults.stall(False)
+        assert link.receive(10, 0.2, T) == []  # a new connection serves
+    finally:
+        link.close()
