@@ -11,6 +11,8 @@ Runs on a workstation, a CI runner or the Spark driver node, never on executors.
   backlog queues, the newest events and backlog depths, from the state tables (no Spark; :mod:`spark_sb.admin.status`).
 * ``maintain --config conf/<env>.yaml [--retention D] [--no-optimize] [--no-vacuum] [--json]``: keep the state
   tables small (retention delete, OPTIMIZE, VACUUM: :func:`spark_sb.state.maintenance.maintain`); starts a Spark session.
+* ``source recover --config conf/<env>.yaml --entity E [--dry-run] [--json]``: return deferred messages no
+  offset names to their queue (:mod:`spark_sb.source.recover`; no Spark).
 
 More commands (``demo``, ``syphon``, ...) plug in by adding a ``_add_<name>(subparsers, common)`` function to
 :data:`COMMANDS`; each passes ``parents=[common]`` and sets ``func`` (``(args) -> int``) as the parser default.
@@ -271,7 +273,71 @@ def run_maintain(
     return EXIT_OK
 
 
-COMMANDS: list[Callable[[Any, argparse.ArgumentParser], None]] = [_add_provision, _add_status, _add_maintain]
+# --------------------------------------------------------------------------------------------------------------
+# source
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _add_source(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser(
+        "source",
+        parents=[common],
+        help="tools of the servicebus source (format('servicebus') reads)",
+        description="Tools of the servicebus source: `recover` returns orphan deferred messages to their queue.",
+    )
+    tools = p.add_subparsers(dest="tool", metavar="TOOL")
+    tools.required = True
+    r = tools.add_parser(
+        "recover",
+        parents=[common],
+        help="return deferred messages no offset names (a lost checkpoint) to their queue",
+        description=(
+            "Sweep a queue of the primary namespace for deferred messages (a query's checkpoint was lost after "
+            "it deferred them: no offset names them, and no receive sees them) and send each back to the queue "
+            "as it was, completing the deferred original: the next query reads them (at-least-once for those). "
+            "On a queue with duplicate detection, messages enqueued within its window stay deferred (their "
+            "re-send would be dropped): run again later. Queues only (a subscription: recoverDeferred=true in "
+            "the query). Exit 0 when every one found was returned, 1 otherwise, 2 on a bad configuration. For a "
+            "local namespace set REQUESTS_CA_BUNDLE."
+        ),
+    )
+    r.add_argument("--config", required=True, help="YAML configuration file (conf/<env>.yaml)")
+    r.add_argument("--entity", required=True, help="the queue (of the primary namespace)")
+    r.add_argument("--dry-run", action="store_true", help="count them; change nothing")
+    r.add_argument("--json", action="store_true", help="print the report as JSON")
+    r.set_defaults(func=run_source_recover)
+
+
+def run_source_recover(
+    args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """The ``source recover`` command: 0 all found returned (or a dry run), 1 some left, 2 bad configuration."""
+    from dataclasses import asdict
+
+    from spark_sb.config.service_bus import load_config
+    from spark_sb.core.errors import ConfigError
+    from spark_sb.source.recover import recover_deferred
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        config = load_config(args.config)
+        report = recover_deferred(config, args.entity, dry_run=args.dry_run)
+    except (ConfigError, OSError) as exc:
+        return _bad_config(err, args, f"bad configuration {args.config}: {exc}")
+    if args.json:
+        _print_json(out, asdict(report))
+    else:
+        print(report.line(), file=out)
+    return EXIT_OK if report.dry_run or report.recovered == report.found else EXIT_FAILED
+
+
+COMMANDS: list[Callable[[Any, argparse.ArgumentParser], None]] = [
+    _add_provision,
+    _add_status,
+    _add_maintain,
+    _add_source,
+]
 
 _VERBOSE_HELP = "more log output (-v info, -vv debug); before or after the command"
 
