@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from spark_sb.core.clock import Clock
+from spark_sb.core.errors import ConfigError
+from spark_sb.source.faults import fault
 from spark_sb.source.locks import Held, KeeperThread, renew_due
 from spark_sb.source.manifest import (
     MAX_OFFSET_RANGES,
@@ -138,6 +140,7 @@ class SourcePlanner:
         self._adopt: Ranges = ()  # recoverDeferred: deferred numbers no manifest names (bounded: ADOPT_MAX)
         self._sweep_pending = False
         self._last_batch_at = clock.monotonic()
+        self._checked = False  # the entity's properties were read (sessions refused)
         self._keeper: KeeperThread | None = None
         if keeper_thread:
             self._keeper = KeeperThread(self.keep_locks, clock, f"sb-lock-keeper-{entity}")
@@ -164,12 +167,37 @@ class SourcePlanner:
         except Exception:  # noqa: BLE001
             log.debug("closing the link of %s failed", self.entity, exc_info=True)
 
+    def _check_entity(self) -> None:
+        """Before anything is received: a session entity is refused in one line (part 1 reads non-session
+        entities), and its MaxDeliveryCount is learned for the near-dead-letter WARN. A link without ``info`` is
+        not checked; a failed ``info`` is logged and tried again at the next call."""
+        if self._checked:
+            return
+        try:
+            info_of = getattr(self.link(), "info", None)
+            if info_of is None:
+                self._checked = True
+                return
+            info = info_of(self.limits.call_timeout)
+        except Exception as exc:  # noqa: BLE001 - a fault: no new data this trigger, checked next time
+            log.info("source %s: the entity's properties were not read (%s)", self.entity, exc)
+            return
+        if info.requires_session:
+            raise ConfigError(
+                f"format('servicebus') read: option 'entity': {self.entity} is session-enabled (requiresSession): "
+                "this source reads non-session queues and subscriptions only"
+            )
+        if self.max_delivery_count is None:
+            self.max_delivery_count = info.max_delivery_count
+        self._checked = True
+
     # -- Spark's calls -----------------------------------------------------------------------------------------
     def initial_offset(self) -> dict[str, Any]:
         """Batch 0 (no data). WARNs with the count of deferred messages no manifest names; with
         ``recover_deferred`` adopts them all (up to :data:`ADOPT_MAX`) into the first batch (at-least-once for
         those): all at once, since ``initialOffset`` is not called again once the first offset is in the WAL."""
         with self._mutex:
+            self._check_entity()
             epoch = self._read_epoch()
             start = Manifest(b=0, epoch={self.channel: epoch} if epoch else {})
             try:
@@ -199,6 +227,7 @@ class SourcePlanner:
         """Settle ``start`` (the last committed end), receive up to the limits, return the new manifest - or
         ``start`` unchanged if nothing is held. ``start=None`` (4.0/4.1): the last offset seen."""
         with self._mutex:
+            self._check_entity()
             if start is None and self._known is None:
                 log.warning(
                     "source %s: latestOffset() without a start, and neither initialOffset nor "
@@ -220,6 +249,7 @@ class SourcePlanner:
             s = self._check_epoch(s)
             self._named(s)
             stats = BatchStats(b=s.b + 1)
+            fault("settle")  # a test hook (faults.py), off by default
             owed = self._settle_start(s, stats)
             if self._sweep_pending:
                 self._sweep()
@@ -252,6 +282,7 @@ class SourcePlanner:
             pending = self._pending
             if pending is not None and pending.end == e:
                 self._pending = None
+                fault("defer")  # a test hook (faults.py), off by default
                 self._defer(pending)
             return split(e, self.limits.min_partitions, self.limits.max_per_partition)
 
@@ -285,6 +316,7 @@ class SourcePlanner:
         """Pin the watermark W (the highest number present, by galloping peek; -1 if none): batches stop when a
         receive is empty or yields only numbers above W."""
         with self._mutex:
+            self._check_entity()
             try:
                 self._watermark = highest(self._peek)
             except Exception as exc:  # noqa: BLE001 - one batch, as on 4.0/4.1
@@ -410,6 +442,7 @@ class SourcePlanner:
                     size += r.size
             if owed_got:
                 owed = self._complete_owed(owed, owed_got, stats)
+            fault("receive")  # a test hook (faults.py), off by default
             if self._watermark is not None and (not got or all(r.seq > self._watermark for r in got)):
                 self._drained = True
                 break
@@ -450,6 +483,7 @@ class SourcePlanner:
         )
         stats.received, stats.bytes, stats.owed = len(held), size, count(owed)
         self._pending = _Pending(start=s, end=end, held=held, stats=stats)
+        fault("offset")  # a test hook (faults.py), off by default
         return end
 
     def _defer(self, pending: _Pending) -> None:

@@ -333,3 +333,21 @@ def test_recover_deferred_sweeps_without_counts_and_again_after_a_failed_sweep()
     failing.discard("peek")
     clock.advance(31)
     assert seqs(p.latest_offset(start, None)) == [1, 2, 3, 4]
+
+
+def test_a_session_entity_is_refused_in_one_line_before_anything_is_received() -> None:
+    from spark_sb.core.errors import ConfigError
+    from spark_sb.source.sdk import EntityInfo
+
+    clock, e, p = world(3)
+    link = p.link()
+    link.info = lambda timeout: EntityInfo(5.0, True, 10)  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"option 'entity': orders is session-enabled") as err:
+        p.initial_offset()
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="session-enabled"):
+        p.latest_offset(None, None)  # a restarted query (no initialOffset) is refused the same way
+    assert e.calls["receive"] == 0 and e.calls["counts"] == 0 and e.locked() == []
+    link.info = lambda timeout: EntityInfo(5.0, False, 7)  # type: ignore[attr-defined]
+    assert seqs(p.latest_offset(p.initial_offset(), None)) == [1, 2, 3]
+    assert p.max_delivery_count == 7  # learned for the near-dead-letter WARN
