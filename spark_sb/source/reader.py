@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from spark_sb.source.faults import fault
 from spark_sb.source.manifest import PartitionSpec, Ranges, count, ranges_of
 from spark_sb.source.transport import DEFERRED, Peeked, Peeker
 
@@ -72,6 +73,7 @@ def read_partition(
                 cur = p.seq + 1
                 stats.yielded += 1
                 yield p
+            fault("read")  # a test hook (faults.py), off by default
             if not got or got[-1].seq > hi or cur == was:
                 break
         if cur <= hi:
