@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 #: recoverDeferred adopts at most this many orphan deferred messages (the rest: a WARN, run it again).
 ADOPT_MAX = 1_000_000
+#: At a new checkpoint, the messages a peek sweep looks at to count orphan deferred ones (400 pages of 250).
+COUNT_SWEEP = 100_000
 
 
 @dataclass(frozen=True)
@@ -200,18 +202,13 @@ class SourcePlanner:
             self._check_entity()
             epoch = self._read_epoch()
             start = Manifest(b=0, epoch={self.channel: epoch} if epoch else {})
-            try:
-                deferred: int | None = self.link().counts(self.limits.call_timeout).deferred
-            except Exception as exc:  # noqa: BLE001
-                log.warning(
-                    "source %s: no counts at start (%s): orphan deferred messages unknown", self.entity, exc
-                )
-                deferred = None
+            deferred, complete = self._orphan_count()
             if deferred:
                 log.warning(
-                    "source %s: %d deferred messages are named by no offset of this checkpoint (a lost or new "
+                    "source %s: %s%d deferred messages are named by no offset of this checkpoint (a lost or new "
                     "checkpoint); %s",
                     self.entity,
+                    "" if complete else "at least ",
                     deferred,
                     "adopting them (recoverDeferred)"
                     if self.limits.recover_deferred
@@ -296,14 +293,21 @@ class SourcePlanner:
                 self._settle_start(e, BatchStats(b=e.b + 1))
 
     def report_latest(self) -> dict[str, Any]:
-        """``reportLatestOffset``: the entity's backlog from its admin counts; ``None`` where a call failed."""
+        """``reportLatestOffset``: the entity's backlog from its admin counts (``deferredOnEntity``: what this query
+        deferred and has not deleted yet); ``None`` where a call failed."""
         with self._mutex:
             owed = count(self._owed_now[1]) if self._owed_now else 0
             out: dict[str, Any] = {"activeMessages": None, "deferredOnEntity": None, "owed": owed}
             out["oldestAgeSeconds"] = None
             try:
                 counts = self.link().counts(self.limits.call_timeout)
-                out["activeMessages"], out["deferredOnEntity"] = counts.active, counts.deferred
+                # the service counts a deferred message as active: the planned batch's numbers (deferred, not
+                # yet deleted) are told apart by what this query knows, not by a count
+                known, unsettled = self._known, 0
+                if known is not None and (self._owed_now is None or self._owed_now[0] != known.to_json()):
+                    unsettled = count(known.ranges(self.channel))
+                out["activeMessages"] = max(0, counts.active - unsettled)
+                out["deferredOnEntity"] = unsettled
                 first = self.link().peek(0, 1, self.limits.call_timeout)
                 enqueued = getattr(first[0].message, "enqueued_time_utc", None) if first else None
                 if enqueued is not None:
@@ -371,11 +375,24 @@ class SourcePlanner:
         self._owed_now = None
         return Manifest(b=s.b, epoch={**s.epoch, self.channel: epoch})
 
+    def _orphan_count(self) -> tuple[int | None, bool]:
+        """Deferred messages on the entity at a new checkpoint, by a peek sweep of at most :data:`COUNT_SWEEP`
+        messages (the admin counts cannot say: the service counts a deferred message as active), and whether
+        the sweep saw the whole entity. (None, False) if it failed; (0, True) for an empty entity."""
+        try:
+            if self.link().counts(self.limits.call_timeout).total == 0:
+                return 0, True
+            found = deferred_numbers(self._peek, COUNT_SWEEP, limit=COUNT_SWEEP)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("source %s: orphan deferred messages unknown at start (%s)", self.entity, exc)
+            return None, False
+        return count(found.numbers), found.complete
+
     def _sweep(self) -> None:
         """recoverDeferred: adopt the DEFERRED numbers on the entity; a failed sweep is tried again by the next
         ``latest_offset`` (after its settle, so only orphans and numbers of ``start`` are deferred then)."""
         try:
-            self._adopt = deferred_numbers(self._peek, ADOPT_MAX)
+            self._adopt = deferred_numbers(self._peek, ADOPT_MAX).numbers
             self._sweep_pending = False
         except Exception as exc:  # noqa: BLE001
             log.warning("source %s: the sweep for deferred messages failed (%s)", self.entity, exc)

@@ -119,14 +119,26 @@ def highest(peek: PeekFn, start: int = 0) -> int:
     return lo
 
 
-def deferred_numbers(peek: PeekFn, most: int, page: int = 250) -> Ranges:
-    """The DEFERRED numbers present (a sweep by peek from 0), the lowest ``most`` of them."""
+@dataclass(frozen=True)
+class Sweep:
+    """The DEFERRED numbers a sweep found, and whether it reached the entity's end."""
+
+    numbers: Ranges
+    complete: bool
+
+
+def deferred_numbers(peek: PeekFn, most: int, page: int = 250, *, limit: int | None = None) -> Sweep:
+    """The DEFERRED numbers present (a sweep by peek from 0), the lowest ``most`` of them; ``limit``: look at
+    no more than that many messages of any state."""
     found: list[int] = []
-    cur = 0
-    while len(found) < most:
+    cur = seen = 0
+    complete = False
+    while len(found) < most and (limit is None or seen < limit):
         got = peek(cur, page)
         if not got:
+            complete = True
             break
+        seen += len(got)
         found.extend(p.seq for p in got if p.state == DEFERRED)
         cur = got[-1].seq + 1
-    return ranges_of(found[:most])
+    return Sweep(ranges_of(found[:most]), complete)

@@ -74,7 +74,7 @@ def recover_deferred(
     report = RecoverReport(entity, dry_run=dry_run)
     peeker = SdkPeeker(config)
     try:
-        ranges = deferred_numbers(lambda seq, n: peeker.peek(entity, seq, n, timeout), MOST)
+        ranges = deferred_numbers(lambda seq, n: peeker.peek(entity, seq, n, timeout), MOST).numbers
     finally:
         peeker.close()
     numbers = [n for lo, hi in ranges for n in range(lo, hi + 1)]

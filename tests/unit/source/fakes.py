@@ -209,7 +209,9 @@ class FakeLink:
         e._call("counts", "before", self)
         s = e.states()
         total = len(e.messages) + len(e.dead_letters)
-        return EntityCounts(s["active"] + s["locked"], len(e.dead_letters), 0, 0, 0, total, e.created_at)
+        # as the service (and the local namespace) count: a deferred message is active - no count tells them apart
+        active = s["active"] + s["locked"] + s["deferred"]
+        return EntityCounts(active, len(e.dead_letters), 0, 0, 0, total, e.created_at)
 
     def close(self) -> None:
         self.closed = True
