@@ -318,7 +318,7 @@ class SourcePlanner:
 
     def prepare_available_now(self) -> int:
         """Pin the watermark W (the highest number present, by galloping peek; -1 if none): batches stop when a
-        receive is empty or yields only numbers above W."""
+        receive is empty, yields only numbers above W, or yields W itself."""
         with self._mutex:
             self._check_entity()
             try:
@@ -460,7 +460,9 @@ class SourcePlanner:
             if owed_got:
                 owed = self._complete_owed(owed, owed_got, stats)
             fault("receive")  # a test hook (faults.py), off by default
-            if self._watermark is not None and (not got or all(r.seq > self._watermark for r in got)):
+            w = self._watermark
+            if w is not None and (not got or all(r.seq > w for r in got) or max(r.seq for r in got) >= w):
+                # W itself received: the run is drained without the empty receive (receiveWaitTime) it would wait
                 self._drained = True
                 break
             if not got:

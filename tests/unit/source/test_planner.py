@@ -351,3 +351,17 @@ def test_a_session_entity_is_refused_in_one_line_before_anything_is_received() -
     link.info = lambda timeout: EntityInfo(5.0, False, 7)  # type: ignore[attr-defined]
     assert seqs(p.latest_offset(p.initial_offset(), None)) == [1, 2, 3]
     assert p.max_delivery_count == 7  # learned for the near-dead-letter WARN
+
+
+def test_available_now_ends_when_the_watermark_itself_is_received_without_an_empty_receive() -> None:
+    clock, e, p = world(10, receive_batch=4, receive_wait=1.0)
+    start = p.initial_offset()
+    assert p.prepare_available_now() == 10
+    t0 = clock.monotonic()
+    end = p.latest_offset(start, None)
+    assert seqs(end) == list(range(1, 11))
+    assert e.calls["receive"] == 3 and clock.monotonic() == t0  # 4 + 4 + 2: no empty receive waited for
+    p.partitions(start, end)
+    e.send()  # above W: the next run's
+    assert p.latest_offset(end, None) == end  # the run ends after settling the batch; nothing more received
+    assert e.calls["receive"] == 3 and e.messages.keys() == {11}
