@@ -24,8 +24,10 @@ PYTEST = $(BIN)/python -m pytest --durations=15
 # deadlines and lock expiry), the local namespace's likewise: 4 workers cut them to a third, the timing-sensitive
 # tests inside their margins (6 did as well on a quiet machine, and missed bounds at a load of 8). The Spark tier is
 # CPU-bound (the JVMs): one worker per core, a file to a worker (--dist loadfile: the tests of a file that share one
-# child process - a Connect server, a local cluster - run it once). The benches pace themselves (tests/bench: two
-# runs at a time).
+# child process - a Connect server, a local cluster - run it once), the longest files first (tests/conftest.py's
+# LONGEST_FIRST; --no-loadscope-reorder keeps that order: xdist's own gives out the files with the most tests
+# first, and a 5-minute file started last on one worker leaves the other core idle). The benches pace themselves
+# (tests/bench: two runs at a time).
 UNIT_WORKERS ?= 2
 PACKAGING_WORKERS ?= 2
 SIM_WORKERS ?= 2
@@ -115,7 +117,7 @@ test-servicebus-local: $(STAMP)
 
 test-spark: jars
 	@$(BIN)/python -c '$(SPARK_PAIR)'
-	$(PYTEST) -n $(SPARK_WORKERS) --dist loadfile $(SPARK_TIER)
+	$(PYTEST) -n $(SPARK_WORKERS) --dist loadfile --no-loadscope-reorder $(SPARK_TIER)
 
 # Every benchmark in its smoke mode (seconds each; the Spark ones about a minute): it runs and prints its figures.
 # -rP: each run's own time ("bench_x.py --smoke: 12.3 s"; the tests' durations include waiting for a free job).
@@ -130,7 +132,7 @@ jars-oldest:
 
 test-spark-oldest: jars-oldest
 	@$(OLDEST_VENV)/bin/python -c '$(SPARK_PAIR)'
-	$(OLDEST_VENV)/bin/python -m pytest --durations=15 -n $(SPARK_WORKERS) --dist loadfile $(OLDEST_TIER)
+	$(OLDEST_VENV)/bin/python -m pytest --durations=15 -n $(SPARK_WORKERS) --dist loadfile --no-loadscope-reorder $(OLDEST_TIER)
 
 # The ordering simulation (tests/sim, SPEC O9) on demand: N schedules (the unit tier runs 2,000); SIM_SEED=<n>
 # replays one, SIM_FIRST=<n> starts elsewhere.

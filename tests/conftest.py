@@ -61,9 +61,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if callspec is not None and callspec.params.get("backend") == "azure":
             item.add_marker("azure")
     if getattr(config.option, "numprocesses", None):
-        # Under pytest-xdist the files marked slow go first (stable: their tests keep their order): a worker that
-        # starts a 5-minute file last keeps the whole tier waiting while the other worker idles.
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        # Under pytest-xdist the longest files go first (LONGEST_FIRST, then the other files marked slow, then the
+        # rest; stable: a file's tests keep their order): a worker that starts a 5-minute file last keeps the whole
+        # tier waiting while the other worker idles. The Spark tiers hand out whole files in this order (--dist
+        # loadfile --no-loadscope-reorder: xdist's own reorder puts the files with the most tests first instead).
+        items.sort(key=_longest_first)
+
+
+#: The Spark tiers' longest files, longest first (seconds in one worker, `make test-spark --durations=0` on the
+#: 2-core machine with other work beside it, 2026-12-06; roughly half that alone). tests/unit/test_tiers.py checks
+#: that each exists.
+LONGEST_FIRST = (
+    "tests/spark/test_cluster.py",  # 425: one child, a local cluster and four scenarios
+    "tests/spark/test_state_delta.py",  # 392
+    "tests/spark/test_state_maintenance.py",  # 351
+    "tests/spark/test_connect.py",  # 306: three children, a Connect server each
+    "tests/spark/test_syphon_job_cli.py",  # 301: four jobs/syphon.py children, one of them under spark-submit
+    "tests/spark/test_syphon_job_runs.py",  # 466 before its runs were shared
+    "tests/spark/test_shutdown.py",  # 217: three child programs
+    "tests/spark/test_sink_state.py",  # 205
+    "tests/spark/test_datasource.py",  # 144
+    "tests/acceptance/test_readme_examples.py",  # 130: the spark-submit example
+    "tests/spark/test_datasource_catalog.py",  # 123
+    "tests/spark/test_syphon_job.py",  # 91
+    "tests/spark/test_syphon_job_available_now.py",  # 85 without the job's child run (now test_syphon_job_runs')
+    "tests/acceptance/test_acceptance_local.py",  # 70
+    "tests/spark/test_datasource_ordering.py",  # 62
+)
+
+
+def _longest_first(item: pytest.Item) -> tuple[int, bool]:
+    try:
+        name = item.path.resolve().relative_to(TESTS.parent).as_posix()
+    except ValueError:
+        name = ""
+    rank = LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+    return rank, item.get_closest_marker("slow") is None
 
 
 # The local Service Bus namespace fixtures (namespace_pair, local_namespace) come from the servicebus-local

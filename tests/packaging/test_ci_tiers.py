@@ -93,8 +93,8 @@ def test_make_test_runs_the_whole_suite_and_ci_runs_all_of_it_tier_by_tier() -> 
         workers = (
             rf"-n \$\({variable.removesuffix('_TIER')}_WORKERS\) " if variable != "BENCH_TIER" else "-rP "
         )
-        if variable == "SPARK_TIER":  # a file's tests that share a child process run it once (test_connect)
-            workers += "--dist loadfile "
+        if variable == "SPARK_TIER":  # a file's tests that share a child process run it once (test_connect),
+            workers += "--dist loadfile --no-loadscope-reorder "  # the files in tests/conftest.py's order
         assert re.search(rf"^\t\$\(PYTEST\) {workers}\$\({variable}\)$", steps[target], re.M), target
         if variable != "BENCH_TIER":
             assert re.search(rf"^{variable.removesuffix('_TIER')}_WORKERS \?= \d+$", MAKEFILE, re.M), variable

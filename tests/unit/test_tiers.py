@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.conftest import TIERS
+from tests.conftest import LONGEST_FIRST, TIERS
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_FILES = sorted(
@@ -30,3 +30,13 @@ def test_every_directory_with_tests_has_a_tier() -> None:
         p.relative_to(ROOT / "tests").parts[0] for p in TEST_FILES if p.is_relative_to(ROOT / "tests")
     }
     assert under_tests <= set(TIERS), f"no tier for {sorted(under_tests - set(TIERS))}"
+
+
+def test_the_longest_first_order_names_test_files_of_the_spark_tiers_once() -> None:
+    """The Spark tiers hand out files in tests/conftest.py's LONGEST_FIRST order: a renamed or removed file would
+    silently fall to the end of the run (where a long file keeps one core busy while the other idles)."""
+    assert len(LONGEST_FIRST) == len(set(LONGEST_FIRST))
+    for name in LONGEST_FIRST:
+        path = ROOT / name
+        assert path in TEST_FILES, f"LONGEST_FIRST names {name}, which is not a test file"
+        assert TIERS[path.relative_to(ROOT / "tests").parts[0]] == "spark", name
