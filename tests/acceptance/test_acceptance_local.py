@@ -51,6 +51,7 @@ def test_scenario_against_two_local_namespaces(
             assert [q.name for q in admin.list_queues()] == []
             assert [t.name for t in admin.list_topics()] == []
     assert report.numbers["lost"] == 0 and report.numbers["duplicates"] == 0, table
+    assert 'queue, read by format("servicebus") into Delta' in table  # the source read the queue back
     assert report.numbers["outage_batch_s"] <= settings.failover_interval + settings.slack, table
     # The fan-out outage costs about one failover_interval, not one per disabled entity (each entity's retries
     # are waited for together).
