@@ -9,7 +9,7 @@ received, and that the pass does not hold, holds the rest of the line back (its 
 What is held back is *deferred*, not abandoned: it keeps its place, no receive returns it again and its delivery
 count does not rise; a later pass finds it in the view and fetches it by sequence number when its line can move,
 merged in sequence order with the line's received messages. Only a real attempt to move a message (a failed send)
-abandons it.
+abandons it, and only once (:func:`~spark_sb.syphon.rules.keeps_count`): its count does not follow an outage.
 
 Cost, per pass and queue: a peek shows only what a receive could not. Sequence numbers are assigned gapless and
 increasing per (non-partitioned) entity - the service's rule, the local namespace's too; backlog queues are

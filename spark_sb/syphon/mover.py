@@ -824,7 +824,7 @@ class Syphon:
         main one by default); complete each batch's messages after the primary accepted it. On a failure the rest
         is settled by :meth:`_undelivered` (abandoned, or dead-lettered when the entity does not exist) and the
         failure returned. With ordering, only what was in the failed send is abandoned (a real attempt: its delivery
-        count rises); what comes after it is deferred (O7)."""
+        count rises), and only once (:meth:`_after_attempt`: then deferred); what comes after it is deferred (O7)."""
         primary = transport or self._primary
         target = Target(PRIMARY, entity)
         sent = 0

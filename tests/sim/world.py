@@ -736,7 +736,8 @@ class World:
                 v.append(
                     Violation(
                         "O7",
-                        f"{q.name}: {worst[0][1]} abandoned after {worst[1]} failed attempts: its delivery count follows the outage",
+                        f"{q.name}: {worst[0][1]} abandoned after {worst[1]} failed attempts "
+                        "(its delivery count follows the outage)",
                     )
                 )
         return v
