@@ -26,6 +26,7 @@ from spark_sb.syphon.rules import (
     attempt_of,
     due_for_verdict,
     is_parked,
+    keeps_count,
     not_found_description,
     undelivered_verdict,
 )
@@ -260,3 +261,21 @@ def test_status_without_undeliverable_messages_shows_no_such_section(tmp_path: P
     status = read_status(replace(CONFIG, state_location=str(tmp_path / "none")), depths=False)
     assert status.undeliverable == []
     assert "undeliverable" not in format_status(status)
+
+
+@pytest.mark.parametrize(
+    ("error_class", "delivery_count", "kept"),
+    [
+        ("connection", 0, False),  # the first failed attempt abandons (the count rises once)
+        ("connection", None, False),
+        ("connection", 1, True),  # then deferred: the count stays, however long the outage
+        ("timeout", 9, True),
+        (None, 5, True),  # no answer at all (a stall)
+        ("entity_not_found", 1, False),  # F9: each delivery counts towards DestinationNotFound
+        ("entity_not_found", 9, False),
+    ],
+)
+def test_an_ordered_lines_message_is_abandoned_after_one_failed_attempt_then_deferred(
+    error_class: str | None, delivery_count: int | None, kept: bool
+) -> None:
+    assert keeps_count(error_class, delivery_count) is kept
