@@ -1,0 +1,158 @@
+"""The source's kill acceptance tests (issue 48; SOURCE.md §13 A1, A2, A7) on the local namespace, real Spark, real
+Delta: the query runs in a child program (``source_child.py``: a session of its own, ``foreachBatch`` into Delta
+with ``txnAppId``/``txnVersion``) that the source's fault hook (:mod:`spark_sb.source.faults`, not a sleep) kills
+with SIGKILL at a chosen point, and restarts on the same checkpoint.
+
+One entity and one checkpoint go through the file's tests in order (``--dist loadfile`` keeps them on one worker;
+each Spark start costs 15-30 s, so each point gets one killed run, not a killed run and a drain):
+
+* A1, one test per point of §13: the driver (the child's process group: Python, JVM, planner process) killed
+  1. mid-receive, 2. after ``latestOffset`` before the WAL, 3. after the WAL before the defer, 4. mid-read (from
+  the executor), 5. after the Delta commit before the commit log (the ``foreachBatch``), 6. after the commit log
+  before settle. Each asserts its kill and no row written twice so far.
+* A2: the next run loses executor Python workers (alone) mid-read three times, Spark retrying the task, and
+  drains the entity: then Delta rows = distinct ids = every message sent, the entity has 0 active, 0 deferred,
+  0 dead-lettered, and the highest delivery count is at most 2 (A1's and A2's pass).
+* A7: more messages, killed after a defer, the checkpoint deleted: a new query (``recoverDeferred=true``, a new
+  ``txnAppId``) WARNs the exact count of orphan deferred messages and loses none.
+
+CI runs this reduced form (:data:`N` = 3,000 messages then 2 x 1,000, 250 a batch, each point once, locks of 5 s).
+``SPARK_SB_KILLS_FULL=1`` runs the full size on demand: 100,000 messages, 3,000 a batch, the six kills x3 (three
+rounds on the one checkpoint), locks of 30 s (hours on a shared 2-core machine).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servicebus_local.server import LocalNamespace
+
+from .source_child import Run, delta_numbers, drain, entity_left, make_entity, run_child, send
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+FULL = os.environ.get("SPARK_SB_KILLS_FULL") == "1"
+N = 100_000 if FULL else 3_000  # A1's messages (A2 and A7 add MORE each)
+MORE = 10_000 if FULL else 1_000
+PER_BATCH = 3_000 if FULL else 250
+ROUNDS = 3 if FULL else 1
+LOCK = timedelta(seconds=30 if FULL else 5)
+#: A1's points as the hook's spec: the n-th time a process reaches it (receives ask 100 messages, reads peek pages
+#: of 100), so that a batch is committed in the run before its kill.
+A1 = {
+    "receive": f"receive:{PER_BATCH // 100 + 3}",  # 1. mid-receive (the run's second batch)
+    "offset": "offset:2",  # 2. latestOffset returned the run's second batch, not in the WAL
+    "defer": "defer:2",  # 3. the second batch in the WAL, not deferred
+    "read": "read:3",  # 4. mid-read: a worker's third page, the whole driver killed from the executor
+    "sink": "sink:2",  # 5. the second batch in Delta, not in the commit log (the foreachBatch)
+    "settle": "settle:3",  # 6. the second batch in the commit log, not settled (the run's third latestOffset)
+}
+
+
+@dataclass
+class World:
+    """The file's one entity and checkpoint (module-scoped): what was sent, each run."""
+
+    ns: LocalNamespace
+    work: Path
+    sent: int = 0
+    runs: list[tuple[str, Run]] = field(default_factory=list)
+
+    def spec(self, **more: Any) -> dict[str, Any]:
+        options = {
+            "maxMessagesPerTrigger": str(PER_BATCH),
+            "receiveWaitTime": "1s",
+            **more.pop("options", {}),
+        }
+        return {
+            "cs": self.ns.connection_string,
+            "entity": "orders",
+            "work": str(self.work),
+            "master": "local[2,8]",  # a task is retried (A2): 8 attempts
+            "options": options,
+            "timeout": 3600 if FULL else 300,
+            **more,
+        }
+
+    def outcome(self) -> dict[str, Any]:
+        return {**delta_numbers(self.work / "out"), **entity_left(self.ns, "orders")}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    ns = LocalNamespace("kills").start()
+    try:
+        w = World(ns, tmp_path_factory.mktemp("kills"))
+        make_entity(ns, "orders", N, LOCK)
+        w.sent = N
+        yield w
+    finally:
+        ns.stop()
+
+
+def _kill(world: World, point: str, fault: str) -> Run:
+    run = run_child(world.spec(), world.work, fault)
+    world.runs.append((point, run))
+    assert run.killed and run.kills and run.kills[0].startswith(point), (
+        f"not killed at {point}: exit {run.returncode}, {run.report}\n{run.stderr[-3000:]}"
+    )
+    got = world.outcome()
+    print(point, run.kills, got)
+    assert got["rows"] == got["distinct"], got  # nothing written twice so far
+    return run
+
+
+@pytest.mark.parametrize("point", [p for _ in range(ROUNDS) for p in A1])
+def test_a1_the_driver_killed(world: World, point: str) -> None:
+    _kill(world, point, A1[point])
+
+
+def test_a2_workers_killed_mid_read_then_a1_and_a2_drained_with_nothing_lost_or_twice(world: World) -> None:
+    """Each fresh worker dies at its second page until three have died; then the run drains the entity."""
+    send(world.ns, "orders", world.sent, MORE)
+    world.sent += MORE
+    run = run_child(world.spec(), world.work, "read:2:3", group=False)
+    assert run.report is not None, run.stderr[-4000:]
+    got = world.outcome()
+    print("A2", run.kills, run.report, got)
+    assert (len(run.kills), run.report["error"], run.report["empty"]) == (3, None, True), run.report
+    assert {k: v for k, v in got.items() if k != "max_delivery_count"} == {
+        "rows": world.sent,
+        "distinct": world.sent,
+        "active": 0,
+        "deferred": 0,
+        "dead_lettered": 0,
+    }, got
+    assert got["max_delivery_count"] <= 2, got
+
+
+def test_a7_a_lost_checkpoint_warns_the_orphans_exact_count_and_recover_deferred_loses_none(
+    world: World,
+) -> None:
+    send(world.ns, "orders", world.sent, MORE)
+    world.sent += MORE
+    killed = run_child(world.spec(), world.work, "read:2")  # the first batch deferred, its read under way
+    assert killed.killed, killed.stderr[-4000:]
+    orphans = entity_left(world.ns, "orders")["deferred"]
+    assert orphans == PER_BATCH
+    shutil.rmtree(world.work / "ckpt")  # the checkpoint lost
+    again = world.spec(app="source-kills-new-checkpoint", options={"recoverDeferred": "true"})
+    runs = drain(again, world.work)
+    warned = [line for run in runs for line in run.stderr.splitlines() if "named by no offset" in line]
+    got = world.outcome()
+    print("A7", orphans, warned, [r.report for r in runs], got)
+    assert len(warned) == 1 and f" {orphans} deferred messages" in warned[0], warned
+    assert {k: v for k, v in got.items() if k != "max_delivery_count"} == {
+        "rows": world.sent,
+        "distinct": world.sent,
+        "active": 0,
+        "deferred": 0,
+        "dead_lettered": 0,
+    }, got
