@@ -18,8 +18,9 @@ source->noop; source->Delta at no latency. Printed: each run, the medians, and t
 (source->noop / raw-PL >= 1.5 at 0 ms and >= 4 at 2 ms; source->noop / raw-RD >= 0.4; source->Delta / source->noop
 >= 0.8). ``--check`` exits 1 when a goal is missed.
 
-``--idle S`` (A10's long form, e.g. 600): a stream on an empty queue into Delta for S seconds; printed: batches,
-Delta commits, receives (flow frames granting credit) per ``receiveWaitTime``, messages delivered.
+``--idle S`` (A10's long form, e.g. 600): a stream on an empty queue into Delta for S seconds after its batch 0
+(Spark runs a new query's first batch even without data); printed: batches and Delta commits after it, receives
+(flow frames granting credit) per ``receiveWaitTime``, messages delivered.
 
 ``--smoke`` (CI): 300 messages, one round, 600 for Delta, a 6 s idle; the figures mean nothing there.
 """
@@ -201,8 +202,13 @@ def idle(spark: Any, ns: Namespace, queues: Queues, seconds: float, work: str) -
         .option("checkpointLocation", str(out) + "-ckpt")
         .start(str(out))
     )
+    ckpt = Path(str(out) + "-ckpt")
     try:
-        # the queue's receives counted from the first (the planner process is up); the query idles meanwhile
+        # Spark runs a new query's batch 0 (the initial offset) even without data: the idle is counted from its commit
+        deadline = time.monotonic() + 120
+        while not (ckpt / "commits" / "0").exists():
+            assert time.monotonic() < deadline and query.exception() is None, "the idle query did not start"
+            time.sleep(0.2)
         t0 = time.monotonic()
         before = ns.status()["counters"]
         time.sleep(seconds)  # the measured idle time itself
@@ -212,8 +218,8 @@ def idle(spark: Any, ns: Namespace, queues: Queues, seconds: float, work: str) -
     finally:
         query.stop()
         queues.delete(queue)
-    batches = len(list((Path(str(out) + "-ckpt") / "offsets").glob("[0-9]*")))
-    commits = len(list((out / "_delta_log").glob("*.json"))) if (out / "_delta_log").exists() else 0
+    batches = len([p for p in (ckpt / "offsets").glob("[0-9]*") if p.name != "0"])
+    commits = len([p for p in (out / "_delta_log").glob("*.json") if int(p.stem) > 0])
     flows = after["receive_flows"] - before["receive_flows"]
     delivered = after["messages_delivered"] - before["messages_delivered"]
     print(

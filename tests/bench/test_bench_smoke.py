@@ -129,6 +129,18 @@ SMOKE: dict[str, list[Expect]] = {
             r"held message (\d+) \(target <= 3\), dead-lettered 0$"
         ),
     ],
+    "bench_source.py": [
+        Expect(rf"^\| (?:raw-PL|raw-RD|source->noop) +\| +{RATE} \| +{RATE} \|$", 3),
+        Expect(rf"^\| source->(?:noop|Delta) big +\| +{RATE} \| +- \|$", 2),
+        Expect(
+            rf"^ratio source->(?:noop / raw-(?:PL|RD)|Delta / source->noop) at [\d,]+(?: ms)?: {NUM} \(goal ",
+            4,
+        ),
+        # A10's short form: nothing planned, committed or delivered while idle; the receives it polled
+        Expect(
+            r"^idle (\d+) s: 0 batches, 0 Delta commits, (\d+) receives \(([\d.]+) per receiveWaitTime 1 s\), 0 "
+        ),
+    ],
     "bench_soak.py": [
         Expect(r"^  written (\d+), sent to the primary (\d+), diverted (\d+), moved back (\d+) "),
         Expect(r"^SOAK OK: lost 0, duplicates (\d+)$"),
@@ -139,6 +151,7 @@ SMOKE: dict[str, list[Expect]] = {
 TIMEOUT = {
     "bench_sink_state.py": 480,
     "bench_datasource.py": 480,
+    "bench_source.py": 480,
     "bench_state_growth.py": 480,
     "bench_soak.py": 600,
 }
@@ -149,6 +162,7 @@ ORDER = [
     "bench_soak.py",
     "bench_syphon.py",
     "bench_datasource.py",
+    "bench_source.py",
     "bench_failover.py",
     "bench_sink_state.py",
     "bench_outage_resources.py",
