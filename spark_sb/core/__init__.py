@@ -7,7 +7,8 @@
 * :mod:`~spark_sb.core.durations` - durations of the configuration and ISO-8601;
 * :mod:`~spark_sb.core.counts` - merging per-key counts;
 * :mod:`~spark_sb.core.hosts` - a namespace's host as written, split into name and port;
-* :mod:`~spark_sb.core.sdk_types` - the SDK types the per-message hot paths look up once.
+* :mod:`~spark_sb.core.sdk_types` - the SDK types the per-message hot paths look up once;
+* :mod:`~spark_sb.core.lazy` - classes built on first use (the data source's, which subclass pyspark's).
 
 Runs anywhere (driver, executors' Python workers, plain processes); pure and picklable. Imports: the standard
 library and the SDK only.

@@ -72,7 +72,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import re
-import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -82,6 +81,7 @@ from typing import TYPE_CHECKING, Any
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.config.settings import KNOWN_KEYS
 from spark_sb.core.errors import ConfigError
+from spark_sb.core.lazy import lazy_module_getattr
 from spark_sb.failover.outcome import namespace_key
 from spark_sb.spark.partition import (
     arrow_rows,
@@ -459,7 +459,6 @@ _LAZY = (
     "PartitionMessage",
     "STREAM_ARROW",
 )
-_build_lock = threading.Lock()
 
 
 def _build() -> dict[str, Any]:
@@ -617,13 +616,7 @@ def _build() -> dict[str, Any]:
     return built
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    with _build_lock:
-        if name not in globals():
-            globals().update(_build())
-    return globals()[name]
+__getattr__ = lazy_module_getattr(globals(), _LAZY, _build)
 
 
 def register(spark: Any) -> None:

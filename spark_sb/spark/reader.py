@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -28,6 +27,7 @@ from typing import Any
 
 from spark_sb.core.clock import SystemClock
 from spark_sb.core.errors import ConfigError
+from spark_sb.core.lazy import lazy_module_getattr
 from spark_sb.source.manifest import PartitionSpec, channel_of
 from spark_sb.source.options import SourceReadOptions, option_error
 from spark_sb.source.planner import BatchStats, PlannerLimits, SourcePlanner
@@ -178,7 +178,6 @@ def browse_specs(opts: SourceReadOptions, highest: int) -> list[PartitionSpec]:
 
 
 _LAZY = ("ServiceBusStreamReader", "ServiceBusBatchReader")
-_build_lock = threading.Lock()
 
 
 def _build() -> dict[str, Any]:
@@ -300,13 +299,7 @@ def _highest(opts: SourceReadOptions, path: str) -> int:
     return highest(lambda seq, n: peeker.peek(path, seq, n, 10.0), opts.starting_sequence_number or 0)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    with _build_lock:
-        if name not in globals():
-            globals().update(_build())
-    return globals()[name]
+__getattr__ = lazy_module_getattr(globals(), _LAZY, _build)
 
 
 def reader_schema(opts: SourceReadOptions) -> str:
