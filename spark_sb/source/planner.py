@@ -58,7 +58,9 @@ class PlannerLimits:
     max_trigger_delay: float = 900.0  # maxTriggerDelay (15m)
     max_receive_time: float = 10.0  # maxReceiveTime
     receive_wait: float = 1.0  # receiveWaitTime
-    receive_batch: int = 100  # messages asked per receive call
+    # messages asked per receive call: 500 receives 5,000 messages in 0.65-1.06 s on the local namespace, 100 in
+    # 1.4-2.4 s (the SDK's per-call cost; prefetch 0, so this is the link credit)
+    receive_batch: int = 500
     min_partitions: int | None = None  # minPartitions
     max_per_partition: int = MAX_PER_PARTITION  # maxMessagesPerPartition
     max_offset_ranges: int = MAX_OFFSET_RANGES  # maxOffsetRanges

@@ -365,3 +365,10 @@ def test_available_now_ends_when_the_watermark_itself_is_received_without_an_emp
     e.send()  # above W: the next run's
     assert p.latest_offset(end, None) == end  # the run ends after settling the batch; nothing more received
     assert e.calls["receive"] == 3 and e.messages.keys() == {11}
+
+
+def test_a_trigger_receives_in_calls_of_500() -> None:
+    _, e, p = world(1200)
+    end = p.latest_offset(p.initial_offset(), None)
+    assert len(seqs(end)) == 1200
+    assert e.calls["receive"] == 4  # 500 + 500 + 200 + the empty one that ends the trigger
