@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -467,8 +468,9 @@ def test_a11_one_of_four_entities_stalled_the_others_keep_their_rate_and_no_trig
     try:
         for n, ns in spaces.items():
             _queue(ns, n)
-            _send(ns, n, _plain([f"{n}{i}" for i in range(1000)]))
-        for n, ns in spaces.items():
+            _send(ns, n, _plain([f"{n}{i}" for i in range(2500)]))  # 20 msgs/s for 2 minutes
+        for n, ns in spaces.items():  # one after another: four planner processes started at once on a loaded
+            # machine can miss Spark's 10 s to connect back
             opts = _opts(ns, n, maxMessagesPerTrigger=str(RATE_CAP), maxReceiveTime="1s")
             queries[n] = (
                 _read_stream(spark, opts)
@@ -478,33 +480,46 @@ def test_a11_one_of_four_entities_stalled_the_others_keep_their_rate_and_no_trig
                 .queryName(f"a11_{n}")
                 .start()
             )
+            assert ns.wait_until(lambda q=queries[n]: _rows_done(q) > 0 or not q.isActive, 90), n
+            assert queries[n].exception() is None, queries[n].exception()
         ready = spaces["a"].wait_until(
             lambda: all(_rows_done(q) >= 2 * RATE_CAP for q in queries.values()), 90
         )
         assert ready, {n: _rows_done(q) for n, q in queries.items()}
 
         def window() -> dict[str, float]:
-            t0, r0 = time.monotonic(), {n: _rows_done(q) for n, q in queries.items()}
+            """Each query's rate over a window: the median of its triggers' input rates (rows over the time since
+            the trigger before; a median, since one late trigger of a 2 s cadence is a tenth of a 12 s count)."""
+            first = {n: len(q.recentProgress) for n, q in queries.items()}
             time.sleep(WINDOW)  # the measured window itself
-            dt = time.monotonic() - t0
-            return {n: (_rows_done(q) - r0[n]) / dt for n, q in queries.items()}
+            rates = {}
+            for n, q in queries.items():
+                seen = [float(p["inputRowsPerSecond"] or 0.0) for p in q.recentProgress[first[n] :]]
+                rates[n] = statistics.median(seen) if seen else 0.0
+            return rates
 
         healthy = window()
         stalled_at = len(queries["a"].recentProgress)
+        rows_before = _rows_done(queries["a"])
         spaces["a"].faults.stall()
         stalled = window()
-        print(f"A11 rates (msgs/s): healthy {healthy}, one stalled {stalled}")
+        print(f"A11 rates (msgs/s, medians of the triggers): healthy {healthy}, one stalled {stalled}")
         for n in names[1:]:
             assert stalled[n] >= 0.9 * healthy[n], (n, healthy, stalled)
-        assert stalled["a"] < 0.5 * healthy["a"]  # the stall took
-        for n, q in queries.items():
-            assert q.isActive and q.exception() is None, n
-        # no trigger of the stalled query blocks past its deadline: a receive (receiveWaitTime + the call
-        # deadline, 10 s) and the backlog report (two calls of 10 s), with slack for a loaded machine
+            assert queries[n].isActive and queries[n].exception() is None, n
+        assert (
+            _rows_done(queries["a"]) - rows_before <= RATE_CAP
+        )  # the stall took (one batch in flight at most)
+        # the stalled query: no trigger blocks past its deadline - a receive (receiveWaitTime + the call deadline,
+        # 10 s) and the backlog report (two calls of 10 s), with slack for a loaded machine; or a task's peek timed
+        # out (10 s) and failed it (local[2] does not retry tasks)
         slowest = max(
-            p["durationMs"].get("triggerExecution", 0) for p in queries["a"].recentProgress[stalled_at:]
+            (p["durationMs"].get("triggerExecution", 0) for p in queries["a"].recentProgress[stalled_at:]),
+            default=0,
         )
         assert slowest <= (WAIT + 3 * 10.0 + 5.0) * 1000, slowest
+        if not queries["a"].isActive:
+            assert "OperationTimeoutError" in str(queries["a"].exception())
         t0 = time.monotonic()
         queries["a"].stop()
         assert time.monotonic() - t0 < 30.0
