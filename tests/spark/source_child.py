@@ -1,5 +1,5 @@
 """A ``format("servicebus")`` stream into Delta, run by ``tests/spark/test_source_kills.py``,
-``tests/spark/test_source_connect.py`` and ``bench/bench_source_kills.py`` in a child process (a session of its own)
+``tests/spark/test_source_connect.py`` in a child process (a session of its own)
 that the source's fault hook (:mod:`spark_sb.source.faults`) may SIGKILL, driver and all.
 
 The namespace lives in the parent; the child reads its entity with a ``foreachBatch`` that appends each batch to
@@ -7,7 +7,7 @@ a Delta table with ``txnAppId``/``txnVersion`` (a replayed batch is skipped), th
 (A1's point 5: after the sink commit, before the commit log). It streams (``processingTime`` 0 s: 4.0/4.1 have no
 AvailableNow) until the entity is empty - every message read and settled - or ``timeout`` s pass, then stops the
 query and prints a JSON report on its last line. Killed, it prints nothing. Below :func:`main`: the parent's side
-(the entity, :func:`run_child`, the numbers checked after), shared with ``bench/bench_source_kills.py``.
+(the entity, :func:`run_child`, the numbers checked after), for those tests.
 
 Usage: ``python tests/spark/source_child.py '<json>'`` with keys ``cs``, ``entity``, ``work`` (the Delta table is
 ``work/out``, the checkpoint ``work/ckpt``), ``options`` (more reader options), ``master`` (classic, default
@@ -52,7 +52,7 @@ def _entity_empty(cs: str, entity: str) -> bool:
 
 
 def main(spec: dict[str, Any]) -> dict[str, Any]:
-    if os.environ.get("SPARK_SB_SOURCE_FAULT") and not os.environ.get("SPARK_SB_SOURCE_FAULT_GROUP"):
+    if os.environ.get("SPARK_SB_SOURCE_FAULT") and "SPARK_SB_SOURCE_FAULT_GROUP" not in os.environ:
         assert os.getsid(0) == os.getpid(), (
             "the fault hook kills this group: start this in a session of its own"
         )
@@ -161,9 +161,10 @@ def run_child(
 ) -> Run:
     """``source_child.py`` with ``spec`` in a session of its own, the fault hook set to ``fault`` (killing the
     child's process group, or with ``group=False`` only the process that reaches the point), its kills recorded
-    in ``work/kills``. The group is killed after, whatever happened (nothing of a killed run outlives it)."""
+    in a file of its own in ``work``. The group is killed after, whatever happened (nothing of a killed run
+    outlives it)."""
     work.mkdir(parents=True, exist_ok=True)
-    mark = work / "kills"
+    mark = work / f"kills-{len(list(work.glob('kills-*')))}"
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -175,7 +176,6 @@ def run_child(
         env.update({"SPARK_SB_SOURCE_FAULT": fault, "SPARK_SB_SOURCE_FAULT_MARK": str(mark)})
         if not group:
             env["SPARK_SB_SOURCE_FAULT_GROUP"] = ""  # the child sets none: each point kills its own process
-    before = mark.read_text().split() if mark.exists() else []
     child = subprocess.Popen(
         [sys.executable, str(CHILD), json.dumps(spec)],
         cwd=ROOT,
@@ -198,8 +198,8 @@ def run_child(
         if child.poll() is None:
             child.wait()
     lines = [line for line in out.splitlines() if line.startswith("{")]
-    after = mark.read_text().split() if mark.exists() else []
-    return Run(child.returncode, json.loads(lines[-1]) if lines else None, err, after[len(before) :])
+    kills = mark.read_text().split() if mark.exists() else []
+    return Run(child.returncode, json.loads(lines[-1]) if lines else None, err, kills)
 
 
 def entity_left(ns: Any, entity: str) -> dict[str, int]:

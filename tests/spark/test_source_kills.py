@@ -16,7 +16,7 @@ each Spark start costs 15-30 s, so each point gets one killed run, not a killed 
 * A7: more messages, killed after a defer, the checkpoint deleted: a new query (``recoverDeferred=true``, a new
   ``txnAppId``) WARNs the exact count of orphan deferred messages and loses none.
 
-CI runs this reduced form (:data:`N` = 3,000 messages then 2 x 1,000, 250 a batch, each point once, locks of 5 s).
+CI runs this reduced form (:data:`N` = 3,000 messages, then 1,000 and 500; 250 a batch, each point once, locks of 5 s).
 ``SPARK_SB_KILLS_FULL=1`` runs the full size on demand: 100,000 messages, 3,000 a batch, the six kills x3 (three
 rounds on the one checkpoint), locks of 30 s (hours on a shared 2-core machine).
 """
@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 FULL = os.environ.get("SPARK_SB_KILLS_FULL") == "1"
 N = 100_000 if FULL else 3_000  # A1's messages (A2 and A7 add MORE each)
-MORE = 10_000 if FULL else 1_000
+MORE = 10_000 if FULL else 1_000  # A2's (A7 adds two batches)
 PER_BATCH = 3_000 if FULL else 250
 ROUNDS = 3 if FULL else 1
 LOCK = timedelta(seconds=30 if FULL else 5)
@@ -118,7 +118,8 @@ def test_a2_workers_killed_mid_read_then_a1_and_a2_drained_with_nothing_lost_or_
     """Each fresh worker dies at its second page until three have died; then the run drains the entity."""
     send(world.ns, "orders", world.sent, MORE)
     world.sent += MORE
-    run = run_child(world.spec(), world.work, "read:2:3", group=False)
+    spec = world.spec(options={"maxMessagesPerTrigger": str(4 * PER_BATCH)})  # fewer batches to drain
+    run = run_child(spec, world.work, "read:2:3", group=False)
     assert run.report is not None, run.stderr[-4000:]
     got = world.outcome()
     print("A2", run.kills, run.report, got)
@@ -136,8 +137,8 @@ def test_a2_workers_killed_mid_read_then_a1_and_a2_drained_with_nothing_lost_or_
 def test_a7_a_lost_checkpoint_warns_the_orphans_exact_count_and_recover_deferred_loses_none(
     world: World,
 ) -> None:
-    send(world.ns, "orders", world.sent, MORE)
-    world.sent += MORE
+    send(world.ns, "orders", world.sent, 2 * PER_BATCH)
+    world.sent += 2 * PER_BATCH
     killed = run_child(world.spec(), world.work, "read:2")  # the first batch deferred, its read under way
     assert killed.killed, killed.stderr[-4000:]
     orphans = entity_left(world.ns, "orders")["deferred"]
@@ -148,7 +149,10 @@ def test_a7_a_lost_checkpoint_warns_the_orphans_exact_count_and_recover_deferred
     warned = [line for run in runs for line in run.stderr.splitlines() if "named by no offset" in line]
     got = world.outcome()
     print("A7", orphans, warned, [r.report for r in runs], got)
-    assert len(warned) == 1 and f" {orphans} deferred messages" in warned[0], warned
+    # the WARN names the exact count (Spark 4.2 asks initialOffset twice at a new checkpoint: it comes twice)
+    assert warned and all(f": {orphans} deferred messages are named by no offset" in w for w in warned), (
+        warned
+    )
     assert {k: v for k, v in got.items() if k != "max_delivery_count"} == {
         "rows": world.sent,
         "distinct": world.sent,
