@@ -187,13 +187,16 @@ class SourcePlanner:
             log.info("source %s: the entity's properties were not read (%s)", self.entity, exc)
             return
         if info.requires_session:
-            raise ConfigError(
-                f"format('servicebus') read: option 'entity': {self.entity} is session-enabled (requiresSession): "
-                "this source reads non-session queues and subscriptions only"
-            )
+            raise self._session_refused()
         if self.max_delivery_count is None:
             self.max_delivery_count = info.max_delivery_count
         self._checked = True
+
+    def _session_refused(self) -> ConfigError:
+        return ConfigError(
+            f"format('servicebus') read: option 'entity': {self.entity} is session-enabled (requiresSession): "
+            "this source reads non-session queues and subscriptions only"
+        )
 
     # -- Spark's calls -----------------------------------------------------------------------------------------
     def initial_offset(self) -> dict[str, Any]:
@@ -448,6 +451,8 @@ class SourcePlanner:
             try:
                 got = self.link().receive(want, lim.receive_wait, lim.receive_wait + lim.call_timeout)
             except Exception as exc:  # noqa: BLE001 - no new data this trigger
+                if "entity that requires sessions" in str(exc):  # the service's refusal (info() not read)
+                    raise self._session_refused() from exc
                 self._drop_link(exc)
                 break
             now = self.clock.monotonic()

@@ -372,3 +372,23 @@ def test_a_trigger_receives_in_calls_of_500() -> None:
     end = p.latest_offset(p.initial_offset(), None)
     assert len(seqs(end)) == 1200
     assert e.calls["receive"] == 4  # 500 + 500 + 200 + the empty one that ends the trigger
+
+
+def test_a_session_entity_is_refused_by_the_receive_when_its_properties_cannot_be_read() -> None:
+    from spark_sb.core.errors import ConfigError
+
+    _, e, p = world(3)
+    link = p.link()
+
+    def no_info(timeout: float) -> Any:
+        raise ConnectionError("admin endpoint down")
+
+    def refused(*args: Any) -> Any:  # the service's words (amqp:not-allowed on the receive link's attach)
+        raise RuntimeError(
+            "It is not possible for an entity that requires sessions to create a non-sessionful message receiver."
+        )
+
+    link.info = no_info  # type: ignore[attr-defined]
+    link.receive = refused  # type: ignore[method-assign]
+    with pytest.raises(ConfigError, match="orders is session-enabled"):
+        p.latest_offset(p.initial_offset(), None)
