@@ -17,7 +17,7 @@ each Spark start costs 15-30 s, so each point gets one killed run, not a killed 
   ``txnAppId``) WARNs the exact count of orphan deferred messages and loses none.
 
 CI runs this reduced form (:data:`N` = 3,000 messages, then 1,000 and 500; 250 a batch, each point once, locks of 5 s).
-``SPARK_SB_KILLS_FULL=1`` runs the full size on demand: 100,000 messages, 3,000 a batch, the six kills x3 (three
+``SPARK_SB_KILLS_FULL=1`` runs the full size on demand: 100,000 messages, 2,000 a batch, the six kills x3 (three
 rounds on the one checkpoint), locks of 30 s (hours on a shared 2-core machine).
 """
 
@@ -36,14 +36,15 @@ from servicebus_local.server import LocalNamespace
 
 from .source_child import Run, delta_numbers, drain, entity_left, make_entity, run_child, send
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
-
 FULL = os.environ.get("SPARK_SB_KILLS_FULL") == "1"
 N = 100_000 if FULL else 3_000  # A1's messages (A2 and A7 add MORE each)
 MORE = 10_000 if FULL else 1_000  # A2's (A7 adds two batches)
-PER_BATCH = 3_000 if FULL else 250
+PER_BATCH = 2_000 if FULL else 250
 ROUNDS = 3 if FULL else 1
 LOCK = timedelta(seconds=30 if FULL else 5)
+RUN_TIMEOUT = 3600 if FULL else 420  # one child run, Spark's start included
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * RUN_TIMEOUT)]
 #: A1's points as the hook's spec: the n-th time a process reaches it (receives ask 100 messages, reads peek pages
 #: of 100), so that a batch is committed in the run before its kill.
 A1 = {
@@ -77,7 +78,7 @@ class World:
             "work": str(self.work),
             "master": "local[2,8]",  # a task is retried (A2): 8 attempts
             "options": options,
-            "timeout": 3600 if FULL else 300,
+            "timeout": RUN_TIMEOUT - 120,  # the child stops its query then
             **more,
         }
 
@@ -98,7 +99,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def _kill(world: World, point: str, fault: str) -> Run:
-    run = run_child(world.spec(), world.work, fault)
+    run = run_child(world.spec(), world.work, fault, timeout=RUN_TIMEOUT)
     world.runs.append((point, run))
     assert run.killed and run.kills and run.kills[0].startswith(point), (
         f"not killed at {point}: exit {run.returncode}, {run.report}\n{run.stderr[-3000:]}"
@@ -119,7 +120,7 @@ def test_a2_workers_killed_mid_read_then_a1_and_a2_drained_with_nothing_lost_or_
     send(world.ns, "orders", world.sent, MORE)
     world.sent += MORE
     spec = world.spec(options={"maxMessagesPerTrigger": str(4 * PER_BATCH)})  # fewer batches to drain
-    run = run_child(spec, world.work, "read:2:3", group=False)
+    run = run_child(spec, world.work, "read:2:3", group=False, timeout=RUN_TIMEOUT)
     assert run.report is not None, run.stderr[-4000:]
     got = world.outcome()
     print("A2", run.kills, run.report, got)
@@ -139,13 +140,15 @@ def test_a7_a_lost_checkpoint_warns_the_orphans_exact_count_and_recover_deferred
 ) -> None:
     send(world.ns, "orders", world.sent, 2 * PER_BATCH)
     world.sent += 2 * PER_BATCH
-    killed = run_child(world.spec(), world.work, "read:2")  # the first batch deferred, its read under way
+    killed = run_child(
+        world.spec(), world.work, "read:2", timeout=RUN_TIMEOUT
+    )  # the first batch deferred, its read under way
     assert killed.killed, killed.stderr[-4000:]
     orphans = entity_left(world.ns, "orders")["deferred"]
     assert orphans == PER_BATCH
     shutil.rmtree(world.work / "ckpt")  # the checkpoint lost
     again = world.spec(app="source-kills-new-checkpoint", options={"recoverDeferred": "true"})
-    runs = drain(again, world.work)
+    runs = drain(again, world.work, timeout=RUN_TIMEOUT)
     warned = [line for run in runs for line in run.stderr.splitlines() if "named by no offset" in line]
     got = world.outcome()
     print("A7", orphans, warned, [r.report for r in runs], got)
