@@ -1,17 +1,20 @@
 """What the Spark tests share to drive a stream through two local namespaces - in the test session and in the child
 scripts that run a Connect server or a local cluster (``connect_*.py``, ``cluster_*.py``): rows written into a
 stream's source folder as whole files, queues drained, the sink's config and the data source's options for a
-namespace pair, a stream run file by file, and the two micro-batches of the outage tests. Helpers, not tests: the
-test files import them from here rather than from each other."""
+namespace pair, a stream run file by file, the two micro-batches of the outage tests, and the syphon job's backlog
+queues, config and backlog messages (``test_syphon_job*.py``). Helpers, not tests: the test files import them from
+here rather than from each other."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from spark_sb.config.service_bus import ServiceBusConfig
+from spark_sb.message.outbound import OutboundMessage
 
 #: The foreachBatch sink's test rows (``test_sink*.py``).
 SINK_SCHEMA = "body STRING, message_id STRING, session_id STRING, properties MAP<STRING, STRING>"
@@ -137,3 +140,49 @@ def healthy_then_outage(
     primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")
     write_rows(folder, "1.json", outage)
     query.processAllAvailable()
+
+
+#: The syphon job tests' backlog queues on the secondary (``backlog_queue_count`` 2).
+BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]
+
+
+def syphon_config(pair: Any, state: Path, **settings: Any) -> ServiceBusConfig:
+    """The syphon job's config for a namespace pair: the two :data:`BACKLOG` queues, state tables at ``state``, a
+    20 s micro-batch budget; ``settings`` replace top-level keys (``syphon``, ``ordering``, ...)."""
+    return ServiceBusConfig.from_dict(
+        {
+            "primary": {"connection_string": pair.primary.connection_string, "namespace_name": "primary"},
+            "secondary": {"connection_string": pair.secondary.connection_string},
+            "backlog_queue_count": len(BACKLOG),
+            "send_timeout": "5s",
+            "ping_primary_interval": "60s",
+            "state_location": str(state),
+            "syphon": {"batch_duration": "20s"},
+            **settings,
+        }
+    )
+
+
+def messages(
+    prefix: str, n: int, entity: str = "orders", session: str | None = None
+) -> list[OutboundMessage]:
+    """``n`` messages for ``entity`` with ids and bodies ``<prefix>0``, ``<prefix>1``, ..."""
+    return [
+        OutboundMessage(body=f"{prefix}{i}", message_id=f"{prefix}{i}", entity=entity, session_id=session)
+        for i in range(n)
+    ]
+
+
+def put_backlog(ns: Any, queue: str, outbound: list[OutboundMessage]) -> None:
+    """``outbound`` in their backlog form (each for its own entity, ``orders`` if none) sent to backlog queue
+    ``queue`` of the local namespace ``ns``, as the sink diverts them."""
+    from azure.servicebus import ServiceBusClient
+
+    from spark_sb.message.backlog import to_backlog
+
+    now = datetime.now(timezone.utc)
+    with (
+        ServiceBusClient.from_connection_string(ns.connection_string) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        sender.send_messages([to_backlog(m, m.entity or "orders", now).to_sdk() for m in outbound])

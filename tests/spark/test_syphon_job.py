@@ -11,76 +11,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
-from servicebus_local.model import QueueSettings
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.message.backlog import to_backlog
-from spark_sb.message.outbound import OutboundMessage
 from spark_sb.spark.syphon_job import run_syphon, stop_gracefully
+
+from .streams import BACKLOG, drain_ids, messages, put_backlog, syphon_config
 
 pytestmark = pytest.mark.slow
 
-BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]
-
-
-def _config(pair: Any, state: Path) -> ServiceBusConfig:
-    return ServiceBusConfig.from_dict(
-        {
-            "primary": {"connection_string": pair.primary.connection_string, "namespace_name": "primary"},
-            "secondary": {"connection_string": pair.secondary.connection_string},
-            "backlog_queue_count": len(BACKLOG),
-            "send_timeout": "5s",
-            "ping_primary_interval": "60s",
-            "state_location": str(state),
-            "syphon": {"batch_duration": "20s"},
-        }
-    )
-
-
-def _put(ns: Any, queue: str, messages: list[OutboundMessage]) -> None:
-    with (
-        ServiceBusClient.from_connection_string(ns.connection_string) as client,
-        client.get_queue_sender(queue) as sender,
-    ):
-        sender.send_messages([m.to_sdk() for m in messages])
-
-
-def _backlogged(prefix: str, n: int, entity: str = "orders") -> list[OutboundMessage]:
-    now = datetime.now(timezone.utc)
-    return [
-        to_backlog(OutboundMessage(body=f"{prefix}{i}", message_id=f"{prefix}{i}"), entity, now)
-        for i in range(n)
-    ]
-
-
-def _take(ns: Any, entity: str) -> list[str]:
-    with (
-        ServiceBusClient.from_connection_string(ns.connection_string) as client,
-        client.get_queue_receiver(entity, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver,
-    ):
-        out: list[str] = []
-        while batch := receiver.receive_messages(max_message_count=200, max_wait_time=0.5):
-            out.extend(str(m.message_id) for m in batch)
-        return out
-
-
-@pytest.fixture
-def pair(namespace_pair: Any) -> Any:
-    namespace_pair.primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
-    for name in BACKLOG:
-        namespace_pair.secondary.broker.create_queue(name)
-    return namespace_pair
-
 
 def test_job_moves_the_backlog_records_events_restarts_and_idles_without_receives(
-    spark: Any, pair: Any, tmp_path: Path
+    spark: Any, backlog_pair: Any, tmp_path: Path
 ) -> None:
-    primary, secondary = pair.primary, pair.secondary
+    primary, secondary = backlog_pair.primary, backlog_pair.secondary
     state, checkpoint, stop_file = tmp_path / "state", str(tmp_path / "chk"), str(tmp_path / "stop")
-    config = _config(pair, state)
-    _put(secondary, BACKLOG[0], _backlogged("a", 30))
-    _put(secondary, BACKLOG[1], _backlogged("b", 10))
+    config = syphon_config(backlog_pair, state)
+    put_backlog(secondary, BACKLOG[0], messages("a", 30))
+    put_backlog(secondary, BACKLOG[1], messages("b", 10))
     admin = {"connection_verify": secondary.ca_file}
 
     query = run_syphon(
@@ -98,7 +45,7 @@ def test_job_moves_the_backlog_records_events_restarts_and_idles_without_receive
     finally:
         stop_gracefully(query, stop_file, timeout=30)
     assert moved_rows == 40  # one row per message moved
-    assert sorted(_take(primary, "orders")) == sorted(
+    assert sorted(drain_ids(primary.connection_string, "orders")) == sorted(
         [f"a{i}" for i in range(30)] + [f"b{i}" for i in range(10)]
     )
     assert (
@@ -114,7 +61,7 @@ def test_job_moves_the_backlog_records_events_restarts_and_idles_without_receive
 
     # Restart from the same checkpoint: new backlog messages are moved by the restarted query.
     Path(stop_file).unlink()
-    _put(secondary, BACKLOG[1], _backlogged("c", 5))
+    put_backlog(secondary, BACKLOG[1], messages("c", 5))
     query = run_syphon(
         spark, config, checkpoint=checkpoint, trigger="1 second", admin_kwargs=admin, stop_file=stop_file
     )
@@ -122,7 +69,7 @@ def test_job_moves_the_backlog_records_events_restarts_and_idles_without_receive
         query.processAllAvailable()
     finally:
         stop_gracefully(query, stop_file, timeout=30)
-    assert sorted(_take(primary, "orders")) == [f"c{i}" for i in range(5)]
+    assert sorted(drain_ids(primary.connection_string, "orders")) == [f"c{i}" for i in range(5)]
     for name in BACKLOG:
         assert secondary.broker.get_queue(name).runtime.active_message_count == 0
 
@@ -160,7 +107,7 @@ def test_the_planner_reads_entity_states_written_by_the_store_as_hints(spark: An
 
 
 def test_a_message_for_an_entity_that_does_not_exist_becomes_an_event_and_shows_in_status(
-    spark: Any, pair: Any, tmp_path: Path
+    spark: Any, backlog_pair: Any, tmp_path: Path
 ) -> None:
     """Issue 29 item 5: with ``syphon.max_attempts`` 1 the first not-found answer dead-letters the message in the
     backlog; the job writes a ``dead_lettered`` event with error class ``entity_not_found`` and ``spark-sb status``
@@ -170,19 +117,19 @@ def test_a_message_for_an_entity_that_does_not_exist_becomes_an_event_and_shows_
     from spark_sb.admin.status import read_status
 
     state, checkpoint = tmp_path / "state", str(tmp_path / "chk")
-    config = replace(_config(pair, state), syphon_max_attempts=1)
-    _put(pair.secondary, BACKLOG[0], _backlogged("typo", 2, entity="orderz") + _backlogged("ok", 1))
+    config = replace(syphon_config(backlog_pair, state), syphon_max_attempts=1)
+    put_backlog(backlog_pair.secondary, BACKLOG[0], messages("typo", 2, entity="orderz") + messages("ok", 1))
     query = run_syphon(
         spark,
         config,
         checkpoint=checkpoint,
         available_now=True,
-        admin_kwargs={"connection_verify": pair.secondary.ca_file},
+        admin_kwargs={"connection_verify": backlog_pair.secondary.ca_file},
     )
     query.awaitTermination(120)
     assert not query.isActive
-    assert _take(pair.primary, "orders") == ["ok0"]
-    runtime = pair.secondary.broker.get_queue(BACKLOG[0]).runtime
+    assert drain_ids(backlog_pair.primary.connection_string, "orders") == ["ok0"]
+    runtime = backlog_pair.secondary.broker.get_queue(BACKLOG[0]).runtime
     assert (runtime.active_message_count, runtime.dead_letter_message_count) == (0, 2)
 
     events = spark.read.format("delta").load(str(state / "events")).collect()

@@ -1,7 +1,14 @@
 """Every run of the syphon job records its events (SPEC O5, issue 47 item 1): a run on a fresh checkpoint, the
 notebook after the job, and two jobs side by side each write every ``moved`` and ``acknowledged`` row, because
-the Delta transaction id of a run's appends is the run's (``syphon/<name>/<run id>``), not the namespace's.
-Local Spark against two local namespaces."""
+the Delta transaction id of a run's appends is the run's (``syphon/<name>/<run id>``), not the namespace's; and
+``jobs/syphon.py --available-now`` (its own Spark driver) moves the backlog and exits by itself.
+Local Spark against two local namespaces.
+
+The runs are shared (CI time): one scenario without ordering (:func:`unordered`: the job, two queries side by side
+on fresh checkpoints, the notebook) and one with ``ordering: session`` (:func:`ordered`: a running job, a second
+one refused at both entry points, then a run on a fresh checkpoint), each a module-scoped fixture that records what
+every step did; the tests assert on their step. This file's tests run in one pytest-xdist worker (``--dist
+loadfile``), so each scenario runs once."""
 
 from __future__ import annotations
 
@@ -9,59 +16,34 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusClient
 
+from servicebus_local.fixtures import NamespacePair
 from servicebus_local.model import QueueSettings
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.failover.ordering import return_marker
-from spark_sb.message.backlog import to_backlog
-from spark_sb.message.outbound import OutboundMessage
 from spark_sb.spark.syphon_job import run_syphon, stop_gracefully
 
 from ..unit.test_notebooks import cells
-from .streams import drain_ids
+from .cluster_harness import two_namespaces
+from .streams import BACKLOG, drain_ids, messages, put_backlog, syphon_config
 
-pytestmark = pytest.mark.slow
+#: The first test of each scenario also waits for its runs (a minute or two alone, several at load).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
-BACKLOG = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]
 LOCK = 2  # the backlog queues' lock duration (s): an ordered run starts draining one lock duration after it starts
 
 
 def _config(pair: Any, state: Path, **extra: Any) -> ServiceBusConfig:
-    return ServiceBusConfig.from_dict(
-        {
-            "primary": {"connection_string": pair.primary.connection_string, "namespace_name": "primary"},
-            "secondary": {"connection_string": pair.secondary.connection_string},
-            "backlog_queue_count": len(BACKLOG),
-            "send_timeout": "5s",
-            "ping_primary_interval": "60s",
-            "state_location": str(state),
-            "syphon": {"batch_duration": "10s", "prefetch": 0},
-            **extra,
-        }
-    )
-
-
-def _put(ns: Any, queue: str, messages: list[OutboundMessage]) -> None:
-    now = datetime.now(timezone.utc)
-    with (
-        ServiceBusClient.from_connection_string(ns.connection_string) as client,
-        client.get_queue_sender(queue) as sender,
-    ):
-        sender.send_messages([to_backlog(m, m.entity or "orders", now).to_sdk() for m in messages])
-
-
-def _messages(prefix: str, n: int, session: str | None = None) -> list[OutboundMessage]:
-    return [
-        OutboundMessage(body=f"{prefix}{i}", message_id=f"{prefix}{i}", entity="orders", session_id=session)
-        for i in range(n)
-    ]
+    return syphon_config(pair, state, syphon={"batch_duration": "10s", "prefetch": 0}, **extra)
 
 
 def _events(spark: Any, state: Path) -> list[Any]:
@@ -72,17 +54,10 @@ def _moved(events: list[Any]) -> int:
     return sum(e["count"] for e in events if e.event == "moved")
 
 
-def _drain_now(spark: Any, config: ServiceBusConfig, checkpoint: Path, pair: Any, **kw: Any) -> None:
-    query = run_syphon(
-        spark,
-        config,
-        checkpoint=str(checkpoint),
-        available_now=True,
-        admin_kwargs={"connection_verify": pair.secondary.ca_file},
-        **kw,
-    )
-    query.awaitTermination(120)
-    assert not query.isActive and query.exception() is None
+def _moved_by_queue(events: list[Any]) -> dict[str, int]:
+    return {
+        q: sum(e["count"] for e in events if e.event == "moved" and e.backlog_queue == q) for q in BACKLOG
+    }
 
 
 def _job(pair: Any, state: Path, *args: str, ordering: str = "none") -> subprocess.CompletedProcess[str]:
@@ -112,12 +87,11 @@ def _job(pair: Any, state: Path, *args: str, ordering: str = "none") -> subproce
     )
 
 
-@pytest.fixture
-def pair(namespace_pair: Any) -> Any:
-    namespace_pair.primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
-    for name in BACKLOG:
-        namespace_pair.secondary.broker.create_queue(name)
-    return namespace_pair
+@contextmanager
+def _namespaces() -> Iterator[NamespacePair]:
+    """A started primary and secondary local namespace (no entities), stopped on leaving."""
+    with two_namespaces() as (primary, secondary):
+        yield NamespacePair(primary, secondary)
 
 
 class _Widgets:
@@ -180,48 +154,49 @@ def _run_notebook(
     assert not scope["query"].isActive and scope["query"].exception() is None
 
 
-def test_a_run_on_a_fresh_checkpoint_and_the_notebook_after_the_job_record_every_message_they_move(
-    spark: Any, pair: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Before the fix the second run's micro-batch 0 and the notebook's were skipped by Delta (the first run had
-    committed batch 0 under the same transaction id): their ``moved`` rows were lost."""
-    state = tmp_path / "state"
+@dataclass
+class Unordered:
+    """What each step of the scenario without ordering did: the job's run, the events after each step (``job``,
+    ``side_by_side``, ``notebook``) and the ids each step's messages reached the primary with."""
+
+    pair: Any
+    state: Path
+    job: subprocess.CompletedProcess[str]
+    events: dict[str, list[Any]] = field(default_factory=dict)
+    on_primary: dict[str, list[str]] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def unordered(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Unordered]:
+    """``ordering: none`` on one state location: ``jobs/syphon.py --available-now`` on its default checkpoint
+    (``<state_location>/_syphon``: 5 messages), then two queries side by side on fresh checkpoints, one queue each
+    (6 and 7), then the syphon notebook's default run on its own checkpoint (3). Each step's batch ids start at 0;
+    before the fix Delta skipped every append whose batch id an earlier run of the namespace had committed."""
+    with _namespaces() as pair:
+        yield _run_unordered(spark, pair, tmp_path_factory.mktemp("unordered"))
+
+
+def _run_unordered(spark: Any, pair: NamespacePair, work: Path) -> Unordered:
+    pair.primary.broker.create_queue("orders", QueueSettings(requires_duplicate_detection=True))
+    for name in BACKLOG:
+        pair.secondary.broker.create_queue(name)
+    state = work / "state"
     config = _config(pair, state)
-    _put(pair.secondary, BACKLOG[0], _messages("a", 5))
-    done = _job(pair, state, "--available-now")  # its default checkpoint, <state_location>/_syphon
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert _moved(_events(spark, state)) == 5
 
-    _put(pair.secondary, BACKLOG[1], _messages("b", 4))
-    _drain_now(spark, config, tmp_path / "chk-fresh", pair)  # a fresh checkpoint: its batch ids start at 0
-    assert _moved(_events(spark, state)) == 9
+    put_backlog(pair.secondary, BACKLOG[0], messages("a", 5))
+    runs = Unordered(pair, state, _job(pair, state, "--available-now"))
+    runs.events["job"] = _events(spark, state)
+    runs.on_primary["job"] = drain_ids(pair.primary.connection_string, "orders")
 
-    _put(pair.secondary, BACKLOG[0], _messages("c", 3))
-    _run_notebook(spark, pair, state, tmp_path / "chk-notebook", monkeypatch)  # its own default checkpoint
-    events = _events(spark, state)
-    assert _moved(events) == 12
-    assert sorted(drain_ids(pair.primary.connection_string, "orders")) == sorted(
-        [f"a{i}" for i in range(5)] + [f"b{i}" for i in range(4)] + [f"c{i}" for i in range(3)]
-    )
-    assert {e.sink_id for e in events} == {"syphon/primary"}  # what status, the dashboard and the sink read
-
-
-def test_two_jobs_side_by_side_each_record_every_message_they_move(
-    spark: Any, pair: Any, tmp_path: Path
-) -> None:
-    """Two queries at once on their own checkpoints (one queue each, so each has work): both count micro-batches
-    from 0; before the fix the later writer of each batch id lost its rows."""
-    state = tmp_path / "state"
-    config = _config(pair, state)
-    _put(pair.secondary, BACKLOG[0], _messages("a", 6))
-    _put(pair.secondary, BACKLOG[1], _messages("b", 7))
+    put_backlog(pair.secondary, BACKLOG[0], messages("b", 6))
+    put_backlog(pair.secondary, BACKLOG[1], messages("c", 7))
     admin = {"connection_verify": pair.secondary.ca_file}
-    stops = [str(tmp_path / "stop-0"), str(tmp_path / "stop-1")]
+    stops = [str(work / "stop-0"), str(work / "stop-1")]
     queries = [
         run_syphon(
             spark,
             config,
-            checkpoint=str(tmp_path / f"chk-{i}"),
+            checkpoint=str(work / f"chk-{i}"),
             trigger="1 second",
             queues=[BACKLOG[i]],
             admin_kwargs=admin,
@@ -236,23 +211,87 @@ def test_two_jobs_side_by_side_each_record_every_message_they_move(
     finally:
         for query, stop in zip(queries, stops, strict=True):
             stop_gracefully(query, stop, timeout=30)
-    events = _events(spark, state)
-    by_queue = {
-        q: sum(e["count"] for e in events if e.event == "moved" and e.backlog_queue == q) for q in BACKLOG
-    }
-    assert by_queue == {BACKLOG[0]: 6, BACKLOG[1]: 7}
-    assert len(drain_ids(pair.primary.connection_string, "orders")) == 13
+    runs.events["side_by_side"] = _events(spark, state)
+    runs.on_primary["side_by_side"] = drain_ids(pair.primary.connection_string, "orders")
+
+    put_backlog(pair.secondary, BACKLOG[0], messages("d", 3))
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _run_notebook(spark, pair, state, work / "chk-notebook", monkeypatch)  # its own default checkpoint
+    runs.events["notebook"] = _events(spark, state)
+    runs.on_primary["notebook"] = drain_ids(pair.primary.connection_string, "orders")
+    return runs
 
 
-def test_an_ordered_run_on_a_fresh_checkpoint_records_the_acknowledgement_the_sink_reads(
-    spark: Any, namespace_pair: Any, tmp_path: Path
+def test_a_run_on_a_fresh_checkpoint_and_the_notebook_after_the_job_record_every_message_they_move(
+    unordered: Unordered,
 ) -> None:
-    """``ordering: session``: the marker the second run passes is an ``acknowledged`` row that the sink's read
-    (``read_acknowledgements``) finds; before the fix it was dropped and the session stayed held for ever."""
-    from spark_sb.failover.outcome import namespace_key
-    from spark_sb.state.maintenance import store_for
+    """Before the fix the runs on fresh checkpoints after the job and the notebook's were skipped by Delta (the job
+    had committed batch 0 under the same transaction id): their ``moved`` rows were lost."""
+    events = unordered.events
+    assert _moved(events["job"]) == 5
+    assert _moved(events["side_by_side"]) == 5 + 13  # two runs on fresh checkpoints: their batch ids from 0
+    assert _moved(events["notebook"]) == 5 + 13 + 3
+    assert sorted(unordered.on_primary["job"]) == [f"a{i}" for i in range(5)]
+    assert sorted(unordered.on_primary["side_by_side"]) == sorted(
+        [f"b{i}" for i in range(6)] + [f"c{i}" for i in range(7)]
+    )
+    assert sorted(unordered.on_primary["notebook"]) == [f"d{i}" for i in range(3)]
+    assert {e.sink_id for e in events["notebook"]} == {
+        "syphon/primary"
+    }  # what status, the dashboard and the sink read
 
-    pair = namespace_pair
+
+def test_two_jobs_side_by_side_each_record_every_message_they_move(unordered: Unordered) -> None:
+    """Two queries at once on their own checkpoints (one queue each, so each has work): both count micro-batches
+    from 0; before the fix the later writer of each batch id lost its rows."""
+    before, after = (_moved_by_queue(unordered.events[step]) for step in ("job", "side_by_side"))
+    assert {q: after[q] - before[q] for q in BACKLOG} == {BACKLOG[0]: 6, BACKLOG[1]: 7}
+    assert len(unordered.on_primary["side_by_side"]) == 13
+
+
+def test_the_job_with_available_now_moves_the_backlog_and_exits_by_itself(unordered: Unordered) -> None:
+    """``python jobs/syphon.py --available-now``: no signal needed, exit 0, what it moved printed; ``--once`` with
+    it is refused (moved here from test_syphon_job_available_now.py: the job's run is the scenario's first step)."""
+    done = unordered.job
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "moved 5 (orders=5)" in done.stdout
+    assert sorted(unordered.on_primary["job"]) == [f"a{i}" for i in range(5)]
+    refused = _job(unordered.pair, unordered.state, "--once", "--available-now")
+    assert refused.returncode == 2 and "not allowed with argument" in refused.stderr
+
+
+@dataclass
+class Ordered:
+    """What the scenario with ``ordering: session`` did: the first run, whether the job after it moved the
+    backlog, the in-process refusal's error, the refused job's run, the run after the job stopped, the events at
+    the end."""
+
+    config: ServiceBusConfig
+    work: Path
+    since: datetime
+    run0: Any  # the first run (available now)
+    moved: bool  # the job on a fresh checkpoint emptied the backlog queue within 120 s
+    refused: BaseException | None
+    job: subprocess.CompletedProcess[str]
+    second: Any
+    events: list[Any]
+    left: int  # messages left in the backlog queue at the end
+
+
+@pytest.fixture(scope="module")
+def ordered(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ordered]:
+    """``ordering: session``: an ``available_now`` run (checkpoint ``chk-0``) moves session s1's two messages and
+    marker ``m-first``; two more and marker ``m-second`` arrive and a job (trigger 1 s) on a fresh checkpoint
+    (``chk-job``: batch ids from 0 again) moves them; meanwhile a run on ``chk-notebook`` is refused in process
+    and ``jobs/syphon.py --available-now`` is refused (exit 3); once the job stopped (its lease released) an
+    ``available_now`` run on ``chk-notebook`` starts."""
+    with _namespaces() as pair:
+        yield _run_ordered(spark, pair, tmp_path_factory.mktemp("ordered"))
+
+
+def _run_ordered(spark: Any, pair: NamespacePair, work: Path) -> Ordered:
+    from spark_sb.spark.syphon_job import SyphonRefused
+
     pair.primary.broker.create_queue(
         "orders", QueueSettings(requires_session=True, requires_duplicate_detection=True)
     )
@@ -260,65 +299,91 @@ def test_an_ordered_run_on_a_fresh_checkpoint_records_the_acknowledgement_the_si
         pair.secondary.broker.create_queue(
             name, QueueSettings(max_delivery_count=2147483647, lock_duration=timedelta(seconds=LOCK))
         )
-    state = tmp_path / "state"
+    state = work / "state"
     config = _config(pair, state, ordering="session")
     since = datetime.now(timezone.utc) - timedelta(minutes=1)
-    for run, marker in enumerate(["m-first", "m-second"]):
-        _put(
+    admin = {"connection_verify": pair.secondary.ca_file}
+    stop = str(work / "stop")
+
+    def put(run: int, marker: str) -> None:
+        put_backlog(
             pair.secondary,
             BACKLOG[0],
-            [*_messages(f"r{run}-", 2, session="s1"), return_marker("orders", "s1", marker)],
+            [*messages(f"r{run}-", 2, session="s1"), return_marker("orders", "s1", marker)],
         )
-        _drain_now(spark, config, tmp_path / f"chk-{run}", pair)
-    acknowledged = [e.detail for e in _events(spark, state) if e.event == "acknowledged"]
+
+    put(0, "m-first")
+    run0 = run_syphon(spark, config, checkpoint=str(work / "chk-0"), available_now=True, admin_kwargs=admin)
+    run0.awaitTermination(120)
+    put(1, "m-second")
+    first = run_syphon(
+        spark,
+        config,
+        checkpoint=str(work / "chk-job"),
+        trigger="1 second",
+        admin_kwargs=admin,
+        stop_file=stop,
+    )
+    refused: BaseException | None = None
+    try:
+        broker = pair.secondary.broker
+        moved = pair.secondary.wait_until(
+            lambda: broker.get_queue(BACKLOG[0]).runtime.active_message_count == 0, timeout=120
+        )
+        first.processAllAvailable()  # the micro-batch that moved them has written its events
+        try:
+            run_syphon(
+                spark, config, checkpoint=str(work / "chk-notebook"), available_now=True, query_name=None
+            )
+        except SyphonRefused as exc:
+            refused = exc
+        job = _job(pair, state, "--available-now", ordering="session")  # the other entry point
+    finally:
+        stop_gracefully(first, stop, timeout=30)
+    second = run_syphon(
+        spark, config, checkpoint=str(work / "chk-notebook"), available_now=True, admin_kwargs=admin
+    )
+    second.awaitTermination(120)
+    left = pair.secondary.broker.get_queue(BACKLOG[0]).runtime.active_message_count
+    return Ordered(config, work, since, run0, moved, refused, job, second, _events(spark, state), left)
+
+
+def test_an_ordered_run_on_a_fresh_checkpoint_records_the_acknowledgement_the_sink_reads(
+    spark: Any, ordered: Ordered
+) -> None:
+    """``ordering: session``: the marker the run on a fresh checkpoint passes is an ``acknowledged`` row that the
+    sink's read (``read_acknowledgements``) finds; before the fix it was dropped (the first job had committed its
+    batch ids under the same transaction id) and the session stayed held for ever."""
+    from spark_sb.failover.outcome import namespace_key
+    from spark_sb.state.maintenance import store_for
+
+    assert not ordered.run0.isActive and ordered.run0.exception() is None
+    assert ordered.moved and ordered.left == 0
+    acknowledged = [e.detail for e in ordered.events if e.event == "acknowledged"]
     assert sorted(acknowledged) == ["m-first", "m-second"]
-    store = store_for(spark, config)
-    assert store.read_acknowledgements(namespace_key(config.primary), ["m-first", "m-second"], since) == {
-        "m-first",
-        "m-second",
-    }
-    assert _moved(_events(spark, state)) == 4
+    store = store_for(spark, ordered.config)
+    assert store.read_acknowledgements(
+        namespace_key(ordered.config.primary), ["m-first", "m-second"], ordered.since
+    ) == {"m-first", "m-second"}
+    assert _moved(ordered.events) == 4
 
 
 def test_a_second_ordered_job_on_the_backlog_is_refused_in_one_line_naming_the_first(
-    spark: Any, namespace_pair: Any, tmp_path: Path
+    ordered: Ordered,
 ) -> None:
     """Two ordered syphons on one backlog queue break O1; the second is refused before it drains anything, and
     starts once the first stopped (its lease released)."""
     from spark_sb.spark.syphon_job import SyphonRefused
 
-    pair = namespace_pair
-    for name in BACKLOG:
-        pair.secondary.broker.create_queue(name, QueueSettings(lock_duration=timedelta(seconds=LOCK)))
-    config = _config(pair, tmp_path / "state", ordering="session")
-    admin = {"connection_verify": pair.secondary.ca_file}
-    stop = str(tmp_path / "stop")
-    first = run_syphon(
-        spark,
-        config,
-        checkpoint=str(tmp_path / "chk-job"),
-        trigger="1 second",
-        admin_kwargs=admin,
-        stop_file=stop,
-    )
-    try:
-        with pytest.raises(SyphonRefused) as refused:
-            run_syphon(
-                spark, config, checkpoint=str(tmp_path / "chk-notebook"), available_now=True, query_name=None
-            )
-        job = _job(pair, tmp_path / "state", "--available-now", ordering="session")  # the other entry point
-    finally:
-        stop_gracefully(first, stop, timeout=30)
-    message = str(refused.value)
-    assert "\n" not in message and f"checkpoint {tmp_path / 'chk-job'}" in message
-    leases = [json.loads(e.detail) for e in _events(spark, tmp_path / "state") if e.event == "syphon_running"]
-    first_run = next(d["run"] for d in leases if d["checkpoint"] == str(tmp_path / "chk-job"))
+    assert isinstance(ordered.refused, SyphonRefused), ordered.refused
+    message = str(ordered.refused)
+    assert "\n" not in message and f"checkpoint {ordered.work / 'chk-job'}" in message
+    leases = [json.loads(e.detail) for e in ordered.events if e.event == "syphon_running"]
+    first_run = next(d["run"] for d in leases if d["checkpoint"] == str(ordered.work / "chk-job"))
     assert f"run {first_run} on " in message
+    job = ordered.job
     assert job.returncode == 3, job.stderr[-3000:]
     line = [x for x in job.stderr.splitlines() if x.startswith("syphon: refused: ")]
-    assert len(line) == 1 and f"run {first_run} on " in line[0] and str(tmp_path / "chk-job") in line[0]
-    second = run_syphon(
-        spark, config, checkpoint=str(tmp_path / "chk-notebook"), available_now=True, admin_kwargs=admin
-    )
-    second.awaitTermination(120)
-    assert second.exception() is None
+    assert len(line) == 1 and f"run {first_run} on " in line[0] and str(ordered.work / "chk-job") in line[0]
+    ordered.second.awaitTermination(120)
+    assert ordered.second.exception() is None
