@@ -4,11 +4,11 @@ the Delta transaction id of a run's appends is the run's (``syphon/<name>/<run i
 ``jobs/syphon.py --available-now`` (its own Spark driver) moves the backlog and exits by itself.
 Local Spark against two local namespaces.
 
-The runs are shared (CI time): one scenario without ordering (:func:`unordered`: the job, two queries side by side
-on fresh checkpoints, the notebook) and one with ``ordering: session`` (:func:`ordered`: a running job, a second
-one refused at both entry points, then a run on a fresh checkpoint), each a module-scoped fixture that records what
-every step did; the tests assert on their step. This file's tests run in one pytest-xdist worker (``--dist
-loadfile``), so each scenario runs once."""
+The runs without ordering are shared (CI time): one scenario (:func:`unordered`: the job, two queries side by
+side on fresh checkpoints, the notebook) in a module-scoped fixture that records what every step did; its tests
+assert on their step (this file's tests run in one pytest-xdist worker, ``--dist loadfile``: the scenario runs
+once). The ordered tests keep runs of their own: the acknowledgement's test needs two runs of the same shape (their
+batch ids meet), which the refusal's job does not give."""
 
 from __future__ import annotations
 
@@ -58,6 +58,19 @@ def _moved_by_queue(events: list[Any]) -> dict[str, int]:
     return {
         q: sum(e["count"] for e in events if e.event == "moved" and e.backlog_queue == q) for q in BACKLOG
     }
+
+
+def _drain_now(spark: Any, config: ServiceBusConfig, checkpoint: Path, pair: Any, **kw: Any) -> None:
+    query = run_syphon(
+        spark,
+        config,
+        checkpoint=str(checkpoint),
+        available_now=True,
+        admin_kwargs={"connection_verify": pair.secondary.ca_file},
+        **kw,
+    )
+    query.awaitTermination(120)
+    assert not query.isActive and query.exception() is None
 
 
 def _job(pair: Any, state: Path, *args: str, ordering: str = "none") -> subprocess.CompletedProcess[str]:
@@ -260,38 +273,15 @@ def test_the_job_with_available_now_moves_the_backlog_and_exits_by_itself(unorde
     assert refused.returncode == 2 and "not allowed with argument" in refused.stderr
 
 
-@dataclass
-class Ordered:
-    """What the scenario with ``ordering: session`` did: the first run, whether the job after it moved the
-    backlog, the in-process refusal's error, the refused job's run, the run after the job stopped, the events at
-    the end."""
+def test_an_ordered_run_on_a_fresh_checkpoint_records_the_acknowledgement_the_sink_reads(
+    spark: Any, namespace_pair: Any, tmp_path: Path
+) -> None:
+    """``ordering: session``: the marker the second run passes is an ``acknowledged`` row that the sink's read
+    (``read_acknowledgements``) finds; before the fix it was dropped and the session stayed held for ever."""
+    from spark_sb.failover.outcome import namespace_key
+    from spark_sb.state.maintenance import store_for
 
-    config: ServiceBusConfig
-    work: Path
-    since: datetime
-    run0: Any  # the first run (available now)
-    moved: bool  # the job on a fresh checkpoint emptied the backlog queue within 120 s
-    refused: BaseException | None
-    job: subprocess.CompletedProcess[str]
-    second: Any
-    events: list[Any]
-    left: int  # messages left in the backlog queue at the end
-
-
-@pytest.fixture(scope="module")
-def ordered(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ordered]:
-    """``ordering: session``: an ``available_now`` run (checkpoint ``chk-0``) moves session s1's two messages and
-    marker ``m-first``; two more and marker ``m-second`` arrive and a job (trigger 1 s) on a fresh checkpoint
-    (``chk-job``: batch ids from 0 again) moves them; meanwhile a run on ``chk-notebook`` is refused in process
-    and ``jobs/syphon.py --available-now`` is refused (exit 3); once the job stopped (its lease released) an
-    ``available_now`` run on ``chk-notebook`` starts."""
-    with _namespaces() as pair:
-        yield _run_ordered(spark, pair, tmp_path_factory.mktemp("ordered"))
-
-
-def _run_ordered(spark: Any, pair: NamespacePair, work: Path) -> Ordered:
-    from spark_sb.spark.syphon_job import SyphonRefused
-
+    pair = namespace_pair
     pair.primary.broker.create_queue(
         "orders", QueueSettings(requires_session=True, requires_duplicate_detection=True)
     )
@@ -299,91 +289,65 @@ def _run_ordered(spark: Any, pair: NamespacePair, work: Path) -> Ordered:
         pair.secondary.broker.create_queue(
             name, QueueSettings(max_delivery_count=2147483647, lock_duration=timedelta(seconds=LOCK))
         )
-    state = work / "state"
+    state = tmp_path / "state"
     config = _config(pair, state, ordering="session")
     since = datetime.now(timezone.utc) - timedelta(minutes=1)
-    admin = {"connection_verify": pair.secondary.ca_file}
-    stop = str(work / "stop")
-
-    def put(run: int, marker: str) -> None:
+    for run, marker in enumerate(["m-first", "m-second"]):
         put_backlog(
             pair.secondary,
             BACKLOG[0],
             [*messages(f"r{run}-", 2, session="s1"), return_marker("orders", "s1", marker)],
         )
-
-    put(0, "m-first")
-    run0 = run_syphon(spark, config, checkpoint=str(work / "chk-0"), available_now=True, admin_kwargs=admin)
-    run0.awaitTermination(120)
-    put(1, "m-second")
-    first = run_syphon(
-        spark,
-        config,
-        checkpoint=str(work / "chk-job"),
-        trigger="1 second",
-        admin_kwargs=admin,
-        stop_file=stop,
-    )
-    refused: BaseException | None = None
-    try:
-        broker = pair.secondary.broker
-        moved = pair.secondary.wait_until(
-            lambda: broker.get_queue(BACKLOG[0]).runtime.active_message_count == 0, timeout=120
-        )
-        first.processAllAvailable()  # the micro-batch that moved them has written its events
-        try:
-            run_syphon(
-                spark, config, checkpoint=str(work / "chk-notebook"), available_now=True, query_name=None
-            )
-        except SyphonRefused as exc:
-            refused = exc
-        job = _job(pair, state, "--available-now", ordering="session")  # the other entry point
-    finally:
-        stop_gracefully(first, stop, timeout=30)
-    second = run_syphon(
-        spark, config, checkpoint=str(work / "chk-notebook"), available_now=True, admin_kwargs=admin
-    )
-    second.awaitTermination(120)
-    left = pair.secondary.broker.get_queue(BACKLOG[0]).runtime.active_message_count
-    return Ordered(config, work, since, run0, moved, refused, job, second, _events(spark, state), left)
-
-
-def test_an_ordered_run_on_a_fresh_checkpoint_records_the_acknowledgement_the_sink_reads(
-    spark: Any, ordered: Ordered
-) -> None:
-    """``ordering: session``: the marker the run on a fresh checkpoint passes is an ``acknowledged`` row that the
-    sink's read (``read_acknowledgements``) finds; before the fix it was dropped (the first job had committed its
-    batch ids under the same transaction id) and the session stayed held for ever."""
-    from spark_sb.failover.outcome import namespace_key
-    from spark_sb.state.maintenance import store_for
-
-    assert not ordered.run0.isActive and ordered.run0.exception() is None
-    assert ordered.moved and ordered.left == 0
-    acknowledged = [e.detail for e in ordered.events if e.event == "acknowledged"]
+        _drain_now(spark, config, tmp_path / f"chk-{run}", pair)
+    acknowledged = [e.detail for e in _events(spark, state) if e.event == "acknowledged"]
     assert sorted(acknowledged) == ["m-first", "m-second"]
-    store = store_for(spark, ordered.config)
-    assert store.read_acknowledgements(
-        namespace_key(ordered.config.primary), ["m-first", "m-second"], ordered.since
-    ) == {"m-first", "m-second"}
-    assert _moved(ordered.events) == 4
+    store = store_for(spark, config)
+    assert store.read_acknowledgements(namespace_key(config.primary), ["m-first", "m-second"], since) == {
+        "m-first",
+        "m-second",
+    }
+    assert _moved(_events(spark, state)) == 4
 
 
 def test_a_second_ordered_job_on_the_backlog_is_refused_in_one_line_naming_the_first(
-    ordered: Ordered,
+    spark: Any, namespace_pair: Any, tmp_path: Path
 ) -> None:
     """Two ordered syphons on one backlog queue break O1; the second is refused before it drains anything, and
     starts once the first stopped (its lease released)."""
     from spark_sb.spark.syphon_job import SyphonRefused
 
-    assert isinstance(ordered.refused, SyphonRefused), ordered.refused
-    message = str(ordered.refused)
-    assert "\n" not in message and f"checkpoint {ordered.work / 'chk-job'}" in message
-    leases = [json.loads(e.detail) for e in ordered.events if e.event == "syphon_running"]
-    first_run = next(d["run"] for d in leases if d["checkpoint"] == str(ordered.work / "chk-job"))
+    pair = namespace_pair
+    for name in BACKLOG:
+        pair.secondary.broker.create_queue(name, QueueSettings(lock_duration=timedelta(seconds=LOCK)))
+    config = _config(pair, tmp_path / "state", ordering="session")
+    admin = {"connection_verify": pair.secondary.ca_file}
+    stop = str(tmp_path / "stop")
+    first = run_syphon(
+        spark,
+        config,
+        checkpoint=str(tmp_path / "chk-job"),
+        trigger="1 second",
+        admin_kwargs=admin,
+        stop_file=stop,
+    )
+    try:
+        with pytest.raises(SyphonRefused) as refused:
+            run_syphon(
+                spark, config, checkpoint=str(tmp_path / "chk-notebook"), available_now=True, query_name=None
+            )
+        job = _job(pair, tmp_path / "state", "--available-now", ordering="session")  # the other entry point
+    finally:
+        stop_gracefully(first, stop, timeout=30)
+    message = str(refused.value)
+    assert "\n" not in message and f"checkpoint {tmp_path / 'chk-job'}" in message
+    leases = [json.loads(e.detail) for e in _events(spark, tmp_path / "state") if e.event == "syphon_running"]
+    first_run = next(d["run"] for d in leases if d["checkpoint"] == str(tmp_path / "chk-job"))
     assert f"run {first_run} on " in message
-    job = ordered.job
     assert job.returncode == 3, job.stderr[-3000:]
     line = [x for x in job.stderr.splitlines() if x.startswith("syphon: refused: ")]
-    assert len(line) == 1 and f"run {first_run} on " in line[0] and str(ordered.work / "chk-job") in line[0]
-    ordered.second.awaitTermination(120)
-    assert ordered.second.exception() is None
+    assert len(line) == 1 and f"run {first_run} on " in line[0] and str(tmp_path / "chk-job") in line[0]
+    second = run_syphon(
+        spark, config, checkpoint=str(tmp_path / "chk-notebook"), available_now=True, admin_kwargs=admin
+    )
+    second.awaitTermination(120)
+    assert second.exception() is None
