@@ -456,7 +456,7 @@ def test_a6_available_now_runs_on_a_subscription_under_a_producer_each_end_and_t
 # -- A11: one of four entities stalled ------------------------------------------------------------------------------
 RATE_TRIGGER = 2.0  # seconds between triggers of A11's queries
 RATE_CAP = 40  # maxMessagesPerTrigger of A11's queries: 20 msgs/s each at most
-WINDOW = 12.0  # seconds per measured window
+WINDOW = 10.0  # seconds per measured window
 
 
 def test_a11_one_of_four_entities_stalled_the_others_keep_their_rate_and_no_trigger_blocks(
