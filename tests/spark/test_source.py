@@ -489,7 +489,7 @@ def test_a11_one_of_four_entities_stalled_the_others_keep_their_rate_and_no_trig
 
         def window() -> dict[str, float]:
             """Each query's rate over a window: the median of its triggers' input rates (rows over the time since
-            the trigger before; a median, since one late trigger of a 2 s cadence is a tenth of a 12 s count)."""
+            the trigger before): a count over the window moves by a fifth on one late trigger of a 2 s cadence)."""
             first = {n: len(q.recentProgress) for n, q in queries.items()}
             time.sleep(WINDOW)  # the measured window itself
             rates = {}
