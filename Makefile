@@ -58,6 +58,7 @@ BENCH_TIER := tests/bench
 # The packaging tier checks that every file listed here exists.
 OLDEST_TIER := \
 	tests/spark/test_connect.py \
+	tests/spark/test_source_connect.py \
 	tests/spark/test_datasource.py \
 	tests/spark/test_datasource_catalog.py \
 	tests/spark/test_datasource_ordering.py \
