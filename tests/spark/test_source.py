@@ -18,7 +18,7 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -123,6 +123,24 @@ def _available_now(spark: Any, opts: dict[str, str], out: Path, ckpt: Path, time
     return query
 
 
+def _started(start: Callable[[], Any], ready: Callable[[Any], bool], timeout: float = 120.0) -> Any:
+    """A query from ``start()`` once ``ready(query)``; started again (twice at most) if Spark gave up on its planner
+    process (a JVM waits 10 s, hard-coded, for a Python process to connect back: a 2-core machine at load 15 misses
+    it - nothing of the source's has run then)."""
+    for attempt in range(3):
+        query = start()
+        deadline = time.monotonic() + timeout
+        while query.isActive and not ready(query) and time.monotonic() < deadline:
+            time.sleep(0.2)  # polled: Spark offers no wait for a query's first progress
+        if ready(query) and query.isActive:
+            return query
+        error = str(query.exception() or "")
+        query.stop()
+        if attempt == 2 or "failed to connect back" not in error:
+            raise AssertionError(f"the query did not start within {timeout} s: {error or 'no progress'}")
+    raise AssertionError("unreachable")
+
+
 def _source_batches(spark: Any, state: Path) -> list[dict[str, Any]]:
     rows = spark.read.format("delta").load(str(state / "events")).where("event = 'source_batch'").collect()
     return sorted((r.asDict() for r in rows), key=lambda e: e["batch_id"])
@@ -143,14 +161,15 @@ class IdleQuery:
         _queue(self.ns, "idle")
         self.out, self.ckpt = root / "out", root / "ckpt"
         opts = _opts(self.ns, "idle", receiveWaitTime="1s")
-        self.query = (
-            _read_stream(spark, opts)
-            .writeStream.format("delta")
-            .option("checkpointLocation", str(self.ckpt))
-            .start(str(self.out))
+        self.query = _started(
+            lambda: (
+                _read_stream(spark, opts)
+                .writeStream.format("delta")
+                .option("checkpointLocation", str(self.ckpt))
+                .start(str(self.out))
+            ),
+            lambda q: (self.ckpt / "commits" / "0").exists(),
         )
-        started = self.ns.wait_until(lambda: (self.ckpt / "commits" / "0").exists(), timeout=120)
-        assert started, self.query.exception()
         self.ns.reset_counters()
         self.started = time.monotonic()
 
@@ -472,16 +491,17 @@ def test_a11_one_of_four_entities_stalled_the_others_keep_their_rate_and_no_trig
         for n, ns in spaces.items():  # one after another: four planner processes started at once on a loaded
             # machine can miss Spark's 10 s to connect back
             opts = _opts(ns, n, maxMessagesPerTrigger=str(RATE_CAP), maxReceiveTime="1s")
-            queries[n] = (
-                _read_stream(spark, opts)
-                .writeStream.format("noop")
-                .option("checkpointLocation", str(tmp_path / n))
-                .trigger(processingTime=f"{RATE_TRIGGER} seconds")
-                .queryName(f"a11_{n}")
-                .start()
+            queries[n] = _started(
+                lambda opts=opts, n=n: (
+                    _read_stream(spark, opts)
+                    .writeStream.format("noop")
+                    .option("checkpointLocation", str(tmp_path / f"{n}-{time.monotonic()}"))
+                    .trigger(processingTime=f"{RATE_TRIGGER} seconds")
+                    .queryName(f"a11_{n}")
+                    .start()
+                ),
+                lambda q: _rows_done(q) > 0,
             )
-            assert ns.wait_until(lambda q=queries[n]: _rows_done(q) > 0 or not q.isActive, 90), n
-            assert queries[n].exception() is None, queries[n].exception()
         ready = spaces["a"].wait_until(
             lambda: all(_rows_done(q) >= 2 * RATE_CAP for q in queries.values()), 90
         )
@@ -500,24 +520,24 @@ def test_a11_one_of_four_entities_stalled_the_others_keep_their_rate_and_no_trig
 
         healthy = window()
         stalled_at = len(queries["a"].recentProgress)
-        rows_before = _rows_done(queries["a"])
-        spaces["a"].faults.stall()
+        last_batch = max(p["batchId"] for p in queries["a"].recentProgress if p["numInputRows"])
+        spaces["a"].faults.stall(answer_sasl=False)  # every connection of a's namespace: nothing answered
         stalled = window()
         print(f"A11 rates (msgs/s, medians of the triggers): healthy {healthy}, one stalled {stalled}")
         for n in names[1:]:
             assert stalled[n] >= 0.9 * healthy[n], (n, healthy, stalled)
             assert queries[n].isActive and queries[n].exception() is None, n
-        assert (
-            _rows_done(queries["a"]) - rows_before <= RATE_CAP
-        )  # the stall took (one batch in flight at most)
-        # the stalled query: no trigger blocks past its deadline - a receive (receiveWaitTime + the call deadline,
-        # 10 s) and the backlog report (two calls of 10 s), with slack for a loaded machine; or a task's peek timed
+        after = [p for p in queries["a"].recentProgress if p["numInputRows"] and p["batchId"] > last_batch]
+        assert len(after) <= 1, after  # the stall took (one batch in flight at most)
+        # the stalled query: no trigger blocks past its deadline - a settle ended by its first fault (a call
+        # deadline, 10 s), a receive (receiveWaitTime + 10 s) and the backlog report (two calls of 10 s), with slack
+        # for a loaded machine; or a task's peek timed
         # out (10 s) and failed it (local[2] does not retry tasks)
         slowest = max(
             (p["durationMs"].get("triggerExecution", 0) for p in queries["a"].recentProgress[stalled_at:]),
             default=0,
         )
-        assert slowest <= (WAIT + 3 * 10.0 + 5.0) * 1000, slowest
+        assert slowest <= (WAIT + 4 * 10.0 + 5.0) * 1000, slowest
         if not queries["a"].isActive:
             assert "OperationTimeoutError" in str(queries["a"].exception())
         t0 = time.monotonic()
