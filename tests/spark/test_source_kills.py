@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from servicebus_local.server import LocalNamespace
+from spark_sb.source.planner import PlannerLimits
 
 from .source_child import Run, delta_numbers, drain, entity_left, make_entity, run_child, send
 
@@ -45,10 +46,12 @@ LOCK = timedelta(seconds=30 if FULL else 5)
 RUN_TIMEOUT = 3600 if FULL else 420  # one child run, Spark's start included
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * RUN_TIMEOUT)]
-#: A1's points as the hook's spec: the n-th time a process reaches it (receives ask 100 messages, reads peek pages
-#: of 100), so that a batch is committed in the run before its kill.
+#: Receive calls per batch (a call asks for at most the planner's receive_batch): one here, four at the full size.
+RECEIVES = -(-PER_BATCH // PlannerLimits().receive_batch)
+#: A1's points as the hook's spec: the n-th time a process reaches it (reads peek pages of 100), so that a batch is
+#: committed in the run before its kill.
 A1 = {
-    "receive": f"receive:{PER_BATCH // 100 + 3}",  # 1. mid-receive (the run's second batch)
+    "receive": f"receive:{RECEIVES + 1}",  # 1. mid-receive: the first receive call of the run's second batch
     "offset": "offset:2",  # 2. latestOffset returned the run's second batch, not in the WAL
     "defer": "defer:2",  # 3. the second batch in the WAL, not deferred
     "read": "read:3",  # 4. mid-read: a worker's third page, the whole driver killed from the executor
