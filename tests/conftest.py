@@ -60,10 +60,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("backend") == "azure":
             item.add_marker("azure")
-    if getattr(config.option, "numprocesses", None):
+    if getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput"):
         # Under pytest-xdist the longest files go first (LONGEST_FIRST, then the other files marked slow, then the
         # rest; stable: a file's tests keep their order): a worker that starts a 5-minute file last keeps the whole
-        # tier waiting while the other worker idles. The Spark tiers hand out whole files in this order (--dist
+        # tier waiting while the other worker idles. It is the workers' order that counts (the controller hands
+        # out what they collected), and xdist unsets numprocesses in a worker: before, they never sorted. The Spark tiers hand out whole files in this order (--dist
         # loadfile --no-loadscope-reorder: xdist's own reorder puts the files with the most tests first instead).
         items.sort(key=_longest_first)
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
-from tests.conftest import LONGEST_FIRST, TIERS
+from tests.conftest import LONGEST_FIRST, TIERS, pytest_collection_modifyitems
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_FILES = sorted(
@@ -40,3 +42,34 @@ def test_the_longest_first_order_names_test_files_of_the_spark_tiers_once() -> N
         path = ROOT / name
         assert path in TEST_FILES, f"LONGEST_FIRST names {name}, which is not a test file"
         assert TIERS[path.relative_to(ROOT / "tests").parts[0]] == "spark", name
+
+
+class _Item:
+    """What the tier sort reads of a collected test: its path and its ``slow`` mark."""
+
+    def __init__(self, name: str, slow: bool) -> None:
+        self.path, self.slow, self.markers = ROOT / name, slow, []
+
+    def get_closest_marker(self, name: str) -> object:
+        return object() if name == "slow" and self.slow else None
+
+    def add_marker(self, marker: str) -> None:
+        self.markers.append(marker)
+
+
+def test_an_xdist_worker_sorts_its_collection_longest_first() -> None:
+    """The controller hands out what the workers collected, in their order, and xdist unsets numprocesses in a
+    worker (before, the sort ran only where numprocesses was set: never in a worker)."""
+    names = [
+        ("tests/spark/test_sink.py", True),
+        ("tests/spark/test_quiet_start.py", False),
+        (LONGEST_FIRST[0], True),
+    ]
+    items: list[Any] = [_Item(name, slow) for name, slow in names]
+    worker = SimpleNamespace(option=SimpleNamespace(numprocesses=None), workerinput={})
+    pytest_collection_modifyitems(worker, items)  # type: ignore[arg-type]
+    assert [i.path.relative_to(ROOT).as_posix() for i in items] == [
+        LONGEST_FIRST[0],
+        "tests/spark/test_sink.py",
+        "tests/spark/test_quiet_start.py",
+    ]
