@@ -520,15 +520,16 @@ def test_a11_one_of_four_entities_stalled_the_others_keep_their_rate_and_no_trig
 
         healthy = window()
         stalled_at = len(queries["a"].recentProgress)
-        last_batch = max(p["batchId"] for p in queries["a"].recentProgress if p["numInputRows"])
         spaces["a"].faults.stall(answer_sasl=False)  # every connection of a's namespace: nothing answered
+        delivered = spaces["a"].counters()["messages_delivered"]
         stalled = window()
+        delivered = spaces["a"].counters()["messages_delivered"] - delivered
         print(f"A11 rates (msgs/s, medians of the triggers): healthy {healthy}, one stalled {stalled}")
         for n in names[1:]:
             assert stalled[n] >= 0.9 * healthy[n], (n, healthy, stalled)
             assert queries[n].isActive and queries[n].exception() is None, n
-        after = [p for p in queries["a"].recentProgress if p["numInputRows"] and p["batchId"] > last_batch]
-        assert len(after) <= 1, after  # the stall took (one batch in flight at most)
+        print(f"A11: {delivered} messages delivered by the stalled namespace in the window")
+        assert delivered == 0  # the stall took
         # the stalled query: no trigger blocks past its deadline - a settle ended by its first fault (a call
         # deadline, 10 s), a receive (receiveWaitTime + 10 s) and the backlog report (two calls of 10 s), with slack
         # for a loaded machine; or a task's peek timed
