@@ -70,24 +70,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 #: The Spark tiers' longest files, longest first (seconds in one worker, `make test-spark --durations=0` on the
-#: 2-core machine with other work beside it, 2026-12-06; roughly half that alone). tests/unit/test_tiers.py checks
-#: that each exists.
+#: 2-core machine with other work beside it: the mean of two runs on 2026-12-06, the second scaled to the first's
+#: load; roughly half that alone). tests/unit/test_tiers.py checks that each exists.
 LONGEST_FIRST = (
-    "tests/spark/test_cluster.py",  # 425: one child, a local cluster and four scenarios
-    "tests/spark/test_state_delta.py",  # 392
-    "tests/spark/test_state_maintenance.py",  # 351
-    "tests/spark/test_connect.py",  # 306: three children, a Connect server each
-    "tests/spark/test_syphon_job_cli.py",  # 301: four jobs/syphon.py children, one of them under spark-submit
-    "tests/spark/test_syphon_job_runs.py",  # 466 before its runs were shared
-    "tests/spark/test_shutdown.py",  # 217: three child programs
-    "tests/spark/test_sink_state.py",  # 205
-    "tests/spark/test_datasource.py",  # 144
-    "tests/acceptance/test_readme_examples.py",  # 130: the spark-submit example
-    "tests/spark/test_datasource_catalog.py",  # 123
-    "tests/spark/test_syphon_job.py",  # 91
-    "tests/spark/test_syphon_job_available_now.py",  # 85 without the job's child run (now test_syphon_job_runs')
-    "tests/acceptance/test_acceptance_local.py",  # 70
-    "tests/spark/test_datasource_ordering.py",  # 62
+    "tests/spark/test_state_delta.py",  # 470
+    "tests/spark/test_cluster.py",  # 370: one child, a local cluster and four scenarios
+    "tests/spark/test_connect.py",  # 320: three children, a Connect server each
+    "tests/spark/test_state_maintenance.py",  # 275
+    "tests/spark/test_syphon_job_cli.py",  # 245: four jobs/syphon.py children, one of them under spark-submit
+    "tests/spark/test_sink_state.py",  # 240
+    "tests/spark/test_syphon_job_runs.py",  # 220 (465 before its unordered runs were shared)
+    "tests/spark/test_shutdown.py",  # 210: three child programs
+    "tests/spark/test_datasource_catalog.py",  # 195
+    "tests/spark/test_datasource.py",  # 180
+    "tests/spark/test_syphon_job_available_now.py",  # 150 (its 400-message run varies most with the load)
+    "tests/acceptance/test_readme_examples.py",  # 90: the spark-submit example
+    "tests/spark/test_syphon_job.py",  # 85
+    "tests/spark/test_datasource_ordering.py",  # 75
+    "tests/acceptance/test_acceptance_local.py",  # 60
 )
 
 
