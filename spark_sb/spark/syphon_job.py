@@ -181,9 +181,9 @@ class BacklogWatcher:
             )
             if bounded and self.config.ordering != "none":
                 log.warning(
-                    "syphon: ordering: backlog queues %s dead-letter a message after MaxDeliveryCount deliveries: a "
-                    "line whose primary entity fails that many attempts (a long stall) loses its place - create "
-                    "them with `spark-sb provision` (MaxDeliveryCount %d)",
+                    "syphon: ordering: backlog queues %s dead-letter a message after MaxDeliveryCount deliveries: "
+                    "a held line's head whose locks keep running out (syphon workers killed, settles lost) can "
+                    "lose its place - create them with `spark-sb provision` (MaxDeliveryCount %d)",
                     ", ".join(bounded),
                     BOUNDLESS,
                 )
