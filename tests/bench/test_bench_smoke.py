@@ -4,7 +4,9 @@ msgs/s, ratios, lags, resource counts - as numbers this test parses.
 
 Not a measurement: the sizes are tiny and the machine is shared, so no performance goal is checked here (the
 benches' own ``--check`` is for real runs). What is checked besides "it runs and says what it measured" is what
-no load excuses: no message lost, a sender's threads and sockets back after ``close()``. The runs go two at a time
+no load excuses: no message lost, a sender's threads and sockets back after ``close()``. A run that exits with an
+error is run once more if :data:`AGAIN_ON_ERROR` names it (a timing bound CI's load can miss; its first output kept
+in the report; a broken bench fails twice). The runs go two at a time
 (``SMOKE_JOBS``), longest first: they mostly wait on sockets and Spark, and none is timing-sensitive.
 
 Tier ``bench`` (from the directory, tests/conftest.py): ``make bench-smoke`` runs it, CI runs it as a tier of its
@@ -201,6 +203,28 @@ def _run(script: str) -> Run:
     return Run(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
 
 
+#: Benches whose smoke run is run once more when it exits with an error, and why: a timing bound of theirs that
+#: CI's load can miss, in a run that checks no message count (a loss is never retried away).
+AGAIN_ON_ERROR = {
+    "bench_ordering.py": "its recovery part gives 10 held sessions 60 s to return to the primary; once in CI, beside "
+    "lint, the unit tier and another bench, they stayed held (their markers acknowledged, the entity not yet back "
+    "from failed over): not root-caused",
+}
+
+
+def _run_again_once(script: str) -> Run:
+    """:func:`_run`; for :data:`AGAIN_ON_ERROR`'s benches once more if it exited with an error (not at its time
+    limit). The first run's failure is kept at the head of the output (printed with -rP): seen, never hidden."""
+    first = _run(script)
+    if script not in AGAIN_ON_ERROR or first.returncode in (0, None):
+        return first
+    again = _run(script)
+    note = (
+        f"[first run exited {first.returncode}; run again]\n{first.stdout[-2000:]}\n{first.stderr[-2000:]}\n"
+    )
+    return Run(again.returncode, note + again.stdout, again.stderr, first.seconds + again.seconds)
+
+
 @pytest.fixture(scope="module")
 def smoke_runs(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[Run]]]:
     """The smoke runs of the benches this session selected, started when the first test asks, ``JOBS`` at a
@@ -212,7 +236,7 @@ def smoke_runs(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[Run]
         and "script" in getattr(getattr(item, "callspec", None), "params", {})
     }
     with ThreadPoolExecutor(JOBS, thread_name_prefix="smoke") as pool:
-        yield {script: pool.submit(_run, script) for script in ORDER if script in selected}
+        yield {script: pool.submit(_run_again_once, script) for script in ORDER if script in selected}
 
 
 def test_every_bench_has_a_smoke_run() -> None:
@@ -247,3 +271,5 @@ def test_the_bench_runs_in_its_smoke_mode(script: str, smoke_runs: dict[str, Fut
             numbers = _numbers(match)
             assert all(math.isfinite(n) for n in numbers), (script, match.group(0))
     print(f"{script} --smoke: {run.seconds:.1f} s")
+    if out.startswith("[first run exited"):
+        print(out[:4500])
