@@ -552,12 +552,14 @@ class Scenario:
             recovery_bound = 2 * s.ping_interval + fi + 2 * s.slack
             returned_after: float | None = None
             attempt = 0
+            recovery_diverted = 0  # a recovery batch before the probe saw the primary back is diverted too
             while returned_after is None and self.clock.monotonic() - healed <= recovery_bound:
                 self.clock.sleep(s.ping_interval)  # the probe interval is real time on the executors
                 attempt += 1
                 rows = self._rows(f"recovered{attempt}", [self.queue], max(1, s.rows // 4))
                 self._timed_batch(query, input_dir, rows)
                 out = sink.last_outcome or SendOutcome()
+                recovery_diverted += out.total_diverted
                 if out.total_sent == len(rows):
                     returned_after = self.clock.monotonic() - healed
             self.say(f"recovery: {attempt} batch(es), new rows to the primary: {returned_after is not None}")
@@ -608,7 +610,7 @@ class Scenario:
         ds_diverted = self._datasource_step()
 
         # 6. the syphon job's query moves every backlog back (one pass or a few, however much there is)
-        expected_moved = outage_diverted + fan_diverted + ds_diverted
+        expected_moved = outage_diverted + recovery_diverted + fan_diverted + ds_diverted
         moved = self._syphon()
         depth = self.backlog_depth()
         r.numbers["syphon_moved"] = moved
@@ -629,7 +631,7 @@ class Scenario:
         r.numbers["lost"] = lost + lost2 + lost3
         r.numbers["duplicates"] = dups + dups2 + dups3
         r.numbers["produced"] = sum(len(v) for v in self.produced.values())
-        self._delta_checks(outage_diverted, fan_diverted)
+        self._delta_checks(outage_diverted + recovery_diverted, fan_diverted)
 
 
 def run_scenario(
