@@ -30,6 +30,14 @@ The rule (per session; :class:`SessionBook`):
   tried once per call, for up to ``send_timeout`` (SPEC O8: a blip never stops a query); when it answers it
   returns to the rotation.
 
+* **R5 Catch up.** A line its senders keep feeding returns once the syphon acknowledges a marker before the next
+  call diverts again - with a sender and a syphon on a steady pace that may never happen (each call's message is
+  behind a marker the syphon reaches just after it). So a call that meets a held line whose entity is back, with
+  no call diverting it (``sending`` 0), waits for the newest marker's acknowledgement before it diverts - at most
+  :data:`RETURN_WAIT` per call, and only while acknowledgements reach the book (:meth:`SessionBook.await_return`:
+  a syphon in the process acknowledged something within :data:`ACKS_LIVE`; the Spark sink's tasks, whose
+  acknowledgements come from the events table, never wait).
+
 Why no interleaving loses order. Take a session and any two of its messages a before b in the sink's order (one
 thread's, or one task's; consecutive micro-batches, whose sends end before the next starts).
 (1) Both direct: sent in order.
@@ -95,6 +103,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from spark_sb.core.clock import Clock
 from spark_sb.core.errors import CONNECTION, SendError
 from spark_sb.message.backlog import RETURN_MARKER, ReturnMarker
 from spark_sb.message.outbound import OutboundMessage
@@ -174,6 +183,14 @@ class QueueUnavailableError(SendError):
     error_class = CONNECTION
 
 
+#: R5: the longest a send call waits for held lines' acknowledgements, all its lines together (O3's "+ 1 s").
+RETURN_WAIT = 1.0
+#: R5: a call waits only while acknowledgements reach the book: one arrived within this many seconds.
+ACKS_LIVE = 10.0
+#: R5: how often a waiting call looks at the record again (seconds).
+RETURN_POLL = 0.01
+
+
 class Acknowledgements(Protocol):
     """Where the syphon records that it passed a return marker (R3 reads it). Setting (b), one process: the
     process registry's :class:`SessionBook`; setting (a), the Spark sink and the syphon job: the events table."""
@@ -189,6 +206,9 @@ class SessionBook:
     #: Bounded by the held sessions (those with messages in the backlog), each removed on release.
     _held: dict[tuple[str, str], Held] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: R5: the clock of the process's registry (None: no call waits); the monotonic time of the last acknowledgement.
+    clock: Clock | None = None
+    _acked_at: float | None = None
 
     @property
     def empty(self) -> bool:
@@ -263,9 +283,36 @@ class SessionBook:
         """The syphon passed ``marker``: every message of the session before it is in the primary. Recorded only
         for the newest marker issued (an older one says nothing about the calls that closed after it)."""
         with self._lock:
+            if self.clock is not None:
+                self._acked_at = self.clock.monotonic()
             record = self._held.get((entity, session))
             if record is not None and record.marker == marker:
                 self._held[(entity, session)] = Held(record.queue, record.marker, record.sending, marker)
+
+    def await_return(self, entity: str, session: str, timeout: float) -> float:
+        """R5: wait up to ``timeout`` seconds for a held line whose entity is back to be drained - when no call is
+        diverting it (``sending`` 0), its newest marker is issued and not acknowledged yet, and acknowledgements
+        reach the book (one within :data:`ACKS_LIVE`). Returns the seconds waited (0: no wait was worth it); the
+        caller routes again (:meth:`route` decides). Waits on the book's clock (a fake clock's sleep moves it)."""
+        clock = self.clock
+        if clock is None or timeout <= 0:
+            return 0.0
+        start = clock.monotonic()
+        while True:
+            with self._lock:
+                record = self._held.get((entity, session))
+                waiting = (
+                    record is not None
+                    and record.sending == 0
+                    and record.marker is not None
+                    and record.acknowledged != record.marker
+                    and self._acked_at is not None
+                    and clock.monotonic() - self._acked_at <= ACKS_LIVE
+                )
+            waited = clock.monotonic() - start
+            if not waiting or waited >= timeout:
+                return waited
+            clock.sleep(min(RETURN_POLL, timeout - waited))
 
     def replace(self, records: Mapping[tuple[str, str], Held]) -> None:
         """Hold exactly ``records`` ((entity, session) -> record): the Spark sink's tasks start from the driver's

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from spark_sb.core.counts import SentAndDiverted, merge_fields
+from spark_sb.failover.ordering import RETURN_WAIT
 from spark_sb.failover.records import BacklogPull, StateTransition
 from spark_sb.message.outbound import OutboundMessage, Reject
 
@@ -87,6 +88,7 @@ class Tally:
         # O8: the pulled queues of held lines this call tried (True: the try is granted or it answered; False: it
         # failed, the lines stop) - bounded by the backlog queues
         self.pinned_tries: dict[str, bool] = {}
+        self.return_wait = RETURN_WAIT  # R5: seconds the call may still wait for held lines' acknowledgements
 
     def count_sent(self, entity: str, count: int) -> None:
         self.sent[entity] = self.sent.get(entity, 0) + count

@@ -67,7 +67,7 @@ class FailoverRegistry:
         with self._lock:
             book = self._sessions.get(namespace)
             if book is None:
-                book = self._sessions[namespace] = SessionBook()
+                book = self._sessions[namespace] = SessionBook(clock=self.clock)
             return book
 
     def namespace(self, namespace: str) -> NamespaceHealth | None:

@@ -362,6 +362,12 @@ class PairedSender:
         if line not in tally.ordered and open_batch is not None and self._has_line(open_batch, line):
             tally.direct.add(line)
             return False
+        if line not in tally.ordered and tally.return_wait > 0:
+            # R5: its entity is back and the syphon is about to pass its newest marker: wait for it (bounded per
+            # call) rather than divert behind it again - a steady sender would chase the syphon for ever
+            tally.return_wait -= book.await_return(entity, key, tally.return_wait)
+            if book.route(entity, key, False) is None:
+                return False
         return True
 
     def _has_line(self, batch: Batch, line: tuple[str, str]) -> bool:

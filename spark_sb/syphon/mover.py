@@ -128,6 +128,10 @@ __all__ = ["Syphon"]
 log = logging.getLogger(__name__)
 
 
+#: Receive batches a queue drains in its turn of :meth:`Syphon.drain_all` before the next queue's turn.
+TURN_BATCHES = 4
+
+
 class Syphon:
     """Drains backlog queues into the primary namespace. See the module docstring for the guarantees.
 
@@ -257,17 +261,33 @@ class Syphon:
     def drain_all(
         self, *, max_wait: float = 1.0, max_batches_per_queue: int | None = None, dead_letter: bool = False
     ) -> SyphonOutcome:
-        """Drain every backlog queue (one after another) until a receive comes back empty, the entities back
-        off, or :meth:`cancel` is called. ``dead_letter``: also move what their dead-letter queues hold (B11)."""
+        """Drain every backlog queue until each receive comes back empty, the entities back off, or :meth:`cancel`
+        is called. ``dead_letter``: also move what their dead-letter queues hold (B11).
+
+        The queues take turns, :data:`TURN_BATCHES` receive batches each (O3): a queue that senders feed as fast as
+        it drains never keeps the others waiting - their held lines' markers are passed in the same round, so their
+        sessions return to the primary."""
         total = SyphonOutcome()
-        for queue in self.backlog_queues:
-            total = total.merge(self.drain_queue(queue, max_wait=max_wait, max_batches=max_batches_per_queue))
-            if dead_letter:
-                total = total.merge(
-                    self.drain_queue(
-                        queue, max_wait=max_wait, max_batches=max_batches_per_queue, dead_letter=True
-                    )
-                )
+        left = {
+            (queue, dlq): max_batches_per_queue
+            for queue in self.backlog_queues
+            for dlq in ((False, True) if dead_letter else (False,))
+        }
+        while left and not self._cancelled.is_set():  # bounded by the backlog queues (two per queue with DLQs)
+            for key in list(left):
+                queue, dlq = key
+                budget = left[key]
+                turn = TURN_BATCHES if budget is None else min(TURN_BATCHES, budget)
+                batches, into = 0, SyphonOutcome()
+                for outcome in self.drain_batches(
+                    queue, max_wait=max_wait, max_batches=turn, dead_letter=dlq, into=into
+                ):
+                    batches += 1 if outcome.received else 0
+                total = total.merge(into)
+                if budget is not None:
+                    left[key] = budget - batches
+                if batches < turn or left[key] == 0:  # the queue came back empty, backed off, or used its budget
+                    del left[key]
         return total
 
     def drain_queue(
