@@ -273,7 +273,8 @@ class Syphon:
             for queue in self.backlog_queues
             for dlq in ((False, True) if dead_letter else (False,))
         }
-        while left and not self._cancelled.is_set():  # bounded by the backlog queues (two per queue with DLQs)
+        # ``left``: bounded by the backlog queues (two entries per queue with their dead-letter queues)
+        while left and not self._cancelled.is_set():
             for key in list(left):
                 queue, dlq = key
                 budget = left[key]
@@ -286,7 +287,8 @@ class Syphon:
                 total = total.merge(into)
                 if budget is not None:
                     left[key] = budget - batches
-                if batches < turn or left[key] == 0:  # the queue came back empty, backed off, or used its budget
+                # the queue came back empty, its entities backed off, or it used its budget
+                if batches < turn or left[key] == 0:
                     del left[key]
         return total
 
