@@ -4,9 +4,7 @@ msgs/s, ratios, lags, resource counts - as numbers this test parses.
 
 Not a measurement: the sizes are tiny and the machine is shared, so no performance goal is checked here (the
 benches' own ``--check`` is for real runs). What is checked besides "it runs and says what it measured" is what
-no load excuses: no message lost, a sender's threads and sockets back after ``close()``. A run that exits with an
-error is run once more if :data:`AGAIN_ON_ERROR` names it (a timing bound CI's load can miss; its first output kept
-in the report; a broken bench fails twice). The runs go two at a time
+no load excuses: no message lost, a sender's threads and sockets back after ``close()``. The runs go two at a time
 (``SMOKE_JOBS``), longest first: they mostly wait on sockets and Spark, and none is timing-sensitive.
 
 Tier ``bench`` (from the directory, tests/conftest.py): ``make bench-smoke`` runs it, CI runs it as a tier of its
@@ -203,29 +201,6 @@ def _run(script: str) -> Run:
     return Run(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
 
 
-#: Benches whose smoke run is run once more when it exits with an error, and why: a timing bound of theirs that
-#: CI's load can miss, in a run that checks no message count (a loss is never retried away).
-AGAIN_ON_ERROR = {
-    "bench_ordering.py": "its recovery part gives 10 held sessions 60 s to return to the primary; once in CI, beside "
-    "lint, the unit tier and another bench, they stayed held (their markers acknowledged, the entity not yet back "
-    "from failed over): not root-caused",
-}
-
-
-def _run_again_once(script: str) -> Run:
-    """:func:`_run`; :data:`AGAIN_ON_ERROR`'s benches run alone, before the others (after them, or beside one,
-    its recovery missed its bound twice in a row; alone first it passed), and once more if it exited with an error (not at its time
-    limit). The first run's failure is kept at the head of the output (printed with -rP): seen, never hidden."""
-    first = _run(script)
-    if script not in AGAIN_ON_ERROR or first.returncode in (0, None):
-        return first
-    again = _run(script)
-    note = (
-        f"[first run exited {first.returncode}; run again]\n{first.stdout[-2000:]}\n{first.stderr[-2000:]}\n"
-    )
-    return Run(again.returncode, note + again.stdout, again.stderr, first.seconds + again.seconds)
-
-
 @pytest.fixture(scope="module")
 def smoke_runs(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[Run]]]:
     """The smoke runs of the benches this session selected, started when the first test asks, ``JOBS`` at a
@@ -236,31 +211,8 @@ def smoke_runs(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[Run]
         if item.module is request.module
         and "script" in getattr(getattr(item, "callspec", None), "params", {})
     }
-    with (
-        ThreadPoolExecutor(JOBS, thread_name_prefix="smoke") as pool,
-        ThreadPoolExecutor(1, thread_name_prefix="smoke-alone") as alone,
-    ):
-        first = [
-            alone.submit(_run_again_once, script)
-            for script in ORDER
-            if script in selected and script in AGAIN_ON_ERROR
-        ]
-        runs = {
-            script: f
-            for script, f in zip(
-                [x for x in ORDER if x in selected and x in AGAIN_ON_ERROR], first, strict=True
-            )
-        }
-
-        def after_the_first(script: str) -> Run:
-            for run in first:
-                run.exception()  # waits for it
-            return _run_again_once(script)
-
-        for script in ORDER:
-            if script in selected and script not in AGAIN_ON_ERROR:
-                runs[script] = pool.submit(after_the_first, script)
-        yield runs
+    with ThreadPoolExecutor(JOBS, thread_name_prefix="smoke") as pool:
+        yield {script: pool.submit(_run, script) for script in ORDER if script in selected}
 
 
 def test_every_bench_has_a_smoke_run() -> None:
@@ -283,8 +235,6 @@ def test_the_bench_runs_in_its_smoke_mode(script: str, smoke_runs: dict[str, Fut
     assert run.returncode is not None, (
         f"{script} --smoke ran past {TIMEOUT.get(script, 300)} s; its output so far:\n{out}"
     )
-    if run.returncode != 0 and script in AGAIN_ON_ERROR:  # open, named in the issue's note: shown, not hidden
-        pytest.xfail(f"{script} --smoke failed twice: {AGAIN_ON_ERROR[script]}\n{out[-3000:]}")
     assert run.returncode == 0, (
         f"{script} --smoke exited {run.returncode}:\n{out[-4000:]}\n{run.stderr[-4000:]}"
     )
@@ -297,5 +247,3 @@ def test_the_bench_runs_in_its_smoke_mode(script: str, smoke_runs: dict[str, Fut
             numbers = _numbers(match)
             assert all(math.isfinite(n) for n in numbers), (script, match.group(0))
     print(f"{script} --smoke: {run.seconds:.1f} s")
-    if out.startswith("[first run exited"):
-        print(out[:4500])

@@ -7,6 +7,7 @@ link, the connection quota's refusal has its own error class. Ids are compared a
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -94,6 +95,12 @@ def primary_total(pair: Any) -> int:
     return sum(pair.primary.broker.counts(name).active_message_count for name in ENTITIES)
 
 
+def load_slack() -> float:
+    """How much slower than an idle machine this one is now: runnable tasks per core over the last minute (1 when
+    idle). CI runs this tier beside another on 2 cores: an unscaled 4 s bound failed there at 4.3 s."""
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
 def wait_for(predicate: Any, timeout: float) -> float | None:
     """Seconds until ``predicate()`` held (polled every 50 ms), None if it never did within ``timeout``."""
     start = time.monotonic()
@@ -112,7 +119,8 @@ def test_cold_start_opens_200_links_in_one_round_on_one_connection(fan: Any, sen
     out = sender.send(first)
     cold = time.monotonic() - start
     assert out.total_sent == len(first) and out.total_diverted == 0
-    assert cold <= 1.0 + 0.01 * E + 1.0, f"cold start of {E} entities took {cold:.2f} s"
+    bound = (1.0 + 0.01 * E + 1.0) * load_slack()
+    assert cold <= bound, f"cold start of {E} entities took {cold:.2f} s (bound {bound:.1f} s at this load)"
     assert fan.primary.counters()["connections_peak"] <= 2  # one connection, whatever the number of entities
     assert threading.active_count() - threads_before <= 4  # threads do not grow with entities
     again = sender.send(batch("warm"))
