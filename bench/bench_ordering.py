@@ -292,7 +292,7 @@ def held(ns: dict[str, Namespace], hold: float) -> tuple[int, int, float, int, i
         try:
             released = time.monotonic() + hold
             while time.monotonic() < released:
-                out = syphon.drain_queue(queue, max_wait=0.2)
+                out = syphon.drain_queue(queue, max_wait=0.2, until=released)  # fed: a pass never runs dry
                 moved += out.forwarded_total + out.markers
                 calls += out.receive_calls + out.fetch_calls
                 deliveries += out.received + out.fetched
@@ -309,7 +309,7 @@ def held(ns: dict[str, Namespace], hold: float) -> tuple[int, int, float, int, i
             producer.join(15)
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:  # the held line moves, then the queue is empty
-                out = syphon.drain_queue(queue, max_wait=0.5)
+                out = syphon.drain_queue(queue, max_wait=0.5, until=deadline)
                 moved += out.forwarded_total + out.markers
                 calls += out.receive_calls + out.fetch_calls
                 deliveries += out.received + out.fetched
