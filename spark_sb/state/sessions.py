@@ -137,6 +137,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from spark_sb.core.clock import Clock
 from spark_sb.core.hosts import name_and_port
 from spark_sb.failover.ordering import Held, SessionBook
 
@@ -147,6 +148,10 @@ ACK_SKEW = timedelta(minutes=10)
 #: a message (:meth:`SessionLedger.stale`): an acknowledgement lost with a killed syphon run does not keep an idle
 #: line held for ever.
 REMARK_AFTER = timedelta(minutes=10)
+#: R5, the driver's catch-up (:meth:`SessionLedger.catch_up`): the longest a micro-batch's start waits for the
+#: newest markers of lines the syphon job is right behind (seconds), and how often it reads them again.
+CATCH_UP_WAIT = 5.0
+CATCH_UP_POLL = 0.5
 #: The start of an acknowledgement read not bounded by time.
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 #: The marker a task's book carries for a handed line: never acknowledged, so a task never releases it.
@@ -277,6 +282,12 @@ class SessionLedger:
     #: Bounded by the held lines (each removed on release), each by its pending markers (see the module docstring).
     lines: dict[tuple[str, str], HeldLine] = field(default_factory=dict)
     loaded: bool = False
+    #: R5 (the driver's catch-up): per held line, the markers its newest marks replaced (one per queue). Bounded like
+    #: ``lines`` (removed with the line).
+    behind: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    #: The held lines whose replaced marker the last :meth:`release` found acknowledged: the syphon is right behind
+    #: them, their newest marker next (:meth:`catch_up` waits for it). Bounded by ``lines``.
+    catching: set[tuple[str, str]] = field(default_factory=set)
 
     def load(self, lines: Iterable[HeldLine]) -> None:
         """The lines read from the ``sessions`` table (a driver's first batch)."""
@@ -316,13 +327,56 @@ class SessionLedger:
         not bounded by time, so a syphon whose clock is more than ``ACK_SKEW`` behind still releases the line."""
         if not self.loaded:
             self.load(store.read_sessions(sink_id))
+        self.catching = set()
+        since = self._since(now)
+        if since is None:
+            return []
+        behind = {m for key, markers in self.behind.items() if key in self.lines for m in markers}
+        acks = set(store.read_acknowledgements(namespace, self.pending() | behind, since))
+        released = self.acknowledged(acks)
+        self.catching = {
+            key for key, markers in self.behind.items() if key in self.lines and acks.intersection(markers)
+        }
+        return released
+
+    def catch_up(
+        self,
+        store: Any,
+        namespace: str,
+        budget: float,
+        clock: Clock,
+        now: datetime | None = None,
+        poll: float = CATCH_UP_POLL,
+    ) -> list[HeldLine]:
+        """R5, the driver's (after :meth:`release`): a line its stream keeps feeding is marked again by every batch,
+        and a syphon job that acknowledges each marker just after the next batch started never releases it. For the
+        lines :attr:`catching` (the syphon passed the marker before their newest), read their newest markers'
+        acknowledgements again every ``poll`` seconds for up to ``budget`` seconds of ``clock``; the lines
+        released (returned) go to the primary in this batch."""
+        released: list[HeldLine] = []
+        start = clock.monotonic()
+        while self.catching and clock.monotonic() - start < budget:
+            clock.sleep(min(poll, budget - (clock.monotonic() - start)))
+            since = self._since(now)
+            if since is None:
+                break
+            markers = {
+                p.marker for key in self.catching if key in self.lines for p in self.lines[key].pending
+            }
+            got = self.acknowledged(set(store.read_acknowledgements(namespace, markers, since)))
+            released.extend(got)
+            self.catching -= {line.key for line in got}
+            self.catching &= set(self.lines)
+        return released
+
+    def _since(self, now: datetime | None) -> datetime | None:
+        """Where an acknowledgement read starts (None: nothing pending)."""
         oldest = self.oldest()
         if oldest is None:
-            return []
-        since = oldest - ACK_SKEW
+            return None
         if now is not None and oldest <= now - REMARK_AFTER:
-            since = EPOCH
-        return self.acknowledged(store.read_acknowledgements(namespace, self.pending(), since))
+            return EPOCH
+        return oldest - ACK_SKEW
 
     def acknowledged(self, markers: Collection[str]) -> list[HeldLine]:
         """Drop the acknowledged ``markers``; release (remove and return) every line left with none pending."""
@@ -335,6 +389,7 @@ class SessionLedger:
                 self.lines[key] = HeldLine(line.entity, line.session, line.queue, line.since, left)
             else:
                 del self.lines[key]
+                self.behind.pop(key, None)
                 released.append(line)
         return released
 
@@ -355,6 +410,9 @@ class SessionLedger:
                 line = HeldLine(key[0], key[1], min(queues), now, fresh)
                 new.append(line)
             else:
+                replaced = tuple(p.marker for p in line.pending if p.queue in queues)
+                if replaced:
+                    self.behind[key] = replaced
                 line = HeldLine(line.entity, line.session, line.queue, line.since, kept + fresh)
             self.lines[key] = line
         return new

@@ -1,7 +1,7 @@
 """The deterministic simulation of ordering and the ledger (SPEC O9, issue 47; the world: tests/sim/world.py).
 
 ``SIM_SCHEDULES`` schedules (default 2,000, split into chunks for the tier's workers), each from its seed; after
-each the checkers (no loss, O1 per session, O3 release in the quiet tail, duplicates only within the primary's
+each the checkers (no loss, O1 per session, O3 release in the quiet tail and, every 8th schedule, in a busy one (the sink sending every session while the job commits), duplicates only within the primary's
 window, O5 ledger rows, O7 idle deliveries and abandoned attempts, O8 no task failure without a fault). A failing schedule prints its
 seed, what it violated and the last steps; ``SIM_SEED=<n>`` replays that one schedule exactly (``make simulate
 N=...`` runs more)."""

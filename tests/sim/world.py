@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import random
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -74,6 +74,12 @@ class QueryStopped(Exception):
     """A task failed all its attempts: Spark stops the query."""
 
 
+#: A busy tail before the quiet one (:meth:`World.busy_tail`) in every ``BUSY_EVERY``-th schedule (by seed: the
+#: schedules' draws are unchanged); SIM_BUSY_TAIL=1: in every schedule.
+BUSY_EVERY = 8
+BUSY_TAIL = os.environ.get("SIM_BUSY_TAIL") == "1"
+
+
 @dataclass
 class Params:
     """What a schedule's seed draws besides its steps."""
@@ -116,6 +122,26 @@ class SkewedClock:
 
     def sleep(self, seconds: float) -> None:
         self._clock.sleep(seconds)
+
+
+class DriverClock:
+    """The sink driver's clock: the world's; a wait on it (the batch start's catch-up, R5) lets a syphon job's
+    micro-batch that is committing meanwhile land (:attr:`World.committing`)."""
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+
+    def monotonic(self) -> float:
+        return self._world.clock.monotonic()
+
+    def now(self) -> datetime:
+        return self._world.clock.now()
+
+    def sleep(self, seconds: float) -> None:
+        self._world.clock.advance(seconds)
+        commit, self._world.committing = self._world.committing, None
+        if commit is not None:
+            commit()
 
 
 class SimTransport(FakeTransport):
@@ -242,10 +268,13 @@ class World:
         self.rng = random.Random(self.seed)
         self.params = Params.draw(self.rng)
         self.clock = FakeClock(start=datetime(2030, 1, 1, tzinfo=datetime.now().astimezone().tzinfo))
-        self.trace: deque[str] = deque(maxlen=36)
+        self.trace: deque[str] = deque(maxlen=int(os.environ.get("SIM_TRACE", "36")))
         self.oplog: list[str] | None = [] if os.environ.get("SIM_OPS") else None  # every queue operation
         self.step_no = 0
         self.quiet = False  # the healthy tail: no faults of any kind
+        self.committing: Callable[[], None] | None = (
+            None  # a syphon job batch landing at the driver's next wait
+        )
         self.faults_met = 0
         self.locks = 0
         self.open_deliveries: dict[str, Delivery] = {}
@@ -426,7 +455,7 @@ class World:
 
     # ------------------------------------------------------------------------------------------ the sink
     def new_driver(self) -> ServiceBusSink:
-        return ServiceBusSink(self.config, store=self.store, sync_writes=True)
+        return ServiceBusSink(self.config, store=self.store, sync_writes=True, clock=DriverClock(self))
 
     def rows(self) -> list[list[dict[str, Any]]]:
         """A micro-batch's rows: a few sessions, a few messages each, two partitions by session id."""
@@ -523,10 +552,14 @@ class World:
         watcher._admin = lambda: admin  # type: ignore[method-assign]
         return Job(name, writer, watcher, batch_id)
 
-    def job_batch(self, job: Job, *, kill: bool = False) -> None:
+    def job_batch(self, job: Job, *, kill: bool = False, meanwhile: Any = None) -> None:
+        """One micro-batch of a syphon job: its tasks drain, then its foreachBatch records their rows - with
+        ``meanwhile`` run between (a sink batch that starts while the job's batch is still committing)."""
         work = job.watcher.work()
         if not work:
             self.note(f"{job.name}: no work")
+            if meanwhile is not None:
+                meanwhile()
             return
         rows: list[tuple[Any, ...]] = []
         for queue, dead_letter in work:
@@ -540,7 +573,26 @@ class World:
                 f"{job.name} batch {job.batch_id}: moved {moved}, acks {len(acks)}; killed before foreachBatch"
             )
             self.jobs[self.jobs.index(job)] = self.new_job(job.name, job.batch_id)
+            if meanwhile is not None:
+                meanwhile()
             return
+
+        def commit() -> None:
+            self._record(job, rows, moved, acks)
+
+        if meanwhile is None:
+            commit()
+            return
+        self.committing = (
+            commit  # lands at the sink driver's first wait (DriverClock), else after the sink batch
+        )
+        meanwhile()
+        if self.committing is commit:
+            self.committing = None
+            commit()
+
+    def _record(self, job: Job, rows: list[tuple[Any, ...]], moved: list[Any], acks: list[Any]) -> None:
+        """The syphon job's foreachBatch: its micro-batch's rows into the events table."""
         aggregated: dict[tuple[Any, ...], list[Any]] = {}
         for queue, _dl, entity, kind, count, message_id, detail in rows:
             key = (queue, entity, kind, message_id if kind == ACKNOWLEDGED else None)
@@ -656,6 +708,36 @@ class World:
                 return
             self.clock.advance(31.0)
 
+    def busy_tail(self, rounds: int = 8) -> None:
+        """SIM_BUSY_TAIL=1 (on demand): before the quiet tail, every outage over, the sink keeps sending every
+        session while the syphon job runs, each sink batch starting while the job's batch is still committing (O3
+        under traffic: a held line must come back although its sender never pauses). A line held through every
+        of the last ``rounds`` (after a warm-up that outlasts a restarted job's lock wait) is a violation."""
+        self.heal(all_=True)
+        self.quiet = True
+        self.note("busy tail")
+        self.clock.advance(70.0)
+        self.sink_batch()  # the entities come back (their probes)
+        warm = self.clock.monotonic() + 80.0  # a restarted ordered job's first drain waits out a lock (65 s)
+        while self.clock.monotonic() < warm:
+            self.busy_round()
+        held = {(h.entity, h.session) for h in self.sink.held_lines}
+        for _ in range(rounds):
+            self.busy_round()
+            held &= {(h.entity, h.session) for h in self.sink.held_lines}
+        if held:
+            self.violations.append(
+                Violation(
+                    "O3-busy", f"held through {rounds} busy rounds with the primary healthy: {sorted(held)}"
+                )
+            )
+
+    def busy_round(self) -> None:
+        """Each syphon job's micro-batch with a sink batch (rows of every kind) starting while it commits."""
+        for job in list(self.jobs):
+            self.job_batch(job, meanwhile=self.sink_batch)
+        self.clock.advance(2.0)
+
     def settled(self) -> bool:
         return (
             self.pending is None
@@ -759,6 +841,8 @@ class World:
         try:
             for _ in range(self.params.steps):
                 self.step()
+            if BUSY_TAIL or self.seed % BUSY_EVERY == BUSY_EVERY - 1:
+                self.busy_tail()
             self.tail()
             return self.check()
         finally:

@@ -10,10 +10,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from spark_sb.core.clock import FakeClock
 from spark_sb.failover.ordering import SessionBook
 from spark_sb.state.records import ACKNOWLEDGED, Event
 from spark_sb.state.sessions import (
     ACK_SKEW,
+    CATCH_UP_POLL,
+    CATCH_UP_WAIT,
     HANDED,
     REMARK_AFTER,
     HeldLine,
@@ -168,3 +171,64 @@ def test_a_syphon_clock_behind_by_more_than_the_ack_skew_still_releases_the_line
     assert ledger.release(store, "p.example", "sink", T0 + timedelta(seconds=10)) == []  # bounded read first
     released = ledger.release(store, "p.example", "sink", T0 + REMARK_AFTER)
     assert [line.session for line in released] == ["s"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# R5, the driver's catch-up: a line its stream keeps feeding
+
+
+class LandingClock(FakeClock):
+    """A fake clock whose first sleep lands a syphon job's acknowledgement (its micro-batch committing while the
+    sink's next batch starts)."""
+
+    def __init__(self, store: MemoryStateStore, marker: str, at: datetime) -> None:
+        super().__init__()
+        self.store, self.marker, self.at = store, marker, at
+
+    def sleep(self, seconds: float) -> None:
+        super().sleep(seconds)
+        if self.marker:
+            ack = Event(self.at, "syphon/p", 2, ACKNOWLEDGED, namespace="p.example", detail=self.marker)
+            self.store.append_events([ack])
+            self.marker = ""
+
+
+def fed_line(store: MemoryStateStore) -> SessionLedger:
+    """A line marked by two batches (m1, then m2 behind it); the syphon job acknowledged m1 only."""
+    ledger = SessionLedger()
+    ledger.loaded = True
+    ledger.marked([LineMark("orders", "s", Q0, "m1")], T0)
+    ledger.marked([LineMark("orders", "s", Q0, "m2")], T0 + timedelta(seconds=2))
+    store.append_events(
+        [Event(T0 + timedelta(seconds=3), "syphon/p", 1, ACKNOWLEDGED, namespace="p.example", detail="m1")]
+    )
+    return ledger
+
+
+def test_a_line_whose_previous_marker_was_just_acknowledged_is_waited_for_and_released() -> None:
+    store = MemoryStateStore()
+    ledger = fed_line(store)
+    assert ledger.release(store, "p.example", "sink", T0 + timedelta(seconds=4)) == []
+    assert ledger.catching == {("orders", "s")}  # the syphon is right behind it
+    clock = LandingClock(store, "m2", T0 + timedelta(seconds=5))
+    released = ledger.catch_up(store, "p.example", CATCH_UP_WAIT, clock, T0 + timedelta(seconds=4))
+    assert [line.session for line in released] == ["s"] and len(ledger) == 0
+    assert sum(clock.sleeps) <= CATCH_UP_POLL  # one poll: it went as soon as the acknowledgement was there
+
+
+def test_the_catch_up_waits_at_most_its_budget_and_not_for_lines_the_syphon_is_not_passing() -> None:
+    store = MemoryStateStore()
+    ledger = fed_line(store)
+    ledger.marked([LineMark("orders", "t", Q1, "t1")], T0)  # no acknowledgement of t's: not catching
+    ledger.release(store, "p.example", "sink", T0 + timedelta(seconds=4))
+    assert ledger.catching == {("orders", "s")}
+    clock = LandingClock(store, "", T0)  # m2's acknowledgement never comes
+    assert ledger.catch_up(store, "p.example", CATCH_UP_WAIT, clock, T0 + timedelta(seconds=4)) == []
+    assert CATCH_UP_WAIT - CATCH_UP_POLL <= sum(clock.sleeps) <= CATCH_UP_WAIT
+    quiet = SessionLedger()
+    quiet.loaded = True
+    quiet.marked([LineMark("orders", "t", Q1, "t1")], T0)
+    quiet.release(store, "p.example", "sink", T0 + timedelta(seconds=4))
+    idle = FakeClock()
+    assert quiet.catching == set() and quiet.catch_up(store, "p.example", CATCH_UP_WAIT, idle) == []
+    assert idle.sleeps == []
