@@ -28,6 +28,15 @@ Who does what:
   function writes after the micro-batch (:mod:`spark_sb.spark.syphon_job`). It starts draining one lock duration
   after it starts (a killed run's locked messages are back in the queue, in order, by then).
 
+Catching up (R5 of :mod:`spark_sb.failover.ordering`, the driver's form): a line its stream keeps feeding is marked
+again by every micro-batch, and a syphon job whose acknowledgement of a marker lands just after the next batch
+started never releases it (the simulation's busy tail found this). The ledger remembers the markers a batch's marks
+replaced (:attr:`SessionLedger.behind`); when the syphon job has acknowledged one of them, the syphon is right behind
+the line and its newest marker is next, so the batch start reads that marker's acknowledgement again for up to
+:data:`CATCH_UP_WAIT` (:meth:`SessionLedger.catch_up`) and, once it lands, sends the line to the primary in that
+batch. Order holds as in (2) below: the line is released only once its newest marker is acknowledged. Not yet in
+``format('servicebus')``'s commit (:meth:`~spark_sb.spark.sink.ServiceBusSink.release_acknowledged`).
+
 Why the sessions table (and not the events table) holds the held lines: the driver must know them at the start of
 every batch and after a restart. Rebuilt from events it would read back to the oldest line still held - hours of
 events after a long outage -; the ``sessions`` table holds one row per (held line, pending marker), rewritten as a
