@@ -419,15 +419,6 @@ class ServiceBusSink:
         if self._ledger is not None:
             at = now()
             self._held = self._release(store, at)
-            if (
-                self._ledger.catching
-            ):  # R5: the syphon job is right behind these lines - their newest marker next
-                self._returned.extend(
-                    self._ledger.catch_up(
-                        store, namespace_key(self.config.primary), CATCH_UP_WAIT, self._clock, at
-                    )
-                )
-                self._held = self._ledger.handoff()
             self._remark = self._ledger.stale(at)
         if not self.asynchronous:
             return store.read_entities()
@@ -444,10 +435,13 @@ class ServiceBusSink:
     def _release(self, store: StateStore, now: datetime) -> tuple[HeldLine, ...]:
         """Ordering, at batch start (driver): load the held lines (a driver's first batch), read the
         acknowledgements of their pending markers - only while a line is held -, release the lines whose markers
-        are all acknowledged; the held lines left, for the tasks (:mod:`spark_sb.state.sessions`)."""
+        are all acknowledged, then wait (R5, up to :data:`CATCH_UP_WAIT`) for the newest markers of the lines the
+        syphon job is right behind; the held lines left, for the tasks (:mod:`spark_sb.state.sessions`)."""
         ledger = self._ledger
         assert ledger is not None
-        self._returned.extend(ledger.release(store, namespace_key(self.config.primary), self.sink_id, now))
+        namespace = namespace_key(self.config.primary)
+        self._returned.extend(ledger.release(store, namespace, self.sink_id, now))
+        self._returned.extend(ledger.catch_up(store, namespace, CATCH_UP_WAIT, self._clock, now))
         return ledger.handoff()
 
     def _hold(

@@ -375,7 +375,6 @@ class SessionLedger:
             got = self.acknowledged(set(store.read_acknowledgements(namespace, markers, since)))
             released.extend(got)
             self.catching -= {line.key for line in got}
-            self.catching &= set(self.lines)
         return released
 
     def _since(self, now: datetime | None) -> datetime | None:

@@ -272,9 +272,8 @@ class World:
         self.oplog: list[str] | None = [] if os.environ.get("SIM_OPS") else None  # every queue operation
         self.step_no = 0
         self.quiet = False  # the healthy tail: no faults of any kind
-        self.committing: Callable[[], None] | None = (
-            None  # a syphon job batch landing at the driver's next wait
-        )
+        # a syphon job's micro-batch that lands at the sink driver's next wait (DriverClock)
+        self.committing: Callable[[], None] | None = None
         self.faults_met = 0
         self.locks = 0
         self.open_deliveries: dict[str, Delivery] = {}
@@ -554,13 +553,21 @@ class World:
 
     def job_batch(self, job: Job, *, kill: bool = False, meanwhile: Any = None) -> None:
         """One micro-batch of a syphon job: its tasks drain, then its foreachBatch records their rows - with
-        ``meanwhile`` run between (a sink batch that starts while the job's batch is still committing)."""
+        ``meanwhile`` run between (a sink batch that starts while the job's batch is still committing: the commit
+        lands at the sink driver's first wait, :class:`DriverClock`, else after the sink batch)."""
+        self.committing = self._drain(job, kill)
+        if meanwhile is not None:
+            meanwhile()
+        commit, self.committing = self.committing, None
+        if commit is not None:
+            commit()
+
+    def _drain(self, job: Job, kill: bool) -> Callable[[], None] | None:
+        """The job's tasks; the commit of what they did (None: no work, or the job was killed before it)."""
         work = job.watcher.work()
         if not work:
             self.note(f"{job.name}: no work")
-            if meanwhile is not None:
-                meanwhile()
-            return
+            return None
         rows: list[tuple[Any, ...]] = []
         for queue, dead_letter in work:
             w = self.pick_worker()
@@ -573,23 +580,8 @@ class World:
                 f"{job.name} batch {job.batch_id}: moved {moved}, acks {len(acks)}; killed before foreachBatch"
             )
             self.jobs[self.jobs.index(job)] = self.new_job(job.name, job.batch_id)
-            if meanwhile is not None:
-                meanwhile()
-            return
-
-        def commit() -> None:
-            self._record(job, rows, moved, acks)
-
-        if meanwhile is None:
-            commit()
-            return
-        self.committing = (
-            commit  # lands at the sink driver's first wait (DriverClock), else after the sink batch
-        )
-        meanwhile()
-        if self.committing is commit:
-            self.committing = None
-            commit()
+            return None
+        return lambda: self._record(job, rows, moved, acks)
 
     def _record(self, job: Job, rows: list[tuple[Any, ...]], moved: list[Any], acks: list[Any]) -> None:
         """The syphon job's foreachBatch: its micro-batch's rows into the events table."""
@@ -709,7 +701,7 @@ class World:
             self.clock.advance(31.0)
 
     def busy_tail(self, rounds: int = 8) -> None:
-        """SIM_BUSY_TAIL=1 (on demand): before the quiet tail, every outage over, the sink keeps sending every
+        """Every ``BUSY_EVERY``-th schedule (all with SIM_BUSY_TAIL=1): before the quiet tail, every outage over, the sink keeps sending every
         session while the syphon job runs, each sink batch starting while the job's batch is still committing (O3
         under traffic: a held line must come back although its sender never pauses). A line held through every
         of the last ``rounds`` (after a warm-up that outlasts a restarted job's lock wait) is a violation."""
