@@ -136,7 +136,7 @@ def draining_sessions(location: str) -> list[dict[str, Any]]:
     """Ordering: per (sink, entity, session) held by a sink - its messages in the backlog, or not yet known by the
     sink to be drained -: the backlog ``queue`` it is pinned to, ``since`` when, and how many return markers wait
     for the syphon (``pending``); oldest first. From the ``sessions`` table (one row per held session and pending
-    marker: bounded by the held sessions); [] when no sink keeps one."""
+    marker, or replaced one: bounded by the held sessions); [] when no sink keeps one."""
     rows = _read_table(location, "sessions")
     grouped: dict[tuple[str, str, str], dict[str, Any]] = {}
     for r in rows:
@@ -152,7 +152,7 @@ def draining_sessions(location: str) -> list[dict[str, Any]]:
                 "pending": 0,
             },
         )
-        entry["pending"] += r["marker"] is not None
+        entry["pending"] += r["marker"] is not None and r["issued"] is not None  # not a replaced marker
     return sorted(grouped.values(), key=lambda e: (e["since"], e["entity"], e["session"]))
 
 

@@ -43,13 +43,14 @@ Where things run (Spark calls every driver-side method in a Python process of it
 
 Order through failover (``ordering: session`` / ``entity``, SPEC O1-O4) as the ``foreachBatch`` sink keeps it, with
 ``state_location`` (path tables): the plan (:func:`plan_lines`, read before the writer is pickled to the tasks)
-carries the held lines the tasks hold and the stale ones the first task marks afresh; the commit, in its own
-process, reads the held lines and the syphon job's acknowledgements again, releases, merges the tasks' marks and
-writes the ``sessions`` table (:mod:`spark_sb.state.sessions`, "The data source", argues why the two reads keep
-order). Refused, with a one-line :class:`ConfigError`: without state tables, with ``state_table_prefix`` (the
-commit cannot read the acknowledgements in catalog tables: use ``state_location`` or the ``foreachBatch`` sink), and
-for a batch write (its sink id is its own, so no later write would know its held lines). While nothing is held the
-plan and the commit each cost a look for the ``sessions`` table (a read of the sink's rows, none, once it exists).
+carries the held lines the tasks hold (less those it caught up with, R5) and the stale ones the first task marks
+afresh; the commit, in its own process, reads the held lines and the syphon job's acknowledgements again, releases,
+merges the tasks' marks and writes the ``sessions`` table (:mod:`spark_sb.state.sessions`, "The data source", argues
+why the two reads keep order). Refused, with a one-line :class:`ConfigError`: without state tables, with
+``state_table_prefix`` (the commit cannot read the acknowledgements in catalog tables: use ``state_location`` or the
+``foreachBatch`` sink), and for a batch write (its sink id is its own, so no later write would know its held lines).
+While nothing is held the plan and the commit each cost a look for the ``sessions`` table (a read of the sink's
+rows, none, once it exists).
 
 A batch write records its rows under a job id of its own: sink id ``<sink_id>/<job_id>``, batch id 0.
 ``job_id`` defaults to ``write-<UTC time>-<random>``; a ``job_id`` given again after its write committed makes the
@@ -80,6 +81,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.config.settings import KNOWN_KEYS
+from spark_sb.core.clock import Clock, SystemClock
 from spark_sb.core.errors import ConfigError
 from spark_sb.core.lazy import lazy_module_getattr
 from spark_sb.failover.outcome import namespace_key
@@ -93,7 +95,7 @@ from spark_sb.spark.partition import (
 from spark_sb.spark.schema import validate_schema
 from spark_sb.spark.sink import ServiceBusSink, default_sink_id
 from spark_sb.state.records import EntityRecord, PartitionResult
-from spark_sb.state.sessions import HeldLine, SessionLedger
+from spark_sb.state.sessions import CATCH_UP_WAIT, HeldLine, SessionLedger
 from spark_sb.wire.admin_api import with_namespace_name
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -315,15 +317,19 @@ class WritePlan:
 
 
 def plan_lines(
-    store: StateStore, config: ServiceBusConfig, sink_id: str, now: datetime
+    store: StateStore, config: ServiceBusConfig, sink_id: str, now: datetime, clock: Clock | None = None
 ) -> tuple[tuple[HeldLine, ...], tuple[tuple[str, str], ...]]:
     """Ordering, before the tasks (driver machine; reads only): the held lines of ``sink_id`` (the ``sessions``
     table; nothing beyond a look for its log while it does not exist), less those whose pending markers are all
-    acknowledged now (the acknowledgements are read only while a line is held), and the stale ones among them
+    acknowledged now (the acknowledgements are read only while a line is held) and those the syphon job is right
+    behind whose newest markers it acknowledges within :data:`~spark_sb.state.sessions.CATCH_UP_WAIT` of ``clock``
+    (R5: :meth:`~spark_sb.state.sessions.SessionLedger.catch_up`), and the stale ones among them
     (:meth:`~spark_sb.state.sessions.SessionLedger.stale`). Nothing is written here: the commit releases again
     with what it reads then, and writes (:func:`commit_write`; the argument is :mod:`spark_sb.state.sessions`)."""
     ledger = SessionLedger()
-    ledger.release(store, namespace_key(config.primary), sink_id, now)
+    namespace = namespace_key(config.primary)
+    ledger.release(store, namespace, sink_id, now)
+    ledger.catch_up(store, namespace, CATCH_UP_WAIT, clock or SystemClock(), now)
     return ledger.handoff(), ledger.stale(now)
 
 
@@ -333,17 +339,30 @@ def read_plan(
     location: str | None,
     now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
 ) -> WritePlan:
-    """The plan of one write: reads the path tables at ``location`` when there are any (driver machine): the
-    entity records, the last committed batch and, with ``ordering`` on, the held lines (:func:`plan_lines`)."""
+    """The plan of one write: reads the path tables at ``location`` when there are any (driver machine):
+    :func:`plan_from` their store."""
     store = state_store(location)
     if store is None:
         return WritePlan(config, sink_id)
+    return plan_from(store, config, sink_id, location, now())
+
+
+def plan_from(
+    store: StateStore,
+    config: ServiceBusConfig,
+    sink_id: str,
+    location: str | None,
+    now: datetime,
+    clock: Clock | None = None,
+) -> WritePlan:
+    """The plan of one write from ``store`` (driver machine): the entity records, the last committed batch and, with
+    ``ordering`` on, the held lines (:func:`plan_lines`, whose catch-up waits on ``clock``)."""
     store.ensure()
     last = store.last_committed(sink_id)
     held: tuple[HeldLine, ...] = ()
     remark: tuple[tuple[str, str], ...] = ()
     if config.ordering != "none":
-        held, remark = plan_lines(store, config, sink_id, now())
+        held, remark = plan_lines(store, config, sink_id, now, clock)
     return WritePlan(config, sink_id, location, tuple(store.read_entities()), last, held, remark)
 
 
@@ -400,17 +419,26 @@ def _row_batches(rows: Iterator[Any]) -> Iterator[Any]:
 
 
 def commit_write(plan: WritePlan, batch_id: int, messages: Sequence[Any]) -> SendOutcome | None:
-    """After every task succeeded (driver machine): record the write in the state tables with the
-    ``foreachBatch`` sink's code. Returns the merged outcome, None for a replay (recorded as skipped)."""
-    store = state_store(plan.location)
+    """After every task succeeded (driver machine): record the write in the state tables at the plan's location
+    (:func:`commit_to`)."""
+    return commit_to(state_store(plan.location), plan, batch_id, messages)
+
+
+def commit_to(
+    store: StateStore | None,
+    plan: WritePlan,
+    batch_id: int,
+    messages: Sequence[Any],
+    now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+) -> SendOutcome | None:
+    """Record a write in ``store`` with the ``foreachBatch`` sink's code (driver machine), at ``now`` (UTC).
+    Returns the merged outcome, None for a replay (recorded as skipped)."""
     sink = ServiceBusSink(plan.config.with_overrides(sink_id=plan.sink_id), store=store, sync_writes=True)
     done = [m for m in messages if isinstance(m, TaskReport)]
     results = [m.result for m in done if m.result is not None]
     if done and not results:  # every task found the batch committed before: a replay
         rows = sum(m.rows for m in done)
-        if store is not None and sink.skip_replayed(
-            store, batch_id, lambda: rows, datetime.now(timezone.utc)
-        ):
+        if store is not None and sink.skip_replayed(store, batch_id, lambda: rows, now()):
             return None
         raise RuntimeError(
             f"sink {plan.sink_id!r} batch {batch_id}: its tasks found it committed, the state tables no longer "
@@ -418,10 +446,11 @@ def commit_write(plan: WritePlan, batch_id: int, messages: Sequence[Any]) -> Sen
         )
     if store is not None and plan.config.ordering != "none":
         # Ordering: the held lines as the sessions table has them, less those whose pending markers are all
-        # acknowledged now (read again here: a superset of what the plan saw), then record_batch merges the tasks'
-        # marks and writes the sessions table before the events (spark_sb.state.sessions: why this keeps order)
-        sink.release_acknowledged(store)
-    return sink.record_batch(batch_id, results, plan.handoff, store)
+        # acknowledged now (read again here: a superset of what the plan saw, its catch-up's included; no wait
+        # here), then record_batch merges the tasks' marks and writes the sessions table before the events
+        # (spark_sb.state.sessions: why this keeps order)
+        sink.release_acknowledged(store, now())
+    return sink.record_batch(batch_id, results, plan.handoff, store, now)
 
 
 # ------------------------------------------------------------------------------------------ the writers

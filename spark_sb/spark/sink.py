@@ -426,13 +426,14 @@ class ServiceBusSink:
             self._view.refreshed(store.read_entities())
         return self._view.records()
 
-    def release_acknowledged(self, store: StateStore) -> tuple[HeldLine, ...]:
+    def release_acknowledged(self, store: StateStore, now: datetime | None = None) -> tuple[HeldLine, ...]:
         """Ordering (driver machine): :meth:`_release` for a caller that is not this sink's ``foreachBatch``
         function - the data source's commit, which runs in a process of Spark's with a sink of its own per
-        micro-batch (:mod:`spark_sb.spark.datasource`). The held lines left."""
-        return self._release(store, datetime.now(timezone.utc))
+        micro-batch (:mod:`spark_sb.spark.datasource`), at ``now`` (UTC; default the wall clock's): it never waits
+        (the plan caught up before the tasks). The held lines left."""
+        return self._release(store, now or datetime.now(timezone.utc), catch_up=False)
 
-    def _release(self, store: StateStore, now: datetime) -> tuple[HeldLine, ...]:
+    def _release(self, store: StateStore, now: datetime, catch_up: bool = True) -> tuple[HeldLine, ...]:
         """Ordering, at batch start (driver): load the held lines (a driver's first batch), read the
         acknowledgements of their pending markers - only while a line is held -, release the lines whose markers
         are all acknowledged, then wait (R5, up to :data:`CATCH_UP_WAIT`) for the newest markers of the lines the
@@ -441,7 +442,8 @@ class ServiceBusSink:
         assert ledger is not None
         namespace = namespace_key(self.config.primary)
         self._returned.extend(ledger.release(store, namespace, self.sink_id, now))
-        self._returned.extend(ledger.catch_up(store, namespace, CATCH_UP_WAIT, self._clock, now))
+        if catch_up:
+            self._returned.extend(ledger.catch_up(store, namespace, CATCH_UP_WAIT, self._clock, now))
         return ledger.handoff()
 
     def _hold(

@@ -30,12 +30,14 @@ Who does what:
 
 Catching up (R5 of :mod:`spark_sb.failover.ordering`, the driver's form): a line its stream keeps feeding is marked
 again by every micro-batch, and a syphon job whose acknowledgement of a marker lands just after the next batch
-started never releases it (the simulation's busy tail found this). The ledger remembers the markers a batch's marks
-replaced (:attr:`SessionLedger.behind`); when the syphon job has acknowledged one of them, the syphon is right behind
-the line and its newest marker is next, so the batch start reads that marker's acknowledgement again for up to
-:data:`CATCH_UP_WAIT` (:meth:`SessionLedger.catch_up`) and, once it lands, sends the line to the primary in that
-batch. Order holds as in (2) below: the line is released only once its newest marker is acknowledged. Not yet in
-``format('servicebus')``'s commit (:meth:`~spark_sb.spark.sink.ServiceBusSink.release_acknowledged`).
+started never releases it (the simulation's busy tail found this). A line remembers the markers its newest marks
+replaced (:attr:`HeldLine.replaced`, kept in the ``sessions`` table with it); when the syphon job has acknowledged
+one of them, the syphon is right behind the line and its newest marker is next, so the batch start reads that
+marker's acknowledgement again for up to :data:`CATCH_UP_WAIT` (:meth:`SessionLedger.catch_up`) and, once it
+lands, sends the line to the primary in that batch. Order holds as in (2) below: the line is released only once its
+newest marker is acknowledged. ``format('servicebus')`` catches up at its plan
+(:func:`~spark_sb.spark.datasource.plan_lines`), before its tasks; its commit releases again from the table (what
+it reads then is a superset) and never waits.
 
 Why the sessions table (and not the events table) holds the held lines: the driver must know them at the start of
 every batch and after a restart. Rebuilt from events it would read back to the oldest line still held - hours of
@@ -108,7 +110,8 @@ too (a superset). If a task diverted it anyway (a worker whose entity was still 
 first and the task's mark makes it a new held line pinned to the queue its messages went to. Merging first would be
 a hole: the line would keep its old queue, and the next batch would send to it while this batch's messages of the
 line wait in another queue, drained independently (an R4 hop); releasing first closes it
-(tests/unit/spark/test_datasource_ordering.py).
+(tests/unit/spark/test_datasource_ordering.py). A line the plan released by catching up (it waited for the newest
+markers' acknowledgements) is the same case: the commit's read comes later and finds them.
 (8) A line the plan handed: every task holds it for the whole task (R3 never releases in a task) and sends its rows
 to its queue, behind its earlier messages, each task that sent some marking it with a fresh marker behind them
 (R2). If the commit finds its older markers acknowledged, it releases the line and re-holds it at once by those marks
@@ -135,14 +138,14 @@ delivered again, out of place). Two syphon jobs, and a syphon task retried while
 are covered since issue 47: a second ordered job is refused; every worker proves a line's head from the queue.
 
 What bounds it: the ledger holds the held lines only, each with at most one pending marker per (backlog queue,
-task of its newest marking batch); a line leaves on release. Driver-side classes are not picklable and not shared;
+task of its newest marking batch) and the markers those replaced (as many); a line leaves on release. Driver-side classes are not picklable and not shared;
 :class:`HeldLine` and :class:`LineMark` are (they travel in the handoff and in the tasks' results).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -187,6 +190,10 @@ class HeldLine:
     queue: str
     since: datetime
     pending: tuple[PendingMarker, ...] = ()
+    #: R5 (the driver's catch-up): the markers the newest marks of the line replaced (bounded by one batch's markers
+    #: of the line; not pending - in the ``sessions`` table, a row whose ``issued`` is null). The syphon job acknowledging one of them
+    #: means it is right behind the line: :meth:`SessionLedger.catch_up` waits for the newest.
+    replaced: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple[str, str]:
@@ -217,7 +224,8 @@ def namespace_spellings(namespace: str) -> tuple[str, ...]:
 # ------------------------------------------------------------------------------------------------ table rows
 def session_rows(sink_id: str, lines: Iterable[HeldLine]) -> list[tuple[object, ...]]:
     """The ``sessions`` table's rows of a sink's held lines (:data:`~spark_sb.state.records.SESSIONS_DDL` order):
-    one per pending marker (a line without one - none is - would get one row with a null marker)."""
+    one per pending marker (a line without one - none is - would get one row with a null marker) and one per
+    replaced marker (:attr:`HeldLine.replaced`: its ``issued`` null, its queue the line's)."""
     rows: list[tuple[object, ...]] = []
     for line in lines:
         for p in line.pending or (None,):
@@ -232,13 +240,16 @@ def session_rows(sink_id: str, lines: Iterable[HeldLine]) -> list[tuple[object, 
                     None if p is None else p.issued,
                 )
             )
+        rows.extend(
+            (sink_id, line.entity, line.session, line.queue, line.since, m, None) for m in line.replaced
+        )
     return rows
 
 
 def lines_from_rows(rows: Iterable[Any], when: Callable[[Any], datetime]) -> list[HeldLine]:
     """Held lines from ``sessions`` rows (``entity``, ``session``, ``backlog_queue``, ``since``, ``marker``,
-    ``issued``; ``when`` reads a timestamp column as the store returns it). A line's queue is the queue of its
-    newest pending marker (every task of a later batch sent it there)."""
+    ``issued``; ``when`` reads a timestamp column as the store returns it; a marker without ``issued`` is a replaced
+    one). A line's queue is the queue of its newest pending marker (every task of a later batch sent it there)."""
     grouped: dict[tuple[str, str], list[Any]] = {}
     for row in rows:
         grouped.setdefault((str(row["entity"]), str(row["session"] or "")), []).append(row)
@@ -249,10 +260,13 @@ def lines_from_rows(rows: Iterable[Any], when: Callable[[Any], datetime]) -> lis
                 (
                     PendingMarker(str(r["backlog_queue"]), str(r["marker"]), when(r["issued"]))
                     for r in mine
-                    if r["marker"] is not None
+                    if r["marker"] is not None and r["issued"] is not None
                 ),
                 key=lambda p: (p.issued, p.queue),
             )
+        )
+        replaced = tuple(
+            sorted(str(r["marker"]) for r in mine if r["marker"] is not None and r["issued"] is None)
         )
         # the queue the driver pinned it to before (SessionLedger.marked: its newest markers' first queue by name)
         newest = max((p.issued for p in pending), default=None)
@@ -261,7 +275,7 @@ def lines_from_rows(rows: Iterable[Any], when: Callable[[Any], datetime]) -> lis
             if pending
             else min(str(r["backlog_queue"]) for r in mine)
         )
-        lines.append(HeldLine(entity, session, queue, min(when(r["since"]) for r in mine), pending))
+        lines.append(HeldLine(entity, session, queue, min(when(r["since"]) for r in mine), pending, replaced))
     return lines
 
 
@@ -291,9 +305,6 @@ class SessionLedger:
     #: Bounded by the held lines (each removed on release), each by its pending markers (see the module docstring).
     lines: dict[tuple[str, str], HeldLine] = field(default_factory=dict)
     loaded: bool = False
-    #: R5 (the driver's catch-up): per held line, the markers its newest marks replaced (one per queue). Bounded like
-    #: ``lines`` (removed with the line).
-    behind: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
     #: The held lines whose replaced marker the last :meth:`release` found acknowledged: the syphon is right behind
     #: them, their newest marker next (:meth:`catch_up` waits for it). Bounded by ``lines``.
     catching: set[tuple[str, str]] = field(default_factory=set)
@@ -340,12 +351,10 @@ class SessionLedger:
         since = self._since(now)
         if since is None:
             return []
-        behind = {m for key, markers in self.behind.items() if key in self.lines for m in markers}
-        acks = set(store.read_acknowledgements(namespace, self.pending() | behind, since))
+        replaced = {m for line in self.lines.values() for m in line.replaced}
+        acks = set(store.read_acknowledgements(namespace, self.pending() | replaced, since))
         released = self.acknowledged(acks)
-        self.catching = {
-            key for key, markers in self.behind.items() if key in self.lines and acks.intersection(markers)
-        }
+        self.catching = {key for key, line in self.lines.items() if acks.intersection(line.replaced)}
         return released
 
     def catch_up(
@@ -394,10 +403,9 @@ class SessionLedger:
             if left == line.pending:
                 continue
             if left:
-                self.lines[key] = HeldLine(line.entity, line.session, line.queue, line.since, left)
+                self.lines[key] = replace(line, pending=left)
             else:
                 del self.lines[key]
-                self.behind.pop(key, None)
                 released.append(line)
         return released
 
@@ -418,10 +426,8 @@ class SessionLedger:
                 line = HeldLine(key[0], key[1], min(queues), now, fresh)
                 new.append(line)
             else:
-                replaced = tuple(p.marker for p in line.pending if p.queue in queues)
-                if replaced:
-                    self.behind[key] = replaced
-                line = HeldLine(line.entity, line.session, line.queue, line.since, kept + fresh)
+                replaced = tuple(sorted(p.marker for p in line.pending if p.queue in queues))
+                line = replace(line, pending=kept + fresh, replaced=replaced or line.replaced)
             self.lines[key] = line
         return new
 

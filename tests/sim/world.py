@@ -12,8 +12,11 @@ one state store - all on one fake clock, all real code but the namespaces and Sp
   rotation, session book), sender pool and syphon pool - the module-level ``SENDERS`` / ``SYPHONS`` and the
   ``PairedSender`` / ``Syphon`` factories are swapped to the worker's while a task of it runs (:meth:`World.worker`).
 * **The sink** is :class:`~spark_sb.spark.sink.ServiceBusSink`'s ``process_batch`` (the driver steps: release,
-  handoff, merge, sessions table) with tasks run through :func:`~spark_sb.spark.partition.send_partition`, retried up
-  to 4 attempts in the same or another worker. A batch whose task fails 4 times stops the query; it is replayed.
+  handoff, merge, sessions table) or, in half the schedules (:data:`SINK`), ``format('servicebus')``'s plan and
+  commit (:func:`~spark_sb.spark.datasource.plan_from`, :func:`~spark_sb.spark.datasource.commit_to`: the ledger
+  read from the sessions table at each), with tasks run through :func:`~spark_sb.spark.partition.send_partition`,
+  retried up to 4 attempts in the same or another worker. A batch whose task fails 4 times stops the query; it is
+  replayed.
 * **The syphon job** is its planner (:class:`~spark_sb.spark.syphon_job.BacklogWatcher` over a fake admin),
   :func:`~spark_sb.spark.syphon_job.drain_partition` per queue in a worker, and ``SyphonBatchWriter.record``
   (rows aggregated as its ``foreachBatch`` does) into the store.
@@ -41,9 +44,10 @@ from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.paired import PairedSender
 from spark_sb.sender.pool import SenderPool
-from spark_sb.spark import partition, syphon_job
+from spark_sb.spark import datasource, partition, syphon_job
 from spark_sb.spark.sink import ServiceBusSink
 from spark_sb.state.records import ACKNOWLEDGED, MOVED
+from spark_sb.state.sessions import HeldLine
 from spark_sb.state.store import MemoryStateStore
 from spark_sb.syphon.mover import Syphon
 from spark_sb.wire.lane import DeadlineExceeded
@@ -78,6 +82,10 @@ class QueryStopped(Exception):
 #: schedules' draws are unchanged); SIM_BUSY_TAIL=1: in every schedule.
 BUSY_EVERY = 8
 BUSY_TAIL = os.environ.get("SIM_BUSY_TAIL") == "1"
+#: The sink of a schedule: ``format('servicebus')``'s plan and commit (a fresh ledger from the ``sessions`` table at
+#: each) in every other run of ``BUSY_EVERY`` seeds - half the schedules, half the busy tails - else the ``foreachBatch``
+#: sink's driver; SIM_SINK=datasource / foreachbatch: every schedule.
+SINK = os.environ.get("SIM_SINK", "")
 
 
 @dataclass
@@ -295,6 +303,7 @@ class World:
             q: SimQueue(self, q, max_delivery_count=self.params.max_delivery_count) for q in self.names
         }
         self.store = MemoryStateStore()
+        self.datasource = SINK == "datasource" or (not SINK and self.seed // BUSY_EVERY % 2 == 1)
         self.workers = [Worker(self, n) for n in range(3)]
         self.worker_count = 3
         self.sink = self.new_driver()
@@ -480,52 +489,32 @@ class World:
             p[:] = [by_session[k].pop(0) for k in keys]
         return parts
 
+    def held(self) -> tuple[HeldLine, ...]:
+        """The sink's held lines: its driver's ledger, or the ``sessions`` table for the data source."""
+        if self.datasource:
+            return tuple(self.store.read_sessions(self.sink.sink_id))
+        return self.sink.held_lines
+
     def sink_batch(self, empty: bool = False) -> None:
-        """One micro-batch of the sink (a replay of the one that stopped the query, if any)."""
+        """One micro-batch of the sink (a replay of the one that stopped the query, if any): the ``foreachBatch``
+        sink's ``process_batch``, or the data source's plan, tasks and commit."""
         if self.pending is None:
             self.pending = [[], []] if empty else self.rows()
         parts = self.pending
-        sink = self.sink
         batch_id = self.sink_batch_id
-        world = self
-
-        def run_tasks(handoff: Any) -> list[Any]:
-            results = []
-            for p, rows in enumerate(parts):
-                remark = sink.stale_lines if p == 0 else ()
-                w: Worker | None = None
-                for attempt in range(TASK_ATTEMPTS):
-                    w = world.pick_worker(w)
-                    met = world.faults_met
-                    try:
-                        with world.worker(w):
-                            result = partition.send_partition(
-                                sink.config, list(rows), handoff, sink.held_lines, remark, registry=w.registry
-                            )
-                    except Exception as exc:
-                        world.note(
-                            f"sink batch {batch_id} task {p} attempt {attempt} in worker {w.number}: {type(exc).__name__}"
-                        )
-                        if world.faults_met == met and "is unavailable" in str(exc):  # a held line's queue
-                            world.violations.append(
-                                Violation(
-                                    "O8",
-                                    f"sink batch {batch_id} task {p} attempt {attempt} failed without meeting a fault: "
-                                    f"{type(exc).__name__}: {exc}",
-                                )
-                            )
-                        if attempt == TASK_ATTEMPTS - 1:
-                            raise QueryStopped(str(exc)) from exc
-                        continue
-                    results.append(result)
-                    break
-            return results
-
         ids = [r["message_id"] for p in parts for r in p]
         try:
-            sink.process_batch(
-                batch_id, run_tasks, lambda: sum(map(len, parts)), self.store, now=self.clock.now
-            )
+            if self.datasource:
+                self._planned_batch(batch_id, parts)
+            else:
+                sink = self.sink
+                sink.process_batch(
+                    batch_id,
+                    lambda handoff: self._tasks(batch_id, parts, handoff, sink.held_lines, sink.stale_lines),
+                    lambda: sum(map(len, parts)),
+                    self.store,
+                    now=self.clock.now,
+                )
         except QueryStopped as stop:
             restart = self.rng.random() < 0.5
             self.note(
@@ -535,10 +524,65 @@ class World:
                 self.sink = self.new_driver()
             return
         self.note(
-            f"sink batch {batch_id} {ids}: held {[(h.entity, h.session, h.queue[-1]) for h in sink.held_lines]}"
+            f"sink batch {batch_id} {ids}: held {[(h.entity, h.session, h.queue[-1]) for h in self.held()]}"
         )
         self.sink_batch_id += 1
         self.pending = None
+
+    def _planned_batch(self, batch_id: int, parts: list[list[dict[str, Any]]]) -> None:
+        """The data source's micro-batch (``format('servicebus')``): the plan read on the driver (its catch-up waits
+        on the driver's clock: a syphon job's commit lands there), the tasks, the commit - a fresh ledger from the
+        ``sessions`` table at the plan and again at the commit."""
+        plan = datasource.plan_from(
+            self.store, self.config, self.sink.sink_id, None, self.clock.now(), DriverClock(self)
+        )
+        if plan.replayed(batch_id):
+            reports = [datasource.TaskReport(batch_id, len(rows), None) for rows in parts]
+        else:
+            results = self._tasks(batch_id, parts, plan.handoff, plan.held, plan.remark)
+            reports = [datasource.TaskReport(batch_id, r.rows, r) for r in results]
+        datasource.commit_to(self.store, plan, batch_id, reports, now=self.clock.now)
+
+    def _tasks(
+        self,
+        batch_id: int,
+        parts: list[list[dict[str, Any]]],
+        handoff: Any,
+        held: tuple[HeldLine, ...],
+        stale: tuple[tuple[str, str], ...],
+    ) -> list[Any]:
+        """A sink batch's tasks, one per partition, each retried up to :data:`TASK_ATTEMPTS` times in the same or
+        another worker (:class:`QueryStopped` after the last)."""
+        results = []
+        for p, rows in enumerate(parts):
+            remark = stale if p == 0 else ()
+            w: Worker | None = None
+            for attempt in range(TASK_ATTEMPTS):
+                w = self.pick_worker(w)
+                met = self.faults_met
+                try:
+                    with self.worker(w):
+                        result = partition.send_partition(
+                            self.config, list(rows), handoff, held, remark, registry=w.registry
+                        )
+                except Exception as exc:
+                    self.note(
+                        f"sink batch {batch_id} task {p} attempt {attempt} in worker {w.number}: {type(exc).__name__}"
+                    )
+                    if self.faults_met == met and "is unavailable" in str(exc):  # a held line's queue
+                        self.violations.append(
+                            Violation(
+                                "O8",
+                                f"sink batch {batch_id} task {p} attempt {attempt} failed without meeting a fault: "
+                                f"{type(exc).__name__}: {exc}",
+                            )
+                        )
+                    if attempt == TASK_ATTEMPTS - 1:
+                        raise QueryStopped(str(exc)) from exc
+                    continue
+                results.append(result)
+                break
+        return results
 
     # ------------------------------------------------------------------------------------------ the syphon job
     def new_job(self, name: str, batch_id: int = 0) -> Job:
@@ -713,10 +757,10 @@ class World:
         warm = self.clock.monotonic() + 80.0  # a restarted ordered job's first drain waits out a lock (65 s)
         while self.clock.monotonic() < warm:
             self.busy_round()
-        held = {(h.entity, h.session) for h in self.sink.held_lines}
+        held = {(h.entity, h.session) for h in self.held()}
         for _ in range(rounds):
             self.busy_round()
-            held &= {(h.entity, h.session) for h in self.sink.held_lines}
+            held &= {(h.entity, h.session) for h in self.held()}
         if held:
             self.violations.append(
                 Violation(
@@ -733,7 +777,7 @@ class World:
     def settled(self) -> bool:
         return (
             self.pending is None
-            and not self.sink.held_lines
+            and not self.held()
             and all(len(q) == 0 and q.dlq is not None and len(q.dlq) == 0 for q in self.queues.values())
             and all(len(self.received(s, [])) == len(self.produced[s]) for s in self.produced)
         )
@@ -774,11 +818,11 @@ class World:
                 where = {m: self.where(m) for m in missing}
                 prop = "liveness-dlq" if all(w.startswith("DLQ") for w in where.values()) else "loss/liveness"
                 v.append(Violation(prop, f"session {s}: not on the primary after the tail: {where}"))
-        if self.sink.held_lines:
+        if self.held():
             v.append(
                 Violation(
                     "O3",
-                    f"held after the quiet tail: {[(h.entity, h.session) for h in self.sink.held_lines]}",
+                    f"held after the quiet tail: {[(h.entity, h.session) for h in self.held()]}",
                 )
             )
         events = self.store.read_events()
@@ -828,7 +872,7 @@ class World:
         return "nowhere"
 
     def run(self) -> list[Violation]:
-        self.note(f"seed {self.seed}: {self.params}")
+        self.note(f"seed {self.seed} ({'data source' if self.datasource else 'foreachBatch'} sink): {self.params}")
         random.seed(self.seed)  # what the code under test draws from the module's stream (back-off jitter)
         try:
             for _ in range(self.params.steps):

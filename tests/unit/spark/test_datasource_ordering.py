@@ -6,12 +6,14 @@ spark_sb/state/sessions.py."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from spark_sb.core.clock import FakeClock
 from spark_sb.core.errors import ConfigError
 from spark_sb.failover.outcome import SendOutcome, namespace_key
 from spark_sb.spark import datasource
@@ -24,7 +26,15 @@ from spark_sb.state.records import (
     Event,
     PartitionResult,
 )
-from spark_sb.state.sessions import REMARK_AFTER, HeldLine, LineMark, PendingMarker
+from spark_sb.state.sessions import (
+    CATCH_UP_POLL,
+    CATCH_UP_WAIT,
+    REMARK_AFTER,
+    HeldLine,
+    LineMark,
+    PendingMarker,
+    SessionLedger,
+)
 
 pytest.importorskip("deltalake")
 
@@ -217,6 +227,74 @@ def test_a_line_the_plan_released_but_a_task_diverted_again_is_pinned_where_its_
     commit_write(plan, 6, [_report(6, LineMark("orders", "a", Q1, "m-a2"))])
     assert _held(store) == {"a": (Q1, ("m-a2",))}
     assert read_plan(config, SINK, store.location).held[0].queue == Q1
+
+
+class _SyphonAhead(FakeClock):
+    """The plan's clock: the syphon job's acknowledgement of ``markers`` lands at the plan's first wait."""
+
+    def __init__(self, land: Callable[[], None] | None) -> None:
+        super().__init__()
+        self._land = land
+
+    def sleep(self, seconds: float) -> None:
+        super().sleep(seconds)
+        land, self._land = self._land, None
+        if land is not None:
+            land()
+
+
+def test_a_fed_line_the_syphon_is_right_behind_is_caught_up_at_the_plan_and_released_by_the_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R5 in ``format('servicebus')`` (issue 47): every batch marks a fed line again, and the syphon job acknowledges
+    each marker just after the next batch's plan read - the line never returned. The markers a batch replaced are
+    kept in the sessions table; once the syphon acknowledged one, the plan waits (up to CATCH_UP_WAIT) for the
+    newest, and the commit, which never waits, releases the line."""
+    config, store = _setup(tmp_path)
+    store.write_sessions(SINK, [_line("a", Q0, "m-a1"), _line("b", Q1, "m-b1")])
+    plan = read_plan(config, SINK, store.location)
+    marks = (LineMark("orders", "a", Q0, "m-a2"), LineMark("orders", "b", Q1, "m-b2"))
+    commit_write(plan, 1, [_report(1, *marks)])  # both fed again: newer markers replace the first
+    assert {line.session: line.replaced for line in store.read_sessions(SINK)} == {
+        "a": ("m-a1",),
+        "b": ("m-b1",),
+    }  # kept in the table (a row whose issued is null), not pending
+    assert _held(store) == {"a": (Q0, ("m-a2",)), "b": (Q1, ("m-b2",))}
+
+    _ack(store, config, "m-a1")  # the syphon passed a's replaced marker: it is right behind a (not b)
+    clock = _SyphonAhead(lambda: _ack(store, config, "m-a2"))
+    plan = datasource.plan_from(store, config, SINK, store.location, datetime.now(timezone.utc), clock)
+    assert [line.session for line in plan.held] == ["b"]  # a goes to the primary in this batch
+    assert 0 < sum(clock.sleeps) <= CATCH_UP_POLL
+
+    def no_wait(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the commit waited")
+
+    monkeypatch.setattr(SessionLedger, "catch_up", no_wait)
+    commit_write(plan, 2, [_report(2, LineMark("orders", "b", Q1, "m-b3"))])
+    assert _held(store) == {"b": (Q1, ("m-b3",))}
+    assert [line.replaced for line in store.read_sessions(SINK)] == [("m-b2",)]
+    returned = [e.detail for e in store.read_events(SINK) if e.event == SESSION_RETURNED]
+    assert returned == ["a"]
+
+
+def test_the_plans_catch_up_waits_at_most_its_budget_and_only_for_lines_the_syphon_is_behind(
+    tmp_path: Path,
+) -> None:
+    config, store = _setup(tmp_path)
+    store.write_sessions(SINK, [_line("a", Q0, "m-a1")])
+    commit_write(
+        read_plan(config, SINK, store.location), 1, [_report(1, LineMark("orders", "a", Q0, "m-a2"))]
+    )
+    clock = _SyphonAhead(None)
+    plan = datasource.plan_from(store, config, SINK, store.location, datetime.now(timezone.utc), clock)
+    assert [line.session for line in plan.held] == [
+        "a"
+    ] and clock.sleeps == []  # m-a1 not acknowledged: no wait
+    _ack(store, config, "m-a1")  # the syphon is right behind a, and then stops
+    plan = datasource.plan_from(store, config, SINK, store.location, datetime.now(timezone.utc), clock)
+    assert [line.session for line in plan.held] == ["a"]
+    assert sum(clock.sleeps) == pytest.approx(CATCH_UP_WAIT)
 
 
 def test_a_replayed_batch_leaves_the_held_lines_as_they_are(tmp_path: Path) -> None:
