@@ -16,12 +16,7 @@ The public API is small; names are imported lazily so that ``import spark_sb`` s
 
 from __future__ import annotations
 
-import sys
-import warnings
 from importlib import import_module
-from importlib.abc import Loader, MetaPathFinder
-from importlib.machinery import ModuleSpec
-from types import ModuleType
 from typing import Any
 
 __version__ = "0.1.0"
@@ -51,33 +46,3 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'spark_sb' has no attribute {name!r}")
     return getattr(import_module(module), name)
-
-
-#: Import paths that the README and the notebooks used before the package was laid out in wings (0.1), kept for one
-#: release: importing one gives the module at its new address, with a DeprecationWarning naming it.
-MOVED_MODULES = {
-    "spark_sb.provisioning": "spark_sb.admin.provisioning",
-    "spark_sb.syphon_job": "spark_sb.spark.syphon_job",
-    "spark_sb.dashboard": "spark_sb.admin.dashboard",
-    "spark_sb.redact": "spark_sb.core.redact",
-    "spark_sb.session": "spark_sb.spark.session",
-}
-
-
-class _Moved(MetaPathFinder, Loader):
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
-        return ModuleSpec(fullname, self) if fullname in MOVED_MODULES else None
-
-    def create_module(self, spec: ModuleSpec) -> ModuleType:
-        new = MOVED_MODULES[spec.name]
-        warnings.warn(
-            f"{spec.name} moved to {new}; the old path goes in 0.2", DeprecationWarning, stacklevel=2
-        )
-        return import_module(new)
-
-    def exec_module(self, module: ModuleType) -> None:
-        pass  # the module at its new address is already executed
-
-
-if not any(isinstance(finder, _Moved) for finder in sys.meta_path):
-    sys.meta_path.append(_Moved())

@@ -32,7 +32,7 @@ OPTIONAL_MODULES = ("pyspark", "delta", "proton", "trustme", "pyarrow", "pandas"
 #: Runtime distribution -> the top-level modules the core may import at module level.
 RUNTIME_MODULES = {"azure-servicebus": {"azure"}, "azure-identity": {"azure"}, "pyyaml": {"yaml"}}
 #: The core: every module of the package but the session builder (extra `spark`). The local namespace is a
-#: distribution of its own (servicebus_local/); `spark_sb.local` is only its one-release alias.
+#: distribution of its own (servicebus_local/).
 CORE = sorted(p for p in (ROOT / "spark_sb").rglob("*.py") if p.name != "session.py")
 #: What an emulator module looks like in a file list: the modules of servicebus_local/, by name.
 EMULATOR_MODULES = sorted(
@@ -297,30 +297,6 @@ def test_the_local_namespace_depends_on_nothing_of_the_product() -> None:
     assert not any(_requirement_name(r) == "spark-servicebus" for r in local["project"]["dependencies"])
 
 
-def _run_alias(*args: str, blocked: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    script = _BLOCKER.format(blocked=blocked) + textwrap.dedent(
-        f"""
-        import runpy
-        sys.argv = ["spark_sb.local", *{list(args)!r}]
-        runpy.run_module("spark_sb.local", run_name="__main__")
-        """
-    )
-    return subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
-    )
-
-
-def test_the_old_module_name_still_starts_the_namespace_and_says_where_it_moved() -> None:
-    result = _run_alias("--help")
-    assert result.returncode == 0, result.stderr
-    assert "python -m servicebus_local" in result.stderr  # the note: where it moved
-    assert "--max-connections" in result.stdout  # the namespace's own flags, answered by the namespace
-    missing = _run_alias("--help", blocked=("servicebus_local",))
-    assert missing.returncode == 2
-    assert "pip install 'spark-servicebus[local]'" in missing.stderr
-    assert "Traceback" not in missing.stderr
-
-
 def _build_wheel(source: Path, tmp_path: Path, pattern: str) -> Path:
     src = tmp_path / f"src-{source.name}"
     shutil.copytree(
@@ -355,10 +331,7 @@ def test_the_product_wheel_has_no_emulator_and_no_pytest_and_the_emulator_wheel_
     assert "spark_sb/spark/sink.py" in modules
     shipped_emulator = [n for n in modules if n.rsplit("/", 1)[-1] in EMULATOR_MODULES and "/local/" in n]
     assert not shipped_emulator, shipped_emulator
-    assert sorted(n for n in modules if n.startswith("spark_sb/local/")) == [
-        "spark_sb/local/__init__.py",
-        "spark_sb/local/__main__.py",
-    ]
+    assert not [n for n in modules if n.startswith("spark_sb/local/")]  # no alias package
     importing_pytest = [n for n in modules if "pytest" in _module_level_imports_of(product.read(n).decode())]
     assert not importing_pytest, importing_pytest
     emulator = zipfile.ZipFile(_build_wheel(ROOT / "servicebus_local", tmp_path, "servicebus_local-*.whl"))

@@ -7,7 +7,6 @@ import ast
 import functools
 import importlib
 import pathlib
-import warnings
 
 import pytest
 
@@ -41,7 +40,6 @@ MAY_IMPORT: dict[str, set[str]] = {
         "spark",
         "source",
     },
-    "local": set(),
 }
 
 #: Names importable from a package besides its modules: the one that the README documents.
@@ -134,31 +132,14 @@ def test_the_public_api_names_resolve() -> None:
         assert getattr(spark_sb, name) is not None, name
 
 
-@pytest.mark.parametrize("old", sorted(spark_sb.MOVED_MODULES))
-def test_an_old_import_path_still_works_for_one_release_and_says_where_it_went(old: str) -> None:
-    new = spark_sb.MOVED_MODULES[old]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(new)
-    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught) or (
-        old in __import__("sys").modules  # imported earlier in this process: Python does not ask again
-    )
-
-
-def test_an_old_name_address_still_works_for_one_release_and_says_where_it_went() -> None:
-    """``from spark_sb.state import StateTables`` (notebooks before 0.1.x): the class itself, with a warning that
-    names its one address; an unknown name is still an AttributeError."""
+def test_no_shim_serves_an_old_address() -> None:
+    """Version 0.1.0 was never published: no alias package, import hook or moved-name lookup (issue 49)."""
     import spark_sb.state
-    from spark_sb.state.delta import StateTables
 
-    vars(spark_sb.state).pop("StateTables", None)  # as in a fresh process
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        old = importlib.import_module("spark_sb.state").StateTables  # a notebook's from-import, in effect
-    assert old is StateTables
-    assert [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)] == [
-        "spark_sb.state.StateTables moved to spark_sb.state.delta.StateTables; the old path goes in 0.2"
-    ]
-    with pytest.raises(AttributeError, match="no_such_name"):
-        spark_sb.state.no_such_name  # noqa: B018 - the lookup is the test
+    assert not (ROOT / "spark_sb" / "local").exists()
+    assert not hasattr(spark_sb, "MOVED_MODULES") and not hasattr(spark_sb.state, "MOVED_NAMES")
+    for old in ("spark_sb.provisioning", "spark_sb.syphon_job", "spark_sb.dashboard", "spark_sb.local"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+    with pytest.raises(AttributeError):
+        spark_sb.state.StateTables  # noqa: B018 - the lookup is the test
