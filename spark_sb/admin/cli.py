@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO, TypeVar
@@ -393,6 +394,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m spark_sb")
     _setup_logging(args.verbose)
     try:
         result: int = args.func(args)
+        sys.stdout.flush()  # a reader that went away (`| head`) shows here, not at exit
+    except BrokenPipeError:
+        return _stdout_closed()
     except KeyboardInterrupt:
         return 130
     except (
@@ -407,6 +411,20 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m spark_sb")
         print(f"error: {describe_error(exc)}{hint}", file=sys.stderr)
         return EXIT_BAD_CONFIG if bad else EXIT_FAILED
     return result
+
+
+def _stdout_closed() -> int:
+    """The reader of standard output went away (``spark-sb status --json | head``): say nothing more and exit 1, as
+    Python's documentation advises (signal module, "Note on SIGPIPE"). What is left in stdout's buffer goes to
+    /dev/null, so the flush at exit raises no second BrokenPipeError ("Exception ignored ...")."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (pytest's capture): nothing to flush at exit
+        return EXIT_FAILED
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    return EXIT_FAILED
 
 
 def console_main() -> None:
