@@ -6,8 +6,10 @@ STAMP := $(VENV)/.installed
 JARS := $(VENV)/.delta-jars
 
 # The pinned development set: the package with every extra, versions from constraints-dev.txt, and the local
-# namespace (servicebus_local/, its own distribution, which the `local` extra names) editable beside it.
-EXTRAS := spark,local,connect,test
+# namespace (servicebus_local/, its own distribution, which the `local` extra names) editable beside it. The oldest
+# pair's venv leaves out `docs` (the site is built once, in .venv).
+EXTRAS := spark,local,connect,test,docs
+OLDEST_EXTRAS := spark,local,connect,test
 CONSTRAINTS := constraints-dev.txt
 
 # The oldest pair the `spark` extra admits (pyspark 4.0.5 + delta-spark 4.0.1, constraints-oldest.txt), in a
@@ -74,7 +76,7 @@ SPARK_PAIR = import sys, pyspark, importlib.metadata as m; from spark_sb.spark.s
 	print("== Spark pair:", "pyspark", pyspark.__version__, "+ delta-spark", m.version("delta-spark"), \
 	"(jars", delta_packages() + ";", "venv", sys.prefix + ")", flush=True)
 
-.PHONY: install jars test test-fast lint demo bench wheel clean test-azure jars-oldest test-spark-oldest \
+.PHONY: install jars test test-fast lint docs demo bench wheel clean test-azure jars-oldest test-spark-oldest \
 	test-unit test-sim test-packaging test-integration test-servicebus-local test-spark bench-smoke simulate
 
 $(STAMP): pyproject.toml servicebus_local/pyproject.toml $(CONSTRAINTS)
@@ -129,7 +131,7 @@ bench-smoke: jars
 # and CONSTRAINTS set (.venv-oldest has its own stamp and Delta jars step). `make jars-oldest` only builds
 # .venv-oldest and fetches its Delta jars.
 jars-oldest:
-	@$(MAKE) --no-print-directory VENV=$(OLDEST_VENV) CONSTRAINTS=$(OLDEST_CONSTRAINTS) jars
+	@$(MAKE) --no-print-directory EXTRAS=$(OLDEST_EXTRAS) VENV=$(OLDEST_VENV) CONSTRAINTS=$(OLDEST_CONSTRAINTS) jars
 
 test-spark-oldest: jars-oldest
 	@$(OLDEST_VENV)/bin/python -c '$(SPARK_PAIR)'
@@ -150,10 +152,17 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check spark_sb servicebus_local tests jobs bench harness
 	$(BIN)/mypy
 
+# The documentation site (mkdocs.yml, docs/): docs/configuration.md written again from the configuration model
+# (docs/gen_config_reference.py; tests/unit/test_docs.py fails when the committed page differs), then built with
+# --strict (a broken link, a page missing from the nav or an API name that does not resolve fails it) into site/.
+docs: $(STAMP)
+	$(BIN)/python docs/gen_config_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
 demo: $(JARS)
 	@$(BIN)/python jobs/demo.py
 
-# The acceptance run against your own two namespaces (README "Try it on your own namespaces"): needs
+# The acceptance run against your own two namespaces (docs/azure.md, "Try it on your own namespaces"): needs
 # SB_PRIMARY_CONNECTION_STRING and SB_SECONDARY_CONNECTION_STRING (or SB_PRIMARY_FQDN / SB_SECONDARY_FQDN);
 # without them it says what to set and exits 2. ARGS="--keep" leaves what it created.
 test-azure: $(JARS)
@@ -172,7 +181,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_paired_sender.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) .pytest_cache .mypy_cache .ruff_cache spark-warehouse build dist
+	rm -rf $(VENV) $(OLDEST_VENV) .pytest_cache .mypy_cache .ruff_cache spark-warehouse build dist site
 
 # Two local namespaces in the background for the README's examples: primary (queue orders) on 5672 and secondary
 # on 5682, one CA in ~/.cache/spark-sb-tls, the backlog queues of conf/local.yaml provisioned; prints the variables
