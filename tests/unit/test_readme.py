@@ -1,6 +1,6 @@
-"""The user-facing docs render and say true things: README.md parsed with a CommonMark parser (every code fence
-closed, every section heading a heading), no internal SPEC ids, the README's commands exist, and
-conf/example.yaml lists every configuration key."""
+"""The user-facing docs render and say true things: README.md and every page of docs/ parsed with a CommonMark
+parser (every code fence closed, every section heading a heading), no internal SPEC ids, the commands they name
+exist, the configuration keys they name exist, and conf/example.yaml lists every configuration key."""
 
 from __future__ import annotations
 
@@ -17,36 +17,47 @@ markdown_it = pytest.importorskip("markdown_it")
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
-USER_DOCS = {
+#: README.md and the documentation site's pages (docs/**/*.md), by path.
+MARKDOWN = {
     "README.md": README,
+    **{p.relative_to(ROOT).as_posix(): p.read_text() for p in sorted((ROOT / "docs").rglob("*.md"))},
+}
+USER_DOCS = {
+    **MARKDOWN,
+    "CHANGELOG.md": (ROOT / "CHANGELOG.md").read_text(),
+    "CONTRIBUTING.md": (ROOT / "CONTRIBUTING.md").read_text(),
+    **{f"examples/{p.name}": p.read_text() for p in sorted((ROOT / "examples").glob("*.py"))},
     "conf/example.yaml": (ROOT / "conf/example.yaml").read_text(),
     "conf/local.yaml": (ROOT / "conf/local.yaml").read_text(),
     **{f"notebooks/{p.name}": p.read_text() for p in (ROOT / "notebooks").glob("*.py")},
 }
 
 
-def _tokens() -> list[Any]:
-    return markdown_it.MarkdownIt("commonmark").enable("table").parse(README)
+def _tokens(text: str = README) -> list[Any]:
+    return markdown_it.MarkdownIt("commonmark").enable("table").parse(text)
 
 
-def _headings() -> list[str]:
-    tokens = _tokens()
-    return [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open" and t.tag == "h2"]
+def _headings(text: str = README, tag: str = "h2") -> list[str]:
+    tokens = _tokens(text)
+    return [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open" and t.tag == tag]
 
 
-def test_every_code_fence_is_closed_by_a_bare_fence() -> None:
-    lines = README.splitlines()
-    fences = [t for t in _tokens() if t.type == "fence"]
-    assert fences
+@pytest.mark.parametrize("name", sorted(MARKDOWN))
+def test_every_code_fence_is_closed_by_a_bare_fence(name: str) -> None:
+    text = MARKDOWN[name]
+    lines = text.splitlines()
+    fences = [t for t in _tokens(text) if t.type == "fence"]
+    if name == "README.md":
+        assert fences
     for token in fences:
         start, end = token.map
         closing = lines[end - 1].strip() if end - 1 > start else ""
         assert closing == token.markup, (
-            f"README.md:{start + 1}: the fence opened here is closed by line {end}: {lines[end - 1]!r}"
+            f"{name}:{start + 1}: the fence opened here is closed by line {end}: {lines[end - 1]!r}"
         )
         # a fence-like line inside a code block means a closing fence with text after it (not a fence)
         inner = [line for line in token.content.splitlines() if line.lstrip().startswith(("```", "~~~"))]
-        assert not inner, f"README.md:{start + 1}: fence-like line inside a code block: {inner[0]!r}"
+        assert not inner, f"{name}:{start + 1}: fence-like line inside a code block: {inner[0]!r}"
 
 
 def test_section_headings_are_headings_not_code() -> None:
@@ -56,11 +67,33 @@ def test_section_headings_are_headings_not_code() -> None:
         assert expected in _headings()
 
 
+@pytest.mark.parametrize("name", sorted(n for n in MARKDOWN if n.startswith("docs/")))
+def test_each_page_has_one_title_and_its_headings_are_headings(name: str) -> None:
+    text = MARKDOWN[name]
+    assert len(_headings(text, "h1")) == 1 and text.startswith("# "), f"{name}: one '# Title' first"
+    for level in (2, 3):
+        in_source = [
+            line[level + 1 :].strip() for line in text.splitlines() if line.startswith("#" * level + " ")
+        ]
+        in_code = {t.content for t in _tokens(text) if t.type == "fence"}
+        in_source = [h for h in in_source if not any(f"{'#' * level} {h}" in code for code in in_code)]
+        assert _headings(text, f"h{level}") == in_source, name
+
+
+def test_the_readme_is_short_and_points_at_the_docs() -> None:
+    assert len(README.splitlines()) <= 300
+    linked = set(re.findall(r"\]\(docs/([\w/-]+\.md)(?:#[\w-]*)?\)", README))
+    pages = {n.removeprefix("docs/") for n in MARKDOWN if n.startswith("docs/")}
+    assert linked <= pages, f"README links to pages that do not exist: {sorted(linked - pages)}"
+    assert pages - linked <= {"index.md", "design/index.md"}, f"README does not link {sorted(pages - linked)}"
+
+
 def test_the_readme_commands_exist() -> None:
     makefile = (ROOT / "Makefile").read_text()
     targets = set(re.findall(r"^([\w-]+):", makefile, re.M))
-    for command in re.findall(r"^make ([\w-]+)", README, re.M) + re.findall(r"`make ([\w-]+)`", README):
-        assert command in targets, f"README mentions make {command}; the Makefile has {sorted(targets)}"
+    for name, text in {**MARKDOWN, "CONTRIBUTING.md": USER_DOCS["CONTRIBUTING.md"]}.items():
+        for command in re.findall(r"^make ([\w-]+)", text, re.M) + re.findall(r"`make ([\w-]+)`", text):
+            assert command in targets, f"{name} mentions make {command}; the Makefile has {sorted(targets)}"
     assert {"demo", "test"} <= set(re.findall(r"^make (\w+)", README, re.M))
 
 
@@ -115,10 +148,13 @@ def test_the_example_config_lists_every_key() -> None:
     assert {"provision.tries", "provision.retry_pause"} <= keys
 
 
-def test_readme_mentions_no_key_the_config_does_not_know() -> None:
+@pytest.mark.parametrize("name", sorted(MARKDOWN))
+def test_readme_mentions_no_key_the_config_does_not_know(name: str) -> None:
     known = set(KNOWN_KEYS)
-    for key in set(re.findall(r"(?<![\w./])((?:provision|syphon|retry)\.[a-z_]+)\b(?!\()", README)):
-        assert key in known, f"README mentions {key}"
+    for key in set(re.findall(r"(?<![\w./])((?:provision|syphon|retry)\.[a-z_]+)\b(?!\()", MARKDOWN[name])):
+        if key.endswith((".md", ".py")):  # a page or a script (syphon.md, syphon.py), not a key
+            continue
+        assert key in known, f"{name} mentions {key}"
 
 
 def test_the_example_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
