@@ -1,7 +1,9 @@
-"""Every code block of README.md runs as written, or says in a comment why the tests cannot run it (issue 32): the
-README cannot drift from the code again.
+"""Every code block of README.md and of the documentation site's pages (docs/, in mkdocs.yml's nav order) runs as
+written, or says in a comment why the tests cannot run it (issue 32, issue 49): the docs cannot drift from the code
+again.
 
-The blocks are read with a CommonMark parser and taken in README order, as a new user would, in one terminal:
+The blocks are read with a CommonMark parser and taken in order, README.md first, then the pages, as a new user
+would, in one terminal:
 
 * a block with a comment line ``# not run by the tests: <why>`` (``-- ...`` in SQL) is skipped, and the reason is
   printed; ``text`` blocks are output shown, not code. Any other block must run: a ``bash``, ``python`` or
@@ -12,8 +14,14 @@ The blocks are read with a CommonMark parser and taken in README order, as a new
   end with ``make local-namespaces-stop``). The terminal starts without the venv on its PATH, without ``SB_*`` or
   ``REQUESTS_CA_BUNDLE``, and with ``LOCAL_NS_DIR``, ``LOCAL_NS_TLS_DIR`` and ``LOCAL_NS_PORTS=0 0`` (the
   Makefile's variables: this test's folders and free ports instead of /tmp/spark-sb-local, ~/.cache and 5672/5682).
-* A ``python`` block whose first line names a file (``# orders_to_servicebus.py: ...``) is saved as that file;
-  a later block of its section must run it (the spark-submit example runs it, for real, with its own JVM).
+* A line ``--8<-- "examples/<name>.py"`` in a block (pymdownx.snippets, how a page includes an example) is that
+  file's text: the block is the example, as the site shows it.
+* A ``python`` block whose first line names a file (``# orders.py: ...``) is saved as that file; a later block of
+  its section must run it (the spark-submit example runs it, for real, with its own JVM). One that names an example
+  (``# examples/orders_to_servicebus.py: ...``) must be that file's text (the README's copy); it is run where a
+  later block of its section runs it, else in this process like any other python block.
+* A ``bash`` block identical to one that ran before (the README's example and the installing page's) is not run
+  twice.
 * Other ``python`` blocks run in this process, in the session's SparkSession, with these names defined (what the
   README calls "your" DataFrame and so on; a block may define its own): ``spark``; ``df``, a streaming DataFrame
   of three JSON orders (``body``, ``message_id``); ``config``, ``load_config("conf/local.yaml")``; ``ckpt``, a
@@ -24,7 +32,7 @@ The blocks are read with a CommonMark parser and taken in README order, as a new
   Queries a block started are drained and stopped after it and must not have failed.
 * ``sql`` blocks run statement by statement with ``spark.sql``.
 
-Each README section runs in a folder of its own that looks like a fresh clone (every top-level entry of the
+Each section of a file runs in a folder of its own that looks like a fresh clone (every top-level entry of the
 repository linked, ``conf/`` copied) and stands for ``/tmp`` too: ``/tmp/`` in a block and in ``conf/*.yaml`` is
 that folder's ``tmp/`` (the state tables of ``conf/local.yaml``, the examples' input and checkpoints). So the
 examples of a section build on each other, never on another section's, and none writes to /tmp. A block that
@@ -47,13 +55,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 markdown_it = pytest.importorskip("markdown_it")
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 NOT_RUN = re.compile(r"^\s*(?:#|--)\s*not run by the tests:\s*(?P<why>\S.*)$", re.M)
-SAVED_FILE = re.compile(r"\A# (?P<name>[\w.-]+\.py): ")
+SAVED_FILE = re.compile(r"\A# (?P<name>(?:examples/)?[\w.-]+\.py): ")
+#: A snippet include (pymdownx.snippets) on a line of its own: the file's text goes there.
+SNIPPET = re.compile(r'^[ \t]*--8<--[ \t]+"(?P<path>[^"]+)"[ \t]*$', re.M)
 RUN = {"bash", "python", "sql"}
 OUTPUT = {"text"}
 #: What a block that sends contains (or the file it runs contains).
@@ -67,16 +78,40 @@ SESSION_ENV = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYARROW_IGNORE_TIMEZO
 BASH_TIMEOUT = 900  # seconds; the spark-submit example takes 0.5-2.5 minutes on a loaded 2-core machine
 
 
+def documents() -> list[Path]:
+    """README.md, then the pages of mkdocs.yml's nav, in its order."""
+
+    def files(node: Any) -> list[str]:
+        if isinstance(node, str):
+            return [node] if node.endswith(".md") else []
+        values = node.values() if isinstance(node, dict) else node if isinstance(node, list) else []
+        return [f for value in values for f in files(value)]
+
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    return [README, *(ROOT / "docs" / page for page in files(nav))]
+
+
+def expand_snippets(text: str) -> tuple[str, str | None]:
+    """``text`` with each ``--8<-- "path"`` line replaced by that file's text; and the path, when the block is
+    that one include and nothing else."""
+    included = [m.group("path") for m in SNIPPET.finditer(text)]
+    expanded = SNIPPET.sub(lambda m: (ROOT / m.group("path")).read_text().rstrip("\n"), text)
+    only = included[0] if len(included) == 1 and not SNIPPET.sub("", text).strip() else None
+    return expanded, only
+
+
 @dataclass(frozen=True)
 class Block:
     line: int  # 1-based line of the opening fence
     lang: str
     text: str
     section: str
+    source: str = "README.md"  # the file, from the repository's root
+    included: str | None = None  # the example file the block is (a snippet include), if it is only that
 
     @property
     def name(self) -> str:
-        return f"README.md:{self.line} ({self.lang}, {self.section})"
+        return f"{self.source}:{self.line} ({self.lang}, {self.section})"
 
     @property
     def not_run_because(self) -> str | None:
@@ -89,8 +124,8 @@ class Block:
         return found.group("name") if found else None
 
 
-def readme_blocks(markdown: str) -> list[Block]:
-    """The fenced code blocks of ``markdown``, in order, each with the heading it is under."""
+def readme_blocks(markdown: str, source: str = "README.md") -> list[Block]:
+    """The fenced code blocks of ``markdown``, in order, each with the heading it is under (snippets expanded)."""
     tokens = markdown_it.MarkdownIt("commonmark").parse(markdown)
     blocks, section = [], ""
     for i, token in enumerate(tokens):
@@ -98,16 +133,34 @@ def readme_blocks(markdown: str) -> list[Block]:
             section = tokens[i + 1].content
         elif token.type == "fence":
             lang = token.info.split()[0] if token.info.strip() else ""
-            blocks.append(Block(token.map[0] + 1, lang, token.content, section))
+            text, included = expand_snippets(token.content)
+            blocks.append(Block(token.map[0] + 1, lang, text, section, source, included))
     return blocks
 
 
+def all_blocks() -> list[Block]:
+    """The blocks of README.md and of every page, in reading order."""
+    return [
+        b for path in documents() for b in readme_blocks(path.read_text(), path.relative_to(ROOT).as_posix())
+    ]
+
+
+def run_later(blocks: list[Block], i: int) -> bool:
+    """Whether a later block of block ``i``'s file and section runs the file it names."""
+    block = blocks[i]
+    return any(
+        b.source == block.source and b.section == block.section and block.saved_as in b.text
+        for b in blocks[i + 1 :]
+    )
+
+
 def describe(exc: BaseException) -> str:
-    """The error, with the lines of the README block it came from (a Python block's traceback), shortened."""
+    """The error, with the lines of the block it came from (a Python block's traceback), shortened."""
+    sources = {str(p) for p in documents()} | {str(p) for p in (ROOT / "examples").glob("*.py")}
     frames = [
-        f"  README.md line {frame.lineno}: {frame.line}"
+        f"  {Path(frame.filename).relative_to(ROOT)} line {frame.lineno}: {frame.line}"
         for frame in traceback.extract_tb(exc.__traceback__)
-        if frame.filename == str(README)
+        if frame.filename in sources
     ]
     text = "\n".join([f"{type(exc).__name__}: {exc}", *frames])
     return text if len(text) <= 8000 else text[:8000] + " ..."
@@ -150,13 +203,52 @@ a: 1
     )  # the list's indent removed
 
 
+def test_a_page_includes_an_example_which_runs_where_a_later_block_of_its_section_runs_it() -> None:
+    example = "examples/orders_to_servicebus.py"
+    markdown = f"""# Page
+## Job
+```python
+--8<-- "{example}"
+```
+```bash
+spark-submit {example} conf/local.yaml
+```
+## Alone
+```python
+--8<-- "examples/without_spark.py"
+```
+## Other
+```bash
+spark-submit {example}
+```
+"""
+    blocks = readme_blocks(markdown, "docs/page.md")
+    assert [(b.source, b.section, b.included) for b in blocks] == [
+        ("docs/page.md", "Job", example),
+        ("docs/page.md", "Job", None),
+        ("docs/page.md", "Alone", "examples/without_spark.py"),
+        ("docs/page.md", "Other", None),
+    ]
+    assert blocks[0].text == (ROOT / example).read_text()  # the file's text, as the site shows it
+    assert blocks[0].saved_as == example and blocks[2].saved_as == "examples/without_spark.py"
+    assert [run_later(blocks, 0), run_later(blocks, 2)] == [True, False]  # saved, then run; run in place
+    assert blocks[0].name == "docs/page.md:3 (python, Job)"
+
+
+def test_the_pages_are_read_after_the_readme_in_the_navs_order() -> None:
+    found = [p.relative_to(ROOT).as_posix() for p in documents()]
+    assert found[:3] == ["README.md", "docs/index.md", "docs/installing.md"]
+    assert set(found[1:]) == {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md")}
+
+
 # about 2.5 minutes alone (4 on a 2-core machine busy with other Spark runs): the 300 s default is too tight
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_every_readme_code_block_runs_or_says_why_not(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    blocks = readme_blocks(README.read_text())
+    blocks = all_blocks()
+    assert {b.source for b in blocks} > {"README.md"}, "no page of docs/ has a code block"
     undecided = [b.name for b in blocks if b.lang not in RUN | OUTPUT and b.not_run_because is None]
     assert not undecided, (
         f"code blocks in a language this test cannot run and without '# not run by the tests: <why>': {undecided}"
@@ -165,7 +257,7 @@ def test_every_readme_code_block_runs_or_says_why_not(
     report: list[str] = []
     failures: list[str] = []
     try:
-        for block in blocks:
+        for i, block in enumerate(blocks):
             why = block.not_run_because
             if block.lang in OUTPUT:
                 report.append(f"{block.name}: output, not code")
@@ -174,24 +266,27 @@ def test_every_readme_code_block_runs_or_says_why_not(
                 report.append(f"{block.name}: not run: {why}")
                 continue
             started = time.monotonic()
+            save = block.saved_as is not None and (
+                not block.saved_as.startswith("examples/") or run_later(blocks, i)
+            )
             try:
-                terminal.run(block)
+                note = terminal.run(block, save=save)
             except Exception as exc:  # every block gets its turn; each failure is reported
                 failures.append(f"{block.name}: {describe(exc)}")
                 report.append(f"{block.name}: FAILED")
             else:
                 took = f"ran in {time.monotonic() - started:.1f} s"
-                report.append(f"{block.name}: {f'saved as {block.saved_as}' if block.saved_as else took}")
+                report.append(f"{block.name}: {note or (f'saved as {block.saved_as}' if save else took)}")
         failures += terminal.saved_files_never_run()
     finally:
         failures += terminal.close()
-        print("\n".join(["README code blocks:", *report]))  # shown with -s or -rP
+        print("\n".join(["README and docs code blocks:", *report]))  # shown with -s or -rP
     assert not failures, "\n\n".join(failures)
 
 
 class Terminal:
-    """One user's terminal going through the README: the exported environment, a fresh clone per section, the
-    SparkSession for Python blocks."""
+    """One user's terminal going through the README and the pages: the exported environment, a fresh clone per
+    section, the SparkSession for Python blocks."""
 
     def __init__(self, spark: Any, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         self.spark = spark
@@ -211,18 +306,20 @@ class Terminal:
             LOCAL_NS_TLS_DIR=str(tmp / "tls"),
             LOCAL_NS_PORTS="0 0",
         )
-        self.sections: dict[str, Path] = {}
+        self.sections: dict[tuple[str, str], Path] = {}
+        self.ran_bash: dict[str, str] = {}  # a bash block's text -> the block that ran it
         self.saved: dict[str, tuple[Block, Path]] = {}  # file name -> the block saved, where
         self.ran_saved: set[str] = set()
         self.spark_env_before = dict(spark.sparkContext.environment)
 
     # ------------------------------------------------------------------------------------------------ setup
-    def folder(self, section: str) -> Path:
+    def folder(self, source: str, section: str) -> Path:
         """The section's fresh clone: every top-level entry of the repository linked, conf/ copied with /tmp/
         pointing into it."""
-        if section in self.sections:
-            return self.sections[section]
-        folder = self.tmp / "sections" / (re.sub(r"[^\w]+", "-", section).strip("-").lower() or "top")
+        if (source, section) in self.sections:
+            return self.sections[(source, section)]
+        slug = re.sub(r"[^\w]+", "-", f"{source.removesuffix('.md')} {section}").strip("-").lower()
+        folder = self.tmp / "sections" / slug
         folder.mkdir(parents=True)
         for entry in ROOT.iterdir():
             if entry.name not in NOT_LINKED:
@@ -231,7 +328,7 @@ class Terminal:
         for conf in (ROOT / "conf").iterdir():
             (folder / "conf" / conf.name).write_text(self.rewrite(conf.read_text(), folder))
         (folder / "tmp").mkdir()
-        self.sections[section] = folder
+        self.sections[(source, section)] = folder
         return folder
 
     @staticmethod
@@ -239,13 +336,25 @@ class Terminal:
         return text.replace("/tmp/", f"{folder}/tmp/")
 
     # ------------------------------------------------------------------------------------------------ blocks
-    def run(self, block: Block) -> None:
-        folder = self.folder(block.section)
+    def run(self, block: Block, *, save: bool) -> str | None:
+        """Runs ``block`` (or, with ``save``, saves the file it names); returns a note when it did neither."""
+        folder = self.folder(block.source, block.section)
         text = self.rewrite(block.text, folder)
-        if block.saved_as is not None:
-            (folder / block.saved_as).write_text(text)
-            self.saved[block.saved_as] = (block, folder)
-            return
+        name = block.saved_as
+        if name is not None and name.startswith("examples/"):
+            assert block.text == (ROOT / name).read_text(), (
+                f"it is not {name} as that file is now: copy it here"
+            )
+        if name is not None and save:
+            if not name.startswith("examples/"):  # an example is in the section's clone already
+                (folder / name).write_text(text)
+            self.saved[name] = (block, folder)
+            return None
+        if block.lang == "bash" and block.text in self.ran_bash:
+            for saved, (_, where) in self.saved.items():
+                if where == folder and saved in block.text:
+                    self.ran_saved.add(saved)
+            return f"not run twice: the same as {self.ran_bash[block.text]}, which ran"
         sends = any(s in block.text for s in SENDS) or any(
             name in block.text and any(s in saved.text for s in SENDS)
             for name, (saved, _) in self.saved.items()
@@ -256,6 +365,7 @@ class Terminal:
                 self.ran_saved.add(name)
         if block.lang == "bash":
             self.run_bash(block, text, folder)
+            self.ran_bash[block.text] = block.name
         elif block.lang == "python":
             self.run_python(block, text, folder)
         else:
@@ -265,6 +375,7 @@ class Terminal:
             assert after > before, (
                 f"it sends, but the primary's queue 'orders' holds {after} messages, as before"
             )
+        return None
 
     def run_bash(self, block: Block, text: str, folder: Path) -> None:
         exported = folder / f".env-{block.line}"
@@ -333,8 +444,12 @@ class Terminal:
             patch.setattr(StreamingQuery, "awaitTermination", await_termination)
             patch.setattr(self.spark, "stop", lambda: None, raising=False)
             try:
-                # the block's lines keep their README line numbers in a traceback
-                exec(compile("\n" * block.line + text, str(README), "exec"), names)
+                # the block's lines keep their line numbers in a traceback: the page's, or the example file's
+                if block.included is not None:
+                    code = compile(text, str(ROOT / block.included), "exec")
+                else:
+                    code = compile("\n" * block.line + text, str(ROOT / block.source), "exec")
+                exec(code, names)
             finally:
                 for query in started:
                     with contextlib.suppress(Exception):
