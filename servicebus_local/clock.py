@@ -1,15 +1,9 @@
-"""Injected time for the local namespace (its own copy of ``spark_sb.core.clock``: the emulator depends on nothing of
-the product).
+"""Time for the local namespace: lock expiry, TTL, idle timers and token expiry read it through a :class:`Clock`.
 
-Lock expiry, TTL, idle timers and token expiry read time through a :class:`Clock` so that tests advance a
-:class:`FakeClock` instead of sleeping. Any object with the same methods (such as ``spark_sb.core.clock.FakeClock``)
-serves.
-
-* ``monotonic()`` is for measuring intervals (never goes backwards).
-* ``now()`` is UTC wall time, for what is written to Delta or put on the wire.
-* ``sleep()`` waits; :class:`FakeClock` advances itself instead.
-
-Runs anywhere (driver and executors); both classes are picklable.
+The namespace reads the time and never waits on it: :class:`Clock` is ``monotonic()`` (intervals) and ``now()``
+(UTC wall time, what goes on the wire). :class:`FakeClock` is the one fake clock of the repository: the namespace's
+tests and the product's advance it instead of sleeping (it has ``sleep`` too, which ``spark_sb.core.clock.Clock``
+adds, so a test hands one :class:`FakeClock` to both). Runs in the namespace's process; picklable.
 """
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class Clock(Protocol):
-    """What the library needs from time."""
+    """What the namespace reads of time."""
 
     def monotonic(self) -> float:
         """Seconds from an arbitrary origin; only differences are meaningful."""
@@ -30,22 +24,15 @@ class Clock(Protocol):
     def now(self) -> datetime:
         """Current UTC wall time (timezone-aware)."""
 
-    def sleep(self, seconds: float) -> None:
-        """Wait ``seconds`` (a fake clock advances instead)."""
-
 
 class SystemClock:
-    """The real clock: ``time.monotonic``, ``datetime.now(timezone.utc)`` and ``time.sleep``."""
+    """The real clock: ``time.monotonic`` and ``datetime.now(timezone.utc)``."""
 
     def monotonic(self) -> float:
         return time.monotonic()
 
     def now(self) -> datetime:
         return datetime.now(timezone.utc)
-
-    def sleep(self, seconds: float) -> None:
-        if seconds > 0:
-            time.sleep(seconds)
 
     def __repr__(self) -> str:
         return "SystemClock()"

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
+from servicebus_local.clock import FakeClock
 from spark_sb.admin.provisioning import provision_backlog_queues
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.core.clock import FakeClock
 from spark_sb.failover.outcome import namespace_key
 from spark_sb.failover.records import EntityState
 from spark_sb.message.backlog import is_probe

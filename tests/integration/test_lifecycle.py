@@ -26,10 +26,10 @@ from azure.servicebus._pyamqp.constants import CbsAuthState, CbsState
 from azure.servicebus._pyamqp.utils import generate_sas_token
 
 from harness.outages import backlog_count
+from servicebus_local.clock import FakeClock
 from servicebus_local.server import LocalNamespace
 from spark_sb.config.namespace import CredentialConfig, NamespaceConfig, RetryConfig
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.core.clock import FakeClock
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage

@@ -19,10 +19,10 @@ import pytest
 
 pytest.importorskip("servicebus_local.server")
 
+from servicebus_local.clock import FakeClock  # noqa: E402
 from spark_sb.admin.cli import main  # noqa: E402
 from spark_sb.admin.provisioning import provision_backlog_queues
 from spark_sb.admin.report import QueueStatus
-from spark_sb.core.clock import FakeClock  # noqa: E402
 from spark_sb.core.durations import MAX_DURATION
 from spark_sb.core.errors import ProvisioningError
 from spark_sb.message.backlog import backlog_queue_names  # noqa: E402

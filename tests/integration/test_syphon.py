@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusSubQueue
 
+from servicebus_local.clock import FakeClock
 from servicebus_local.model import QueueSettings
-from spark_sb.core.clock import FakeClock
 from spark_sb.message.backlog import probe_message, to_backlog
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.syphon.mover import Syphon

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode, ServiceBusSubQueue
 
+from servicebus_local.clock import FakeClock
 from servicebus_local.model import QueueSettings
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.core.clock import FakeClock
 from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.syphon.mover import Syphon

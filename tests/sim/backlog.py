@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from azure.servicebus import exceptions as sbe
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.failover.ordering import marker_of
 from spark_sb.message.backlog import from_backlog
 from spark_sb.message.outbound import OutboundMessage

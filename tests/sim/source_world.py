@@ -29,7 +29,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.source.manifest import PartitionSpec
 from spark_sb.source.planner import PlannerLimits, SourcePlanner
 from spark_sb.source.reader import DataLossError, read_partition

@@ -38,7 +38,7 @@ from typing import Any
 
 from azure.servicebus import exceptions as sbe
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.failover.ordering import marker_of
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.outbound import OutboundMessage
@@ -872,7 +872,9 @@ class World:
         return "nowhere"
 
     def run(self) -> list[Violation]:
-        self.note(f"seed {self.seed} ({'data source' if self.datasource else 'foreachBatch'} sink): {self.params}")
+        self.note(
+            f"seed {self.seed} ({'data source' if self.datasource else 'foreachBatch'} sink): {self.params}"
+        )
         random.seed(self.seed)  # what the code under test draws from the module's stream (back-off jitter)
         try:
             for _ in range(self.params.steps):

@@ -15,6 +15,7 @@ import pytest
 from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ResourceExistsError
 
 import spark_sb.config.service_bus as config_module
+from servicebus_local.clock import FakeClock
 from spark_sb.admin import cli
 from spark_sb.admin.provisioning import provision_backlog_queues
 from spark_sb.admin.report import BACKLOG_QUEUE_SPEC, QueueStatus
@@ -22,7 +23,6 @@ from spark_sb.config.endpoints import derive_namespace_name, is_address_host
 from spark_sb.config.namespace import NamespaceConfig
 from spark_sb.config.secret import Secret
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.core.clock import FakeClock
 from spark_sb.core.errors import ConfigError, ProvisioningError
 from spark_sb.message.backlog import backlog_queue_names, parse_backlog_queue_name
 

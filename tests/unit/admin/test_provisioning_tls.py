@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from servicebus_local.clock import FakeClock
 from spark_sb.admin import cli
 from spark_sb.admin.provisioning import (
     provision_backlog_queues,
 )
 from spark_sb.config.service_bus import load_config
-from spark_sb.core.clock import FakeClock
 from spark_sb.core.errors import ProvisioningError
 
 #: Variables through which requests / OpenSSL could already trust the local CA.

@@ -12,9 +12,9 @@ from typing import Any
 import azure.servicebus.exceptions as sbe
 import pytest
 
+from servicebus_local.clock import FakeClock
 from spark_sb.config.namespace import CredentialConfig, RetryConfig
 from spark_sb.config.service_bus import ServiceBusConfig, load_config
-from spark_sb.core.clock import FakeClock
 from spark_sb.core.errors import ConfigError
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.outbound import OutboundMessage

@@ -5,7 +5,8 @@ from datetime import timedelta, timezone
 
 import pytest
 
-from spark_sb.core.clock import Clock, FakeClock, SystemClock
+from servicebus_local.clock import FakeClock
+from spark_sb.core.clock import Clock, SystemClock
 
 
 def test_fake_clock_moves_only_when_told() -> None:

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.core.errors import CONNECTION, QUOTA_EXCEEDED
 from spark_sb.failover.decisions import (
     backoff_delay,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.core.errors import (
     CONNECTION,
     CONNECTION_QUOTA,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.core.errors import (
     CONNECTION,
     ENTITY_DISABLED,

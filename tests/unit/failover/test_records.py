@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.core.errors import CONNECTION
 from spark_sb.failover.records import (
     BacklogPull,

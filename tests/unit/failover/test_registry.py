@@ -4,7 +4,8 @@ rotation on the registry's clock, :meth:`FailoverRegistry.clear`, and the proces
 
 from __future__ import annotations
 
-from spark_sb.core.clock import FakeClock, SystemClock
+from servicebus_local.clock import FakeClock
+from spark_sb.core.clock import SystemClock
 from spark_sb.core.errors import CONNECTION
 from spark_sb.failover.records import EntityState
 from spark_sb.failover.registry import FailoverRegistry, process_registry

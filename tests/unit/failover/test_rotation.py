@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.failover.decisions import choose_session_affine
 from spark_sb.failover.rotation import BacklogChooser, BacklogRotation
 from tests.unit.sender.rig import SECRET, make_config

@@ -8,10 +8,10 @@ from typing import Any
 
 from azure.servicebus import exceptions as sbe
 
+from servicebus_local.clock import FakeClock
 from spark_sb.config.namespace import NamespaceConfig
 from spark_sb.config.secret import Secret
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.core.clock import FakeClock
 from spark_sb.failover.decisions import RetryPolicy
 from spark_sb.failover.ordering import NONE
 from spark_sb.failover.records import EntityState, Listener, StateTransition, log_transition

@@ -9,7 +9,7 @@ from datetime import datetime
 
 import pytest
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.message.backlog import from_backlog, to_backlog
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.ahead import Ahead

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from azure.servicebus import exceptions as sbe
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.core.errors import CONNECTION, TIMEOUT, LaneClosed, classify
 from spark_sb.failover.records import EntityState
 from spark_sb.failover.registry import FailoverRegistry

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.core.errors import LaneClosed
 from spark_sb.failover.outcome import Tally
 from spark_sb.failover.records import EntityState, StateTransition, log_transition

@@ -13,9 +13,9 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus import exceptions as sbe
 
+from servicebus_local.clock import FakeClock
 from spark_sb.config.namespace import NamespaceConfig
 from spark_sb.config.secret import Secret
-from spark_sb.core.clock import FakeClock
 from spark_sb.core.errors import (
     ServerBusyError,
     ServiceBusConfigError,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from azure.servicebus import exceptions as sbe
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.core.errors import LaneClosed
 from spark_sb.failover.machine import EntityFailover
 from spark_sb.failover.records import EntityState

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.source.transport import ACTIVE, DEFERRED, EntityCounts, NotFound, Peeked, Received
 
 LOCKED = 9  # a fake-only state: peek shows it as ACTIVE

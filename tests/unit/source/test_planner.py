@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.source.manifest import Manifest, PartitionSpec, numbers
 from spark_sb.source.planner import BatchStats, PlannerLimits, SourcePlanner
 from spark_sb.source.reader import DataLossError

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.source.manifest import PartitionSpec
 from spark_sb.source.reader import DataLossError, ReadStats, read_partition
 from spark_sb.source.transport import Peeked

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.source.manifest import Manifest, ranges_of
 from spark_sb.source.settle import REMEMBER, Settler, settle_numbers
 from spark_sb.source.transport import DEFERRED

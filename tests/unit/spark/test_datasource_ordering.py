@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.core.errors import ConfigError
 from spark_sb.failover.outcome import SendOutcome, namespace_key
 from spark_sb.spark import datasource

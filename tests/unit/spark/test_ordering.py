@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.core.errors import ConfigError
 from spark_sb.failover.ordering import marker_of
 from spark_sb.failover.registry import FailoverRegistry

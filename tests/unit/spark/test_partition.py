@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from servicebus_local.clock import FakeClock
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.core.clock import FakeClock
 from spark_sb.failover.outcome import SendOutcome
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.pool import SenderPool

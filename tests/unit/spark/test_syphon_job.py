@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from servicebus_local.clock import FakeClock
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.core.clock import FakeClock
 from spark_sb.spark.syphon_job import BacklogWatcher, SyphonBatchWriter, outcome_rows
 from spark_sb.state.store import MemoryStateStore
 from spark_sb.syphon.rules import EXPIRED_IN_BACKLOG, EntityGate, SyphonOutcome, is_parked

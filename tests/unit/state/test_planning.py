@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from azure.servicebus import exceptions as sbe
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.failover.outcome import ProbeRecord, SendOutcome, namespace_key
 from spark_sb.failover.records import BacklogPull, EntityState, EntityStatus, StateTransition
 from spark_sb.failover.registry import FailoverRegistry

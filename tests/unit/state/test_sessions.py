@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.failover.ordering import SessionBook
 from spark_sb.state.records import ACKNOWLEDGED, Event
 from spark_sb.state.sessions import (

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.state.delta import StateTables
 from spark_sb.state.records import BATCH_COMMITTED, SENT, BatchWrites, EntityRecord, Event, RejectRecord
 from spark_sb.state.store import MemoryStateStore

@@ -4,7 +4,7 @@ paused for a while after a failed receive."""
 
 from __future__ import annotations
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.syphon.lines import HORIZON, RECEIVE_FAILURE_PAUSE, Lines
 
 LINE = ("q", "orders", "s")

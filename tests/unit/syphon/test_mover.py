@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 from azure.servicebus import exceptions as sbe
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.failover.ordering import SessionBook
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.backlog import BACKLOG_PATH, BACKLOG_TTL, backlog_queue_names, probe_message, to_backlog

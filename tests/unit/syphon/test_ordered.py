@@ -17,7 +17,7 @@ from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
 from azure.servicebus._common.utils import transform_outbound_messages
 from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.failover.ordering import WHOLE_ENTITY, pinned_queue, return_marker
 from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage

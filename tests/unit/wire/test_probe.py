@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import pytest
 from azure.servicebus import exceptions as sbe
 
-from spark_sb.core.clock import FakeClock
+from servicebus_local.clock import FakeClock
 from spark_sb.core.errors import ErrorClass
 from spark_sb.message.backlog import PROBE_SCHEDULE_AHEAD, is_probe
 from spark_sb.wire.probe import probe_call, single_attempt
