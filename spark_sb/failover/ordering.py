@@ -1,97 +1,16 @@
-"""Order through failover (``ordering: session`` / ``entity``, SPEC O1-O4): the rule that keeps a session's messages in
-the order the sink was given them, outage or not. This module holds the rule and its argument; the sender, the
-syphon and (to come) the state tables carry it out - see "Status".
+"""Order through failover (``ordering: session`` / ``entity``, SPEC O1-O4): the rule that keeps a session's messages
+in the order the sink was given them, outage or not - R1 pin, R2 mark, R3 return, R4 no hop, R5 catch up - kept
+by :class:`SessionBook` (one per process, in the failover registry), with :func:`order_key` (a message's line),
+:func:`pinned_queue` (a held line's backlog queue) and :func:`return_marker` (the marker behind its messages).
 
-Terms. A *session* (a *line*) is a pair (primary entity, session id); with ``ordering: entity`` every message of an
-entity is one line, (entity, :data:`WHOLE_ENTITY`) (:func:`order_key`). A session is *held* while some of its
-messages may be in the backlog; a held session is *pinned* to one backlog queue. A *return marker* is a message the
-sender puts into a held session's backlog queue behind that session's messages (:func:`return_marker`: a unique
-id, the entity and the session id), never delivered to the primary. The syphon *acknowledges* a marker when it
-reaches it, having moved every message of that session before it into the primary (it moves a session in queue
-order; a message it does not move holds the rest of the session back until it comes back first).
+The rule, its terms, why no interleaving loses order, what is not covered, and which tests show it:
+docs/design/ordering.md. The sender and the syphon carry it out (:mod:`spark_sb.sender.diverter`,
+:mod:`spark_sb.syphon.lines`); across processes - the Spark sink, the data source and the syphon job - it is
+:mod:`spark_sb.state.sessions`.
 
-The rule (per session; :class:`SessionBook`):
-
-* **R1 Pin.** A session not held goes where its entity goes (:meth:`~spark_sb.failover.machine.EntityFailover.admit`).
-  When its messages go to the backlog it becomes held and pinned to the queue :func:`pinned_queue` names (the
-  first available queue of the rotation from the session's hash; the entity's with ``ordering: entity``). All its
-  messages go to that queue until it is released, whatever the rotation does to other sessions.
-* **R2 Mark.** Every call that diverted messages of a held session counts in its record from its first diversion
-  (``sending``) until it closes the session (:meth:`SessionBook.close_call`, after its sends are confirmed - or it
-  failed); each close issues a fresh marker, newer than every earlier one, which the sender sends to the session's
-  queue behind them (a failed call sends none: the next call's marker does).
-* **R3 Return.** A held session is released - its next message goes to the primary - only when its entity is not
-  failed over, no call that diverted its messages is still open, and the syphon has acknowledged the *newest*
-  marker issued for it (:meth:`SessionBook.route`; an older marker's acknowledgement is not recorded). Otherwise it
-  stays on its queue, behind its own messages.
-* **R4 No hop.** When a held session's queue fails, its messages are not sent to another queue: the call fails for
-  that session (after the other sessions' messages went out; its task fails and Spark retries it). A second queue
-  would let the syphon move the later messages first. A held session's queue pulled from the rotation is still
-  tried once per call, for up to ``send_timeout`` (SPEC O8: a blip never stops a query); when it answers it
-  returns to the rotation.
-
-* **R5 Catch up.** A line its senders keep feeding returns once the syphon acknowledges a marker before the next
-  call diverts again - with a sender and a syphon on a steady pace that may never happen (each call's message is
-  behind a marker the syphon reaches just after it). So a call that meets a held line whose entity is back, with
-  no call diverting it (``sending`` 0), waits for the newest marker's acknowledgement before it diverts - at most
-  :data:`RETURN_WAIT` per call, and only while acknowledgements reach the book (:meth:`SessionBook.await_return`:
-  a syphon in the process acknowledged something within :data:`ACKS_LIVE`; the Spark sink's tasks, whose
-  acknowledgements come from the events table, never wait).
-
-Why no interleaving loses order. Take a session and any two of its messages a before b in the sink's order (one
-thread's, or one task's; consecutive micro-batches, whose sends end before the next starts).
-(1) Both direct: sent in order.
-(2) Both in the backlog: R1 puts them in one queue, in sending order; the syphon moves one session in queue order
-(a message not moved holds back the rest of its session - abandoned in place, they come back after it).
-(3) a in the backlog, b direct: b was routed to the primary, so by R3, at b's routing, no call that diverted the
-session was open and the newest marker m was acknowledged. a's call had diverted a and was closed, so m was issued
-at or after that close - after a's send was confirmed - and sent after a, to the same queue (R1). The syphon
-acknowledged m after moving every earlier message of the session into the primary, a among them; the sender read
-the acknowledgement before sending b. So a is in the primary before b is sent. A syphon pass that starts before
-the sender's check and ends after it changes nothing: the check reads the acknowledgement, which is written only
-after the move. A late backlog send (a call still sending a's batch when another call checks) cannot be missed:
-that call counts in ``sending`` from the moment it diverted a, before the send, so the session stays held whatever
-was acknowledged; its close issues a newer marker, behind a, and only that marker's acknowledgement releases.
-(4) a direct, b in the backlog: a was sent before b was routed, so the primary has a before b is even diverted -
-provided a's batch was sent. Within one call a session the call started sending to the primary stays on the
-primary path for the call, and before any later message of an entity is diverted the call settles what it still
-holds of that entity for the primary (its open batch, a parked send: sent, or diverted first - SPEC O6), so b is
-never put in the backlog ahead of an unsent a, even when the entity fails over in the middle of the call or
-another thread holds the session meanwhile.
-Two executors (threads) sending one session share the book's record: through the process registry (setting b, a
-plain application: every step is one locked update of the record) or through the state tables (setting a: the
-sink's handoff to its tasks carries the held sessions; the syphon writes acknowledgements to the events table).
-A marker that is never sent or never reached (a failed call, a lost send) only delays the release until a later
-call's marker is acknowledged: it never releases early. Not covered: a backlog send abandoned at its deadline whose
-bytes still reach the service after a later marker (a duplicate of a retried message, dropped by the primary's
-duplicate detection). Two syphon jobs on one backlog: the second ordered one is refused, naming the first (SPEC O5,
-:mod:`spark_sb.spark.syphon_job`); a syphon worker never moves a line past a message another holds locked (it
-proves each line's head from the queue's own view, :mod:`spark_sb.syphon.lines`).
-
-What bounds it: the book holds held sessions only (those with messages in the backlog): at most the sessions
-diverted during an outage, each removed on release; a record counts its open calls, not their messages' ids.
-
-Status: setting (b), a plain application: the ``ordering`` key (``none`` default, ``session``, ``entity``);
-:class:`~spark_sb.sender.paired.PairedSender` routes held lines to their pinned queues, sends markers and stops a
-line whose queue fails (:mod:`spark_sb.sender.paired`, :mod:`spark_sb.sender.diverter`); the
-:class:`~spark_sb.syphon.mover.Syphon` drains lines in order (:mod:`spark_sb.syphon.lines`) and acknowledges
-markers to its :class:`Acknowledgements`, by default the process registry's :class:`SessionBook`, which the process's
-senders read. Setting (a), the Spark sink with the syphon job: the sink's driver keeps its held lines in the
-``sessions`` state table, hands them to its tasks each micro-batch and releases them on the syphon job's
-``acknowledged`` events - :mod:`spark_sb.state.sessions` owns that handoff and its argument across processes;
-both need the state tables. ``format('servicebus')`` keeps order the same way with ``state_location`` (path
-tables): each micro-batch's plan hands the tasks the held lines and its commit releases, merges and writes them
-(:mod:`spark_sb.state.sessions`, "The data source"); it refuses ``ordering`` with catalog tables
-(``state_table_prefix``: its commit cannot read the syphon job's acknowledgements there) and for batch writes.
-Tests: tests/unit/failover/test_ordering.py, tests/unit/sender/test_ordering.py,
-tests/unit/syphon/test_ordered.py, tests/unit/state/test_sessions.py, tests/unit/spark/test_ordering.py,
-tests/integration/test_ordering.py, tests/spark/cluster_ordering.py (local-cluster, through test_cluster.py),
-tests/unit/spark/test_datasource_ordering.py, tests/spark/test_datasource_ordering.py. O4: the events
-``session_held``, ``session_returned`` (the sink) and ``acknowledged`` (the syphon job); ``spark-sb status`` lists the
-sessions still draining (:func:`spark_sb.admin.status.draining_sessions`); the dashboard notebook's fifth chart
-(:func:`spark_sb.admin.dashboard.sessions_draining`). O3: ``bench/bench_ordering.py``.
-
-Runs anywhere (the sender's thread, the syphon); thread-safe; the records are picklable.
+What bounds it: the book holds held sessions only (those with messages in the backlog), each removed on release; a
+record counts its open calls, not their messages' ids. Runs anywhere (the sender's thread, the syphon);
+thread-safe; the records are picklable.
 """
 
 from __future__ import annotations

@@ -1,71 +1,23 @@
 """The ``servicebus`` Python data source (SPEC S9): ``format("servicebus")`` for streaming and batch writes, with
-the behaviour of the ``foreachBatch`` sink and its code (:mod:`spark_sb.spark.sink`).
+the behaviour of the ``foreachBatch`` sink and its code (:mod:`spark_sb.spark.sink`)::
 
-Usage (driver)::
-
-    import spark_sb
     spark_sb.register(spark)  # once per session; also under Spark Connect
-    opts = {"primary.connection_string": "${env:SB_PRIMARY_CONNECTION_STRING}",
-            "secondary.connection_string": "${env:SB_SECONDARY_CONNECTION_STRING}",
-            "entity": "orders", "state_location": "/data/sb_state"}
-    df.writeStream.format("servicebus").options(**opts).option("checkpointLocation", ckpt).start()  # a stream
-    table_df.write.format("servicebus").options(**opts).mode("append").save()  # a batch write
+    df.writeStream.format("servicebus").options(**opts).option("checkpointLocation", ckpt).start()
 
-Options are the flat configuration keys :func:`spark_sb.load_config` accepts (values are strings; secrets by
-reference, resolved on the driver machine), plus ``config_path`` (a YAML file, the options override it),
-``state_spool`` (with ``state_table_prefix``) and, for batch writes, ``job_id``. :func:`parse_options` checks
-them before anything is sent.
+Options are the flat configuration keys (:func:`parse_options` checks them before anything is sent). Spark calls
+every driver-side method in a Python process of its own, with no SparkSession:
 
-Where things run (Spark calls every driver-side method in a Python process of its own, with no SparkSession):
+* ``ServiceBusDataSource.__init__`` (driver machine): parses and checks the options.
+* ``streamWriter`` / ``writer`` (driver machine): checks the schema and the mode, reads the :class:`WritePlan`
+  (:func:`read_plan`: the entity records, the last batch committed, with ``ordering`` the held lines; picklable).
+* ``write`` (executors, a task per partition): :func:`write_partition`, the ``foreachBatch`` sink's task code; a
+  replayed batch is counted, not sent.
+* ``commit`` (driver machine, after every task succeeded): :func:`commit_write` records the batch in Delta path
+  tables with deltalake before Spark commits it (``state_location``, or the spool that
+  :mod:`spark_sb.spark.relay` copies into catalog tables).
 
-* ``ServiceBusDataSource.__init__`` (driver machine; when the query starts and again each micro-batch): parses
-  and checks the options, resolves the primary's namespace name (:func:`~spark_sb.wire.admin_api.with_namespace_name`).
-* ``streamWriter`` / ``writer`` (driver machine, each micro-batch / once): checks the schema (the column named),
-  the mode (append only) and ``entity``; reads from the state tables the entity records the tasks start from,
-  the last batch this ``sink_id`` committed and, with ``ordering``, the held lines. That :class:`WritePlan` is
-  what the writer carries to executors (picklable: the configuration and those records).
-* ``write`` (executors, once per partition task): :func:`spark_sb.spark.sink.send_partition`, the very function the
-  ``foreachBatch`` sink's tasks run (the process-level sender cache, failover, rejects). A micro-batch whose id
-  (the task's ``streaming.sql.batchId``) this ``sink_id`` already committed is a replay: its rows are counted,
-  not sent. Returns a ``PartitionMessage`` (a :class:`TaskReport`).
-* ``commit`` (driver machine, after every task succeeded; Spark builds the writer, and reads the plan, again for
-  it): :meth:`spark_sb.spark.sink.ServiceBusSink.record_batch` plans and writes the state tables' rows (with
-  ``ordering``, after releasing the held lines on the acknowledgements read then), or
-  :meth:`~spark_sb.spark.sink.ServiceBusSink.skip_replayed` records the replay. The tables are Delta path tables
-  written with ``deltalake`` (:class:`~spark_sb.state.deltars.DeltaRsStateStore`), synchronously, before Spark
-  commits the micro-batch: ``state_location``, or with catalog tables (``state_table_prefix``, which that process cannot write) the spool
-  (``state_spool``, default ``<checkpointLocation>/servicebus_state``) that :func:`spark_sb.spark.relay.relay_state`
-  copies into them from the user's process.
-  ``abort`` (a task failed; with ``on_reject: fail`` a bad row fails its task) records nothing, as a failed
-  ``foreachBatch`` batch. On an object store (``abfss://`` ...) deltalake finds its credentials in the
-  environment of that process (``AZURE_STORAGE_*`` variables, a managed identity), not in Spark's configuration:
-  tested here on local paths only.
-
-Order through failover (``ordering: session`` / ``entity``, SPEC O1-O4) as the ``foreachBatch`` sink keeps it, with
-``state_location`` (path tables): the plan (:func:`plan_lines`, read before the writer is pickled to the tasks)
-carries the held lines the tasks hold (less those it caught up with, R5) and the stale ones the first task marks
-afresh; the commit, in its own process, reads the held lines and the syphon job's acknowledgements again, releases,
-merges the tasks' marks and writes the ``sessions`` table (:mod:`spark_sb.state.sessions`, "The data source", argues
-why the two reads keep order). Refused, with a one-line :class:`ConfigError`: without state tables, with
-``state_table_prefix`` (the commit cannot read the acknowledgements in catalog tables: use ``state_location`` or the
-``foreachBatch`` sink), and for a batch write (its sink id is its own, so no later write would know its held lines).
-While nothing is held the plan and the commit each cost a look for the ``sessions`` table (a read of the sink's
-rows, none, once it exists).
-
-A batch write records its rows under a job id of its own: sink id ``<sink_id>/<job_id>``, batch id 0.
-``job_id`` defaults to ``write-<UTC time>-<random>``; a ``job_id`` given again after its write committed makes the
-write a replay (nothing sent).
-
-Delivery: at least once, as the ``foreachBatch`` sink (message ids and duplicate detection on the primary make
-retries harmless).
-
-Counts (sent, diverted, rejected): ``commit`` runs in a process of Spark's, so no sink object of the user's holds
-totals; they are in the state tables, read back by :func:`spark_sb.spark.sink.batch_counts` (per micro-batch) and
-``ServiceBusSink(config).summary(spark)``. Not in the query progress: the Python data source API has no metrics
-hook a writer could fill (``write`` returns a commit message that only ``commit`` sees), and Spark fills a
-progress's ``sink.metrics`` only from a sink implementing Java's ``ReportsSinkMetrics``, which ``PythonTable`` does
-not (pyspark 4.0.5 to 4.2.0; ``sink.numOutputRows`` is the rows handed to the writer). See the comment above
-``batch_counts`` and tests/spark/test_sink_counts.py.
+Order through failover in two steps (plan, commit), batch writes' job ids, delivery, and why the counts are in the
+state tables rather than the query progress: docs/design/datasource.md.
 """
 
 from __future__ import annotations

@@ -1,52 +1,17 @@
-"""The state relay: catalog state tables (``state_table_prefix``) for ``format("servicebus")`` (SPEC S9).
+"""The state relay: catalog state tables (``state_table_prefix``) for ``format("servicebus")`` (SPEC S9). The data
+source's ``commit`` runs with no SparkSession, so it records into a spool of Delta path tables (``state_spool``);
+:class:`StateRelay` (driver, the user's process; DataFrame operations only) copies the spool into the catalog
+tables after micro-batches, at most once per ``interval``, each query of a drain within ``timeout``::
 
-Spark runs a Python data source's ``commit`` in a Python process of its own, with no SparkSession, so the
-``servicebus`` source cannot write catalog tables there. It records into a *spool* instead: Delta path tables
-(``state_spool``, by default ``<checkpointLocation>/servicebus_state``) written with deltalake, synchronously,
-before Spark commits the micro-batch; they are also what the source reads back (the last batch a sink id
-committed, the entity records its tasks start from). The relay runs where the session is - the driver, in the
-user's process (a notebook, a spark-submit script; classic or Spark Connect) - and copies the spool into the
-catalog tables::
-
-    spark_sb.register(spark)
-    opts = {..., "state_table_prefix": "main.ops.sb_", "state_spool": "/Volumes/main/ops/sb/spool"}
     with spark_sb.relay_state(spark, opts):  # the options given to format("servicebus")
         q = df.writeStream.format("servicebus").options(**opts).option("checkpointLocation", ckpt).start()
         q.awaitTermination()
 
-    df.write.format("servicebus").options(**opts).mode("append").save()
-    spark_sb.relay_state(spark, opts).stop()  # a batch write: one drain, now
+What a drain does (exactly once per table), when it runs, why its listener stays on a Spark Connect session:
+docs/design/relay.md.
 
-What a drain does (:meth:`StateRelay.drain`; DataFrame operations only):
-
-* ``events``, ``rejects`` (append-only in the spool): one Structured Streaming query per table, the spool's Delta
-  table -> the catalog table, ``Trigger.AvailableNow``, checkpoint ``<spool>/_relay/<table>``. Exactly once
-  across drains, restarts and crashes (Delta's source offsets and sink transactions); a drain reads only what was
-  added since the last one, whatever the spool holds. Commits that delete rows (``spark-sb maintain`` on the
-  spool) are skipped (``skipChangeCommits``), not copied.
-* ``entities`` (one row per primary entity): when the spool's table moved, the records that differ from what this
-  relay merged last are merged into the catalog table (a newer or equal ``since`` wins, as every store merges).
-* A table whose Delta version has not moved since this relay's last copy is not read at all. The versions and the
-  entities are read with deltalake where it is installed (milliseconds, no Spark command), else with Spark
-  (``DESCRIBE HISTORY``); an idle drain starts no query.
-
-When: the relay's thread drains after every micro-batch of any query of the session (a
-``StreamingQueryListener`` wakes it; the relay's own queries, named ``spark-sb-relay-...``, do not), at most once
-per ``interval`` (30 s: micro-batches that end closer together share a drain), on :meth:`~StateRelay.drain`,
-and on :meth:`~StateRelay.stop`. The catalog tables lag the spool by up to ``interval`` plus one drain (3-5 s
-here); the spool is the record of what was committed. Deadline: each query of a drain has ``timeout`` seconds; one that
-does not finish is stopped and the drain raises :class:`RelayError` (the thread logs it and tries again at the next
-wake-up; :meth:`~StateRelay.stop` raises it).
-
-Bounded: one thread and one listener per relay, whatever the entities, batches or hours; a drain's work is what
-was added since the last one plus the entities table. Under Spark Connect :meth:`~StateRelay.stop` leaves its
-listener on the session, inert, rather than remove it: pyspark's Connect ``removeListener`` holds its listener bus's
-lock while it waits for the bus's thread to end, and that thread needs the lock to deliver an event already on its
-way - a query's progress or end - so it deadlocks (pyspark 4.2.0: a CI run hung in ``relay.stop()``; reproduced).
-An inert listener costs one small object per relay started in the session, until the session ends.
-
-One relay per spool at a time (its queries' checkpoints are the spool's); several streams or batch writes may share
-a spool (their sink ids keep their rows apart), and one relay copies them all.
+Bounded: one thread and one listener per relay, whatever the entities, batches or hours; a drain's work is what was
+added since the last one plus the entities table. One relay per spool at a time.
 """
 
 from __future__ import annotations

@@ -1,48 +1,11 @@
-"""Deadlines for calls that cannot be given one from inside: a :class:`Lane` runs each call on a worker thread
-that owns the call's resources, and the caller waits at most ``timeout`` seconds (SPEC B3, R1).
+"""Deadlines for calls that cannot be given one from inside (SPEC B3, R1): a :class:`Lane` runs each call on a worker
+thread that owns the call's resources (an SDK client and sender), and the caller waits at most ``timeout`` seconds.
+Past it the worker is abandoned (:class:`DeadlineExceeded`), its context's sockets are shut in the background and
+the next call builds a fresh one - except a call still queued behind one that guards its own deadline, which is
+withdrawn (:class:`Withdrawn`) and keeps the worker (F10). Also: direct calls on the caller's thread under a
+watchdog (:meth:`Lane.direct`), aborting an opening (:func:`abort_when_abandoned`), tending an idle context.
 
-Why: the azure-servicebus SDK negotiates SASL on a blocking socket with no timeout, and its own ``timeout``
-and ``try_timeout`` do not cover that phase (protocol-notes.md, "Where the SDK can wait forever"). A namespace
-that accepts TCP and then says nothing would hold the calling thread - a Spark task - forever. A lane makes
-every call bounded whatever the SDK does:
-
-* the calling thread hands the call to the lane's worker and waits for its result at most ``timeout`` seconds;
-* past the deadline the worker is **abandoned**: :class:`DeadlineExceeded` is raised to the caller at once, the
-  worker and its context (e.g. an SDK client and sender) are never used again, the context's sockets are shut
-  down in the background so the stuck call returns, and the worker closes the context when its call returns -
-  nobody waits for any of it;
-* the next call builds a fresh worker and a fresh context;
-* except for a call still **queued** at its deadline behind a call that has a deadline of its own (a direct call
-  included: a call is queued until it holds the context): the worker is busy, and the running call's caller guards
-  that deadline, so the queued call is **withdrawn** (:class:`Withdrawn`, never run) and the worker and its context
-  are kept (SPEC F10). A call queued behind one without a deadline (:meth:`Lane.submit`) abandons the worker as
-  above. A queued call whose worker another caller abandoned never runs on it: :class:`LaneClosed`, evidence of
-  nothing (F7).
-
-One lane serves one destination (one SDK client and sender): SDK objects are not thread-safe, and each is used
-by one thread at a time. A lane may be called from several threads (the sender's thread, a probe thread); calls
-run one at a time in submission order.
-
-**Direct calls** (:meth:`Lane.direct`): once the context is built and the worker is idle, a call whose phase the
-SDK bounds itself (a send on an open link: its ``timeout`` covers the wait for the answer) may run on the
-calling thread instead. Why: measured on 2 cores, handing every batch to the worker made the caller's packing of
-the next batch about 8% slower per message (the batch's objects and the allocator's memory went back and forth
-between the cores); on the calling thread the paired sender packs and sends as fast as the raw SDK. The deadline
-still holds from outside: a process-wide watchdog thread abandons the worker at the deadline exactly as for a
-worker call - the context's sockets are shut down, so the call returns with an error at once, and the caller
-gets :class:`DeadlineExceeded` - and the worker closes the context only once the direct call has let go of it.
-Connecting, SASL and CBS (which the SDK does not bound) always run on the worker.
-
-**Aborting an opening** (:func:`abort_when_abandoned`): code on a worker that opens something the lane's
-``unblock`` cannot reach yet (a connection still in TCP connect, TLS or SASL, before it is the context's: the
-factory itself may be opening it) registers an ``abort`` for the duration; when the worker is abandoned at a
-deadline, or its lane is closed, ``abort(error)`` is called from the abandoning thread, so that the stuck opening
-returns at once and the worker exits within about its caller's deadline, not the opening's own (SPEC F8).
-
-**Tending** (``idle``): a lane given an ``idle`` function calls it on the worker with the context whenever no call
-has come for ``idle_every`` seconds - so that a long-lived connection is looked after between calls (its
-heartbeats read and sent, links the service detached noticed, tokens renewed, a connection that went silent
-dropped). It runs under the same lock as calls, never at the same time as one, and only while the context is built.
+Why (the SDK's SASL phase has no timeout), the hand-off rules and what was measured: docs/design/lane.md.
 
 Where it runs: wherever the sender or syphon runs (executors' Python workers, the driver in tests and the demo).
 Not picklable. Worker threads are daemons, so an abandoned, still-stuck worker never holds up the process exit.
