@@ -517,7 +517,8 @@ class BatchRecord:
 def run(args: argparse.Namespace, workdir: Path) -> int:
     from spark_sb.spark.session import LOCAL_DEFAULTS, build_spark_session
     from spark_sb.spark.sink import ServiceBusSink
-    from spark_sb.spark.syphon_job import SyphonBatchWriter, run_syphon, stop_gracefully
+    from spark_sb.spark.syphon_job import run_syphon, stop_gracefully
+    from spark_sb.spark.syphon_ledger import SyphonBatchWriter
 
     pace = SMOKE if args.smoke else FULL
     total = SMOKE_SECONDS if args.smoke else args.minutes * 60.0

@@ -32,7 +32,8 @@ from spark_sb.core.clock import SystemClock
 from spark_sb.failover.outcome import SendOutcome
 from spark_sb.spark.session import build_spark_session
 from spark_sb.spark.sink import ServiceBusSink
-from spark_sb.spark.syphon_job import SyphonBatchWriter, run_syphon
+from spark_sb.spark.syphon_job import run_syphon
+from spark_sb.spark.syphon_ledger import SyphonBatchWriter
 
 ENTITY = "orders"
 

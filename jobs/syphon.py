@@ -30,7 +30,9 @@ from types import FrameType
 from spark_sb.config.service_bus import load_config
 from spark_sb.core.durations import parse_duration
 from spark_sb.core.errors import ConfigError
-from spark_sb.spark.syphon_job import SyphonBatchWriter, SyphonRefused, run_syphon, stop_gracefully
+from spark_sb.spark.syphon_job import run_syphon, stop_gracefully
+from spark_sb.spark.syphon_lease import SyphonRefused
+from spark_sb.spark.syphon_ledger import SyphonBatchWriter
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -6,6 +6,9 @@
 * :mod:`~spark_sb.spark.datasource` - ``format("servicebus")`` (driver; writers on executors);
 * :mod:`~spark_sb.spark.relay` - the data source's spool into catalog state tables (driver);
 * :mod:`~spark_sb.spark.syphon_job` - the syphon as a Structured Streaming job;
+* :mod:`~spark_sb.spark.syphon_planner`, :mod:`~spark_sb.spark.syphon_drain`, :mod:`~spark_sb.spark.syphon_ledger`,
+  :mod:`~spark_sb.spark.syphon_lease` - its steps: planning (driver), draining (executors), recording and the
+  ordered run's lease (driver);
 * :mod:`~spark_sb.spark.schema` - the DataFrame's schema checked before any row is read (driver);
 * :mod:`~spark_sb.spark.session` - a SparkSession with Delta Lake (driver).
 

@@ -42,7 +42,8 @@ from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import Clock, SystemClock
 from spark_sb.failover.outcome import SendOutcome
 from spark_sb.spark.sink import ServiceBusSink
-from spark_sb.spark.syphon_job import SyphonBatchWriter, run_syphon
+from spark_sb.spark.syphon_job import run_syphon
+from spark_sb.spark.syphon_ledger import SyphonBatchWriter
 from tests.acceptance.backends import Backend
 from tests.acceptance.failures import ADMIN_TIMEOUTS
 

@@ -17,8 +17,8 @@ one state store - all on one fake clock, all real code but the namespaces and Sp
   read from the sessions table at each), with tasks run through :func:`~spark_sb.spark.partition.send_partition`,
   retried up to 4 attempts in the same or another worker. A batch whose task fails 4 times stops the query; it is
   replayed.
-* **The syphon job** is its planner (:class:`~spark_sb.spark.syphon_job.BacklogWatcher` over a fake admin),
-  :func:`~spark_sb.spark.syphon_job.drain_partition` per queue in a worker, and ``SyphonBatchWriter.record``
+* **The syphon job** is its planner (:class:`~spark_sb.spark.syphon_planner.BacklogWatcher` over a fake admin),
+  :func:`~spark_sb.spark.syphon_drain.drain_partition` per queue in a worker, and ``SyphonBatchWriter.record``
   (rows aggregated as its ``foreachBatch`` does) into the store.
 
 Test code: one thread, not picklable. Bounded by the schedule (a few sessions, a few dozen messages).
@@ -44,7 +44,7 @@ from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.paired import PairedSender
 from spark_sb.sender.pool import SenderPool
-from spark_sb.spark import datasource, partition, syphon_job
+from spark_sb.spark import datasource, partition, syphon_drain, syphon_ledger, syphon_planner
 from spark_sb.spark.sink import ServiceBusSink
 from spark_sb.state.records import ACKNOWLEDGED, MOVED
 from spark_sb.state.sessions import HeldLine
@@ -251,8 +251,8 @@ class Job:
     """One syphon job run: its checkpoint's batch ids, its planner, its ``foreachBatch`` writer."""
 
     name: str
-    writer: syphon_job.SyphonBatchWriter
-    watcher: syphon_job.BacklogWatcher
+    writer: syphon_ledger.SyphonBatchWriter
+    watcher: syphon_planner.BacklogWatcher
     batch_id: int = 0
 
 
@@ -378,9 +378,9 @@ class World:
         saved = (
             partition.SENDERS,
             partition.PairedSender,
-            syphon_job.SYPHONS,
-            syphon_job.Syphon,
-            syphon_job.time,
+            syphon_drain.SYPHONS,
+            syphon_drain.Syphon,
+            syphon_drain.time,
         )
         world = self
 
@@ -398,19 +398,19 @@ class World:
 
         partition.SENDERS = w.senders  # type: ignore[misc]
         partition.PairedSender = sender  # type: ignore[misc,assignment]
-        syphon_job.SYPHONS = w.syphons  # type: ignore[misc]
-        syphon_job.Syphon = syphon  # type: ignore[misc,assignment]
+        syphon_drain.SYPHONS = w.syphons  # type: ignore[misc]
+        syphon_drain.Syphon = syphon  # type: ignore[misc,assignment]
         # drain_partition's batch duration runs on the world's clock, as the syphon it drives does
-        syphon_job.time = SimpleNamespace(monotonic=self.clock.monotonic, sleep=self.clock.sleep)  # type: ignore[assignment]
+        syphon_drain.time = SimpleNamespace(monotonic=self.clock.monotonic, sleep=self.clock.sleep)  # type: ignore[assignment]
         try:
             yield
         finally:
             (
                 partition.SENDERS,
                 partition.PairedSender,
-                syphon_job.SYPHONS,
-                syphon_job.Syphon,
-                syphon_job.time,
+                syphon_drain.SYPHONS,
+                syphon_drain.Syphon,
+                syphon_drain.time,
             ) = saved  # type: ignore[misc]
 
     def build_syphon(self, config: Any, **kwargs: Any) -> Syphon:
@@ -450,7 +450,7 @@ class World:
         queue = self.rng.choice(self.names)
         if self.rng.random() < 0.5:
             with self.worker(w):
-                drain = syphon_job.drain_partition(self.config, queue, False, None, self.names)
+                drain = syphon_drain.drain_partition(self.config, queue, False, None, self.names)
                 try:
                     next(drain)
                     self.zombies.append(drain)  # never closed: its locks are held by a dead process
@@ -586,11 +586,11 @@ class World:
 
     # ------------------------------------------------------------------------------------------ the syphon job
     def new_job(self, name: str, batch_id: int = 0) -> Job:
-        writer = syphon_job.SyphonBatchWriter(self.config, store=self.store)
+        writer = syphon_ledger.SyphonBatchWriter(self.config, store=self.store)
         if hasattr(writer, "start_run"):
             writer.start_run()  # as run_syphon does at each query start
         admin = SimAdmin(self)
-        watcher = syphon_job.BacklogWatcher(self.config, self.names, admin=admin, clock=self.clock)
+        watcher = syphon_planner.BacklogWatcher(self.config, self.names, admin=admin, clock=self.clock)
         # never a real client, even after a failed read
         watcher._admin = lambda: admin  # type: ignore[method-assign]
         return Job(name, writer, watcher, batch_id)
@@ -616,7 +616,7 @@ class World:
         for queue, dead_letter in work:
             w = self.pick_worker()
             with self.worker(w):
-                rows.extend(syphon_job.drain_partition(self.config, queue, dead_letter, None, self.names))
+                rows.extend(syphon_drain.drain_partition(self.config, queue, dead_letter, None, self.names))
         moved = [r[5] for r in rows if r[3] == MOVED]
         acks = [r[5] for r in rows if r[3] == ACKNOWLEDGED]
         if kill:

@@ -77,7 +77,7 @@ def test_job_moves_the_backlog_records_events_restarts_and_idles_without_receive
 def test_the_planner_reads_entity_states_written_by_the_store_as_hints(spark: Any, tmp_path: Path) -> None:
     """What the state table says reaches the executors as hints (read without Spark, by delta-rs)."""
     from spark_sb.failover.outcome import namespace_key
-    from spark_sb.spark.syphon_job import read_entity_hints
+    from spark_sb.spark.syphon_planner import read_entity_hints
     from spark_sb.state.delta import DeltaStateStore, StateTables
     from spark_sb.state.records import BatchWrites, EntityRecord
 

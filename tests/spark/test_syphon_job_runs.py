@@ -314,7 +314,7 @@ def test_a_second_ordered_job_on_the_backlog_is_refused_in_one_line_naming_the_f
 ) -> None:
     """Two ordered syphons on one backlog queue break O1; the second is refused before it drains anything, and
     starts once the first stopped (its lease released)."""
-    from spark_sb.spark.syphon_job import SyphonRefused
+    from spark_sb.spark.syphon_lease import SyphonRefused
 
     pair = namespace_pair
     for name in BACKLOG:

@@ -24,7 +24,8 @@ from spark_sb.sender.paired import PairedSender
 from spark_sb.spark.datasource import parse_options
 from spark_sb.spark.partition import send_partition
 from spark_sb.spark.sink import ServiceBusSink
-from spark_sb.spark.syphon_job import SyphonBatchWriter, run_syphon, syphon_source
+from spark_sb.spark.syphon_job import run_syphon, syphon_source
+from spark_sb.spark.syphon_ledger import SyphonBatchWriter
 from spark_sb.state.records import ACKNOWLEDGED, SESSION_HELD, SESSION_RETURNED, PartitionResult
 from spark_sb.state.store import MemoryStateStore
 from spark_sb.wire.transport import PRIMARY, SECONDARY, Target
@@ -331,7 +332,7 @@ def test_the_ordered_syphon_job_drains_nothing_before_a_killed_runs_locks_ran_ou
     back to their queues when their locks run out, before anything behind them; draining earlier would move a
     session's later messages first. So the first drain waits the queues' longest lock duration + 5 s (65 s when
     it cannot be read), on the injected clock; with ordering: none nothing waits."""
-    from spark_sb.spark.syphon_job import BacklogWatcher
+    from spark_sb.spark.syphon_planner import BacklogWatcher
 
     clock = FakeClock()
     config = make_config(ordering="session", state_location="/tmp/state")
@@ -354,7 +355,7 @@ def test_a_drain_yields_one_acknowledged_row_per_marker_its_syphon_passed(
     from collections.abc import Iterator
 
     from spark_sb.sender.pool import SenderPool
-    from spark_sb.spark import syphon_job
+    from spark_sb.spark import syphon_drain
     from spark_sb.syphon.rules import SyphonOutcome
 
     class FakeSyphon:
@@ -368,10 +369,10 @@ def test_a_drain_yields_one_acknowledged_row_per_marker_its_syphon_passed(
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(syphon_job, "SYPHONS", SenderPool(clock=FakeClock()))
-    monkeypatch.setattr(syphon_job, "Syphon", FakeSyphon)
+    monkeypatch.setattr(syphon_drain, "SYPHONS", SenderPool(clock=FakeClock()))
+    monkeypatch.setattr(syphon_drain, "Syphon", FakeSyphon)
     config = make_config(ordering="session", state_location="/tmp/state")
-    rows = list(syphon_job.drain_partition(config, QUEUES[0], False, queues=QUEUES))
+    rows = list(syphon_drain.drain_partition(config, QUEUES[0], False, queues=QUEUES))
     assert rows == [
         (QUEUES[0], False, "orders", "moved", 1, "s1-0", None),
         (QUEUES[0], False, "orders", ACKNOWLEDGED, 1, "m1", "m1"),

@@ -12,7 +12,9 @@ import pytest
 
 from servicebus_local.clock import FakeClock
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.spark.syphon_job import BacklogWatcher, SyphonBatchWriter, outcome_rows
+from spark_sb.spark.syphon_drain import outcome_rows
+from spark_sb.spark.syphon_ledger import SyphonBatchWriter
+from spark_sb.spark.syphon_planner import BacklogWatcher
 from spark_sb.state.store import MemoryStateStore
 from spark_sb.syphon.rules import EXPIRED_IN_BACKLOG, EntityGate, SyphonOutcome, is_parked
 
@@ -258,7 +260,7 @@ def test_the_drain_takes_its_syphon_from_the_workers_pool_which_closes_it_after_
     from collections.abc import Iterator
 
     from spark_sb.sender.pool import SenderPool
-    from spark_sb.spark import syphon_job
+    from spark_sb.spark import syphon_drain
 
     built: list[FakeSyphon] = []
 
@@ -278,17 +280,17 @@ def test_the_drain_takes_its_syphon_from_the_workers_pool_which_closes_it_after_
             self.closed = True
 
     clock = FakeClock()
-    monkeypatch.setattr(syphon_job, "SYPHONS", SenderPool(clock=clock))
-    monkeypatch.setattr(syphon_job, "Syphon", FakeSyphon)
-    rows = list(syphon_job.drain_partition(CONFIG, QUEUES[0], False, queues=QUEUES))
+    monkeypatch.setattr(syphon_drain, "SYPHONS", SenderPool(clock=clock))
+    monkeypatch.setattr(syphon_drain, "Syphon", FakeSyphon)
+    rows = list(syphon_drain.drain_partition(CONFIG, QUEUES[0], False, queues=QUEUES))
     assert rows == [(QUEUES[0], False, "orders", "moved", 1, "m1", None)]
     # the next task takes the same syphon
-    list(syphon_job.drain_partition(CONFIG, QUEUES[1], False, queues=QUEUES))
+    list(syphon_drain.drain_partition(CONFIG, QUEUES[1], False, queues=QUEUES))
     assert len(built) == 1 and built[0].kwargs == {"backlog_queues": QUEUES, "record_ids": True}
-    assert syphon_job.SYPHONS.idle() == 1 and not built[0].closed
+    assert syphon_drain.SYPHONS.idle() == 1 and not built[0].closed
     clock.advance(CONFIG.idle_timeout + 1)  # unused for longer than idle_timeout: closed at the next acquire
-    list(syphon_job.drain_partition(CONFIG, QUEUES[0], False, queues=QUEUES))
-    assert len(built) == 2 and built[0].closed and not built[1].closed and syphon_job.SYPHONS.idle() == 1
+    list(syphon_drain.drain_partition(CONFIG, QUEUES[0], False, queues=QUEUES))
+    assert len(built) == 2 and built[0].closed and not built[1].closed and syphon_drain.SYPHONS.idle() == 1
 
 
 def test_an_ordered_available_now_run_waits_out_the_lock_duration_instead_of_ending_before_its_first_drain() -> (
@@ -351,14 +353,14 @@ def _lease(
     queues: tuple[str, ...] | None = None,
     host: str = "host-a",
 ) -> Any:
-    from spark_sb.spark.syphon_job import SyphonLease, SyphonRun
+    from spark_sb.spark.syphon_lease import SyphonLease, SyphonRun
 
     run = SyphonRun(run_id, host, checkpoint, clock.now(), queues)
     return SyphonLease(store, "syphon/p", "p.example:5671", run, clock=clock, stale=300, heartbeat=60)
 
 
 def test_a_second_ordered_job_is_refused_in_one_line_naming_the_first_until_it_stops() -> None:
-    from spark_sb.spark.syphon_job import SyphonRefused
+    from spark_sb.spark.syphon_lease import SyphonRefused
 
     store, clock = MemoryStateStore(), FakeClock()
     first = _lease(store, clock, "run-1", "/chk/job", host="driver-1")
@@ -388,7 +390,7 @@ def test_a_lease_runs_out_without_heartbeats_and_holds_with_them() -> None:
         clock.advance(60)
         assert first.beat()
         assert not first.beat()  # not due again yet
-    from spark_sb.spark.syphon_job import SyphonRefused
+    from spark_sb.spark.syphon_lease import SyphonRefused
 
     with pytest.raises(SyphonRefused):
         _lease(store, clock, "run-2", "/chk/other").acquire()
@@ -397,7 +399,7 @@ def test_a_lease_runs_out_without_heartbeats_and_holds_with_them() -> None:
 
 
 def test_a_restart_on_the_same_checkpoint_and_a_job_on_other_queues_are_not_refused() -> None:
-    from spark_sb.spark.syphon_job import SyphonRefused
+    from spark_sb.spark.syphon_lease import SyphonRefused
 
     store, clock = MemoryStateStore(), FakeClock()
     _lease(store, clock, "run-1", "/chk/job", queues=(QUEUES[0],)).acquire()  # then killed
@@ -409,7 +411,7 @@ def test_a_restart_on_the_same_checkpoint_and_a_job_on_other_queues_are_not_refu
 
 def test_of_two_jobs_starting_together_one_at_least_is_refused() -> None:
     """Each run reads after its own write: the one whose read comes second sees the other's running lease."""
-    from spark_sb.spark.syphon_job import SyphonRefused
+    from spark_sb.spark.syphon_lease import SyphonRefused
 
     store, clock = MemoryStateStore(), FakeClock()
     second = _lease(store, clock, "run-2", "/chk/b")
@@ -457,7 +459,7 @@ def test_the_ordered_drain_measures_its_locks_with_the_queues_own_lock_duration(
     from datetime import timedelta
 
     from spark_sb.sender.pool import SenderPool
-    from spark_sb.spark import syphon_job
+    from spark_sb.spark import syphon_drain
     from spark_sb.syphon.rules import LOCK_DURATION
 
     class LockAdmin(FakeAdmin):
@@ -500,9 +502,9 @@ def test_the_ordered_drain_measures_its_locks_with_the_queues_own_lock_duration(
             seen.append(self.lock_duration)
             yield SyphonOutcome()
 
-    monkeypatch.setattr(syphon_job, "SYPHONS", SenderPool(clock=FakeClock()))
-    monkeypatch.setattr(syphon_job, "Syphon", FakeSyphon)
-    list(syphon_job.drain_partition(CONFIG, QUEUES[0], False, queues=QUEUES, lock_duration=30.0))
-    list(syphon_job.drain_partition(CONFIG, QUEUES[1], False, queues=QUEUES, lock_duration=45.0))
-    list(syphon_job.drain_partition(CONFIG, QUEUES[1], False, queues=QUEUES))
+    monkeypatch.setattr(syphon_drain, "SYPHONS", SenderPool(clock=FakeClock()))
+    monkeypatch.setattr(syphon_drain, "Syphon", FakeSyphon)
+    list(syphon_drain.drain_partition(CONFIG, QUEUES[0], False, queues=QUEUES, lock_duration=30.0))
+    list(syphon_drain.drain_partition(CONFIG, QUEUES[1], False, queues=QUEUES, lock_duration=45.0))
+    list(syphon_drain.drain_partition(CONFIG, QUEUES[1], False, queues=QUEUES))
     assert seen == [30.0, 45.0, LOCK_DURATION]

@@ -16,7 +16,8 @@ from spark_sb.config.namespace import NamespaceConfig
 from spark_sb.config.secret import Secret
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.errors import ConfigError
-from spark_sb.spark.syphon_job import SyphonBatchWriter, error_class_of, outcome_rows
+from spark_sb.spark.syphon_drain import outcome_rows
+from spark_sb.spark.syphon_ledger import SyphonBatchWriter, error_class_of
 from spark_sb.state.store import MemoryStateStore
 from spark_sb.syphon.rules import (
     ABANDON,
