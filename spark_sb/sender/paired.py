@@ -57,7 +57,8 @@ from spark_sb.sender.context import SendContext
 from spark_sb.sender.diverter import Diverter, Open, Rejects
 from spark_sb.sender.prober import Prober
 from spark_sb.wire.admin_api import primary_namespace_name
-from spark_sb.wire.parking import PARK_AFTER, PARK_SOON, Parked
+from spark_sb.wire.parking import Parked
+from spark_sb.wire.timing import PARK_AFTER, PARK_SOON
 from spark_sb.wire.transport import PRIMARY, Batch, Target, Transport
 
 __all__ = ["PairedSender"]
@@ -525,7 +526,7 @@ class PairedSender:
         once (all disabled, say) cost about one ``failover_interval``, not E of them (SPEC F1). Each entity's
         messages stay in order (one batch per entity, retried whole). ``waiting`` is bounded by the batches.
 
-        A send not answered within :data:`~spark_sb.wire.parking.PARK_AFTER` on a connection that answers (an
+        A send not answered within :data:`~spark_sb.wire.timing.PARK_AFTER` on a connection that answers (an
         entity that stalls) is parked while the next entities' batches go out, then finished - in the order of
         its deadline, its answer read meanwhile by every other send - while the retries wait: E stalled entities
         cost one attempt's budget together, not E of them (issue 29; 10 stalled at an interval of 10 s took 98 s),

@@ -32,9 +32,9 @@ from spark_sb.config.namespace import NamespaceConfig
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.errors import condition_of
 from spark_sb.source.transport import ACTIVE, EntityCounts, NotFound, Peeked, Received
-from spark_sb.wire.connection import sdk_timeout
 from spark_sb.wire.lane import Lane
 from spark_sb.wire.receivers import SharedReceivers, dispose_on_link, receivers_lane
+from spark_sb.wire.timing import sdk_timeout
 
 if TYPE_CHECKING:  # pragma: no cover
     from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiver
@@ -318,7 +318,7 @@ class SdkEntityLink:
 
 
 def sdk_margin(timeout: float) -> float:
-    """How much earlier than a call's deadline its SDK work should end (see :func:`~spark_sb.wire.connection.
+    """How much earlier than a call's deadline its SDK work should end (see :func:`~spark_sb.wire.timing.
     sdk_timeout`)."""
     return timeout - sdk_timeout(timeout)
 

@@ -45,20 +45,26 @@ from typing import TYPE_CHECKING, Any
 from spark_sb.core.errors import classify, condition_of, token_expired
 from spark_sb.wire.lane import _WATCHDOG, abort_when_abandoned
 from spark_sb.wire.parking import Parked, last_heard
+from spark_sb.wire.timing import (
+    ABORT_RETRIES,
+    ABORT_RETRY,
+    CONNECT_TIMEOUT,
+    HEARTBEAT,
+    PING_ANSWER,
+    PUMP_READ_TIMEOUT,
+    QUIET,
+    RENEW_AT_LEAST,
+    SDK_SLICE,
+    SILENT_AFTER,
+    VERIFY_WAIT,
+    sdk_timeout,
+)
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusClient, ServiceBusSender
 
 __all__ = [
-    "CONNECT_TIMEOUT",
-    "HEARTBEAT",
-    "PING_ANSWER",
-    "QUIET",
-    "RESCUE_ROOM",
     "RENEWABLE",
-    "SDK_MARGIN",
-    "SILENT_AFTER",
-    "TEND_EVERY",
     "ConnectionSilent",
     "FoundDead",
     "Liveness",
@@ -69,82 +75,13 @@ __all__ = [
     "close_connection",
     "open_connection",
     "renewable",
-    "sdk_timeout",
     "shut_down_socket",
 ]
 
 _LOGGER = logging.getLogger(__name__)
 
-#: The SDK's own timeout of a call on an open link ends this much before the lane's deadline (the SDK reads
-#: the socket in slices of its ``socket_timeout``, 0.2 s), so that a stalled entity costs its link, not the
-#: connection that the namespace's other entities share.
-SDK_MARGIN = 0.3
-
-#: How long the SDK's reads wait at most on a link of the shared connection (its ``socket_timeout``; the SDK's
-#: default is 0.2 s): a call checks its own timeout between reads, so it overshoots that timeout by up to this much.
-#: Short, so that the SDK gives up before the lane's deadline even on the shortest budget (``failover_interval`` 0:
-#: 0.25 s), and a stalled entity costs its link, never the connection the namespace's other entities use (SPEC F6).
-#: Cost: a waiting call wakes 20 times a second instead of 5.
-SDK_SLICE = 0.05
-
 #: Links being opened at once on one connection (a wave): bounds the handlers polled per round of answers.
 OPENING_AT_ONCE = 128
-
-#: The idle timeout the shared connection asks of the namespace (seconds). The namespace then sends an empty
-#: frame when it has had nothing else to send for half of it, so a live connection is heard from at least every
-#: ``HEARTBEAT / 2`` s even while one entity stalls; a silent connection is the namespace's fault (SPEC F1). pyamqp's
-#: own close after this long without a frame is switched off (:func:`open_connection`): the lane's deadlines and the
-#: namespace-wide evidence decide what a silence means. A connection silent past one beat and a margin (2.5 s,
-#: :data:`~spark_sb.wire.transport.NAMESPACE_SILENCE`) tells a namespace fault from one entity's stall (SPEC F7); shorter
-#: silences are told by several entities timing out together. 2 s was tried (a 1.5 s verdict): the syphon's
-#: lost-locks test (tests/integration/test_syphon_reliability.py) then saw a message whose lock ran out mid-forward
-#: twice in the next drain, in most runs; at 4 s, 6 of 6 runs passed. Left for the syphon's receive credit.
-HEARTBEAT = 4.0
-
-
-#: A connection that said nothing (no frame, not even a heartbeat) for this long is dead: silently dropped on the
-#: way (a middlebox forgot the flow), or the namespace stopped answering. Half a :data:`HEARTBEAT` is the
-#: namespace's beat, so this is six missed beats: well above a live connection's jitter and a latency spike of a few
-#: seconds (a 3.5 s one must not drop a connection whose calls are still answered). Dropping a connection between
-#: calls needs this certainty; a call that times out meanwhile is judged on the shorter
-#: :data:`~spark_sb.wire.transport.NAMESPACE_SILENCE`, and a send that waits on a silent connection asks it for a
-#: sign of life after :data:`QUIET` (:class:`Liveness`).
-SILENT_AFTER = 6.0
-
-#: Liveness while a call waits (SPEC L1, issue 29 item 4): a call on the shared connection that has heard nothing
-#: on it (no answer, no heartbeat, no frame of any link) for this long asks the connection for a sign of life - a
-#: *ping*: an AMQP session begun (and ended once answered). Every AMQP peer answers a begin at once, and the
-#: namespace answers it itself, whatever an entity does: a ping tells a dead connection (silently dropped on the
-#: way: nothing ever comes back) from a stalled entity on a live one (the ping is answered, the call keeps waiting)
-#: within about a second, where the heartbeats (every ``HEARTBEAT / 2`` s) would take several. Cost on a live
-#: connection: one begin and one end per second of silence while a call waits - none while answers come.
-QUIET = 1.0
-
-#: A ping not answered within this long (nothing at all heard on the connection since it was sent): the connection
-#: may be dead, and a fresh one is opened alongside while the call keeps waiting (:class:`Spare`); once the fresh
-#: one is open, the silent one is dead for us and the call moves. A namespace slow for everyone (a latency of
-#: seconds) does not open the fresh one in time either, and the call's late answer on its own connection counts.
-PING_ANSWER = 0.5
-
-#: What a call on the shared connection may take past its attempt's budget to recover from a connection found dead
-#: while it waited (:meth:`SharedConnection.on_link`): the ping after an SDK timeout on a connection heard nothing
-#: since the call began (an attempt shorter than :data:`QUIET`: ``failover_interval`` 0), then a fresh connection, a
-#: fresh link and the call made once more on them. The SDK's own wait stays the attempt's budget; only this
-#: recovery runs into the room. On loopback a fresh connection takes tens of milliseconds; against the service a
-#: few round trips (TLS, SASL, open, CBS, attach). A namespace that stalls altogether (fresh connections too) is
-#: failed over this much later than the attempt's budget alone would (``failover_interval`` 0: ~0.75 s instead of
-#: 0.25 s): the price of not failing over when only the connection died.
-RESCUE_ROOM = 0.5
-
-#: After an SDK timeout on a connection heard nothing since the call began, the ping waits at most this long for an
-#: answer (inside :data:`RESCUE_ROOM`; shorter than :data:`PING_ANSWER` so that a fresh connection still fits).
-VERIFY_WAIT = 0.2
-
-#: How often a lane with nothing to do looks after its connection (:meth:`SharedConnection.tend`).
-TEND_EVERY = 0.5
-
-#: A renewed call needs at least this much of its deadline left (a fresh link on a live connection: a few round trips).
-RENEW_AT_LEAST = 0.05
 
 #: Error conditions with which the service ends a link or connection for its lifecycle, not for an outage: a link
 #: idle for 10 minutes (``detach-forced``, "IdleTimerExpired"), a token that expired (``unauthorized-access`` on a
@@ -869,15 +806,6 @@ def _attached(sender: ServiceBusSender) -> bool:
     return link is None or link.state == LinkState.ATTACHED
 
 
-def sdk_timeout(left: float) -> float:
-    """The SDK's own timeout for a call with ``left`` seconds to its deadline: :data:`SDK_MARGIN` earlier (a
-    quarter of ``left`` when that is less, but never less than three :data:`SDK_SLICE`: measured, a
-    send on a stalled link with the SDK's timeout 0.18 s returned after 0.25 s with slices of 0.05 s, 0.40 s with
-    the default 0.2 s), so that the SDK gives up first and a stalled entity costs its
-    link, not the shared connection. Pure."""
-    return max(0.02, left - min(SDK_MARGIN, max(0.25 * left, 3 * SDK_SLICE)))
-
-
 def _condition_text(error: Any) -> str | None:
     condition = getattr(error, "condition", None)
     if condition is None:
@@ -900,11 +828,6 @@ def renewable(exc: BaseException) -> bool:
     "CBS Authentication Expired": a token whose refresh window is shorter than the time between calls). A fresh
     link puts a fresh token. Pure."""
     return (condition_of(exc) or "") in RENEWABLE or token_expired(exc)
-
-
-#: While links are opened, a read with nothing to read waits this long (the SDK's socket timeout is 0.2 s: one such
-#: wait per round of answers would cost tenths of a second per link).
-PUMP_READ_TIMEOUT = 0.005
 
 
 @contextlib.contextmanager
@@ -1021,16 +944,6 @@ def open_connection(client: ServiceBusClient, timeout: float) -> Any:
     # namespace-wide evidence decide what a silence means.
     connection._idle_timeout = None
     return connection
-
-
-#: The TCP connect's own timeout, per address the host name resolves to (pyamqp's default, 1 s): a connect that
-#: is not answered (SYN dropped) ends there; a shorter ``timeout`` of the opening is used instead.
-CONNECT_TIMEOUT = 1.0
-
-#: An opening aborted before its socket exists (in the TCP connect) is looked at again this often, until the
-#: socket exists (then it is shut down) or the opening ends; :data:`ABORT_RETRIES` times at most.
-ABORT_RETRY = 0.05
-ABORT_RETRIES = 200
 
 
 class Opening:

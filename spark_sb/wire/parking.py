@@ -1,5 +1,6 @@
-"""Parked sends: a send that no answer came for within :data:`PARK_AFTER` on a connection that answers is set aside,
-its batch still on the wire, so that the caller can send to the other entities meanwhile (issue 29 item 1, SPEC F6).
+"""Parked sends: a send that no answer came for within :data:`~spark_sb.wire.timing.PARK_AFTER` on a connection
+that answers is set aside, its batch still on the wire, so that the caller can send to the other entities meanwhile
+(issue 29 item 1, SPEC F6).
 
 Why: sends are synchronous on the caller's thread (a Spark task), and the namespace's entities share one connection
 (SPEC F2). An entity that stalls (its broker answers nothing; the connection and every other entity answer) used to
@@ -10,9 +11,9 @@ tending) reads its answer when it comes; :func:`resume_send` waits for it once t
 within the attempt's own deadline. E stalled entities then cost one budget together, and the healthy entities of
 the call are sent while they wait.
 
-When a send parks: past :data:`PARK_AFTER` seconds, and only when the connection was heard from since the send
+When a send parks: past ``PARK_AFTER`` seconds, and only when the connection was heard from since the send
 began (another link's answer, a heartbeat, the answer to the liveness ping that a parkable send asks for after
-:data:`PARK_AFTER` of silence: :class:`~spark_sb.wire.connection.Liveness`). A connection that says nothing at all
+``PARK_AFTER`` of silence: :class:`~spark_sb.wire.connection.Liveness`). A connection that says nothing at all
 is the namespace's fault, not one entity's: such a send waits as before, and its timeout is the namespace's
 evidence (SPEC F7). Parking is no verdict: the state of the entity is decided when the send ends.
 
@@ -35,10 +36,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from spark_sb.wire.timing import READ_ARRIVED_WAIT
+
 __all__ = [
-    "PARK_AFTER",
-    "PARK_SOON",
-    "RESUME_AT_LEAST",
     "Parked",
     "Ticket",
     "holds",
@@ -46,24 +46,6 @@ __all__ = [
     "resume_send",
     "send_parkable",
 ]
-
-#: A send not answered for this long on a connection that answers is parked (seconds). A healthy send of a batch
-#: takes milliseconds on loopback and a round trip or two against the service; parking a slow healthy one only
-#: defers reading its answer. The price of a stalled entity to the call's other entities is this much per stalled
-#: entity (the goal: at most 0.5 s, SPEC F6), instead of its whole budget. Measured (bench_isolation.py, E = 100,
-#: 10 stalled, 0 ms): at 0.2 s they failed over in 2.32 s at interval 0 and 11.92 s at 10 s; at 0.1 s in 1.33 s
-#: and 11.02 s; before parking, 98.4 s at 10 s.
-PARK_AFTER = 0.1
-
-#: Once a send of the call has parked (the connection answers: the entity stalls, not the namespace), the call's next
-#: sends park after this long (seconds): 10 entities stalling at once then delay the others by 0.1 + 9 x 0.03 s,
-#: within the 0.5 s of SPEC F6. A healthy send parked this early is answered while the call sends on, and finished
-#: at once when the call comes back to it.
-PARK_SOON = 0.03
-
-#: A parked send resumed at or past its deadline still gets this long (seconds) to read an answer that came
-#: meanwhile, or to find its delivery timed out by its link.
-RESUME_AT_LEAST = 0.05
 
 
 @dataclass(eq=False)
@@ -187,14 +169,10 @@ def last_heard(connection: Any) -> float | None:
     return float(value) if value else None
 
 
-#: How long :func:`_read_arrived` waits on a socket with nothing to read (seconds): it reads what already came.
-READ_ARRIVED_WAIT = 0.005
-
-
 def _read_arrived(handler: Any) -> None:
     """Process the frames that already came on ``handler``'s connection (reads of at most
-    :data:`READ_ARRIVED_WAIT` each, until one finds nothing), without pyamqp's deadline check of the link's
-    deliveries that precedes every read of ``do_work``."""
+    :data:`~spark_sb.wire.timing.READ_ARRIVED_WAIT` each, until one finds nothing), without pyamqp's deadline
+    check of the link's deliveries that precedes every read of ``do_work``."""
     connection = getattr(handler, "_connection", None)
     sock = getattr(getattr(connection, "_transport", None), "sock", None)
     if connection is None or sock is None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.wire import connection as amqp
+from spark_sb.wire import timing
 from spark_sb.wire.lane import Lane
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,7 +73,7 @@ class SharedReceivers:
             self.discard(
                 "closed"
                 if amqp.connection_broken(self.connection)
-                else f"silent for more than {amqp.SILENT_AFTER:.3g} s"
+                else f"silent for more than {timing.SILENT_AFTER:.3g} s"
             )
         if self.connection is None:
             self.connection = amqp.open_connection(self.client, timeout)
@@ -136,7 +137,7 @@ class SharedReceivers:
             self.discard(
                 "closed"
                 if amqp.connection_broken(connection)
-                else f"silent for more than {amqp.SILENT_AFTER:.3g} s"
+                else f"silent for more than {timing.SILENT_AFTER:.3g} s"
             )
             return
         try:
@@ -251,7 +252,7 @@ def receivers_lane(
         SharedReceivers.close,
         SharedReceivers.unblock,
         idle=SharedReceivers.tend,
-        idle_every=amqp.TEND_EVERY,
+        idle_every=timing.TEND_EVERY,
     )
 
 

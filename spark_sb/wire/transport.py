@@ -18,7 +18,7 @@ answering) is closed alone and reopened on next use. A batch send on a link know
 thread (:meth:`~spark_sb.wire.lane.Lane.direct`: the SDK bounds that phase itself, the lane's watchdog keeps the
 deadline), which keeps the failed-over and healthy paths at the raw SDK's speed. A send whose connection died
 silently while it waited (nothing heard, a ping not answered) is made once more on a fresh connection, within
-:data:`~spark_sb.wire.connection.RESCUE_ROOM` past its budget (SPEC L1): a silent drop costs about a second and a
+:data:`~spark_sb.wire.timing.RESCUE_ROOM` past its budget (SPEC L1): a silent drop costs about a second and a
 half, never a failover when the fresh connection is served.
 :meth:`SdkTransport.answered_within` reads the connection's last frame (the namespace's heartbeats) so that the
 sender can tell a namespace's fault from an entity's (F1). SPEC B10: the two namespaces' connections are a pair -
@@ -58,20 +58,27 @@ from spark_sb.message.packing import (
     encode,
 )
 from spark_sb.wire.connection import (
-    HEARTBEAT,
-    QUIET,
-    RESCUE_ROOM,
-    SDK_SLICE,
-    TEND_EVERY,
     FoundDead,
     NeedsWorker,
     SharedConnection,
     abort_connection,
     open_connection,
-    sdk_timeout,
 )
 from spark_sb.wire.lane import Finished, Lane, Pending, Withdrawn
-from spark_sb.wire.parking import RESUME_AT_LEAST, Parked, holds, resume_send, send_parkable
+from spark_sb.wire.parking import Parked, holds, resume_send, send_parkable
+from spark_sb.wire.timing import (
+    CONNECTED_FRESH,
+    HEARTBEAT,
+    MIN_CALL_LEFT,
+    PREPARE_BASE,
+    PREPARE_PER_LINK,
+    QUIET,
+    RESCUE_ROOM,
+    RESUME_AT_LEAST,
+    SLOW_MARGIN,
+    TEND_EVERY,
+    sdk_timeout,
+)
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusMessageBatch, ServiceBusSender
@@ -80,11 +87,9 @@ if TYPE_CHECKING:
     from spark_sb.config.service_bus import ServiceBusConfig
 
 __all__ = [
-    "CONNECTED_FRESH",
     "NAMESPACE_SILENCE",
     "PRIMARY",
     "SECONDARY",
-    "SLOW_MARGIN",
     "Batch",
     "SdkBatch",
     "SdkTransport",
@@ -97,28 +102,12 @@ _LOGGER = logging.getLogger(__name__)
 PRIMARY = "primary"
 SECONDARY = "secondary"
 
-#: How long before its deadline a call still unanswered counts as slow: enough to open a new connection with
-#: the SDK (about 0.5 s), so that a link opened then is ready when the call fails.
-SLOW_MARGIN = 1.0
-
-#: A call made with :meth:`SdkTransport._call` (a probe's schedule or cancel) that gets its turn on the lane with
-#: less of its deadline left than this is not started (:class:`~spark_sb.wire.lane.Withdrawn`): the SDK cannot
-#: answer within less (its timeout is cut :func:`~spark_sb.wire.connection.sdk_timeout`'s margin shorter and a
-#: read waits up to :data:`~spark_sb.wire.connection.SDK_SLICE`), so the call would overrun the lane's deadline
-#: and cost the connection. Measured: ten probes of stalled entities queued on the isolated connection at
-#: 0/1/5 s (E = 20, bench_isolation.py) built a new connection every 1.5 s without it, none with it.
-MIN_CALL_LEFT = 3 * SDK_SLICE
-
 #: A timeout is the namespace's fault (SPEC F7) only when its connection has said nothing - no answer, no heartbeat
 #: - for this long when the attempt fails: the namespace sends an empty frame at least every ``HEARTBEAT / 2``
-#: seconds (:data:`~spark_sb.wire.connection.HEARTBEAT`), so a connection silent past one beat and a margin is dead or
+#: seconds (:data:`~spark_sb.wire.timing.HEARTBEAT`), so a connection silent past one beat and a margin is dead or
 #: its namespace stopped answering; a connection heard within it is alive and only the entity stalled, however short
 #: the attempt was (``failover_interval`` 0 and values below the heartbeat period included).
 NAMESPACE_SILENCE = HEARTBEAT / 2 + 0.5
-
-#: How recent a link's last answer must be for the link to count as connected (:meth:`Transport.connected`):
-#: well under the service's idle-connection timeout, after which a send would reconnect first.
-CONNECTED_FRESH = 60.0
 
 
 @dataclass(frozen=True)
@@ -158,7 +147,7 @@ class Batch(Protocol):
 class Transport(Protocol):
     """The paired sender's view of Service Bus. Every operation that does I/O takes ``timeout`` (seconds) and
     returns or raises within it (a :class:`~spark_sb.wire.lane.DeadlineExceeded` past it; :meth:`send` may take
-    :data:`~spark_sb.wire.connection.RESCUE_ROOM` more to move to a fresh connection when its own is found dead
+    :data:`~spark_sb.wire.timing.RESCUE_ROOM` more to move to a fresh connection when its own is found dead
     while it waits, SPEC L1). May be called from the
     sender's thread and its probe thread."""
 
@@ -177,10 +166,10 @@ class Transport(Protocol):
     ) -> None:
         """Send one batch; returns when the service accepted it; raises SDK exceptions. ``on_slow`` is called
         (on the caller's thread or a watchdog thread: it must not block and must be thread-safe) if no answer has
-        come :data:`SLOW_MARGIN` before the deadline: the caller may prepare for the failure (e.g. open the
-        backlog's link). ``park_after`` (seconds): a send not answered by then on a connection that answers raises
-        :class:`~spark_sb.wire.parking.Parked` instead of waiting on (the batch stays on the wire); the caller
-        finishes it with :meth:`resume`, and sends nothing else to that entity meanwhile."""
+        come :data:`~spark_sb.wire.timing.SLOW_MARGIN` before the deadline: the caller may prepare for the failure
+        (e.g. open the backlog's link). ``park_after`` (seconds): a send not answered by then on a connection that
+        answers raises :class:`~spark_sb.wire.parking.Parked` instead of waiting on (the batch stays on the wire);
+        the caller finishes it with :meth:`resume`, and sends nothing else to that entity meanwhile."""
 
     def resume(
         self, parked: Parked, on_slow: Callable[[], None] | None = None, park_after: float | None = None
@@ -195,9 +184,9 @@ class Transport(Protocol):
         """Cancel a scheduled message."""
 
     def connected(self, target: Target) -> bool:
-        """True when ``target``'s link answered a call within the last :data:`CONNECTED_FRESH` seconds and its
-        client was not replaced since: a send needs no new connection, so its deadline need not allow for one
-        (no I/O)."""
+        """True when ``target``'s link answered a call within the last
+        :data:`~spark_sb.wire.timing.CONNECTED_FRESH` seconds and its client was not replaced since: a send needs
+        no new connection, so its deadline need not allow for one (no I/O)."""
 
     def answered_within(self, target: Target, seconds: float) -> bool:
         """True when ``target``'s namespace answered anything (on any link of its connection, heartbeats
@@ -290,12 +279,6 @@ class SdkBatch:
 
     def __iter__(self) -> Iterator[OutboundMessage]:
         return iter(self._messages)
-
-
-#: Links opened concurrently on a connection cost about this much each (CPU and frames), on top of a fixed part:
-#: the deadline of :meth:`SdkTransport.prepare` is ``PREPARE_BASE + PREPARE_PER_LINK * n`` (SPEC F3).
-PREPARE_BASE = 1.5
-PREPARE_PER_LINK = 0.02
 
 
 class SdkTransport:

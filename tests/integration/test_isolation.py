@@ -362,7 +362,7 @@ def test_several_stalled_entities_in_one_call_fail_over_together_and_the_healthy
     so that each entity's first batch fills while the call packs (two to a 256 kB batch) and is sent then."""
     from datetime import datetime, timezone
 
-    from spark_sb.wire.parking import PARK_AFTER
+    from spark_sb.wire.timing import PARK_AFTER
 
     sick, healthy = [f"sick{i}" for i in range(4)], [f"ok{i}" for i in range(4)]
     for name in (*sick, *healthy):

@@ -14,7 +14,8 @@ from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.wire.lane import DeadlineExceeded
 from spark_sb.wire.parking import Parked
-from spark_sb.wire.transport import SLOW_MARGIN, Target
+from spark_sb.wire.timing import SLOW_MARGIN
+from spark_sb.wire.transport import Target
 
 BATCH_BASE = 10
 

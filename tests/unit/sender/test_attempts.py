@@ -17,7 +17,8 @@ from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.backlog import PROBE_SESSION, PROBE_SESSION_PREFIX, is_probe, probe_message
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.attempts import WireEvidence
-from spark_sb.wire.parking import PARK_AFTER, PARK_SOON, Parked
+from spark_sb.wire.parking import Parked
+from spark_sb.wire.timing import PARK_AFTER, PARK_SOON
 from spark_sb.wire.transport import NAMESPACE_SILENCE, PRIMARY, Target
 from tests.unit.fakes import FakeTransport
 from tests.unit.sender.rig import Rig, msgs

@@ -499,7 +499,7 @@ def test_a_failing_entity_opens_its_backlog_link_ahead_of_the_failover() -> None
 
 
 def test_a_stalled_primary_has_the_backlog_link_opened_before_its_deadline() -> None:
-    from spark_sb.wire.transport import SLOW_MARGIN
+    from spark_sb.wire.timing import SLOW_MARGIN
 
     rig = Rig(failover_interval=5.0)
     rig.transport.op_seconds = 0.0

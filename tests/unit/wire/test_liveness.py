@@ -17,15 +17,13 @@ from azure.servicebus.exceptions import OperationTimeoutError
 
 import spark_sb.wire.connection as connection_module
 from spark_sb.wire.connection import (
-    PING_ANSWER,
-    QUIET,
-    VERIFY_WAIT,
     ConnectionSilent,
     FoundDead,
     Liveness,
     SharedConnection,
     Spare,
 )
+from spark_sb.wire.timing import PING_ANSWER, QUIET, VERIFY_WAIT
 
 SLICE = 0.05  # one read of the connection (the SDK's socket timeout on the shared connection)
 

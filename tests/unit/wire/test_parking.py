@@ -10,7 +10,8 @@ import pytest
 from azure.servicebus._pyamqp.constants import MessageDeliveryState
 from azure.servicebus._pyamqp.message import _MessageDelivery
 
-from spark_sb.wire.parking import READ_ARRIVED_WAIT, Ticket, _wait
+from spark_sb.wire.parking import Ticket, _wait
+from spark_sb.wire.timing import READ_ARRIVED_WAIT
 
 
 class Sock:

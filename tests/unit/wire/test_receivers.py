@@ -16,6 +16,7 @@ from spark_sb.config.namespace import NamespaceConfig
 from spark_sb.config.secret import Secret
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.wire import connection as amqp
+from spark_sb.wire import timing
 from spark_sb.wire.lane import DeadlineExceeded, Lane
 from spark_sb.wire.receivers import ReceiverLane, Receiving, SharedReceivers, receivers_lane
 
@@ -213,7 +214,7 @@ def test_a_closed_or_silent_connection_is_replaced_with_every_receiver_on_it(
     if how == "closed":
         dead.state = ConnectionState.END
     else:
-        dead._last_frame_received_time = time.time() - amqp.SILENT_AFTER - 1
+        dead._last_frame_received_time = time.time() - timing.SILENT_AFTER - 1
     fresh = shared.receiver("b/0", False, 5.0)
     assert len(connections) == 2 and shared.opened == 2 and shared.connection is connections[1]
     assert fresh not in old
@@ -260,7 +261,7 @@ def test_tending_reads_the_connection_with_short_reads_and_renews_every_token(
     seen: list[float | None] = []
     conn.listen = lambda batch=1: seen.append(sock.timeout)  # type: ignore[method-assign]
     shared.tend()
-    assert seen == [amqp.PUMP_READ_TIMEOUT]  # one short read, not a blocking one
+    assert seen == [timing.PUMP_READ_TIMEOUT]  # one short read, not a blocking one
     assert sock.timeout == 1.0  # the socket's own timeout back afterwards
     assert [r._handler._cbs_authenticator.renewed for r in receivers] == [1, 1]  # type: ignore[attr-defined]
     assert shared.connection is conn and len(shared.receivers) == 2
@@ -285,7 +286,7 @@ def test_tending_drops_a_dead_connection(connections: list[FakeConnection], how:
     if how == "closed before":
         conn.state = ConnectionState.CLOSE_RCVD
     elif how == "silent":
-        conn._last_frame_received_time = time.time() - amqp.SILENT_AFTER - 1
+        conn._last_frame_received_time = time.time() - timing.SILENT_AFTER - 1
     elif how == "read fails":
         conn.listen_error = ConnectionResetError("reset by peer")
     else:

@@ -12,8 +12,9 @@ import pytest
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.wire import transport as transport_module
 from spark_sb.wire.lane import Finished, Withdrawn
-from spark_sb.wire.parking import RESUME_AT_LEAST, Parked
-from spark_sb.wire.transport import MIN_CALL_LEFT, PRIMARY, SdkTransport, Target
+from spark_sb.wire.parking import Parked
+from spark_sb.wire.timing import MIN_CALL_LEFT, RESUME_AT_LEAST
+from spark_sb.wire.transport import PRIMARY, SdkTransport, Target
 from tests.unit.sender.rig import make_config
 
 ORDERS = Target(PRIMARY, "orders")
