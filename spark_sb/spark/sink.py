@@ -1,48 +1,29 @@
-"""The Spark ``foreachBatch`` sink (SPEC S1-S6): rows to Service Bus, failover state shared through Delta tables,
-replayed batches skipped, rejects recorded. DataFrame operations only (``mapInArrow``), so it runs under Spark
-Connect (Databricks standard access mode, serverless).
+"""The Spark ``foreachBatch`` sink (SPEC S1-S6), driver side: rows to Service Bus, failover state shared through
+Delta tables, replayed batches skipped, rejects recorded. DataFrame operations only (``mapInArrow``), so it runs
+under Spark Connect (Databricks standard access mode, serverless)::
 
-Usage (driver)::
-
-    from spark_sb import ServiceBusSink, load_config
     sb_sink = ServiceBusSink(load_config("conf/prod.yaml"))
     df.writeStream.foreachBatch(sb_sink).option("checkpointLocation", ckpt).start()
 
-This module is the driver side, the ``foreachBatch`` orchestration. Where things run:
-
-* ``ServiceBusSink.__call__`` runs on the driver (Spark calls the ``foreachBatch`` function there). It holds only
-  the picklable configuration (that is all it pickles); it never builds a Service Bus client.
-  At batch start it checks the schema (first batch), skips a batch id this ``sink_id`` already committed, and
-  hands the tasks the entity state; after the batch it plans the rows of the events, entities and rejects
-  tables (:mod:`spark_sb.state`) from the per-partition results. With ``state_writes: async`` (default) a
-  background thread on the driver writes them (group commit) and the handoff is the driver's view of the
-  entities table, so the batch waits for neither; call ``sink.flush()`` (or use ``with sink:``) before
-  ``spark.stop()``. With ``sync`` the batch reads the table first and writes before it returns. The process
-  hooks that flush at exit, on SIGTERM and when a query terminates are :mod:`spark_sb.spark.hooks`.
-* The tasks run :func:`~spark_sb.spark.partition.send_partition` in executor Python workers, once per partition
-  (:mod:`spark_sb.spark.partition`, the executor side, which defines ``send_partition``, ``arrow_rows``,
-  ``partition_function``, ``RESULT_SCHEMA`` and ``RejectedRowsError``). What they need
-  (the config, the entity records) is picklable.
-
-Delivery guarantee: at least once. A partition task returns only after every message was accepted by the primary,
-accepted by a backlog queue, or recorded as a reject; otherwise the task fails and Spark retries it (message ids
-plus duplicate detection on the primary make retries harmless).
+``ServiceBusSink.__call__`` runs on the driver and pickles only the configuration; the tasks run
+:func:`~spark_sb.spark.partition.send_partition` in executor Python workers. At least once: a task returns only
+after every message was accepted by the primary or a backlog queue, or recorded as a reject. The counts are
+:mod:`spark_sb.spark.totals`; the process hooks :mod:`spark_sb.spark.hooks`. Where each step runs, the state
+writes (``async`` / ``sync``) and why they do not widen the replay window: docs/design/sink.md.
 """
 
 from __future__ import annotations
 
 import logging
 import pickle
-import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import Clock, SystemClock
-from spark_sb.core.counts import SentAndDiverted, merge_counts
 from spark_sb.core.errors import ConfigError
 from spark_sb.failover.outcome import SendOutcome, namespace_key
 from spark_sb.spark.hooks import install_sigterm_handler, is_connect, register_exit_hook
@@ -52,19 +33,17 @@ from spark_sb.spark.partition import (
     partition_function,
 )
 from spark_sb.spark.schema import validate_schema
+from spark_sb.spark.totals import SinkTotals, reasons, state_table, table_totals, task_failure, warn_rejects
 from spark_sb.state.delta import DeltaStateStore, StateTables
 from spark_sb.state.planning import plan_batch
 from spark_sb.state.records import (
-    BACKLOG_PULLED,
     BATCH_COMMITTED,
     DIVERTED,
-    PROBE,
     REJECTED,
     REPLAY_SKIPPED,
     SENT,
     SESSION_HELD,
     SESSION_RETURNED,
-    STATE_CHANGE,
     BatchWrites,
     EntityRecord,
     Event,
@@ -88,11 +67,9 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "ServiceBusSink",
     "SinkIdConflictError",
-    "SinkTotals",
     "batch_counts",
     "default_sink_id",
     "sink",
-    "table_totals",
 ]
 
 log = logging.getLogger(__name__)
@@ -101,139 +78,6 @@ log = logging.getLogger(__name__)
 class SinkIdConflictError(RuntimeError):
     """A batch id this ``sink_id`` committed before arrives with other content, or below the last committed one:
     another query (or a new checkpoint) uses the same ``sink_id`` and state tables. Set a distinct ``sink_id``."""
-
-
-@dataclass
-class SinkTotals(SentAndDiverted):
-    """Counts over every batch this sink object processed (driver; bounded: counts, never records)."""
-
-    batches: int = 0
-    skipped_batches: int = 0
-    rows: int = 0
-    sent: dict[str, int] = field(default_factory=dict)
-    diverted: dict[str, int] = field(default_factory=dict)
-    diverted_by_entity: dict[str, int] = field(default_factory=dict)
-    rejected: int = 0
-    #: Rejects per reason (bounded by the reasons the rows checks give: a few dozen at most).
-    rejected_by_reason: dict[str, int] = field(default_factory=dict)
-    transitions: int = 0
-    probes: int = 0
-    pulls: int = 0
-    retries: int = 0
-
-    @property
-    def total_rejected(self) -> int:
-        return self.rejected
-
-    def add(self, outcome: SendOutcome, rows: int, by_reason: dict[str, int] | None = None) -> None:
-        """Count one batch; ``by_reason``: its rejects per reason when the caller has them (:func:`reasons`)."""
-        self.batches += 1
-        self.rows += rows
-        self.sent = merge_counts(self.sent, outcome.sent)
-        self.diverted = merge_counts(self.diverted, outcome.diverted)
-        self.diverted_by_entity = merge_counts(self.diverted_by_entity, outcome.diverted_by_entity)
-        self.rejected += outcome.total_rejected
-        self.rejected_by_reason = merge_counts(self.rejected_by_reason, by_reason or reasons(outcome))
-        self.transitions += len(outcome.transitions)
-        self.probes += len(outcome.probes)
-        self.pulls += len(outcome.pulls)
-        self.retries += outcome.retries
-
-    def line(self, sink_id: str) -> str:
-        """One line for the end of a job: ``sink orders: 3 batches, 1,000 rows: 990 sent, 5 diverted, 5 rejected
-        (too large: 3, no entity: 2), 1 replayed batch skipped``."""
-        parts = [
-            f"{self.total_sent:,} sent",
-            f"{self.total_diverted:,} diverted",
-            f"{self.rejected:,} rejected",
-        ]
-        if self.rejected_by_reason:
-            parts[-1] += " (" + ", ".join(f"{r}: {n:,}" for r, n in most_first(self.rejected_by_reason)) + ")"
-        text = f"sink {sink_id}: {self.batches:,} batches, {self.rows:,} rows: " + ", ".join(parts)
-        if self.skipped_batches:
-            text += f", {self.skipped_batches:,} replayed batches skipped"
-        return text
-
-
-#: The row indexes named in a batch's rejects WARNING (the rest are in the rejects table).
-SHOWN_REJECTS = 5
-
-
-def reason_key(reason: str) -> str:
-    """The name a reject's reason is counted under: its first clause (``message too large: ...`` -> ``message too
-    large``), so that the counts stay few whatever the rows held. Pure."""
-    return reason.split(":")[0].strip()[:80] or "rejected"
-
-
-def reasons(outcome: SendOutcome) -> dict[str, int]:
-    """Rejects per reason (:func:`reason_key`)."""
-    out: dict[str, int] = {}
-    for r in outcome.rejects:
-        key = reason_key(r.reason)
-        out[key] = out.get(key, 0) + 1
-    return out
-
-
-def most_first(counts: dict[str, int]) -> list[tuple[str, int]]:
-    """Counts in the order they are told: the largest first, then by name."""
-    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-
-
-def warn_rejects(
-    sink_id: str, batch_id: int, outcome: SendOutcome, rows: int, by_reason: dict[str, int] | None = None
-) -> None:
-    """One WARNING per batch with rejects (issue 32: never silent): the count per reason and the first row indexes;
-    the rows themselves are in the rejects table (``on_reject: fail`` fails the batch instead). ``by_reason``: the
-    rejects per reason when the caller has them (:func:`reasons`)."""
-    if not outcome.rejects:
-        return
-    counts = ", ".join(f"{r}: {n}" for r, n in most_first(by_reason or reasons(outcome)))
-    shown = [str(r.row_index) for r in outcome.rejects[:SHOWN_REJECTS] if r.row_index is not None]
-    log.warning(
-        "sink %s batch %s: %d of %d rows rejected (%s)%s; the rows are in the rejects table",
-        sink_id,
-        batch_id,
-        outcome.total_rejected,
-        rows,
-        counts,
-        f"; first row indexes in their partitions: {', '.join(shown)}" if shown else "",
-    )
-
-
-class SinkTaskError(RuntimeError):
-    """A batch's task failed with one of the library's own errors, which names what to change; raised on the driver
-    with that error's line as its message (Spark's trace, where the executor's error sits at the end of a few
-    kilobytes of JVM frames, is its ``__cause__``). ``kind`` is the executor error's class name."""
-
-    def __init__(self, kind: str, line: str) -> None:
-        super().__init__(f"{kind}: {line}")
-        self.kind = kind
-        self.line = line
-
-
-#: The library's errors that a task may end with; each names what to change in its one-line message.
-TASK_ERRORS = (
-    "ServiceBusConfigError",
-    "NoBacklogAvailableError",
-    "ServerBusyError",
-    "MessageRejectedError",
-    "SendError",
-    "RejectedRowsError",
-    "ConfigError",
-)
-_TASK_ERROR_LINE = re.compile(r"(?:spark_sb(?:\.\w+)*\.)?(" + "|".join(TASK_ERRORS) + r"): (.+)")
-
-
-def task_failure(exc: BaseException) -> SinkTaskError | None:
-    """The library's own error inside a failed Spark job's error (a ``PythonException`` carrying an executor's
-    traceback, under classic Spark or Spark Connect), or None when the failure is not one of ours. The last such
-    line wins (the task's final error). Driver; pure."""
-    found: SinkTaskError | None = None
-    for raw in str(exc).splitlines():
-        m = _TASK_ERROR_LINE.search(raw.strip())
-        if m:
-            found = SinkTaskError(m.group(1), m.group(2).strip())
-    return found
 
 
 def default_sink_id(config: ServiceBusConfig) -> str:
@@ -640,18 +484,8 @@ class ServiceBusSink:
         """True (and recorded) when ``batch_id`` was already committed by this sink: skip it (SPEC S5).
 
         "Committed" means written to the events table (by this or an earlier driver) or, with asynchronous
-        writes, planned by this sink object and handed to its writer: both count.
-
-        Why asynchronous writes do not widen the replay window: Spark writes the checkpoint's commit log right
-        after the ``foreachBatch`` function returns. A batch is replayed only if the driver dies before that
-        entry is written. If it dies after the return but before the background write, the checkpoint is
-        committed: Spark does not run the batch again (its rows are missing from the state tables, not from
-        Service Bus). If it dies between the sends and the return, the batch is replayed in both modes; with
-        ``sync`` the replay is caught only if the state write finished first, with ``async`` it is sent again
-        (message ids and duplicate detection on the primary keep one copy), which is what ``sync`` does for a
-        death during its ~1-2 s state write: the undetected window shrinks from sends-done..state-written to
-        sends-done..checkpoint-written. A write that fails is raised by the next batch before it sends, so that
-        batch is not committed and is replayed, as any failed batch.
+        writes, planned by this sink object and handed to its writer: both count. Why asynchronous writes do not widen the replay window:
+        docs/design/sink.md.
         """
         if not self._committed_loaded:
             table_last = store.last_committed(self.sink_id)
@@ -712,44 +546,17 @@ class ServiceBusSink:
 
 
 # ------------------------------------------------------------------------------------------ the counts, read back
-# Where a sink's counts are seen (issue 32): the WARNING of a batch with rejects, ServiceBusSink.summary(), and the
-# events table, read back below. Not in Structured Streaming's query progress, on any pyspark this package admits
-# (4.0.5 - 4.2.0): Spark fills a progress's ``sink.metrics`` only from a sink that implements Java's
-# ``ReportsSinkMetrics`` (``ProgressContext.extractSinkProgress``), which neither ``ForeachBatchSink`` nor the
-# Python data source's ``PythonTable`` does, and the Python data source API has no metrics hook (its writers'
-# commit messages reach ``commit`` only; ``PythonWrite.supportedCustomMetrics`` is the fixed set of Python-runner
-# metrics, shown in the SQL tab). ``observedMetrics`` come from the micro-batch's own plan only: an ``observe``
-# inside the ``foreachBatch`` function (after the sends) is never reported, and an ``observe`` on the input counts
-# rows before anything is sent - which the progress already has as ``numInputRows``.
-# tests/spark/test_sink_counts.py shows both and fails if a Spark version starts carrying them.
-
-
-def _state_table(spark: SparkSession, config: ServiceBusConfig, table: str) -> DataFrame:
-    """The state table ``table`` of ``config`` as a DataFrame (driver); :class:`ConfigError` without tables."""
-    tables = StateTables.from_config(config)
-    if tables is None:
-        raise ConfigError(
-            "state_location: the sink's counts are read from its events table: give state_location or "
-            "state_table_prefix"
-        )
-    path = tables.path(table)
-    return (
-        spark.read.format("delta").load(path)
-        if path is not None
-        else spark.read.table(tables.sql_name(table))
-    )
-
-
+# Why they are read back from the events table and not in the query progress: spark_sb.spark.totals.
 def batch_counts(spark: SparkSession, config: ServiceBusConfig, sink_id: str | None = None) -> DataFrame:
     """Per micro-batch of each sink (or of ``sink_id``) in the events table of ``config``: ``sink_id``,
     ``batch_id``, ``time`` (when it committed), ``rows`` (read), ``sent`` (to the primary), ``diverted`` (to backlog
-    queues), ``rejected``, in batch order. The counts the query progress cannot carry (see above), for the
+    queues), ``rejected``, in batch order. The counts the query progress cannot carry, for the
     ``foreachBatch`` sink and ``format("servicebus")`` alike (a batch write is batch 0 of ``<sink_id>/<job_id>``).
     Driver; DataFrame operations only, so Spark Connect too. With ``state_table_prefix`` and the data source, the
     catalog tables lag the spool by the relay's interval."""
     from pyspark.sql import functions as F
 
-    events = _state_table(spark, config, "events").where(F.col("batch_id").isNotNull())
+    events = state_table(spark, config, "events").where(F.col("batch_id").isNotNull())
     if sink_id is not None:
         events = events.where(F.col("sink_id") == sink_id)
     event = F.col("event")
@@ -771,62 +578,6 @@ def batch_counts(spark: SparkSession, config: ServiceBusConfig, sink_id: str | N
         .where(F.col("time").isNotNull())  # only batches that committed (a failed one records nothing)
         .orderBy("sink_id", "batch_id")
     )
-
-
-def table_totals(spark: SparkSession, config: ServiceBusConfig, sink_id: str) -> SinkTotals:
-    """The totals of every batch ``sink_id`` recorded in the state tables of ``config`` (all runs), as the sink's
-    :class:`SinkTotals` counts them: :meth:`ServiceBusSink.summary` with a session. Driver; two small aggregating
-    queries (events, rejects), DataFrame operations only."""
-    from pyspark.sql import functions as F
-
-    events = _state_table(spark, config, "events").where(F.col("sink_id") == sink_id)
-    grouped = (
-        events.groupBy("event", "entity", "backlog_queue")
-        .agg(F.coalesce(F.sum("count"), F.lit(0)).alias("n"), F.count(F.lit(1)).alias("events"))
-        .collect()
-    )
-    totals = SinkTotals()
-    for r in grouped:
-        kind, entity, queue, n, seen = (
-            r["event"],
-            r["entity"],
-            r["backlog_queue"],
-            int(r["n"]),
-            int(r["events"]),
-        )
-        if kind == BATCH_COMMITTED:
-            totals.batches += seen
-            totals.rows += n
-        elif kind == SENT and entity is not None:
-            totals.sent = merge_counts(totals.sent, {entity: n})
-        elif kind == DIVERTED:
-            if queue is not None:
-                totals.diverted = merge_counts(totals.diverted, {queue: n})
-            if entity is not None:
-                totals.diverted_by_entity = merge_counts(totals.diverted_by_entity, {entity: n})
-        elif kind == REJECTED:
-            totals.rejected += n
-        elif kind == REPLAY_SKIPPED:
-            totals.skipped_batches += seen
-        elif kind == STATE_CHANGE:
-            totals.transitions += seen
-        elif kind == PROBE:
-            totals.probes += seen
-        elif kind == BACKLOG_PULLED:
-            totals.pulls += seen
-    if totals.rejected:
-        by_reason = (
-            _state_table(spark, config, "rejects")
-            .where(F.col("sink_id") == sink_id)
-            .groupBy("reason")
-            .count()
-            .collect()
-        )
-        for r in by_reason:
-            totals.rejected_by_reason = merge_counts(
-                totals.rejected_by_reason, {reason_key(r["reason"]): r["count"]}
-            )
-    return totals
 
 
 def sink(config: ServiceBusConfig) -> ServiceBusSink:

@@ -566,7 +566,7 @@ def test_content_message_ids_are_stable_and_cover_entity_body_and_properties() -
 
 
 def test_task_failure_finds_the_librarys_error_in_a_spark_job_error_and_nothing_else() -> None:
-    from spark_sb.spark.sink import task_failure
+    from spark_sb.spark.totals import task_failure
 
     spark_text = (
         "An error occurred while calling o123.collectToPython.\n"
