@@ -4,8 +4,8 @@ the behaviour of the ``foreachBatch`` sink and its code (:mod:`spark_sb.spark.si
     spark_sb.register(spark)  # once per session; also under Spark Connect
     df.writeStream.format("servicebus").options(**opts).option("checkpointLocation", ckpt).start()
 
-Options are the flat configuration keys (:func:`parse_options` checks them before anything is sent). Spark calls
-every driver-side method in a Python process of its own, with no SparkSession:
+Options are the flat configuration keys (:mod:`~spark_sb.spark.datasource_options` checks them before anything is
+sent). Spark calls every driver-side method in a Python process of its own, with no SparkSession:
 
 * ``ServiceBusDataSource.__init__`` (driver machine): parses and checks the options.
 * ``streamWriter`` / ``writer`` (driver machine): checks the schema and the mode, reads the :class:`WritePlan`
@@ -22,29 +22,29 @@ state tables rather than the query progress: docs/design/datasource.md.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import re
-import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.config.settings import KNOWN_KEYS
 from spark_sb.core.clock import Clock, SystemClock
-from spark_sb.core.errors import ConfigError
 from spark_sb.core.lazy import lazy_module_getattr
 from spark_sb.failover.outcome import namespace_key
+from spark_sb.spark.datasource_options import (
+    BATCH_ORDERING,
+    SourceOptions,
+    check_write,
+    new_job_id,
+    option_error,
+    parse_options,
+)
 from spark_sb.spark.partition import (
     arrow_rows,
     first_task,
-    ordering_needs_path_tables,
-    ordering_needs_tables,
     send_partition,
 )
-from spark_sb.spark.schema import validate_schema
 from spark_sb.spark.sink import ServiceBusSink, default_sink_id
 from spark_sb.state.records import EntityRecord, PartitionResult
 from spark_sb.state.sessions import CATCH_UP_WAIT, HeldLine, SessionLedger
@@ -61,175 +61,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 SOURCE_NAME = "servicebus"
-#: Options of the data source itself (beside the configuration keys).
-SOURCE_OPTIONS = ("config_path", "job_id", "state_spool")
-#: Options Spark passes along that are Spark's own: ignored.
-SPARK_OPTIONS = ("checkpointlocation",)
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # the task-local property Spark sets in every micro-batch job
-#: Why a batch write refuses ``ordering`` (its held sessions would be recorded under its own sink id).
-BATCH_ORDERING = (
-    "applies to streams (writeStream) with format('servicebus'): a batch write (df.write) records under a sink "
-    "id of its own (<sink_id>/<job_id>), so a later write would not know the sessions it left in the backlog; "
-    "use ordering none for batch writes"
-)
-_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,99}")
-
-
-# ------------------------------------------------------------------------------------------ options
-@dataclass(frozen=True)
-class SourceOptions:
-    """The checked options: the configuration and the batch write's ``job_id`` (None: one is generated)."""
-
-    config: ServiceBusConfig
-    job_id: str | None = None
-    #: With ``state_table_prefix``: the path tables the source records into (``state_spool``, else
-    #: ``<checkpointLocation>/servicebus_state`` for a stream); :class:`~spark_sb.spark.relay.StateRelay` copies them
-    #: into the catalog tables. None: no spool (no catalog tables, or a batch write that gave none).
-    state_spool: str | None = None
-
-    @property
-    def store_location(self) -> str | None:
-        """The path tables this source writes with deltalake: the spool, or ``state_location``."""
-        return self.state_spool if self.config.state_table_prefix else self.config.state_location
-
-    def require_store(self, *, streaming: bool) -> None:
-        """Catalog tables need a spool (driver machine): raises :class:`ConfigError` naming ``state_spool``."""
-        if self.config.state_table_prefix and self.state_spool is None:
-            where = (
-                "set it (or checkpointLocation)" if streaming else "a batch write has no checkpoint: set it"
-            )
-            raise _option_error(
-                [
-                    (
-                        "state_spool",
-                        "required with state_table_prefix: the path where format('servicebus') records its "
-                        "state tables with deltalake, for spark_sb.relay_state(spark, options) to copy into the "
-                        f"catalog tables (Spark runs a data source's commit without a session); {where}",
-                    )
-                ]
-            )
-
-
-SPOOL_FOLDER = "servicebus_state"  # the default spool of a stream: <checkpointLocation>/servicebus_state
-
-
-def spool_location(spool: str | None, checkpoint: str | None) -> str | None:
-    """The spool: ``state_spool`` (``spool``), else ``<checkpointLocation>/servicebus_state``, else None. Pure."""
-    spool = (spool or "").strip()
-    if spool:
-        return spool.rstrip("/") or "/"
-    checkpoint = (checkpoint or "").strip()
-    return f"{checkpoint.rstrip('/')}/{SPOOL_FOLDER}" if checkpoint else None
-
-
-def _option_error(errors: Sequence[tuple[str, str]]) -> ConfigError:
-    """One error naming every bad option (``errors``: (option, message) pairs)."""
-    return ConfigError(
-        "format('servicebus'): " + "; ".join(f"option {k!r}: {m}" for k, m in errors), list(errors)
-    )
-
-
-def _valid_key(key: str) -> bool:
-    return key in KNOWN_KEYS or key in SOURCE_OPTIONS or key.split(".", 1)[0].startswith("x-")
-
-
-def parse_options(
-    options: Mapping[str, Any], *, env: Mapping[str, str] | None = None, dbutils: Any = None
-) -> SourceOptions:
-    """Check the data source's options and build the configuration (pure apart from reading ``config_path``
-    and resolving secret references; driver machine). Keys are case-insensitive. Raises :class:`ConfigError`
-    naming the option and, where there is a set, the valid values: an unknown key, a value of the wrong type,
-    ``state_location`` or ``state_table_prefix`` without ``deltalake``, ``state_spool`` without
-    ``state_table_prefix``."""
-    lowered: dict[str, str] = {}
-    spark_options: dict[str, str] = {}  # Spark's own (checkpointLocation): only the default spool reads them
-    for k, v in options.items():
-        key = str(k).strip().lower()
-        if key in SPARK_OPTIONS:
-            spark_options[key] = str(v)
-            continue
-        if key in lowered:
-            raise _option_error([(key, "given twice (option keys are case-insensitive)")])
-        lowered[key] = v if isinstance(v, str) else str(v)
-    unknown = [k for k in lowered if not _valid_key(k)]
-    if unknown:
-        import difflib
-
-        valid = sorted({*KNOWN_KEYS, *SOURCE_OPTIONS})
-        errors = []
-        for key in unknown:
-            match = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
-            hint = f" (did you mean {match[0]!r}?)" if match else ""
-            errors.append((key, f"unknown option{hint}; valid options: {', '.join(valid)}, x-*"))
-        raise _option_error(errors)
-    config_path = lowered.pop("config_path", None)
-    job_id = lowered.pop("job_id", None)
-    spool_given = lowered.pop("state_spool", None)
-    flat: dict[str, str] = {}
-    if config_path is not None:
-        if not config_path.strip():
-            raise _option_error([("config_path", "expected the path of a YAML configuration file, found ''")])
-        base = ServiceBusConfig.from_yaml(config_path.strip(), env=env, dbutils=dbutils)
-        flat = base.to_options(include_secrets=True)  # references stay references (resolved again below)
-    flat.update(lowered)
-    try:
-        config = ServiceBusConfig.from_options(flat, env=env, dbutils=dbutils)
-    except ConfigError as exc:
-        raise _option_error(exc.errors or [("options", str(exc))]) from None
-    # before any row is read: order through failover (issue 31) needs path tables (spark_sb.state.sessions)
-    ordering_needs_path_tables(config, "format('servicebus')")
-    try:
-        ordering_needs_tables(config, "format('servicebus')")
-    except ConfigError as exc:
-        raise _option_error(exc.errors) from None
-    if spool_given is not None and not spool_given.strip():
-        raise _option_error([("state_spool", "expected a path (the spool's Delta tables), found ''")])
-    if spool_given is not None and not config.state_table_prefix:
-        raise _option_error(
-            [("state_spool", "applies with state_table_prefix only (state_location is written directly)")]
-        )
-    for key in ("state_location", "state_table_prefix"):
-        if getattr(config, key) and importlib.util.find_spec("deltalake") is None:
-            raise _option_error(
-                [(key, "format('servicebus') writes its state tables with deltalake: pip install deltalake")]
-            )
-    if job_id is not None and not _JOB_ID.fullmatch(job_id):
-        raise _option_error(
-            [("job_id", f"expected letters, digits, '.', '_', ':' or '-' (at most 100), found {job_id!r}")]
-        )
-    spool = (
-        spool_location(spool_given, spark_options.get("checkpointlocation"))
-        if config.state_table_prefix
-        else None
-    )
-    return SourceOptions(config, job_id, spool)
-
-
-def check_write(config: ServiceBusConfig, schema: StructType, overwrite: bool, *, streaming: bool) -> None:
-    """What must hold before a write starts (driver machine): append only, the schema (:class:`SchemaError`
-    names the column), an entity for every row (the ``entity`` option or an entity column)."""
-    if overwrite:
-        if streaming:
-            raise _option_error([("outputMode", "'complete' is not supported; valid: append, update")])
-        raise _option_error([("mode", "'overwrite' is not supported; valid: append")])
-    validate_schema(schema, config.columns)
-    entity_column = config.columns.get("entity", "entity")
-    if config.entity is None and entity_column not in schema.fieldNames():
-        raise _option_error(
-            [
-                (
-                    "entity",
-                    f"required: the queue or topic to send to (or a column {entity_column!r} naming one per row, "
-                    "see columns.entity)",
-                )
-            ]
-        )
-
-
-def new_job_id(now: datetime | None = None) -> str:
-    """``write-<UTC time>-<8 hex>``: the job id of a batch write that was given none."""
-    at = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
-    return f"write-{at}-{uuid.uuid4().hex[:8]}"
 
 
 # ------------------------------------------------------------------------------------------ the plan
@@ -564,7 +396,7 @@ def _build() -> dict[str, Any]:
 
         def streamWriter(self, schema: StructType, overwrite: bool) -> ServiceBusStreamWriter:  # noqa: N802
             if self.settings.job_id is not None:
-                raise _option_error(
+                raise option_error(
                     [("job_id", "applies to batch writes (df.write) only; streams use sink_id")]
                 )
             check_write(self.settings.config, schema, overwrite, streaming=True)
@@ -573,7 +405,7 @@ def _build() -> dict[str, Any]:
 
         def writer(self, schema: StructType, overwrite: bool) -> ServiceBusBatchWriter:
             if self.settings.config.ordering != "none":
-                raise _option_error([("ordering", BATCH_ORDERING)])
+                raise option_error([("ordering", BATCH_ORDERING)])
             check_write(self.settings.config, schema, overwrite, streaming=False)
             self.settings.require_store(streaming=False)
             job_id = self.settings.job_id or new_job_id()
@@ -609,9 +441,6 @@ def register(spark: Any) -> None:
 __all__ = [
     "SOURCE_NAME",
     "TaskReport",
-    "SourceOptions",
     "WritePlan",
-    "check_write",
-    "parse_options",
     "register",
 ]

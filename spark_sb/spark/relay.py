@@ -384,7 +384,7 @@ def relay_state(
     """The started :class:`StateRelay` for a ``servicebus`` source given ``options`` (the options of
     ``format("servicebus")``; ``checkpointLocation`` among them when the spool is its default). Driver, the
     user's process. Raises :class:`ConfigError` naming ``state_table_prefix`` or ``state_spool``."""
-    from spark_sb.spark.datasource import parse_options
+    from spark_sb.spark.datasource_options import parse_options
 
     parsed = parse_options(options)
     prefix = parsed.config.state_table_prefix

@@ -12,14 +12,8 @@ import pytest
 
 from spark_sb.core.errors import ConfigError
 from spark_sb.failover.outcome import SendOutcome
-from spark_sb.spark.datasource import (
-    TaskReport,
-    WritePlan,
-    check_write,
-    commit_write,
-    new_job_id,
-    parse_options,
-)
+from spark_sb.spark.datasource import TaskReport, WritePlan, commit_write
+from spark_sb.spark.datasource_options import check_write, new_job_id, parse_options
 from spark_sb.spark.schema import SchemaError
 from spark_sb.spark.sink import SinkIdConflictError
 from spark_sb.state.records import BATCH_COMMITTED, REPLAY_SKIPPED, PartitionResult

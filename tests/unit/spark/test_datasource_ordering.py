@@ -17,7 +17,8 @@ from servicebus_local.clock import FakeClock
 from spark_sb.core.errors import ConfigError
 from spark_sb.failover.outcome import SendOutcome, namespace_key
 from spark_sb.spark import datasource
-from spark_sb.spark.datasource import TaskReport, WritePlan, commit_write, parse_options, read_plan
+from spark_sb.spark.datasource import TaskReport, WritePlan, commit_write, read_plan
+from spark_sb.spark.datasource_options import parse_options
 from spark_sb.state.records import (
     ACKNOWLEDGED,
     REPLAY_SKIPPED,

@@ -21,7 +21,7 @@ from spark_sb.failover.ordering import marker_of
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.backlog import from_backlog
 from spark_sb.sender.paired import PairedSender
-from spark_sb.spark.datasource import parse_options
+from spark_sb.spark.datasource_options import parse_options
 from spark_sb.spark.partition import send_partition
 from spark_sb.spark.sink import ServiceBusSink
 from spark_sb.spark.syphon_job import run_syphon, syphon_source

@@ -12,7 +12,8 @@ import pytest
 
 from spark_sb.admin.status import format_status, read_status
 from spark_sb.failover.outcome import SendOutcome
-from spark_sb.spark.datasource import TaskReport, WritePlan, commit_write, parse_options
+from spark_sb.spark.datasource import TaskReport, WritePlan, commit_write
+from spark_sb.spark.datasource_options import parse_options
 from spark_sb.spark.sink import ServiceBusSink
 from spark_sb.state.records import THROTTLED, PartitionResult
 from spark_sb.state.store import MemoryStateStore
