@@ -195,7 +195,7 @@ class NamespaceConfig:
         if info.entity_path is not None:
             # The SDK refuses every entity but EntityPath on a client built from the string ("The queue name
             # provided does not match the EntityPath"), and the sink opens one connection per namespace through
-            # such a client (wire.connection.open_connection asks it for '$connection'), shared by its entities
+            # such a client (wire.opening.open_connection asks it for '$connection'), shared by its entities
             # and backlog queues: no connection would ever open.
             raise _err(
                 f"{prefix}.connection_string",

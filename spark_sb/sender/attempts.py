@@ -37,7 +37,8 @@ from spark_sb.failover.outcome import Tally, namespace_description
 from spark_sb.failover.records import EntityState
 from spark_sb.sender.context import SendContext
 from spark_sb.wire.parking import Parked
-from spark_sb.wire.transport import NAMESPACE_SILENCE, PRIMARY, Target, Transport
+from spark_sb.wire.timing import NAMESPACE_SILENCE
+from spark_sb.wire.transport import PRIMARY, Target, Transport
 
 #: Error classes that only the service sends back: the namespace answered the call (SPEC F7).
 ANSWERED_BY_SERVICE = frozenset(
@@ -91,7 +92,7 @@ class WireEvidence:
     def namespace_wide(self) -> bool:
         """Is the failure evidence against the whole namespace? :func:`~spark_sb.failover.decisions.namespace_wide`
         on namespace facts: a connection-class error is; a timeout is when the connection has said nothing for
-        :data:`~spark_sb.wire.transport.NAMESPACE_SILENCE` (past its heartbeat), or when several distinct entities
+        :data:`~spark_sb.wire.timing.NAMESPACE_SILENCE` (past its heartbeat), or when several distinct entities
         of the namespace time out with nothing heard since the first of them started
         (:meth:`~spark_sb.failover.machine.NamespaceHealth.entity_timed_out`). One entity's timeout alone never is,
         nor a timeout during which the namespace answered on any connection
@@ -117,7 +118,7 @@ class WireEvidence:
     def answered(self) -> bool:
         """Did the namespace answer the call? Yes when the service sent an error condition back (an entity
         disabled, full, not found, busy, a refusal: the namespace itself spoke) or when the connection was heard
-        within :data:`~spark_sb.wire.transport.NAMESPACE_SILENCE` of the failure (a timeout of one entity on a live
+        within :data:`~spark_sb.wire.timing.NAMESPACE_SILENCE` of the failure (a timeout of one entity on a live
         connection). A connection-class error or a closed client says nothing."""
         if self.error.name in ANSWERED_BY_SERVICE:
             return True

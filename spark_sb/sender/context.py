@@ -27,7 +27,8 @@ from spark_sb.failover.outcome import Tally
 from spark_sb.failover.records import Listener, StateTransition, log_transition, log_transitions
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.failover.rotation import BacklogChooser
-from spark_sb.wire.transport import SECONDARY, SdkTransport, Target, Transport
+from spark_sb.wire.sdk_transport import SdkTransport
+from spark_sb.wire.transport import SECONDARY, Target, Transport
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from spark_sb.syphon.lines import LineKey, QueueView
 from spark_sb.syphon.receivers import Held, Pairs, SettleAction, path_of, settle
 from spark_sb.syphon.rules import EntityGate, SyphonOutcome
 from spark_sb.wire.receivers import ReceiverLane
-from spark_sb.wire.transport import SdkTransport
+from spark_sb.wire.sdk_transport import SdkTransport
 
 if TYPE_CHECKING:  # pragma: no cover
     from azure.servicebus import ServiceBusReceivedMessage

@@ -32,7 +32,8 @@ from spark_sb.syphon.rules import (
     undelivered_verdict,
 )
 from spark_sb.wire.receivers import ReceiverLane
-from spark_sb.wire.transport import PRIMARY, SdkBatch, SdkTransport, Target
+from spark_sb.wire.sdk_transport import SdkBatch, SdkTransport
+from spark_sb.wire.transport import PRIMARY, Target
 
 
 class Forwarding(SyphonBase):

@@ -38,7 +38,7 @@ from spark_sb.syphon.rules import LOCK_DURATION, EntityGate, SyphonOutcome
 from spark_sb.syphon.sorting import Sorting
 from spark_sb.wire.lane import Lane
 from spark_sb.wire.receivers import ReceiverLane, Receiving, SharedReceivers, receivers_lane
-from spark_sb.wire.transport import SdkTransport
+from spark_sb.wire.sdk_transport import SdkTransport
 
 if TYPE_CHECKING:  # pragma: no cover
     from azure.servicebus import ServiceBusReceivedMessage

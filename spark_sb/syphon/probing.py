@@ -15,7 +15,8 @@ from spark_sb.syphon.base import SyphonBase, log
 from spark_sb.syphon.receivers import Pairs
 from spark_sb.syphon.rules import ENTITY_NOT_FOUND, SyphonOutcome, due_for_verdict
 from spark_sb.wire.probe import probe_call, single_attempt
-from spark_sb.wire.transport import PRIMARY, SdkTransport, Target
+from spark_sb.wire.sdk_transport import SdkTransport
+from spark_sb.wire.transport import PRIMARY, Target
 
 
 class Probing(SyphonBase):
@@ -72,7 +73,7 @@ class Probing(SyphonBase):
         against the connection's real heartbeats) the primary namespace's (F1)?"""
         from spark_sb.core.errors import classify
         from spark_sb.failover.decisions import namespace_wide
-        from spark_sb.wire.transport import NAMESPACE_SILENCE
+        from spark_sb.wire.timing import NAMESPACE_SILENCE
 
         # Namespace facts (SPEC F7): its connection silent past the heartbeat, not one entity's slow answer.
         answered = (transport or self._primary).answered_within(Target(PRIMARY, entity), NAMESPACE_SILENCE)

@@ -24,7 +24,7 @@ from spark_sb.syphon.rules import (
     restore_for_primary,
 )
 from spark_sb.wire.receivers import ReceiverLane
-from spark_sb.wire.transport import SdkTransport
+from spark_sb.wire.sdk_transport import SdkTransport
 
 
 class Sorting(Peeking, Forwarding, Probing):

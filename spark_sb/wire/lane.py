@@ -47,7 +47,7 @@ class Withdrawn(DeadlineExceeded):
     withdrawn (never runs) and the worker and its client were kept - a busy lane is not a stuck one (SPEC F6: ten
     probes of stalled entities queued on the isolated connection must not tear it down one after another). A
     timeout to the caller; about the connection it says nothing (:meth:`SdkTransport._failed
-    <spark_sb.wire.transport.SdkTransport._failed>` leaves the connection alone)."""
+    <spark_sb.wire.sdk_transport.SdkTransport._failed>` leaves the connection alone)."""
 
 
 class _Call:

@@ -13,7 +13,7 @@ the call are sent while they wait.
 
 When a send parks: past ``PARK_AFTER`` seconds, and only when the connection was heard from since the send
 began (another link's answer, a heartbeat, the answer to the liveness ping that a parkable send asks for after
-``PARK_AFTER`` of silence: :class:`~spark_sb.wire.connection.Liveness`). A connection that says nothing at all
+``PARK_AFTER`` of silence: :class:`~spark_sb.wire.liveness.Liveness`). A connection that says nothing at all
 is the namespace's fault, not one entity's: such a send waits as before, and its timeout is the namespace's
 evidence (SPEC F7). Parking is no verdict: the state of the entity is decided when the send ends.
 
@@ -36,13 +36,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from spark_sb.wire.pyamqp_state import last_heard, socket_of
 from spark_sb.wire.timing import READ_ARRIVED_WAIT
 
 __all__ = [
     "Parked",
     "Ticket",
     "holds",
-    "last_heard",
     "resume_send",
     "send_parkable",
 ]
@@ -163,18 +163,12 @@ def _wait(ticket: Ticket, park_at: float | None, began: float) -> bool:
     return False
 
 
-def last_heard(connection: Any) -> float | None:
-    """When a pyamqp connection last received a frame (``time.time()``), None if never. No I/O."""
-    value = getattr(connection, "_last_frame_received_time", None)
-    return float(value) if value else None
-
-
 def _read_arrived(handler: Any) -> None:
     """Process the frames that already came on ``handler``'s connection (reads of at most
     :data:`~spark_sb.wire.timing.READ_ARRIVED_WAIT` each, until one finds nothing), without pyamqp's deadline
     check of the link's deliveries that precedes every read of ``do_work``."""
     connection = getattr(handler, "_connection", None)
-    sock = getattr(getattr(connection, "_transport", None), "sock", None)
+    sock = socket_of(connection)
     if connection is None or sock is None:
         return
     previous = sock.gettimeout()

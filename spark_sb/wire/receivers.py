@@ -3,7 +3,7 @@
 A :class:`~spark_sb.syphon.mover.Syphon` drains its backlog queues one after another; each queue (and its dead-letter
 queue) needs a peek-lock receiver. Built as the SDK builds them, every receiver would hold a connection of its
 own: ``2 x backlog_queue_count`` connections to the secondary per draining process. Here they are links on one
-connection, opened the way the paired sender's transport opens its own (:func:`~spark_sb.wire.connection.
+connection, opened the way the paired sender's transport opens its own (:func:`~spark_sb.wire.opening.
 open_connection`: the SDK's settings, an idle timeout the namespace answers with heartbeats), in one
 :class:`~spark_sb.wire.lane.Lane`: every receive and settle runs on its thread within the call's deadline, and a
 connection that stalls or faults is abandoned by resetting the lane (closed in the background), every receiver
@@ -25,8 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.wire import connection as amqp
-from spark_sb.wire import timing
+from spark_sb.wire import closing, liveness, opening, pyamqp_state, timing
 from spark_sb.wire.lane import Lane
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,15 +67,15 @@ class SharedReceivers:
         within ``timeout`` - on a new connection if there is none."""
         deadline = time.monotonic() + timeout
         if self.connection is not None and (
-            amqp.connection_broken(self.connection) or amqp.connection_silent(self.connection)
+            pyamqp_state.connection_broken(self.connection) or liveness.connection_silent(self.connection)
         ):
             self.discard(
                 "closed"
-                if amqp.connection_broken(self.connection)
+                if pyamqp_state.connection_broken(self.connection)
                 else f"silent for more than {timing.SILENT_AFTER:.3g} s"
             )
         if self.connection is None:
-            self.connection = amqp.open_connection(self.client, timeout)
+            self.connection = opening.open_connection(self.client, timeout)
             self.opened += 1
         key = (queue, dead_letter)
         found = self.receivers.get(key)
@@ -116,7 +115,7 @@ class SharedReceivers:
         receiver._handler._keep_alive_interval = 0
         receiver._handler.open(connection=self.connection)  # a session and CBS links on the shared connection
         session = receiver._handler._session
-        session.end = functools.partial(amqp.end_session_after_links, session, session.end)
+        session.end = functools.partial(closing.end_session_after_links, session, session.end)
         return receiver  # type: ignore[no-any-return]
 
     def drop(self, queue: str, dead_letter: bool) -> None:
@@ -131,33 +130,14 @@ class SharedReceivers:
         was closed, and renew each receiver's token in its refresh window (the SDK renews only inside its calls).
         Cost: one short read and a look at each receiver, bounded by the receivers."""
         connection = self.connection
-        if connection is None:
+        if connection is None or not liveness.tend(connection, self.discard):
             return
-        if amqp.connection_broken(connection) or amqp.connection_silent(connection):
-            self.discard(
-                "closed"
-                if amqp.connection_broken(connection)
-                else f"silent for more than {timing.SILENT_AFTER:.3g} s"
-            )
-            return
-        try:
-            with amqp.short_reads(connection):
-                connection.listen(batch=64)
-        except Exception as exc:  # noqa: BLE001 - a dead connection: replaced on next use
-            self.discard(f"reading it failed: {type(exc).__name__}")
-            return
-        if amqp.connection_broken(connection):
-            self.discard("closed by the namespace")
-            return
-        for (queue, dead_letter), receiver in list(self.receivers.items()):
-            cbs = getattr(getattr(receiver, "_handler", None), "_cbs_authenticator", None)
-            if cbs is None:
-                continue
-            try:
-                cbs.handle_token()
-            except Exception as exc:  # noqa: BLE001 - reopened, with a new token, on next use
-                log.info("renewing a receiver's token failed (%s): reopened on next use", type(exc).__name__)
-                self.drop(queue, dead_letter)
+        liveness.renew_tokens(
+            self.receivers,
+            lambda key: self.drop(*key),
+            log,
+            "renewing a receiver's token failed (%s): reopened on next use",
+        )
 
     def discard(self, why: str) -> None:
         """Drop the connection and every receiver on it (nothing blocks: the socket is shut down first); the next
@@ -168,15 +148,17 @@ class SharedReceivers:
         if connection is None:
             return
         log.info("a receiver connection was dropped (%s); a new one is opened on next use", why)
-        amqp.shut_down_connection(connection)
+        closing.shut_down_connection(connection)
         for receiver in receivers:
             _quiet_close(receiver)
-        amqp.close_connection(connection)  # its socket too, whatever the close frame did (no fd left behind)
+        closing.close_connection(
+            connection
+        )  # its socket too, whatever the close frame did (no fd left behind)
 
     def unblock(self) -> None:
         """Shut the connection's socket down so a call stuck in it returns (from another thread). Never raises."""
         if self.connection is not None:
-            amqp.shut_down_connection(self.connection)
+            closing.shut_down_connection(self.connection)
 
     def close(self) -> None:
         """Close every receiver (what they hold is released), the connection and the client (the lane's close)."""
@@ -185,7 +167,7 @@ class SharedReceivers:
         self.receivers.clear()
         connection, self.connection = self.connection, None
         if connection is not None:
-            amqp.close_connection(connection)  # its socket too, whatever the close frame did
+            closing.close_connection(connection)  # its socket too, whatever the close frame did
         with contextlib.suppress(Exception):
             self.client.close()
 

@@ -1,9 +1,8 @@
 """Every timing of the wire in one place: the seconds that its deadlines, heartbeats, pings and waits are made of.
 
 Each constant says what it bounds and why it has its value (what was measured, what was tried); the modules that
-use one import it from here, so a change of one is a change of this file alone. The one exception is
-:data:`~spark_sb.wire.transport.NAMESPACE_SILENCE` (derived from :data:`HEARTBEAT`), which stays beside the
-transport interface that the sender and the syphon read it with. Pure: no I/O, nothing runs at import.
+use one import it from here, so a change of one is a change of this file alone. Pure: no I/O, nothing runs at
+import.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ SDK_SLICE = 0.05
 #: ``HEARTBEAT / 2`` s even while one entity stalls; a silent connection is the namespace's fault (SPEC F1). pyamqp's
 #: own close after this long without a frame is switched off (:func:`~spark_sb.wire.opening.open_connection`): the
 #: lane's deadlines and the namespace-wide evidence decide what a silence means. A connection silent past one beat
-#: and a margin (2.5 s, :data:`~spark_sb.wire.transport.NAMESPACE_SILENCE`) tells a namespace fault from one entity's
+#: and a margin (2.5 s, :data:`NAMESPACE_SILENCE`) tells a namespace fault from one entity's
 #: stall (SPEC F7); shorter silences are told by several entities timing out together. 2 s was tried (a 1.5 s
 #: verdict): the syphon's lost-locks test (tests/integration/test_syphon_reliability.py) then saw a message whose lock
 #: ran out mid-forward twice in the next drain, in most runs; at 4 s, 6 of 6 runs passed. Left for the syphon's
@@ -39,7 +38,7 @@ HEARTBEAT = 4.0
 #: namespace's beat, so this is six missed beats: well above a live connection's jitter and a latency spike of a few
 #: seconds (a 3.5 s one must not drop a connection whose calls are still answered). Dropping a connection between
 #: calls needs this certainty; a call that times out meanwhile is judged on the shorter
-#: :data:`~spark_sb.wire.transport.NAMESPACE_SILENCE`, and a send that waits on a silent connection asks it for a
+#: :data:`NAMESPACE_SILENCE`, and a send that waits on a silent connection asks it for a
 #: sign of life after :data:`QUIET` (:class:`~spark_sb.wire.liveness.Liveness`).
 SILENT_AFTER = 6.0
 
@@ -50,6 +49,13 @@ TEND_EVERY = 0.5
 #: While links are opened, a read with nothing to read waits this long (the SDK's socket timeout is 0.2 s: one such
 #: wait per round of answers would cost tenths of a second per link).
 PUMP_READ_TIMEOUT = 0.005
+
+#: A timeout is the namespace's fault (SPEC F7) only when its connection has said nothing - no answer, no heartbeat
+#: - for this long when the attempt fails: the namespace sends an empty frame at least every ``HEARTBEAT / 2``
+#: seconds (:data:`HEARTBEAT`), so a connection silent past one beat and a margin is dead or
+#: its namespace stopped answering; a connection heard within it is alive and only the entity stalled, however short
+#: the attempt was (``failover_interval`` 0 and values below the heartbeat period included).
+NAMESPACE_SILENCE = HEARTBEAT / 2 + 0.5
 
 # -- liveness while a call waits (SPEC L1) -------------------------------------------------------------------------
 

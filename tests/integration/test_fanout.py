@@ -26,7 +26,8 @@ from spark_sb.failover.records import EntityState
 from spark_sb.failover.registry import FailoverRegistry  # noqa: E402
 from spark_sb.message.outbound import OutboundMessage  # noqa: E402
 from spark_sb.sender.paired import PairedSender  # noqa: E402
-from spark_sb.wire.transport import PRIMARY, SdkTransport  # noqa: E402
+from spark_sb.wire.sdk_transport import SdkTransport  # noqa: E402
+from spark_sb.wire.transport import PRIMARY  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -35,8 +35,9 @@ from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.paired import PairedSender
 from spark_sb.syphon.mover import Syphon
+from spark_sb.wire.sdk_transport import SdkTransport
 from spark_sb.wire.timing import SILENT_AFTER
-from spark_sb.wire.transport import PRIMARY, SdkTransport
+from spark_sb.wire.transport import PRIMARY
 
 from .rigs import BACKLOG, ENTITY, batch, config_for, received_ids
 

@@ -29,8 +29,9 @@ from harness.outages import make_config, prepare
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.paired import PairedSender
-from spark_sb.wire.connection import SharedConnection, open_connection
+from spark_sb.wire.connection import SharedConnection
 from spark_sb.wire.lane import _WATCHDOG, DeadlineExceeded, Lane
+from spark_sb.wire.opening import open_connection
 
 pytestmark = pytest.mark.slow
 

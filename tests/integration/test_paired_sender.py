@@ -37,8 +37,12 @@ from spark_sb.message.backlog import (  # noqa: E402
 )
 from spark_sb.message.outbound import OutboundMessage  # noqa: E402
 from spark_sb.sender.paired import PairedSender  # noqa: E402
-from spark_sb.wire.timing import SDK_SLICE
-from spark_sb.wire.transport import NAMESPACE_SILENCE, PRIMARY, SECONDARY, SdkTransport, Target  # noqa: E402
+from spark_sb.wire.sdk_transport import SdkTransport  # noqa: E402
+from spark_sb.wire.timing import (
+    NAMESPACE_SILENCE,  # noqa: E402
+    SDK_SLICE,
+)
+from spark_sb.wire.transport import PRIMARY, SECONDARY, Target  # noqa: E402
 
 ENTITY = "orders"
 COUNT = 3

@@ -23,7 +23,8 @@ from servicebus_local.server import LocalNamespace
 from spark_sb.failover.records import EntityState
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.sender.paired import PairedSender
-from spark_sb.wire.transport import PRIMARY, SdkTransport
+from spark_sb.wire.sdk_transport import SdkTransport
+from spark_sb.wire.transport import PRIMARY
 from tests.integration.rigs import BACKLOG, ENTITY, batch, config_for, received_ids
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,8 @@ from spark_sb.core.errors import ConfigError
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.paired import PairedSender
-from spark_sb.wire.transport import PRIMARY, SdkTransport
+from spark_sb.wire.sdk_transport import SdkTransport
+from spark_sb.wire.transport import PRIMARY
 from tests.unit.fakes import FakeTransport
 
 KEY = "c2VjcmV0LWtleS1kby1ub3QtbG9n"

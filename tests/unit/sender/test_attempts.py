@@ -18,8 +18,8 @@ from spark_sb.message.backlog import PROBE_SESSION, PROBE_SESSION_PREFIX, is_pro
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.attempts import WireEvidence
 from spark_sb.wire.parking import Parked
-from spark_sb.wire.timing import PARK_AFTER, PARK_SOON
-from spark_sb.wire.transport import NAMESPACE_SILENCE, PRIMARY, Target
+from spark_sb.wire.timing import NAMESPACE_SILENCE, PARK_AFTER, PARK_SOON
+from spark_sb.wire.transport import PRIMARY, Target
 from tests.unit.fakes import FakeTransport
 from tests.unit.sender.rig import Rig, msgs
 

@@ -19,7 +19,8 @@ from spark_sb.failover.records import EntityState, StateTransition, log_transiti
 from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.failover.rotation import BacklogChooser
 from spark_sb.sender.paired import PairedSender
-from spark_sb.wire.transport import PRIMARY, SECONDARY, SdkTransport, Target
+from spark_sb.wire.sdk_transport import SdkTransport
+from spark_sb.wire.transport import PRIMARY, SECONDARY, Target
 from tests.unit.fakes import FakeTransport
 from tests.unit.sender.rig import QUEUES, Rig, conn_error, make_config, make_context, msgs
 

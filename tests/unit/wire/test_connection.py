@@ -1,4 +1,4 @@
-"""An opening's abort (SPEC F8, :class:`spark_sb.wire.connection.Opening`): the socket is shut down whatever phase the
+"""An opening's abort (SPEC F8, :class:`spark_sb.wire.opening.Opening`): the socket is shut down whatever phase the
 opening is in - before the socket exists (tried again until it does), in TLS (through the duplicate taken before
 TLS detaches the connected socket), after it - and nothing once the opening is over. A stand-in connection with a
 real socket pair: the SDK's own opening is exercised in tests/integration/test_outage_resources.py."""
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from spark_sb.wire.connection import Opening
+from spark_sb.wire.opening import Opening
 
 
 class Transport:

@@ -1,5 +1,5 @@
 """The liveness rule of a shared connection while a call waits on it (SPEC L1, issue 29 item 4;
-:class:`spark_sb.wire.connection.Liveness`, :meth:`SharedConnection.on_link`), on a stand-in pyamqp connection and
+:class:`spark_sb.wire.liveness.Liveness`, :meth:`SharedConnection.on_link`), on a stand-in pyamqp connection and
 a fake clock: nothing heard for QUIET -> a ping; a ping answered -> the call waits on; a ping not answered within
 PING_ANSWER -> the connection is dead, dropped, and the call made once more on a fresh one - whose own failure is
 raised as it is (the namespace's evidence). The real SDK and namespace: tests/integration/test_silent_drop.py."""
@@ -16,13 +16,9 @@ from azure.servicebus._pyamqp.constants import ConnectionState, SessionState
 from azure.servicebus.exceptions import OperationTimeoutError
 
 import spark_sb.wire.connection as connection_module
-from spark_sb.wire.connection import (
-    ConnectionSilent,
-    FoundDead,
-    Liveness,
-    SharedConnection,
-    Spare,
-)
+import spark_sb.wire.liveness as liveness_module
+from spark_sb.wire.connection import FoundDead, SharedConnection
+from spark_sb.wire.liveness import ConnectionSilent, Liveness, Spare
 from spark_sb.wire.timing import PING_ANSWER, QUIET, VERIFY_WAIT
 
 SLICE = 0.05  # one read of the connection (the SDK's socket timeout on the shared connection)
@@ -91,6 +87,7 @@ class Connection:
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeTime:
     fake = FakeTime()
     monkeypatch.setattr(connection_module, "time", fake)
+    monkeypatch.setattr(liveness_module, "time", fake)
     return fake
 
 

@@ -15,8 +15,7 @@ from azure.servicebus._pyamqp.constants import ConnectionState
 from spark_sb.config.namespace import NamespaceConfig
 from spark_sb.config.secret import Secret
 from spark_sb.config.service_bus import ServiceBusConfig
-from spark_sb.wire import connection as amqp
-from spark_sb.wire import timing
+from spark_sb.wire import opening, timing
 from spark_sb.wire.lane import DeadlineExceeded, Lane
 from spark_sb.wire.receivers import ReceiverLane, Receiving, SharedReceivers, receivers_lane
 
@@ -130,7 +129,7 @@ class FakeSdkReceiver:
 
 class Receivers(SharedReceivers):
     """:class:`SharedReceivers` with the SDK's link opening stood in for (``_begin``); ``opens`` counts new
-    connections, which ``amqp.open_connection`` would make."""
+    connections, which ``opening.open_connection`` would make."""
 
     def __init__(self, ready_after: int | None = 2) -> None:
         super().__init__(CONFIG)
@@ -152,7 +151,7 @@ def connections(monkeypatch: pytest.MonkeyPatch) -> list[FakeConnection]:
         opened.append(FakeConnection())
         return opened[-1]
 
-    monkeypatch.setattr(amqp, "open_connection", open_connection)
+    monkeypatch.setattr(opening, "open_connection", open_connection)
     return opened
 
 

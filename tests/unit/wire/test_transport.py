@@ -16,10 +16,11 @@ from azure.servicebus import exceptions as sbe
 from spark_sb.core.errors import CLIENT_CLOSED, LaneClosed, classify
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.message.packing import Encoded
-from spark_sb.wire import transport as transport_module
+from spark_sb.wire import sdk_transport as transport_module
 from spark_sb.wire.lane import DeadlineExceeded, Finished, Withdrawn
+from spark_sb.wire.sdk_transport import SdkBatch, SdkTransport
 from spark_sb.wire.timing import CONNECTED_FRESH, HEARTBEAT, MIN_CALL_LEFT
-from spark_sb.wire.transport import PRIMARY, SECONDARY, SdkBatch, SdkTransport, Target
+from spark_sb.wire.transport import PRIMARY, SECONDARY, Target
 from tests.unit.sender.rig import make_config
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)

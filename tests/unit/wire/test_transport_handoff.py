@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from spark_sb.message.outbound import OutboundMessage
-from spark_sb.wire import transport as transport_module
+from spark_sb.wire import sdk_transport as transport_module
 from spark_sb.wire.lane import Finished, Withdrawn
 from spark_sb.wire.parking import Parked
+from spark_sb.wire.sdk_transport import SdkTransport
 from spark_sb.wire.timing import MIN_CALL_LEFT, RESUME_AT_LEAST
-from spark_sb.wire.transport import PRIMARY, SdkTransport, Target
+from spark_sb.wire.transport import PRIMARY, Target
 from tests.unit.sender.rig import make_config
 
 ORDERS = Target(PRIMARY, "orders")
