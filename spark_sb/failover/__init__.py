@@ -1,6 +1,7 @@
 """Per-entity failover state machine, backlog rotation and backlog choice (SPEC B3, B4, B5, B8), one module per
 job: :mod:`~spark_sb.failover.records` (states, transitions, statuses), :mod:`~spark_sb.failover.decisions` (the
-pure decisions), :mod:`~spark_sb.failover.machine` (the entity state machine and namespace-wide evidence),
+pure decisions), :mod:`~spark_sb.failover.machine` (the entity state machine),
+:mod:`~spark_sb.failover.namespace_health` (the namespace-wide evidence its entities share),
 :mod:`~spark_sb.failover.rotation` (backlog rotation and choice), :mod:`~spark_sb.failover.registry` (the
 process-level registry), :mod:`~spark_sb.failover.outcome` (what a send call did: outcomes, probe records,
 the tally), :mod:`~spark_sb.failover.ordering` (order through failover: the rule that keeps a session's

@@ -9,7 +9,8 @@ from __future__ import annotations
 import threading
 
 from spark_sb.core.clock import Clock, SystemClock
-from spark_sb.failover.machine import EntityFailover, NamespaceHealth
+from spark_sb.failover.machine import EntityFailover
+from spark_sb.failover.namespace_health import NamespaceHealth
 from spark_sb.failover.ordering import SessionBook
 from spark_sb.failover.records import EntityStatus
 from spark_sb.failover.rotation import BacklogRotation

@@ -94,9 +94,9 @@ class WireEvidence:
         on namespace facts: a connection-class error is; a timeout is when the connection has said nothing for
         :data:`~spark_sb.wire.timing.NAMESPACE_SILENCE` (past its heartbeat), or when several distinct entities
         of the namespace time out with nothing heard since the first of them started
-        (:meth:`~spark_sb.failover.machine.NamespaceHealth.entity_timed_out`). One entity's timeout alone never is,
+        (:meth:`~spark_sb.failover.namespace_health.NamespaceHealth.entity_timed_out`). One entity's timeout alone never is,
         nor a timeout during which the namespace answered on any connection
-        (:meth:`~spark_sb.failover.machine.NamespaceHealth.answered_since`)."""
+        (:meth:`~spark_sb.failover.namespace_health.NamespaceHealth.answered_since`)."""
         if not self.error.fail_over:
             return False
         health = self.state.health
