@@ -12,6 +12,7 @@ per-entity state of its own: the entity's :class:`~spark_sb.failover.machine.Ent
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,7 +39,9 @@ from spark_sb.failover.records import EntityState
 from spark_sb.sender.context import SendContext
 from spark_sb.wire.parking import Parked
 from spark_sb.wire.timing import NAMESPACE_SILENCE
-from spark_sb.wire.transport import PRIMARY, Target, Transport
+from spark_sb.wire.transport import PRIMARY, Batch, Target, Transport
+
+_LOGGER = logging.getLogger(__name__)
 
 #: Error classes that only the service sends back: the namespace answered the call (SPEC F7).
 ANSWERED_BY_SERVICE = frozenset(
@@ -306,3 +309,42 @@ class AttemptLoop:
             return ServiceBusConfigError(text, error_class=cls)
         text = f"Service Bus refused the send to {where}: {cls.name} ({describe_error(exc)}). Nothing was diverted."
         return ServiceBusConfigError(text, error_class=cls)
+
+
+def open_links(ctx: SendContext, entities: list[str], tally: Tally | None) -> None:
+    """Open the links of ``entities`` (primary) concurrently before their batches go out (SPEC F3: a cold
+    start costs about one round of link openings, not one per entity). A namespace fault met here is
+    namespace-wide evidence from the moment the opening started (F1); per-entity errors are met again, and
+    handled, by each entity's own send."""
+    transport = ctx.transport()
+    targets = [t for t in (Target(PRIMARY, e) for e in entities) if not transport.connected(t)]
+    if len(targets) < 2:
+        return
+    first = ctx.entity(targets[0].entity)
+    silence, transitions = first.next_attempt(float(ctx.config.send_timeout))
+    ctx.emit(tally, transitions)
+    if silence is None:
+        return
+    started = ctx.clock.monotonic()
+    try:
+        transport.prepare(targets, silence)
+    except Exception as exc:  # the transport closed what faulted already
+        cls = classify(exc)
+        evidence = WireEvidence(cls, targets[0], started, first, transport, ctx.clock)
+        if cls.fail_over and evidence.namespace_wide():
+            ctx.emit(tally, first.record_failure(cls, describe_error(exc), started, namespace_wide=True))
+        _LOGGER.info("opening %d links failed (%s); each entity's send meets it", len(targets), cls.name)
+
+
+def halves(transport: Transport, batch: Batch) -> list[Batch]:
+    """``batch`` as two batches of its halves (the service refused it as too large: SPLIT)."""
+    msgs = list(batch.messages)
+    half = len(msgs) // 2
+    out = []
+    for part in (msgs[:half], msgs[half:]):
+        sub = transport.new_batch(batch.target)
+        for m in part:
+            if not sub.try_add(m):  # pragma: no cover - a half always fits where the whole did
+                raise SendError("internal error: a split batch does not fit")
+        out.append(sub)
+    return out

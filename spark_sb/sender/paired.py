@@ -1,25 +1,15 @@
-"""The paired sender: send to the primary namespace, divert to backlog queues in the secondary when a primary
-entity is down, probe the primary and come back (SPEC B2-B5, B7, B8, B10, S3).
+"""The paired sender (SPEC B2-B5, B7, B8, B10, S3): send to the primary namespace, divert to backlog queues in the
+secondary when a primary entity is down, probe the primary and come back.
 
-Delivery guarantee: at-least-once. :meth:`PairedSender.send` returns only when every message it was given is
-either accepted by the primary entity, accepted by a backlog queue (translated per B6, the syphon moves it on),
-or recorded as rejected (B7). Anything else raises a :class:`~spark_sb.core.errors.SendError` (the Spark task fails
-and Spark retries it; with deterministic message ids and duplicate detection on the primary, the retry does not
-duplicate). The exception's ``outcome`` counts what was confirmed before the failure, and only that.
+At least once: :meth:`PairedSender.send` returns only when every message was accepted by the primary entity,
+accepted by a backlog queue (translated per B6; the syphon moves it on) or recorded as rejected (B7); otherwise it
+raises a :class:`~spark_sb.core.errors.SendError` whose ``outcome`` counts what was confirmed. With ``ordering``
+(:mod:`spark_sb.failover.ordering`; :mod:`spark_sb.sender.lines` here) a held line goes to its pinned queue, a
+return marker follows each line the call diverted, and a line whose queue fails stops for the call (R1-R4).
 
-Where it runs: on executors, inside a Python worker, one sender per partition task, reused across micro-batches
-(the Spark sink keeps it in a process-level cache). It is not thread-safe and not picklable; it is built there
-from the picklable :class:`~spark_sb.config.service_bus.ServiceBusConfig`. Failover state and the backlog rotation are
-shared with every other sender of the process through a :class:`~spark_sb.failover.registry.FailoverRegistry`.
-
-Order through failover (``ordering: session`` / ``entity``; the rule and its argument are
-:mod:`spark_sb.failover.ordering`): a message of an ordered line - an (entity, session id) pair, or the entity -
-whose line is held goes to the line's pinned backlog queue even while its entity is healthy (R1, R3), a return
-marker follows each line the call diverted (R2, :meth:`Diverter.close_lines`), and a line whose queue fails stops
-for the rest of the call, which then raises :class:`~spark_sb.failover.ordering.QueueUnavailableError` after the
-other lines went out (R4). A line this call started sending to the primary stays there for the call (its messages
-in an open primary batch are not overtaken through the backlog). While nothing is held the healthy path costs one
-unlocked look at the book per message.
+Where it runs: executors' Python workers (one sender per task, reused across micro-batches through the process's
+pool) and plain applications. Not thread-safe, not picklable; built from the picklable configuration. Failover
+state is shared with the process's other senders through a :class:`~spark_sb.failover.registry.FailoverRegistry`.
 """
 
 from __future__ import annotations
@@ -34,16 +24,13 @@ from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import Clock, SystemClock
 from spark_sb.core.errors import (
     SendError,
-    classify,
-    describe_error,
 )
 from spark_sb.failover.decisions import MIN_ATTEMPT_BUDGET, WRONG_DESTINATION, RetryPolicy, Route, Verb, Where
 from spark_sb.failover.machine import EntityFailover
-from spark_sb.failover.ordering import NONE, QueueUnavailableError, order_key
+from spark_sb.failover.ordering import NONE, order_key
 from spark_sb.failover.outcome import (
     SendOutcome,
     Tally,
-    namespace_description,
     namespace_key,
 )
 from spark_sb.failover.records import EntityState, Listener, log_transition
@@ -52,9 +39,11 @@ from spark_sb.failover.rotation import BacklogChooser
 from spark_sb.message.backlog import PROBE_MODES
 from spark_sb.message.outbound import OutboundMessage, RejectError
 from spark_sb.sender.ahead import Ahead
-from spark_sb.sender.attempts import AttemptLoop, Progress, WireEvidence
+from spark_sb.sender.attempts import AttemptLoop, Progress, halves, open_links
 from spark_sb.sender.context import SendContext
 from spark_sb.sender.diverter import Diverter, Open, Rejects
+from spark_sb.sender.lines import LineGate, stopped
+from spark_sb.sender.notices import never_reached, warn_throttled, wrong_destination
 from spark_sb.sender.prober import Prober
 from spark_sb.wire.admin_api import primary_namespace_name
 from spark_sb.wire.parking import Parked
@@ -184,6 +173,7 @@ class PairedSender:
         )
         self._rejects = Rejects(self._ctx)
         self._diverter = Diverter(ctx=self._ctx, loop=self._loop, rejects=self._rejects)
+        self._lines = LineGate(self._ctx)
         self._ahead: Ahead | None = None  # the running _flush's translations made ahead
         self._closed = False
 
@@ -247,7 +237,9 @@ class PairedSender:
                     if key is not None:
                         if (entity, key) in tally.stopped:
                             continue  # R4: its queue failed; the rest of the line waits with it
-                        if route is Route.PRIMARY and self._held(entity, key, tally, primary.get(entity)):
+                        if route is Route.PRIMARY and self._lines.held(
+                            entity, key, tally, primary.get(entity)
+                        ):
                             route = Route.BACKLOG  # held (R3): behind its messages in its queue
                 if route is Route.BACKLOG:
                     if entity in parked or len(primary.get(entity) or ()) > 0:
@@ -266,7 +258,9 @@ class PairedSender:
                     self._deliver_full(batch, backlog, tally, parked)
                     routes[entity] = route = self._admit(entity, tally)
                     key = order_key(ordering, msg.session_id) if book is not None and not book.empty else None
-                    if route is Route.BACKLOG or (key is not None and self._held(entity, key, tally, None)):
+                    if route is Route.BACKLOG or (
+                        key is not None and self._lines.held(entity, key, tally, None)
+                    ):
                         if entity in parked:
                             self._settle(entity, primary, backlog, tally, parked)  # O6, as above
                         self._diverter.to_backlog(backlog, msg, entity, index, tally)
@@ -275,7 +269,7 @@ class PairedSender:
                     if self._rejects.try_add(batch, msg, tally, entity, index) is not False:
                         continue
                 self._rejects.oversize(tally, msg, entity, batch, index, translated=False)
-            self._prepare([e for e, b in primary.items() if len(b) > 0], tally)
+            open_links(self._ctx, [e for e, b in primary.items() if len(b) > 0], tally)
             self._flush([b for b in primary.values() if len(b) > 0], backlog, tally, parked)
             parked.clear()
             primary.clear()
@@ -283,7 +277,7 @@ class PairedSender:
             if tally.ordered:
                 self._diverter.close_lines(backlog, tally)
             if tally.stopped:
-                raise self._stopped(tally)
+                raise stopped(tally)
             self._collect_probes(tally)
         except SendError as err:
             self._collect_probes(tally)
@@ -294,19 +288,9 @@ class PairedSender:
                 self._diverter.close_lines({}, tally, mark=False)
             self._ctx.log_emitted(tally)
             if tally.diverted:
-                self._never_reached()
+                never_reached(self._registry, self._config.primary)
             if tally.throttled:
-                throttled = sorted(tally.throttled.items(), key=lambda kv: -kv[1])
-                _LOGGER.warning(
-                    "%s throttled by the primary namespace (server busy): backed off %s in this call; not an "
-                    "outage, nothing diverted",
-                    f"entity {throttled[0][0]!r} was"
-                    if len(throttled) == 1
-                    else f"{len(throttled)} entities (most: {throttled[0][0]!r}) were",
-                    f"{throttled[0][1]:.1f} s"
-                    if len(throttled) == 1
-                    else f"{sum(tally.throttled.values()):.1f} s in all",
-                )
+                warn_throttled(tally)
         return tally.build(self._clock.monotonic() - start)
 
     def _settle(
@@ -345,72 +329,6 @@ class PairedSender:
         count = len(tally.ordered)
         self._diverter.close_lines({}, tally)
         return count
-
-    def _held(self, entity: str, key: str, tally: Tally, open_batch: Batch | None) -> bool:
-        """Ordering: does the next message of the line (``entity``, ``key``), which its entity would send to the
-        primary, go to its backlog queue instead? Yes while the line is held (R3; the book releases it when drained).
-        A line with a message in the call's open primary batch (``open_batch``) stays on the primary for the call
-        even when another thread holds it meanwhile - unless the call diverted it since: an unsent message is never
-        overtaken through the backlog, nor a diverted one through the primary. Runs only while the book holds
-        something (the healthy path never gets here)."""
-        line = (entity, key)
-        if line in tally.direct and line not in tally.ordered:
-            return False
-        book = self._ctx.book
-        assert book is not None
-        if book.route(entity, key, False) is None:
-            return False
-        if line not in tally.ordered and open_batch is not None and self._has_line(open_batch, line):
-            tally.direct.add(line)
-            return False
-        if line not in tally.ordered and tally.return_wait > 0:
-            # R5: its entity is back and the syphon is about to pass its newest marker: wait for it (bounded per
-            # call) rather than divert behind it again - a steady sender would chase the syphon for ever
-            tally.return_wait -= book.await_return(entity, key, tally.return_wait)
-            if book.route(entity, key, False) is None:
-                return False
-        return True
-
-    def _has_line(self, batch: Batch, line: tuple[str, str]) -> bool:
-        ordering, default = self._config.ordering, self._config.entity
-        return any(
-            (m.entity or default or "", order_key(ordering, m.session_id)) == line for m in batch.messages
-        )
-
-    def _diverted_lines(self, batch: Batch, tally: Tally) -> bool:
-        """Ordering: does a primary batch hold a message of a line this call diverted since it was packed (its
-        entity failed over and back within the call)? Then the batch follows them to the backlog."""
-        if self._ctx.book is None or not tally.ordered:
-            return False
-        ordering, default = self._config.ordering, self._config.entity
-        return any(
-            (m.entity or default or "", order_key(ordering, m.session_id)) in tally.ordered
-            for m in batch.messages
-        )
-
-    @staticmethod
-    def _stopped(tally: Tally) -> QueueUnavailableError:
-        """R4: the lines whose pinned backlog queue failed in this call, in one error (the others went out)."""
-        (entity, key), why = next(iter(tally.stopped.items()))
-        more = f" (and {len(tally.stopped) - 1} more lines)" if len(tally.stopped) > 1 else ""
-        return QueueUnavailableError(
-            f"ordering: {why}{more}; the messages of these lines from there on were not sent (nothing of them "
-            "went to another queue, which would let the syphon move later messages first); every other message "
-            "of the call was sent or diverted"
-        )
-
-    def _never_reached(self) -> None:
-        """A call diverted messages and the primary namespace never answered this sink (here, or as the state table
-        says): more likely a wrong endpoint than an outage. Said at every such call (SPEC F9); nothing is lost, the
-        messages are in the backlog."""
-        health = self._registry.namespace(self._primary_key)
-        if health is not None and health.reached:
-            return
-        _LOGGER.error(
-            "the primary namespace %s was never reached by this sink; check the endpoint (messages are diverted "
-            "to the backlog meanwhile, nothing is lost)",
-            namespace_description(self._config.primary),
-        )
 
     def maintain(self) -> SendOutcome:
         """Start a probe of every failed-over entity whose probe is due (for callers that idle between sends),
@@ -451,32 +369,6 @@ class PairedSender:
             self._probes.ensure_running()
         return route
 
-    def _prepare(self, entities: list[str], tally: Tally | None) -> None:
-        """Open the links of ``entities`` (primary) concurrently before their batches go out (SPEC F3: a cold
-        start costs about one round of link openings, not one per entity). A namespace fault met here is
-        namespace-wide evidence from the moment the opening started (F1); per-entity errors are met again, and
-        handled, by each entity's own send."""
-        transport = self.transport
-        targets = [t for t in (Target(PRIMARY, e) for e in entities) if not transport.connected(t)]
-        if len(targets) < 2:
-            return
-        first = self._entity(targets[0].entity)
-        silence, transitions = first.next_attempt(float(self._config.send_timeout))
-        self._ctx.emit(tally, transitions)
-        if silence is None:
-            return
-        started = self._clock.monotonic()
-        try:
-            transport.prepare(targets, silence)
-        except Exception as exc:  # the transport closed what faulted already
-            cls = classify(exc)
-            evidence = WireEvidence(cls, targets[0], started, first, transport, self._clock)
-            if cls.fail_over and evidence.namespace_wide():
-                self._ctx.emit(
-                    tally, first.record_failure(cls, describe_error(exc), started, namespace_wide=True)
-                )
-            _LOGGER.info("opening %d links failed (%s); each entity's send meets it", len(targets), cls.name)
-
     # -- packing
     # -- delivery to the primary
     def _deliver(
@@ -494,7 +386,7 @@ class PairedSender:
         gained nothing (sends on an open link run on this thread) and cost 3-13% with the GIL shared.
         ``park_after``: the send may raise :class:`~spark_sb.wire.parking.Parked` (see :meth:`_flush`)."""
         tally.sticky.clear()  # a batch boundary: a backlog queue may have been pulled since, choose again
-        if self._admit(batch.target.entity, tally) is Route.BACKLOG or self._diverted_lines(batch, tally):
+        if self._admit(batch.target.entity, tally) is Route.BACKLOG or self._lines.diverted(batch, tally):
             self._diverter.divert(batch.messages, backlog, tally, progress)
             return None
         return self._send_primary(batch, backlog, tally, progress, defer, park_after)
@@ -689,10 +581,10 @@ class PairedSender:
             self._probes.ensure_running()  # a failed-over entity is probed (B8)
             self._diverter.divert(batch.messages, backlog, tally, progress)
         elif verb is Verb.SPLIT:
-            for half in self._halves(batch):
+            for half in halves(self.transport, batch):
                 self._deliver(half, backlog, tally)
         elif verb is Verb.REJECT and result.decision.why == WRONG_DESTINATION:
-            self._wrong_destination(batch, tally, result.error)
+            wrong_destination(self._rejects, batch, tally, result.error, self._config.primary)
         elif verb is Verb.REJECT:
             reason = "message too large: refused by the service (message size exceeded)"
             for m in batch.messages:
@@ -700,41 +592,6 @@ class PairedSender:
         else:
             raise self._loop.error(result, PRIMARY, entity)
         return None
-
-    def _wrong_destination(self, batch: Batch, tally: Tally, error: BaseException | None) -> None:
-        """The primary entity answered not-found and never accepted a message for this sink: a wrong destination
-        (a typo in the ``entity`` column or option), not an outage (SPEC F9). Its messages are rejected with reason
-        ``entity_not_found`` (``on_reject: fail`` fails the call), with one WARNING per entity and call."""
-        entity = batch.target.entity
-        where = f"the primary namespace {namespace_description(self._config.primary)}"
-        if entity not in tally.warned:
-            tally.warned.add(entity)
-            _LOGGER.warning(
-                "entity %r does not exist in %s and never accepted a message for this sink: its %d message(s) are "
-                "rejected (entity_not_found), not diverted; check the entity column or option (%s)",
-                entity,
-                where,
-                len(batch),
-                describe_error(error) if error is not None else "not found",
-            )
-        reason = (
-            f"{WRONG_DESTINATION}: entity {entity!r} does not exist in {where} (it never accepted a message for this "
-            "sink: a configuration error, not an outage)"
-        )
-        for m in batch.messages:
-            self._rejects.reject(tally, m, RejectError(reason, "entity"), entity, None)
-
-    def _halves(self, batch: Batch) -> list[Batch]:
-        msgs = list(batch.messages)
-        half = len(msgs) // 2
-        out = []
-        for part in (msgs[:half], msgs[half:]):
-            sub = self.transport.new_batch(batch.target)
-            for m in part:
-                if not sub.try_add(m):  # pragma: no cover - a half always fits where the whole did
-                    raise SendError("internal error: a split batch does not fit")
-            out.append(sub)
-        return out
 
     # -- probes (B8): run by the Prober, reported on this thread
     def _collect_probes(self, tally: Tally) -> None:
