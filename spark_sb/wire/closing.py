@@ -14,7 +14,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from spark_sb.wire.pyamqp_state import connection_of, socket_of
+from spark_sb.wire.pyamqp_state import close_socket, connection_of, disconnect, socket_of
 
 __all__ = [
     "abort_connection",
@@ -33,8 +33,8 @@ def close_quietly(connection: Any) -> None:
     Never raises, never blocks."""
     shut_down_connection(connection)
     with contextlib.suppress(Exception):
-        connection._disconnect()  # state END, the transport (and its socket) closed
-    _close_transport(connection)
+        disconnect(connection)  # state END, the transport (and its socket) closed
+    close_socket(connection)
 
 
 def close_connection(connection: Any) -> None:
@@ -48,14 +48,7 @@ def close_connection(connection: Any) -> None:
         connection.close()
     except Exception as exc:  # a broken connection may fail to close; it is being dropped anyway
         _LOGGER.info("closing a connection failed: %s", type(exc).__name__)
-    _close_transport(connection)
-
-
-def _close_transport(connection: Any) -> None:
-    """Close the connection's transport (its socket; nothing if closed already). Never raises."""
-    if socket_of(connection) is not None:
-        with contextlib.suppress(Exception):
-            connection._transport.close()
+    close_socket(connection)
 
 
 def end_session_after_links(

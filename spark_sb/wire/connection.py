@@ -11,7 +11,6 @@ another thread. Runs on executors; nothing here is picklable. Why it is built so
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable
@@ -24,11 +23,18 @@ from spark_sb.wire.opening import Opening, listening
 from spark_sb.wire.parking import Parked
 from spark_sb.wire.pyamqp_state import (
     connection_broken,
+    create_handler,
     ended_by_service,
+    finish_open,
+    handler_of,
+    handler_open,
     last_heard,
     link_attached,
     link_of,
+    link_ready,
+    open_on,
     running,
+    set_running,
     short_reads,
 )
 from spark_sb.wire.timing import (
@@ -372,7 +378,7 @@ class SharedConnection:
                 self.connection.listen(batch=256)
                 for entity, sender in list(pending.items()):
                     try:
-                        ready = self._ready(sender)
+                        ready = link_ready(sender)
                     except Exception as exc:
                         if self.broken:
                             raise
@@ -380,7 +386,7 @@ class SharedConnection:
                         self._quiet_close_handler(pending.pop(entity))
                         continue
                     if ready:
-                        self._finish(sender)
+                        finish_open(sender)
                         self.senders[entity] = pending.pop(entity)
         finally:
             for sender in pending.values():
@@ -388,48 +394,13 @@ class SharedConnection:
                     self._quiet_close_handler(sender)
 
     def _begin(self, entity: str) -> ServiceBusSender:
-        from azure.servicebus._common.utils import create_authentication
-
         # Topics take the same link. keep_alive 0: no SDK keep-alive thread (threads must not grow with entities).
         sender = self.client.get_queue_sender(entity, keep_alive=0, socket_timeout=SDK_SLICE)
-        sender._create_handler(create_authentication(sender))
+        create_handler(sender)
         _keep_link_on_refusal(sender)
-        handler: Any = sender._handler
-        handler.open(connection=self.connection)  # a session and CBS links on the shared connection
-        session = handler._session
-        session.end = functools.partial(end_session_after_links, session, session.end)
+        # a session and CBS links on the shared connection
+        open_on(sender, self.connection, end_session_after_links)
         return sender
-
-    @staticmethod
-    def _ready(sender: ServiceBusSender) -> bool:
-        handler: Any = sender._handler
-        cbs = handler._cbs_authenticator
-        if cbs is not None and not cbs.handle_token():
-            return False
-        return bool(handler._client_ready())
-
-    @staticmethod
-    def _finish(sender: ServiceBusSender) -> None:
-        """What ``ServiceBusSender._open`` does once its link is ready (the link's size limits)."""
-        from azure.servicebus._common.constants import (
-            MAX_BATCH_SIZE_PREMIUM,
-            MAX_BATCH_SIZE_STANDARD,
-            MAX_MESSAGE_LENGTH_BYTES,
-        )
-
-        s: Any = sender
-        transport = s._amqp_transport
-        s._running = True
-        s._max_message_size_on_link = (
-            transport.get_remote_max_message_size(s._handler) or MAX_MESSAGE_LENGTH_BYTES
-        )
-        vendor = getattr(transport, "get_remote_max_message_batch_size", lambda _h: None)(s._handler)
-        if vendor is not None:
-            s._max_batch_size_on_link = vendor
-        elif s._max_message_size_on_link >= MAX_BATCH_SIZE_PREMIUM:
-            s._max_batch_size_on_link = MAX_BATCH_SIZE_PREMIUM
-        else:
-            s._max_batch_size_on_link = MAX_BATCH_SIZE_STANDARD
 
     def drop(self, entity: str) -> None:
         """Close the link to ``entity`` (a failure on it); the connection stays; reopened on next use."""
@@ -439,12 +410,10 @@ class SharedConnection:
 
     @staticmethod
     def _quiet_close_handler(sender: ServiceBusSender) -> None:
-        s: Any = sender
-        s._running = False
-        handler = getattr(s, "_handler", None)
-        if handler is not None and not getattr(handler, "_shutdown", True):
+        set_running(sender, False)
+        if handler_open(sender):
             try:
-                handler.close()  # its link, session and CBS links; the shared connection stays
+                handler_of(sender).close()  # its link, session and CBS links; the shared connection stays
             except Exception as exc:  # closing a failed link may fail; it is being dropped anyway
                 _LOGGER.debug("closing a link failed: %s", type(exc).__name__)
 
@@ -482,7 +451,8 @@ class FoundDead(NeedsWorker):
 #: throttling, a message too large): the link is kept for the next send or probe. Reopening it cost each probe of a
 #: failed-over entity a session, two CBS links, a put-token, the entity's link and the management pair - about 23
 #: frames each way and 10 ms of the process's CPU (issue 29: ten disabled entities probed every second took about a
-#: tenth of a core). A link the service detached is reopened as before (:func:`~spark_sb.wire.pyamqp_state.link_attached`).
+#: tenth of a core). A link the service detached is reopened as before
+#: (:func:`~spark_sb.wire.pyamqp_state.link_attached`).
 KEPT_ON_REFUSAL = frozenset(
     {"quota_exceeded", "entity_disabled", "entity_not_found", "server_busy", "message_too_large"}
 )
@@ -497,7 +467,7 @@ def kept_on_refusal(sender: ServiceBusSender, exc: BaseException) -> bool:
     """``exc`` refused one delivery or request (:data:`KEPT_ON_REFUSAL`) and the sender's link is still open and
     attached: it is kept rather than dropped. Reads the SDK's handler state; no I/O."""
     s: Any = sender
-    return _refusal(exc) and running(s) and s._handler is not None and link_attached(sender)
+    return _refusal(exc) and running(s) and handler_of(s) is not None and link_attached(sender)
 
 
 def _keep_link_on_refusal(sender: ServiceBusSender) -> None:

@@ -12,13 +12,12 @@ import contextlib
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.wire.closing import close_quietly
 from spark_sb.wire.lane import _WATCHDOG, abort_when_abandoned
-from spark_sb.wire.pyamqp_state import connection_error, socket_of
+from spark_sb.wire.pyamqp_state import connection_error, keep_when_idle, new_connection, socket_of
 from spark_sb.wire.timing import (
     ABORT_RETRIES,
     ABORT_RETRY,
@@ -44,33 +43,17 @@ def open_connection(client: ServiceBusClient, timeout: float) -> Any:
     the process's watchdog shuts the socket down (:class:`Opening`; ``TimeoutError``). The opening can be aborted
     sooner from another thread: by the lane abandoning or closing the worker it runs on
     (:func:`~spark_sb.wire.lane.abort_when_abandoned`: it then raises the lane's error), and by a
-    :meth:`~spark_sb.wire.connection.SharedConnection.unblock` of the shared connection it is opened for. A connection that failed to open
-    is closed (its socket too) before the error is raised."""
-    from azure.servicebus._common.utils import create_authentication
-    from azure.servicebus._pyamqp._connection import Connection
+    :meth:`~spark_sb.wire.connection.SharedConnection.unblock` of the shared connection it is opened for. A
+    connection that failed to open is closed (its socket too) before the error is raised."""
     from azure.servicebus._pyamqp.constants import ConnectionState
 
     timeout = max(0.0, timeout)
     deadline = time.monotonic() + timeout
-    template: Any = client.get_queue_sender("$connection", keep_alive=0)  # no I/O: a handler's settings
-    template._create_handler(create_authentication(template))
-    h = template._handler
-    connection = Connection(
-        ("amqps://" if h._use_tls else "amqp://") + h._hostname,
-        sasl_credential=h._auth.sasl,
-        ssl_opts=h._ssl_opts,
-        container_id=f"SBSender-{uuid.uuid4()}",
-        max_frame_size=h._max_frame_size,
-        channel_max=h._channel_max,
+    connection = new_connection(
+        client,
         idle_timeout=HEARTBEAT,
-        properties=h._properties,
-        network_trace=False,
-        transport_type=h._transport_type,
-        http_proxy=h._http_proxy,
-        custom_endpoint_address=h._custom_endpoint_address,
         socket_timeout=SDK_SLICE,  # the reads of every call on it (see SDK_SLICE)
         connect_timeout=max(0.01, min(CONNECT_TIMEOUT, timeout)),  # the TCP connect's, per address
-        use_tls=h._use_tls,
     )
     opening = Opening(connection, deadline)
     watch = _WATCHDOG.watch(
@@ -118,13 +101,14 @@ def open_connection(client: ServiceBusClient, timeout: float) -> Any:
     # The idle timeout went out in the open frame (the namespace sends heartbeats); pyamqp would also close the
     # connection itself after that long without a frame, on its next read. Not that: the lane's deadlines and the
     # namespace-wide evidence decide what a silence means.
-    connection._idle_timeout = None
+    keep_when_idle(connection)
     return connection
 
 
 class Opening:
     """A connection being opened by :func:`open_connection`, and the means to abort it from another thread (the
-    watchdog at the opening's deadline, a lane abandoning or closing the worker, :meth:`~spark_sb.wire.connection.SharedConnection.unblock`).
+    watchdog at the opening's deadline, a lane abandoning or closing the worker,
+    :meth:`~spark_sb.wire.connection.SharedConnection.unblock`).
 
     Aborting shuts the socket down, so that a read blocked in TLS or SASL (no timeout in the SDK) returns at once
     with an error, and records the error the opening then raises. TLS replaces the connected socket with an SSL
@@ -216,7 +200,8 @@ class Opening:
                 handle.close()
 
 
-#: Per thread: who wants to know of a connection being opened on it (:meth:`~spark_sb.wire.connection.SharedConnection.ensure`).
+#: Per thread: who wants to know of a connection being opened on it
+#: (:meth:`~spark_sb.wire.connection.SharedConnection.ensure`).
 _LISTENERS = threading.local()
 
 

@@ -1,5 +1,7 @@
-"""The SDK's private state, read in one place: what the wire reads of pyamqp's connections and links and of the
-SDK's handlers (``_``-prefixed attributes), each behind a function that says what it means.
+"""The SDK's private state in one place: what the wire reads and sets of pyamqp's connections and links and of
+the SDK's handlers (``_``-prefixed attributes) - building a connection as the SDK does, opening a handler on a
+shared connection, its readiness and limits, when a connection last heard a frame - each behind a function that
+says what it means.
 
 azure-servicebus offers no public way to share one connection among links, to know when a connection last heard a
 frame, or to reach a socket blocked in SASL; the wire needs all three (SPEC F1-F3, F8, L1). These reads are pinned by
@@ -14,12 +16,27 @@ No I/O unless a function says so; any thread. Nothing here is picklable.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from spark_sb.wire.timing import PUMP_READ_TIMEOUT
 
 __all__ = [
+    "close_handler",
+    "close_socket",
+    "link_batch_limit",
+    "create_handler",
+    "disconnect",
+    "finish_open",
+    "handler_open",
+    "keep_when_idle",
+    "link_ready",
+    "new_connection",
+    "open_on",
+    "set_running",
+    "without_keep_alive",
     "connection_broken",
     "connection_error",
     "connection_of",
@@ -124,3 +141,131 @@ def short_reads(connection: Any) -> Iterator[None]:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.settimeout(previous)
+
+
+# -- building and opening: what the SDK does inside its own calls, done on a shared connection ---------------------
+
+
+def create_handler(owner: Any) -> Any:
+    """Build an SDK sender's or receiver's pyamqp client (its handler) with its authentication, unopened; returns
+    it. No I/O."""
+    from azure.servicebus._common.utils import create_authentication
+
+    owner._create_handler(create_authentication(owner))
+    return owner._handler
+
+
+def new_connection(client: Any, *, idle_timeout: float, socket_timeout: float, connect_timeout: float) -> Any:
+    """A pyamqp connection (not open yet) to ``client``'s namespace, built as the SDK builds a sender's own (same
+    host, TLS, proxy, custom endpoint, container and properties), with these timeouts. No I/O."""
+    from azure.servicebus._pyamqp._connection import Connection
+
+    template: Any = client.get_queue_sender("$connection", keep_alive=0)  # no I/O: a handler's settings
+    h = create_handler(template)
+    return Connection(
+        ("amqps://" if h._use_tls else "amqp://") + h._hostname,
+        sasl_credential=h._auth.sasl,
+        ssl_opts=h._ssl_opts,
+        container_id=f"SBSender-{uuid.uuid4()}",
+        max_frame_size=h._max_frame_size,
+        channel_max=h._channel_max,
+        idle_timeout=idle_timeout,
+        properties=h._properties,
+        network_trace=False,
+        transport_type=h._transport_type,
+        http_proxy=h._http_proxy,
+        custom_endpoint_address=h._custom_endpoint_address,
+        socket_timeout=socket_timeout,
+        connect_timeout=connect_timeout,
+        use_tls=h._use_tls,
+    )
+
+
+def keep_when_idle(connection: Any) -> None:
+    """Switch off pyamqp's own close of a connection after its idle timeout without a frame (the idle timeout
+    still goes out in the open frame, so the namespace sends heartbeats)."""
+    connection._idle_timeout = None
+
+
+def disconnect(connection: Any) -> None:
+    """pyamqp's disconnect without a close frame: state END, the transport (and its socket) closed. Raises what
+    pyamqp raises."""
+    connection._disconnect()
+
+
+def close_socket(connection: Any) -> None:
+    """Close the connection's transport (its socket; nothing if closed already). Never raises."""
+    if socket_of(connection) is not None:
+        with contextlib.suppress(Exception):
+            connection._transport.close()
+
+
+def open_on(owner: Any, connection: Any, end_session: Callable[..., None]) -> None:
+    """Open an SDK sender's or receiver's handler on a shared ``connection`` (a session and CBS links; the link
+    attaches as the connection is read); the session ends through ``end_session(session, end, ...)`` whoever ends
+    it. I/O: frames written, none awaited."""
+    handler = owner._handler
+    handler.open(connection=connection)
+    session = handler._session
+    session.end = functools.partial(end_session, session, session.end)
+
+
+def link_ready(owner: Any) -> bool:
+    """An SDK sender's link opened on a shared connection is ready (its token put, its link attached); renews the
+    token when due. No wait."""
+    handler = owner._handler
+    cbs = handler._cbs_authenticator
+    if cbs is not None and not cbs.handle_token():
+        return False
+    return bool(handler._client_ready())
+
+
+def finish_open(owner: Any) -> None:
+    """What ``ServiceBusSender._open`` does once its link is ready: running, and the link's size limits."""
+    from azure.servicebus._common.constants import (
+        MAX_BATCH_SIZE_PREMIUM,
+        MAX_BATCH_SIZE_STANDARD,
+        MAX_MESSAGE_LENGTH_BYTES,
+    )
+
+    s = owner
+    transport = s._amqp_transport
+    s._running = True
+    s._max_message_size_on_link = (
+        transport.get_remote_max_message_size(s._handler) or MAX_MESSAGE_LENGTH_BYTES
+    )
+    vendor = getattr(transport, "get_remote_max_message_batch_size", lambda _h: None)(s._handler)
+    if vendor is not None:
+        s._max_batch_size_on_link = vendor
+    elif s._max_message_size_on_link >= MAX_BATCH_SIZE_PREMIUM:
+        s._max_batch_size_on_link = MAX_BATCH_SIZE_PREMIUM
+    else:
+        s._max_batch_size_on_link = MAX_BATCH_SIZE_STANDARD
+
+
+def without_keep_alive(owner: Any) -> None:
+    """No keep-alive thread for an SDK receiver's handler: the SDK starts one per receiver that reads the
+    connection from its own thread - on a shared connection, a second reader."""
+    owner._handler._keep_alive_interval = 0
+
+
+def close_handler(owner: Any) -> None:
+    """Close an SDK sender's or receiver's handler as the SDK closes it (a receiver releases what its link held
+    first), leaving the shared connection open. I/O; raises what the SDK raises."""
+    owner._close_handler()
+
+
+def link_batch_limit(owner: Any) -> int | None:
+    """The batch size limit in bytes of an SDK sender's open link (known once the link is open), None if unknown."""
+    return getattr(owner, "_max_batch_size_on_link", None)
+
+
+def set_running(owner: Any, value: bool) -> None:
+    """Set an SDK sender's or receiver's ``_running`` flag (what its own open and close set)."""
+    owner._running = value
+
+
+def handler_open(owner: Any) -> bool:
+    """The SDK sender's or receiver's handler exists and is not shut down."""
+    handler = handler_of(owner)
+    return handler is not None and not getattr(handler, "_shutdown", True)

@@ -80,27 +80,24 @@ class SharedReceivers:
         key = (queue, dead_letter)
         found = self.receivers.get(key)
         if found is not None:
-            handler: Any = getattr(found, "_handler", None)
-            if getattr(found, "_running", False) and handler is not None and not handler._shutdown:
+            if pyamqp_state.running(found) and pyamqp_state.handler_open(found):
                 return found
             self.drop(queue, dead_letter)
         receiver = self._begin(queue, dead_letter)
         try:
-            handler = receiver._handler
+            handler = pyamqp_state.handler_of(receiver)
             while not handler.client_ready():  # pumps the shared connection: CBS, session, attach
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the receiver of {queue!r} was not attached in time")
         except BaseException:
             _quiet_close(receiver)
             raise
-        r: Any = receiver
-        r._running = True
+        pyamqp_state.set_running(receiver, True)
         self.receivers[key] = receiver
         return receiver
 
     def _begin(self, queue: str, dead_letter: bool) -> ServiceBusReceiver:
         from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
-        from azure.servicebus._common.utils import create_authentication
 
         receiver: Any = self.client.get_queue_receiver(
             queue,
@@ -108,14 +105,13 @@ class SharedReceivers:
             receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
             prefetch_count=self.prefetch,
         )
-        receiver._create_handler(create_authentication(receiver))
+        pyamqp_state.create_handler(receiver)
         # No keep-alive thread: the SDK starts one per receiver (every 5 s with no prefetch) that reads the
         # connection from its own thread - on a shared connection, a second reader (it re-attached links it saw
         # half-open: "link name already attached"). The lane's idle tend reads and answers heartbeats instead.
-        receiver._handler._keep_alive_interval = 0
-        receiver._handler.open(connection=self.connection)  # a session and CBS links on the shared connection
-        session = receiver._handler._session
-        session.end = functools.partial(closing.end_session_after_links, session, session.end)
+        pyamqp_state.without_keep_alive(receiver)
+        # a session and CBS links on the shared connection
+        pyamqp_state.open_on(receiver, self.connection, closing.end_session_after_links)
         return receiver  # type: ignore[no-any-return]
 
     def drop(self, queue: str, dead_letter: bool) -> None:
@@ -176,14 +172,15 @@ def _quiet_close(receiver: ServiceBusReceiver) -> None:
     """Close one receiver link as the SDK closes a receiver: what its link buffered or still had in flight is
     released (not left locked until its lock expires), then its link, session and CBS links close; the shared
     connection stays. Never raises."""
-    r: Any = receiver
-    if getattr(r, "_handler", None) is None:
+    if pyamqp_state.handler_of(receiver) is None:
         return
     try:
-        r._close_handler()  # drains the link and releases what it held (bounded by the SDK's own cap)
+        pyamqp_state.close_handler(
+            receiver
+        )  # drains the link and releases what it held (bounded by the SDK's own cap)
     except Exception as exc:  # noqa: BLE001 - closing a failed link may fail; it is dropped anyway
         log.debug("closing a receiver link failed: %s", type(exc).__name__)
-        r._running = False
+        pyamqp_state.set_running(receiver, False)
 
 
 class ReceiverLane:

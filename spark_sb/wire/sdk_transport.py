@@ -36,6 +36,7 @@ from spark_sb.wire.connection import FoundDead, NeedsWorker, SharedConnection
 from spark_sb.wire.lane import Finished, Lane, Pending, Withdrawn
 from spark_sb.wire.opening import open_connection
 from spark_sb.wire.parking import Parked, holds, resume_send, send_parkable
+from spark_sb.wire.pyamqp_state import link_batch_limit
 from spark_sb.wire.timing import (
     CONNECTED_FRESH,
     MIN_CALL_LEFT,
@@ -63,8 +64,8 @@ _LOGGER = logging.getLogger(__name__)
 
 
 class SdkBatch:
-    """A :class:`~spark_sb.wire.transport.Batch` backed by the SDK's ``ServiceBusMessageBatch``: each message encoded once, both to size
-    it and to send it (:mod:`spark_sb.message.packing`)."""
+    """A :class:`~spark_sb.wire.transport.Batch` backed by the SDK's ``ServiceBusMessageBatch``: each message
+    encoded once, both to size it and to send it (:mod:`spark_sb.message.packing`)."""
 
     def __init__(self, target: Target, sdk_batch: ServiceBusMessageBatch) -> None:
         self.target = target
@@ -301,7 +302,7 @@ class SdkTransport:
                 ticket = send_parkable(sender, payload, sdk_timeout(left), park_at)
                 if ticket is not None:
                     raise Parked(target, started, started + timeout, (ticket, payload))
-            return getattr(sender, "_max_batch_size_on_link", None)
+            return link_batch_limit(sender)
 
         self._on_link(
             target,
@@ -331,7 +332,7 @@ class SdkTransport:
                     raise Parked(target, parked.started, parked.deadline, parked.ticket)
             else:
                 sender.send_messages(payload, timeout=sdk_timeout(left))
-            return getattr(sender, "_max_batch_size_on_link", None)
+            return link_batch_limit(sender)
 
         # no new call: it finishes one already on the wire, with RESUME_AT_LEAST at least (its minimum)
         self._on_link(target, on_link, timeout, on_slow, started, QUIET, minimum=0.0)
