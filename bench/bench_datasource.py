@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 from harness.namespaces import namespaces  # noqa: E402
+from harness.queues import take  # noqa: E402
 from spark_sb import register, relay_state  # noqa: E402
 from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
 from spark_sb.spark.session import LOCAL_DEFAULTS, build_spark_session  # noqa: E402
@@ -86,18 +87,7 @@ def run(spark: Any, kind: str, folder: str, options: dict[str, str], work: str) 
 
 def drain(conn: str, queue: str) -> int:
     """Receive (and delete) every message of ``queue``; how many there were (not timed)."""
-    from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
-
-    n = 0
-    with (
-        ServiceBusClient.from_connection_string(conn) as client,
-        client.get_queue_receiver(
-            queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, prefetch_count=1000
-        ) as receiver,
-    ):
-        while batch := receiver.receive_messages(max_message_count=1000, max_wait_time=1):
-            n += len(batch)
-    return n
+    return len(take(conn, queue, wait=1, batch=1000, prefetch=1000, deadline=3600))
 
 
 def main() -> None:

@@ -44,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_failover import raw_sdk  # noqa: E402 - sibling script (the same raw baseline)
 
 from harness.namespaces import Namespace, namespaces  # noqa: E402
+from harness.queues import put  # noqa: E402
 from spark_sb.config.namespace import NamespaceConfig, RetryConfig  # noqa: E402
 from spark_sb.config.secret import Secret  # noqa: E402
 from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
@@ -170,23 +171,14 @@ def recovery(ns: dict[str, Namespace], index: int, sessions: int) -> tuple[float
 # ---------------------------------------------------------------------------------------------- drain
 def fill(conn: str, queue: str, dest: str, count: int, sessions: int) -> None:
     """``count`` backlog messages for ``dest`` over the sessions into ``queue`` (not timed)."""
-    from azure.servicebus import ServiceBusClient
-
     from spark_sb.message.backlog import to_backlog_sdk
 
     now = datetime.now(timezone.utc)
-    with ServiceBusClient.from_connection_string(conn) as client, client.get_queue_sender(queue) as sender:
-        batch = sender.create_message_batch()
-        for m in messages(count, sessions, b"x" * 200, uuid.uuid4().hex[:8]):
-            msg = to_backlog_sdk(m, dest, now)
-            try:
-                batch.add_message(msg)
-            except Exception:  # noqa: BLE001 - full: send it
-                sender.send_messages(batch)
-                batch = sender.create_message_batch()
-                batch.add_message(msg)
-        if len(batch):
-            sender.send_messages(batch)
+    put(
+        conn,
+        queue,
+        (to_backlog_sdk(m, dest, now) for m in messages(count, sessions, b"x" * 200, uuid.uuid4().hex[:8])),
+    )
 
 
 def drain_seconds(config: ServiceBusConfig, queue: str, count: int) -> tuple[float, int, int]:

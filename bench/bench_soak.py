@@ -56,10 +56,10 @@ sys.path[:0] = [ROOT, HERE]
 # Spark's Python workers inherit the JVM's environment, which inherits ours: they import soak_credential too.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, ROOT, os.environ.get("PYTHONPATH", "")) if p)
 
-from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode  # noqa: E402
 from soak_credential import ShortTokens  # noqa: E402
 
 from harness.namespaces import Namespace  # noqa: E402
+from harness.queues import take_ids  # noqa: E402
 from spark_sb.config.namespace import NamespaceConfig, RetryConfig  # noqa: E402
 from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
 from spark_sb.message.backlog import backlog_queue_names  # noqa: E402
@@ -451,17 +451,9 @@ def run_schedule(
 def drain_ids(conn: str, entity: str, deadline: float, wait: float = 2.0) -> list[str]:
     """Every message id in ``entity`` (receive-and-delete, driver), until a receive (``wait`` s at most) comes back
     empty twice."""
-    ids: list[str] = []
-    empty = 0
-    with (
-        ServiceBusClient.from_connection_string(conn) as client,
-        client.get_queue_receiver(entity, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver,
-    ):
-        while empty < 2 and time.monotonic() < deadline:
-            got = receiver.receive_messages(max_message_count=1000, max_wait_time=wait)
-            empty = 0 if got else empty + 1
-            ids.extend(str(m.message_id) for m in got)
-    return ids
+    return take_ids(
+        conn, entity, wait=wait, batch=1000, empty=2, deadline=max(0.0, deadline - time.monotonic())
+    )
 
 
 def backlog_counts(secondary: Namespace, queues: list[str]) -> dict[str, tuple[int, int]]:

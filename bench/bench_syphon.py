@@ -35,6 +35,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from harness.namespaces import namespaces  # noqa: E402
+from harness.queues import put  # noqa: E402
 
 DEST = "orders"
 BATCH = 100
@@ -42,25 +43,19 @@ BATCH = 100
 
 def fill(conn: str, queue: str, count: int, size: int) -> None:
     """Put ``count`` backlog messages (for ``DEST``) into ``queue`` (not timed)."""
-    from azure.servicebus import ServiceBusClient
-
     from spark_sb.message.backlog import to_backlog_sdk
     from spark_sb.message.outbound import OutboundMessage
 
     now = datetime.now(timezone.utc)
     body = b"x" * size
-    with ServiceBusClient.from_connection_string(conn) as client, client.get_queue_sender(queue) as sender:
-        batch = sender.create_message_batch()
-        for _ in range(count):
-            msg = to_backlog_sdk(OutboundMessage(body=body, message_id=uuid.uuid4().hex), DEST, now)
-            try:
-                batch.add_message(msg)
-            except Exception:  # noqa: BLE001 - full: send it
-                sender.send_messages(batch)
-                batch = sender.create_message_batch()
-                batch.add_message(msg)
-        if len(batch):
-            sender.send_messages(batch)
+    put(
+        conn,
+        queue,
+        (
+            to_backlog_sdk(OutboundMessage(body=body, message_id=uuid.uuid4().hex), DEST, now)
+            for _ in range(count)
+        ),
+    )
 
 
 def raw_mover(primary: str, secondary: str, queue: str) -> Callable[[int], int]:

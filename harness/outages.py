@@ -20,8 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
-
+from harness.queues import take
 from servicebus_local.model import QueueSettings
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.failover.registry import FailoverRegistry
@@ -198,20 +197,7 @@ def backlog_count(ns: Any, queues: Sequence[str]) -> int:
 
 def drain(ns: Any, entity: str) -> list[Any]:
     """Receive-and-delete everything active in ``entity`` of ``ns`` (real SDK)."""
-    out: list[Any] = []
-    expected = ns.broker.counts(entity).active_message_count
-    if not expected:
-        return out
-    deadline = time.monotonic() + 30
-    with (
-        ServiceBusClient.from_connection_string(ns.connection_string) as client,
-        client.get_queue_receiver(entity, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver,
-    ):
-        while len(out) < expected and time.monotonic() < deadline:
-            out.extend(
-                receiver.receive_messages(max_message_count=min(500, expected - len(out)), max_wait_time=1)
-            )
-    return out
+    return take(ns.connection_string, entity, expected=ns.broker.counts(entity).active_message_count, wait=1)
 
 
 @dataclass

@@ -5,11 +5,11 @@ other."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
+from azure.servicebus import ServiceBusClient
 
+from harness.queues import take, take_ids
 from servicebus_local.server import LocalNamespace
 from spark_sb.config.namespace import NamespaceConfig, RetryConfig
 from spark_sb.config.secret import Secret
@@ -41,17 +41,7 @@ def config_for(primary: LocalNamespace, secondary: LocalNamespace, interval: flo
 def received_ids(ns: LocalNamespace, entity: str) -> set[str]:
     """The ids of every message ``entity`` holds, received and deleted (up to 15 s)."""
     expected = ns.broker.counts(entity).active_message_count
-    out: set[str] = set()
-    deadline = time.monotonic() + 15
-    with (
-        ServiceBusClient.from_connection_string(ns.connection_string) as client,
-        client.get_queue_receiver(entity, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver,
-    ):
-        while len(out) < expected and time.monotonic() < deadline:
-            out |= {
-                str(m.message_id) for m in receiver.receive_messages(max_message_count=500, max_wait_time=1)
-            }
-    return out
+    return set(take_ids(ns.connection_string, entity, expected=expected, wait=1, deadline=15))
 
 
 def batch(prefix: str, n: int = 50) -> list[OutboundMessage]:
@@ -83,18 +73,4 @@ def put_messages(ns: Any, queue: str, messages: list[OutboundMessage]) -> None:
 
 def take_messages(ns: Any, entity: str, sub_queue: Any = None, subscription: str | None = None) -> list[Any]:
     """Every message of ``entity`` (its ``sub_queue``, or its ``subscription``), received and deleted."""
-    with ServiceBusClient.from_connection_string(ns.connection_string) as client:
-        receiver = (
-            client.get_subscription_receiver(
-                entity, subscription, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
-            )
-            if subscription
-            else client.get_queue_receiver(
-                entity, sub_queue=sub_queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
-            )
-        )
-        out: list[Any] = []
-        with receiver:
-            while batch := receiver.receive_messages(max_message_count=100, max_wait_time=0.5):
-                out.extend(batch)
-        return out
+    return take(ns.connection_string, entity, sub_queue=sub_queue, subscription=subscription, batch=100)

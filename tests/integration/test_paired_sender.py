@@ -18,8 +18,9 @@ import pytest
 
 pytest.importorskip("servicebus_local.fixtures", reason="the local namespace server has not landed yet")
 
-from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode  # noqa: E402
+from azure.servicebus import ServiceBusClient  # noqa: E402
 
+from harness.queues import take  # noqa: E402
 from servicebus_local.model import QueueSettings  # noqa: E402
 from spark_sb.config.namespace import NamespaceConfig, RetryConfig
 from spark_sb.config.secret import Secret
@@ -94,17 +95,7 @@ def receive_all(ns: Any, entity: str, expected: int | None = None) -> list[Any]:
     as the broker counts as active now)."""
     if expected is None:
         expected = ns.broker.counts(entity).active_message_count
-    out: list[Any] = []
-    if not expected:
-        return out
-    deadline = time.monotonic() + 15
-    with (
-        ServiceBusClient.from_connection_string(ns.connection_string) as client,
-        client.get_queue_receiver(entity, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver,
-    ):
-        while len(out) < expected and time.monotonic() < deadline:
-            out.extend(receiver.receive_messages(max_message_count=expected - len(out), max_wait_time=1))
-    return out
+    return take(ns.connection_string, entity, expected=expected, wait=1, deadline=15)
 
 
 def ids(received: list[Any]) -> list[str]:

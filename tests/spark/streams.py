@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from harness.queues import take
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.message.outbound import OutboundMessage
 
@@ -30,16 +31,7 @@ def write_rows(folder: Path, name: str, rows: list[dict[str, Any]]) -> None:
 
 
 def _receive_all(connection_string: str, entity: str) -> list[Any]:
-    from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
-
-    out: list[Any] = []
-    with (
-        ServiceBusClient.from_connection_string(connection_string) as client,
-        client.get_queue_receiver(entity, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver,
-    ):
-        while batch := receiver.receive_messages(max_message_count=200, max_wait_time=0.5):
-            out.extend(batch)
-    return out
+    return take(connection_string, entity, batch=200)
 
 
 def drain_messages(ns: Any, entity: str) -> list[Any]:
