@@ -2,8 +2,8 @@
 and the benches take messages out of an entity (receive-and-delete) and put a batch of them in.
 
 * :func:`take` / :func:`take_ids` - receive and delete the messages of a queue (its ``sub_queue``, or a topic's
-  ``subscription``): with ``expected``, until that many came; without, until a receive comes back empty
-  (``empty`` of them in a row) - either way within ``deadline`` seconds.
+  ``subscription``; one session's with ``session_id``): with ``expected``, until that many came; without, until
+  a receive comes back empty (``empty`` of them in a row) - either way within ``deadline`` seconds.
 * :func:`put` - send SDK messages to a queue in size-bounded batches.
 
 Test and bench code (driver machine); every receive waits at most ``wait`` seconds, the whole at most ``deadline``.
@@ -26,6 +26,7 @@ def take(
     expected: int | None = None,
     sub_queue: Any = None,
     subscription: str | None = None,
+    session_id: str | None = None,
     wait: float = 0.5,
     batch: int = 500,
     empty: int = 1,
@@ -43,10 +44,12 @@ def take(
     until = time.monotonic() + deadline
     with ServiceBusClient.from_connection_string(connection_string, **kwargs) as client:
         receiver = (
-            client.get_subscription_receiver(entity, subscription, receive_mode=mode, prefetch_count=prefetch)
+            client.get_subscription_receiver(
+                entity, subscription, session_id=session_id, receive_mode=mode, prefetch_count=prefetch
+            )
             if subscription
             else client.get_queue_receiver(
-                entity, sub_queue=sub_queue, receive_mode=mode, prefetch_count=prefetch
+                entity, session_id=session_id, sub_queue=sub_queue, receive_mode=mode, prefetch_count=prefetch
             )
         )
         with receiver:

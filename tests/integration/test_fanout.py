@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("servicebus_local.fixtures", reason="the local namespace server has not landed yet")
 
-from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode  # noqa: E402
 
+from harness.queues import take_ids  # noqa: E402
 from spark_sb.config.namespace import NamespaceConfig, RetryConfig
 from spark_sb.config.secret import Secret
 from spark_sb.config.service_bus import ServiceBusConfig  # noqa: E402
@@ -78,18 +78,12 @@ def batch(tag: str, per_entity: int = 2) -> list[OutboundMessage]:
 
 
 def backlog_ids(pair: Any) -> set[str]:
-    out: set[str] = set()
-    with ServiceBusClient.from_connection_string(pair.secondary.connection_string) as client:
-        for q in BACKLOG:
-            expected = pair.secondary.broker.counts(q).active_message_count
-            deadline = time.monotonic() + 30
-            with client.get_queue_receiver(q, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as r:
-                got = 0
-                while got < expected and time.monotonic() < deadline:
-                    msgs = r.receive_messages(max_message_count=min(500, expected - got), max_wait_time=1)
-                    got += len(msgs)
-                    out.update(str(m.message_id) for m in msgs)
-    return out
+    conn, broker = pair.secondary.connection_string, pair.secondary.broker
+    return {
+        i
+        for q in BACKLOG
+        for i in take_ids(conn, q, expected=broker.counts(q).active_message_count, wait=1, deadline=30)
+    }
 
 
 def primary_total(pair: Any) -> int:

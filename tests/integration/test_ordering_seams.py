@@ -11,8 +11,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
+from azure.servicebus import ServiceBusClient
 
+from harness.queues import take_ids
 from servicebus_local.model import QueueSettings
 from spark_sb.failover.ordering import return_marker
 from spark_sb.message.backlog import to_backlog
@@ -50,16 +51,7 @@ def pair(namespace_pair: Any) -> Any:
 
 def session_ids(pair: Any, session: str) -> list[str]:
     """What a session receiver on the primary gets, in order."""
-    with (
-        ServiceBusClient.from_connection_string(pair.primary.connection_string) as client,
-        client.get_queue_receiver(
-            "orders", session_id=session, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
-        ) as receiver,
-    ):
-        out: list[str] = []
-        while batch := receiver.receive_messages(max_message_count=50, max_wait_time=0.5):
-            out.extend(str(m.message_id) for m in batch)
-        return out
+    return take_ids(pair.primary.connection_string, "orders", session_id=session, batch=50)
 
 
 def test_a_worker_does_not_move_a_line_past_a_head_another_worker_holds_locked(pair: Any) -> None:

@@ -10,8 +10,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode, ServiceBusSubQueue
+from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
 
+from harness.queues import take
 from servicebus_local.clock import FakeClock
 from servicebus_local.model import QueueSettings
 from spark_sb.config.service_bus import ServiceBusConfig
@@ -46,15 +47,7 @@ def _put(ns: Any, queue: str, messages: list[OutboundMessage]) -> None:
 
 
 def _ids(ns: Any, entity: str, sub_queue: Any = None) -> list[Any]:
-    with ServiceBusClient.from_connection_string(ns.connection_string) as client:
-        receiver = client.get_queue_receiver(
-            entity, sub_queue=sub_queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
-        )
-        out: list[Any] = []
-        with receiver:
-            while batch := receiver.receive_messages(max_message_count=200, max_wait_time=0.5):
-                out.extend(batch)
-        return out
+    return take(ns.connection_string, entity, sub_queue=sub_queue, batch=200)
 
 
 def _backlogged(n: int, prefix: str = "m", **kw: Any) -> list[OutboundMessage]:

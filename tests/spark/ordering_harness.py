@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.outages import backlog_count
+from harness.queues import take_ids
 
 #: The two session-enabled primary queues; a session's entity is fixed by its number.
 ENTITIES = ("orders", "invoices")
@@ -69,19 +70,9 @@ def wait_drained(secondary: Any, queues: Sequence[str], syphon: Any, seconds: fl
 def received(connection_string: str, sessions: Sequence[str], at_once: int = 4) -> dict[str, list[str]]:
     """Each session's message ids as a session receiver on the primary gets them (``at_once`` sessions at a time;
     receive-and-delete)."""
-    from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
     def one(s: str) -> list[str]:
-        out: list[str] = []
-        with (
-            ServiceBusClient.from_connection_string(connection_string) as client,
-            client.get_queue_receiver(
-                entity_of(s), session_id=s, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
-            ) as receiver,
-        ):
-            while batch := receiver.receive_messages(max_message_count=200, max_wait_time=0.3):
-                out.extend(str(m.message_id) for m in batch)
-        return out
+        return take_ids(connection_string, entity_of(s), session_id=s, batch=200, wait=0.3)
 
     with ThreadPoolExecutor(at_once) as pool:
         return dict(zip(sessions, pool.map(one, sessions), strict=True))

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
+from azure.servicebus import ServiceBusClient
 
+from harness.queues import take_ids
 from servicebus_local.model import QueueSettings
 from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage
@@ -128,15 +129,7 @@ def test_killed_mid_move_and_restarted_nothing_lost_nothing_duplicated(
         if job.poll() is None:
             job.kill()
     assert done
-    with (
-        ServiceBusClient.from_connection_string(primary.connection_string) as client,
-        client.get_queue_receiver(
-            "orders", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
-        ) as receiver,
-    ):
-        got: list[str] = []
-        while batch := receiver.receive_messages(max_message_count=500, max_wait_time=1):
-            got.extend(str(m.message_id) for m in batch)
+    got = take_ids(primary.connection_string, "orders", wait=1)
     assert set(got) == set(produced) and len(got) == len(produced)  # 0 lost, 0 duplicates
     for name in BACKLOG:
         assert secondary.broker.get_queue(name).runtime.total_message_count == 0
