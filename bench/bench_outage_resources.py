@@ -323,9 +323,9 @@ def main() -> None:
         primary, secondary = ns["primary"], ns["secondary"]
         cfg = config(primary, secondary, args.interval, args.ping)
         # the process's watchdog (one for the process, never stopped) is started before anything is counted
-        from spark_sb.wire.lane import _WATCHDOG
+        from spark_sb.wire.watchdog import WATCHDOG
 
-        _WATCHDOG.watch(time.monotonic(), lambda: None)
+        WATCHDOG.watch(time.monotonic(), lambda: None)
         healthy = run_phase("healthy", cfg, seconds, every, primary, None)
         report(healthy, None)
         sys.stdout.flush()

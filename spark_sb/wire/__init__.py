@@ -2,7 +2,8 @@
 
 * :mod:`~spark_sb.wire.transport` - the interface the sender and the syphon use (targets, batches, calls);
 * :mod:`~spark_sb.wire.sdk_transport` - that interface over the SDK: a lane and a shared connection per namespace;
-* :mod:`~spark_sb.wire.lane` - one thread that owns a namespace's connection; every call has a deadline;
+* :mod:`~spark_sb.wire.lane` - one thread that owns a namespace's connection; every call has a deadline (the
+  process's :mod:`~spark_sb.wire.watchdog` fires the deadlines of direct calls);
 * :mod:`~spark_sb.wire.connection` - the shared connection: a link per entity, each call made on its link;
 * :mod:`~spark_sb.wire.opening` - opening a connection (TCP, TLS, SASL, open: each with a deadline);
 * :mod:`~spark_sb.wire.liveness` - tending a connection between calls, pinging it while a call waits;

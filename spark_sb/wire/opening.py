@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.wire.closing import close_quietly
-from spark_sb.wire.lane import _WATCHDOG, abort_when_abandoned
+from spark_sb.wire.lane import abort_when_abandoned
 from spark_sb.wire.pyamqp_state import connection_error, keep_when_idle, new_connection, socket_of
 from spark_sb.wire.timing import (
     ABORT_RETRIES,
@@ -25,6 +25,7 @@ from spark_sb.wire.timing import (
     HEARTBEAT,
     SDK_SLICE,
 )
+from spark_sb.wire.watchdog import WATCHDOG
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusClient
@@ -56,7 +57,7 @@ def open_connection(client: ServiceBusClient, timeout: float) -> Any:
         connect_timeout=max(0.01, min(CONNECT_TIMEOUT, timeout)),  # the TCP connect's, per address
     )
     opening = Opening(connection, deadline)
-    watch = _WATCHDOG.watch(
+    watch = WATCHDOG.watch(
         deadline,
         lambda: opening.expire(
             TimeoutError(
@@ -186,7 +187,7 @@ class Opening:
         if self.abort(error) or self.retries >= ABORT_RETRIES:
             return
         self.retries += 1
-        _WATCHDOG.watch(time.monotonic() + ABORT_RETRY, lambda: self.expire(error))
+        WATCHDOG.watch(time.monotonic() + ABORT_RETRY, lambda: self.expire(error))
 
     def finish(self) -> None:
         """The opening returned (opened or failed): later aborts do nothing; the duplicate socket is closed. On

@@ -30,8 +30,9 @@ from spark_sb.failover.registry import FailoverRegistry
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.sender.paired import PairedSender
 from spark_sb.wire.connection import SharedConnection
-from spark_sb.wire.lane import _WATCHDOG, DeadlineExceeded, Lane
+from spark_sb.wire.lane import DeadlineExceeded, Lane
 from spark_sb.wire.opening import open_connection
+from spark_sb.wire.watchdog import WATCHDOG
 
 pytestmark = pytest.mark.slow
 
@@ -105,7 +106,7 @@ def ports_of(*namespaces: Any) -> set[int]:
 def watchdog() -> None:
     """The process's watchdog thread (one for the process, started at its first use and never stopped) is
     started before anything is counted."""
-    _WATCHDOG.watch(time.monotonic(), lambda: None)
+    WATCHDOG.watch(time.monotonic(), lambda: None)
     assert wait_until(lambda: "spark-sb-watchdog" in spark_threads(), 2.0) is not None
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import spark_sb.wire.lane as lane_module
+import spark_sb.wire.watchdog as watchdog_module
 from spark_sb.core.errors import CLIENT_CLOSED, LaneClosed, classify
 
 #: A call ends by its deadline plus this (fake seconds; the lane's waits end exactly at deadlines in fake time).
@@ -410,12 +411,14 @@ def _module(name: str, names: dict[str, Any]) -> types.ModuleType:
 
 
 _SOURCE = Path(lane_module.__file__).read_text()
+_WATCHDOG_CODE = compile(Path(watchdog_module.__file__).read_text(), watchdog_module.__file__, "exec")
 _CODE: dict[str, types.CodeType] = {}  # source -> compiled (the lane's, and a mutation run's variants)
 
 
 def load_lane(rt: Runtime, source: str | None = None) -> types.ModuleType:
     """The lane's source (``source``: a variant of it, for mutation runs) executed as a new module whose
-    ``threading``, ``queue``, ``time`` and ``os`` are ``rt``'s stand-ins; everything else is the real thing."""
+    ``threading``, ``queue``, ``time`` and ``os`` are ``rt``'s stand-ins, and so are the watchdog's it imports;
+    everything else is the real thing."""
     fakes = {"threading": rt.threading, "queue": rt.queue, "time": rt.time, "os": rt.os}
     real_import = builtins.__import__
 
@@ -426,6 +429,11 @@ def load_lane(rt: Runtime, source: str | None = None) -> types.ModuleType:
             return fakes[name]
         return real_import(name, globals, locals, fromlist, level)
 
+    # the process's watchdog (spark_sb.wire.watchdog, which the lane imports) runs on the same stand-ins
+    watchdog = types.ModuleType("lanesim_watchdog")
+    watchdog.__dict__["__builtins__"] = {**vars(builtins), "__import__": imports}
+    exec(_WATCHDOG_CODE, watchdog.__dict__)  # noqa: S102
+    fakes["spark_sb.wire.watchdog"] = watchdog
     module = types.ModuleType("lanesim_lane")
     module.__dict__["__builtins__"] = {**vars(builtins), "__import__": imports}
     source = source or _SOURCE

@@ -364,14 +364,14 @@ def test_a_slow_direct_call_gets_on_slow_from_the_watchdog_and_still_finishes() 
 
 
 def test_the_watchdog_fires_the_earliest_deadline_first_and_never_a_cancelled_one() -> None:
-    from spark_sb.wire.lane import _WATCHDOG
+    from spark_sb.wire.watchdog import WATCHDOG
 
     fired: list[str] = []
     done = threading.Event()
     now = time.monotonic()
-    _WATCHDOG.watch(now + 0.4, lambda: (fired.append("late"), done.set()))
-    cancelled = _WATCHDOG.watch(now + 0.05, lambda: fired.append("cancelled"))
-    _WATCHDOG.watch(now + 0.1, lambda: fired.append("early"))  # earlier than the sleeping watchdog's wake-up
+    WATCHDOG.watch(now + 0.4, lambda: (fired.append("late"), done.set()))
+    cancelled = WATCHDOG.watch(now + 0.05, lambda: fired.append("cancelled"))
+    WATCHDOG.watch(now + 0.1, lambda: fired.append("early"))  # earlier than the sleeping watchdog's wake-up
     assert cancelled.cancel()
     assert done.wait(5)
     assert fired == ["early", "late"]
@@ -384,17 +384,17 @@ def test_a_forked_child_gets_a_watchdog_of_its_own() -> None:
     import os
     import signal
 
-    from spark_sb.wire.lane import _WATCHDOG
+    from spark_sb.wire.watchdog import WATCHDOG
 
     fired = threading.Event()
-    _WATCHDOG.watch(time.monotonic() + 0.01, fired.set)
+    WATCHDOG.watch(time.monotonic() + 0.01, fired.set)
     assert fired.wait(5)  # the parent's watchdog thread is running
-    with _WATCHDOG._cond:
+    with WATCHDOG._cond:
         pid = os.fork()
         if pid == 0:  # the child: kill itself if anything blocks
             signal.alarm(10)
             ok = threading.Event()
-            _WATCHDOG.watch(time.monotonic() + 0.05, ok.set)
+            WATCHDOG.watch(time.monotonic() + 0.05, ok.set)
             os._exit(0 if ok.wait(5) else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
