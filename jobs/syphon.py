@@ -55,7 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--remote", default=None, help="a Spark Connect URL (sc://host:port) instead of a local session"
     )
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="INFO lines: the syphon's and Spark's (off by default)"
+    )
     return p
 
 
@@ -95,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
 
         under_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit launched this Python
         master = None if under_submit and not args.master else (args.master or "local[2]")
-        spark = build_spark_session("spark-servicebus-syphon", master, local_defaults=not under_submit)
+        # Spark's own INFO lines off (under spark-submit its default is INFO: ~940 lines for one micro-batch), as
+        # the syphon's: --verbose turns both on
+        quiet = {} if args.verbose else {"spark.log.level": "WARN"}
+        spark = build_spark_session("spark-servicebus-syphon", master, quiet, local_defaults=not under_submit)
     stop_file = str(Path(tempfile.gettempdir()) / f"spark-sb-syphon-{uuid.uuid4().hex}.stop")
     writer = SyphonBatchWriter(config)
     try:
