@@ -9,13 +9,21 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from spark_sb.core.clock import Clock
 from spark_sb.failover.decisions import probe_due
+from spark_sb.failover.records import StateTransition
 
-if TYPE_CHECKING:  # pragma: no cover
-    from spark_sb.failover.machine import EntityFailover
+
+class Member(Protocol):
+    """An entity's state machine as its namespace's health holds it
+    (:class:`~spark_sb.failover.machine.EntityFailover`): told when the namespace's evidence changes."""
+
+    def check(self) -> list[StateTransition]: ...
+
+    def namespace_answered(self) -> list[StateTransition]: ...
+
 
 #: Distinct entities whose attempts time out with nothing heard from the namespace in between: the namespace's fault
 #: (SPEC F7), whatever the heartbeats could tell (a ``failover_interval`` below the heartbeat period).
@@ -60,15 +68,13 @@ class NamespaceHealth:
         # SPEC F9). Bounded by the namespace's entities. ``reached``: the namespace ever answered this sink.
         self._known: set[str] = set()
         self.reached = False
-        self._entities: list[
-            EntityFailover
-        ] = []  # bounded like the registry's entities (see FailoverRegistry)
+        self._entities: list[Member] = []  # bounded like the registry's entities (see FailoverRegistry)
 
-    def add(self, entity: EntityFailover) -> None:
+    def add(self, entity: Member) -> None:
         with self._lock:
             self._entities.append(entity)
 
-    def entities(self) -> list[EntityFailover]:
+    def entities(self) -> list[Member]:
         """The namespace's entities (a copy)."""
         with self._lock:
             return list(self._entities)
