@@ -41,7 +41,8 @@ from spark_sb.wire.parking import Parked
 from spark_sb.wire.timing import NAMESPACE_SILENCE
 from spark_sb.wire.transport import PRIMARY, Batch, Target, Transport
 
-_LOGGER = logging.getLogger(__name__)
+#: open_links' line is the sender's (what users configure is ``spark_sb.sender.paired``), as it was before it moved here.
+_LOGGER = logging.getLogger("spark_sb.sender.paired")
 
 #: Error classes that only the service sends back: the namespace answered the call (SPEC F7).
 ANSWERED_BY_SERVICE = frozenset(
