@@ -25,8 +25,23 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: Options of the data source itself (beside the configuration keys).
 SOURCE_OPTIONS = ("config_path", "job_id", "state_spool")
-#: Options Spark passes along that are Spark's own: ignored.
-SPARK_OPTIONS = ("checkpointlocation",)
+#: Options Spark or a pipeline engine hands a writer beside the user's, as they arrive (Spark's options map is
+#: case-insensitive: lower-cased keys). Accepted and ignored; ``checkpointlocation`` only places the default spool.
+SPARK_OPTIONS = frozenset(
+    {
+        # DataStreamWriter.option("checkpointLocation", ...); a pipeline's sink flow (spark-pipelines, pyspark 4.1+)
+        # sets it to <storage>/_checkpoints/<sink>/<flow>/<n>
+        "checkpointlocation",
+        # DataStreamWriter.queryName(...) keeps the name as this option (classic and Spark Connect); a pipeline
+        # names the query after its flow
+        "queryname",
+        # DataStreamWriter.start(path) and DataFrameWriter.save(path)
+        "path",
+        # Spark's MicroBatchExecution reads these from the writer's options (it refuses 'true' for this sink)
+        "asyncprogresstrackingenabled",
+        "asyncprogresstrackingcheckpointintervalms",
+    }
+)
 #: Why a batch write refuses ``ordering`` (its held sessions would be recorded under its own sink id).
 BATCH_ORDERING = (
     "applies to streams (writeStream) with format('servicebus'): a batch write (df.write) records under a sink "
@@ -97,12 +112,13 @@ def parse_options(
     options: Mapping[str, Any], *, env: Mapping[str, str] | None = None, dbutils: Any = None
 ) -> SourceOptions:
     """Check the data source's options and build the configuration (pure apart from reading ``config_path``
-    and resolving secret references; driver machine). Keys are case-insensitive. Raises :class:`ConfigError`
+    and resolving secret references; driver machine). Keys are case-insensitive; Spark's own (:data:`SPARK_OPTIONS`:
+    ``checkpointLocation``, ``queryName``, ``path``, ...) are accepted and ignored. Raises :class:`ConfigError`
     naming the option and, where there is a set, the valid values: an unknown key, a value of the wrong type,
     ``state_location`` or ``state_table_prefix`` without ``deltalake``, ``state_spool`` without
     ``state_table_prefix``."""
     lowered: dict[str, str] = {}
-    spark_options: dict[str, str] = {}  # Spark's own (checkpointLocation): only the default spool reads them
+    spark_options: dict[str, str] = {}  # Spark's own (SPARK_OPTIONS): only the default spool reads one
     for k, v in options.items():
         key = str(k).strip().lower()
         if key in SPARK_OPTIONS:
@@ -117,8 +133,8 @@ def parse_options(
 
         valid = sorted({*KNOWN_KEYS, *SOURCE_OPTIONS})
         errors = []
-        for key in unknown:
-            match = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+        for key in unknown:  # a near-miss of Spark's own (checkpointLocaton) is suggested too
+            match = difflib.get_close_matches(key, [*valid, *sorted(SPARK_OPTIONS)], n=1, cutoff=0.6)
             hint = f" (did you mean {match[0]!r}?)" if match else ""
             errors.append((key, f"unknown option{hint}; valid options: {', '.join(valid)}, x-*"))
         raise option_error(errors)

@@ -10,10 +10,18 @@ from typing import Any
 
 import pytest
 
+from spark_sb.config.settings import KNOWN_KEYS
 from spark_sb.core.errors import ConfigError
 from spark_sb.failover.outcome import SendOutcome
+from spark_sb.spark import datasource
 from spark_sb.spark.datasource import TaskReport, WritePlan, commit_write
-from spark_sb.spark.datasource_options import check_write, new_job_id, parse_options
+from spark_sb.spark.datasource_options import (
+    SOURCE_OPTIONS,
+    SPARK_OPTIONS,
+    check_write,
+    new_job_id,
+    parse_options,
+)
 from spark_sb.spark.schema import SchemaError
 from spark_sb.spark.sink import SinkIdConflictError
 from spark_sb.state.records import BATCH_COMMITTED, REPLAY_SKIPPED, PartitionResult
@@ -53,6 +61,61 @@ def test_an_unknown_option_is_named_with_a_suggestion_and_the_valid_options() ->
     assert "option 'failover_intervall': unknown option (did you mean 'failover_interval'?)" in text
     assert "valid options: " in text and "config_path" in text and "state_location" in text
     assert err.value.errors[0][0] == "failover_intervall"
+
+
+# What Spark 4.2 handed a Python data source's writer in a real run (keys as they arrived, lower-cased by pyspark's
+# CaseInsensitiveDict): a pipeline's create_sink flow under spark-pipelines, and writeStream/write with a path.
+PIPELINE_SINK = {
+    "queryname": "to_orders",
+    "checkpointlocation": "file:/tmp/pipe/storage/_checkpoints/orders_out/to_orders/0",
+}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("checkpointLocation", "/ckpt"),
+        ("CHECKPOINTLOCATION", "/ckpt"),
+        ("queryName", "orders_out"),
+        ("queryname", "orders_out"),
+        ("QueryName", "orders_out"),
+        ("path", "some/path"),
+        ("Path", "some/path"),
+        ("asyncProgressTrackingEnabled", "false"),
+        ("asyncprogresstrackingcheckpointintervalms", "1000"),
+    ],
+)
+def test_an_option_spark_hands_the_writer_is_accepted_and_ignored_in_any_case(key: str, value: str) -> None:
+    parsed = parse_options(_opts(entity="orders", **{key: value}))
+    assert parsed == parse_options(_opts(entity="orders"))  # ignored: the same configuration, job id, spool
+
+
+def test_a_pipeline_sinks_options_build_the_sink_and_place_the_spool_in_its_checkpoint() -> None:
+    from pyspark.sql.datasource import CaseInsensitiveDict  # what Spark builds the data source with
+
+    source_class = datasource.__getattr__("ServiceBusDataSource")
+    given = _opts(Entity="orders", state_table_prefix="main.sb.sb_")  # create_sink(..., options=given)
+    options = CaseInsensitiveDict({**given, **PIPELINE_SINK})
+    settings = source_class(options).settings
+    assert settings.config.entity == "orders"
+    assert settings.state_spool == f"{PIPELINE_SINK['checkpointlocation']}/servicebus_state"
+
+
+def test_spark_options_are_kept_as_they_arrive_lower_cased() -> None:
+    assert {"checkpointlocation", "queryname", "path"} <= SPARK_OPTIONS
+    assert all(key == key.lower() for key in SPARK_OPTIONS)  # a capital letter would never match
+    assert not SPARK_OPTIONS & {*KNOWN_KEYS, *SOURCE_OPTIONS}  # none of ours is ignored
+
+
+@pytest.mark.parametrize(
+    ("key", "suggested"),
+    [("entityy", "entity"), ("failover_intervall", "failover_interval"), ("queryNme", "queryname")],
+)
+def test_a_typo_beside_sparks_options_is_still_refused_naming_it(key: str, suggested: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_options({**_opts(entity="orders", **{key: "x"}), **PIPELINE_SINK})
+    assert [k for k, _ in err.value.errors] == [key.lower()]
+    assert f"option {key.lower()!r}: unknown option (did you mean {suggested!r}?)" in str(err.value)
 
 
 @pytest.mark.parametrize(
