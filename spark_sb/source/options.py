@@ -26,6 +26,7 @@ from spark_sb.core.errors import ConfigError
 
 __all__ = [
     "BODY_FORMATS",
+    "SPARK_OPTIONS",
     "SourceReadOptions",
     "option_error",
     "parse_source_options",
@@ -209,6 +210,16 @@ _BY_LOWER = {k.lower(): k for k in _OPTIONS}
 _OWN = ("entity", "config_path")
 #: The sink's flat keys the source reads where to read from (``entity`` is the source's own here).
 _WHERE = frozenset(KNOWN_KEYS) - {"entity"}
+#: Options Spark hands a reader beside the user's, as they arrive (Spark's options map is case-insensitive:
+#: lower-cased keys). Accepted and ignored: the entity is the ``entity`` option, never a path.
+SPARK_OPTIONS = frozenset(
+    {
+        # DataStreamReader.load(path) and DataFrameReader.load(path)
+        "path",
+        # DataFrameReader.load(path1, path2, ...): the paths as a JSON list
+        "paths",
+    }
+)
 
 
 def _valid_names() -> list[str]:
@@ -219,10 +230,11 @@ def parse_source_options(
     options: Mapping[str, str], *, env: Mapping[str, str] | None = None, dbutils: Any = None
 ) -> SourceReadOptions:
     """Check the source's options and build :class:`SourceReadOptions` (driver). Keys are case-insensitive;
-    every bad option is named in one :class:`~spark_sb.core.errors.ConfigError`: an unknown key (with the nearest
-    valid one), an ill-typed or out-of-range value, a key given twice in two spellings, a missing ``entity``,
-    options that contradict each other (``minMessagesPerTrigger`` above ``maxMessagesPerTrigger``, ...), and the
-    §10 options of later parts (sessions, ``subQueue``, ``readBacklog``, ``payloads=ship``)."""
+    Spark's own (:data:`SPARK_OPTIONS`: ``path``, ``paths``) are accepted and ignored. Every bad option is named in
+    one :class:`~spark_sb.core.errors.ConfigError`: an unknown key (with the nearest valid one), an ill-typed or
+    out-of-range value, a key given twice in two spellings, a missing ``entity``, options that contradict each
+    other (``minMessagesPerTrigger`` above ``maxMessagesPerTrigger``, ...), and the §10 options of later parts
+    (sessions, ``subQueue``, ``readBacklog``, ``payloads=ship``)."""
     lowered: dict[str, str] = {}
     errors: list[tuple[str, str]] = []
     for k, v in options.items():
@@ -253,6 +265,8 @@ def parse_source_options(
             )
         elif key in _WHERE or key.split(".", 1)[0].startswith("x-"):
             where[key] = text
+        elif key in SPARK_OPTIONS:
+            continue
         else:
             match = difflib.get_close_matches(key, [n.lower() for n in _valid_names()], n=1, cutoff=0.6)
             hint = ""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spark_sb.core.errors import ConfigError
-from spark_sb.source.options import SourceReadOptions, parse_source_options
+from spark_sb.source.options import SPARK_OPTIONS, SourceReadOptions, parse_source_options
 
 PRIMARY = (
     "Endpoint=sb://127.0.0.1:5672;SharedAccessKeyName=k;SharedAccessKey=p-secret;UseDevelopmentEmulator=true"
@@ -103,6 +103,22 @@ def test_the_options_are_frozen_picklable_and_hashable() -> None:
 def test_an_unknown_option_is_named_with_the_nearest_valid_one() -> None:
     error = _bad({**BASE, "maxMessagePerTrigger": "10"}, "maxmessagepertrigger")
     assert "did you mean 'maxMessagesPerTrigger'" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("path", "orders"), ("Path", "orders"), ("PATH", "orders"), ("paths", '["a","b"]'), ("Paths", '["a"]')],
+)
+def test_an_option_spark_hands_the_reader_is_accepted_and_ignored_in_any_case(key: str, value: str) -> None:
+    # load(path) adds 'path', spark.read...load(p1, p2) adds 'paths' (a JSON list): seen in a pyspark 4.2 run
+    assert key.lower() in SPARK_OPTIONS  # as it arrives: Spark's options map is case-insensitive
+    assert parse_source_options({**BASE, key: value}) == parse_source_options(BASE)
+
+
+def test_a_typo_beside_sparks_options_is_still_refused_naming_it() -> None:
+    error = _bad({**BASE, "path": "orders", "maxMessagePerTrigger": "10"}, "maxmessagepertrigger")
+    assert "did you mean 'maxMessagesPerTrigger'" in str(error)
+    _bad({"primary.connection_string": PRIMARY, "path": "orders"}, "entity")  # a path is not the entity
 
 
 @pytest.mark.parametrize(
