@@ -249,22 +249,25 @@ def _start(args: argparse.Namespace, topics: dict[str, list[str]]) -> LocalNames
             raise UserError(f"topology file {args.topology} is not valid YAML: {problem}{where}") from None
         except TopologyError as exc:
             raise UserError(f"topology file {args.topology}: {exc}") from None
-    ns = LocalNamespace(
-        args.name,
-        args.host,
-        args.port,
-        queues=args.queue,
-        topics=topics,
-        key_name=args.key_name,
-        key=args.key,
-        control_port=args.control_port,
-        topology=args.topology,
-        max_connections=args.max_connections,
-        link_idle_timeout=args.link_idle_timeout,
-        connection_idle_timeout=args.connection_idle_timeout,
-        throttle=args.throttle,
-        strict_settlement=args.strict_settlement,
-    )
+    try:
+        ns = LocalNamespace(
+            args.name,
+            args.host,
+            args.port,
+            queues=args.queue,
+            topics=topics,
+            key_name=args.key_name,
+            key=args.key,
+            control_port=args.control_port,
+            topology=args.topology,
+            max_connections=args.max_connections,
+            link_idle_timeout=args.link_idle_timeout,
+            connection_idle_timeout=args.connection_idle_timeout,
+            throttle=args.throttle,
+            strict_settlement=args.strict_settlement,
+        )
+    except TopologyError as exc:  # applying it: a forwarding destination the namespace does not have
+        raise UserError(f"topology file {args.topology}: {exc}") from None
     try:
         ns.start()
     except OSError as exc:

@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 from servicebus_local.amqp import Long, MessageParts, Symbol, Timestamp, parse_message
 from servicebus_local.clock import Clock, SystemClock
 from servicebus_local.faults import FaultController
+from servicebus_local.forwarding import RECEIVER_REFUSED, Forwarding, forwards
 from servicebus_local.model import (
     AdminFault,
     EntityExists,
@@ -160,6 +161,9 @@ class Message:
         "deferred",
         "session_id",
         "scheduled_ms",
+        "hops",
+        "first_seq",
+        "dl_source",
     )
 
     def __init__(self, parts: MessageParts, seq: int) -> None:
@@ -180,6 +184,11 @@ class Message:
         self.deferred = False
         self.session_id = parts.session_id
         self.scheduled_ms = parts.scheduled_ms
+        #: Auto-forwarding (servicebus_local.forwarding): the forwards made, the sequence number in the first
+        #: entity, and the entity that dead-lettered it when it came out of a dead-letter queue.
+        self.hops = 0
+        self.first_seq: int | None = None
+        self.dl_source: str | None = None
 
     @property
     def size(self) -> int:
@@ -198,6 +207,10 @@ class Message:
             ann["x-opt-locked-until"] = Timestamp(self.locked_until_ms)
         if state is not None:
             ann["x-opt-message-state"] = Long(state)
+        if self.first_seq is not None:
+            ann["x-opt-enqueue-sequence-number"] = Long(self.first_seq)
+        if self.dl_source is not None:
+            ann["x-opt-deadletter-source"] = self.dl_source
         return ann
 
     def render(self, *, locked: bool, state: int | None = None) -> bytes:
@@ -214,6 +227,7 @@ def _with_parts(m: Message, parts: MessageParts) -> Message:
     out = Message(parts, m.seq)
     out.enqueued_ms = m.enqueued_ms
     out.scheduled_ms = m.scheduled_ms
+    out.hops, out.first_seq, out.dl_source = m.hops, m.first_seq, m.dl_source
     return out
 
 
@@ -496,7 +510,7 @@ def _strip_address(address: str) -> str:
     return a.strip("/")
 
 
-class Broker:
+class Broker(Forwarding):
     """One namespace's entities and messages. Implements :class:`~servicebus_local.model.AdminStore`.
 
     Thread-safe; runs in the server thread, the admin endpoint's threads and test threads alike.
@@ -763,9 +777,13 @@ class Broker:
         now: int,
         *,
         schedule: bool,
+        carry: Message | None = None,
+        dl_source: str | None = None,
     ) -> list[int]:
+        """``carry``: the message this one is a forward of (``dl_source``: out of that entity's dead-letter queue);
+        a forward reaches a disabled destination, as on the service (servicebus_local.forwarding)."""
         settings = e.settings
-        if settings.status in ("Disabled", "SendDisabled"):
+        if carry is None and settings.status in ("Disabled", "SendDisabled"):
             raise BrokerError(
                 ENTITY_DISABLED, f"Messaging entity '{self._name}:{e.name}' is currently disabled."
             )
@@ -820,6 +838,10 @@ class Broker:
             m = Message(p, e.next_seq)
             e.next_seq += 1
             seqs.append(m.seq)
+            if carry is not None:
+                m.hops = carry.hops + 1
+                m.first_seq = carry.seq if carry.first_seq is None else carry.first_seq
+                m.dl_source = dl_source
             if schedule and m.scheduled_ms is None:
                 m.scheduled_ms = now
             if m.scheduled_ms is not None and (schedule or m.scheduled_ms > now):
@@ -838,7 +860,8 @@ class Broker:
         entity_ttl = _ms(e.settings.default_message_time_to_live)
         if isinstance(e, _Queue):
             for m in msgs:
-                self._insert(e, m, entity_ttl)
+                if not self._forwarded(e, m, entity_ttl):
+                    self._insert(e, m, entity_ttl)
             return
         assert isinstance(e, _Topic)
         subs = list(e.subs.values())
@@ -868,6 +891,8 @@ class Broker:
     def _insert_copy(self, sub: _Subscription, m: Message, entity_ttl: int) -> None:
         """A topic message's copy into a subscription. A subscription that requires sessions dead-letters a copy
         without a session id, as the service does (the topic accepted the send)."""
+        if self._forwarded(sub, m, entity_ttl):
+            return
         self._insert(sub, m, entity_ttl)
         if m.session_id is None and sub.settings.requires_session:
             self._dead_letter(sub, sub.store, m, SESSION_ID_NULL_REASON, SESSION_ID_NULL_DESCRIPTION)
@@ -886,6 +911,8 @@ class Broker:
         """Validate a receiver attach: a session entity needs a session receiver and vice versa."""
         with self._lock:
             e, addr = self._receivable(address)
+            if forwards(e.settings, dead_letter=addr.dead_letter):
+                raise BrokerError(NOT_ALLOWED, f"{RECEIVER_REFUSED} Entity:{addr.path}")
             requires = bool(e.settings.requires_session) and not addr.dead_letter
             if requires and not session:
                 raise BrokerError(
@@ -1308,6 +1335,10 @@ class Broker:
             if m.expires_ms is not None and m.expires_ms <= now:
                 self._expire(e, store, m, now)
                 return
+            if e.settings.forward_to:  # set by an update while the message was locked
+                store.remove(m)
+                self._forward(e, m, dead_letter=False)
+                return
         store.add_ready(m)
 
     def _expire(self, e: _Receivable, store: _Store, m: Message, now: int) -> None:
@@ -1333,6 +1364,9 @@ class Broker:
         d.delivery_count = m.delivery_count
         d.ttl_ms = m.ttl_ms
         d.expires_ms = None
+        d.hops, d.first_seq = m.hops, m.first_seq
+        if e.settings.forward_dead_lettered_messages_to and self._forward(e, d, dead_letter=True):
+            return
         e.dlq.insert(d)
 
     # ------------------------------------------------------------------ AdminStore: queues
@@ -1356,12 +1390,14 @@ class Broker:
         entity.settings = replace(settings)  # type: ignore[attr-defined]
         if isinstance(entity, _Receivable):
             entity.store.rekey(entity.settings.requires_session)
+            self._forward_held(entity)
         entity.updated_at = self._now_dt()
 
     def create_queue(self, name: str, settings: QueueSettings | None = None) -> QueueInfo:
         with self._lock:
             if settings is not None:
                 check_lock_duration(settings.lock_duration)
+                self._check_forwarding(name, settings)
             q = self._create(
                 self._queues, name, lambda n, now: _Queue(n, replace(settings or QueueSettings()), now)
             )
@@ -1371,6 +1407,7 @@ class Broker:
         with self._lock:
             check_lock_duration(settings.lock_duration)
             q = self._queues.find(name)
+            self._check_forwarding(q.name, settings)
             self._update(q, settings)
             return self._queue_info(q)
 
@@ -1449,6 +1486,8 @@ class Broker:
             if settings is not None:
                 check_lock_duration(settings.lock_duration)
             t = self._topics.find(topic)
+            if settings is not None:
+                self._check_forwarding(f"{t.name}/Subscriptions/{name}", settings)
             sub = self._create(
                 t.subs,
                 name,
@@ -1460,6 +1499,7 @@ class Broker:
         with self._lock:
             check_lock_duration(settings.lock_duration)
             sub = self._get_sub(topic, name)
+            self._check_forwarding(f"{sub.topic.name}/Subscriptions/{sub.name}", settings)
             self._update(sub, settings)
             return self._sub_info(sub)
 

@@ -35,8 +35,10 @@ creates).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -259,17 +261,47 @@ def load_topology(path: str | os.PathLike[str]) -> Topology:
 
 
 def apply_topology(store: Any, topology: Topology) -> None:
-    """Create the missing entities of ``topology`` in a broker (``servicebus_local.broker.Broker``)."""
-    from servicebus_local.model import EntityNotFound
+    """Create the missing entities of ``topology`` in a broker (``servicebus_local.broker.Broker``).
 
+    Forwarding is set once every entity of the file exists, so a ``forward_to`` may name an entity declared
+    further down; a destination that is not a queue or topic of the namespace -> :class:`TopologyError`."""
+    from servicebus_local.model import EntityNotFound, InvalidSettings
+
+    forwarding: list[tuple[str, Callable[[], object]]] = []
     for q in topology.queues:
-        store.ensure_queue(q.name, q.settings)
+        try:
+            store.get_queue(q.name)
+        except EntityNotFound:
+            store.create_queue(q.name, _without_forwarding(q.settings))
+            if _forwards(q.settings):
+                forwarding.append(
+                    (f"queue {q.name!r}", functools.partial(store.update_queue, q.name, q.settings))
+                )
     for t in topology.topics:
         store.ensure_topic(t.name, (), t.settings)
         for s in t.subscriptions:
             try:
                 store.get_subscription(t.name, s.name)
             except EntityNotFound:
-                store.create_subscription(t.name, s.name, s.settings)
+                store.create_subscription(t.name, s.name, _without_forwarding(s.settings))
                 if s.rules is not None:
                     store.set_rules(t.name, s.name, s.rules)
+                if _forwards(s.settings):
+                    update = functools.partial(store.update_subscription, t.name, s.name, s.settings)
+                    forwarding.append((f"subscription {t.name}/{s.name}", update))
+    for where, set_forwarding in forwarding:
+        try:
+            set_forwarding()
+        except InvalidSettings as exc:
+            raise TopologyError(f"{where}: {exc}") from None
+
+
+F = TypeVar("F", QueueSettings, SubscriptionSettings)
+
+
+def _forwards(settings: QueueSettings | SubscriptionSettings) -> bool:
+    return bool(settings.forward_to or settings.forward_dead_lettered_messages_to)
+
+
+def _without_forwarding(settings: F) -> F:
+    return dataclasses.replace(settings, forward_to=None, forward_dead_lettered_messages_to=None)
