@@ -192,6 +192,21 @@ def test_a_deleted_destination_dead_letters_in_the_source(
     assert "does not exist" in (dead.dead_letter_error_description or "")
 
 
+def test_a_full_destination_dead_letters_in_the_source_and_a_disabled_one_still_gets_the_message(
+    fns: LocalNamespace, client: ServiceBusClient
+) -> None:
+    _queue(fns, "full", max_size_in_megabytes=0)
+    _queue(fns, "off", status="Disabled")
+    _queue(fns, "to-full", forward_to="full")
+    _queue(fns, "to-off", forward_to="off")
+    _send(client, "to-full", ServiceBusMessage("no room", message_id="f"))
+    (dead,) = _take_queue(client, "to-full", 1, sub_queue=DLQ)
+    assert (dead.message_id, dead.dead_letter_reason) == ("f", "amqp:resource-limit-exceeded")
+    assert "maximum entity size" in (dead.dead_letter_error_description or "")
+    _send(client, "to-off", ServiceBusMessage("on", message_id="d"))
+    assert _active(fns, "off") == 1 and _active(fns, "to-off") == 0
+
+
 # ------------------------------------------------------------------------------------- dead-lettered messages
 
 
