@@ -7,7 +7,9 @@ alone, is recorded (``on_reject: skip``) or fails the call (``on_reject: fail``)
 With ``ordering`` ``session`` / ``entity`` (:mod:`spark_sb.failover.ordering`) a message of an ordered line goes to
 the queue its line is pinned to (R1), never elsewhere (R4: when that queue fails the line stops for the rest of the
 call, ``Tally.stopped``), and :meth:`Diverter.close_lines` puts a return marker behind each line the call diverted
-(R2). Markers are never re-routed to another queue and never counted as diverted messages.
+(R2). Markers are never re-routed to another queue and never counted as diverted messages. A message's line comes
+with it, decided where it entered the sender (:mod:`spark_sb.sender.lines`); :meth:`Diverter.divert` and
+:meth:`Diverter.to_backlog` decide it for a caller that hands messages in without one.
 
 Where it runs: on a paired sender's thread, in an executor's Python worker; not picklable. What bounds it: one
 open backlog batch per backlog queue in a call (``backlog_queue_count``), the call's own messages.
@@ -21,32 +23,58 @@ from datetime import datetime
 
 from spark_sb.core.errors import MessageRejectedError, NoBacklogAvailableError, SendError, describe_error
 from spark_sb.failover.decisions import Verb, Where, backoff_delay
-from spark_sb.failover.ordering import QueueUnavailableError, marker_of, order_key, return_marker
+from spark_sb.failover.ordering import QueueUnavailableError, order_key, return_marker
 from spark_sb.failover.outcome import Tally, message_row, namespace_description
+from spark_sb.message.backlog import ReturnMarker
 from spark_sb.message.outbound import OutboundMessage, Reject, RejectError
 from spark_sb.message.rows import row_to_json
 from spark_sb.sender.attempts import AttemptLoop, Progress
 from spark_sb.sender.context import SendContext
+from spark_sb.sender.lines import Keys
 from spark_sb.wire.transport import SECONDARY, Batch, Target
 
 
 class Open:
-    """An open batch and, for a backlog batch, the original of each translated message in it."""
+    """An open batch and, for a backlog batch, the original of each translated message in it, its entity and -
+    ``ordered`` (ordering on) - its line key, carried from where the message came in (:data:`Keys`); all three
+    bounded by the batch's messages. Its return markers are the :class:`ReturnMarker` among the originals (the
+    backlog translation, :func:`~spark_sb.message.backlog.to_backlog`, lets no other message carry a marker)."""
 
-    __slots__ = ("batch", "entities", "markers", "originals", "started")
+    __slots__ = ("batch", "entities", "keys", "markers", "originals", "started")
 
-    def __init__(self, batch: Batch, started: datetime) -> None:
+    def __init__(self, batch: Batch, started: datetime, ordered: bool = False) -> None:
         self.batch = batch
         self.originals: list[OutboundMessage] = []
         self.entities: list[str] = []
+        self.keys: list[str | None] | None = [] if ordered else None
         self.started = started  # the backlog enqueue time recorded in its messages (B6)
         self.markers = 0  # return markers among the originals (ordering): not messages of the caller's
+
+    def add(self, original: OutboundMessage, entity: str, key: str | None) -> None:
+        """Keep ``original``, added to the batch, with its entity and line key (a split, a marker: not the hot path,
+        which :meth:`Diverter.place` keeps inline)."""
+        self.originals.append(original)
+        self.entities.append(entity)
+        if self.keys is not None:
+            self.keys.append(key)
+        if isinstance(original, ReturnMarker):
+            self.markers += 1
+
+    def key(self, i: int) -> str | None:
+        """The line key of the ``i``-th original (None: ordering off, or a message that keeps no order)."""
+        return None if self.keys is None else self.keys[i]
+
+    def holds_lines(self) -> bool:
+        """Does the batch hold messages (or markers) of ordered lines, which cannot go to another queue?"""
+        return bool(self.markers) or (self.keys is not None and any(k is not None for k in self.keys))
 
     def counted(self) -> tuple[int, list[str]]:
         """The caller's messages in the batch and the entity of each (return markers left out)."""
         if not self.markers:
             return len(self.originals), self.entities
-        entities = [e for m, e in zip(self.originals, self.entities, strict=True) if marker_of(m) is None]
+        entities = [
+            e for m, e in zip(self.originals, self.entities, strict=True) if not isinstance(m, ReturnMarker)
+        ]
         return len(entities), entities
 
 
@@ -74,6 +102,10 @@ class Rejects:
             err = RejectError(f"cannot build the message: {describe_error(err)}")
         self.reject(tally, msg, err, entity, index)
 
+    def no_entity(self, tally: Tally, msg: OutboundMessage, index: int | None) -> None:
+        why = RejectError("no destination entity: set the entity column or option", "entity")
+        self.reject(tally, msg, why, None, index)
+
     def oversize(
         self,
         tally: Tally,
@@ -91,12 +123,9 @@ class Rejects:
     def reject(
         self, tally: Tally, msg: OutboundMessage, err: RejectError, entity: str | None, index: int | None
     ) -> None:
+        row = message_row(msg)
         reject = Reject(
-            reason=err.reason,
-            field=err.field,
-            row_json=row_to_json(message_row(msg)),
-            entity=entity,
-            row_index=index,
+            reason=err.reason, field=err.field, row_json=row_to_json(row), entity=entity, row_index=index
         )
         if self._config.on_reject == "fail":
             raise MessageRejectedError(f"message rejected (on_reject = 'fail'): {err}", reject=reject)
@@ -118,6 +147,25 @@ class Diverter:
     loop: AttemptLoop
     rejects: Rejects
 
+    def divert_batch(
+        self,
+        batch: Batch,
+        keys: Keys,
+        backlog: dict[str, Open],
+        tally: Tally,
+        progress: Progress | None = None,
+    ) -> None:
+        """Translate the messages of a primary ``batch`` (originals) into the open batches of their backlog queues
+        (B4-B6); a full batch goes out at once, the rest with the call's other open backlog batches at its end.
+        ``keys``: their line keys, carried with them from the sender (empty: ordering off). Not flushed here: a
+        namespace outage diverts every entity's batch, and one backlog send per entity would cost a round trip
+        per entity (F1)."""
+        entity = batch.target.entity
+        ahead = progress.ahead() if progress is not None and progress.ahead is not None else None
+        for i, m in enumerate(batch.messages):
+            made = ahead[i] if ahead is not None else None
+            self.place(backlog, m, entity, keys[i] if keys else None, None, tally, made)
+
     def divert(
         self,
         messages: Iterable[OutboundMessage],
@@ -125,10 +173,8 @@ class Diverter:
         tally: Tally,
         progress: Progress | None = None,
     ) -> None:
-        """Translate ``messages`` (originals) into the open batches of their backlog queues (B4-B6); a full batch
-        goes out at once, the rest with the call's other open backlog batches at its end. Not flushed here: a
-        namespace outage diverts every entity's batch, and one backlog send per entity would cost a round trip
-        per entity (F1)."""
+        """:meth:`divert_batch` for messages handed in without their lines (of any entities): each message's line is
+        decided here, once."""
         default = self.ctx.config.entity
         ahead = progress.ahead() if progress is not None and progress.ahead is not None else None
         for i, m in enumerate(messages):
@@ -144,13 +190,27 @@ class Diverter:
         tally: Tally,
         made: object | None = None,
     ) -> bool:
-        """Translate ``msg`` once, straight into the open batch of its backlog queue; True if a full batch was
-        sent to make room."""
+        """:meth:`place` for a message handed in without its line: its line is decided here, once."""
+        key = order_key(self.ctx.config.ordering, msg.session_id) if self.ctx.book is not None else None
+        return self.place(backlog, msg, entity, key, index, tally, made)
+
+    def place(
+        self,
+        backlog: dict[str, Open],
+        msg: OutboundMessage,
+        entity: str,
+        key: str | None,
+        index: int | None,
+        tally: Tally,
+        made: object | None = None,
+    ) -> bool:
+        """Translate ``msg``, of the line (``entity``, ``key``) - decided where it came in; ``key`` None: it keeps
+        no order - once, straight into the open batch of its backlog queue; True if a full batch was sent to make
+        room."""
         session = msg.session_id
-        book = self.ctx.book
-        key = order_key(self.ctx.config.ordering, session) if book is not None else None
         queue: str | None
         if key is not None:  # an ordered line: its pinned queue or nowhere (R1, R4)
+            book = self.ctx.book
             assert book is not None
             line = (entity, key)
             if line in tally.stopped:
@@ -175,13 +235,13 @@ class Diverter:
                 tally.sticky[entity] = queue
         slot = backlog.get(queue)
         if slot is None:
-            slot = backlog[queue] = Open(
-                self.ctx.transport().new_batch(Target(SECONDARY, queue)), self.ctx.clock.now()
-            )
+            slot = backlog[queue] = self._open(queue)
         try:  # the failed-over hot path (translated and encoded once)
             if slot.batch.try_add_backlog(msg, entity, slot.started, made):
                 slot.originals.append(msg)
                 slot.entities.append(entity)
+                if slot.keys is not None:
+                    slot.keys.append(key)  # its line goes with it
                 return False
         except (ValueError, TypeError) as err:  # RejectError is a ValueError
             self.rejects.cannot_build(tally, msg, err, entity, index)
@@ -191,8 +251,13 @@ class Diverter:
             return False
         del backlog[queue]
         self._send(slot, backlog, tally)
-        self.to_backlog(backlog, msg, entity, index, tally, made)
+        self.place(backlog, msg, entity, key, index, tally, made)
         return True
+
+    def _open(self, queue: str) -> Open:
+        """An open batch for backlog ``queue``; with ordering on, its originals' line keys are kept beside them."""
+        target = Target(SECONDARY, queue)
+        return Open(self.ctx.transport().new_batch(target), self.ctx.clock.now(), self.ctx.book is not None)
 
     def _available(self, queue: str) -> bool:
         return self.ctx.registry.rotation.is_available(self.ctx.secondary_key, queue)
@@ -202,15 +267,6 @@ class Diverter:
         """SPEC O8: may a held line's pulled queue be tried in this call? Once: granted at the first meeting, refused
         after that try failed - so a blip shorter than the pull never stops a query (each task attempt tries)."""
         return tally.pinned_tries.setdefault(queue, True)
-
-    def _holds_lines(self, slot: Open) -> bool:
-        """Does the batch hold messages (or markers) of ordered lines, which cannot go to another queue?"""
-        if self.ctx.book is None:
-            return False
-        ordering = self.ctx.config.ordering
-        return bool(slot.markers) or any(
-            order_key(ordering, m.session_id) is not None for m in slot.originals
-        )
 
     def close_lines(self, backlog: dict[str, Open], tally: Tally, *, mark: bool = True) -> None:
         """R2, at the end of a call (after :meth:`flush`: the lines' messages are confirmed): close every line the
@@ -229,34 +285,50 @@ class Diverter:
             if marker is None or record is None or not mark or (entity, key) in tally.stopped:
                 continue
             self._try(record.queue, tally)  # O8: a pulled queue is tried once for its lines' markers too
-            self._mark(backlog, record.queue, return_marker(entity, key, marker), entity, tally)
+            self._mark(backlog, record.queue, return_marker(entity, key, marker), (entity, key), tally)
         self.flush(backlog, tally)
 
+    def remark(self, lines: Iterable[tuple[str, str]]) -> int:
+        """R2 without a message (:meth:`~spark_sb.sender.paired.PairedSender.remark`): a fresh return marker behind
+        each held line of ``lines`` ((entity, key) pairs) in its pinned queue; lines not held are skipped. Returns
+        how many markers were sent; raises like :meth:`close_lines`."""
+        book = self.ctx.book
+        if book is None:
+            return 0
+        tally = Tally()
+        tally.ordered = {line: 0 for line in lines if book.held(*line) is not None}
+        count = len(tally.ordered)
+        if count:
+            self.close_lines({}, tally)
+        return count
+
     def _mark(
-        self, backlog: dict[str, Open], queue: str, marker: OutboundMessage, entity: str, tally: Tally
+        self,
+        backlog: dict[str, Open],
+        queue: str,
+        marker: OutboundMessage,
+        line: tuple[str, str],
+        tally: Tally,
     ) -> None:
         slot = backlog.get(queue)
         if slot is None:
-            slot = backlog[queue] = Open(
-                self.ctx.transport().new_batch(Target(SECONDARY, queue)), self.ctx.clock.now()
-            )
-        if slot.batch.try_add_backlog(marker, entity, slot.started):
-            slot.originals.append(marker)
-            slot.entities.append(entity)
-            slot.markers += 1
+            slot = backlog[queue] = self._open(queue)
+        if slot.batch.try_add_backlog(marker, line[0], slot.started):
+            slot.add(marker, *line)
             return
         if len(slot.batch) == 0:  # pragma: no cover - an empty message always fits
             raise SendError("internal error: a return marker does not fit an empty batch")
         del backlog[queue]
         self._send(slot, backlog, tally)
-        self._mark(backlog, queue, marker, entity, tally)
+        self._mark(backlog, queue, marker, line, tally)
 
     def _again(self, slot: Open, backlog: dict[str, Open], tally: Tally) -> None:
-        """The originals of a batch its queue did not take go to the backlog again (B5); return markers do not
-        (a marker elsewhere would say nothing of its line's queue: the line waits for a newer one)."""
-        for m, entity in zip(slot.originals, slot.entities, strict=True):
-            if not slot.markers or marker_of(m) is None:
-                self.to_backlog(backlog, m, entity, None, tally)
+        """The originals of a batch its queue did not take go to the backlog again (B5), with the lines they came
+        with; return markers do not (a marker elsewhere would say nothing of its line's queue: the line waits for
+        a newer one)."""
+        for i, (m, entity) in enumerate(zip(slot.originals, slot.entities, strict=True)):
+            if not slot.markers or not isinstance(m, ReturnMarker):
+                self.place(backlog, m, entity, slot.key(i), None, tally)
 
     def flush(self, backlog: dict[str, Open], tally: Tally) -> None:
         """Send every open backlog batch (sending one may open more: a pulled queue's messages go elsewhere)."""
@@ -297,7 +369,7 @@ class Diverter:
             if decision is None:
                 break
             if persist is None:
-                persist = tally.pinned_tries.get(queue, True) and self._holds_lines(slot)
+                persist = tally.pinned_tries.get(queue, True) and slot.holds_lines()
             if not persist or decision.verb is not Verb.PULL or cls is None or not cls.retry:
                 break
             policy, clock = self.ctx.policy, self.ctx.clock
@@ -317,19 +389,16 @@ class Diverter:
         if verb is Verb.SPLIT:
             half = len(slot.originals) // 2
             for lo, hi in ((0, half), (half, len(slot.originals))):
-                sub = Open(self.ctx.transport().new_batch(batch.target), slot.started)
+                sub = Open(self.ctx.transport().new_batch(batch.target), slot.started, slot.keys is not None)
                 for i in range(lo, hi):
                     if not sub.batch.try_add_backlog(slot.originals[i], slot.entities[i], slot.started):
                         raise SendError("internal error: a split batch does not fit")  # pragma: no cover
-                    sub.originals.append(slot.originals[i])
-                    sub.entities.append(slot.entities[i])
-                    if slot.markers and marker_of(slot.originals[i]) is not None:
-                        sub.markers += 1
+                    sub.add(slot.originals[i], slot.entities[i], slot.key(i))
                 self._send(sub, backlog, tally)
         elif verb is Verb.REJECT:
             reason = "message too large after backlog translation: refused by the service"
             for m, entity in zip(slot.originals, slot.entities, strict=True):
-                if not slot.markers or marker_of(m) is None:
+                if not slot.markers or not isinstance(m, ReturnMarker):
                     self.rejects.reject(tally, m, RejectError(reason), entity, None)
         elif verb is Verb.PULL:
             assert result.error_class is not None and result.error is not None

@@ -2,14 +2,30 @@
 message goes to its backlog queue although its entity is healthy (R3, R5), and whether a primary batch holds a line
 the call diverted; :func:`stopped` is R4's error. Runs on the sender's thread; not picklable. Used only while the
 session book holds something (the healthy path never gets here).
+
+A message's line - (entity, key) - is decided once, where it comes into
+:meth:`~spark_sb.sender.paired.PairedSender.send` (:func:`~spark_sb.failover.ordering.order_key`), and its key
+travels with it (:data:`Keys`): beside the messages of its open primary batch, of that batch once it leaves (parked,
+delivered, split, diverted), and of its open backlog batch (:class:`~spark_sb.sender.diverter.Open`). The gate, the
+sender and the diverter read it there; none decides it again. With ``ordering: none`` no keys are kept.
 """
 
 from __future__ import annotations
 
-from spark_sb.failover.ordering import QueueUnavailableError, order_key
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+from spark_sb.failover.ordering import QueueUnavailableError
 from spark_sb.failover.outcome import Tally
 from spark_sb.sender.context import SendContext
-from spark_sb.wire.transport import Batch
+
+#: The line keys of a batch's messages, in their order: each message's session id (``ordering: session``; None
+#: for a message without one, which keeps no order) or :data:`~spark_sb.failover.ordering.WHOLE_ENTITY`
+#: (``entity``); the line's entity is the batch's. Empty with ``ordering: none`` (no keys are kept). Bounded by the
+#: batch's messages.
+Keys = Sequence[str | None]
+#: A call's open primary batches' line keys, by entity (ordering on; bounded by those batches' messages).
+OpenKeys = defaultdict[str, list[str | None]]
 
 
 class LineGate:
@@ -17,15 +33,17 @@ class LineGate:
 
     def __init__(self, ctx: SendContext) -> None:
         self._ctx = ctx
-        self._config = ctx.config
 
-    def held(self, entity: str, key: str, tally: Tally, open_batch: Batch | None) -> bool:
+    def held(self, entity: str, key: str | None, tally: Tally, open_keys: Mapping[str, Keys]) -> bool:
         """Ordering: does the next message of the line (``entity``, ``key``), which its entity would send to the
-        primary, go to its backlog queue instead? Yes while the line is held (R3; the book releases it when drained).
-        A line with a message in the call's open primary batch (``open_batch``) stays on the primary for the call
-        even when another thread holds it meanwhile - unless the call diverted it since: an unsent message is never
-        overtaken through the backlog, nor a diverted one through the primary. Runs only while the book holds
-        something (the healthy path never gets here)."""
+        primary, go to its backlog queue instead? Yes while the line is held (R3; the book releases it when drained);
+        never for a message that keeps no order (``key`` None; ordering off).
+        A line with a message in the call's open primary batch (``open_keys``: by entity) stays on the primary
+        for the call even when another thread holds it meanwhile - unless the call diverted it since: an unsent
+        message is never overtaken through the backlog, nor a diverted one through the primary. Runs only while the
+        book holds something (the healthy path never gets here)."""
+        if key is None:
+            return False
         line = (entity, key)
         if line in tally.direct and line not in tally.ordered:
             return False
@@ -33,7 +51,7 @@ class LineGate:
         assert book is not None
         if book.route(entity, key, False) is None:
             return False
-        if line not in tally.ordered and open_batch is not None and self.has_line(open_batch, line):
+        if line not in tally.ordered and key in open_keys.get(entity, ()):
             tally.direct.add(line)
             return False
         if line not in tally.ordered and tally.return_wait > 0:
@@ -44,23 +62,14 @@ class LineGate:
                 return False
         return True
 
-    def has_line(self, batch: Batch, line: tuple[str, str]) -> bool:
-        """Does ``batch`` hold a message of ``line``?"""
-        ordering, default = self._config.ordering, self._config.entity
-        return any(
-            (m.entity or default or "", order_key(ordering, m.session_id)) == line for m in batch.messages
-        )
-
-    def diverted(self, batch: Batch, tally: Tally) -> bool:
-        """Ordering: does a primary batch hold a message of a line this call diverted since it was packed (its
-        entity failed over and back within the call)? Then the batch follows them to the backlog."""
-        if self._ctx.book is None or not tally.ordered:
+    @staticmethod
+    def diverted(entity: str, keys: Keys, tally: Tally) -> bool:
+        """Ordering: does a primary batch of ``entity`` (its messages' line keys: ``keys``) hold a message of a line
+        this call diverted since it was packed (its entity failed over and back within the call)? Then the batch
+        follows them to the backlog."""
+        if not keys or not tally.ordered:
             return False
-        ordering, default = self._config.ordering, self._config.entity
-        return any(
-            (m.entity or default or "", order_key(ordering, m.session_id)) in tally.ordered
-            for m in batch.messages
-        )
+        return any((entity, key) in tally.ordered for key in keys)
 
 
 def stopped(tally: Tally) -> QueueUnavailableError:

@@ -5,7 +5,8 @@ At least once: :meth:`PairedSender.send` returns only when every message was acc
 accepted by a backlog queue (translated per B6; the syphon moves it on) or recorded as rejected (B7); otherwise it
 raises a :class:`~spark_sb.core.errors.SendError` whose ``outcome`` counts what was confirmed. With ``ordering``
 (:mod:`spark_sb.failover.ordering`; :mod:`spark_sb.sender.lines` here) a held line goes to its pinned queue, a
-return marker follows each line the call diverted, and a line whose queue fails stops for the call (R1-R4).
+return marker follows each line the call diverted, and a line whose queue fails stops for the call (R1-R4); a
+message's line is decided once, as it comes in, and its key goes along with it through the batches.
 
 Where it runs: executors' Python workers (one sender per task, reused across micro-batches through the process's
 pool) and plain applications. Not thread-safe, not picklable; built from the picklable configuration. Failover
@@ -17,22 +18,17 @@ from __future__ import annotations
 import functools
 import logging
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.clock import Clock, SystemClock
-from spark_sb.core.errors import (
-    SendError,
-)
+from spark_sb.core.errors import SendError
 from spark_sb.failover.decisions import MIN_ATTEMPT_BUDGET, WRONG_DESTINATION, RetryPolicy, Route, Verb, Where
 from spark_sb.failover.machine import EntityFailover
 from spark_sb.failover.ordering import NONE, order_key
-from spark_sb.failover.outcome import (
-    SendOutcome,
-    Tally,
-    namespace_key,
-)
+from spark_sb.failover.outcome import SendOutcome, Tally, namespace_key
 from spark_sb.failover.records import EntityState, Listener, log_transition
 from spark_sb.failover.registry import FailoverRegistry, process_registry
 from spark_sb.failover.rotation import BacklogChooser
@@ -42,7 +38,7 @@ from spark_sb.sender.ahead import Ahead
 from spark_sb.sender.attempts import AttemptLoop, Progress, halves, open_links
 from spark_sb.sender.context import SendContext
 from spark_sb.sender.diverter import Diverter, Open, Rejects
-from spark_sb.sender.lines import LineGate, stopped
+from spark_sb.sender.lines import Keys, LineGate, OpenKeys, stopped
 from spark_sb.sender.notices import never_reached, warn_throttled, wrong_destination
 from spark_sb.sender.prober import Prober
 from spark_sb.wire.admin_api import primary_namespace_name
@@ -57,13 +53,15 @@ _LOGGER = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ParkedBatch:
-    """A batch whose send is parked (:class:`~spark_sb.wire.parking.Parked`), where its attempt loop stands, and
-    its index among :meth:`PairedSender._flush`'s batches (-1: a full batch parked while the call packed)."""
+    """A batch whose send is parked (:class:`~spark_sb.wire.parking.Parked`), where its attempt loop stands, its
+    index among :meth:`PairedSender._flush`'s batches (-1: a full batch parked while the call packed) and the line
+    keys of its messages (:data:`~spark_sb.sender.lines.Keys`)."""
 
     parked: Parked
     index: int
     batch: Batch
     progress: Progress
+    keys: Keys
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -213,64 +211,59 @@ class PairedSender:
         backlog: dict[str, Open] = {}  # backlog queue -> open backlog batch
         routes: dict[str, Route] = {}  # entity -> where its messages go in this call
         parked: dict[str, ParkedBatch] = {}  # entity -> its full batch's send, parked (one per entity)
+        keys: OpenKeys = defaultdict(list)  # ordering on: entity -> the line keys of its open primary batch
+        key: str | None = None  # the message's line key, decided once as it comes in (None: ordering off)
         default = self._config.entity
         book = self._ctx.book
-        ordering = self._config.ordering
+        ordering, carry = self._config.ordering, book is not None  # carry: ordering on, the keys go along
         try:
             self._collect_probes(tally)
             for index, msg in enumerate(messages):
                 entity = msg.entity or default
                 if not entity:
-                    self._rejects.reject(
-                        tally,
-                        msg,
-                        RejectError("no destination entity: set the entity column or option", "entity"),
-                        None,
-                        index,
-                    )
+                    self._rejects.no_entity(tally, msg, index)
                     continue
                 route = routes.get(entity)
                 if route is None:
                     route = routes[entity] = self._admit(entity, tally)
-                if book is not None and (tally.stopped or not book.empty):  # the healthy path: one look
+                if book is not None:  # ordering on: its line is (entity, key), carried with it from here
                     key = order_key(ordering, msg.session_id)
-                    if key is not None:
+                    if key is not None and (tally.stopped or not book.empty):  # the healthy path: one look
                         if (entity, key) in tally.stopped:
                             continue  # R4: its queue failed; the rest of the line waits with it
-                        if route is Route.PRIMARY and self._lines.held(
-                            entity, key, tally, primary.get(entity)
-                        ):
+                        if route is Route.PRIMARY and self._lines.held(entity, key, tally, keys):
                             route = Route.BACKLOG  # held (R3): behind its messages in its queue
                 if route is Route.BACKLOG:
                     if entity in parked or len(primary.get(entity) or ()) > 0:
                         # O6: what the call holds of the entity for the primary goes before a later message
-                        self._settle(entity, primary, backlog, tally, parked)
-                    if self._diverter.to_backlog(backlog, msg, entity, index, tally):
+                        self._settle(entity, primary, keys, backlog, tally, parked)
+                    if self._diverter.place(backlog, msg, entity, key, index, tally):
                         routes.clear()  # a backlog batch went out: admit again (a probe may have succeeded)
                     continue
                 batch = primary.get(entity)
                 if batch is None:
                     batch = primary[entity] = self.transport.new_batch(Target(PRIMARY, entity))
-                if self._rejects.try_add(batch, msg, tally, entity, index) is not False:
+                if (added := self._rejects.try_add(batch, msg, tally, entity, index)) and carry:
+                    keys[entity].append(key)  # its line goes with it
+                if added is not False:
                     continue
                 if len(batch) > 0:
                     del primary[entity]
-                    self._deliver_full(batch, backlog, tally, parked)
+                    self._deliver_full(batch, keys.pop(entity, ()), backlog, tally, parked)
                     routes[entity] = route = self._admit(entity, tally)
-                    key = order_key(ordering, msg.session_id) if book is not None and not book.empty else None
-                    if route is Route.BACKLOG or (
-                        key is not None and self._lines.held(entity, key, tally, None)
-                    ):
+                    if route is Route.BACKLOG or self._lines.held(entity, key, tally, keys):
                         if entity in parked:
-                            self._settle(entity, primary, backlog, tally, parked)  # O6, as above
-                        self._diverter.to_backlog(backlog, msg, entity, index, tally)
+                            self._settle(entity, primary, keys, backlog, tally, parked)  # O6, as above
+                        self._diverter.place(backlog, msg, entity, key, index, tally)
                         continue
                     batch = primary[entity] = self.transport.new_batch(Target(PRIMARY, entity))
-                    if self._rejects.try_add(batch, msg, tally, entity, index) is not False:
+                    if (added := self._rejects.try_add(batch, msg, tally, entity, index)) and carry:
+                        keys[entity].append(key)
+                    if added is not False:
                         continue
                 self._rejects.oversize(tally, msg, entity, batch, index, translated=False)
             open_links(self._ctx, [e for e, b in primary.items() if len(b) > 0], tally)
-            self._flush([b for b in primary.values() if len(b) > 0], backlog, tally, parked)
+            self._flush([b for b in primary.values() if len(b) > 0], backlog, tally, parked, keys)
             parked.clear()
             primary.clear()
             self._diverter.flush(backlog, tally)
@@ -297,6 +290,7 @@ class PairedSender:
         self,
         entity: str,
         primary: dict[str, Batch],
+        keys: OpenKeys,
         backlog: dict[str, Open],
         tally: Tally,
         parked: dict[str, ParkedBatch],
@@ -306,12 +300,10 @@ class PairedSender:
         call). Those are settled first - sent, or diverted ahead of it - so that no line's later message enters
         a backlog queue before an earlier one. Synchronous (no parking): the entity is failed over, so this is
         mostly a translation into the open backlog batches."""
-        earlier = parked.pop(entity, None)
-        if earlier is not None:
-            self._send_primary(earlier.batch, backlog, tally, earlier.progress, resume=earlier.parked)
-        batch = primary.pop(entity, None)
+        self._finish_parked(entity, parked, backlog, tally)
+        batch, lines = primary.pop(entity, None), keys.pop(entity, ())
         if batch is not None and len(batch) > 0:
-            self._deliver(batch, backlog, tally, Progress(self._clock.monotonic()))
+            self._deliver(batch, lines, backlog, tally, Progress(self._clock.monotonic()))
 
     def remark(self, lines: Iterable[tuple[str, str]]) -> int:
         """Ordering (R2): send a fresh return marker, with no message, behind each held line of ``lines``
@@ -319,16 +311,7 @@ class PairedSender:
         that has no message to send (the Spark sink's tasks, :mod:`spark_sb.state.sessions`). Lines not held are
         skipped. Returns how many markers were sent; raises like :meth:`send` when a queue does not take them.
         Runs on the calling thread."""
-        book = self._ctx.book
-        if book is None or self._closed:
-            return 0
-        tally = Tally()
-        tally.ordered = {line: 0 for line in lines if book.held(*line) is not None}
-        if not tally.ordered:
-            return 0
-        count = len(tally.ordered)
-        self._diverter.close_lines({}, tally)
-        return count
+        return 0 if self._closed else self._diverter.remark(lines)
 
     def maintain(self) -> SendOutcome:
         """Start a probe of every failed-over entity whose probe is due (for callers that idle between sends),
@@ -369,11 +352,19 @@ class PairedSender:
             self._probes.ensure_running()
         return route
 
-    # -- packing
     # -- delivery to the primary
+    def _finish_parked(
+        self, entity: str, parked: dict[str, ParkedBatch], backlog: dict[str, Open], tally: Tally
+    ) -> None:
+        """The send of ``entity``'s full batch parked while the call packed, if any, gone on with to its end."""
+        left = parked.pop(entity, None)
+        if left is not None:
+            self._send_primary(left.batch, left.keys, backlog, tally, left.progress, resume=left.parked)
+
     def _deliver(
         self,
         batch: Batch,
+        keys: Keys,
         backlog: dict[str, Open],
         tally: Tally,
         progress: Progress | None = None,
@@ -384,27 +375,27 @@ class PairedSender:
         it (retried, diverted, split) before the caller packs on: one batch at a time, order holds. Sends are
         synchronous: measured (``bench/bench_overlap.py``), packing the next batch while one was on the wire
         gained nothing (sends on an open link run on this thread) and cost 3-13% with the GIL shared.
-        ``park_after``: the send may raise :class:`~spark_sb.wire.parking.Parked` (see :meth:`_flush`)."""
+        ``keys``: the line keys of its messages, carried from :meth:`send`. ``park_after``: the send may raise
+        :class:`~spark_sb.wire.parking.Parked` (see :meth:`_flush`)."""
         tally.sticky.clear()  # a batch boundary: a backlog queue may have been pulled since, choose again
-        if self._admit(batch.target.entity, tally) is Route.BACKLOG or self._lines.diverted(batch, tally):
-            self._diverter.divert(batch.messages, backlog, tally, progress)
+        entity = batch.target.entity
+        if self._admit(entity, tally) is Route.BACKLOG or self._lines.diverted(entity, keys, tally):
+            self._diverter.divert_batch(batch, keys, backlog, tally, progress)
             return None
-        return self._send_primary(batch, backlog, tally, progress, defer, park_after)
+        return self._send_primary(batch, keys, backlog, tally, progress, defer, park_after)
 
     def _deliver_full(
-        self, batch: Batch, backlog: dict[str, Open], tally: Tally, parked: dict[str, ParkedBatch]
+        self, batch: Batch, keys: Keys, backlog: dict[str, Open], tally: Tally, parked: dict[str, ParkedBatch]
     ) -> None:
         """Deliver a full batch while the call packs on (:meth:`_deliver`); a send that an entity does not answer
         is parked in ``parked`` (one per entity: bounded by the call's entities) while the call packs and sends to
         the others, and finished before that entity's next batch goes (order holds) or in :meth:`_flush`."""
-        earlier = parked.pop(batch.target.entity, None)
-        if earlier is not None:
-            self._send_primary(earlier.batch, backlog, tally, earlier.progress, resume=earlier.parked)
-        progress = Progress(self._clock.monotonic())
+        self._finish_parked(batch.target.entity, parked, backlog, tally)
+        progress, after = Progress(self._clock.monotonic()), PARK_SOON if parked else PARK_AFTER
         try:
-            self._deliver(batch, backlog, tally, progress, park_after=PARK_SOON if parked else PARK_AFTER)
+            self._deliver(batch, keys, backlog, tally, progress, park_after=after)
         except Parked as p:
-            parked[batch.target.entity] = ParkedBatch(p, -1, batch, progress)
+            parked[batch.target.entity] = ParkedBatch(p, -1, batch, progress, keys)
 
     def _flush(
         self,
@@ -412,6 +403,7 @@ class PairedSender:
         backlog: dict[str, Open],
         tally: Tally,
         earlier: dict[str, ParkedBatch] | None = None,
+        lasts: Mapping[str, Keys] | None = None,
     ) -> None:
         """Deliver the call's last batches, one per entity, waiting for their retries together: an entity whose
         send failed is tried again when its back-off is over while the others go on, so E entities failing at
@@ -422,10 +414,12 @@ class PairedSender:
         entity that stalls) is parked while the next entities' batches go out, then finished - in the order of
         its deadline, its answer read meanwhile by every other send - while the retries wait: E stalled entities
         cost one attempt's budget together, not E of them (issue 29; 10 stalled at an interval of 10 s took 98 s),
-        and delay the call's other entities by ``PARK_AFTER`` for the first and ``PARK_SOON`` for each next one. ``earlier``: sends of full batches parked
-        while the call packed (:meth:`_deliver_full`); an entity's last batch goes once its earlier one is
-        settled. ``parked`` and ``follow`` are bounded by the batches too."""
-        earlier = earlier or {}
+        and delay the call's other entities by ``PARK_AFTER`` for the first and ``PARK_SOON`` for each next one.
+        ``earlier``: sends of full batches parked while the call packed (:meth:`_deliver_full`); an entity's last
+        batch goes once its earlier one is settled. ``lasts``: entity -> its last batch's line keys (ordering on).
+        ``parked``, ``follow`` and ``firsts`` are bounded by the batches too."""
+        earlier, lasts = earlier or {}, lasts or {}
+        firsts = {e: p.keys for e, p in earlier.items()}  # entity -> its earlier batch's line keys
         waiting: list[tuple[float, int, Batch, Progress]] = []
         parked: list[ParkedBatch] = list(earlier.values())
         # Entities already failing go last (a stable sort: each entity has one batch here, so no entity's order
@@ -448,16 +442,17 @@ class PairedSender:
             nonlocal seen
             if n >= 0:
                 ahead.in_flight = n
+            keys = (lasts if n >= 0 else firsts).get(batch.target.entity, ())
             try:
                 if resume is None:
                     after = (PARK_SOON if seen else PARK_AFTER) if park else None
-                    delay = self._deliver(batch, backlog, tally, progress, defer=True, park_after=after)
+                    delay = self._deliver(batch, keys, backlog, tally, progress, defer=True, park_after=after)
                 else:
                     due = min((w[0] for w in waiting), default=None)
                     until = None if due is None else max(0.0, due - self._clock.monotonic())
-                    delay = self._send_primary(batch, backlog, tally, progress, True, until, resume=resume)
+                    delay = self._send_primary(batch, keys, backlog, tally, progress, True, until, resume)
             except Parked as p:
-                parked.append(ParkedBatch(p, n, batch, progress))
+                parked.append(ParkedBatch(p, n, batch, progress, keys))
                 seen = True
                 return
             finally:
@@ -538,6 +533,7 @@ class PairedSender:
     def _send_primary(
         self,
         batch: Batch,
+        keys: Keys,
         backlog: dict[str, Open],
         tally: Tally,
         progress: Progress | None = None,
@@ -548,7 +544,7 @@ class PairedSender:
         """Send ``batch`` to the primary and settle it; with ``defer``, a retry is not waited for here: its delay
         is returned (``progress`` holds the loop's state) and the caller delivers the batch again after it.
         ``park_after``: the attempt may raise :class:`~spark_sb.wire.parking.Parked` (unanswered by then);
-        ``resume``: such a parked attempt, gone on with first."""
+        ``resume``: such a parked attempt, gone on with first. ``keys``: as :meth:`_deliver`'s."""
         entity = batch.target.entity
         transport = self.transport
         slow = self._slow(entity)
@@ -579,10 +575,12 @@ class PairedSender:
             return result.decision.delay
         if verb is Verb.DIVERT:
             self._probes.ensure_running()  # a failed-over entity is probed (B8)
-            self._diverter.divert(batch.messages, backlog, tally, progress)
+            self._diverter.divert_batch(batch, keys, backlog, tally, progress)
         elif verb is Verb.SPLIT:
+            at = 0  # each half takes its messages' keys along
             for half in halves(self.transport, batch):
-                self._deliver(half, backlog, tally)
+                self._deliver(half, keys[at : at + len(half)], backlog, tally)
+                at += len(half)
         elif verb is Verb.REJECT and result.decision.why == WRONG_DESTINATION:
             wrong_destination(self._rejects, batch, tally, result.error, self._config.primary)
         elif verb is Verb.REJECT:
