@@ -64,6 +64,8 @@ DESCRIPTIONS = {
     "syphon.batch_size": "messages per receive",
     "syphon.prefetch": "the syphon receivers' prefetch",
     "client_cache": "executors keep their senders between micro-batches",
+    "exactly_once_horizon": "the longest outage a diverted message must survive exactly once: `spark-sb "
+    "provision` and `status` warn of a primary entity whose duplicate detection is off or has a shorter window",
 }
 
 #: Groups of the page: title, and which keys (by prefix; the first group that matches takes a key).

@@ -87,6 +87,9 @@ class ServiceBusConfig:
     state_retention: float = 30 * 86400.0
     #: The syphon job maintains the state tables (OPTIMIZE, VACUUM, retention) this often; 0: never.
     state_maintain_every: float = 86400.0
+    #: SPEC B14: the longest primary outage whose ambiguous sends must stay exactly-once. ``provision`` and
+    #: ``status`` warn about a primary entity without duplicate detection or with a window shorter than this.
+    exactly_once_horizon: float = 3600.0
     columns: Mapping[str, str] = field(default_factory=_default_columns)
     syphon_max_wait: float = 900.0
     syphon_batch_size: int = 100

@@ -235,6 +235,7 @@ SETTINGS: tuple[Setting, ...] = (
     _duration("provision.retry_pause", "provision_retry_pause", positive=False),
     _duration("state_retention", "state_retention", positive=True),
     _duration("state_maintain_every", "state_maintain_every", positive=False),
+    _duration("exactly_once_horizon", "exactly_once_horizon", positive=True),
     _choice("probe_mode", "probe_mode", PROBE_MODES),
     _choice("backlog_selection", "backlog_selection", BACKLOG_SELECTIONS),
     _choice("ordering", "ordering", ORDERINGS),

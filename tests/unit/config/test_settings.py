@@ -164,6 +164,7 @@ def test_zero_is_a_duration_only_where_it_means_something() -> None:
         "syphon.max_wait",
         "idle_timeout",
         "state_retention",
+        "exactly_once_horizon",
     ):
         check(key, 0.001)
         assert_names(error(check, key, 0.0), key, "must be > 0 seconds")
