@@ -4,11 +4,13 @@ command.
 
 Runs on a workstation, a CI runner or the Spark driver node, never on executors. Commands:
 
-* ``provision --config conf/<env>.yaml [--dry-run] [--json] [--tries N] [--retry-pause SECONDS]``: make sure
-  the backlog queues exist in the secondary namespace and print a table (queue, status, detail).
+* ``provision --config conf/<env>.yaml [--dry-run] [--json] [--tries N] [--retry-pause SECONDS] [--entity E]``:
+  make sure the backlog queues exist in the secondary namespace and print a table (queue, status, detail), then
+  the primary entities' duplicate detection against ``exactly_once_horizon`` (:mod:`spark_sb.admin.horizon`).
   Exit 0 when at least one backlog queue is usable, 1 otherwise, 2 on a bad configuration or bad arguments.
-* ``status --config conf/<env>.yaml [--json] [--events N] [--no-depths]``: each entity's failover state, pulled
-  backlog queues, the newest events and backlog depths, from the state tables (no Spark; :mod:`spark_sb.admin.status`).
+* ``status --config conf/<env>.yaml [--json] [--events N] [--no-depths] [--entity E]``: each entity's failover
+  state, pulled backlog queues, the newest events and backlog depths, from the state tables, and the primary
+  entities' duplicate detection (no Spark; :mod:`spark_sb.admin.status`).
 * ``maintain --config conf/<env>.yaml [--retention D] [--no-optimize] [--no-vacuum] [--json]``: keep the state
   tables small (retention delete, OPTIMIZE, VACUUM: :func:`spark_sb.state.maintenance.maintain`); starts a Spark session.
 * ``source recover --config conf/<env>.yaml --entity E [--dry-run] [--json]``: return deferred messages no
@@ -75,8 +77,10 @@ def _add_provision(subparsers: Any, common: argparse.ArgumentParser) -> None:
             "Make sure the backlog queues <primary-namespace>/x-servicebus-transfer/<i>, i in "
             "[0, backlog_queue_count), exist in the secondary namespace. Missing queues are created; existing "
             "queues are never modified (differences are reported as 'drifted'); queues with a higher index are "
-            "left alone ('extra'). Exit 0 if at least one backlog queue is usable, 1 if none is, 2 on a bad "
-            "configuration. For a local namespace with a self-signed certificate set REQUESTS_CA_BUNDLE."
+            "left alone ('extra'). Then the duplicate detection of the primary entities (entity, --entity) is "
+            "shown, with a warning where it is off or shorter than exactly_once_horizon. Exit 0 if at least one "
+            "backlog queue is usable, 1 if none is, 2 on a bad configuration. For a local namespace with a "
+            "self-signed certificate set REQUESTS_CA_BUNDLE."
         ),
     )
     p.add_argument("--config", required=True, help="YAML configuration file (conf/<env>.yaml)")
@@ -97,6 +101,18 @@ def _add_provision(subparsers: Any, common: argparse.ArgumentParser) -> None:
             "pause between attempts (default: config key provision.retry_pause, "
             f"else {DEFAULT_RETRY_PAUSE:g})"
         ),
+    )
+    p.add_argument(
+        "--entity",
+        action="append",
+        default=[],
+        metavar="ENTITY",
+        help="a primary entity whose duplicate detection to report, besides `entity` (repeatable)",
+    )
+    p.add_argument(
+        "--no-duplicate-detection",
+        action="store_true",
+        help="do not ask the primary about its entities' duplicate detection (exactly_once_horizon)",
     )
     p.set_defaults(func=run_provision)
 
@@ -144,17 +160,36 @@ def run_provision(
         print(f"error: {exc}", file=err)
         return EXIT_FAILED
 
+    horizon = _horizon(args, config, provision_kwargs.get("primary_admin_client"))
     if args.json:
         payload = report.to_dict()
         if not report.ok:
             payload["error"] = _unusable_message(report)
+        if horizon is not None:
+            payload["duplicate_detection"] = horizon.to_json()
         _print_json(out, payload)
     else:
         print(report.format_table(), file=out)
+        if horizon is not None and horizon.entities:
+            print("\n".join(horizon.lines()), file=out)
     if not report.ok:
         print(f"error: {_unusable_message(report)}", file=err)
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _horizon(args: argparse.Namespace, config: Any, admin_client: Any) -> Any:
+    """SPEC B14: the duplicate detection of the primary entities (``entity``, ``--entity``), their warnings logged;
+    None with ``--no-duplicate-detection``."""
+    from spark_sb.admin.horizon import check_horizon, primary_entities
+
+    if getattr(args, "no_duplicate_detection", False):
+        return None
+    horizon = check_horizon(
+        config, primary_entities(config, getattr(args, "entity", ())), admin_client=admin_client
+    )
+    horizon.log()
+    return horizon
 
 
 def _unusable_message(report: Any) -> str:

@@ -1,7 +1,8 @@
 """``spark-sb status``: each entity's failover state, the pulled backlog queues, the last events, the backlog
 depths, the messages the syphon could not deliver (their entity does not exist: dead-lettered in the backlog,
 SPEC F9) and, with ``ordering``, the sessions still draining (held by a sink until the syphon passed their markers,
-SPEC O4: :mod:`spark_sb.state.sessions`), read without starting Spark.
+SPEC O4: :mod:`spark_sb.state.sessions`), read without starting Spark; and per primary entity its duplicate
+detection against ``exactly_once_horizon`` (SPEC B14: :mod:`spark_sb.admin.horizon`).
 
 The state tables under ``state_location`` are read with the ``deltalake`` package (delta-rs, no JVM); backlog
 depths come from the secondary namespace's admin endpoint (runtime message counts). Runs on a workstation or the
@@ -11,11 +12,12 @@ driver node, never on executors. Catalog tables (``state_table_prefix``) need a 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TextIO
 
+from spark_sb.admin.horizon import Horizon, check_horizon, primary_entities
 from spark_sb.core.redact import redact
 
 __all__ = [
@@ -46,6 +48,8 @@ class StateStatus:
     undeliverable: list[dict[str, Any]] = field(default_factory=list)
     #: Ordering: the sessions still draining (:func:`draining_sessions`), oldest first.
     sessions: list[dict[str, Any]] = field(default_factory=list)
+    #: SPEC B14: each primary entity's duplicate detection against ``exactly_once_horizon`` (None: not asked).
+    horizon: Horizon | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -54,6 +58,7 @@ class StateStatus:
             "backlog_depths": self.depths,
             "undeliverable": self.undeliverable,
             "sessions_draining": self.sessions,
+            "duplicate_detection": self.horizon.to_json() if self.horizon is not None else None,
         }
 
 
@@ -176,8 +181,13 @@ def read_status(
     last_events: int = 20,
     depths: bool = True,
     admin_client: Any = None,
+    duplicate_detection: bool = True,
+    entities: Sequence[str] = (),
+    primary_admin_client: Any = None,
 ) -> StateStatus:
-    """Read the entities table, the newest ``last_events`` events and (``depths``) the backlog queue depths."""
+    """Read the entities table, the newest ``last_events`` events, (``depths``) the backlog queue depths and
+    (``duplicate_detection``) the duplicate detection of the primary entities - ``config.entity``, ``entities`` and
+    the entities table's - from the primary's admin endpoint (``primary_admin_client``, or one built)."""
     if not config.state_location:
         raise ValueError(
             "state_location is not set: status reads the Delta path tables under it"
@@ -187,18 +197,21 @@ def read_status(
                 else ""
             )
         )
-    entities = sorted(
-        _read_table(config.state_location, "entities"), key=lambda r: (r["namespace"], r["entity"])
-    )
+    rows = sorted(_read_table(config.state_location, "entities"), key=lambda r: (r["namespace"], r["entity"]))
     events = _arrow_table(
         config.state_location, "events"
     )  # read once: the newest events and the undeliverable
+    horizon = None
+    if duplicate_detection:
+        named = primary_entities(config, entities, rows)
+        horizon = check_horizon(config, named, admin_client=primary_admin_client)
     return StateStatus(
-        entities=entities,
+        entities=rows,
         events=_newest(events, last_events),
         depths=backlog_depths(config, admin_client) if depths else {},
         undeliverable=_undeliverable(events),
         sessions=draining_sessions(config.state_location),
+        horizon=horizon,
     )
 
 
@@ -246,6 +259,8 @@ def format_status(status: StateStatus, now: datetime | None = None) -> str:
             )
         if len(status.sessions) > SESSIONS_SHOWN:
             lines.append(f"  ... and {len(status.sessions) - SESSIONS_SHOWN} more (--json lists every one)")
+    if status.horizon is not None:
+        lines += status.horizon.lines()
     lines.append(f"last {len(status.events)} events:")
     for e in status.events:
         what = e["event"]
@@ -274,7 +289,8 @@ def add_status_command(
     p = subparsers.add_parser(
         "status",
         parents=[common],
-        help="entity failover state, pulled backlog queues, sessions draining, last events and backlog depths (no Spark)",
+        help="entity failover state, pulled backlog queues, sessions draining, last events, backlog depths and the "
+        "primary entities' duplicate detection (no Spark)",
         description="Read the state tables under state_location (deltalake, no Spark) and the backlog depths.",
     )
     p.add_argument("--config", required=True, help="the YAML configuration (conf/<env>.yaml)")
@@ -283,6 +299,19 @@ def add_status_command(
         "--events", type=int, default=20, help="how many of the newest events to show (default 20)"
     )
     p.add_argument("--no-depths", action="store_true", help="do not ask the secondary for backlog depths")
+    p.add_argument(
+        "--entity",
+        action="append",
+        default=[],
+        metavar="ENTITY",
+        help="a primary entity whose duplicate detection to show, besides `entity` and the entities table's "
+        "(repeatable)",
+    )
+    p.add_argument(
+        "--no-duplicate-detection",
+        action="store_true",
+        help="do not ask the primary about its entities' duplicate detection (exactly_once_horizon)",
+    )
     p.set_defaults(func=run)
 
 
@@ -299,10 +328,18 @@ def run_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(f"error: {exc}", file=err)
         return 2
     try:
-        status = read_status(config, last_events=args.events, depths=not args.no_depths)
+        status = read_status(
+            config,
+            last_events=args.events,
+            depths=not args.no_depths,
+            duplicate_detection=not args.no_duplicate_detection,
+            entities=args.entity,
+        )
     except Exception as exc:  # noqa: BLE001 - one clear line, secrets redacted
         print(redact(f"error: {type(exc).__name__}: {exc}"), file=err)
         return 1
+    if status.horizon is not None:
+        status.horizon.log()
     if args.json:
         json.dump(status.to_json(), out, indent=2, default=str)
         out.write("\n")

@@ -13,7 +13,8 @@
 * :mod:`~spark_sb.wire.parking` - parked sends: a send unanswered on a connection that answers is set aside;
 * :mod:`~spark_sb.wire.probe` - one probe of a target (ping or schedule-cancel), with its verdict;
 * :mod:`~spark_sb.wire.receivers` - receivers on the shared connection (the syphon's);
-* :mod:`~spark_sb.wire.admin_api` - admin calls and their errors: the primary's namespace name.
+* :mod:`~spark_sb.wire.admin_api` - admin calls and their errors: the primary's namespace name;
+* :mod:`~spark_sb.wire.duplicate_detection` - a primary entity's duplicate detection (the exactly-once horizon).
 
 Runs where messages are sent or received: executors' Python workers, the syphon, plain processes. Live objects
 here are never pickled. Imports: core, config, message.

@@ -1,4 +1,5 @@
-"""A fake :class:`spark_sb.wire.transport.Transport` with scripted failures, for unit tests (no network, no SDK I/O).
+"""Fakes for unit tests (no network, no SDK I/O): a :class:`spark_sb.wire.transport.Transport` with scripted
+failures, and a primary namespace's admin endpoint (:class:`PrimaryAdmin`: its entities' duplicate detection).
 
 Sizes are a simple deterministic estimate (:func:`fake_size`), so batch boundaries are predictable.
 """
@@ -7,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
 
 from servicebus_local.clock import FakeClock
 from spark_sb.message.backlog import to_backlog
@@ -283,3 +286,37 @@ class FakeTransport:
 
     def close(self) -> None:
         self.closed += 1
+
+
+class PrimaryAdmin:
+    """The primary's admin endpoint: ``entities`` name -> (kind, duplicate detection on, window)."""
+
+    def __init__(
+        self, entities: dict[str, tuple[str, bool, timedelta]], fail: Exception | None = None
+    ) -> None:
+        self.entities = entities
+        self.fail = fail
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+        self.closed = False
+
+    def _get(self, kind: str, name: str, kwargs: dict[str, Any]) -> Any:
+        self.calls.append((kind, name, kwargs))
+        if self.fail is not None:
+            raise self.fail
+        found = self.entities.get(name)
+        if found is None or found[0] != kind:
+            from azure.core.exceptions import ResourceNotFoundError
+
+            raise ResourceNotFoundError(f"{kind} {name!r} does not exist")
+        return SimpleNamespace(
+            requires_duplicate_detection=found[1], duplicate_detection_history_time_window=found[2]
+        )
+
+    def get_queue(self, name: str, **kwargs: Any) -> Any:
+        return self._get("queue", name, kwargs)
+
+    def get_topic(self, name: str, **kwargs: Any) -> Any:
+        return self._get("topic", name, kwargs)
+
+    def close(self) -> None:
+        self.closed = True

@@ -506,3 +506,47 @@ def test_cli_real_config_loading_errors_exit_2(tmp_path: Any, capsys: pytest.Cap
 def by_name(report: Any) -> dict[str, Any]:
     """The report's rows keyed by queue name."""
     return {q.name: q for q in report.queues}
+
+
+def test_cli_shows_the_primary_entities_duplicate_detection_after_the_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SPEC B14: after the backlog table, each primary entity (``entity``, ``--entity``) with its duplicate detection
+    and a warning where it is off or shorter than exactly_once_horizon; the JSON carries it; a config without an
+    entity shows nothing more."""
+    from tests.unit.fakes import PrimaryAdmin
+
+    config = ServiceBusConfig(primary=ns_config("10.0.0.1:5671", NS), backlog_queue_count=1, entity="orders")
+    monkeypatch.setattr(config_module, "load_config", lambda source: config)
+    primary = PrimaryAdmin(
+        {"orders": ("queue", False, timedelta(minutes=10)), "audit": ("topic", True, timedelta(seconds=30))}
+    )
+    argv = ["provision", "--config", "c.yaml", "--entity", "audit"]
+    code, out, _ = cli_run(argv, FakeAdmin(), primary_admin_client=primary)
+    assert code == 0
+    table, _, rest = out.partition(
+        "duplicate detection of the primary entities (exactly_once_horizon 1 h):\n"
+    )
+    assert table.rstrip().endswith("1/1 usable (1 created)")
+    assert rest.splitlines() == [
+        "  orders                         queue  off",
+        "    WARNING: orders: duplicate detection is off - a message diverted after an ambiguous send reaches it "
+        "twice if that send had landed",
+        "  audit                          topic  on, window 30 s",
+        "    WARNING: audit: duplicate detection window 30 s is shorter than exactly_once_horizon 1 h - a message "
+        "diverted after an ambiguous send that returns later than 30 s reaches it twice if that send had landed",
+    ]
+    code, out, _ = cli_run([*argv, "--json"], FakeAdmin(), primary_admin_client=primary)
+    data = json.loads(out)["duplicate_detection"]
+    assert [(e["entity"], e["kind"], e["window_seconds"]) for e in data["entities"]] == [
+        ("orders", "queue", None),
+        ("audit", "topic", 30.0),
+    ]
+    assert all(e["warning"] for e in data["entities"])
+    code, out, _ = cli_run([*argv, "--no-duplicate-detection"], FakeAdmin(), primary_admin_client=primary)
+    assert "duplicate detection" not in out and len(primary.calls) == 2 * 3  # queue, then topic for audit
+
+
+def test_cli_without_an_entity_prints_the_table_alone(fake_config: ServiceBusConfig) -> None:
+    code, out, _ = cli_run(["provision", "--config", "conf/x.yaml", "--json"], FakeAdmin())
+    assert code == 0 and json.loads(out)["duplicate_detection"]["entities"] == []

@@ -80,7 +80,7 @@ class Admin:
 def test_status_reads_entities_events_and_depths(tmp_path: Path) -> None:
     _tables(tmp_path)
     config = make_config(state_location=str(tmp_path))
-    status = read_status(config, last_events=5, admin_client=Admin())
+    status = read_status(config, last_events=5, admin_client=Admin(), duplicate_detection=False)
     assert [(r["entity"], r["state"]) for r in status.entities] == [("orders", "failed_over")]
     assert [e["event"] for e in status.events] == ["batch_committed", "state_change"]  # newest first
     assert status.depths == {
@@ -94,7 +94,9 @@ def test_status_reads_entities_events_and_depths(tmp_path: Path) -> None:
 
 
 def test_status_before_any_write_and_without_state_location(tmp_path: Path) -> None:
-    empty = read_status(make_config(state_location=str(tmp_path / "none")), depths=False)
+    empty = read_status(
+        make_config(state_location=str(tmp_path / "none")), depths=False, duplicate_detection=False
+    )
     assert (empty.entities, empty.events) == ([], [])
     with pytest.raises(ValueError, match="state_location is not set"):
         read_status(make_config(), depths=False)
@@ -111,9 +113,10 @@ def test_status_command_json(
     monkeypatch.setenv(
         "CS", "Endpoint=sb://a.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v"
     )
-    assert main(["status", "--config", str(conf), "--json", "--no-depths"]) == 0
+    assert main(["status", "--config", str(conf), "--json", "--no-depths", "--no-duplicate-detection"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["entities"][0]["state"] == "failed_over" and out["backlog_depths"] == {}
+    assert out["duplicate_detection"] is None
     assert main(["status", "--config", str(tmp_path / "missing.yaml")]) == 2
 
 
@@ -141,7 +144,9 @@ def test_status_shows_the_sessions_still_draining_with_their_queues_depth(tmp_pa
         {c: pa.array([r[i] for r in rows], types.get(c, pa.string())) for i, c in enumerate(columns)}
     )
     deltalake.write_deltalake(str(tmp_path / "sessions"), table)
-    status = read_status(make_config(state_location=str(tmp_path)), admin_client=Admin())
+    status = read_status(
+        make_config(state_location=str(tmp_path)), admin_client=Admin(), duplicate_detection=False
+    )
     assert [(d["session"], d["queue"], d["pending"]) for d in status.sessions] == [
         ("s1", q0, 2),
         ("s2", q1, 1),
@@ -152,4 +157,71 @@ def test_status_shows_the_sessions_still_draining_with_their_queues_depth(tmp_pa
         f"s1                       since 2026-11-22 12:00:00  queue {q0} (depth 7)  markers pending 2" in text
     )
     assert status.to_json()["sessions_draining"][1]["sink_id"] == "sink-a"
-    assert read_status(make_config(state_location=str(tmp_path / "none")), depths=False).sessions == []
+    none = make_config(state_location=str(tmp_path / "none"))
+    assert read_status(none, depths=False, duplicate_detection=False).sessions == []
+
+
+def test_status_shows_each_primary_entitys_duplicate_detection_against_the_horizon(tmp_path: Path) -> None:
+    """SPEC B14: the config's entity, the ones named and the primary's in the entities table (none here: the
+    table's namespace is another's), each with its duplicate detection; a warning where it is off or shorter than
+    exactly_once_horizon; text and JSON."""
+    from tests.unit.fakes import PrimaryAdmin
+
+    _tables(tmp_path)
+    admin = PrimaryAdmin(
+        {"orders": ("queue", False, timedelta(minutes=10)), "events": ("topic", True, timedelta(minutes=5))}
+    )
+    config = make_config(state_location=str(tmp_path))
+    status = read_status(config, depths=False, entities=["events"], primary_admin_client=admin)
+    assert status.horizon is not None
+    assert [(e.entity, e.kind, e.enabled) for e in status.horizon.entities] == [
+        ("orders", "queue", False),
+        ("events", "topic", True),
+    ]
+    text = format_status(status, now=T0)
+    assert "duplicate detection of the primary entities (exactly_once_horizon 1 h):" in text
+    assert "WARNING: orders: duplicate detection is off" in text
+    assert (
+        "WARNING: events: duplicate detection window 5 min is shorter than exactly_once_horizon 1 h" in text
+    )
+    data = json.loads(json.dumps(status.to_json(), default=str))
+    assert data["duplicate_detection"]["exactly_once_horizon_seconds"] == 3600.0
+    assert [(e["entity"], e["window_seconds"]) for e in data["duplicate_detection"]["entities"]] == [
+        ("orders", None),
+        ("events", 300.0),
+    ]
+
+
+def test_status_command_reports_duplicate_detection_and_warns_on_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spark_sb.config.namespace import NamespaceConfig
+    from tests.unit.fakes import PrimaryAdmin
+
+    _tables(tmp_path / "state")
+    conf = tmp_path / "c.yaml"
+    conf.write_text(
+        "primary:\n  connection_string: ${env:CS}\nentity: orders\nexactly_once_horizon: 12h\n"
+        f"state_location: {tmp_path / 'state'}\n"
+    )
+    monkeypatch.setenv(
+        "CS", "Endpoint=sb://a.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v"
+    )
+    admin = PrimaryAdmin(
+        {"orders": ("queue", True, timedelta(days=1)), "audit": ("queue", True, timedelta(hours=1))}
+    )
+    monkeypatch.setattr(NamespaceConfig, "admin_client", lambda self, **_: admin)
+    assert main(["status", "--config", str(conf), "--no-depths", "--entity", "audit"]) == 0
+    captured = capsys.readouterr()
+    assert "duplicate detection of the primary entities (exactly_once_horizon 12 h):" in captured.out
+    assert (
+        "WARNING: audit: duplicate detection window 1 h is shorter than exactly_once_horizon 12 h"
+        in captured.out
+    )
+    assert "orders: duplicate" not in captured.out  # a day covers 12 h
+    assert "exactly-once horizon: audit: duplicate detection window 1 h" in captured.err
+    assert main(["status", "--config", str(conf), "--no-depths", "--json"]) == 0
+    entities = json.loads(capsys.readouterr().out)["duplicate_detection"]["entities"]
+    assert [(e["entity"], e["duplicate_detection"], e["warning"]) for e in entities] == [
+        ("orders", True, None)
+    ]
