@@ -1,6 +1,7 @@
 """Durations: the configuration's (``30``, ``"30s"``, ``"5m"``, ``"250ms"``, ISO ``"PT1M"``: :func:`parse_duration`)
 and ISO-8601 with the service's maximum duration, the one codec for config and provisioning (the local namespace,
-a distribution of its own, keeps its own copy).
+a distribution of its own, keeps its own copy, held to this one by
+``tests/unit/core/test_durations.py``).
 
 The grammar is the day-time subset the service speaks (``PT1M``, ``P3DT4H5M6.000007S``, ``P2W``,
 ``P10675199DT2H48M5.4775807S``): optional sign, weeks, days, hours, minutes, seconds, each with an optional

@@ -178,3 +178,43 @@ def test_parse_duration_says_what_it_found_and_names_duration_when_given_no_key(
         parse_duration([1])
     with pytest.raises(ConfigError, match="^duration: expected a duration, found True$"):
         parse_duration(True)
+
+
+# ------------------------------------------------------------------- the local namespace's copy of the codec
+#: Texts and values both ISO codecs meet: the service's own spellings, fractions, signs, the maximum and beyond.
+_ISO_TEXTS = [
+    "PT1M",
+    "P2W",
+    "PT0,5S",
+    "pt1m",
+    "-P1DT1H",
+    "P3DT4H5M6.000007S",
+    "PT0.0000019S",
+    MAX_DURATION_ISO,
+]
+_ISO_REFUSED = ["", "P", "PT", "P1DT", "P1Y", "PT1M1H", "PT-1S", "abc"]
+_VALUES = [
+    timedelta(0),
+    timedelta(seconds=-90),
+    timedelta(days=3, microseconds=7),
+    MAX_DURATION,
+    timedelta.max,
+]
+
+
+def test_the_local_namespaces_copy_of_the_iso_codec_agrees_with_this_one() -> None:
+    """The product and the local namespace (a distribution of its own that imports nothing of the product) each
+    keep the ISO-8601 codec, and each needs both directions (the product: configuration in, provisioning drift
+    out; the local namespace: the Atom admin API in and out) - two copies of one grammar, held together here: a
+    change to one that the other does not make fails this test."""
+    local = pytest.importorskip("servicebus_local.durations")
+    assert (local.MAX_DURATION, local.MAX_DURATION_ISO) == (MAX_DURATION, MAX_DURATION_ISO)
+    for text in _ISO_TEXTS:
+        assert local.iso_duration_seconds(text) == iso_duration_seconds(text), text
+        assert local.parse_iso_duration(text) == parse_iso_duration(text), text
+    for text in _ISO_REFUSED:
+        for codec in (local.iso_duration_seconds, iso_duration_seconds):
+            with pytest.raises(ValueError, match="is not an ISO 8601 duration"):
+                codec(text)
+    for value in _VALUES:
+        assert local.format_iso_duration(value) == format_iso_duration(value), value
