@@ -3,7 +3,7 @@
     python -m servicebus_local --name contoso --port 5672 [--control-port 5673] [--queue q1]... \
         [--topic events:audit,billing]... [--topology topology.yaml] [--key-name K --key V] [--tls-dir DIR] \
         [--max-connections N] [--link-idle-timeout 10m] [--connection-idle-timeout 60s] [--throttle N] \
-        [--lenient-settlement]
+        [--lenient-settlement] [--tier standard|premium]
 
 Prints ``connection_string=<...>`` (one line), ``control_url=<...>`` when a control port is given and
 ``ca_file=<...>`` (the CA the admin client must trust: ``connection_verify=`` or ``REQUESTS_CA_BUNDLE``; with
@@ -20,6 +20,8 @@ namespace and answers ``com.microsoft:server-busy`` beyond (0, the default, is o
 ``$management`` only for a message received by sequence number (strict, SPEC E8, the default);
 ``--lenient-settlement`` also settles there by lock token what a receiver link holds, as the service accepts today
 for an entity without sessions (see the README's settlement table; ``--strict-settlement`` says the default).
+``--tier`` is the namespace's tier: ``standard`` (the default; 256 KB messages and batches) or ``premium``
+(``max_message_size_in_kilobytes`` 1,024 to 102,400 per entity, batches of at most 1 MB).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from servicebus_local.server import (
     DEFAULT_MAX_CONNECTIONS,
     LocalNamespace,
 )
+from servicebus_local.tiers import STANDARD, TIERS
 from servicebus_local.tls import TLS_DIR_ENV
 from servicebus_local.topology import TopologyError, load_topology
 
@@ -150,6 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=(
             "credits (messages) per second for the whole namespace; sends beyond are answered "
             "com.microsoft:server-busy, as the Standard tier does (default: 0 = off)"
+        ),
+    )
+    p.add_argument(
+        "--tier",
+        choices=sorted(TIERS),
+        default=STANDARD.name,
+        help=(
+            "the namespace's tier: standard (256 KB messages and batches; the default) or premium (entity "
+            "max_message_size_in_kilobytes 1024..102400, default 1024; batches of at most 1 MB)"
         ),
     )
     settlement = p.add_mutually_exclusive_group()
@@ -265,6 +277,7 @@ def _start(args: argparse.Namespace, topics: dict[str, list[str]]) -> LocalNames
             connection_idle_timeout=args.connection_idle_timeout,
             throttle=args.throttle,
             strict_settlement=args.strict_settlement,
+            tier=args.tier,
         )
     except TopologyError as exc:  # applying it: a forwarding destination the namespace does not have
         raise UserError(f"topology file {args.topology}: {exc}") from None

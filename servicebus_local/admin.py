@@ -202,6 +202,7 @@ _STATUS = _Codec(_parse_status, lambda value: value)
 _CODEC_BY_TYPE: dict[str, _Codec[Any]] = {
     "timedelta": _DURATION,
     "int": _INT,
+    "int | None": _INT,
     "bool": _BOOL,
     "str": _STR,
     "str | None": _STR,
@@ -844,7 +845,7 @@ class AdminEndpoint:
         info = ET.Element(f"{{{SB_NS}}}NamespaceInfo")
         for element_name, text in (
             ("CreatedTime", format_time(created)),
-            ("MessagingSKU", "Standard"),
+            ("MessagingSKU", self._store.messaging_sku),
             ("ModifiedTime", format_time(created)),
             ("Name", name),
             ("NamespaceType", "Messaging"),

@@ -75,6 +75,7 @@ from servicebus_local.rules import (
     default_rule,
     route,
 )
+from servicebus_local.tiers import STANDARD, Tier, message_size_exceeded, tier_named
 
 __all__ = [
     "Broker",
@@ -465,6 +466,7 @@ class _Subscription(_Receivable):
 
 
 E = TypeVar("E", bound=_Entity)
+QS = TypeVar("QS", QueueSettings, TopicSettings)
 
 
 class _Registry(dict[str, E]):
@@ -523,8 +525,11 @@ class Broker(Forwarding):
         clock: Clock | None = None,
         faults: FaultController | None = None,
         strict_settlement: bool = True,
+        tier: str | Tier = STANDARD,
     ) -> None:
         self._name = name
+        #: The namespace's tier (servicebus_local.tiers): what an entity's max_message_size_in_kilobytes may be.
+        self.tier = tier_named(tier)
         #: Settle a lock by token over ``$management`` only for a message received by sequence number (deferred);
         #: off (the service's behaviour): any receiver of an entity without sessions may (see :meth:`settle`).
         self.strict_settlement = strict_settlement
@@ -551,6 +556,32 @@ class Broker(Forwarding):
     @property
     def clock(self) -> Clock:
         return self._clock
+
+    @property
+    def messaging_sku(self) -> str:
+        return self.tier.sku
+
+    def message_limit(self, addr: EntityAddress) -> int:
+        """The most one message (or batched transfer) sent to ``addr`` may weigh, in bytes: its queue's or topic's
+        ``max_message_size_in_kilobytes`` (the tier's default for an entity not found)."""
+        with self._lock:
+            settings: QueueSettings | TopicSettings
+            try:
+                if addr.kind == "queue":
+                    settings = self._queues.find(addr.path).settings
+                elif addr.kind == "topic":
+                    settings = self._topics.find(addr.path).settings
+                else:
+                    return self.tier.default_message_kb * 1024
+            except EntityNotFound:
+                return self.tier.default_message_kb * 1024
+            return self.tier.message_kb(settings.max_message_size_in_kilobytes, addr.path) * 1024
+
+    def _sized(self, name: str, settings: QS) -> QS:
+        """``settings`` with the message limit the tier gives them (:meth:`Tier.message_kb`: ``None`` is the
+        tier's default; a limit the tier does not allow -> ``InvalidSettings``)."""
+        kb = self.tier.message_kb(settings.max_message_size_in_kilobytes, name)
+        return replace(settings, max_message_size_in_kilobytes=kb)
 
     def admin_fault(self, method: str, path: str) -> AdminFault | None:
         return self.faults.admin_fault(method, path)
@@ -787,15 +818,11 @@ class Broker(Forwarding):
             raise BrokerError(
                 ENTITY_DISABLED, f"Messaging entity '{self._name}:{e.name}' is currently disabled."
             )
-        max_msg = settings.max_message_size_in_kilobytes * 1024
+        max_msg = self.tier.message_kb(settings.max_message_size_in_kilobytes, e.name) * 1024
         incoming = 0
         for p in parts:
             if p.size > max_msg:
-                raise BrokerError(
-                    MESSAGE_SIZE_EXCEEDED,
-                    f"The received message (size {p.size} bytes) exceeds the limit ({max_msg} bytes) "
-                    f"currently allowed on the link.",
-                )
+                raise BrokerError(MESSAGE_SIZE_EXCEEDED, message_size_exceeded(p.size, max_msg))
             incoming += p.size
         if isinstance(e, _Queue) and e.settings.requires_session:
             for p in parts:
@@ -1398,9 +1425,8 @@ class Broker(Forwarding):
             if settings is not None:
                 check_lock_duration(settings.lock_duration)
                 self._check_forwarding(name, settings)
-            q = self._create(
-                self._queues, name, lambda n, now: _Queue(n, replace(settings or QueueSettings()), now)
-            )
+            sized = self._sized(name, settings or QueueSettings())
+            q = self._create(self._queues, name, lambda n, now: _Queue(n, sized, now))
             return self._queue_info(q)
 
     def update_queue(self, name: str, settings: QueueSettings) -> QueueInfo:
@@ -1408,7 +1434,7 @@ class Broker(Forwarding):
             check_lock_duration(settings.lock_duration)
             q = self._queues.find(name)
             self._check_forwarding(q.name, settings)
-            self._update(q, settings)
+            self._update(q, self._sized(q.name, settings))
             return self._queue_info(q)
 
     def get_queue(self, name: str) -> QueueInfo:
@@ -1442,15 +1468,14 @@ class Broker(Forwarding):
 
     def create_topic(self, name: str, settings: TopicSettings | None = None) -> TopicInfo:
         with self._lock:
-            t = self._create(
-                self._topics, name, lambda n, now: _Topic(n, replace(settings or TopicSettings()), now)
-            )
+            sized = self._sized(name, settings or TopicSettings())
+            t = self._create(self._topics, name, lambda n, now: _Topic(n, sized, now))
             return self._topic_info(t)
 
     def update_topic(self, name: str, settings: TopicSettings) -> TopicInfo:
         with self._lock:
             t = self._topics.find(name)
-            self._update(t, settings)
+            self._update(t, self._sized(t.name, settings))
             return self._topic_info(t)
 
     def get_topic(self, name: str) -> TopicInfo:

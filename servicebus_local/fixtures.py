@@ -5,6 +5,10 @@
 * ``namespace_pair`` - a :class:`NamespacePair` of two started namespaces ``primary`` and ``secondary`` (no
   entities: tests or the code under test provision them), free ports, stopped after the test.
 
+* ``local_namespace_tier`` - the tier both are started with: ``"standard"``; override the fixture (in a test
+  module or a conftest: ``@pytest.fixture`` ``def local_namespace_tier(): return "premium"``) or parametrize it
+  (``@pytest.mark.parametrize("local_namespace_tier", ["premium"])``) for Premium namespaces.
+
 Both are function-scoped and start in a few milliseconds (no certificate is made until the admin endpoint is
 first used). They run in the test process; the SDK reaches them over real TCP on 127.0.0.1.
 """
@@ -18,7 +22,7 @@ import pytest
 
 from servicebus_local.server import LocalNamespace
 
-__all__ = ["NamespacePair", "local_namespace", "namespace_pair"]
+__all__ = ["NamespacePair", "local_namespace", "local_namespace_tier", "namespace_pair"]
 
 
 @dataclass(frozen=True)
@@ -30,8 +34,16 @@ class NamespacePair:
 
 
 @pytest.fixture
-def local_namespace() -> Iterator[LocalNamespace]:
-    ns = LocalNamespace("local", queues=["q1", "q2"], topics={"t1": ["s1", "s2"]}).start()
+def local_namespace_tier() -> str:
+    """The tier of ``local_namespace`` and ``namespace_pair``: ``standard`` unless a test overrides it."""
+    return "standard"
+
+
+@pytest.fixture
+def local_namespace(local_namespace_tier: str) -> Iterator[LocalNamespace]:
+    ns = LocalNamespace(
+        "local", queues=["q1", "q2"], topics={"t1": ["s1", "s2"]}, tier=local_namespace_tier
+    ).start()
     try:
         yield ns
     finally:
@@ -39,10 +51,10 @@ def local_namespace() -> Iterator[LocalNamespace]:
 
 
 @pytest.fixture
-def namespace_pair() -> Iterator[NamespacePair]:
-    primary = LocalNamespace("primary").start()
+def namespace_pair(local_namespace_tier: str) -> Iterator[NamespacePair]:
+    primary = LocalNamespace("primary", tier=local_namespace_tier).start()
     try:
-        secondary = LocalNamespace("secondary").start()
+        secondary = LocalNamespace("secondary", tier=local_namespace_tier).start()
     except BaseException:
         primary.stop()
         raise

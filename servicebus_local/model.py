@@ -48,7 +48,9 @@ class QueueSettings:
     forward_to: str | None = None
     forward_dead_lettered_messages_to: str | None = None
     user_metadata: str | None = None
-    max_message_size_in_kilobytes: int = 256
+    #: None: the namespace tier's default (256 Standard, 1,024 Premium: servicebus_local.tiers); the broker
+    #: stores the value it settled on, so an entity's settings always carry a number.
+    max_message_size_in_kilobytes: int | None = None
 
 
 @dataclass
@@ -66,7 +68,9 @@ class TopicSettings:
     enable_partitioning: bool = False
     enable_express: bool = False
     user_metadata: str | None = None
-    max_message_size_in_kilobytes: int = 256
+    #: None: the namespace tier's default (256 Standard, 1,024 Premium: servicebus_local.tiers); the broker
+    #: stores the value it settled on, so an entity's settings always carry a number.
+    max_message_size_in_kilobytes: int | None = None
 
 
 @dataclass
@@ -191,6 +195,11 @@ class AdminStore(Protocol):
 
     @property
     def created_at(self) -> datetime: ...
+
+    @property
+    def messaging_sku(self) -> str:
+        """``Standard`` or ``Premium`` (``$namespaceinfo``'s ``MessagingSKU``)."""
+        ...
 
     def admin_fault(self, method: str, path: str) -> AdminFault | None:
         """An injected fault for this request (method ``GET``/``PUT``/``DELETE``, path without query), if any.

@@ -102,6 +102,7 @@ from servicebus_local.counters import OperationCounters
 from servicebus_local.faults import DetachRequest, FaultController
 from servicebus_local.sas import PREFIX as _SAS_PREFIX
 from servicebus_local.sas import check_sas
+from servicebus_local.tiers import STANDARD, Tier, batch_refusal
 
 __all__ = [
     "DEFAULT_CONNECTION_IDLE_TIMEOUT",
@@ -615,9 +616,11 @@ class _AmqpConnection:
                 st.addr = addr
                 self.server.counters.add("sender_links_opened")
                 self._register(link, st, address)
-                link.max_message_size = self.server.max_message_size(addr)
+                # The entity's message limit, and the tier's batch limit (servicebus_local.tiers).
+                limit = self.broker.message_limit(addr)
+                link.max_message_size = limit
                 link.properties = {
-                    symbol("com.microsoft:max-message-batch-size"): ulong(link.max_message_size)
+                    symbol("com.microsoft:max-message-batch-size"): ulong(self.broker.tier.batch_limit(limit))
                 }
                 link.open()
                 assert isinstance(link, Receiver)
@@ -737,6 +740,15 @@ class _AmqpConnection:
                 "Unauthorized access. 'Send' claim(s) are required to perform this operation.",
             )
             return
+        if fmt == BATCH_FORMAT:
+            limit = self.broker.message_limit(st.addr)
+            refusal = batch_refusal(len(data), limit, self.broker.tier.batch_limit(limit), st.link.name)
+            if refusal is not None:
+                if refusal.detach:
+                    self.detach_link(st, refusal.condition, refusal.description)
+                else:
+                    _reject(dlv, refusal.condition, refusal.description)
+                return
         fault = faults.send_fault(st.addr.path)
         if fault is not None:
             _reject(dlv, fault[0], fault[1])
@@ -1798,16 +1810,6 @@ class _Server:
         with contextlib.suppress(AttributeError, KeyError):
             del st.link.sb_state
 
-    def max_message_size(self, addr: EntityAddress) -> int:
-        try:
-            if addr.kind == "queue":
-                return self.broker.get_queue(addr.path).settings.max_message_size_in_kilobytes * 1024
-            if addr.kind == "topic":
-                return self.broker.get_topic(addr.path).settings.max_message_size_in_kilobytes * 1024
-        except KeyError:
-            pass
-        return 256 * 1024
-
 
 # ------------------------------------------------------------------------------------------------------------
 # public API
@@ -1835,7 +1837,9 @@ class LocalNamespace:
     (SPEC E8: the documented contract, so that code tested here depends on nothing more); ``False`` also accepts
     what the service accepts beyond it today (settlement by lock token from any receiver of an entity without
     sessions, which the SDKs' fallbacks use: the README's table); ``None`` reads :data:`STRICT_SETTLEMENT_ENV`
-    (``0``/``false``/``no``/``off`` turns it off), so a whole run can be made lenient.
+    (``0``/``false``/``no``/``off`` turns it off), so a whole run can be made lenient. ``tier``: ``"standard"``
+    (the default: 256 KB messages and batches) or ``"premium"`` (entity limits of 1 to 100 MB, batches of at most
+    1 MB), as :mod:`servicebus_local.tiers` says.
     """
 
     def __init__(
@@ -1856,6 +1860,7 @@ class LocalNamespace:
         connection_idle_timeout: float = DEFAULT_CONNECTION_IDLE_TIMEOUT,
         throttle: int = 0,
         strict_settlement: bool | None = None,
+        tier: str | Tier = STANDARD,
     ) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, not {max_connections}")
@@ -1884,7 +1889,9 @@ class LocalNamespace:
         self._counters = OperationCounters()
         if strict_settlement is None:
             strict_settlement = strict_settlement_from_env()
-        self.broker = Broker(name, clock=clock, faults=self.faults, strict_settlement=strict_settlement)
+        self.broker = Broker(
+            name, clock=clock, faults=self.faults, strict_settlement=strict_settlement, tier=tier
+        )
         for q in queues:
             self.broker.ensure_queue(q)
         for t, subs in (topics or {}).items():

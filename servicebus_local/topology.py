@@ -143,7 +143,7 @@ def _settings(cls: type[S], raw: dict[str, Any], where: str) -> S:
             if not isinstance(value, bool):
                 raise TopologyError(f"{where}.{key}: true or false expected, got {value!r}")
             values[key] = value
-        elif isinstance(current, int):
+        elif isinstance(current, int) or str(fields[key].type) == "int | None":
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TopologyError(f"{where}.{key}: an integer is expected, got {value!r}")
             values[key] = value
@@ -272,13 +272,19 @@ def apply_topology(store: Any, topology: Topology) -> None:
         try:
             store.get_queue(q.name)
         except EntityNotFound:
-            store.create_queue(q.name, _without_forwarding(q.settings))
+            try:
+                store.create_queue(q.name, _without_forwarding(q.settings))
+            except InvalidSettings as exc:  # e.g. a message size limit the namespace's tier does not allow
+                raise TopologyError(f"queue {q.name!r}: {exc}") from None
             if _forwards(q.settings):
                 forwarding.append(
                     (f"queue {q.name!r}", functools.partial(store.update_queue, q.name, q.settings))
                 )
     for t in topology.topics:
-        store.ensure_topic(t.name, (), t.settings)
+        try:
+            store.ensure_topic(t.name, (), t.settings)
+        except InvalidSettings as exc:
+            raise TopologyError(f"topic {t.name!r}: {exc}") from None
         for s in t.subscriptions:
             try:
                 store.get_subscription(t.name, s.name)

@@ -94,6 +94,10 @@ class MemoryStore:
     def created_at(self) -> datetime:
         return T0
 
+    @property
+    def messaging_sku(self) -> str:
+        return "Standard"
+
     def inject(self, method: str, path: str, fault: AdminFault, times: int = 1) -> None:
         with self._lock:
             self.faults.append([method, path, fault, times])
