@@ -1,13 +1,13 @@
 """Stream through ``format("servicebus")`` under Spark Connect; print what happened as JSON.
 
-Run by ``tests/spark/test_connect.py`` in a child process (a process cannot hold the
+Run by ``connect_runs.py``, the child process of ``tests/spark/test_connect.py`` (a process cannot hold the
 classic test session and a Connect one), with the Connect session, file writes and receives of ``connect_stream.py``.
 Two micro-batches: the primary healthy (plus one bad row), then a primary outage (diverted to the backlog); the syphon
 moves the backlog back. The state tables are catalog tables (``state_table_prefix``): the source records into its spool
 and :func:`spark_sb.relay_state` copies it (its listener on the client, its ``foreachBatch`` on the server); the catalog
 tables are read back.
 
-Usage: ``python tests/spark/connect_datasource.py <work dir>``
+Alone, in a Connect session of its own: ``python tests/spark/connect_datasource.py <work dir>``
 """
 
 from __future__ import annotations

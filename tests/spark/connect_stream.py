@@ -1,12 +1,12 @@
 """Stream through ``foreachBatch(ServiceBusSink(config))`` under Spark Connect; print what happened as JSON.
 
-Run by ``tests/spark/test_connect.py`` in a child process: a Python process cannot hold a
-classic SparkSession (the session-scoped test fixture) and a Spark Connect one at once. It starts one local Connect
-server (``SparkSession.builder.remote("local[2]")`` with the Delta jars), two local namespaces in this process, and
+Run by ``connect_runs.py``, the child process of ``tests/spark/test_connect.py``: a Python process cannot hold a
+classic SparkSession (the session-scoped test fixture) and a Spark Connect one at once. In its local Connect
+server (``SparkSession.builder.remote("local[2]")`` with the Delta jars) it starts two local namespaces and
 streams two micro-batches: the first with the primary healthy (plus one bad row), the second during a primary outage
 (diverted to the backlog). Then it reads the state tables back and prints a JSON report on the last line.
 
-Usage: ``python tests/spark/connect_stream.py <work dir>``
+Alone, in a Connect session of its own: ``python tests/spark/connect_stream.py <work dir>``
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The syphon query under Spark Connect; print what happened as JSON on the last line.
 
-Run by ``tests/spark/test_connect.py`` in a child process (a process cannot
-hold a classic and a Connect session at once). Starts a local Connect server with Delta, two local namespaces in this
-process, puts backlog messages in two backlog queues, runs ``run_syphon`` until nothing is left, and reports the
-primary's message ids, the events table and the query's progress rows.
+Run by ``connect_runs.py``, the child process of ``tests/spark/test_connect.py`` (a process cannot hold a
+classic and a Connect session at once), in its local Connect server with Delta. Starts two local namespaces,
+puts backlog messages in two backlog queues, runs ``run_syphon`` until nothing is left, and reports the primary's
+message ids, the events table and the query's progress rows.
 
-Usage: ``python tests/spark/connect_syphon.py <work dir>``
+Alone, in a Connect session of its own: ``python tests/spark/connect_syphon.py <work dir>``
 """
 
 from __future__ import annotations

@@ -1,64 +1,50 @@
 """Spark Connect (Databricks standard access mode and serverless run Connect clients): the foreachBatch sink, the
 syphon query and ``format("servicebus")`` with catalog state tables and the relay, each through a primary outage.
 
-A child process per scenario (this process holds the test session's classic SparkContext) starts a local
-Connect server with Delta and runs it (``connect_stream.py``, ``connect_syphon.py``, ``connect_datasource.py``);
-the tests assert on its JSON report. They are in this one file so that pytest-xdist (``--dist loadfile``, the
-Makefile's Spark tiers) gives them to one worker, which runs each child once. Under Connect ``DataFrame.rdd`` does
-not exist, so this also proves that the sink, the data source and the syphon use DataFrame operations only.
+One child process (``connect_runs.py``: this process holds the test session's classic SparkContext) starts one
+local Connect server with Delta and runs the three scenarios in it (``connect_stream.py``, ``connect_syphon.py``,
+``connect_datasource.py``), each within a deadline of its own; the tests assert on its JSON report, a section per
+scenario. They are in this one file so that pytest-xdist (``--dist loadfile``, the Makefile's Spark tiers) gives
+them to one worker, which runs the child once: a Connect server's start costs about as much as a scenario. Under
+Connect ``DataFrame.rdd`` does not exist, so this also proves that the sink, the data source and the syphon use
+DataFrame operations only.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .child_report import child_report
+from .connect_runs import DEADLINE, SCENARIOS, STOP_DEADLINE
 
-#: The first test also waits for the child (three scenarios and a Connect server's start: ~3 min quiet, 5+ at load).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+#: The child's bound: the Connect server's start (30-60 s at load; 180 s allowed), then each scenario within its
+#: own deadline (``connect_runs.DEADLINE``: a hung one is reported with its stacks and the next ones still run),
+#: then the session's stop.
+CHILD_TIMEOUT = 180 + len(SCENARIOS) * DEADLINE + STOP_DEADLINE
 
-
-#: Each Connect scenario's child script: one local Connect server each (run in one server they shared its start,
-#: but one run in four hung past its 840 s in CI, with all five tests lost; one child each keeps a hang to its own).
-#: The hang was most likely pyspark's Connect removeListener deadlock in relay.stop() (found at stop 49, fixed
-#: in spark_sb/spark/relay.py): the datasource scenario is the one that stops a relay.
-SCRIPTS = {
-    "stream": "connect_stream.py",
-    "syphon": "connect_syphon.py",
-    "datasource": "connect_datasource.py",
-}
-
-
-class _Reports:
-    """Each scenario's report by name, its child run on first use (this file's tests share one pytest-xdist worker:
-    ``--dist loadfile``)."""
-
-    def __init__(self, work: Path) -> None:
-        self.work = work
-        self.done: dict[str, dict[str, Any]] = {}
-
-    def __getitem__(self, name: str) -> dict[str, Any]:
-        if name not in self.done:
-            script = str(Path(__file__).with_name(SCRIPTS[name]))
-            self.done[name] = child_report(
-                [script, str(self.work / name)], f"connect {name} run", timeout=600
-            )
-        return self.done[name]
+#: The first test also waits for the child (the server's start and the three scenarios: ~3 min at a load of 4),
+#: and for its stacks if it still runs at CHILD_TIMEOUT (child_report: 30 s more).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(CHILD_TIMEOUT + 60)]
 
 
 @pytest.fixture(scope="module")
-def connect_reports(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Each Connect scenario's report by name (``stream``, ``syphon``, ``datasource``)."""
+def connect_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Each Connect scenario's report by name (``stream``, ``syphon``, ``datasource``; see ``connect_runs.py``)."""
     if importlib.util.find_spec("grpc") is None:
         pytest.skip("Spark Connect client dependencies missing: pip install -e '.[connect]'")
-    return _Reports(tmp_path_factory.mktemp("connect"))
+    work = tmp_path_factory.mktemp("connect")
+    reports = child_report(
+        ["-m", "tests.spark.connect_runs", str(work)], "connect runs", timeout=CHILD_TIMEOUT
+    )
+    # the session's stop failed or hung (a child of its own per scenario failed its run on that, too)
+    assert "stop" not in reports, f"the Connect session's stop: {reports['stop'].get('crashed')}"
+    return reports
 
 
-def _scenario(reports: Any, name: str) -> dict[str, Any]:
+def _scenario(reports: dict[str, Any], name: str) -> dict[str, Any]:
     """One scenario's report; fails the test with the scenario's traceback if it crashed."""
     report: dict[str, Any] = reports[name]
     assert "crashed" not in report, f"the Connect scenario {name!r} crashed:\n{report['crashed']}"
@@ -66,7 +52,7 @@ def _scenario(reports: Any, name: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def connect_report(connect_reports: Any) -> dict[str, Any]:
+def connect_report(connect_reports: dict[str, Any]) -> dict[str, Any]:
     return _scenario(connect_reports, "stream")
 
 
@@ -112,7 +98,7 @@ def test_state_tables_written_under_spark_connect(connect_report: dict[str, Any]
     ]
 
 
-def test_the_syphon_runs_under_spark_connect(connect_reports: Any) -> None:
+def test_the_syphon_runs_under_spark_connect(connect_reports: dict[str, Any]) -> None:
     report = _scenario(connect_reports, "syphon")
     assert report["session"].startswith("pyspark.sql.connect")
     assert report["error"] is None
@@ -122,7 +108,7 @@ def test_the_syphon_runs_under_spark_connect(connect_reports: Any) -> None:
 
 
 def test_format_servicebus_under_spark_connect_with_catalog_tables_and_the_relay(
-    connect_reports: Any,
+    connect_reports: dict[str, Any],
 ) -> None:
     """The ``datasource`` scenario (``connect_datasource.py``). Everything it observed is compared at once, so a
     failure shows each field that differs, and its message the scenario's phase timings (one failure in CI printed
