@@ -12,6 +12,9 @@ B10):
 * ``reject_message`` - message-level (e.g. too large): record the message as rejected, go on;
 * ``rebuild_client`` - the client (and its partner, B10) must be closed and rebuilt before the next use.
 
+A send that failed with no verdict once its transfer was written is *ambiguous* (:func:`is_ambiguous`, SPEC B14):
+the wire marks the exception (:func:`mark_written`), the class says the service did not answer.
+
 The exceptions the sender raises to its caller (the Spark task) are defined here too. None of them carries a
 secret: namespaces are named by their redacted form only.
 
@@ -20,6 +23,7 @@ Runs anywhere (executors' Python workers, the syphon, tests); pure and picklable
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -316,6 +320,28 @@ def _inner(exc: BaseException) -> BaseException | None:
     if cause is not None and cause is not exc:
         return cause
     return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Ambiguous sends (SPEC B14): a send that failed once its transfer was written may have landed.
+
+#: The classes of a failure the service gave no verdict on: a send that ended with one after its transfer was
+#: written may have landed (a refusal, a full or disabled entity, a too-large message: the service said no).
+NO_VERDICT = frozenset({TIMEOUT.name, CONNECTION.name, CLIENT_CLOSED.name})
+_WRITTEN = "_spark_sb_transfer_written"
+
+
+def mark_written(exc: BaseException) -> None:
+    """The wire's mark on ``exc``: it ended a send whose transfer was written to the link (handed to the SDK's send,
+    or a parked send resumed), so the message may have reached the entity."""
+    with contextlib.suppress(AttributeError):  # an exception without a __dict__: taken as not written
+        setattr(exc, _WRITTEN, True)
+
+
+def is_ambiguous(exc: BaseException) -> bool:
+    """A send that failed with ``exc`` may have landed (pure): its transfer was written (:func:`mark_written`) and
+    the service gave no verdict (:data:`NO_VERDICT`: a timeout, a connection or link lost, the client closed)."""
+    return bool(getattr(exc, _WRITTEN, False)) and classify(exc).name in NO_VERDICT
 
 
 # ---------------------------------------------------------------------------------------------------------

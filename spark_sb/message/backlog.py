@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "BACKLOG_AMBIGUOUS",
     "BACKLOG_ENQUEUED",
     "BACKLOG_INFIX",
     "BACKLOG_PARTITION_KEY",
@@ -47,6 +48,7 @@ __all__ = [
     "RESERVED_PROPERTIES",
     "RETURN_MARKER",
     "ReturnMarker",
+    "ambiguous_attempt",
     "backlog_additions",
     "backlog_queue_name",
     "backlog_queue_names",
@@ -178,9 +180,16 @@ BACKLOG_TIMESTAMP_PROPERTIES = "x-ms-backlog-timestamp-properties"
 #: message carrying it would be swallowed, so it is reserved (a reject) and only a :class:`ReturnMarker` carries it.
 RETURN_MARKER = "x-spark-sb-return"
 
+#: SPEC B14: when the primary send of a diverted message that may have landed was attempted (UTC) - a send that
+#: failed with no verdict once its transfer was written (:func:`spark_sb.core.errors.is_ambiguous`). Only such
+#: messages carry it; the syphon strips it, and counts the message as a possible duplicate when it moves it after
+#: the entity's duplicate detection window has passed since that time.
+BACKLOG_AMBIGUOUS = "x-spark-sb-ambiguous-attempt-utc"
+
 #: Application property names that the backlog translation owns: user messages must not carry them.
 RESERVED_PROPERTIES = frozenset(
     {
+        BACKLOG_AMBIGUOUS,
         BACKLOG_PATH,
         BACKLOG_SESSION_ID,
         BACKLOG_TTL,
@@ -245,11 +254,14 @@ BACKLOG_TABLE: tuple[tuple[str, str, Callable[[Any], Scalar], Callable[[Any], An
 )
 
 
-def to_backlog(msg: OutboundMessage, entity: str, now: datetime) -> OutboundMessage:
+def to_backlog(
+    msg: OutboundMessage, entity: str, now: datetime, ambiguous: datetime | None = None
+) -> OutboundMessage:
     """Translate ``msg`` (destined for ``entity``) into its backlog form (SPEC B6).
 
     Session id, TTL, scheduled time and partition key are cleared and recorded as application properties,
-    with the destination (``x-ms-path``) and ``now`` (``x-ms-backlog-enqueued-utc``, UTC). Everything else
+    with the destination (``x-ms-path``) and ``now`` (``x-ms-backlog-enqueued-utc``, UTC); ``ambiguous``, when its
+    primary send may have landed, the time that send was attempted (:data:`BACKLOG_AMBIGUOUS`). Everything else
     passes unchanged. The result has ``entity=None`` (the caller picks the backlog queue). Raises
     :class:`RejectError` if ``msg`` already carries a reserved backlog property (not reversible), or carries
     :data:`RETURN_MARKER` without being a :class:`ReturnMarker` (the syphon would swallow it).
@@ -270,29 +282,36 @@ def to_backlog(msg: OutboundMessage, entity: str, now: datetime) -> OutboundMess
         if value is not None:
             props[prop] = encode(value)
     props[BACKLOG_ENQUEUED] = _utc(now)
+    if ambiguous is not None:
+        props[BACKLOG_AMBIGUOUS] = _utc(ambiguous)
     if timestamps:
         props[BACKLOG_TIMESTAMP_PROPERTIES] = json.dumps(timestamps, separators=(",", ":"))
     return replace(msg, properties=props, **cleared)
 
 
-def to_backlog_sdk(msg: OutboundMessage, entity: str, now: datetime) -> ServiceBusMessage:
-    """``to_backlog(msg, entity, now).to_sdk()`` in one step: the failed-over hot path (SPEC B6).
+def to_backlog_sdk(
+    msg: OutboundMessage, entity: str, now: datetime, ambiguous: datetime | None = None
+) -> ServiceBusMessage:
+    """``to_backlog(msg, entity, now, ambiguous).to_sdk()`` in one step: the failed-over hot path (SPEC B6).
 
     A message without a session id, partition key, TTL, scheduled time or timestamp properties - the common
     case - goes straight to the SDK message, with no intermediate :class:`OutboundMessage`; any other takes the
     general path. Both give the same message. Raises :class:`RejectError` like :func:`to_backlog`.
     """
-    added = backlog_additions(msg, entity, now)
+    added = backlog_additions(msg, entity, now, ambiguous)
     if added is None:
-        return to_backlog(msg, entity, now).to_sdk()
+        return to_backlog(msg, entity, now, ambiguous).to_sdk()
     return msg.to_sdk(added)  # session id, partition key, TTL and scheduled time are None here
 
 
-def backlog_additions(msg: OutboundMessage, entity: str, now: datetime) -> dict[str | bytes, Any] | None:
+def backlog_additions(
+    msg: OutboundMessage, entity: str, now: datetime, ambiguous: datetime | None = None
+) -> dict[str | bytes, Any] | None:
     """The common case of :func:`to_backlog` (no session id, partition key, TTL, scheduled time, reserved or
     timestamp properties: nothing to clear or record but the destination and the time): the two application
-    properties the backlog form adds to ``msg``'s own, which it otherwise keeps as they are; None for any other
-    message (:func:`to_backlog` then). Pure; the failed-over hot path (one small dict per message)."""
+    properties the backlog form adds to ``msg``'s own (three with ``ambiguous``), which it otherwise keeps as they
+    are; None for any other message (:func:`to_backlog` then). Pure; the failed-over hot path (one small dict per
+    message)."""
     props = msg.properties
     if (
         msg.session_id is not None
@@ -302,6 +321,8 @@ def backlog_additions(msg: OutboundMessage, entity: str, now: datetime) -> dict[
         or (props and (not RESERVED_PROPERTIES.isdisjoint(props) or _has_timestamp(props)))
     ):
         return None
+    if ambiguous is not None:
+        return {BACKLOG_PATH: entity, BACKLOG_ENQUEUED: _utc(now), BACKLOG_AMBIGUOUS: _utc(ambiguous)}
     return {BACKLOG_PATH: entity, BACKLOG_ENQUEUED: _utc(now)}
 
 
@@ -333,6 +354,7 @@ def from_backlog(msg: OutboundMessage) -> tuple[OutboundMessage, datetime]:
         enqueued = raw_enq if isinstance(raw_enq, datetime) else _time_decode(raw_enq)
     except (ValueError, TypeError, OverflowError) as exc:
         raise RejectError(f"invalid backlog value: {exc}", BACKLOG_ENQUEUED) from None
+    props.pop(BACKLOG_AMBIGUOUS, None)  # the syphon's to read (ambiguous_attempt), never the primary's
     raw_ts = props.pop(BACKLOG_TIMESTAMP_PROPERTIES, None)
     if raw_ts is not None:
         try:
@@ -344,6 +366,18 @@ def from_backlog(msg: OutboundMessage) -> tuple[OutboundMessage, datetime]:
             if isinstance(v, int) and not isinstance(v, bool):
                 props[name] = _ms_to_datetime(v)
     return replace(msg, properties=props, **restored), enqueued
+
+
+def ambiguous_attempt(msg: OutboundMessage) -> datetime | None:
+    """When the primary send of backlog message ``msg`` was attempted, if that send may have landed
+    (:data:`BACKLOG_AMBIGUOUS`); None for the others, and for a value that is not a time (pure)."""
+    raw = msg.properties.get(BACKLOG_AMBIGUOUS) if msg.properties else None
+    if raw is None:
+        return None
+    try:
+        return _time_decode(raw)
+    except (ValueError, TypeError, OverflowError):
+        return None
 
 
 def is_backlog_message(msg: Any) -> bool:

@@ -15,6 +15,7 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from spark_sb.core.clock import Clock
 from spark_sb.core.errors import (
@@ -25,6 +26,7 @@ from spark_sb.core.errors import (
     ServiceBusConfigError,
     classify,
     describe_error,
+    is_ambiguous,
 )
 from spark_sb.failover.decisions import (
     Decision,
@@ -78,6 +80,15 @@ class Progress:
     attempts: int = 0
     #: The batch's backlog translations made ahead (:class:`~spark_sb.sender.ahead.Ahead`), if any by the divert.
     ahead: Callable[[], list[object | None] | None] | None = None
+    #: SPEC B14: when the first of its primary attempts that may have landed began (UTC wall time), if any: its
+    #: messages, if diverted, carry it into the backlog (:data:`~spark_sb.message.backlog.BACKLOG_AMBIGUOUS`).
+    ambiguous: datetime | None = None
+
+    def attempted_ambiguously(self, at: datetime) -> None:
+        """An attempt that began at ``at`` failed once its batch was written: the earliest such time is kept (the
+        primary's duplicate detection window runs from the first copy that may have landed)."""
+        if self.ambiguous is None or at < self.ambiguous:
+            self.ambiguous = at
 
 
 @dataclass(frozen=True)
@@ -187,6 +198,12 @@ class AttemptLoop:
                 cls = classify(exc)
                 if cls.rebuild_client:
                     ctx.fault(target)
+                if where is Where.PRIMARY and is_ambiguous(
+                    exc
+                ):  # only a failed attempt: off the healthy path
+                    progress.attempted_ambiguously(
+                        ctx.clock.now() - timedelta(seconds=ctx.clock.monotonic() - started)
+                    )
                 decision = self._decide(where, cls, exc, started, state, tally, target, progress, messages)
                 if decision.verb is Verb.RETRY:
                     if not defer:

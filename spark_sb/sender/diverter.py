@@ -40,7 +40,7 @@ class Open:
     bounded by the batch's messages. Its return markers are the :class:`ReturnMarker` among the originals (the
     backlog translation, :func:`~spark_sb.message.backlog.to_backlog`, lets no other message carry a marker)."""
 
-    __slots__ = ("batch", "entities", "keys", "markers", "originals", "started")
+    __slots__ = ("ambiguous", "batch", "entities", "keys", "markers", "originals", "started")
 
     def __init__(self, batch: Batch, started: datetime, ordered: bool = False) -> None:
         self.batch = batch
@@ -49,16 +49,33 @@ class Open:
         self.keys: list[str | None] | None = [] if ordered else None
         self.started = started  # the backlog enqueue time recorded in its messages (B6)
         self.markers = 0  # return markers among the originals (ordering): not messages of the caller's
+        # SPEC B14: index of an original -> when its primary send that may have landed was attempted; made only for
+        # such messages (a batch sent out with its primary attempt in doubt), bounded by the originals
+        self.ambiguous: dict[int, datetime] | None = None
 
-    def add(self, original: OutboundMessage, entity: str, key: str | None) -> None:
+    def add(
+        self, original: OutboundMessage, entity: str, key: str | None, ambiguous: datetime | None = None
+    ) -> None:
         """Keep ``original``, added to the batch, with its entity and line key (a split, a marker: not the hot path,
-        which :meth:`Diverter.place` keeps inline)."""
+        which :meth:`Diverter.place` keeps inline) and when its primary send was attempted, if in doubt."""
         self.originals.append(original)
         self.entities.append(entity)
         if self.keys is not None:
             self.keys.append(key)
         if isinstance(original, ReturnMarker):
             self.markers += 1
+        if ambiguous is not None:
+            self.doubt(len(self.originals) - 1, ambiguous)
+
+    def doubt(self, i: int, at: datetime) -> None:
+        """The ``i``-th original's primary send, attempted at ``at``, may have landed (SPEC B14)."""
+        if self.ambiguous is None:
+            self.ambiguous = {}
+        self.ambiguous[i] = at
+
+    def attempted(self, i: int) -> datetime | None:
+        """When the ``i``-th original's primary send that may have landed was attempted (None: it did not)."""
+        return None if self.ambiguous is None else self.ambiguous.get(i)
 
     def key(self, i: int) -> str | None:
         """The line key of the ``i``-th original (None: ordering off, or a message that keeps no order)."""
@@ -76,6 +93,15 @@ class Open:
             e for m, e in zip(self.originals, self.entities, strict=True) if not isinstance(m, ReturnMarker)
         ]
         return len(entities), entities
+
+
+def _made_ahead(progress: Progress | None) -> tuple[list[object | None] | None, datetime | None]:
+    """The translations of a batch made ahead, and when its primary attempt that may have landed began (SPEC B14):
+    then its messages carry that time, and what was made ahead without it is not used."""
+    doubt = progress.ambiguous if progress is not None else None
+    if doubt is not None or progress is None or progress.ahead is None:
+        return None, doubt
+    return progress.ahead(), None
 
 
 class Rejects:
@@ -161,10 +187,10 @@ class Diverter:
         namespace outage diverts every entity's batch, and one backlog send per entity would cost a round trip
         per entity (F1)."""
         entity = batch.target.entity
-        ahead = progress.ahead() if progress is not None and progress.ahead is not None else None
+        ahead, doubt = _made_ahead(progress)
         for i, m in enumerate(batch.messages):
             made = ahead[i] if ahead is not None else None
-            self.place(backlog, m, entity, keys[i] if keys else None, None, tally, made)
+            self.place(backlog, m, entity, keys[i] if keys else None, None, tally, made, doubt)
 
     def divert(
         self,
@@ -176,10 +202,10 @@ class Diverter:
         """:meth:`divert_batch` for messages handed in without their lines (of any entities): each message's line is
         decided here, once."""
         default = self.ctx.config.entity
-        ahead = progress.ahead() if progress is not None and progress.ahead is not None else None
+        ahead, doubt = _made_ahead(progress)
         for i, m in enumerate(messages):
             made = ahead[i] if ahead is not None else None
-            self.to_backlog(backlog, m, m.entity or default or "", None, tally, made)
+            self.to_backlog(backlog, m, m.entity or default or "", None, tally, made, doubt)
 
     def to_backlog(
         self,
@@ -189,10 +215,11 @@ class Diverter:
         index: int | None,
         tally: Tally,
         made: object | None = None,
+        doubt: datetime | None = None,
     ) -> bool:
         """:meth:`place` for a message handed in without its line: its line is decided here, once."""
         key = order_key(self.ctx.config.ordering, msg.session_id) if self.ctx.book is not None else None
-        return self.place(backlog, msg, entity, key, index, tally, made)
+        return self.place(backlog, msg, entity, key, index, tally, made, doubt)
 
     def place(
         self,
@@ -203,10 +230,11 @@ class Diverter:
         index: int | None,
         tally: Tally,
         made: object | None = None,
+        doubt: datetime | None = None,
     ) -> bool:
         """Translate ``msg``, of the line (``entity``, ``key``) - decided where it came in; ``key`` None: it keeps
         no order - once, straight into the open batch of its backlog queue; True if a full batch was sent to make
-        room."""
+        room. ``doubt``: when its primary send that may have landed was attempted (SPEC B14)."""
         session = msg.session_id
         queue: str | None
         if key is not None:  # an ordered line: its pinned queue or nowhere (R1, R4)
@@ -237,21 +265,27 @@ class Diverter:
         if slot is None:
             slot = backlog[queue] = self._open(queue)
         try:  # the failed-over hot path (translated and encoded once)
-            if slot.batch.try_add_backlog(msg, entity, slot.started, made):
+            if slot.batch.try_add_backlog(msg, entity, slot.started, made, doubt):
                 slot.originals.append(msg)
                 slot.entities.append(entity)
                 if slot.keys is not None:
                     slot.keys.append(key)  # its line goes with it
+                if doubt is not None:
+                    slot.doubt(len(slot.originals) - 1, doubt)
                 return False
         except (ValueError, TypeError) as err:  # RejectError is a ValueError
             self.rejects.cannot_build(tally, msg, err, entity, index)
             return False
         if len(slot.batch) == 0:
+            if (
+                doubt is not None
+            ):  # too large with its mark (B14): it goes without - no reject for a diagnostic
+                return self.place(backlog, msg, entity, key, index, tally, made)
             self.rejects.oversize(tally, msg, entity, slot.batch, index, translated=True)
             return False
         del backlog[queue]
         self._send(slot, backlog, tally)
-        self.place(backlog, msg, entity, key, index, tally, made)
+        self.place(backlog, msg, entity, key, index, tally, made, doubt)
         return True
 
     def _open(self, queue: str) -> Open:
@@ -328,7 +362,7 @@ class Diverter:
         a newer one)."""
         for i, (m, entity) in enumerate(zip(slot.originals, slot.entities, strict=True)):
             if not slot.markers or not isinstance(m, ReturnMarker):
-                self.place(backlog, m, entity, slot.key(i), None, tally)
+                self.place(backlog, m, entity, slot.key(i), None, tally, None, slot.attempted(i))
 
     def flush(self, backlog: dict[str, Open], tally: Tally) -> None:
         """Send every open backlog batch (sending one may open more: a pulled queue's messages go elsewhere)."""
@@ -391,9 +425,12 @@ class Diverter:
             for lo, hi in ((0, half), (half, len(slot.originals))):
                 sub = Open(self.ctx.transport().new_batch(batch.target), slot.started, slot.keys is not None)
                 for i in range(lo, hi):
-                    if not sub.batch.try_add_backlog(slot.originals[i], slot.entities[i], slot.started):
+                    at = slot.attempted(i)
+                    if not sub.batch.try_add_backlog(
+                        slot.originals[i], slot.entities[i], slot.started, None, at
+                    ):
                         raise SendError("internal error: a split batch does not fit")  # pragma: no cover
-                    sub.add(slot.originals[i], slot.entities[i], slot.key(i))
+                    sub.add(slot.originals[i], slot.entities[i], slot.key(i), at)
                 self._send(sub, backlog, tally)
         elif verb is Verb.REJECT:
             reason = "message too large after backlog translation: refused by the service"

@@ -545,9 +545,8 @@ class PairedSender:
         is returned (``progress`` holds the loop's state) and the caller delivers the batch again after it.
         ``park_after``: the attempt may raise :class:`~spark_sb.wire.parking.Parked` (unanswered by then);
         ``resume``: such a parked attempt, gone on with first. ``keys``: as :meth:`_deliver`'s."""
-        entity = batch.target.entity
-        transport = self.transport
-        slow = self._slow(entity)
+        entity, transport, slow = batch.target.entity, self.transport, self._slow(batch.target.entity)
+        progress = progress or Progress(self._clock.monotonic())  # a divert takes its ambiguity (SPEC B14)
 
         def send(timeout: float) -> None:
             transport.send(batch, timeout, slow, park_after=park_after)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.core.errors import CLIENT_CLOSED, LaneClosed, classify, condition_of
+from spark_sb.core.errors import CLIENT_CLOSED, LaneClosed, classify, condition_of, mark_written
 from spark_sb.message.backlog import backlog_additions, to_backlog_sdk
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.message.packing import (
@@ -89,15 +89,20 @@ class SdkBatch:
         return True
 
     def try_add_backlog(
-        self, original: OutboundMessage, entity: str, enqueued: datetime, prepared: object | None = None
+        self,
+        original: OutboundMessage,
+        entity: str,
+        enqueued: datetime,
+        prepared: object | None = None,
+        ambiguous: datetime | None = None,
     ) -> bool:
         if isinstance(prepared, Encoded):
             added = add_encoded(self.sdk_batch, prepared)
         else:
-            additions = backlog_additions(original, entity, enqueued)
+            additions = backlog_additions(original, entity, enqueued, ambiguous)
             if additions is not None:  # the common case: the original's fields and two properties more
                 section = None
-                if not original.properties:  # only the two: one encoding of them for the entity's messages
+                if not original.properties and ambiguous is None:  # only the two: encoded once per entity
                     key = (entity, enqueued)
                     if key in self._sections:
                         section = self._sections[key]
@@ -105,7 +110,7 @@ class SdkBatch:
                         section = self._sections[key] = application_section(additions)
                 added = add_outbound(self.sdk_batch, original, additions, section)
             else:
-                added = add_to_batch(self.sdk_batch, to_backlog_sdk(original, entity, enqueued))
+                added = add_to_batch(self.sdk_batch, to_backlog_sdk(original, entity, enqueued, ambiguous))
         if not added:
             return False
         self._count += 1
@@ -292,8 +297,11 @@ class SdkTransport:
         target = batch.target
         started = time.monotonic()
         park_at = None if park_after is None else started + park_after
+        written = False  # the batch was handed to the SDK's send on an open link: it may land (SPEC B14)
 
         def on_link(sender: ServiceBusSender, left: float) -> Any:
+            nonlocal written
+            written = True
             # The SDK's own timeout ends a send on an open link a little before the lane's deadline: a stalled
             # entity then costs its link only, not the connection every other entity uses.
             if park_at is None:
@@ -304,14 +312,21 @@ class SdkTransport:
                     raise Parked(target, started, started + timeout, (ticket, payload))
             return link_batch_limit(sender)
 
-        self._on_link(
-            target,
-            on_link,
-            timeout,
-            on_slow,
-            started,
-            QUIET if park_after is None else min(park_after, QUIET),
-        )
+        try:
+            self._on_link(
+                target,
+                on_link,
+                timeout,
+                on_slow,
+                started,
+                QUIET if park_after is None else min(park_after, QUIET),
+            )
+        except Parked:
+            raise
+        except Exception as exc:
+            if written:
+                mark_written(exc)
+            raise
 
     def resume(
         self, parked: Parked, on_slow: Callable[[], None] | None = None, park_after: float | None = None
@@ -335,7 +350,13 @@ class SdkTransport:
             return link_batch_limit(sender)
 
         # no new call: it finishes one already on the wire, with RESUME_AT_LEAST at least (its minimum)
-        self._on_link(target, on_link, timeout, on_slow, started, QUIET, minimum=0.0)
+        try:
+            self._on_link(target, on_link, timeout, on_slow, started, QUIET, minimum=0.0)
+        except Parked:
+            raise
+        except Exception as exc:
+            mark_written(exc)  # its transfer was written when it parked (SPEC B14)
+            raise
 
     def _on_link(
         self,

@@ -48,11 +48,17 @@ class Batch(Protocol):
         ``spark_sb.message.outbound.RejectError`` / ``ValueError`` / ``TypeError`` when it cannot become an SDK message."""
 
     def try_add_backlog(
-        self, original: OutboundMessage, entity: str, enqueued: datetime, prepared: object | None = None
+        self,
+        original: OutboundMessage,
+        entity: str,
+        enqueued: datetime,
+        prepared: object | None = None,
+        ambiguous: datetime | None = None,
     ) -> bool:
         """Add the backlog translation (SPEC B6) of ``original``, destined for ``entity``, if it fits; translated
         and encoded once. ``prepared``: that translation made ahead by :meth:`Transport.prepare_backlog` (its
-        ``enqueued`` time is then the one recorded). The caller keeps the originals. Raises like :meth:`try_add`."""
+        ``enqueued`` time is then the one recorded). ``ambiguous``: when its primary send that may have landed was
+        attempted (SPEC B14; never with ``prepared``). The caller keeps the originals. Raises like :meth:`try_add`."""
 
     def __len__(self) -> int: ...
 
@@ -77,7 +83,9 @@ class Transport(Protocol):
         on_slow: Callable[[], None] | None = None,
         park_after: float | None = None,
     ) -> None:
-        """Send one batch; returns when the service accepted it; raises SDK exceptions. ``on_slow`` is called
+        """Send one batch; returns when the service accepted it; raises SDK exceptions - one that ended the send
+        after the batch was written to its link carries :func:`~spark_sb.core.errors.mark_written`'s mark (the
+        batch may have landed: SPEC B14). ``on_slow`` is called
         (on the caller's thread or a watchdog thread: it must not block and must be thread-safe) if no answer has
         come :data:`~spark_sb.wire.timing.SLOW_MARGIN` before the deadline: the caller may prepare for the failure
         (e.g. open the backlog's link). ``park_after`` (seconds): a send not answered by then on a connection that

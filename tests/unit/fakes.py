@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from servicebus_local.clock import FakeClock
+from spark_sb.core.errors import mark_written
 from spark_sb.message.backlog import to_backlog
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.wire.lane import DeadlineExceeded
@@ -54,11 +55,16 @@ class FakeBatch:
         return True
 
     def try_add_backlog(
-        self, original: OutboundMessage, entity: str, enqueued: datetime, prepared: object | None = None
+        self,
+        original: OutboundMessage,
+        entity: str,
+        enqueued: datetime,
+        prepared: object | None = None,
+        ambiguous: datetime | None = None,
     ) -> bool:
         if isinstance(prepared, OutboundMessage):  # made ahead by FakeTransport.prepare_backlog
             return self.try_add(prepared)
-        return self.try_add(to_backlog(original, entity, enqueued))
+        return self.try_add(to_backlog(original, entity, enqueued, ambiguous))
 
     def __len__(self) -> int:
         return len(self._messages)
@@ -75,6 +81,8 @@ class Rule:
     make: Callable[[], BaseException] | None  # None: a stall (the call hangs until its deadline)
     count: int | None = None
     skip: int = 0
+    #: The failure ends a send whose batch was written to its link (it may have landed: SPEC B14)
+    written: bool = False
 
     def matches(self, op: str, target: Target) -> bool:
         return (
@@ -122,8 +130,10 @@ class FakeTransport:
         entity: str | None = None,
         count: int | None = None,
         skip: int = 0,
+        written: bool = False,
     ) -> Rule:
-        rule = Rule(op, namespace, entity, make, count, skip)
+        """Matching calls raise ``make()``; ``written``: after the batch was written (an ambiguous send, SPEC B14)."""
+        rule = Rule(op, namespace, entity, make, count, skip, written)
         self.rules.append(rule)
         return rule
 
@@ -134,10 +144,12 @@ class FakeTransport:
         namespace: str | None = None,
         entity: str | None = None,
         count: int | None = None,
+        written: bool = False,
     ) -> Rule:
         """Matching calls hang until their deadline: the clock advances by the call's timeout, then
-        :class:`DeadlineExceeded` is raised (what a lane does with a call that never returns)."""
-        rule = Rule(op, namespace, entity, None, count)
+        :class:`DeadlineExceeded` is raised (what a lane does with a call that never returns); ``written``: the
+        batch was written before the silence (an entity that stalls on an open link: ambiguous, SPEC B14)."""
+        rule = Rule(op, namespace, entity, None, count, written=written)
         self.rules.append(rule)
         return rule
 
@@ -169,10 +181,15 @@ class FakeTransport:
                     if self.clock is not None:
                         self.clock.advance(timeout)
                     self.calls.append((op, target, n, "DeadlineExceeded"))
-                    raise DeadlineExceeded(f"no answer within {timeout} s")
+                    stalled = DeadlineExceeded(f"no answer within {timeout} s")
+                    if rule.written:
+                        mark_written(stalled)
+                    raise stalled
                 if self.clock is not None and self.op_seconds:
                     self.clock.advance(self.op_seconds)
                 exc = rule.make()
+                if rule.written:
+                    mark_written(exc)
                 self.calls.append((op, target, n, type(exc).__name__))
                 raise exc
         if self.clock is not None and self.op_seconds:
@@ -230,7 +247,11 @@ class FakeTransport:
             self.clock.advance(park_after)
             self.calls.append(("resume", batch.target, len(batch), "Parked"))
             raise parked
-        self._check("send", batch.target, len(batch), left, on_slow)
+        try:
+            self._check("send", batch.target, len(batch), left, on_slow)
+        except Exception as exc:
+            mark_written(exc)  # a parked batch was written (as SdkTransport.resume marks it)
+            raise
         self.delivered.setdefault(batch.target, []).extend(batch.messages)
 
     def _parks(self, target: Target) -> bool:

@@ -140,3 +140,40 @@ def test_is_probe_reads_an_sdk_messages_amqp_properties_sent_or_received() -> No
     assert not is_probe(received(content_type=b"text/plain", group_id=b"orders-1", props={b"k": b"v"}))
     bare = SimpleNamespace(raw_amqp_message=SimpleNamespace(properties=None), application_properties=None)
     assert not is_probe(bare)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# SPEC B14: the time of an ambiguous primary attempt, carried in the backlog form
+
+
+@settings(max_examples=100, deadline=None)
+@given(messages)
+def test_an_ambiguous_attempt_is_recorded_alike_on_both_paths_and_stripped_on_the_way_back(
+    msg: OutboundMessage,
+) -> None:
+    from spark_sb.message.backlog import BACKLOG_AMBIGUOUS, ambiguous_attempt
+
+    attempted = NOW - timedelta(minutes=3)
+    general = to_backlog(msg, "orders", NOW, attempted)
+    assert general.properties[BACKLOG_AMBIGUOUS] == attempted and ambiguous_attempt(general) == attempted
+    assert wire(to_backlog_sdk(msg, "orders", NOW, attempted)) == wire(general.to_sdk())
+    restored, entered = from_backlog(general)
+    assert BACKLOG_AMBIGUOUS not in restored.properties and entered == NOW
+    assert restored == from_backlog(to_backlog(msg, "orders", NOW))[0]  # the primary gets what it would have
+    assert ambiguous_attempt(to_backlog(msg, "orders", NOW)) is None
+
+
+def test_the_ambiguous_attempt_is_reserved_and_read_as_it_comes_back_from_a_receive() -> None:
+    from spark_sb.message.backlog import BACKLOG_AMBIGUOUS, ambiguous_attempt, backlog_additions
+
+    assert BACKLOG_AMBIGUOUS in RESERVED_PROPERTIES
+    with pytest.raises(RejectError) as err:
+        to_backlog_sdk(OutboundMessage(body=b"x", properties={BACKLOG_AMBIGUOUS: 1}), "orders", NOW)
+    assert err.value.field == f"properties.{BACKLOG_AMBIGUOUS}"
+    attempted = datetime(2026, 11, 22, 11, 59, 1, 500000)  # naive: UTC
+    added = backlog_additions(OutboundMessage(body=b"x"), "orders", NOW, attempted)
+    assert added is not None and added[BACKLOG_AMBIGUOUS] == attempted.replace(tzinfo=timezone.utc)
+    received_ms = int(attempted.replace(tzinfo=timezone.utc).timestamp() * 1000)  # the SDK gives int ms back
+    back = OutboundMessage(body=b"x", properties={BACKLOG_PATH: "orders", BACKLOG_AMBIGUOUS: received_ms})
+    assert ambiguous_attempt(back) == attempted.replace(tzinfo=timezone.utc)
+    assert ambiguous_attempt(OutboundMessage(body=b"x", properties={BACKLOG_AMBIGUOUS: "not a time"})) is None

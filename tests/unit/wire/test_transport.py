@@ -384,3 +384,34 @@ def test_a_new_transport_has_no_connection_and_says_so() -> None:
     assert repr(t) == "SdkTransport(open=[])"
     t._lanes[PRIMARY] = StandInLane(Conn())  # type: ignore[assignment]
     assert t.is_open(PRIMARY) and repr(t) == "SdkTransport(open=['primary'])"
+
+
+def test_a_send_that_fails_once_handed_to_the_sdk_is_marked_written_one_that_never_got_there_is_not() -> None:
+    """SPEC B14: what the sender calls an ambiguous attempt - the batch reached the SDK's send on an open link (or
+    was parked on it) and no verdict came - is told by the mark the transport puts on the error."""
+    from spark_sb.core.errors import is_ambiguous
+    from spark_sb.wire.parking import Parked
+
+    t = SdkTransport(make_config())
+    batch = t.new_batch(ORDERS)
+    assert batch.try_add(OutboundMessage(body=b"x", message_id="m"))
+
+    class Sender:
+        def send_messages(self, payload: Any, timeout: float) -> None:
+            raise sbe.OperationTimeoutError(message="no disposition came")
+
+    def written(target: Target, on_link: Any, *args: Any, **kwargs: Any) -> None:
+        on_link(Sender(), 5.0)
+
+    def refused(target: Target, on_link: Any, *args: Any, **kwargs: Any) -> None:
+        raise sbe.ServiceBusConnectionError(message="connection refused")
+
+    for on_link, ambiguous in ((written, True), (refused, False)):
+        t._on_link = on_link  # type: ignore[method-assign]
+        with pytest.raises(sbe.ServiceBusError) as caught:
+            t.send(batch, 5.0)
+        assert is_ambiguous(caught.value) is ambiguous
+    t._on_link = refused  # type: ignore[method-assign]
+    with pytest.raises(sbe.ServiceBusConnectionError) as caught:  # a parked batch was on the wire already
+        t.resume(Parked(ORDERS, time.monotonic(), time.monotonic() + 5.0, (None, None)))
+    assert is_ambiguous(caught.value)
