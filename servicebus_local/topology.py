@@ -275,7 +275,7 @@ def apply_topology(store: Any, topology: Topology) -> None:
             try:
                 store.create_queue(q.name, _without_forwarding(q.settings))
             except InvalidSettings as exc:  # e.g. a message size limit the namespace's tier does not allow
-                raise TopologyError(f"queue {q.name!r}: {exc}") from None
+                raise TopologyError(f"queue {q.name!r}: {_one_line(exc)}") from None
             if _forwards(q.settings):
                 forwarding.append(
                     (f"queue {q.name!r}", functools.partial(store.update_queue, q.name, q.settings))
@@ -284,7 +284,7 @@ def apply_topology(store: Any, topology: Topology) -> None:
         try:
             store.ensure_topic(t.name, (), t.settings)
         except InvalidSettings as exc:
-            raise TopologyError(f"topic {t.name!r}: {exc}") from None
+            raise TopologyError(f"topic {t.name!r}: {_one_line(exc)}") from None
         for s in t.subscriptions:
             try:
                 store.get_subscription(t.name, s.name)
@@ -303,6 +303,11 @@ def apply_topology(store: Any, topology: Topology) -> None:
 
 
 F = TypeVar("F", QueueSettings, SubscriptionSettings)
+
+
+def _one_line(exc: Exception) -> str:
+    """The service's text of a refusal (lines joined by CRLF, as its 400 bodies) on one line."""
+    return " ".join(str(exc).split("\r\n"))
 
 
 def _forwards(settings: QueueSettings | SubscriptionSettings) -> bool:
