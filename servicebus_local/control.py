@@ -17,7 +17,8 @@ Routes (POST bodies are JSON objects; a missing body is ``{}``)::
                                       (credits per second, 0 = off) and the counters "links_detached_idle",
                                       "connections_closed_idle", "links_detached_token_expired",
                                       "links_detached_fault", "connections_blackholed", "messages_throttled";
-                                      "strict_settlement" (see LocalNamespace)
+                                      "strict_settlement" (see LocalNamespace); "tier" (standard or
+                                      premium: servicebus_local.tiers)
     POST /counters/reset              set every operation counter to 0 (the peak to the connections open now)
     POST /faults/refuse               stop listening (connections refused)
     POST /faults/accept               listen again
@@ -176,6 +177,7 @@ class ControlServer:
         doc["connections"] = ns.connection_count
         doc["max_connections"] = ns.max_connections
         doc["strict_settlement"] = ns.broker.strict_settlement
+        doc["tier"] = ns.broker.tier.name
         doc["counters"] = ns.counters()
         doc["lifecycle"] = ns.lifecycle()
         return doc

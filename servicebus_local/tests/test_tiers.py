@@ -4,8 +4,10 @@ batches, an entity's message size not settable) and Premium (entity limits of 1 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -244,6 +246,14 @@ def test_the_fixtures_take_the_tier(local_namespace: LocalNamespace, local_names
 
 def test_the_fixtures_are_standard_by_default(local_namespace: LocalNamespace) -> None:
     assert local_namespace.broker.tier is STANDARD
+
+
+def test_the_control_api_status_shows_the_tier() -> None:
+    for tier in ("standard", "premium"):
+        with LocalNamespace("c", tier=tier, control_port=0) as ns:
+            assert ns.control_url is not None
+            with urllib.request.urlopen(f"{ns.control_url}/status", timeout=10) as reply:
+                assert json.load(reply)["tier"] == tier
 
 
 def test_tier_names_and_the_batch_decision() -> None:
