@@ -35,6 +35,8 @@ SESSIONS_SHOWN = 50
 #: The events that count a message the syphon dead-lettered because its destination does not exist
 #: (:mod:`spark_sb.spark.syphon_job`: event ``dead_lettered``, error class ``entity_not_found``).
 UNDELIVERABLE_EVENT = ("dead_lettered", "entity_not_found")
+#: SPEC B14: the syphon moved a message after its entity's duplicate detection window since its ambiguous send.
+POSSIBLE_DUPLICATE_EVENT = "possible_duplicate"
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,10 @@ class StateStatus:
     undeliverable: list[dict[str, Any]] = field(default_factory=list)
     #: Ordering: the sessions still draining (:func:`draining_sessions`), oldest first.
     sessions: list[dict[str, Any]] = field(default_factory=list)
-    #: SPEC B14: each primary entity's duplicate detection against ``exactly_once_horizon`` (None: not asked).
+    #: SPEC B14: each primary entity's duplicate detection against ``exactly_once_horizon`` (None: not asked), and
+    #: per entity the messages the syphon moved after its window since their ambiguous send (``possible_duplicate``).
     horizon: Horizon | None = None
+    possible_duplicates: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +63,7 @@ class StateStatus:
             "undeliverable": self.undeliverable,
             "sessions_draining": self.sessions,
             "duplicate_detection": self.horizon.to_json() if self.horizon is not None else None,
+            "possible_duplicates": self.possible_duplicates,
         }
 
 
@@ -111,14 +116,20 @@ def undeliverable(location: str) -> list[dict[str, Any]]:
 
 
 def _undeliverable(data: Any) -> list[dict[str, Any]]:
+    return _summed(data, *UNDELIVERABLE_EVENT)
+
+
+def _summed(data: Any, event: str, error_class: str | None = None) -> list[dict[str, Any]]:
+    """Per (namespace, entity), the events ``event`` (of ``error_class``, when given) summed: ``count``, the ``last``
+    time and the backlog ``queues``; the most recent first."""
     import pyarrow.compute as pc
 
     if data is None or data.num_rows == 0:
         return []
-    event, error_class = UNDELIVERABLE_EVENT
-    found = data.filter(
-        pc.and_kleene(pc.equal(data["event"], event), pc.equal(data["error_class"], error_class))
-    )
+    wanted = pc.equal(data["event"], event)
+    if error_class is not None:
+        wanted = pc.and_kleene(wanted, pc.equal(data["error_class"], error_class))
+    found = data.filter(wanted)
     if found.num_rows == 0:
         return []
     grouped = found.group_by(["namespace", "entity"]).aggregate(
@@ -212,6 +223,7 @@ def read_status(
         undeliverable=_undeliverable(events),
         sessions=draining_sessions(config.state_location),
         horizon=horizon,
+        possible_duplicates=_summed(events, POSSIBLE_DUPLICATE_EVENT),
     )
 
 
@@ -261,6 +273,13 @@ def format_status(status: StateStatus, now: datetime | None = None) -> str:
             lines.append(f"  ... and {len(status.sessions) - SESSIONS_SHOWN} more (--json lists every one)")
     if status.horizon is not None:
         lines += status.horizon.lines()
+    if status.possible_duplicates:
+        lines.append(
+            "possible duplicates (moved by the syphon after the entity's duplicate detection window since their "
+            "ambiguous send):"
+        )
+        for d in status.possible_duplicates:
+            lines.append(f"  {d['entity'] or '':<30} count {d['count']}  last {_ts(d['last'])}")
     lines.append(f"last {len(status.events)} events:")
     for e in status.events:
         what = e["event"]

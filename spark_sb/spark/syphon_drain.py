@@ -23,6 +23,7 @@ from spark_sb.state.records import (
     EXPIRED,
     MOVED,
     PARKED,
+    POSSIBLE_DUPLICATE,
     SETTLE_FAILED,
     SYPHON_ERROR,
 )
@@ -50,6 +51,9 @@ def outcome_rows(queue: str, dead_letter: bool, outcome: SyphonOutcome) -> Itera
     """The rows of one receive batch's outcome (pure): one per message moved, one per (entity, kind) else."""
     for entity, message_id in outcome.moved_ids:
         yield (queue, dead_letter, entity, MOVED, 1, message_id, None)
+    for entity, n in sorted(outcome.possible_duplicates.items()):  # SPEC B14; the detail: their ids
+        ids = ", ".join(str(i) for e, i in outcome.possible_duplicate_ids if e == entity)
+        yield (queue, dead_letter, entity, POSSIBLE_DUPLICATE, n, None, f"message ids: {ids}"[:500])
     for entity, n in sorted(outcome.expired_by_entity.items()):
         yield (queue, dead_letter, entity or None, EXPIRED, n, None, None)
     for entity, n in sorted(outcome.abandoned_by_entity.items()):

@@ -8,6 +8,7 @@ picklable (the config, the run id). Why a run's own transaction id: docs/design/
 
 from __future__ import annotations
 
+import logging
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
@@ -19,12 +20,23 @@ from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.failover.outcome import namespace_key
 from spark_sb.spark.partition import ordering_needs_tables
 from spark_sb.state.maintenance import maintain_if_due, store_for
-from spark_sb.state.records import ACKNOWLEDGED, BATCH_COMMITTED, DEAD_LETTERED, MOVED, BatchWrites, Event
+from spark_sb.state.records import (
+    ACKNOWLEDGED,
+    BATCH_COMMITTED,
+    DEAD_LETTERED,
+    MOVED,
+    POSSIBLE_DUPLICATE,
+    BatchWrites,
+    Event,
+)
 from spark_sb.state.store import StateStore
 from spark_sb.syphon.rules import DESTINATION_NOT_FOUND, ENTITY_NOT_FOUND
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
+
+#: The syphon job logs under one name (what users configure): ``spark_sb.spark.syphon_job``.
+log = logging.getLogger("spark_sb.spark.syphon_job")
 
 
 @dataclass
@@ -129,6 +141,15 @@ class SyphonBatchWriter:
             self.total.by_kind[kind] = self.total.by_kind.get(kind, 0) + n
             if kind == MOVED and entity:
                 self.total.by_entity[entity] = self.total.by_entity.get(entity, 0) + n
+        late = {e or "": n for _q, e, kind, n, _d in aggregated if kind == POSSIBLE_DUPLICATE}
+        if late:  # SPEC B14: one WARNING per micro-batch
+            log.warning(
+                "syphon: micro-batch %d moved messages after their entity's duplicate detection window since their "
+                "ambiguous send (possible duplicates in the primary; %s events): %s",
+                batch_id,
+                POSSIBLE_DUPLICATE,
+                ", ".join(f"{e} {n}" for e, n in sorted(late.items())),
+            )
         if store is None:
             return
         at = now or datetime.now(timezone.utc)

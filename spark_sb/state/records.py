@@ -48,7 +48,18 @@ DEAD_LETTERED = "dead_lettered"
 SETTLE_FAILED = "settle_failed"
 SYPHON_ERROR = "syphon_error"
 PARKED = "parked"
-SYPHON_EVENTS = (MOVED, EXPIRED, ABANDONED, DEAD_LETTERED, SETTLE_FAILED, SYPHON_ERROR, PARKED)
+#: SPEC B14: moved after its entity's duplicate detection window since its ambiguous primary send (count; detail: ids)
+POSSIBLE_DUPLICATE = "possible_duplicate"
+SYPHON_EVENTS = (
+    MOVED,
+    EXPIRED,
+    ABANDONED,
+    DEAD_LETTERED,
+    SETTLE_FAILED,
+    SYPHON_ERROR,
+    PARKED,
+    POSSIBLE_DUPLICATE,
+)
 EVENTS = (
     SENT,
     DIVERTED,

@@ -24,6 +24,7 @@ from spark_sb.message.backlog import BACKLOG_SESSION_ID
 from spark_sb.syphon.lines import LineKey, QueueView
 from spark_sb.syphon.receivers import Held, Pairs, SettleAction, path_of, settle
 from spark_sb.syphon.rules import EntityGate, SyphonOutcome
+from spark_sb.wire.duplicate_detection import PrimaryWindows
 from spark_sb.wire.receivers import ReceiverLane
 from spark_sb.wire.sdk_transport import SdkTransport
 
@@ -46,6 +47,8 @@ class SyphonBase:
     gate: EntityGate
     lock_duration: float
     _primary: SdkTransport
+    #: SPEC B14: the primary entities' duplicate detection windows (asked for ambiguous messages only)
+    windows: PrimaryWindows
     _missing: dict[str, bool]
     _warned_markers: bool
     _cancelled: threading.Event

@@ -1,6 +1,7 @@
-"""Forwarding to the primary (SPEC B9, B11, F9, O7): size-packed batches sent within ``send_timeout``, each
+"""Forwarding to the primary (SPEC B9, B11, F9, O7, B14): size-packed batches sent within ``send_timeout``, each
 completed in the backlog after the primary accepted it; what was not taken abandoned, deferred or dead-lettered
-(destination not found); return markers acknowledged and completed, never sent.
+(destination not found); return markers acknowledged and completed, never sent; a message whose ambiguous primary
+send may have landed, moved after its entity's duplicate detection window, counted as a possible duplicate.
 
 Part of :class:`~spark_sb.syphon.mover.Syphon` (:mod:`spark_sb.syphon.base` lists the parts); the verdicts on plain
 data are :mod:`spark_sb.syphon.rules`, the settling :mod:`spark_sb.syphon.receivers`. Why: docs/design/syphon.md.
@@ -29,6 +30,7 @@ from spark_sb.syphon.rules import (
     attempt_of,
     keeps_count,
     not_found_description,
+    past_window,
     undelivered_verdict,
 )
 from spark_sb.wire.receivers import ReceiverLane
@@ -208,7 +210,38 @@ class Forwarding(SyphonBase):
             outcome.from_dead_letter += len(pending)
         if self.record_ids:
             outcome.moved_ids.extend((entity, text_of(h.msg.message_id)) for h in pending)
+        self._late(entity, pending, outcome)
         self._settle(lane, pending, complete, outcome)
+
+    def _late(self, entity: str, moved: Pairs, outcome: SyphonOutcome) -> None:
+        """SPEC B14: of the messages the primary just took, those whose primary send was ambiguous (it may have
+        landed) and whose entity's duplicate detection window has passed since (or is unknown: the window is asked
+        of the primary's admin endpoint, once a while per entity) are possible duplicates - counted, and one
+        WARNING for the batch."""
+        doubtful = [h for h in moved if h.attempted is not None]
+        if not doubtful:
+            return
+        found = self.windows.of(entity)
+        now = self.clock.now()
+        late = [
+            h
+            for h in doubtful
+            if h.attempted is not None and past_window(h.attempted, now, found.drops_within)
+        ]
+        if not late:
+            return
+        ids = [text_of(h.msg.message_id) for h in late]
+        outcome.possible_duplicates[entity] = outcome.possible_duplicates.get(entity, 0) + len(late)
+        outcome.possible_duplicate_ids.extend((entity, i) for i in ids)
+        shown = ", ".join(str(i) for i in ids[:5]) + (f", ... ({len(ids)} in all)" if len(ids) > 5 else "")
+        log.warning(
+            "syphon: %d messages moved to %s after its duplicate detection window since their ambiguous send (it "
+            "may have landed): possible duplicates in the primary - duplicate detection %s; message ids %s",
+            len(late),
+            entity,
+            found.describe(),
+            shown,
+        )
 
     def _abandon(self, lane: ReceiverLane, pairs: Pairs, outcome: SyphonOutcome) -> None:
         """Abandon ``pairs`` (a real attempt to move them failed: their delivery counts rise)."""

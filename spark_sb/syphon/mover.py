@@ -36,6 +36,7 @@ from spark_sb.syphon.lines import CLEAR_FOR, Lines, QueueView
 from spark_sb.syphon.receivers import Pairs, abandon
 from spark_sb.syphon.rules import LOCK_DURATION, EntityGate, SyphonOutcome
 from spark_sb.syphon.sorting import Sorting
+from spark_sb.wire.duplicate_detection import PrimaryWindows
 from spark_sb.wire.lane import Lane
 from spark_sb.wire.receivers import ReceiverLane, Receiving, SharedReceivers, receivers_lane
 from spark_sb.wire.sdk_transport import SdkTransport
@@ -64,6 +65,8 @@ class Syphon(Sorting):
     itself the process registry with the system clock - the paired senders of this process read them).
     ``lock_duration``: the backlog queues' lock (seconds; provisioned at 60): a message's lock is measured from the
     local monotonic time of the receive that took it (B12), so a clock skewed against the service's changes nothing.
+    ``windows``: the primary entities' duplicate detection windows (B14; default: asked of the primary's admin
+    endpoint, only for the entities of messages whose primary send was ambiguous).
     """
 
     def __init__(
@@ -79,6 +82,7 @@ class Syphon(Sorting):
         acks: Acknowledgements | None = None,
         registry: FailoverRegistry | None = None,
         lock_duration: float = LOCK_DURATION,
+        windows: PrimaryWindows | None = None,
     ) -> None:
         if config.secondary is None:
             raise ValueError("the syphon needs a secondary namespace (config key 'secondary')")
@@ -105,6 +109,10 @@ class Syphon(Sorting):
         self.acks = acks
         self.lines = Lines(self.clock)  # queues paused after a failed receive (ordering on; bounded there)
         self.lock_duration = float(lock_duration)
+        # SPEC B14: the primary's duplicate detection windows, asked only for the entities of ambiguous messages
+        self.windows = windows or PrimaryWindows(
+            self.clock, primary=config.primary, timeout=float(config.send_timeout)
+        )
         # The start of the last receive per (queue, sub-queue) (monotonic): with prefetch, what a receive returns may
         # have been locked since then. Bounded by the (queue, sub-queue) pairs drained.
         self._last_receive: dict[tuple[str, bool], float] = {}
@@ -149,6 +157,7 @@ class Syphon(Sorting):
             self._receivers.clear()
         self._receiving.close()
         self._primary.close()
+        self.windows.close()
 
     def __enter__(self) -> Syphon:
         return self

@@ -49,6 +49,8 @@ class Held:
     lock_ends: float | None = None
     #: Its line with ordering, once the syphon worked it out (``Syphon._line``: read once, not per use); False: not yet.
     line: tuple[str, str, str] | None | Literal[False] = False
+    #: SPEC B14: when its primary send that may have landed was attempted (the backlog form's mark), if it was.
+    attempted: datetime | None = None
 
     @cached_property
     def sequence(self) -> int | None:

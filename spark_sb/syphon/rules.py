@@ -91,6 +91,10 @@ class SyphonOutcome:
     cancelled: bool = False
     #: (entity, message id) of each forwarded message, when the syphon records them (the Spark job's rows).
     moved_ids: list[tuple[str, str | None]] = field(default_factory=list)
+    #: SPEC B14: per entity, the messages moved after its duplicate detection window had passed since their
+    #: ambiguous primary send (it may have landed: the primary may hold them twice), and their (entity, message id).
+    possible_duplicates: dict[str, int] = field(default_factory=dict)
+    possible_duplicate_ids: list[tuple[str, str | None]] = field(default_factory=list)
 
     @property
     def forwarded_total(self) -> int:
@@ -128,6 +132,13 @@ def restore_for_primary(
     if changes:
         restored = replace(restored, **changes)
     return restored, None
+
+
+def past_window(attempted: datetime, moved: datetime, window: float | None) -> bool:
+    """SPEC B14 (pure): is a message whose ambiguous primary send was attempted at ``attempted``, moved to the primary
+    at ``moved``, a possible duplicate? Yes when the entity's duplicate detection window (``window`` seconds; 0: off)
+    has passed since that attempt, or is unknown (None)."""
+    return window is None or (moved - attempted).total_seconds() > window
 
 
 def is_parked(dead_letter_reason: str | None) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from spark_sb.message.backlog import ambiguous_attempt
 from spark_sb.syphon.forwarding import Forwarding
 from spark_sb.syphon.lines import QueueView
 from spark_sb.syphon.peeking import Peeking
@@ -137,7 +138,9 @@ class Sorting(Peeking, Forwarding, Probing):
                         hold_back.append(h)
                     continue
                 try:
-                    restored, reason = restore_for_primary(from_received(msg, dead_letter), now)
+                    received = from_received(msg, dead_letter)
+                    restored, reason = restore_for_primary(received, now)
+                    h.attempted = ambiguous_attempt(received)  # B14: None but for an ambiguous diversion
                 except Exception as exc:  # noqa: BLE001 - a malformed message must not stop the syphon
                     restored, reason = None, f"{NOT_A_BACKLOG_MESSAGE}: {type(exc).__name__}: {exc}"
                 if restored is None:

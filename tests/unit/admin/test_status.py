@@ -225,3 +225,36 @@ def test_status_command_reports_duplicate_detection_and_warns_on_stderr(
     assert [(e["entity"], e["duplicate_detection"], e["warning"]) for e in entities] == [
         ("orders", True, None)
     ]
+
+
+def test_status_sums_the_syphons_possible_duplicates_per_entity(tmp_path: Path) -> None:
+    """SPEC B14: ``possible_duplicate`` events (the syphon moved messages after their entity's duplicate detection
+    window since their ambiguous send) summed per entity, in the text and the JSON."""
+    import pyarrow as pa
+
+    n = 3
+    events = pa.table(
+        {
+            "time": pa.array([T0 + timedelta(minutes=i) for i in range(n)], pa.timestamp("us", "UTC")),
+            "sink_id": ["syphon/p"] * n,
+            "batch_id": pa.array([1, 2, 2], pa.int64()),
+            "namespace": ["ns"] * n,
+            "entity": ["orders", "orders", "orders"],
+            "event": ["possible_duplicate", "possible_duplicate", "moved"],
+            "from_state": pa.array([None] * n, pa.string()),
+            "to_state": pa.array([None] * n, pa.string()),
+            "backlog_queue": ["q0", "q1", "q1"],
+            "error_class": pa.array([None] * n, pa.string()),
+            "count": pa.array([2, 1, 5], pa.int64()),
+            "executor_host": ["h"] * n,
+            "detail": ["message ids: a, b", "message ids: c", ""],
+        }
+    )
+    deltalake.write_deltalake(str(tmp_path / "events"), events)
+    status = read_status(make_config(state_location=str(tmp_path)), depths=False, duplicate_detection=False)
+    assert [(d["entity"], d["count"], d["queues"]) for d in status.possible_duplicates] == [
+        ("orders", 3, ["q0", "q1"])
+    ]
+    assert "possible duplicates (moved by the syphon after" in format_status(status)
+    assert "orders                         count 3  last 2026-11-22 12:01:00" in format_status(status)
+    assert status.to_json()["possible_duplicates"][0]["count"] == 3
