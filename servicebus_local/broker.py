@@ -20,7 +20,8 @@ Semantics follow the service:
 * scheduled messages (sent with ``x-opt-scheduled-enqueue-time`` or through schedule-message) are invisible
   until due, then enqueued (fanned out for topics);
 * duplicate detection by message id within the window: the duplicate is accepted and dropped;
-* size limits: ``max_message_size_in_kilobytes`` per message, ``max_size_in_megabytes`` per entity;
+* size limits: ``max_message_size_in_kilobytes`` per message (what the namespace's tier allows and gives by
+  default: ``servicebus_local.tiers``), ``max_size_in_megabytes`` per entity;
 * status ``Disabled`` / ``SendDisabled`` / ``ReceiveDisabled`` -> ``com.microsoft:entity-disabled``;
 * settlement (SPEC E8): a lock is settled on the link that received it or, by lock token, over ``$management``
   of the same entity path only for a message received by sequence number (``strict_settlement``, the default;

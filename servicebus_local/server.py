@@ -44,6 +44,11 @@ namespace's, or a parent entity's) expired without a renewing put-token is detac
 per second with ``com.microsoft:server-busy``. ``FaultController.blackhole`` turns the connections open now into
 :class:`_Blackholed` sockets (read and dropped, never written, closed when the client closes them) and
 ``FaultController.detach`` detaches links on demand.
+
+Tier (``tier``, the CLI's ``--tier``; :mod:`servicebus_local.tiers`): a sender link advertises the entity's
+message limit as ``max-message-size`` and the tier's batch limit as ``com.microsoft:max-message-batch-size``; a
+batched transfer over the first is rejected (``amqp:link:message-size-exceeded``), one over the second only
+detaches the link (``amqp:not-allowed``), as the service does.
 """
 
 from __future__ import annotations
