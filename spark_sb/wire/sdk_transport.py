@@ -321,9 +321,7 @@ class SdkTransport:
                 started,
                 QUIET if park_after is None else min(park_after, QUIET),
             )
-        except Parked:
-            raise
-        except Exception as exc:
+        except Exception as exc:  # Parked too: no failure, the mark is never read there
             if written:
                 mark_written(exc)
             raise
@@ -352,10 +350,8 @@ class SdkTransport:
         # no new call: it finishes one already on the wire, with RESUME_AT_LEAST at least (its minimum)
         try:
             self._on_link(target, on_link, timeout, on_slow, started, QUIET, minimum=0.0)
-        except Parked:
-            raise
-        except Exception as exc:
-            mark_written(exc)  # its transfer was written when it parked (SPEC B14)
+        except Exception as exc:  # its transfer was written when it parked (SPEC B14); Parked again: unread
+            mark_written(exc)
             raise
 
     def _on_link(
