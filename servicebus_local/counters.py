@@ -41,6 +41,7 @@ COUNTERS = (
     "links_detached_fault",  # links detached by FaultController.detach
     "connections_blackholed",  # connections silenced by FaultController.blackhole
     "messages_throttled",  # messages refused with com.microsoft:server-busy by the namespace's throttle
+    "batches_over_limit",  # batched transfers refused for their size (servicebus_local.tiers: rejected or detached)
 )
 
 

@@ -749,6 +749,7 @@ class _AmqpConnection:
             limit = self.broker.message_limit(st.addr)
             refusal = batch_refusal(len(data), limit, self.broker.tier.batch_limit(limit), st.link.name)
             if refusal is not None:
+                counters.add("batches_over_limit")
                 if refusal.detach:
                     self.detach_link(st, refusal.condition, refusal.description)
                 else:

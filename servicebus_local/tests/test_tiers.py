@@ -115,6 +115,7 @@ def test_premium_batch_over_1_mb_detaches_the_link_as_the_service_does(premium: 
         with pytest.raises(ServiceBusConnectionError):
             sender.send_messages(batch)
         assert premium.broker.get_queue("big").runtime.active_message_count == 0
+        assert premium.counters()["batches_over_limit"] == 1
         sender.send_messages(ServiceBusMessage(b"after"))
     assert premium.broker.get_queue("big").runtime.active_message_count == 1
 
@@ -152,6 +153,7 @@ def test_standard_batch_over_256_kb_is_refused_even_when_each_message_fits(stand
         with pytest.raises(MessageSizeExceededError):
             sender.send_messages(batch)
     assert standard.broker.get_queue("q").runtime.active_message_count == 0
+    assert standard.counters()["batches_over_limit"] == 1
 
 
 def test_standard_entities_are_256_kb_and_not_settable(standard: LocalNamespace) -> None:
