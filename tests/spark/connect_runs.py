@@ -31,6 +31,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,7 @@ def main(work: Path) -> tuple[dict[str, Any], bool]:
     report["started_in"] = round(time.monotonic() - start, 1)
     for name, scenario in SCENARIOS.items():
         begun = time.monotonic()
-        report[name] = bounded(name, lambda s=scenario, n=name: s(work / n, spark), DEADLINE)
+        report[name] = bounded(name, partial(scenario, work / name, spark), DEADLINE)
         report[name]["seconds"] = round(time.monotonic() - begun, 1)
     stopped = bounded("stop", lambda: spark.stop() or {}, STOP_DEADLINE)
     if stopped:

@@ -97,7 +97,7 @@ def _kill_and_restart(primary: Any, secondary: Any, tmp_path: Path) -> KilledAnd
     args = [sys.executable, str(ROOT / "jobs/syphon.py"), "--config", str(conf), "--trigger", "1s"]
     primary.faults.set_latency(0.05)  # slow sends: the kill lands mid-move
     job = subprocess.Popen(
-        args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, start_new_session=True
     )
     try:
         run.moving_at_kill = primary.wait_until(
