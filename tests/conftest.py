@@ -75,29 +75,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=_longest_first)
 
 
-#: The Spark tiers' longest files, longest first (seconds in one worker, `make test-spark --durations=0` on the
-#: 2-core machine with other work beside it: the mean of two runs on 2026-12-06, the second scaled to the first's
-#: load; roughly half that alone). tests/unit/test_tiers.py checks that each exists.
+#: The Spark tiers' longest files, longest first (seconds in one worker, `pytest -n 2 --dist loadfile
+#: --durations=0 tests/spark tests/acceptance` on the 2-core machine with other work beside it (load 4-8), 2026-12-06
+#: 19:00; the two files whose child runs were shared after it are scaled by their own before/after runs; about
+#: two thirds of that alone). tests/unit/test_tiers.py checks that each exists.
 LONGEST_FIRST = (
-    # the source's (issue 48), from their authors' runs at a load of 10-14, not yet measured in a tier run
-    "tests/spark/test_source_kills.py",  # 750: a child session per kill
-    "tests/spark/test_source.py",  # 380
-    "tests/spark/test_state_delta.py",  # 470
-    "tests/spark/test_cluster.py",  # 370: one child, a local cluster and four scenarios
-    "tests/spark/test_connect.py",  # 320: three children, a Connect server each
-    "tests/spark/test_state_maintenance.py",  # 275
-    "tests/spark/test_syphon_job_cli.py",  # 245: four jobs/syphon.py children, one of them under spark-submit
-    "tests/spark/test_sink_state.py",  # 240
-    "tests/spark/test_syphon_job_runs.py",  # 220 (465 before its unordered runs were shared)
-    "tests/spark/test_shutdown.py",  # 210: three child programs
-    "tests/spark/test_datasource_catalog.py",  # 195
-    "tests/spark/test_datasource.py",  # 180
-    "tests/spark/test_source_connect.py",  # 160: a Connect server
-    "tests/spark/test_syphon_job_available_now.py",  # 150 (its 400-message run varies most with the load)
-    "tests/acceptance/test_readme_examples.py",  # 90: the spark-submit example
-    "tests/spark/test_syphon_job.py",  # 85
-    "tests/spark/test_datasource_ordering.py",  # 75
-    "tests/acceptance/test_acceptance_local.py",  # 60
+    "tests/spark/test_state_delta.py",  # 380: a fresh table's first write costs seconds, each test has its own
+    "tests/spark/test_cluster.py",  # 350: one child, a local cluster and four scenarios
+    "tests/spark/test_source_kills.py",  # 230: a child session per kill
+    "tests/spark/test_syphon_job_runs.py",  # 210
+    "tests/spark/test_syphon_job_cli.py",  # 195: three jobs/syphon.py runs, one of them under spark-submit
+    "tests/spark/test_source_connect.py",  # 165: a Connect server per kill
+    "tests/spark/test_source.py",  # 160
+    "tests/spark/test_state_maintenance.py",  # 120
+    "tests/spark/test_datasource_catalog.py",  # 120
+    "tests/acceptance/test_readme_examples.py",  # 115: the spark-submit example
+    "tests/spark/test_connect.py",  # 110: one child, one Connect server, three scenarios
+    "tests/spark/test_datasource.py",  # 110
+    "tests/spark/test_sink_state.py",  # 90
+    "tests/acceptance/test_acceptance_local.py",  # 90
+    "tests/spark/test_shutdown.py",  # 75: three child programs
+    "tests/spark/test_syphon_job.py",  # 70
+    "tests/spark/test_sink_counts.py",  # 55
+    "tests/spark/test_syphon_job_available_now.py",  # 50
+    "tests/spark/test_datasource_ordering.py",  # 50
 )
 
 
