@@ -19,8 +19,7 @@ from azure.servicebus import ServiceBusClient
 
 from servicebus_local.model import QueueSettings
 from spark_sb.admin.cli import main
-from spark_sb.config.namespace import NamespaceConfig, RetryConfig
-from spark_sb.config.secret import Secret
+from spark_sb.config.namespace import RetryConfig
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.failover.records import EntityState
 from spark_sb.failover.registry import FailoverRegistry
@@ -33,6 +32,7 @@ from spark_sb.state.deltars import DeltaRsStateStore
 from spark_sb.state.records import POSSIBLE_DUPLICATE
 from spark_sb.syphon.mover import Syphon
 
+from . import rigs
 from .rigs import BACKLOG, take_messages
 
 pytestmark = pytest.mark.slow
@@ -68,19 +68,11 @@ def pair(namespace_pair: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def config_for(pair: Any, **overrides: Any) -> ServiceBusConfig:
-    base = ServiceBusConfig(
-        primary=NamespaceConfig(
-            connection_string=Secret(pair.primary.connection_string), namespace_name="primary"
-        ),
-        secondary=NamespaceConfig(connection_string=Secret(pair.secondary.connection_string)),
-        entity="orders",
-        backlog_queue_count=len(BACKLOG),
-        failover_interval=1.0,
-        ping_primary_interval=30.0,
-        send_timeout=3.0,
-        retry=RetryConfig(total=0, backoff_factor=0.05, backoff_max=0.2),
-    )
-    return replace(base, **overrides)
+    """The lifecycle tests' sender config (``orders``, the two backlog queues, 3 s a send, no retries), failing
+    over after 1 s and probing the primary only every 30 s (the stalled entity stays failed over)."""
+    base = rigs.config_for(pair.primary, pair.secondary, 1.0)
+    retry = RetryConfig(total=0, backoff_factor=0.05, backoff_max=0.2)
+    return replace(base, ping_primary_interval=30.0, retry=retry, **overrides)
 
 
 def write_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pair: Any) -> Path:
