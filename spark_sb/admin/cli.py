@@ -107,12 +107,14 @@ def _add_provision(subparsers: Any, common: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="ENTITY",
-        help="a primary entity whose duplicate detection to report, besides `entity` (repeatable)",
+        help="a primary entity whose duplicate detection to report and whose largest message the backlog queues "
+        "must take, besides `entity` (repeatable)",
     )
     p.add_argument(
         "--no-duplicate-detection",
         action="store_true",
-        help="do not ask the primary about its entities' duplicate detection (exactly_once_horizon)",
+        help="do not ask the primary about its entities (duplicate detection against exactly_once_horizon, and "
+        "their message size limits: the backlog queues are then created at the namespace's default size)",
     )
     p.set_defaults(func=run_provision)
 
@@ -127,6 +129,7 @@ def run_provision(
     """The ``provision`` command. ``provision_kwargs`` go to
     :func:`spark_sb.admin.provisioning.provision_backlog_queues` (tests inject a clock or admin clients)."""
     from spark_sb.admin.provisioning import provision_backlog_queues
+    from spark_sb.admin.report import backlog_spec_for
     from spark_sb.config.service_bus import load_config
     from spark_sb.core.errors import ConfigError, ProvisioningError
 
@@ -143,6 +146,10 @@ def run_provision(
             f"bad configuration {args.config}: backlog queues live in the secondary namespace; set "
             "secondary.connection_string or secondary.fully_qualified_namespace",
         )
+    horizon = _horizon(args, config, provision_kwargs.get("primary_admin_client"), log=False)
+    if horizon is not None and "spec" not in provision_kwargs:
+        # SPEC B13: the backlog queues take what the primaries take (their limits read with their windows)
+        provision_kwargs["spec"] = backlog_spec_for(e.max_message_kb for e in horizon.entities)
     try:
         report = provision_backlog_queues(
             config,
@@ -160,7 +167,8 @@ def run_provision(
         print(f"error: {exc}", file=err)
         return EXIT_FAILED
 
-    horizon = _horizon(args, config, provision_kwargs.get("primary_admin_client"))
+    if horizon is not None:
+        horizon.log()  # after the provisioning, as its warnings have always come
     if args.json:
         payload = report.to_dict()
         if not report.ok:
@@ -178,9 +186,9 @@ def run_provision(
     return EXIT_OK
 
 
-def _horizon(args: argparse.Namespace, config: Any, admin_client: Any) -> Any:
-    """SPEC B14: the duplicate detection of the primary entities (``entity``, ``--entity``), their warnings logged;
-    None with ``--no-duplicate-detection``."""
+def _horizon(args: argparse.Namespace, config: Any, admin_client: Any, *, log: bool = True) -> Any:
+    """SPEC B14: the duplicate detection of the primary entities (``entity``, ``--entity``), their warnings logged
+    (with ``log``); None with ``--no-duplicate-detection``."""
     from spark_sb.admin.horizon import check_horizon, primary_entities
 
     if getattr(args, "no_duplicate_detection", False):
@@ -188,7 +196,8 @@ def _horizon(args: argparse.Namespace, config: Any, admin_client: Any) -> Any:
     horizon = check_horizon(
         config, primary_entities(config, getattr(args, "entity", ())), admin_client=admin_client
     )
-    horizon.log()
+    if log:
+        horizon.log()
     return horizon
 
 

@@ -7,7 +7,8 @@ fills them is in :mod:`spark_sb.admin.provisioning`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from enum import Enum
 from typing import Any
@@ -31,15 +32,21 @@ class PropertyDifference:
     name: str
     expected: object
     actual: object
+    #: the expected value is a floor (a larger one does too): a backlog queue's message size limit
+    at_least: bool = False
 
     def describe(self) -> str:
-        return f"{self.name}: expected {format_value(self.expected)}, actual {format_value(self.actual)}"
+        floor = "at least " if self.at_least else ""
+        return (
+            f"{self.name}: expected {floor}{format_value(self.expected)}, actual {format_value(self.actual)}"
+        )
 
     def to_dict(self) -> dict[str, object]:
         return {
             "property": self.name,
             "expected": _json_value(self.expected),
             "actual": _json_value(self.actual),
+            **({"at_least": True} if self.at_least else {}),
         }
 
 
@@ -57,10 +64,13 @@ class BacklogQueueSpec:
     lock_duration: timedelta = timedelta(minutes=1)
     dead_lettering_on_message_expiration: bool = True
     enable_batched_operations: bool = True
+    #: SPEC B13: the largest message the queue takes (KB; a Premium entity's setting), at least what the primaries
+    #: take (:func:`backlog_spec_for`); None: the namespace's default, neither set nor checked.
+    max_message_size_in_kilobytes: int | None = None
 
     def create_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``ServiceBusAdministrationClient.create_queue``."""
-        return {
+        kwargs: dict[str, Any] = {
             "max_size_in_megabytes": self.max_size_in_megabytes,
             "max_delivery_count": self.max_delivery_count,
             "default_message_time_to_live": self.default_message_time_to_live,
@@ -69,6 +79,9 @@ class BacklogQueueSpec:
             "dead_lettering_on_message_expiration": self.dead_lettering_on_message_expiration,
             "enable_batched_operations": self.enable_batched_operations,
         }
+        if self.max_message_size_in_kilobytes is not None:
+            kwargs["max_message_size_in_kilobytes"] = self.max_message_size_in_kilobytes
+        return kwargs
 
     def differences(self, queue: Any) -> tuple[PropertyDifference, ...]:
         """How ``queue`` (a ``QueueProperties`` or anything with the same attributes) differs from this spec.
@@ -79,7 +92,12 @@ class BacklogQueueSpec:
         diffs: list[PropertyDifference] = []
         for prop, expected in self.create_kwargs().items():
             actual = getattr(queue, prop, None)
-            if not _matches(expected, actual):
+            if (
+                prop == "max_message_size_in_kilobytes"
+            ):  # a floor: a queue that takes larger messages does too
+                if not isinstance(actual, int) or actual < expected:
+                    diffs.append(PropertyDifference(prop, expected, actual, at_least=True))
+            elif not _matches(expected, actual):
                 diffs.append(PropertyDifference(prop, expected, actual))
         return tuple(diffs)
 
@@ -100,6 +118,26 @@ def _matches(expected: object, actual: object) -> bool:
 
 #: What provisioning creates (SPEC B1).
 BACKLOG_QUEUE_SPEC = BacklogQueueSpec()
+
+#: SPEC B13: a Standard entity's message size limit (KB) - its only one; a Premium entity's is 1,024 to 102,400.
+STANDARD_MESSAGE_KB = 256
+PREMIUM_MAX_MESSAGE_KB = 102_400
+#: What the backlog form (SPEC B6) adds to a message, at most: its destination, times and ids as application
+#: properties (a few hundred bytes) - a backlog queue takes this much more than its largest primary.
+BACKLOG_FORM_KB = 64
+
+
+def backlog_spec_for(
+    primary_kb: Iterable[int | None], base: BacklogQueueSpec = BACKLOG_QUEUE_SPEC
+) -> BacklogQueueSpec:
+    """SPEC B13: the backlog queues' spec for primaries whose message size limits are ``primary_kb`` (None: not
+    read): they take what the largest takes, in its backlog form (:data:`BACKLOG_FORM_KB` more, at most the
+    service's 100 MB); ``base`` as it is when every primary is a Standard one (256 KB, the namespace's default).
+    Pure."""
+    largest = max((kb for kb in primary_kb if kb is not None), default=None)
+    if largest is None or largest <= STANDARD_MESSAGE_KB:
+        return base
+    return replace(base, max_message_size_in_kilobytes=min(PREMIUM_MAX_MESSAGE_KB, largest + BACKLOG_FORM_KB))
 
 
 def format_duration(value: timedelta) -> str:

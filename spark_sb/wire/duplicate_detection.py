@@ -39,13 +39,15 @@ def span(seconds: float) -> str:
 @dataclass(frozen=True)
 class DuplicateDetection:
     """One primary entity's duplicate detection: ``kind`` (``queue`` / ``topic``), ``enabled``, ``window``
-    (seconds); or ``error`` (it could not be read: the other fields None)."""
+    (seconds); or ``error`` (it could not be read: the other fields None). ``max_message_kb``: the entity's message
+    size limit from the same answer (SPEC B13: what its backlog queues must take; None if not reported)."""
 
     entity: str
     kind: str | None = None
     enabled: bool | None = None
     window: float | None = None
     error: str | None = None
+    max_message_kb: int | None = None
 
     @property
     def drops_within(self) -> float | None:
@@ -112,11 +114,13 @@ def read_duplicate_detection(
                 entity, error=describe_admin_error(exc, shown or "the primary namespace")
             )
         window = props.duplicate_detection_history_time_window
+        size = getattr(props, "max_message_size_in_kilobytes", None)
         return DuplicateDetection(
             entity,
             kind,
             bool(props.requires_duplicate_detection),
             window.total_seconds() if window is not None else None,
+            max_message_kb=size if isinstance(size, int) and not isinstance(size, bool) else None,
         )
     return DuplicateDetection(entity, error="no queue or topic of that name")
 

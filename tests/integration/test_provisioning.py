@@ -22,7 +22,7 @@ pytest.importorskip("servicebus_local.server")
 from servicebus_local.clock import FakeClock  # noqa: E402
 from spark_sb.admin.cli import main  # noqa: E402
 from spark_sb.admin.provisioning import provision_backlog_queues
-from spark_sb.admin.report import QueueStatus
+from spark_sb.admin.report import BACKLOG_QUEUE_SPEC, QueueStatus
 from spark_sb.core.durations import MAX_DURATION
 from spark_sb.core.errors import ProvisioningError
 from spark_sb.message.backlog import backlog_queue_names  # noqa: E402
@@ -349,3 +349,37 @@ def test_cli_as_a_process(tmp_path: Path, cli_env: dict[str, str], secondary_adm
 def by_name(report: Any) -> dict[str, Any]:
     """The report's rows keyed by queue name."""
     return {q.name: q for q in report.queues}
+
+
+# ------------------------------------------------------------------ SPEC B13: backlog queues as large as primaries
+@pytest.mark.parametrize("local_namespace_tier", ["premium"])
+def test_cli_creates_premium_backlog_queues_that_take_the_primarys_largest_message(
+    tmp_path: Path,
+    cli_env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    secondary_admin: Any,
+    namespace_pair: Any,
+) -> None:
+    """Premium namespaces: the primary's ``orders`` takes 20 MB messages; ``provision`` (with ``--entity orders``)
+    creates the backlog queues to take them in their backlog form, and a queue made before at the default size is
+    used and reported drifted, with the size it lacks."""
+    from azure.servicebus.management import ServiceBusAdministrationClient
+
+    primary_admin = ServiceBusAdministrationClient.from_connection_string(
+        namespace_pair.primary.connection_string, connection_verify=namespace_pair.primary.ca_file
+    )
+    with primary_admin:
+        primary_admin.create_queue("orders", max_message_size_in_kilobytes=20_480)
+    first = backlog_queue_names("prod-eu", 2)[0]
+    # made before, for Standard primaries: the spec but the Premium default size (1,024 KB)
+    secondary_admin.create_queue(first, **BACKLOG_QUEUE_SPEC.create_kwargs())
+    config = write_config(tmp_path, primary_namespace_name="prod-eu", count=2)
+    assert main(["provision", "--config", str(config), "--entity", "orders", "--json"]) == 0
+    rows = {q["queue"]: q for q in json.loads(capsys.readouterr().out)["queues"]}
+    assert rows[first]["status"] == "drifted"
+    assert rows[first]["differences"] == [
+        {"property": "max_message_size_in_kilobytes", "expected": 20_544, "actual": 1024, "at_least": True}
+    ]
+    created = backlog_queue_names("prod-eu", 2)[1]
+    assert rows[created]["status"] == "created"
+    assert secondary_admin.get_queue(created).max_message_size_in_kilobytes == 20_480 + 64

@@ -313,10 +313,16 @@ class PrimaryAdmin:
     """The primary's admin endpoint: ``entities`` name -> (kind, duplicate detection on, window)."""
 
     def __init__(
-        self, entities: dict[str, tuple[str, bool, timedelta]], fail: Exception | None = None
+        self,
+        entities: dict[str, tuple[str, bool, timedelta]],
+        fail: Exception | None = None,
+        sizes: dict[str, int] | None = None,
     ) -> None:
         self.entities = entities
         self.fail = fail
+        self.sizes = (
+            sizes or {}
+        )  # name -> max_message_size_in_kilobytes (a Premium entity's); else not reported
         self.calls: list[tuple[str, str, dict[str, Any]]] = []
         self.closed = False
 
@@ -330,7 +336,9 @@ class PrimaryAdmin:
 
             raise ResourceNotFoundError(f"{kind} {name!r} does not exist")
         return SimpleNamespace(
-            requires_duplicate_detection=found[1], duplicate_detection_history_time_window=found[2]
+            requires_duplicate_detection=found[1],
+            duplicate_detection_history_time_window=found[2],
+            **({"max_message_size_in_kilobytes": self.sizes[name]} if name in self.sizes else {}),
         )
 
     def get_queue(self, name: str, **kwargs: Any) -> Any:

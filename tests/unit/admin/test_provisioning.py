@@ -550,3 +550,66 @@ def test_cli_shows_the_primary_entities_duplicate_detection_after_the_table(
 def test_cli_without_an_entity_prints_the_table_alone(fake_config: ServiceBusConfig) -> None:
     code, out, _ = cli_run(["provision", "--config", "conf/x.yaml", "--json"], FakeAdmin())
     assert code == 0 and json.loads(out)["duplicate_detection"]["entities"] == []
+
+
+# ------------------------------------------------------------------ SPEC B13: backlog queues as large as primaries
+def test_backlog_queues_take_what_the_largest_primary_takes_in_its_backlog_form() -> None:
+    from spark_sb.admin.report import BACKLOG_FORM_KB, backlog_spec_for
+
+    assert backlog_spec_for([]) is BACKLOG_QUEUE_SPEC  # nothing read: the namespace's default
+    assert backlog_spec_for([None, 256]) is BACKLOG_QUEUE_SPEC  # Standard primaries
+    assert "max_message_size_in_kilobytes" not in BACKLOG_QUEUE_SPEC.create_kwargs()
+    spec = backlog_spec_for([1024, None, 5120])
+    assert spec.max_message_size_in_kilobytes == 5120 + BACKLOG_FORM_KB
+    assert spec.create_kwargs() == {
+        **BACKLOG_QUEUE_SPEC.create_kwargs(),
+        "max_message_size_in_kilobytes": 5120 + BACKLOG_FORM_KB,
+    }
+    assert backlog_spec_for([102_400]).max_message_size_in_kilobytes == 102_400  # the service's most
+
+
+def test_a_backlog_queue_smaller_than_its_primaries_is_created_large_or_reported_drifted() -> None:
+    from spark_sb.admin.report import backlog_spec_for
+
+    spec = backlog_spec_for([5120])
+    admin = FakeAdmin()
+    name0, name1, name2 = backlog_queue_names(NS, 3)
+    admin.queues[name0] = spec_props(name0, max_message_size_in_kilobytes=256)  # made for Standard primaries
+    admin.queues[name1] = spec_props(name1, max_message_size_in_kilobytes=102_400)  # larger: takes them too
+    report = run(admin, count=3, spec=spec)
+    rows = by_name(report)
+    assert rows[name0].status is QueueStatus.DRIFTED
+    assert [d.describe() for d in rows[name0].differences] == [
+        "max_message_size_in_kilobytes: expected at least 5184, actual 256"
+    ]
+    assert rows[name0].differences[0].to_dict()["at_least"] is True
+    assert rows[name1].status is QueueStatus.PRESENT
+    assert rows[name2].status is QueueStatus.CREATED
+    assert admin.creates == [(name2, spec.create_kwargs())]
+    assert admin.creates[0][1]["max_message_size_in_kilobytes"] == 5184
+
+
+def test_cli_sizes_the_backlog_queues_by_the_primary_entities_it_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``provision`` reads each primary entity's message size limit with its duplicate detection (one call each)
+    and creates the backlog queues to take the largest in its backlog form; ``--no-duplicate-detection`` asks
+    nothing of the primary, and the queues get the namespace's default size."""
+    from tests.unit.fakes import PrimaryAdmin
+
+    config = ServiceBusConfig(primary=ns_config("10.0.0.1:5671", NS), backlog_queue_count=1, entity="orders")
+    monkeypatch.setattr(config_module, "load_config", lambda source: config)
+    window = timedelta(hours=2)
+    primary = PrimaryAdmin(
+        {"orders": ("queue", True, window), "big": ("topic", True, window)}, sizes={"big": 20_480}
+    )
+    secondary = FakeAdmin()
+    code, out, _ = cli_run(
+        ["provision", "--config", "c.yaml", "--entity", "big"], secondary, primary_admin_client=primary
+    )
+    assert code == 0 and "1/1 usable (1 created)" in out
+    assert [kw.get("max_message_size_in_kilobytes") for _, kw in secondary.creates] == [20_480 + 64]
+    secondary = FakeAdmin()
+    argv = ["provision", "--config", "c.yaml", "--entity", "big", "--no-duplicate-detection"]
+    code, out, _ = cli_run(argv, secondary, primary_admin_client=primary)
+    assert code == 0 and [kw.get("max_message_size_in_kilobytes") for _, kw in secondary.creates] == [None]
