@@ -3,6 +3,8 @@ test here is of the ``local`` tier (marked by directory, below)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,3 +46,13 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.02)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m servicebus_local --port 0 <args>`` in a child process, its output captured (60 s at most)."""
+    return subprocess.run(
+        [sys.executable, "-m", "servicebus_local", "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )

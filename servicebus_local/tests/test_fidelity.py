@@ -35,6 +35,8 @@ from servicebus_local.model import QueueSettings, SubscriptionSettings
 from servicebus_local.sas import Refusal, check_sas
 from servicebus_local.server import LocalNamespace
 
+from .conftest import run_cli
+
 KEY = "bG9jYWwtZmlkZWxpdHkta2V5"
 
 
@@ -365,15 +367,6 @@ def test_an_idle_receiver_between_calls_costs_no_receive_flows() -> None:
 # python -m servicebus_local: user errors
 
 
-def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "servicebus_local", "--port", "0", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_cli_user_errors_are_one_line_exit_2(tmp_path: Path) -> None:
     bad_yaml = tmp_path / "bad.yaml"
     bad_yaml.write_text("queues: [\n")
@@ -391,7 +384,7 @@ def test_cli_user_errors_are_one_line_exit_2(tmp_path: Path) -> None:
         ((str(tmp_path)), "directory"),
     ]
     for path, text in cases:
-        result = _run_cli("--topology", path)
+        result = run_cli("--topology", path)
         assert result.returncode == 2, result.stderr
         assert result.stderr.count("\n") == 1 and text in result.stderr, result.stderr
         assert "Traceback" not in result.stderr and result.stdout == ""

@@ -5,8 +5,6 @@ and update, and the receivers it refuses. The README's forwarding table cites th
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -22,6 +20,8 @@ from servicebus_local.forwarding import HOP_DESCRIPTION, HOP_REASON, RECEIVER_RE
 from servicebus_local.model import InvalidSettings, QueueSettings, SubscriptionSettings
 from servicebus_local.server import LocalNamespace
 from servicebus_local.topology import TopologyError
+
+from .conftest import run_cli
 
 DLQ = ServiceBusSubQueue.DEAD_LETTER
 
@@ -356,12 +356,7 @@ def test_a_topology_file_declares_forwarding_in_any_order(tmp_path: Path) -> Non
 def test_the_cli_reports_a_missing_forwarding_destination_in_one_line(tmp_path: Path) -> None:
     topology = tmp_path / "topology.yaml"
     topology.write_text("queues:\n  - {name: first, forward_to: nowhere}\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "servicebus_local", "--port", "0", "--topology", str(topology)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli("--topology", str(topology))
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and "queue 'first': SubCode=40400" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""

@@ -21,6 +21,8 @@ from servicebus_local.server import LocalNamespace
 from servicebus_local.tiers import PREMIUM, STANDARD, batch_refusal, tier_named
 from servicebus_local.topology import TopologyError
 
+from .conftest import run_cli
+
 KB = 1024
 MB = 1024 * KB
 
@@ -181,20 +183,10 @@ def test_a_topology_entity_the_tier_does_not_allow_is_one_line_exit_2(tmp_path: 
         LocalNamespace("t", topology=topology)
     with LocalNamespace("t", topology=topology, tier="premium") as ns:
         assert ns.broker.get_queue("big").settings.max_message_size_in_kilobytes == 102_400
-    result = subprocess.run(
-        [sys.executable, "-m", "servicebus_local", "--port", "0", "--topology", str(topology)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli("--topology", str(topology))
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and "queue 'big': SubCode=40000" in result.stderr, result.stderr
-    result = subprocess.run(
-        [sys.executable, "-m", "servicebus_local", "--port", "0", "--tier", "gold"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli("--tier", "gold")
     assert result.returncode == 2 and "--tier" in result.stderr, result.stderr
 
 
