@@ -141,9 +141,11 @@ class Rejects:
         index: int | None,
         translated: bool,
     ) -> None:
-        limit = self._transport().max_batch_size(batch.target)
+        limit = self._transport().max_message_size(batch.target)
         when = "after backlog translation (B6 adds properties)" if translated else "encoded"
-        reason = f"message too large {when}: it does not fit a batch of {limit} bytes (max_message_size)"
+        reason = (
+            f"message too large {when}: over the limit of {limit} bytes for one message (max_message_size)"
+        )
         self.reject(tally, msg, RejectError(reason), entity, index)
 
     def reject(

@@ -26,15 +26,18 @@ from spark_sb.syphon.receivers import (
 from spark_sb.syphon.rules import (
     DEAD_LETTER,
     DESTINATION_NOT_FOUND,
+    TOO_LARGE_FOR_DESTINATION,
     SyphonOutcome,
     attempt_of,
     keeps_count,
     not_found_description,
     past_window,
+    too_large_description,
     undelivered_verdict,
 )
 from spark_sb.wire.receivers import ReceiverLane
-from spark_sb.wire.sdk_transport import SdkBatch, SdkTransport
+from spark_sb.wire.sdk_batch import SdkBatch
+from spark_sb.wire.sdk_transport import SdkTransport
 from spark_sb.wire.transport import PRIMARY, Target
 
 
@@ -72,8 +75,9 @@ class Forwarding(SyphonBase):
                     break  # its line stopped (a marker whose acknowledgement failed): the rest waits
                 if marker_of(h.restored) is not None:  # every message of its line before it goes in first
                     if in_batch:
-                        self._send_and_complete(lane, batch, in_batch, entity, outcome, dead_letter, primary)
-                        self._gone(view, in_batch)
+                        self._deliver(
+                            lane, batch, in_batch, entity, outcome, dead_letter, primary, view, parked
+                        )
                         sent += len(in_batch)
                         in_batch = []
                         batch = primary.new_batch(target)
@@ -81,17 +85,21 @@ class Forwarding(SyphonBase):
                     sent += 1
                     continue
                 if not batch.try_add(h.restored):  # batch full: send it, start anew
-                    self._send_and_complete(lane, batch, in_batch, entity, outcome, dead_letter, primary)
-                    self._gone(view, in_batch)
-                    sent += len(in_batch)
-                    in_batch = []
-                    batch = primary.new_batch(target)
-                    if not batch.try_add(h.restored):
-                        raise ValueError("a message does not fit an empty batch")
+                    if in_batch:
+                        self._deliver(
+                            lane, batch, in_batch, entity, outcome, dead_letter, primary, view, parked
+                        )
+                        sent += len(in_batch)
+                        in_batch = []
+                        batch = primary.new_batch(target)
+                    if not batch.try_add(h.restored):  # not even alone: the primary never takes it (B13)
+                        limit = primary.max_message_size(target)
+                        self._too_large(lane, entity, h, outcome, dead_letter, view, parked, limit)
+                        sent += 1
+                        continue
                 in_batch.append(h)
             if in_batch:
-                self._send_and_complete(lane, batch, in_batch, entity, outcome, dead_letter, primary)
-                self._gone(view, in_batch)
+                self._deliver(lane, batch, in_batch, entity, outcome, dead_letter, primary, view, parked)
                 sent += len(in_batch)
                 in_batch = []
             if sent < len(pairs):
@@ -193,6 +201,69 @@ class Forwarding(SyphonBase):
             return str(self.config.primary.endpoint_host())
         except Exception:  # noqa: BLE001 - a description must not fail the settle
             return "(primary)"
+
+    def _deliver(
+        self,
+        lane: ReceiverLane,
+        batch: SdkBatch,
+        pending: Pairs,
+        entity: str,
+        outcome: SyphonOutcome,
+        dead_letter: bool,
+        transport: SdkTransport,
+        view: QueueView | None,
+        parked: Pairs | None,
+    ) -> None:
+        """Send ``batch`` (``pending``'s messages) and complete them; one message alone that the primary refused
+        as too large is dead-lettered (:meth:`_too_large`) instead, and the pass goes on (SPEC B13)."""
+        try:
+            self._send_and_complete(lane, batch, pending, entity, outcome, dead_letter, transport)
+        except Exception as exc:
+            from spark_sb.core.errors import MESSAGE_TOO_LARGE, classify
+
+            if len(pending) != 1 or classify(exc) is not MESSAGE_TOO_LARGE:
+                raise
+            self._too_large(lane, entity, pending[0], outcome, dead_letter, view, parked, None)
+            return
+        self._gone(view, pending)
+
+    def _too_large(
+        self,
+        lane: ReceiverLane,
+        entity: str,
+        h: Held,
+        outcome: SyphonOutcome,
+        dead_letter: bool,
+        view: QueueView | None,
+        parked: Pairs | None,
+        limit: int | None,
+    ) -> None:
+        """SPEC B13: ``h`` is larger than its primary entity takes (``limit`` bytes, the link's; None: the primary
+        refused it). Dead-lettered in the backlog with reason ``MessageTooLargeForDestination`` and a description,
+        so that the rest of its entity moves on; from a dead-letter queue, where that cannot be done, parked for
+        the rest of the pass."""
+        assert h.restored is not None
+        body = h.restored.body
+        size = len(body.encode() if isinstance(body, str) else body)
+        namespace = self._primary_host()
+        log.warning(
+            "syphon: a message for primary entity %s is larger than it takes (%s; its body %d bytes): %s in "
+            "backlog queue %s with reason %s",
+            entity,
+            f"{limit} bytes" if limit else "refused as too large",
+            size,
+            "left in the dead-letter queue" if dead_letter else "dead-lettered",
+            lane.queue,
+            TOO_LARGE_FOR_DESTINATION,
+        )
+        if dead_letter and parked is not None:
+            parked.append(h)
+            return
+        outcome.undeliverable += 1
+        outcome._count(outcome.undeliverable_by_entity, entity, 1)
+        description = too_large_description(entity, namespace, size, limit)
+        self._settle(lane, [h], dead_letter_action(TOO_LARGE_FOR_DESTINATION, description), outcome)
+        self._gone(view, [h])
 
     def _send_and_complete(
         self,

@@ -28,10 +28,19 @@ NOT_A_BACKLOG_MESSAGE = "NotABacklogMessage"
 #: The primary entity named in ``x-ms-path`` does not exist (it answered not-found at the message's
 #: ``syphon.max_attempts``-th delivery, SPEC F9).
 DESTINATION_NOT_FOUND = "DestinationNotFound"
+#: The primary entity takes messages smaller than this one (its ``max_message_size_in_kilobytes``): it never will
+#: (SPEC B13).
+TOO_LARGE_FOR_DESTINATION = "MessageTooLargeForDestination"
 #: Dead-letter reasons that keep a message parked in a backlog queue's dead-letter queue (never moved): the
 #: syphon's own, and the service's expiry (the backlog TTL is unlimited, so only a drifted queue gives it).
 PARKED_REASONS = frozenset(
-    {EXPIRED_IN_BACKLOG, NOT_A_BACKLOG_MESSAGE, DESTINATION_NOT_FOUND, "TTLExpiredException"}
+    {
+        EXPIRED_IN_BACKLOG,
+        NOT_A_BACKLOG_MESSAGE,
+        DESTINATION_NOT_FOUND,
+        TOO_LARGE_FOR_DESTINATION,
+        "TTLExpiredException",
+    }
 )
 #: The error class (:func:`spark_sb.core.errors.classify`) that says the destination does not exist.
 ENTITY_NOT_FOUND = "entity_not_found"
@@ -58,7 +67,8 @@ class SyphonOutcome:
     of the forwarded, how many came from a backlog queue's dead-letter queue. ``parked``: dead-lettered messages
     left where they are on purpose. ``invalid``: messages without a destination, dead-lettered in the backlog.
     ``undeliverable`` / ``undeliverable_by_entity``: messages whose primary entity does not exist, dead-lettered
-    in the backlog (reason ``DestinationNotFound``) after ``syphon.max_attempts`` deliveries.
+    in the backlog (reason ``DestinationNotFound``) after ``syphon.max_attempts`` deliveries, or that it can never
+    take (``MessageTooLargeForDestination``, at once).
     """
 
     received: int = 0
@@ -189,6 +199,20 @@ def not_found_description(entity: str, namespace: str, attempts: int) -> str:
     return (
         f"{DESTINATION_NOT_FOUND}: the primary entity {entity!r} does not exist in namespace {namespace} "
         f"(entity_not_found at delivery {attempts}; syphon.max_attempts reached)"
+    )
+
+
+def too_large_description(entity: str, namespace: str, body_bytes: int, limit: int | None) -> str:
+    """The ``DeadLetterErrorDescription`` of a message larger than its primary entity takes (SPEC B13; no secret:
+    the namespace is its host name). ``limit``: the entity's message limit in bytes, None when only its refusal
+    is known."""
+    takes = (
+        f"takes messages up to {limit} bytes" if limit else "refused it as too large (message size exceeded)"
+    )
+    return (
+        f"{TOO_LARGE_FOR_DESTINATION}: the primary entity {entity!r} in namespace {namespace} {takes}; this "
+        f"message's body alone is {body_bytes} bytes (the syphon leaves it here: raise the entity's "
+        "max_message_size_in_kilobytes and resubmit it)"
     )
 
 

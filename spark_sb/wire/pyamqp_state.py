@@ -19,14 +19,15 @@ import contextlib
 import functools
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from spark_sb.wire.timing import PUMP_READ_TIMEOUT
 
 __all__ = [
     "close_handler",
     "close_socket",
-    "link_batch_limit",
+    "LinkLimits",
+    "link_limits",
     "create_handler",
     "disconnect",
     "finish_open",
@@ -255,9 +256,20 @@ def close_handler(owner: Any) -> None:
     owner._close_handler()
 
 
-def link_batch_limit(owner: Any) -> int | None:
-    """The batch size limit in bytes of an SDK sender's open link (known once the link is open), None if unknown."""
-    return getattr(owner, "_max_batch_size_on_link", None)
+class LinkLimits(NamedTuple):
+    """An open sender link's size limits in bytes: a batch, and one message (Premium: 1 MB and up to 100 MB)."""
+
+    batch: int
+    message: int
+
+
+def link_limits(owner: Any) -> LinkLimits | None:
+    """The size limits of an SDK sender's open link (known once the link is open), None if unknown."""
+    batch = getattr(owner, "_max_batch_size_on_link", None)
+    message = getattr(owner, "_max_message_size_on_link", None)
+    if not isinstance(batch, int) or batch <= 0:
+        return None
+    return LinkLimits(batch, message if isinstance(message, int) and message >= batch else batch)
 
 
 def set_running(owner: Any, value: bool) -> None:

@@ -16,27 +16,21 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from spark_sb.core.errors import CLIENT_CLOSED, LaneClosed, classify, condition_of, mark_written
-from spark_sb.message.backlog import backlog_additions, to_backlog_sdk
+from spark_sb.message.backlog import to_backlog_sdk
 from spark_sb.message.outbound import OutboundMessage
-from spark_sb.message.packing import (
-    Encoded,
-    add_encoded,
-    add_outbound,
-    add_to_batch,
-    application_section,
-    encode,
-)
+from spark_sb.message.packing import Encoded, encode
 from spark_sb.wire.closing import abort_connection
 from spark_sb.wire.connection import FoundDead, NeedsWorker, SharedConnection
 from spark_sb.wire.lane import Finished, Lane, Pending, Withdrawn
 from spark_sb.wire.opening import open_connection
 from spark_sb.wire.parking import Parked, holds, resume_send, send_parkable
-from spark_sb.wire.pyamqp_state import link_batch_limit
+from spark_sb.wire.pyamqp_state import LinkLimits, link_limits
+from spark_sb.wire.sdk_batch import UNKNOWN_LINK_BATCH, SdkBatch
 from spark_sb.wire.timing import (
     CONNECTED_FRESH,
     MIN_CALL_LEFT,
@@ -53,7 +47,7 @@ from spark_sb.wire.timing import (
 from spark_sb.wire.transport import PRIMARY, SECONDARY, Batch, Target
 
 if TYPE_CHECKING:
-    from azure.servicebus import ServiceBusMessageBatch, ServiceBusSender
+    from azure.servicebus import ServiceBusSender
 
     from spark_sb.config.namespace import NamespaceConfig
     from spark_sb.config.service_bus import ServiceBusConfig
@@ -61,70 +55,6 @@ if TYPE_CHECKING:
 __all__ = ["SdkBatch", "SdkTransport"]
 
 _LOGGER = logging.getLogger(__name__)
-
-
-class SdkBatch:
-    """A :class:`~spark_sb.wire.transport.Batch` backed by the SDK's ``ServiceBusMessageBatch``: each message
-    encoded once, both to size it and to send it (:mod:`spark_sb.message.packing`)."""
-
-    def __init__(self, target: Target, sdk_batch: ServiceBusMessageBatch) -> None:
-        self.target = target
-        self.sdk_batch = sdk_batch
-        self._messages: list[OutboundMessage] = []
-        self._count = 0
-        # (entity, enqueue time) -> the backlog form's application-properties section, encoded once (add_outbound's
-        # ``section``; None where batches are packed the SDK's way); bounded by the entities whose messages this
-        # batch holds (a backlog batch has one enqueue time)
-        self._sections: dict[tuple[str, datetime], bytes | None] = {}
-
-    @property
-    def messages(self) -> list[OutboundMessage]:
-        return self._messages
-
-    def try_add(self, message: OutboundMessage) -> bool:
-        if not add_outbound(self.sdk_batch, message):
-            return False
-        self._count += 1
-        self._messages.append(message)
-        return True
-
-    def try_add_backlog(
-        self,
-        original: OutboundMessage,
-        entity: str,
-        enqueued: datetime,
-        prepared: object | None = None,
-        ambiguous: datetime | None = None,
-    ) -> bool:
-        if isinstance(prepared, Encoded):
-            added = add_encoded(self.sdk_batch, prepared)
-        else:
-            additions = backlog_additions(original, entity, enqueued, ambiguous)
-            if additions is not None:  # the common case: the original's fields and two properties more
-                section = None
-                if not original.properties and ambiguous is None:  # only the two: encoded once per entity
-                    key = (entity, enqueued)
-                    if key in self._sections:
-                        section = self._sections[key]
-                    else:
-                        section = self._sections[key] = application_section(additions)
-                added = add_outbound(self.sdk_batch, original, additions, section)
-            else:
-                added = add_to_batch(self.sdk_batch, to_backlog_sdk(original, entity, enqueued, ambiguous))
-        if not added:
-            return False
-        self._count += 1
-        return True
-
-    @property
-    def size_in_bytes(self) -> int:
-        return int(self.sdk_batch.size_in_bytes)
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __iter__(self) -> Iterator[OutboundMessage]:
-        return iter(self._messages)
 
 
 class SdkTransport:
@@ -153,7 +83,8 @@ class SdkTransport:
         self._lanes: dict[str, Lane[SharedConnection]] = {}  # one per namespace (two at most)
         # The namespace's latest connection (read by answered_within); two at most.
         self._last: dict[str, SharedConnection] = {}
-        self._link_max: dict[Target, int] = {}  # bounded by the targets this process sends to
+        # (batch, message) size limits of each target's link; bounded by the targets this process sends to
+        self._link_max: dict[Target, LinkLimits] = {}
         # The lane generation and time of each target's last answer; bounded like _link_max.
         self._answered: dict[Target, tuple[int, float]] = {}
         self._lock = threading.Lock()
@@ -274,12 +205,19 @@ class SdkTransport:
     def max_batch_size(self, target: Target) -> int:
         limit = self._config.max_message_size
         link = self._link_max.get(target)
-        return min(limit, link) if link else limit
+        # before its link is open: no batch over the service's largest (Premium's 1 MB), whatever max_message_size
+        return min(limit, link[0] if link else UNKNOWN_LINK_BATCH)
+
+    def max_message_size(self, target: Target) -> int:
+        limit = self._config.max_message_size
+        link = self._link_max.get(target)
+        return min(limit, link[1]) if link else limit
 
     def new_batch(self, target: Target) -> SdkBatch:
         from azure.servicebus import ServiceBusMessageBatch
 
-        return SdkBatch(target, ServiceBusMessageBatch(max_size_in_bytes=self.max_batch_size(target)))
+        sdk_batch = ServiceBusMessageBatch(max_size_in_bytes=self.max_batch_size(target))
+        return SdkBatch(target, sdk_batch, self.max_message_size(target))
 
     def send(
         self,
@@ -291,7 +229,7 @@ class SdkTransport:
         if len(batch) == 0:
             return
         if isinstance(batch, SdkBatch):
-            payload: Any = batch.sdk_batch
+            payload: Any = batch.payload
         else:  # a foreign batch: let the SDK pack it (raises if it does not fit one batch)
             payload = [m.to_sdk() for m in batch.messages]
         target = batch.target
@@ -310,7 +248,7 @@ class SdkTransport:
                 ticket = send_parkable(sender, payload, sdk_timeout(left), park_at)
                 if ticket is not None:
                     raise Parked(target, started, started + timeout, (ticket, payload))
-            return link_batch_limit(sender)
+            return link_limits(sender)
 
         try:
             self._on_link(
@@ -345,7 +283,7 @@ class SdkTransport:
                     raise Parked(target, parked.started, parked.deadline, parked.ticket)
             else:
                 sender.send_messages(payload, timeout=sdk_timeout(left))
-            return link_batch_limit(sender)
+            return link_limits(sender)
 
         # no new call: it finishes one already on the wire, with RESUME_AT_LEAST at least (its minimum)
         try:
@@ -434,7 +372,7 @@ class SdkTransport:
             self._failed(target, exc, pending.started, pending.generation)
             raise
         self._answered[target] = (pending.generation, time.monotonic())
-        if isinstance(link_max, int) and link_max > 0:
+        if isinstance(link_max, LinkLimits):
             self._link_max[target] = link_max
 
     def prepare(self, targets: Iterable[Target], silence: float) -> dict[Target, BaseException]:

@@ -73,6 +73,10 @@ class Transport(Protocol):
     def max_batch_size(self, target: Target) -> int:
         """The size limit in bytes of a batch for ``target`` (no I/O)."""
 
+    def max_message_size(self, target: Target) -> int:
+        """The size limit in bytes of one message for ``target`` (no I/O): at least :meth:`max_batch_size`; a
+        message between the two goes alone, in a batch of its own (SPEC B13)."""
+
     def new_batch(self, target: Target) -> Batch:
         """An empty batch for ``target`` (no I/O)."""
 

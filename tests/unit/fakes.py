@@ -36,9 +36,14 @@ def fake_size(m: OutboundMessage) -> int:
 
 
 class FakeBatch:
-    def __init__(self, target: Target, limit: int) -> None:
+    """As :class:`~spark_sb.wire.sdk_batch.SdkBatch`: messages up to ``limit``; an empty batch takes one message
+    up to ``single_limit`` that does not fit it, and then nothing more (``single``)."""
+
+    def __init__(self, target: Target, limit: int, single_limit: int = 0) -> None:
         self.target = target
         self.limit = limit
+        self.single_limit = single_limit
+        self.single = False
         self.size = BATCH_BASE
         self._messages: list[OutboundMessage] = []
 
@@ -48,8 +53,12 @@ class FakeBatch:
 
     def try_add(self, message: OutboundMessage) -> bool:
         cost = fake_size(message)
-        if self.size + cost > self.limit:
+        if self.single:
             return False
+        if self.size + cost > self.limit:
+            if self._messages or self.size + cost > self.single_limit:
+                return False
+            self.single = True
         self.size += cost
         self._messages.append(message)
         return True
@@ -97,10 +106,15 @@ class FakeTransport:
     (a failing call to a real namespace takes time too)."""
 
     def __init__(
-        self, clock: FakeClock | None = None, max_batch: int = 1000, op_seconds: float = 0.0
+        self,
+        clock: FakeClock | None = None,
+        max_batch: int = 1000,
+        op_seconds: float = 0.0,
+        max_message: int | None = None,
     ) -> None:
         self.clock = clock
         self.max_batch = max_batch
+        self.max_message = max_batch if max_message is None else max_message  # Premium: over max_batch
         self.op_seconds = op_seconds
         self.rules: list[Rule] = []
         self.delivered: dict[Target, list[OutboundMessage]] = {}
@@ -212,8 +226,11 @@ class FakeTransport:
     def max_batch_size(self, target: Target) -> int:
         return self.max_batch
 
+    def max_message_size(self, target: Target) -> int:
+        return self.max_message
+
     def new_batch(self, target: Target) -> FakeBatch:
-        return FakeBatch(target, self.max_batch)
+        return FakeBatch(target, self.max_batch, self.max_message)
 
     def send(  # type: ignore[override]
         self,

@@ -23,7 +23,7 @@ from spark_sb.message import packing
 from spark_sb.message.backlog import RESERVED_PROPERTIES, backlog_additions, to_backlog_sdk
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.message.packing import add_encoded, add_outbound, add_to_batch, encode, fast_path_available
-from spark_sb.wire.sdk_transport import SdkBatch
+from spark_sb.wire.sdk_batch import SdkBatch
 from spark_sb.wire.transport import SECONDARY, Target
 
 UTC = timezone.utc
@@ -320,7 +320,7 @@ def test_a_backlog_batch_encodes_an_entitys_two_properties_once(monkeypatch: pyt
     made: list[Any] = []
     real = packing.application_section
     monkeypatch.setattr(
-        "spark_sb.wire.sdk_transport.application_section", lambda added: made.append(added) or real(added)
+        "spark_sb.wire.sdk_batch.application_section", lambda added: made.append(added) or real(added)
     )
     batch = SdkBatch(Target(SECONDARY, "q"), ServiceBusMessageBatch(max_size_in_bytes=262144))
     for k in range(50):

@@ -290,7 +290,7 @@ def test_a_message_too_large_once_translated_is_rejected_and_nothing_is_sent() -
     p.flush()
     (reject,) = p.tally.rejects
     assert reject.reason == (
-        "message too large after backlog translation (B6 adds properties): it does not fit a batch of 1000 bytes "
+        "message too large after backlog translation (B6 adds properties): over the limit of 1000 bytes for one message "
         "(max_message_size)"
     )
     assert reject.row_index == 2 and p.sends() == [] and p.tally.diverted == {}
@@ -307,13 +307,13 @@ def test_try_add_says_added_does_not_fit_or_rejected() -> None:
     assert [(r.row_index, r.entity) for r in p.tally.rejects] == [(2, "orders")] and len(batch) == 1
 
 
-def test_a_message_too_large_encoded_is_rejected_with_the_batch_limit() -> None:
+def test_a_message_too_large_encoded_is_rejected_with_the_message_limit() -> None:
     p = Parts()
     batch = p.transport.new_batch(Target(PRIMARY, "orders"))
     p.rejects.oversize(p.tally, msgs(1)[0], "orders", batch, 3, translated=False)
     (reject,) = p.tally.rejects
     assert reject.reason == (
-        "message too large encoded: it does not fit a batch of 1000 bytes (max_message_size)"
+        "message too large encoded: over the limit of 1000 bytes for one message (max_message_size)"
     )
     assert reject.field is None and reject.row_index == 3
 

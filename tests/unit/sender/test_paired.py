@@ -391,6 +391,50 @@ def test_single_message_refused_as_too_large_is_rejected() -> None:
     ]
 
 
+
+def premium_mix() -> list[OutboundMessage]:
+    """SPEC B13 in small: batches up to 1,000 bytes, one message up to 10,000 - small ones and ones over a batch."""
+    out = msgs(5, "a")
+    out += msgs(1, "big", size=3000) + msgs(3, "b") + msgs(2, "huge", size=6000) + msgs(4, "c")
+    return out
+
+
+def premium_rig(**cfg: Any) -> Rig:
+    clock = FakeClock()
+    return Rig(
+        FailoverRegistry(clock),
+        FakeTransport(clock, max_batch=1000, op_seconds=1.0, max_message=10_000),
+        **cfg,
+    )
+
+
+def test_a_message_over_the_batch_limit_goes_alone_to_a_healthy_primary_in_its_place() -> None:
+    rig = premium_rig()
+    out = rig.sender.send(premium_mix())
+    assert out.rejects == ()
+    assert rig.transport.ids(PRIMARY, "orders") == [m.message_id for m in premium_mix()]  # in order
+    sizes = [n for _, _, n, _ in rig.transport.sends(PRIMARY)]
+    assert sizes == [5, 1, 3, 1, 1, 4]  # big0, huge0 and huge1 each in a send of its own
+
+
+def test_a_message_over_the_batch_limit_is_diverted_alone_and_lost_by_nothing() -> None:
+    rig = premium_rig(failover_interval=0.0)
+    rig.transport.fail(conn_error, namespace=PRIMARY)
+    out = rig.sender.send(premium_mix())
+    assert out.rejects == () and out.diverted_by_entity == {"orders": 15}
+    assert Counter(m.message_id for m in rig.backlog()) == Counter(m.message_id for m in premium_mix())
+    assert {len(m.body) for m in rig.backlog() if m.message_id and m.message_id.startswith("huge")} == {6000}
+
+
+def test_a_message_over_the_single_limit_is_rejected_naming_that_limit() -> None:
+    rig = premium_rig()
+    out = rig.sender.send(msgs(2, "a") + msgs(1, "over", size=12_000))
+    assert rig.transport.ids(PRIMARY, "orders") == ["a0", "a1"]
+    assert [r.reason for r in out.rejects] == [
+        "message too large encoded: over the limit of 10000 bytes for one message (max_message_size)"
+    ]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Outcome, lifecycle, naming
 

@@ -18,7 +18,9 @@ from spark_sb.message.outbound import OutboundMessage
 from spark_sb.message.packing import Encoded
 from spark_sb.wire import sdk_transport as transport_module
 from spark_sb.wire.lane import DeadlineExceeded, Finished, Withdrawn
-from spark_sb.wire.sdk_transport import SdkBatch, SdkTransport
+from spark_sb.wire.pyamqp_state import LinkLimits
+from spark_sb.wire.sdk_batch import SdkBatch
+from spark_sb.wire.sdk_transport import SdkTransport
 from spark_sb.wire.timing import CONNECTED_FRESH, HEARTBEAT, MIN_CALL_LEFT
 from spark_sb.wire.transport import PRIMARY, SECONDARY, Target
 from tests.unit.sender.rig import make_config
@@ -71,6 +73,9 @@ def transport_with(lane: StandInLane, namespace: str = PRIMARY, **overrides: Any
     return t
 
 
+MB = 1024 * 1024
+
+
 def answered(t: SdkTransport, target: Target, value: object = None, generation: int = 1) -> None:
     """A call to ``target`` that the namespace answered (on the lane's worker ``generation``)."""
     t._settled(target, Finished(value, None, generation, time.monotonic()))
@@ -117,13 +122,50 @@ def test_a_batch_is_bounded_by_the_configured_size_until_the_link_says_less() ->
     t = transport_with(StandInLane(Conn()), max_message_size=100_000)
     assert t.max_batch_size(ORDERS) == 100_000
     assert t.new_batch(ORDERS).sdk_batch.max_size_in_bytes == 100_000
-    answered(t, ORDERS, value=262_144)  # the link allows more: the configured size holds
+    answered(t, ORDERS, value=LinkLimits(262_144, 262_144))  # the link allows more: the configured size holds
     assert t.max_batch_size(ORDERS) == 100_000
-    answered(t, ORDERS, value=50_000)
-    assert t.max_batch_size(ORDERS) == 50_000
+    answered(t, ORDERS, value=LinkLimits(50_000, 50_000))
+    assert t.max_batch_size(ORDERS) == 50_000 and t.max_message_size(ORDERS) == 50_000
     assert t.max_batch_size(Target(PRIMARY, "other")) == 100_000  # per target
-    answered(t, ORDERS, value=0)  # no size known: the last one stays
+    answered(t, ORDERS, value=None)  # no size known (another call's answer): the last one stays
+    answered(t, ORDERS, value=[7])
     assert t.max_batch_size(ORDERS) == 50_000
+
+
+def test_premium_links_bound_a_batch_at_their_batch_limit_and_one_message_at_their_message_limit() -> None:
+    """SPEC B13: max_message_size 20 MB; before the link says, batches stay within the service's largest (1 MB) and
+    one message may weigh the configured size; then the link's own limits (1 MB batches, 5 MB messages)."""
+    t = transport_with(StandInLane(Conn()), max_message_size=20 * MB)
+    assert t.max_batch_size(ORDERS) == MB and t.max_message_size(ORDERS) == 20 * MB
+    answered(t, ORDERS, value=LinkLimits(MB, 5 * MB))
+    assert t.max_batch_size(ORDERS) == MB and t.max_message_size(ORDERS) == 5 * MB
+    batch = t.new_batch(ORDERS)
+    assert batch.sdk_batch.max_size_in_bytes == MB
+
+
+def test_a_message_over_the_batch_limit_goes_alone_as_the_sdk_sends_one_message() -> None:
+    from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
+
+    big = OutboundMessage(body=b"b" * (2 * MB), message_id="big")
+    small = OutboundMessage(body=b"s" * 100, message_id="small")
+    batch = SdkBatch(ORDERS, ServiceBusMessageBatch(max_size_in_bytes=MB), 5 * MB)
+    assert batch.try_add(small)
+    assert not batch.try_add(big)  # not beside another: the open batch goes first
+    alone = SdkBatch(ORDERS, ServiceBusMessageBatch(max_size_in_bytes=MB), 5 * MB)
+    assert alone.try_add(big) and len(alone) == 1 and alone.messages == [big]
+    assert isinstance(alone.payload, ServiceBusMessage) and alone.payload.message_id == "big"
+    assert 2 * MB < alone.size_in_bytes < 2 * MB + 1024
+    assert not alone.try_add(small)  # nothing more beside it
+    assert not alone.try_add_backlog(small, "orders", NOW)
+    backlog = SdkBatch(ORDERS, ServiceBusMessageBatch(max_size_in_bytes=MB), 5 * MB)
+    assert backlog.try_add_backlog(big, "orders", NOW) and len(backlog) == 1
+    sent = backlog.payload
+    assert isinstance(sent, ServiceBusMessage) and sent.application_properties is not None
+    assert len(sent.application_properties) == 2  # the backlog form's destination and time
+    over = OutboundMessage(body=b"o" * (5 * MB + 1), message_id="over")
+    assert not SdkBatch(ORDERS, ServiceBusMessageBatch(max_size_in_bytes=MB), 5 * MB).try_add(over)
+    standard = SdkBatch(ORDERS, ServiceBusMessageBatch(max_size_in_bytes=MB), MB)  # no room over a batch
+    assert not standard.try_add(big) and standard.payload is standard.sdk_batch
 
 
 # ---------------------------------------------------------------------------------------------------- connected
