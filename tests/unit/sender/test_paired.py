@@ -391,7 +391,6 @@ def test_single_message_refused_as_too_large_is_rejected() -> None:
     ]
 
 
-
 def premium_mix() -> list[OutboundMessage]:
     """SPEC B13 in small: batches up to 1,000 bytes, one message up to 10,000 - small ones and ones over a batch."""
     out = msgs(5, "a")
