@@ -91,3 +91,56 @@ def test_a_refused_key_fails_the_batch_with_the_librarys_line_first(
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
         f"sink {sb_sink.sink_id} batch 0 failed: {text}"
     ]
+
+
+@pytest.mark.parametrize("local_namespace_tier", ["premium"])
+def test_premium_large_rows_go_alone_healthy_diverted_and_moved_back(
+    spark: Any, namespace_pair: Any, tmp_path: Path
+) -> None:
+    """SPEC B13 through the sink: Premium namespaces (1 MB batches on the link), ``orders`` taking 20 MiB, the
+    backlog queues as ``provision`` makes them; a micro-batch of small rows with 1.5 MB, 5 MB and 20 MB ones reaches
+    the healthy primary whole, the same during an outage goes to the backlog, and the syphon moves it back."""
+    from spark_sb.admin.report import backlog_spec_for
+
+    primary, secondary = namespace_pair.primary, namespace_pair.secondary
+    primary.broker.create_queue("orders", QueueSettings(max_message_size_in_kilobytes=20_480))
+    config = sink_config(namespace_pair, max_message_size=20 * 1024 * 1024)
+    provision_backlog_queues(
+        config, admin_client=secondary.admin_client(), retry_pause=0, spec=backlog_spec_for([20_480])
+    )
+    sb_sink = ServiceBusSink(config)
+    folder = tmp_path / "in"
+    folder.mkdir()
+
+    def rows(prefix: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [
+            {"body": f"{prefix}{i}", "message_id": f"{prefix}{i}"} for i in range(20)
+        ]
+        for k, size in enumerate((1_500_000, 5_000_000, 20_000_000)):
+            out.insert(5 * k + 2, {"body": chr(65 + k) * size, "message_id": f"{prefix}-large-{k}"})
+        return out
+
+    def outage_batch() -> None:
+        primary.faults.fail_sends("orders", "amqp:resource-limit-exceeded")
+        write_rows(folder, "b.json", rows("d"))
+
+    run_sink_stream(
+        spark,
+        sb_sink,
+        folder,
+        tmp_path / "ckpt",
+        [lambda: write_rows(folder, "a.json", rows("h")), outage_batch],
+    )
+    assert (sb_sink.total.total_sent, sb_sink.total.total_diverted, sb_sink.total.total_rejected) == (
+        23,
+        23,
+        0,
+    )
+    healthy = {str(m.message_id): len(str(m)) for m in drain_messages(primary, "orders")}
+    assert healthy == {r["message_id"]: len(r["body"]) for r in rows("h")}
+    primary.faults.clear()
+    with Syphon(config) as syphon:
+        moved = syphon.drain_all(max_wait=0.5)
+    assert moved.forwarded == {"orders": 23}, moved.errors
+    back = {str(m.message_id): len(str(m)) for m in drain_messages(primary, "orders")}
+    assert back == {r["message_id"]: len(r["body"]) for r in rows("d")}
