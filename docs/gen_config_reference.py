@@ -57,7 +57,7 @@ DESCRIPTIONS = {
     "session",
     "on_reject": "a row that cannot become a message: recorded in the `rejects` table, or the batch fails",
     "retry.total": "the SDK's retries inside one call: 0 (each layer retries within its own deadlines)",
-    "max_message_size": "256 KiB on the standard tier; raise it for premium",
+    "max_message_size": "the largest message sent (256 KiB on Standard); on Premium raise it to the entities' limit: a message over a link's 1 MB batch limit goes alone",
     "state_writes": "`async`: a background group commit (`flush()` before `spark.stop()`); `sync`: in each batch",
     "retry.backoff_factor": "the first pause between tries of a send",
     "retry.backoff_max": "the longest pause between tries of a send",
