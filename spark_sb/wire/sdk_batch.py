@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.message.backlog import backlog_additions, to_backlog_sdk
+from spark_sb.message.backlog import BACKLOG_ENQUEUED, backlog_additions, to_backlog, to_backlog_sdk
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.message.packing import Encoded, add_encoded, add_outbound, add_to_batch, application_section
+from spark_sb.message.wire_size import encoded_size
 from spark_sb.wire.transport import Target
 
 if TYPE_CHECKING:
@@ -25,6 +26,23 @@ __all__ = ["UNKNOWN_LINK_BATCH", "SdkBatch"]
 #: The batch limit before a target's link is open and says its own: the service's largest (Premium's 1 MB), so
 #: that ``max_message_size`` over it never makes a first batch the service refuses.
 UNKNOWN_LINK_BATCH = 1024 * 1024
+
+
+def prepared_form(
+    original: OutboundMessage,
+    entity: str,
+    enqueued: datetime,
+    prepared: object | None,
+    ambiguous: datetime | None,
+) -> OutboundMessage:
+    """The backlog form of ``original`` as an :class:`OutboundMessage` (to size it): ``prepared``'s own enqueue time
+    when it was made ahead."""
+    if isinstance(prepared, Encoded):
+        props = prepared.message.application_properties or {}
+        made = props.get(BACKLOG_ENQUEUED) or props.get(BACKLOG_ENQUEUED.encode())
+        if isinstance(made, datetime):
+            enqueued = made
+    return to_backlog(original, entity, enqueued, ambiguous)
 
 
 def _body_size(message: OutboundMessage) -> int:
@@ -61,20 +79,17 @@ class SdkBatch:
         """What the SDK's ``send_messages`` is given: the single message, or the batch."""
         return self.single if self.single is not None else self.sdk_batch
 
-    def _alone(self, message: OutboundMessage, make: Callable[[], ServiceBusMessage]) -> bool:
-        """Take ``message`` (that does not fit an empty batch) alone if it is within the single limit."""
+    def _alone(self, form: OutboundMessage, make: Callable[[], ServiceBusMessage]) -> bool:
+        """Take the message whose wire form is ``form`` (it does not fit an empty batch) alone if it is within the
+        single limit; sized arithmetically (:func:`~spark_sb.message.wire_size.encoded_size`, what the SDK's
+        encoder counts), so that it is encoded once, by the send."""
         if self._count or self.single is not None or self._single_limit <= self.sdk_batch.max_size_in_bytes:
             return False
-        from azure.servicebus import ServiceBusMessageBatch
-
-        sdk_message = make()
-        measure = ServiceBusMessageBatch(
-            max_size_in_bytes=self._single_limit
-        )  # the size rule, as for a batch
-        if not add_to_batch(measure, sdk_message):
+        size = encoded_size(form)
+        if size > self._single_limit:
             return False
-        self.single = sdk_message
-        self._single_size = int(measure.size_in_bytes)
+        self.single = make()
+        self._single_size = size
         return True
 
     def _too_big(self, message: OutboundMessage) -> bool:
@@ -128,7 +143,7 @@ class SdkBatch:
                     return prepared.message
                 return to_backlog_sdk(original, entity, enqueued, ambiguous)
 
-            if not self._alone(original, make):
+            if not self._alone(prepared_form(original, entity, enqueued, prepared, ambiguous), make):
                 return False
         self._count += 1
         return True
