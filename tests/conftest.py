@@ -92,6 +92,7 @@ LONGEST_FIRST = (
     "tests/acceptance/test_readme_examples.py",  # 115: the spark-submit example
     "tests/spark/test_connect.py",  # 110: one child, one Connect server, three scenarios
     "tests/spark/test_datasource.py",  # 110
+    "tests/spark/test_pipelines.py",  # 95: two spark-pipelines runs (each its own Connect server)
     "tests/spark/test_sink_state.py",  # 90
     "tests/acceptance/test_acceptance_local.py",  # 90
     "tests/spark/test_shutdown.py",  # 75: three child programs

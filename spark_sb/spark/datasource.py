@@ -434,8 +434,14 @@ __getattr__ = lazy_module_getattr(globals(), _LAZY, _build)
 
 def register(spark: Any) -> None:
     """Register the ``servicebus`` data source with ``spark`` (a classic or Spark Connect session; driver).
-    Idempotent: registering again replaces it with itself."""
+    Idempotent: registering again replaces it with itself. For a Spark Connect session, the client is made to
+    tolerate the data source's empty profiler updates where it has SPARK-59135
+    (:mod:`spark_sb.spark.connect_client`)."""
     spark.dataSource.register(__getattr__("ServiceBusDataSource"))
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        from spark_sb.spark.connect_client import tolerate_accumulator_updates
+
+        tolerate_accumulator_updates()
 
 
 __all__ = [

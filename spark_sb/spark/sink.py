@@ -75,6 +75,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+#: What a replay that is not one means, and what to do (the end of :class:`SinkIdConflictError`'s line).
+NEW_CHECKPOINT = (
+    "another query or a new checkpoint (a declarative pipeline's full refresh starts one) uses this sink_id and "
+    "state tables; give each streaming query and each new checkpoint its own sink_id (for a full refresh: a new "
+    "sink_id option on the sink, e.g. with a -2 suffix)"
+)
+
+
 class SinkIdConflictError(RuntimeError):
     """A batch id this ``sink_id`` committed before arrives with other content, or below the last committed one:
     another query (or a new checkpoint) uses the same ``sink_id`` and state tables. Set a distinct ``sink_id``."""
@@ -502,16 +510,14 @@ class ServiceBusSink:
         if known is None:
             raise SinkIdConflictError(
                 f"batch {batch_id} is below the last batch committed by sink_id {self.sink_id!r} ({last}) but was "
-                "never committed by it: another query or a new checkpoint uses this sink_id and state tables; "
-                "give each streaming query (and each new checkpoint) its own sink_id"
+                f"never committed by it: {NEW_CHECKPOINT}"
             )
         count, committed_at = known
         rows = count_rows()
         if rows != count:
             raise SinkIdConflictError(
                 f"batch {batch_id} was committed by sink_id {self.sink_id!r} with {count} rows, and now "
-                f"arrives with {rows}: another query or a new checkpoint uses this sink_id and state tables; "
-                "give each streaming query (and each new checkpoint) its own sink_id"
+                f"arrives with {rows}: {NEW_CHECKPOINT}"
             )
         store.append_events(
             [
