@@ -238,9 +238,6 @@ def receivers_lane(
 # -- range dispositions on a receiving link (the syphon's completions, the source's defers and completions) ----------
 T = TypeVar("T")
 
-#: Frames read per pass while outcomes are awaited (pyamqp's ``listen(batch=)``).
-LISTEN_BATCH = 512
-
 
 def dispose_on_link(
     receiver: ServiceBusReceiver,
@@ -297,7 +294,8 @@ def dispose_on_link(
         connection = link._session._connection  # noqa: SLF001
         # the outcomes still awaited, in delivery-id order (the order they come back in): the front is dropped as
         # it is answered, so a wait for n outcomes costs O(n), not a scan of all n per frame read (O(n^2): a
-        # 5,000-message defer took 9 s); frames are read in batches of what is still awaited
+        # 5,000-message defer took 9 s); one frame per read: a read that asks for more than arrive sits out the
+        # socket's timeout for each missing one (the service may answer a whole range in one frame)
         waiting = collections.deque(sorted(d for _, d in sent))
         while waiting:
             while waiting and pending[waiting[0]]["settled"]:
@@ -306,7 +304,7 @@ def dispose_on_link(
                 break
             if time.monotonic() >= deadline or link.state in (LinkState.DETACHED, LinkState.ERROR):
                 break
-            connection.listen(wait=False, batch=min(len(waiting), LISTEN_BATCH))
+            connection.listen(wait=False)
     except Exception as exc:  # noqa: BLE001 - the connection failed while waiting: what is not confirmed is counted
         log.debug("awaiting the dispositions' outcomes failed (%s)", type(exc).__name__)
     finally:
