@@ -64,8 +64,17 @@ class Forwarding(SyphonBase):
         target = Target(PRIMARY, entity)
         sent = 0
         in_batch: Pairs = []
+        batch = primary.new_batch(target)
+
+        def flush() -> None:  # what the batch holds goes (or is settled), and a new batch starts
+            nonlocal batch, in_batch, sent
+            if in_batch:
+                self._deliver(lane, batch, in_batch, entity, outcome, dead_letter, primary, view, parked)
+                sent += len(in_batch)
+                in_batch = []
+                batch = primary.new_batch(target)
+
         try:
-            batch = primary.new_batch(target)
             for h in pairs:
                 if self._cancelled.is_set():
                     outcome.cancelled = True
@@ -74,34 +83,19 @@ class Forwarding(SyphonBase):
                 if view is not None and view.held(self._line(lane, h), h.sequence):
                     break  # its line stopped (a marker whose acknowledgement failed): the rest waits
                 if marker_of(h.restored) is not None:  # every message of its line before it goes in first
-                    if in_batch:
-                        self._deliver(
-                            lane, batch, in_batch, entity, outcome, dead_letter, primary, view, parked
-                        )
-                        sent += len(in_batch)
-                        in_batch = []
-                        batch = primary.new_batch(target)
+                    flush()
                     self._pass_marker(lane, entity, h, outcome, dead_letter, view)
                     sent += 1
                     continue
                 if not batch.try_add(h.restored):  # batch full: send it, start anew
-                    if in_batch:
-                        self._deliver(
-                            lane, batch, in_batch, entity, outcome, dead_letter, primary, view, parked
-                        )
-                        sent += len(in_batch)
-                        in_batch = []
-                        batch = primary.new_batch(target)
+                    flush()
                     if not batch.try_add(h.restored):  # not even alone: the primary never takes it (B13)
                         limit = primary.max_message_size(target)
                         self._too_large(lane, entity, h, outcome, dead_letter, view, parked, limit)
                         sent += 1
                         continue
                 in_batch.append(h)
-            if in_batch:
-                self._deliver(lane, batch, in_batch, entity, outcome, dead_letter, primary, view, parked)
-                sent += len(in_batch)
-                in_batch = []
+            flush()
             if sent < len(pairs):
                 self._hold(lane, pairs[sent:], outcome, view)
             return None
