@@ -6,6 +6,7 @@ sent twice, in one line saying what to do. Needs ``pyspark.pipelines`` (pyspark 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ from servicebus_local.model import QueueSettings
 from spark_sb.spark.sink import NEW_CHECKPOINT
 from spark_sb.state.deltars import DeltaRsStateStore
 
+from .connect_stream import CONNECT_PORT_LOCK
 from .streams import drain_ids, write_rows
 
 pytest.importorskip("pyspark.pipelines", reason="spark-pipelines needs pyspark 4.1+ (pyspark.pipelines)")
@@ -71,18 +73,24 @@ def _project(tmp_path: Path, pair: Any) -> tuple[Path, Path, Path]:
 
 
 def _run(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``spark-pipelines run`` in ``project``, as a user runs it (the venv's scripts on PATH)."""
+    """``spark-pipelines run`` in ``project``, as a user runs it (the venv's scripts on PATH). Its Connect server
+    binds port 15002, as the Connect tests' children do: the run holds their lock (CONNECT_PORT_LOCK) meanwhile."""
     bin_dir = str(Path(sys.executable).parent)
     env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
-    return subprocess.run(
-        [str(Path(bin_dir) / "spark-pipelines"), "run", *args],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    fd = os.open(CONNECT_PORT_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the other holders are children bounded by their own time limits
+        return subprocess.run(
+            [str(Path(bin_dir) / "spark-pipelines"), "run", *args],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    finally:
+        os.close(fd)  # the lock goes with it
 
 
 def _committed(state: Path) -> list[tuple[int | None, int]]:
