@@ -71,11 +71,12 @@ def test_available_now_moves_a_backlog_larger_than_one_micro_batch_in_as_many_as
             "this pyspark has no SupportsTriggerAvailableNow: Spark runs one micro-batch (and says so)"
         )
     primary, secondary = backlog_pair.primary, backlog_pair.secondary
+    # 5 messages a receive, for 0.01 s a micro-batch: all 40 in one would take 4,000 msgs/s (seen: 500-1,500 a
+    # micro-batch; 25 messages in 0.1 s fitted one micro-batch once the syphon's settling was fast again)
     config = syphon_config(backlog_pair, tmp_path / "state").with_overrides(
-        syphon_batch_duration=0.1,
-        syphon_batch_size=5,  # 5 messages a receive, for 0.1 s a micro-batch
+        syphon_batch_duration=0.01, syphon_batch_size=5
     )
-    put_backlog(secondary, BACKLOG[0], messages("m", 25))
+    put_backlog(secondary, BACKLOG[0], messages("m", 40))
     query = run_syphon(
         spark,
         config,
@@ -91,8 +92,8 @@ def test_available_now_moves_a_backlog_larger_than_one_micro_batch_in_as_many_as
     assert query.exception() is None
     batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"] > 0]
     assert len(batches) >= 2, batches  # more than one micro-batch's budget, so several micro-batches
-    assert sum(batches) == 25
-    assert sorted(drain_ids(primary.connection_string, "orders")) == sorted(f"m{i}" for i in range(25))
+    assert sum(batches) == 40
+    assert sorted(drain_ids(primary.connection_string, "orders")) == sorted(f"m{i}" for i in range(40))
     assert secondary.broker.get_queue(BACKLOG[0]).runtime.active_message_count == 0
 
 
