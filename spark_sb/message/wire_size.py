@@ -15,11 +15,24 @@ from spark_sb.message.outbound import _ONE_MS, RejectError, _type_name
 if TYPE_CHECKING:
     from spark_sb.message.outbound import OutboundMessage
 
-__all__ = ["BATCH_OVERHEAD_LARGE", "BATCH_OVERHEAD_SMALL", "batch_cost", "batch_overhead", "encoded_size"]
+__all__ = [
+    "BATCH_OVERHEAD_LARGE",
+    "BATCH_OVERHEAD_SMALL",
+    "batch_cost",
+    "batch_overhead",
+    "body_size",
+    "encoded_size",
+]
 
 #: Bytes a message adds to a ``ServiceBusMessageBatch`` on top of its own encoded size (SDK
 #: ``_BATCH_MESSAGE_OVERHEAD_COST``): 5 when the encoded message is < 256 bytes, else 8.
 BATCH_OVERHEAD_SMALL, BATCH_OVERHEAD_LARGE = 5, 8
+
+
+def body_size(msg: OutboundMessage) -> int:
+    """Bytes of ``msg``'s body on the wire (a string as UTF-8)."""
+    body = msg.body
+    return len(body.encode() if isinstance(body, str) else body)
 
 
 def _vsize(n: int) -> int:

@@ -11,6 +11,7 @@ Where it runs: in the syphon's process, on the thread that drains.
 from __future__ import annotations
 
 from spark_sb.failover.ordering import WHOLE_ENTITY, marker_of
+from spark_sb.message.wire_size import body_size
 from spark_sb.syphon.base import SyphonBase, log
 from spark_sb.syphon.lines import ACTIVE, DEFERRED, QueueView
 from spark_sb.syphon.receivers import (
@@ -237,8 +238,7 @@ class Forwarding(SyphonBase):
         so that the rest of its entity moves on; from a dead-letter queue, where that cannot be done, parked for
         the rest of the pass."""
         assert h.restored is not None
-        body = h.restored.body
-        size = len(body.encode() if isinstance(body, str) else body)
+        size = body_size(h.restored)
         namespace = self._primary_host()
         log.warning(
             "syphon: a message for primary entity %s is larger than it takes (%s; its body %d bytes): %s in "

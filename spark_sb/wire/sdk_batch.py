@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from spark_sb.message.backlog import BACKLOG_ENQUEUED, backlog_additions, to_backlog, to_backlog_sdk
+from spark_sb.message.backlog import backlog_additions, to_backlog, to_backlog_sdk
 from spark_sb.message.outbound import OutboundMessage
 from spark_sb.message.packing import Encoded, add_encoded, add_outbound, add_to_batch, application_section
-from spark_sb.message.wire_size import encoded_size
+from spark_sb.message.wire_size import body_size, encoded_size
 from spark_sb.wire.transport import Target
 
 if TYPE_CHECKING:
@@ -26,28 +26,6 @@ __all__ = ["UNKNOWN_LINK_BATCH", "SdkBatch"]
 #: The batch limit before a target's link is open and says its own: the service's largest (Premium's 1 MB), so
 #: that ``max_message_size`` over it never makes a first batch the service refuses.
 UNKNOWN_LINK_BATCH = 1024 * 1024
-
-
-def prepared_form(
-    original: OutboundMessage,
-    entity: str,
-    enqueued: datetime,
-    prepared: object | None,
-    ambiguous: datetime | None,
-) -> OutboundMessage:
-    """The backlog form of ``original`` as an :class:`OutboundMessage` (to size it): ``prepared``'s own enqueue time
-    when it was made ahead."""
-    if isinstance(prepared, Encoded):
-        props = prepared.message.application_properties or {}
-        made = props.get(BACKLOG_ENQUEUED) or props.get(BACKLOG_ENQUEUED.encode())
-        if isinstance(made, datetime):
-            enqueued = made
-    return to_backlog(original, entity, enqueued, ambiguous)
-
-
-def _body_size(message: OutboundMessage) -> int:
-    body = message.body
-    return len(body.encode() if isinstance(body, str) else body)
 
 
 class SdkBatch:
@@ -96,7 +74,7 @@ class SdkBatch:
         """Its body alone is over the batch limit (no encoding spent to learn it does not fit)."""
         return (
             self._single_limit > self.sdk_batch.max_size_in_bytes
-            and _body_size(message) > self.sdk_batch.max_size_in_bytes
+            and body_size(message) > self.sdk_batch.max_size_in_bytes
         )
 
     def try_add(self, message: OutboundMessage) -> bool:
@@ -143,7 +121,8 @@ class SdkBatch:
                     return prepared.message
                 return to_backlog_sdk(original, entity, enqueued, ambiguous)
 
-            if not self._alone(prepared_form(original, entity, enqueued, prepared, ambiguous), make):
+            # sized as its backlog form (a prepared one's own enqueue time encodes to the same 8 bytes)
+            if not self._alone(to_backlog(original, entity, enqueued, ambiguous), make):
                 return False
         self._count += 1
         return True
