@@ -40,6 +40,7 @@ from spark_sb.spark.datasource_options import (
     option_error,
     parse_options,
 )
+from spark_sb.spark.hooks import is_connect
 from spark_sb.spark.partition import (
     arrow_rows,
     first_task,
@@ -438,7 +439,7 @@ def register(spark: Any) -> None:
     tolerate the data source's empty profiler updates where it has SPARK-59135
     (:mod:`spark_sb.spark.connect_client`)."""
     spark.dataSource.register(__getattr__("ServiceBusDataSource"))
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
+    if is_connect(spark):
         from spark_sb.spark.connect_client import tolerate_accumulator_updates
 
         tolerate_accumulator_updates()
