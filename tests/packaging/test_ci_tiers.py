@@ -62,7 +62,13 @@ def test_ci_runs_the_spark_tier_on_both_pairs() -> None:
     assert "VENV=$(OLDEST_VENV) CONSTRAINTS=$(OLDEST_CONSTRAINTS) jars" in steps["jars-oldest"]
     for target in ("test", "test-spark", "test-spark-oldest"):
         assert "$(SPARK_PAIR)" in steps[target], target
-    assert re.search(r"^\t\$\(OLDEST_VENV\)/bin/python -m pytest .*\$\(OLDEST_TIER\)$", oldest, re.M)
+    oldest = oldest.replace("\\\n", " ")
+    assert re.search(
+        r"^\t\$\(OLDEST_VENV\)/bin/python -m pytest .*\$\(addprefix --deselect ,\$\(OLDEST_DESELECT\)\) "
+        r"\$\(OLDEST_TIER\)$",
+        oldest,
+        re.M,
+    )
     assert ".venv-oldest/" in (ROOT / ".gitignore").read_text().splitlines()
     targets = ci_make_targets()
     assert "test-spark-oldest" in targets, "CI no longer runs the Spark tier on the oldest pair"
@@ -121,6 +127,12 @@ def test_the_oldest_pairs_files_exist_and_hold_the_version_sensitive_tests() -> 
         assert path.is_file(), f"OLDEST_TIER lists {name}, which does not exist"
         assert path.name.startswith("test_") and path.suffix == ".py", name
         assert path.parent.relative_to(ROOT).as_posix() in make_variable("SPARK_TIER"), name
+    for node in make_variable("OLDEST_DESELECT"):  # each a test of a listed file, by its pytest node id
+        name, *parts = node.split("::")
+        assert name in files and parts, node
+        source = (ROOT / name).read_text() + (ROOT / "tests/unit/state/store_contract.py").read_text()
+        assert re.search(rf"^\s*def {parts[-1]}\(", source, re.M), f"OLDEST_DESELECT: no test {node}"
+        assert len(parts) == 1 or re.search(rf"^class {parts[0]}\(", source, re.M), node
     for must in (
         "tests/spark/test_connect.py",
         "tests/spark/test_datasource.py",

@@ -1,0 +1,121 @@
+"""The class-data archive the suite's Spark JVMs start from (``make jvm-archive``; tests/conftest.py passes it).
+
+A JVM that starts Spark and Delta loads, verifies and links some 15,000 classes before its first query: about a
+third of the CPU a short-lived child of the suite spends (a session start and a first Delta write: 35 -> 24
+CPU-seconds, 28 -> 19 s alone, 2026-12-07). The Spark tier starts dozens of such JVMs - Connect servers,
+spark-submit job runs, killed and restarted queries, the local cluster's driver. Java's application class-data
+sharing (a dynamic archive, ``-XX:ArchiveClassesAtExit``) keeps those classes parsed and verified in one
+memory-mapped file that every JVM of the same class path maps instead.
+
+``python -m tests.jvm_archive <path>`` runs one training child (a session, the state tables' Delta writes,
+merges and reads, a short foreachBatch stream into Delta) with the suite's child options, waits for its JVM to
+write the archive at exit, and moves it to ``<path>`` only then: a JVM mapping a half-written archive crashes,
+so no other name ever holds one. A JVM whose class path differs (another venv, another pyspark) ignores the
+archive, silently (``-Xlog:cds=off``). Test code: the product's sessions never use it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+#: The suite's child JVMs' options (tests/conftest.py says why): C1 only, the serial collector.
+CHILD_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: Where ``make jvm-archive`` puts the archive: in the venv whose pyspark it was made from.
+ARCHIVE = Path(sys.prefix) / "spark-cds.jsa"
+
+
+def archive_options(path: Path = ARCHIVE) -> str:
+    """The options that give a JVM the archive at ``path`` ("" without one), its checks quiet: an archive that
+    does not fit the JVM's class path is skipped without a warning on the child's output (which tests read)."""
+    if not path.is_file():
+        return ""
+    return f"-XX:SharedArchiveFile={path} -Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+def _train() -> None:
+    """The training child: what the suite's children do, once (driver; its JVM writes the archive at exit)."""
+    from datetime import datetime, timezone
+
+    from spark_sb.spark.session import build_spark_session
+    from spark_sb.state.delta import DeltaStateStore, StateTables
+    from spark_sb.state.records import BATCH_COMMITTED, BatchWrites, EntityRecord, Event, RejectRecord
+
+    spark = build_spark_session("spark-servicebus-jvm-archive", "local[2]")
+    spark.sparkContext.setLogLevel("ERROR")
+    print(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid(), flush=True)  # noqa: SLF001
+    with tempfile.TemporaryDirectory(prefix="spark-sb-jvm-archive-") as tmp:
+        store = DeltaStateStore(spark, StateTables(location=f"{tmp}/state"), backoff=0.05)
+        t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+        for batch in (1, 2):
+            store.write_batch(
+                "train",
+                batch,
+                BatchWrites(
+                    (Event(t0, "train", batch, BATCH_COMMITTED),),
+                    (EntityRecord("p", "orders", "failed_over", t0, updated_at=t0, updated_by="train"),),
+                    (RejectRecord(t0, "train", batch, "orders", None, "why", "{}"),),
+                ),
+            )
+        store.read_events("train")
+        store.read_rejects("train")
+        store.read_entities()
+        store.last_committed("train")
+        spark.sql(f"DESCRIBE HISTORY delta.`{tmp}/state/events`").collect()
+
+        def each(batch_df: object, batch_id: int) -> None:
+            batch_df.write.format("delta").mode("append").save(f"{tmp}/sink")  # type: ignore[attr-defined]
+
+        query = (
+            spark.readStream.format("rate")
+            .option("rowsPerSecond", 50)
+            .load()
+            .writeStream.foreachBatch(each)
+            .option("checkpointLocation", f"{tmp}/checkpoint")
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+        deadline = time.monotonic() + 60
+        while query.lastProgress is None or query.lastProgress["batchId"] < 3:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        query.stop()
+        spark.read.format("delta").load(f"{tmp}/sink").count()
+    spark.stop()
+
+
+def build(path: Path) -> None:
+    """Run the training child and move its archive to ``path`` once its JVM has ended."""
+    partial = path.with_name(path.name + ".partial")
+    partial.unlink(missing_ok=True)
+    env = dict(os.environ, SPARK_SUBMIT_OPTS=f"{CHILD_JVM_OPTIONS} -XX:ArchiveClassesAtExit={partial}")
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.jvm_archive", "--train"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if child.returncode != 0:
+        sys.exit(f"the training child failed ({child.returncode}):\n{child.stdout}\n{child.stderr}")
+    jvm = int(child.stdout.split()[0])
+    deadline = time.monotonic() + 120  # the JVM writes the archive after the Python side has gone
+    while Path(f"/proc/{jvm}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if Path(f"/proc/{jvm}").exists() or not partial.is_file():
+        sys.exit(f"the training JVM (pid {jvm}) wrote no archive at {partial}")
+    partial.replace(path)
+    print(f"JVM class-data archive: {path} ({path.stat().st_size // 2**20} MB)")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--train"]:
+        _train()
+    else:
+        build(Path(sys.argv[1]).resolve())
