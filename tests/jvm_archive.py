@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 #: The suite's child JVMs' options (tests/conftest.py says why): C1 only, the serial collector.
 CHILD_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -45,7 +46,16 @@ def _train() -> None:
     from spark_sb.state.delta import DeltaStateStore, StateTables
     from spark_sb.state.records import BATCH_COMMITTED, BatchWrites, EntityRecord, Event, RejectRecord
 
-    spark = build_spark_session("spark-servicebus-jvm-archive", "local[2]")
+    port = _free_port()
+    spark = build_spark_session(
+        "spark-servicebus-jvm-archive",
+        "local[2]",
+        {  # the Connect server's classes too (its children start one)
+            "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+            "spark.connect.grpc.binding.port": str(port),
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+        },
+    )
     spark.sparkContext.setLogLevel("ERROR")
     print(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid(), flush=True)  # noqa: SLF001
     with tempfile.TemporaryDirectory(prefix="spark-sb-jvm-archive-") as tmp:
@@ -86,7 +96,95 @@ def _train() -> None:
             time.sleep(0.2)
         query.stop()
         spark.read.format("delta").load(f"{tmp}/sink").count()
+        _python_data_source(spark, tmp)
+        _connect(port, tmp)
     spark.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _python_data_source(spark: Any, tmp: str) -> None:
+    """A Python data source's stream read and written (what ``format("servicebus")`` runs through)."""
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceStreamReader,
+        DataSourceStreamWriter,
+        InputPartition,
+        WriterCommitMessage,
+    )
+
+    class Reader(DataSourceStreamReader):
+        def initialOffset(self) -> dict[str, int]:
+            return {"n": 0}
+
+        def latestOffset(self) -> dict[str, int]:
+            return {"n": 10}
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+            return [InputPartition(i) for i in range(start["n"], end["n"])]
+
+        def read(self, partition: InputPartition) -> Any:
+            yield (partition.value, str(partition.value))  # type: ignore[attr-defined]
+
+    class Writer(DataSourceStreamWriter):
+        def write(self, iterator: Any) -> WriterCommitMessage:
+            return WriterCommitMessage() if sum(1 for _ in iterator) >= 0 else WriterCommitMessage()
+
+        def commit(self, messages: Any, batch_id: int) -> None:
+            pass
+
+    class Source(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "jvm_archive_training"
+
+        def schema(self) -> str:
+            return "id int, text string"
+
+        def streamReader(self, schema: Any) -> Reader:
+            return Reader()
+
+        def streamWriter(self, schema: Any, overwrite: bool) -> Writer:
+            return Writer()
+
+    spark.dataSource.register(Source)
+    query = (
+        spark.readStream.format("jvm_archive_training")
+        .load()
+        .writeStream.format("jvm_archive_training")
+        .option("checkpointLocation", f"{tmp}/python-checkpoint")
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    query.stop()
+
+
+def _connect(port: int, tmp: str) -> None:
+    """A Spark Connect client's queries on this JVM's Connect server: a Delta write and read, a foreachBatch."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    remote = ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
+    try:
+        remote.range(100).write.format("delta").save(f"{tmp}/connect")
+        remote.read.format("delta").load(f"{tmp}/connect").count()
+        query = (
+            remote.readStream.format("rate")
+            .load()
+            .writeStream.foreachBatch(lambda df, _: df.count())
+            .option("checkpointLocation", f"{tmp}/connect-checkpoint")
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+    finally:
+        remote.stop()
 
 
 def build(path: Path) -> None:
