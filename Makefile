@@ -92,7 +92,7 @@ SPARK_PAIR = import sys, pyspark, importlib.metadata as m; from spark_sb.spark.s
 	print("== Spark pair:", "pyspark", pyspark.__version__, "+ delta-spark", m.version("delta-spark"), \
 	"(jars", delta_packages() + ";", "venv", sys.prefix + ")", flush=True)
 
-.PHONY: install jars jvm-archive test test-fast lint docs demo bench wheel clean test-azure jars-oldest test-spark-oldest \
+.PHONY: install jars jvm-archive jvm-archive-oldest test test-fast lint docs demo bench wheel clean test-azure jars-oldest test-spark-oldest \
 	test-unit test-sim test-packaging test-integration test-servicebus-local test-spark bench-smoke simulate
 
 $(STAMP): pyproject.toml servicebus_local/pyproject.toml $(CONSTRAINTS)
@@ -156,9 +156,14 @@ bench-smoke: jars
 # and CONSTRAINTS set (.venv-oldest has its own stamp and Delta jars step). `make jars-oldest` only builds
 # .venv-oldest and fetches its Delta jars.
 jars-oldest:
-	@$(MAKE) --no-print-directory EXTRAS=$(OLDEST_EXTRAS) VENV=$(OLDEST_VENV) CONSTRAINTS=$(OLDEST_CONSTRAINTS) jars jvm-archive
+	@$(MAKE) --no-print-directory EXTRAS=$(OLDEST_EXTRAS) VENV=$(OLDEST_VENV) CONSTRAINTS=$(OLDEST_CONSTRAINTS) jars
+
+jvm-archive-oldest: jars-oldest
+	@$(MAKE) --no-print-directory EXTRAS=$(OLDEST_EXTRAS) VENV=$(OLDEST_VENV) CONSTRAINTS=$(OLDEST_CONSTRAINTS) \
+		jvm-archive
 
 test-spark-oldest: jars-oldest
+	@$(MAKE) --no-print-directory jvm-archive-oldest
 	@$(OLDEST_VENV)/bin/python -c '$(SPARK_PAIR)'
 	$(OLDEST_VENV)/bin/python -m pytest --durations=15 -n $(SPARK_WORKERS) --dist loadfile --no-loadscope-reorder \
 		$(addprefix --deselect ,$(OLDEST_DESELECT)) $(OLDEST_TIER)
