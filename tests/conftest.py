@@ -33,12 +33,16 @@ TESTS = Path(__file__).resolve().parent
 #: lives, many of them on a 2-core machine, their JIT work mostly wasted. C1 only and the serial collector spend
 #: about 40% less CPU on a child's work (a session start, 15 Delta appends and reads, 10 micro-batches: 158 -> 97
 #: CPU-seconds, wall 87 -> 75 s alone). The test session's own JVM (:func:`spark`: 10-25 minutes of Delta work in a
-#: pytest-xdist worker) keeps the defaults: C2 pays off there (test_state_maintenance: 222 s with the defaults, 262 s
-#: C1 only, side by side). The product's sessions and the benches' own runs keep the defaults. A value already set
+#: pytest-xdist worker) keeps C2: it pays off there (test_state_maintenance: 222 s with the defaults, 262 s C1 only,
+#: side by side). The product's sessions and the benches' own runs keep the defaults. A value already set
 #: in the environment is kept, for the session too.
 #: Every JVM of the suite, the session's too, maps the class-data archive that ``make jvm-archive`` builds for this
 #: venv where there is one (tests/jvm_archive.py: a child's start and first Delta write 35 -> 24 CPU-seconds).
 TEST_JVM_OPTIONS = f"{CHILD_JVM_OPTIONS} {archive_options()}".strip()
+#: The test session's own JVM keeps C2 but takes the serial collector too: on 2 cores G1's concurrent threads cost
+#: more than its pauses save there (tests/spark/test_state_delta.py alone: 185 -> 165 s, 320 -> 272 CPU-seconds,
+#: 2026-12-07).
+SESSION_JVM_OPTIONS = f"-XX:+UseSerialGC {archive_options()}".strip()
 _CHILD_JVM_OPTIONS_OURS = "SPARK_SUBMIT_OPTS" not in os.environ
 os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
 #: The test session's engine settings (not the product's, whose sessions keep Spark's defaults): the suite runs
@@ -126,10 +130,11 @@ def spark() -> Iterator[object]:
     from spark_sb.spark.session import build_spark_session
 
     warehouse = tempfile.mkdtemp(prefix="spark-sb-warehouse-")
-    # the JVM's defaults here: the children's options (TEST_JVM_OPTIONS) are put back once it has started
+    # the session's own options here (SESSION_JVM_OPTIONS); the children's (TEST_JVM_OPTIONS) are put back once it
+    # has started
     children = os.environ.pop("SPARK_SUBMIT_OPTS") if _CHILD_JVM_OPTIONS_OURS else None
-    if children is not None and archive_options():
-        os.environ["SPARK_SUBMIT_OPTS"] = archive_options()
+    if children is not None:
+        os.environ["SPARK_SUBMIT_OPTS"] = SESSION_JVM_OPTIONS
     try:
         session = build_spark_session(
             "spark-servicebus-tests",
