@@ -104,7 +104,9 @@ def test_premium_large_rows_go_alone_healthy_diverted_and_moved_back(
 
     primary, secondary = namespace_pair.primary, namespace_pair.secondary
     primary.broker.create_queue("orders", QueueSettings(max_message_size_in_kilobytes=20_480))
-    config = sink_config(namespace_pair, max_message_size=20 * 1024 * 1024)
+    # a 20 MB send on a loaded 2-core machine outlasted the file's 5 s send_timeout (the sink then diverted it, as
+    # it should an ambiguous send): this test is about sizes, so its sends get a minute
+    config = sink_config(namespace_pair, max_message_size=20 * 1024 * 1024, send_timeout="60s")
     provision_backlog_queues(
         config, admin_client=secondary.admin_client(), retry_pause=0, spec=backlog_spec_for([20_480])
     )
