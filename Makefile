@@ -92,8 +92,9 @@ SPARK_PAIR = import sys, pyspark, importlib.metadata as m; from spark_sb.spark.s
 	print("== Spark pair:", "pyspark", pyspark.__version__, "+ delta-spark", m.version("delta-spark"), \
 	"(jars", delta_packages() + ";", "venv", sys.prefix + ")", flush=True)
 
-.PHONY: install jars jvm-archive jvm-archive-oldest test test-fast lint docs demo bench wheel clean test-azure jars-oldest test-spark-oldest \
-	test-unit test-sim test-packaging test-integration test-servicebus-local test-spark bench-smoke simulate
+.PHONY: install jars jvm-archive jvm-archive-oldest test test-fast lint docs demo bench wheel clean test-azure \
+	jars-oldest test-spark-oldest test-unit test-sim test-packaging test-integration test-servicebus-local \
+	test-spark bench-smoke simulate
 
 $(STAMP): pyproject.toml servicebus_local/pyproject.toml $(CONSTRAINTS)
 	$(PY) -m venv $(VENV)

@@ -38,11 +38,12 @@ TESTS = Path(__file__).resolve().parent
 #: in the environment is kept, for the session too.
 #: Every JVM of the suite, the session's too, maps the class-data archive that ``make jvm-archive`` builds for this
 #: venv where there is one (tests/jvm_archive.py: a child's start and first Delta write 35 -> 24 CPU-seconds).
-TEST_JVM_OPTIONS = f"{CHILD_JVM_OPTIONS} {archive_options()}".strip()
+_ARCHIVE_OPTIONS = archive_options()
+TEST_JVM_OPTIONS = f"{CHILD_JVM_OPTIONS} {_ARCHIVE_OPTIONS}".strip()
 #: The test session's own JVM keeps C2 but takes the serial collector too: on 2 cores G1's concurrent threads cost
 #: more than its pauses save there (tests/spark/test_state_delta.py alone: 185 -> 165 s, 320 -> 272 CPU-seconds,
 #: 2026-12-07).
-SESSION_JVM_OPTIONS = f"-XX:+UseSerialGC {archive_options()}".strip()
+SESSION_JVM_OPTIONS = f"-XX:+UseSerialGC {_ARCHIVE_OPTIONS}".strip()
 _CHILD_JVM_OPTIONS_OURS = "SPARK_SUBMIT_OPTS" not in os.environ
 os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
 #: The test session's engine settings (not the product's, whose sessions keep Spark's defaults): the suite runs

@@ -8,7 +8,8 @@ sharing (a dynamic archive, ``-XX:ArchiveClassesAtExit``) keeps those classes pa
 memory-mapped file that every JVM of the same class path maps instead.
 
 ``python -m tests.jvm_archive <path>`` runs one training child (a session, the state tables' Delta writes,
-merges and reads, a short foreachBatch stream into Delta) with the suite's child options, waits for its JVM to
+merges and reads, a short foreachBatch stream into Delta, a Python data source's stream, a Spark Connect client's
+queries) with the suite's child options, waits for its JVM to
 write the archive at exit, and moves it to ``<path>`` only then: a JVM mapping a half-written archive crashes,
 so no other name ever holds one. A JVM whose class path differs (another venv, another pyspark) ignores the
 archive, silently (``-Xlog:cds=off``). Test code: the product's sessions never use it.
@@ -90,9 +91,9 @@ def _train() -> None:
             .start()
         )
         deadline = time.monotonic() + 60
-        while query.lastProgress is None or query.lastProgress["batchId"] < 3:
-            if time.monotonic() > deadline:
-                break
+        while (
+            query.lastProgress is None or query.lastProgress["batchId"] < 3
+        ) and time.monotonic() < deadline:
             time.sleep(0.2)
         query.stop()
         spark.read.format("delta").load(f"{tmp}/sink").count()
@@ -134,7 +135,9 @@ def _python_data_source(spark: Any, tmp: str) -> None:
 
     class Writer(DataSourceStreamWriter):
         def write(self, iterator: Any) -> WriterCommitMessage:
-            return WriterCommitMessage() if sum(1 for _ in iterator) >= 0 else WriterCommitMessage()
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
 
         def commit(self, messages: Any, batch_id: int) -> None:
             pass
@@ -187,6 +190,17 @@ def _connect(port: int, tmp: str) -> None:
         remote.stop()
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (POSIX: signal 0 only checks)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process took the number
+        return True
+    return True
+
+
 def build(path: Path) -> None:
     """Run the training child and move its archive to ``path`` once its JVM has ended."""
     partial = path.with_name(path.name + ".partial")
@@ -204,9 +218,9 @@ def build(path: Path) -> None:
         sys.exit(f"the training child failed ({child.returncode}):\n{child.stdout}\n{child.stderr}")
     jvm = int(child.stdout.split()[0])
     deadline = time.monotonic() + 120  # the JVM writes the archive after the Python side has gone
-    while Path(f"/proc/{jvm}").exists() and time.monotonic() < deadline:
+    while _alive(jvm) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if Path(f"/proc/{jvm}").exists() or not partial.is_file():
+    if _alive(jvm) or not partial.is_file():
         sys.exit(f"the training JVM (pid {jvm}) wrote no archive at {partial}")
     partial.replace(path)
     print(f"JVM class-data archive: {path} ({path.stat().st_size // 2**20} MB)")
