@@ -152,8 +152,10 @@ def recovery(ns: dict[str, Namespace], index: int, sessions: int) -> tuple[float
                 if f"s{s}" not in back and book.held(f"r-{index}", f"s{s}") is None:
                     back[f"s{s}"] = now
             stop.wait(ROUND)  # the sender's pace
-        stop.set()
+        # the drain ends by itself once a pass moves nothing and no line is held: awaited, not cut short (stopped
+        # as the last session came back, it could end before that pass and print "drained in nan s")
         thread.join(30)
+        stop.set()
     finally:
         stop.set()
         syphon.close()
