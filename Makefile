@@ -29,13 +29,15 @@ PYTEST = $(BIN)/python -m pytest --durations=15
 # child process - a Connect server, a local cluster - run it once), the longest files first (tests/conftest.py's
 # LONGEST_FIRST; --no-loadscope-reorder keeps that order: xdist's own gives out the files with the most tests
 # first, and a 5-minute file started last on one worker leaves the other core idle). The benches pace themselves
-# (tests/bench: two runs at a time).
+# (tests/bench: three runs at a time).
 UNIT_WORKERS ?= 2
 PACKAGING_WORKERS ?= 2
 SIM_WORKERS ?= 2
 INTEGRATION_WORKERS ?= 4
 SERVICEBUS_LOCAL_WORKERS ?= 4
 SPARK_WORKERS ?= 2
+# The oldest pair's Spark tier: as many; CI runs it beside the pinned pair's in one worker (.ci/run).
+OLDEST_WORKERS ?= 2
 UNIT_TIER := tests/unit
 # The simulation of ordering and the ledger (issue 47, SPEC O9): 2,000 seeded schedules in 8 chunks, in pytest
 # processes of their own - it swaps the process-level pools and registries of the code under test per simulated
@@ -166,7 +168,7 @@ jvm-archive-oldest: jars-oldest
 test-spark-oldest: jars-oldest
 	@$(MAKE) --no-print-directory jvm-archive-oldest
 	@$(OLDEST_VENV)/bin/python -c '$(SPARK_PAIR)'
-	$(OLDEST_VENV)/bin/python -m pytest --durations=15 -n $(SPARK_WORKERS) --dist loadfile --no-loadscope-reorder \
+	$(OLDEST_VENV)/bin/python -m pytest --durations=15 -n $(OLDEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 		$(addprefix --deselect ,$(OLDEST_DESELECT)) $(OLDEST_TIER)
 
 # The ordering simulation (tests/sim, SPEC O9) on demand: N schedules (the unit tier runs 2,000); SIM_SEED=<n>
