@@ -24,7 +24,9 @@ PYTEST = $(BIN)/python -m pytest --durations=15
 # pytest-xdist workers per tier (a tier's tests side by side in that many processes; 0: in pytest's own process).
 # Measured on the 2-core machine: the integration tier used 99 s of CPU in 475 s (its tests wait on sockets,
 # deadlines and lock expiry), the local namespace's likewise: 4 workers cut them to a third, the timing-sensitive
-# tests inside their margins (6 did as well on a quiet machine, and missed bounds at a load of 8). The Spark tier is
+# tests inside their margins (6 did as well on a quiet machine, and missed bounds at a load of 8). Integration in 6
+# (2026-12-07, a fresh machine, beside the local namespace's tier and the two JVM archives' training as CI runs it:
+# 186 s in 4 workers, 131 and 128 s in 6, the machine 85% busy, every test passing). The Spark tier is
 # CPU-bound (the JVMs): one worker per core, a file to a worker (--dist loadfile: the tests of a file that share one
 # child process - a Connect server, a local cluster - run it once), the longest files first (tests/conftest.py's
 # LONGEST_FIRST; --no-loadscope-reorder keeps that order: xdist's own gives out the files with the most tests
@@ -33,7 +35,7 @@ PYTEST = $(BIN)/python -m pytest --durations=15
 UNIT_WORKERS ?= 2
 PACKAGING_WORKERS ?= 2
 SIM_WORKERS ?= 2
-INTEGRATION_WORKERS ?= 4
+INTEGRATION_WORKERS ?= 6
 SERVICEBUS_LOCAL_WORKERS ?= 4
 SPARK_WORKERS ?= 2
 # The oldest pair's Spark tier: as many; CI runs it beside the pinned pair's in one worker (.ci/run).
