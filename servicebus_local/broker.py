@@ -40,6 +40,7 @@ Semantics follow the service:
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import heapq
 import os
@@ -328,6 +329,11 @@ class _Store:
         #: message's session id is just a property (plain receivers get it, as from the service).
         self.by_session = False
         self.msgs: dict[int, Message] = {}
+        #: The sequence numbers of ``msgs`` in order, for peek (a peek from a number walks from it, not over the
+        #: whole store: the service's browse is indexed too). Removed numbers stay (skipped) until they outnumber
+        #: the live ones (``order_stale``), so the list is bounded by twice the messages held.
+        self.order: list[int] = []
+        self.order_stale = 0
         self.ready: dict[str | None, list[int]] = {}
         self.expiry_heap: list[tuple[int, int]] = []
         self.size = 0
@@ -355,7 +361,15 @@ class _Store:
             self.add_ready(m)
 
     def insert(self, m: Message) -> None:
-        self.msgs[m.seq] = m
+        seq, order = m.seq, self.order
+        if seq not in self.msgs:
+            if not order or seq > order[-1]:
+                order.append(seq)  # the common case: numbers are given in order
+            else:
+                i = bisect.bisect_left(order, seq)
+                if i == len(order) or order[i] != seq:  # a stale entry of the same number is reused
+                    order.insert(i, seq)
+        self.msgs[seq] = m
         self.size += m.size
         self.add_ready(m)
         if m.expires_ms is not None and not self.dead_letter:
@@ -364,6 +378,11 @@ class _Store:
     def remove(self, m: Message) -> None:
         if self.msgs.pop(m.seq, None) is not None:
             self.size -= m.size
+            self.order_stale += 1
+            if self.order_stale > max(1024, len(self.msgs)):
+                msgs = self.msgs
+                self.order = [seq for seq in self.order if seq in msgs]
+                self.order_stale = 0
         if m.state == READY:
             self.stale += 1
         m.state = GONE
@@ -1159,9 +1178,13 @@ class Broker(Forwarding):
             self._tick_all_for(e, now)
             store = e.dlq if addr.dead_letter else e.store
             candidates: list[tuple[int, Message, int]] = []
-            for seq, m in store.msgs.items():
-                if seq >= from_sequence and (session_id is None or m.session_id == session_id):
-                    candidates.append((seq, m, 1 if m.state == DEFERRED else 0))
+            msgs, order = store.msgs, store.order
+            i, wanted = bisect.bisect_left(order, from_sequence), max(0, count)
+            while i < len(order) and len(candidates) < wanted:
+                m = msgs.get(order[i])
+                i += 1
+                if m is not None and (session_id is None or m.session_id == session_id):
+                    candidates.append((m.seq, m, 1 if m.state == DEFERRED else 0))
             if not addr.dead_letter:
                 sendable = e if isinstance(e, _Queue) else e.topic if isinstance(e, _Subscription) else None
                 if sendable is not None:

@@ -312,6 +312,38 @@ def test_peek_does_not_lock(broker: Broker) -> None:
     assert len(broker.receive("q", 10)) == 5
 
 
+def test_peek_walks_in_sequence_order_from_its_number(broker: Broker, clock: FakeClock) -> None:
+    """Peek is indexed by sequence number: a scheduled message that comes due later takes its place among the
+    older ones, removed messages are skipped, and a page starts at its number."""
+    broker.send("q", [msg(str(i)) for i in range(5)])  # 1..5
+    due = Timestamp.from_datetime(clock.now()) + 10_000
+    assert broker.schedule("q", [msg("later", annotations={"x-opt-scheduled-enqueue-time": Timestamp(due)})]) == [6]
+    broker.send("q", [msg(str(i)) for i in range(3)])  # 7..9
+    taken = broker.receive("q", 3, peek_lock=False)  # 1..3 gone
+    assert [d.message.seq for d in taken] == [1, 2, 3]
+
+    def seqs(frm: int, n: int) -> list[tuple[int, int]]:
+        return [
+            (ann(p)["x-opt-sequence-number"], ann(p)["x-opt-message-state"]) for p in broker.peek("q", frm, n)
+        ]
+
+    assert seqs(1, 10) == [(4, 0), (5, 0), (6, 2), (7, 0), (8, 0), (9, 0)]
+    clock.advance(11)  # 6 comes due: now an active message, after 7..9 were stored
+    assert seqs(5, 3) == [(5, 0), (6, 0), (7, 0)]
+    assert seqs(6, 10) == [(6, 0), (7, 0), (8, 0), (9, 0)]
+    assert seqs(10, 10) == []
+
+
+def test_peek_index_stays_bounded_by_the_messages_held(broker: Broker) -> None:
+    broker.send("q", [msg(str(i)) for i in range(3_000)])
+    for _ in range(29):
+        broker.receive("q", 100, peek_lock=False)
+    store = broker._queues["q"].store  # noqa: SLF001 - the index's size is what is asserted
+    assert len(store.msgs) == 100
+    assert len(store.order) <= max(1024, 2 * len(store.msgs)) + len(store.msgs)
+    assert [ann(p)["x-opt-sequence-number"] for p in broker.peek("q", 1, 3)] == [2901, 2902, 2903]
+
+
 def test_sessions(clock: FakeClock) -> None:
     b = Broker("ns", clock=clock)
     b.create_queue("sq", QueueSettings(requires_session=True, lock_duration=timedelta(seconds=10)))
