@@ -143,8 +143,13 @@ class SourcePlanner:
         self._drained = False
         self._adopt: Ranges = ()  # recoverDeferred: deferred numbers no manifest names (bounded: ADOPT_MAX)
         self._sweep_pending = False
+        # a new checkpoint's orphan count (without recoverDeferred): the highest number present at start, and
+        # whether a receive has passed it (_count_orphans)
+        self._orphans_upto: int | None = None
+        self._orphans_ready = False
         self._last_batch_at = clock.monotonic()
         self._checked = False  # the entity's properties were read (sessions refused)
+        self._next_due: float | None = None  # no held lock is due before it (keep_locks)
         self._keeper: KeeperThread | None = None
         if keeper_thread:
             self._keeper = KeeperThread(self.keep_locks, clock, f"sb-lock-keeper-{entity}")
@@ -200,28 +205,29 @@ class SourcePlanner:
 
     # -- Spark's calls -----------------------------------------------------------------------------------------
     def initial_offset(self) -> dict[str, Any]:
-        """Batch 0 (no data). WARNs with the count of deferred messages no manifest names; with
-        ``recover_deferred`` adopts them all (up to :data:`ADOPT_MAX`) into the first batch (at-least-once for
-        those): all at once, since ``initialOffset`` is not called again once the first offset is in the WAL."""
+        """Batch 0 (no data). With ``recover_deferred``: one sweep finds the deferred messages no manifest names,
+        WARNs their count and adopts them all (up to :data:`ADOPT_MAX`) into the first batch (at-least-once for
+        those): all at once, since ``initialOffset`` is not called again once the first offset is in the WAL.
+        Without it, the WARN's count waits until the backlog present now was received (:meth:`_count_orphans`):
+        then only the orphans are left to peek, where a sweep now would peek the whole backlog (twice: Spark 4.2
+        asks a new checkpoint's initial offset twice); here only the highest number present is pinned (a
+        galloping peek of about 2*log2(n) single messages)."""
         with self._mutex:
             self._check_entity()
             epoch = self._read_epoch()
             start = Manifest(b=0, epoch={self.channel: epoch} if epoch else {})
-            deferred, complete = self._orphan_count()
-            if deferred:
-                log.warning(
-                    "source %s: %s%d deferred messages are named by no offset of this checkpoint (a lost or new "
-                    "checkpoint); %s",
-                    self.entity,
-                    "" if complete else "at least ",
-                    deferred,
-                    "adopting them (recoverDeferred)"
-                    if self.limits.recover_deferred
-                    else "they stay invisible: set recoverDeferred=true or run `spark-sb source recover` to read them",
-                )
-            if self.limits.recover_deferred and deferred != 0:
-                self._sweep_pending = True
-                self._sweep()
+            self._orphans_upto, self._orphans_ready = None, False
+            if not self._entity_empty():
+                if self.limits.recover_deferred:
+                    self._sweep_pending = True
+                    self._sweep()
+                else:
+                    try:
+                        self._orphans_upto = highest(self._peek)
+                    except Exception as exc:  # noqa: BLE001
+                        log.warning(
+                            "source %s: orphan deferred messages unknown at start (%s)", self.entity, exc
+                        )
             self._known = start
             return start.to_dict()
 
@@ -256,6 +262,7 @@ class SourcePlanner:
             if self._sweep_pending:
                 self._sweep()
                 self._named(s)
+            self._count_orphans(owed)
             if self._drained:
                 return s.to_dict()
             t0 = self.clock.monotonic()
@@ -352,8 +359,14 @@ class SourcePlanner:
         """The lock keeper's tick: renew the held locks past half their lock, forget the lost ones (a lost lock of
         a planned message is left to the defer: owed). Returns the next due time on the clock (None: none held)."""
         with self._mutex:
+            now = self.clock.monotonic()
+            if self._next_due is not None and now < self._next_due:
+                # nothing is due before it: a message held later is due later (one lock duration for all), a
+                # renewed or forgotten one only later or never - so the books are not walked before each receive
+                return self._next_due
             books = (self._held, self._pending.held if self._pending else {})
-            return renew_due(self.link, books, self.clock.monotonic(), self.limits.call_timeout)
+            self._next_due = renew_due(self.link, books, now, self.limits.call_timeout)
+            return self._next_due
 
     # -- steps ---------------------------------------------------------------------------------------------------
     def _read_epoch(self) -> str | None:
@@ -380,27 +393,53 @@ class SourcePlanner:
         self._owed_now = None
         return Manifest(b=s.b, epoch={**s.epoch, self.channel: epoch})
 
-    def _orphan_count(self) -> tuple[int | None, bool]:
-        """Deferred messages on the entity at a new checkpoint, by a peek sweep of at most :data:`COUNT_SWEEP`
-        messages (the admin counts cannot say: the service counts a deferred message as active), and whether
-        the sweep saw the whole entity. (None, False) if it failed; (0, True) for an empty entity."""
+    def _entity_empty(self) -> bool:
         try:
-            if self.link().counts(self.limits.call_timeout).total == 0:
-                return 0, True
-            found = deferred_numbers(self._peek, COUNT_SWEEP, limit=COUNT_SWEEP)
+            return self.link().counts(self.limits.call_timeout).total == 0
+        except Exception as exc:  # noqa: BLE001 - not known to be empty
+            log.info("source %s: no counts at start (%s)", self.entity, exc)
+            return False
+
+    def _warn_orphans(self, deferred: int, complete: bool) -> None:
+        if deferred:
+            log.warning(
+                "source %s: %s%d deferred messages are named by no offset of this checkpoint (a lost or new "
+                "checkpoint); %s",
+                self.entity,
+                "" if complete else "at least ",
+                deferred,
+                "adopting them (recoverDeferred)"
+                if self.limits.recover_deferred
+                else "they stay invisible: set recoverDeferred=true or run `spark-sb source recover` to read them",
+            )
+
+    def _count_orphans(self, owed: Ranges) -> None:
+        """A new checkpoint's WARN, once a receive came back empty or passed the number pinned at start (W): the
+        DEFERRED numbers up to W by a peek sweep of what is left there (at most :data:`COUNT_SWEEP` messages).
+        Called right after settling ``start``: this run's deferred numbers are deleted then or owed (left out),
+        so what remains deferred is the orphans'. A failed sweep is tried again next trigger."""
+        upto = self._orphans_upto
+        if upto is None or not self._orphans_ready:
+            return
+        try:
+            found = deferred_numbers(self._peek, COUNT_SWEEP, limit=COUNT_SWEEP, upto=upto)
         except Exception as exc:  # noqa: BLE001
-            log.warning("source %s: orphan deferred messages unknown at start (%s)", self.entity, exc)
-            return None, False
-        return count(found.numbers), found.complete
+            log.info("source %s: orphan deferred messages not counted yet (%s)", self.entity, exc)
+            return
+        self._orphans_upto = None
+        self._warn_orphans(count(minus(found.numbers, owed)), found.complete)
 
     def _sweep(self) -> None:
-        """recoverDeferred: adopt the DEFERRED numbers on the entity; a failed sweep is tried again by the next
-        ``latest_offset`` (after its settle, so only orphans and numbers of ``start`` are deferred then)."""
+        """recoverDeferred: adopt the DEFERRED numbers on the entity (and WARN their count); a failed sweep is tried
+        again by the next ``latest_offset`` (after its settle, so only orphans and numbers of ``start`` are
+        deferred then)."""
         try:
-            self._adopt = deferred_numbers(self._peek, ADOPT_MAX).numbers
-            self._sweep_pending = False
+            found = deferred_numbers(self._peek, ADOPT_MAX)
         except Exception as exc:  # noqa: BLE001
             log.warning("source %s: the sweep for deferred messages failed (%s)", self.entity, exc)
+            return
+        self._adopt, self._sweep_pending = found.numbers, False
+        self._warn_orphans(count(found.numbers), found.complete)
 
     def _named(self, m: Manifest) -> None:
         """``m`` is in the offset log: its numbers are no orphans (a replayed batch 0 calls ``initialOffset``
@@ -467,6 +506,8 @@ class SourcePlanner:
             if owed_got:
                 owed = self._complete_owed(owed, owed_got, stats)
             fault("receive")  # a test hook (faults.py), off by default
+            if self._orphans_upto is not None and (not got or max(r.seq for r in got) >= self._orphans_upto):
+                self._orphans_ready = True  # the backlog present at start was received: count the orphans
             w = self._watermark
             if w is not None and (not got or all(r.seq > w for r in got) or max(r.seq for r in got) >= w):
                 # W itself received: the run is drained without the empty receive (receiveWaitTime) it would wait

@@ -127,14 +127,18 @@ class Sweep:
     complete: bool
 
 
-def deferred_numbers(peek: PeekFn, most: int, page: int = 250, *, limit: int | None = None) -> Sweep:
+def deferred_numbers(
+    peek: PeekFn, most: int, page: int = 250, *, limit: int | None = None, upto: int | None = None
+) -> Sweep:
     """The DEFERRED numbers present (a sweep by peek from 0), the lowest ``most`` of them; ``limit``: look at
-    no more than that many messages of any state."""
+    no more than that many messages of any state; ``upto``: none above that number."""
     found: list[int] = []
     cur = seen = 0
     complete = False
     while len(found) < most and (limit is None or seen < limit):
-        got = peek(cur, page)
+        want = page if upto is None else min(page, upto - cur + 1)
+        got = peek(cur, want) if want > 0 else []
+        got = [p for p in got if upto is None or p.seq <= upto]
         if not got:
             complete = True
             break

@@ -213,15 +213,36 @@ def test_a_new_checkpoint_warns_the_count_of_orphan_deferred_messages_and_can_ad
     clock, e, _ = world(5)
     link = e.link()
     link.defer(link.receive(3, 0, 1), 1)  # a dead driver's batch, its checkpoint lost
+    for _ in range(200):
+        e.send()  # a backlog: 4..205
     with caplog.at_level(logging.WARNING):
-        p = SourcePlanner("orders", e.link(), clock, PlannerLimits())
+        p = SourcePlanner("orders", e.link(), clock, PlannerLimits(max_messages=100))
         start = p.initial_offset()
-    assert "3 deferred messages" in caplog.text
-    assert seqs(p.latest_offset(start, None)) == [4, 5]  # the orphans stay invisible
-    p = SourcePlanner("orders", e.link(), clock, PlannerLimits(recover_deferred=True))
-    start = p.initial_offset()
+        assert "deferred messages" not in caplog.text  # counted once the backlog present now is received
+        assert e.calls["peek"] <= 2 * 8 + 2  # no sweep of the backlog: W pinned by a galloping peek
+        end = p.latest_offset(start, None)
+        assert seqs(end) == list(range(4, 104))  # the orphans stay invisible
+        p.partitions(start, end)
+        e.send()  # 206, above the number pinned at start
+        end2 = p.latest_offset(end, None)
+        assert seqs(end2) == list(range(104, 204)) and "deferred messages" not in caplog.text
+        p.partitions(end, end2)
+        peeks = e.calls["peek"]
+        end3 = p.latest_offset(end2, None)  # receives past W: counted at the next trigger, after its settle
+        assert seqs(end3) == [204, 205, 206]
+        p.partitions(end2, end3)
+        p.latest_offset(end3, None)
+    assert caplog.text.count("3 deferred messages are named by no offset") == 1
+    assert e.calls["peek"] - peeks <= 2  # the count peeked what was left up to W: the three orphans
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        p = SourcePlanner("orders", e.link(), clock, PlannerLimits(recover_deferred=True))
+        start = p.initial_offset()
+    assert "3 deferred messages are named by no offset of this checkpoint (a lost or new checkpoint); adopting" in (
+        caplog.text
+    )
     clock.advance(31)
-    assert seqs(p.latest_offset(start, None)) == [1, 2, 3, 4, 5]
+    assert seqs(p.latest_offset(start, None)) == [1, 2, 3]
 
 
 def test_on_batch_gets_each_batchs_numbers_once() -> None:
