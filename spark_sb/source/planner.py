@@ -479,11 +479,12 @@ class SourcePlanner:
         lim = self.limits
         limit = min(lim.max_messages, max_rows) if max_rows is not None else lim.max_messages
         size = sum(h.received.size for h in self._held.values())
+        spans = len(ranges_of(self._held))  # kept up to date as numbers are held (not recounted per receive)
         t0 = self.clock.monotonic()
         while len(self._held) < limit and (lim.max_bytes is None or size < lim.max_bytes):
             if self.clock.monotonic() - t0 >= lim.max_receive_time:
                 break
-            if len(ranges_of(self._held)) >= lim.max_offset_ranges:
+            if spans >= lim.max_offset_ranges:
                 break
             self.keep_locks()
             want = min(lim.receive_batch, limit - len(self._held))
@@ -501,8 +502,12 @@ class SourcePlanner:
                 if self.max_delivery_count and r.delivery_count >= self.max_delivery_count - 1:
                     stats.near_dead_letter += 1
                 if not contains(owed, r.seq):
-                    self._held[r.seq] = Held(r, now)
-                    size += r.size
+                    held = self._held
+                    # held again (its lock was lost and it came back): the new lock is kept, counted once
+                    if r.seq not in held:
+                        spans += 1 - (r.seq - 1 in held) - (r.seq + 1 in held)
+                        size += r.size
+                    held[r.seq] = Held(r, now)
             if owed_got:
                 owed = self._complete_owed(owed, owed_got, stats)
             fault("receive")  # a test hook (faults.py), off by default
