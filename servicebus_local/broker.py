@@ -1658,6 +1658,14 @@ class Broker(Forwarding):
                     self.create_subscription(name, sub)
             return self.get_topic(name)
 
+    def locked_count(self, address: str | EntityAddress) -> int:
+        """Messages of a queue or subscription held under a peek-lock now (their locks not yet lapsed or settled):
+        what a test awaits after killing a receiver, until its locks lapse. Not a count the service reports."""
+        with self._lock:
+            e, _addr = self._receivable(address)
+            self._tick_all_for(e, self.now_ms())
+            return sum(1 for m in e.store.msgs.values() if m.state == LOCKED)
+
     def counts(self, address: str) -> RuntimeCounts:
         """Runtime counts of a queue, topic or subscription by address."""
         addr = self.resolve(address)

@@ -288,6 +288,18 @@ def test_topic_fan_out_each_subscription_own_copy(clock: FakeClock) -> None:
         b.receive("t", 1)
 
 
+def test_locked_count_is_the_messages_held_under_a_lock_until_it_lapses(broker: Broker, clock: FakeClock) -> None:
+    broker.send("q", [msg(str(i)) for i in range(4)])
+    got = broker.receive("q", 3)
+    assert broker.locked_count("q") == 3
+    assert got[0].lock_token is not None and got[1].lock_token is not None
+    broker.settle("q", got[0].lock_token, Outcome.DEFER)
+    broker.settle("q", got[1].lock_token, Outcome.COMPLETE)
+    assert broker.locked_count("q") == 1
+    clock.advance(31)  # the lock (30 s) lapses: the message is active again
+    assert broker.locked_count("q") == 0
+
+
 def test_defer_and_receive_by_sequence_number(broker: Broker) -> None:
     broker.send("q", [msg("a"), msg("b")])
     d = broker.receive("q", 1)[0]
