@@ -288,7 +288,9 @@ def test_topic_fan_out_each_subscription_own_copy(clock: FakeClock) -> None:
         b.receive("t", 1)
 
 
-def test_locked_count_is_the_messages_held_under_a_lock_until_it_lapses(broker: Broker, clock: FakeClock) -> None:
+def test_locked_count_is_the_messages_held_under_a_lock_until_it_lapses(
+    broker: Broker, clock: FakeClock
+) -> None:
     broker.send("q", [msg(str(i)) for i in range(4)])
     got = broker.receive("q", 3)
     assert broker.locked_count("q") == 3
@@ -329,7 +331,9 @@ def test_peek_walks_in_sequence_order_from_its_number(broker: Broker, clock: Fak
     older ones, removed messages are skipped, and a page starts at its number."""
     broker.send("q", [msg(str(i)) for i in range(5)])  # 1..5
     due = Timestamp.from_datetime(clock.now()) + 10_000
-    assert broker.schedule("q", [msg("later", annotations={"x-opt-scheduled-enqueue-time": Timestamp(due)})]) == [6]
+    assert broker.schedule(
+        "q", [msg("later", annotations={"x-opt-scheduled-enqueue-time": Timestamp(due)})]
+    ) == [6]
     broker.send("q", [msg(str(i)) for i in range(3)])  # 7..9
     taken = broker.receive("q", 3, peek_lock=False)  # 1..3 gone
     assert [d.message.seq for d in taken] == [1, 2, 3]

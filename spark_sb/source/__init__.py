@@ -4,7 +4,8 @@
 * :mod:`~spark_sb.source.manifest` - the offset: a manifest of exact sequence numbers and the owed set (pure data);
 * :mod:`~spark_sb.source.settle` - the settle step: delete a committed manifest's deferred messages (driver);
 * :mod:`~spark_sb.source.planner` - the driver's receive, lock keeper and defer (``latestOffset``, ``partitions``);
-* :mod:`~spark_sb.source.locks` - the driver's held peek-locks and the keeper thread that renews them;
+* :mod:`~spark_sb.source.locks` - the driver's held peek-locks, the keeper thread that renews them, the defer thread;
+* :mod:`~spark_sb.source.orphans` - a new checkpoint's orphan deferred messages: their count's WARN (driver);
 * :mod:`~spark_sb.source.reader` - the executors' peek read of one partition;
 * :mod:`~spark_sb.source.options` - the reader's options, checked before anything is received;
 * :mod:`~spark_sb.source.rows` - the row schema and a received message as a row;

@@ -1,5 +1,6 @@
 """The driver's peek-locks (SOURCE.md §5, R16): the messages received and not yet deferred, renewed at half their
-lock, and the keeper thread that renews them in production.
+lock, the keeper thread that renews them in production, and the thread that ends them (the planner's defer, run
+while the executors read: :class:`WakeThread`).
 
 Runs on the driver (the planner process); nothing here is picklable. The planner owns the books (bounded by one
 batch plus one receive) and calls :func:`renew_due` under its lock; :class:`KeeperThread` calls the planner's
@@ -83,4 +84,34 @@ class KeeperThread:
 
     def stop(self, timeout: float) -> None:
         self._stop.set()
+        self.thread.join(timeout=timeout)
+
+
+class WakeThread:
+    """A daemon thread calling ``run`` each time it is woken (:meth:`wake`), until stopped; ``run`` never kills it."""
+
+    def __init__(self, run: Callable[[], None], name: str) -> None:
+        self.run = run
+        self._wake = threading.Event()
+        self._stopped = False
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stopped:
+                return
+            try:
+                self.run()
+            except Exception:  # noqa: BLE001 - the next wake tries again
+                log.warning("%s failed", self.thread.name, exc_info=True)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self, timeout: float) -> None:
+        self._stopped = True
+        self._wake.set()
         self.thread.join(timeout=timeout)

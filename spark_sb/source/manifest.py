@@ -129,7 +129,9 @@ def _ranges_from(raw: Any, what: str) -> dict[str, Ranges]:
 @dataclass(frozen=True)
 class Manifest:
     """One offset (driver; picklable). ``m`` and ``owed`` map a channel to its ranges; ``epoch`` a channel to its
-    entity's ``created_at``. ``b`` grows with every new offset, so equal manifests never mean new data."""
+    entity's ``created_at``. ``b`` grows with every new offset, so equal manifests never mean new data. ``sweep``:
+    recoverDeferred's sweep for orphans had not succeeded when this offset was made (a restarted driver, which
+    Spark does not ask for an initial offset, sweeps then); written only when set."""
 
     b: int
     m: dict[str, Ranges] = field(default_factory=dict)
@@ -137,9 +139,10 @@ class Manifest:
     epoch: dict[str, str] = field(default_factory=dict)
     n: int = 0
     bytes: int = 0
+    sweep: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "v": VERSION,
             "b": self.b,
             "epoch": dict(sorted(self.epoch.items())),
@@ -148,6 +151,9 @@ class Manifest:
             "m": _ranges_json(self.m),
             "owed": _ranges_json(self.owed),
         }
+        if self.sweep:
+            out["sweep"] = True
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"))
@@ -163,6 +169,7 @@ class Manifest:
             epoch={str(k): str(v) for k, v in dict(raw.get("epoch", {})).items()},
             n=int(raw.get("n", 0)),
             bytes=int(raw.get("bytes", 0)),
+            sweep=bool(raw.get("sweep", False)),
         )
 
     @classmethod

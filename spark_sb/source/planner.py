@@ -20,7 +20,7 @@ from typing import Any
 from spark_sb.core.clock import Clock
 from spark_sb.core.errors import ConfigError
 from spark_sb.source.faults import fault
-from spark_sb.source.locks import Held, KeeperThread, renew_due
+from spark_sb.source.locks import Held, KeeperThread, WakeThread, renew_due
 from spark_sb.source.manifest import (
     MAX_OFFSET_RANGES,
     MAX_PER_PARTITION,
@@ -36,16 +36,12 @@ from spark_sb.source.manifest import (
     split,
     union,
 )
+from spark_sb.source.orphans import ADOPT_MAX, OrphanCount
 from spark_sb.source.reader import DataLossError, deferred_numbers, highest
 from spark_sb.source.settle import Settler
 from spark_sb.source.transport import EntityLink, Peeked, Received
 
 log = logging.getLogger(__name__)
-
-#: recoverDeferred adopts at most this many orphan deferred messages (the rest: a WARN, run it again).
-ADOPT_MAX = 1_000_000
-#: At a new checkpoint, the messages a peek sweep looks at to count orphan deferred ones (400 pages of 250).
-COUNT_SWEEP = 100_000
 
 
 @dataclass(frozen=True)
@@ -113,6 +109,8 @@ class SourcePlanner:
         on_batch: Callable[[BatchStats], None] | None = None,
         max_delivery_count: int | None = None,
         keeper_thread: bool = False,
+        defer_later: bool = False,
+        defer_thread: bool = False,
     ) -> None:
         self.entity = entity
         self.channel = channel_of(entity)
@@ -143,16 +141,18 @@ class SourcePlanner:
         self._drained = False
         self._adopt: Ranges = ()  # recoverDeferred: deferred numbers no manifest names (bounded: ADOPT_MAX)
         self._sweep_pending = False
-        # a new checkpoint's orphan count (without recoverDeferred): the highest number present at start, and
-        # whether a receive has passed it (_count_orphans)
-        self._orphans_upto: int | None = None
-        self._orphans_ready = False
+        self._swept = False  # this planner's sweep succeeded
+        self._orphans = OrphanCount(entity, self.limits.recover_deferred)  # a new checkpoint's WARN
         self._last_batch_at = clock.monotonic()
         self._checked = False  # the entity's properties were read (sessions refused)
         self._next_due: float | None = None  # no held lock is due before it (keep_locks)
+        # the planned batch whose defer has not run yet (defer_later): one batch at most
+        self._to_defer: _Pending | None = None
+        self._defer_later = defer_later or defer_thread
         self._keeper: KeeperThread | None = None
         if keeper_thread:
             self._keeper = KeeperThread(self.keep_locks, clock, f"sb-lock-keeper-{entity}")
+        self._deferrer = WakeThread(self.run_defer, f"sb-defer-{entity}") if defer_thread else None
 
     # -- the link ----------------------------------------------------------------------------------------------
     def link(self) -> EntityLink:
@@ -208,7 +208,7 @@ class SourcePlanner:
         """Batch 0 (no data). With ``recover_deferred``: one sweep finds the deferred messages no manifest names,
         WARNs their count and adopts them all (up to :data:`ADOPT_MAX`) into the first batch (at-least-once for
         those): all at once, since ``initialOffset`` is not called again once the first offset is in the WAL.
-        Without it, the WARN's count waits until the backlog present now was received (:meth:`_count_orphans`):
+        Without it, the WARN's count waits until the backlog present now was received (:class:`OrphanCount`):
         then only the orphans are left to peek, where a sweep now would peek the whole backlog (twice: Spark 4.2
         asks a new checkpoint's initial offset twice); here only the highest number present is pinned (a
         galloping peek of about 2*log2(n) single messages)."""
@@ -216,18 +216,13 @@ class SourcePlanner:
             self._check_entity()
             epoch = self._read_epoch()
             start = Manifest(b=0, epoch={self.channel: epoch} if epoch else {})
-            self._orphans_upto, self._orphans_ready = None, False
+            self._orphans.forget()
             if not self._entity_empty():
                 if self.limits.recover_deferred:
                     self._sweep_pending = True
                     self._sweep()
                 else:
-                    try:
-                        self._orphans_upto = highest(self._peek)
-                    except Exception as exc:  # noqa: BLE001
-                        log.warning(
-                            "source %s: orphan deferred messages unknown at start (%s)", self.entity, exc
-                        )
+                    self._orphans.pin(self._peek)
             self._known = start
             return start.to_dict()
 
@@ -235,6 +230,7 @@ class SourcePlanner:
         """Settle ``start`` (the last committed end), receive up to the limits, return the new manifest - or
         ``start`` unchanged if nothing is held. ``start=None`` (4.0/4.1): the last offset seen."""
         with self._mutex:
+            self.run_defer()
             self._check_entity()
             if start is None and self._known is None:
                 log.warning(
@@ -259,10 +255,12 @@ class SourcePlanner:
             stats = BatchStats(b=s.b + 1)
             fault("settle")  # a test hook (faults.py), off by default
             owed = self._settle_start(s, stats)
+            if s.sweep and not self._swept:
+                self._sweep_pending = True  # a dead driver's sweep never succeeded: this one sweeps
             if self._sweep_pending:
                 self._sweep()
                 self._named(s)
-            self._count_orphans(owed)
+            self._orphans.count(self._peek, owed)
             if self._drained:
                 return s.to_dict()
             t0 = self.clock.monotonic()
@@ -280,8 +278,10 @@ class SourcePlanner:
             return self._emit(s, owed, stats).to_dict()
 
     def partitions(self, start: dict[str, Any] | None, end: dict[str, Any]) -> list[PartitionSpec]:
-        """The batch's partitions; defers ``end``'s held messages on their link (once). Pure in (start, end):
-        a second call defers nothing. ``partitions(o, o)`` (4.0/4.1 ``setLatestSeenOffset``) only learns ``o``."""
+        """The batch's partitions; defers ``end``'s held messages on their link (once): at once, or with
+        ``defer_later`` in :meth:`run_defer` - the defer thread's, while the executors read (a peek reads a locked
+        message as it reads a deferred one), and at the latest before the next settle. Pure in (start, end): a
+        second call defers nothing. ``partitions(o, o)`` (4.0/4.1 ``setLatestSeenOffset``) only learns ``o``."""
         with self._mutex:
             e = Manifest.from_dict(end)
             self._known = e
@@ -290,14 +290,26 @@ class SourcePlanner:
                 return []
             pending = self._pending
             if pending is not None and pending.end == e:
-                self._pending = None
-                fault("defer")  # a test hook (faults.py), off by default
-                self._defer(pending)
+                self._pending, self._to_defer = None, pending
+                if not self._defer_later:
+                    self.run_defer()
+                elif self._deferrer is not None:
+                    self._deferrer.wake()
             return split(e, self.limits.min_partitions, self.limits.max_per_partition)
+
+    def run_defer(self) -> None:
+        """Defer the planned batch's held messages if that is still to do (driver: the defer thread, and every call
+        that settles or stops first). Until then the lock keeper renews their locks."""
+        with self._mutex:
+            job, self._to_defer = self._to_defer, None
+            if job is not None:
+                fault("defer")  # a test hook (faults.py), off by default
+                self._defer(job)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark committed the batch ending at ``end``: settle it (the same step ``latest_offset(end)`` skips)."""
         with self._mutex:
+            self.run_defer()
             e = Manifest.from_dict(end)
             if self._known is None or e.b >= self._known.b:
                 self._known = e
@@ -343,10 +355,14 @@ class SourcePlanner:
             return self._watermark
 
     def stop(self) -> None:
-        """Stop the keeper and close the link (held locks lapse on the service)."""
+        """Stop the keeper and the defer thread, run a defer still to do, and close the link (held locks lapse on
+        the service)."""
         if self._keeper is not None:
             self._keeper.stop(self.limits.call_timeout)
+        if self._deferrer is not None:
+            self._deferrer.stop(self.limits.call_timeout)
         with self._mutex:
+            self.run_defer()
             if self._link is not None:
                 link, self._link = self._link, None
                 try:
@@ -364,7 +380,11 @@ class SourcePlanner:
                 # nothing is due before it: a message held later is due later (one lock duration for all), a
                 # renewed or forgotten one only later or never - so the books are not walked before each receive
                 return self._next_due
-            books = (self._held, self._pending.held if self._pending else {})
+            books = (
+                self._held,
+                self._pending.held if self._pending else {},
+                self._to_defer.held if self._to_defer else {},
+            )
             self._next_due = renew_due(self.link, books, now, self.limits.call_timeout)
             return self._next_due
 
@@ -400,35 +420,6 @@ class SourcePlanner:
             log.info("source %s: no counts at start (%s)", self.entity, exc)
             return False
 
-    def _warn_orphans(self, deferred: int, complete: bool) -> None:
-        if deferred:
-            log.warning(
-                "source %s: %s%d deferred messages are named by no offset of this checkpoint (a lost or new "
-                "checkpoint); %s",
-                self.entity,
-                "" if complete else "at least ",
-                deferred,
-                "adopting them (recoverDeferred)"
-                if self.limits.recover_deferred
-                else "they stay invisible: set recoverDeferred=true or run `spark-sb source recover` to read them",
-            )
-
-    def _count_orphans(self, owed: Ranges) -> None:
-        """A new checkpoint's WARN, once a receive came back empty or passed the number pinned at start (W): the
-        DEFERRED numbers up to W by a peek sweep of what is left there (at most :data:`COUNT_SWEEP` messages).
-        Called right after settling ``start``: this run's deferred numbers are deleted then or owed (left out),
-        so what remains deferred is the orphans'. A failed sweep is tried again next trigger."""
-        upto = self._orphans_upto
-        if upto is None or not self._orphans_ready:
-            return
-        try:
-            found = deferred_numbers(self._peek, COUNT_SWEEP, limit=COUNT_SWEEP, upto=upto)
-        except Exception as exc:  # noqa: BLE001
-            log.info("source %s: orphan deferred messages not counted yet (%s)", self.entity, exc)
-            return
-        self._orphans_upto = None
-        self._warn_orphans(count(minus(found.numbers, owed)), found.complete)
-
     def _sweep(self) -> None:
         """recoverDeferred: adopt the DEFERRED numbers on the entity (and WARN their count); a failed sweep is tried
         again by the next ``latest_offset`` (after its settle, so only orphans and numbers of ``start`` are
@@ -438,8 +429,8 @@ class SourcePlanner:
         except Exception as exc:  # noqa: BLE001
             log.warning("source %s: the sweep for deferred messages failed (%s)", self.entity, exc)
             return
-        self._adopt, self._sweep_pending = found.numbers, False
-        self._warn_orphans(count(found.numbers), found.complete)
+        self._adopt, self._sweep_pending, self._swept = found.numbers, False, True
+        self._orphans.warn(count(found.numbers), found.complete)
 
     def _named(self, m: Manifest) -> None:
         """``m`` is in the offset log: its numbers are no orphans (a replayed batch 0 calls ``initialOffset``
@@ -511,8 +502,7 @@ class SourcePlanner:
             if owed_got:
                 owed = self._complete_owed(owed, owed_got, stats)
             fault("receive")  # a test hook (faults.py), off by default
-            if self._orphans_upto is not None and (not got or max(r.seq for r in got) >= self._orphans_upto):
-                self._orphans_ready = True  # the backlog present at start was received: count the orphans
+            self._orphans.received(got)
             w = self._watermark
             if w is not None and (not got or all(r.seq > w for r in got) or max(r.seq for r in got) >= w):
                 # W itself received: the run is drained without the empty receive (receiveWaitTime) it would wait
@@ -552,9 +542,12 @@ class SourcePlanner:
             epoch=epoch,
             n=count(ranges),
             bytes=size,
+            sweep=self._sweep_pending,
         )
         stats.received, stats.bytes, stats.owed = len(held), size, count(owed)
         self._pending = _Pending(start=s, end=end, held=held, stats=stats)
+        if self._watermark is not None and self._watermark < 0:
+            self._drained = True  # AvailableNow without a watermark (none found, or empty): one batch
         fault("offset")  # a test hook (faults.py), off by default
         return end
 

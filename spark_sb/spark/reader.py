@@ -139,14 +139,22 @@ class BatchRecorder:
 
 def new_planner(opts: SourceReadOptions) -> SourcePlanner:
     """The planner of a stream (planner process): the SDK link on the primary, the system clock, the lock keeper
-    thread and the batch recorder."""
+    thread, the defer thread (a batch's defer runs while its tasks read) and the batch recorder."""
     path = stream_path(opts)
     clock = SystemClock()
 
     def link() -> SdkEntityLink:
         return SdkEntityLink(opts.config, path, prefetch=opts.prefetch_count, monotonic=clock.monotonic)
 
-    return SourcePlanner(path, link, clock, limits_of(opts), on_batch=BatchRecorder(opts), keeper_thread=True)
+    return SourcePlanner(
+        path,
+        link,
+        clock,
+        limits_of(opts),
+        on_batch=BatchRecorder(opts),
+        keeper_thread=True,
+        defer_thread=True,
+    )
 
 
 def namespace_of(opts: SourceReadOptions) -> str:

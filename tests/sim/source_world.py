@@ -16,7 +16,9 @@ simulated Spark micro-batch loop.
   for several lock durations.
 * **Checks** after a final drain without faults: every produced message in the sink exactly once; the entity
   empty (0 active, 0 deferred, 0 dead-lettered); a message delivered at most once plus once per fault window it
-  was locked in (a kill, a starved keeper, a failed lock call) - A1's "max delivery count <= 2 per kill window".
+  was locked in (a kill, a starved keeper, a failed lock call, any stalled call: the keeper waits for the planner
+  meanwhile) - A1's "max delivery count <= 2 per kill window". A message that met MaxDeliveryCount - 1 such windows
+  is dead-lettered by the service: that is allowed (it is in the dead-letter queue, and noted), nothing else is.
 
 Test code: one thread, not picklable. Bounded by the schedule (<= 60 messages, <= MAX_TRIGGERS triggers).
 """
@@ -78,6 +80,9 @@ class Params:
     available_now: bool
     lose_checkpoint: bool
     factory: bool  # the planner gets a link factory (a fault drops the link and a new one opens)
+    defer_later: (
+        bool  # partitions() leaves the defer to run_defer (production's defer thread): run at any point
+    )
 
 
 def draw(rng: random.Random) -> Params:
@@ -108,6 +113,7 @@ def draw(rng: random.Random) -> Params:
         available_now=rng.random() < 0.2,
         lose_checkpoint=lose,
         factory=rng.random() < 0.5,
+        defer_later=rng.random() < 0.5,
     )
 
 
@@ -172,8 +178,8 @@ class SourceWorld:
         if self.rng.random() < self.p.chaos:
             kind = self.rng.choice(["fail", "stall"])
             self.note(f"fault {op} {phase} {kind}")
-            if op in LOCK_OPS:
-                self._window()
+            if op in LOCK_OPS or kind == "stall":
+                self._window()  # a failed lock call, or a stall: the keeper waits for the planner meanwhile
             if kind == "stall":
                 self.clock.advance(self.p.limits.call_timeout)
             raise TimeoutError(f"{op} {phase}") if kind == "stall" else ConnectionError(f"{op} {phase}")
@@ -215,7 +221,9 @@ class SourceWorld:
         self.initial = None
         tag = self.incarnation
         link: Any = (lambda: self.entity.link(tag=tag)) if self.p.factory else self.entity.link(tag=tag)
-        self.planner = p = SourcePlanner(ENTITY, link, self.clock, self.p.limits, max_delivery_count=10)
+        self.planner = p = SourcePlanner(
+            ENTITY, link, self.clock, self.p.limits, max_delivery_count=10, defer_later=self.p.defer_later
+        )
         if self.offsets:
             last = max(self.offsets)
             if self.p.spark40:
@@ -282,10 +290,21 @@ class SourceWorld:
             again = self.planner.partitions(start, end)
             if again != specs:
                 self.violations.append(Violation("pure", f"partitions of batch {batch} changed: {again}"))
-        rows = [mid for spec in specs for mid in self.task(spec)]
+        # defer_later: the defer thread runs before a task, after them all, after a long batch, or never (the next
+        # commit or latestOffset runs it)
+        defer_at = self.rng.randint(0, len(specs) + 2)
+        rows: list[str] = []
+        for i, spec in enumerate(specs):
+            if i == defer_at:
+                self.planner.run_defer()
+            rows += self.task(spec)
+        if defer_at == len(specs):
+            self.planner.run_defer()
         self.elapse(
             self.rng.choice([0.0, 1.0, 3.0 * self.p.lock])
-        )  # a long batch: deferred messages hold no lock
+        )  # a long batch: deferred messages hold no lock (nor, till their defer, renewed ones)
+        if defer_at == len(specs) + 1:
+            self.planner.run_defer()
         if batch not in self.sink:  # Delta's idempotence by batch id
             self.sink[batch] = rows
         self.note(f"sink {batch}: {len(rows)} rows")
@@ -344,13 +363,20 @@ class SourceWorld:
             v.append(Violation("liveness", f"not drained after {MAX_TRIGGERS} triggers"))
         got = Counter(mid for rows in self.sink.values() for mid in rows)
         got.update(m for m in self.lost_rows if m != "-")
-        lost = [m for m in self.produced if m not in got]
+        # the service dead-letters a message delivered MaxDeliveryCount times: allowed (not lost: it is in the DLQ)
+        # only when every delivery but one came in a fault window
+        most = self.entity.max_delivery_count
+        dead = {m.message_id for m in self.entity.dead_letters if self.allowance[m.seq] >= most - 1}
+        if dead:
+            self.note(f"dead-lettered through {most} fault windows: {sorted(dead)}")
+        lost = [m for m in self.produced if m not in got and m not in dead]
         dup = sorted(m for m, c in got.items() if c > 1 and m not in self.at_least_once)
         if lost:
             v.append(Violation("lost", f"{len(lost)} messages never in the sink: {lost[:8]}"))
         if dup:
             v.append(Violation("duplicate", f"{len(dup)} messages in the sink twice or more: {dup[:8]}"))
         states = self.entity.states()
+        states["dead_lettered"] -= len(dead)
         left = {k: c for k, c in states.items() if c}
         if left:
             v.append(Violation("entity", f"the entity is not empty after the drain: {left}"))

@@ -66,6 +66,8 @@ def test_an_offset_round_trips_through_json_as_spark_stores_it() -> None:
     assert Manifest.from_dict(json.loads(text)).to_json() == text
     assert pickle.loads(pickle.dumps(m)) == m
     assert m.holds("p/orders", 1520) and not m.holds("p/orders", 1519)
+    swept = Manifest(b=43, sweep=True)  # a sweep still to do: written only when set
+    assert json.loads(swept.to_json())["sweep"] is True and Manifest.from_json(swept.to_json()) == swept
 
 
 def test_an_unknown_version_or_a_session_manifest_is_refused_by_name() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from servicebus_local.clock import FakeClock
 from spark_sb.source.manifest import Manifest, PartitionSpec, numbers
 from spark_sb.source.planner import BatchStats, PlannerLimits, SourcePlanner
-from spark_sb.source.reader import DataLossError
+from spark_sb.source.reader import DataLossError, read_partition
 from spark_sb.source.transport import DEFERRED
 from tests.unit.source.fakes import LOCKED, FakeEntity
 
@@ -44,6 +45,67 @@ def test_a_batch_is_received_locked_deferred_in_partitions_and_deleted_at_commit
     assert e.messages == {} and e.calls["delete"] == 1
     assert p.latest_offset(end, None) == end  # nothing new: start unchanged; its settle was not done again
     assert e.calls["delete"] == 1
+
+
+def test_defer_later_leaves_the_defer_to_run_defer_and_the_next_settle_runs_it_first() -> None:
+    clock, e, _ = world(4)
+    p = SourcePlanner("orders", e.link(), clock, PlannerLimits(), defer_later=True)
+    start = p.initial_offset()
+    end = p.latest_offset(start, None)
+    specs = p.partitions(start, end)
+    assert e.calls["defer"] == 0 and all(m.state == LOCKED for m in e.messages.values())
+    clock.advance(20)
+    p.keep_locks()  # held till their defer: the keeper renews them
+    assert e.calls["renew"] == 1
+    assert [x.seq for s in specs for x in read_partition(s, e.peeker())] == [1, 2, 3, 4]  # read while locked
+    p.run_defer()
+    p.run_defer()  # once
+    assert e.calls["defer"] == 1 and all(m.state == DEFERRED for m in e.messages.values())
+    end2 = p.latest_offset(end, None)
+    assert end2 == end and e.messages == {}
+    # never run by a thread: commit runs it before it settles
+    e.send()
+    start, end = end, p.latest_offset(end, None)
+    p.partitions(start, end)
+    p.commit(end)
+    assert e.calls["defer"] == 2 and e.messages == {}
+
+
+def test_defer_thread_defers_while_the_batch_is_read() -> None:
+    clock, e, _ = world(3)
+    p = SourcePlanner("orders", e.link(), clock, PlannerLimits(), defer_thread=True)
+    start = p.initial_offset()
+    end = p.latest_offset(start, None)
+    p.partitions(start, end)
+    deadline = time.monotonic() + 10
+    while e.calls["defer"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the thread's work, awaited (its end is not observable otherwise)
+    assert all(m.state == DEFERRED for m in e.messages.values())
+    p.stop()
+    assert not p._deferrer.thread.is_alive()  # noqa: SLF001 - the thread ends with the planner
+
+
+def test_a_restarted_driver_sweeps_for_orphans_when_the_dead_ones_sweep_never_succeeded() -> None:
+    clock, e, _ = world(5)
+    link = e.link()
+    link.defer(link.receive(2, 0, 1), 1)  # orphans of a lost checkpoint: 1, 2
+    failing = True
+
+    def hook(op: str, phase: str, _link: object) -> None:
+        if failing and op == "peek" and phase == "before":
+            raise ConnectionError(op)
+
+    e.hook = hook
+    p = SourcePlanner("orders", e.link(), clock, PlannerLimits(recover_deferred=True))
+    start = p.initial_offset()
+    clock.advance(31)
+    end = p.latest_offset(start, None)  # the sweep failed again: 3..5 only, the offset says a sweep is due
+    assert seqs(end) == [3, 4, 5] and end["sweep"] is True
+    p.partitions(start, end)  # ... and the driver dies: the new one is never asked for an initial offset
+    failing = False
+    p2 = SourcePlanner("orders", e.link(), clock, PlannerLimits(recover_deferred=True))
+    end2 = p2.latest_offset(end, None)
+    assert seqs(end2) == [1, 2] and "sweep" not in end2
 
 
 def test_nothing_received_returns_start_and_writes_nothing() -> None:
@@ -238,8 +300,9 @@ def test_a_new_checkpoint_warns_the_count_of_orphan_deferred_messages_and_can_ad
     with caplog.at_level(logging.WARNING):
         p = SourcePlanner("orders", e.link(), clock, PlannerLimits(recover_deferred=True))
         start = p.initial_offset()
-    assert "3 deferred messages are named by no offset of this checkpoint (a lost or new checkpoint); adopting" in (
-        caplog.text
+    assert (
+        "3 deferred messages are named by no offset of this checkpoint (a lost or new checkpoint); adopting"
+        in (caplog.text)
     )
     clock.advance(31)
     assert seqs(p.latest_offset(start, None)) == [1, 2, 3]
