@@ -3,7 +3,8 @@
 
 * The stream reader maps Spark's calls onto one :class:`~spark_sb.source.planner.SourcePlanner` (driver: the
   planner process, one per query run) and each task's ``read`` onto
-  :func:`~spark_sb.source.reader.read_partition` through the executor process's cached peeker.
+  :func:`~spark_sb.source.reader.read_partition` through the executor process's cached peeker; rows go to Spark
+  as Arrow record batches (:mod:`~spark_sb.spark.arrow_rows`).
 * Admission control (pyspark 4.2): ``getDefaultReadLimit`` is ``ReadMaxRows(maxMessagesPerTrigger)``; bytes,
   minimum and delay come from the options. On 4.0/4.1 Spark calls ``latestOffset()`` without arguments: the source's
   own caps apply, and ``Trigger.AvailableNow`` runs one batch (Spark warns).
@@ -32,8 +33,9 @@ from spark_sb.source.manifest import PartitionSpec, channel_of
 from spark_sb.source.options import SourceReadOptions, option_error
 from spark_sb.source.planner import BatchStats, PlannerLimits, SourcePlanner
 from spark_sb.source.reader import highest, read_partition
-from spark_sb.source.rows import row_of, schema_ddl
+from spark_sb.source.rows import row_of, schema, schema_ddl
 from spark_sb.source.sdk import PeekerFactory, SdkEntityLink
+from spark_sb.spark.arrow_rows import arrow_schema, record_batches
 
 log = logging.getLogger(__name__)
 
@@ -246,8 +248,10 @@ def _build() -> dict[str, Any]:
         def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[Any]:
             return [InputPartition(s) for s in self.planner.partitions(start, end)]
 
-        def read(self, partition: Any) -> Iterator[tuple[Any, ...]]:
-            yield from read_rows(self.opts, partition.value, self.namespace)
+        def read(self, partition: Any) -> Iterator[Any]:
+            yield from record_batches(
+                read_rows(self.opts, partition.value, self.namespace), _arrow(self.opts)
+            )
 
         def commit(self, end: dict[str, Any]) -> None:
             self.planner.commit(end)
@@ -271,7 +275,10 @@ def _build() -> dict[str, Any]:
                 highest = max((_highest(self.opts, p) for p in self.opts.paths), default=-1)
             return [InputPartition(s) for s in browse_specs(self.opts, highest)]
 
-        def read(self, partition: Any) -> Iterator[tuple[Any, ...]]:
+        def read(self, partition: Any) -> Iterator[Any]:
+            yield from record_batches(self._rows(partition), _arrow(self.opts))
+
+        def _rows(self, partition: Any) -> Iterator[tuple[Any, ...]]:
             namespace = self.namespace
             peeker = PeekerFactory(self.opts.config)()
             spec = partition.value
@@ -299,6 +306,11 @@ def _build() -> dict[str, Any]:
         obj.__module__ = __name__
         obj.__qualname__ = name
     return built
+
+
+def _arrow(opts: SourceReadOptions) -> Any:
+    """The rows' Arrow schema (executors; one per process and body format)."""
+    return arrow_schema(tuple(schema(opts.body_format, batch=True)))
 
 
 def _highest(opts: SourceReadOptions, path: str) -> int:
