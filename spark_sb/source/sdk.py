@@ -12,7 +12,8 @@
 
 Where it runs: :class:`SdkEntityLink` on the driver (the planner process), :class:`SdkPeeker` in executors' Python
 workers. Neither is picklable; :class:`PeekerFactory` is. Reads SDK internals as the syphon's receivers do
-(the receiver's ``_renew_locks``, its receive mode for a delete), pinned by ``constraints-dev.txt``.
+(the receiver's ``_renew_locks``; for a delete, its management call with the request ``receive_deferred_messages``
+makes), pinned by ``constraints-dev.txt``.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ each Spark start costs 15-30 s, so each point gets one killed run, not a killed 
 CI runs this reduced form (:data:`N` = 3,000 messages, then 1,000 and 500; 250 a batch, locks of 5 s; the three
 points of :data:`CI_POINTS` once each; ``SPARK_SB_KILLS_ALL=1``: all six).
 ``SPARK_SB_KILLS_FULL=1`` runs the full size on demand: 100,000 messages, 2,000 a batch, the six kills x3 (three
-rounds on the one checkpoint), locks of 30 s (hours on a shared 2-core machine).
+rounds on the one checkpoint), locks of 30 s: 694 s alone on a 2-core machine (20 passed, 2026-12-07).
 """
 
 from __future__ import annotations
