@@ -5,11 +5,12 @@ for the oldest)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructType, _parse_datatype_json_string
 from pyspark.sql.worker.plan_data_source_read import records_to_arrow_batches
 
 from spark_sb.source.rows import row_of, schema
@@ -24,26 +25,22 @@ class _Source:
 
 
 def _struct(columns: tuple[tuple[str, str], ...]) -> StructType:
-    """The StructType Spark hands the reader's worker: parsed from the source's DDL (by name and type here)."""
-    from pyspark.sql.types import (
-        BinaryType,
-        IntegerType,
-        LongType,
-        MapType,
-        StringType,
-        StructField,
-        TimestampType,
-    )
-
-    types: dict[str, Any] = {
-        "binary": BinaryType(),
-        "string": StringType(),
-        "bigint": LongType(),
-        "int": IntegerType(),
-        "timestamp": TimestampType(),
-        "map<string,string>": MapType(StringType(), StringType(), True),
+    """The StructType the reader's worker gets: the JVM sends the schema as JSON, which pyspark parses
+    (``_parse_datatype_json_string``, as the worker does). Spark's JSON names two DDL types differently."""
+    named: dict[str, Any] = {
+        "bigint": "long",
+        "int": "integer",
+        "map<string,string>": {
+            "type": "map",
+            "keyType": "string",
+            "valueType": "string",
+            "valueContainsNull": True,
+        },
     }
-    return StructType([StructField(n, types[k], True) for n, k in columns])
+    fields = [{"name": n, "type": named.get(k, k), "nullable": True, "metadata": {}} for n, k in columns]
+    parsed = _parse_datatype_json_string(json.dumps({"type": "struct", "fields": fields}))
+    assert isinstance(parsed, StructType)
+    return parsed
 
 
 def _rows(body_format: str) -> list[tuple[Any, ...]]:
