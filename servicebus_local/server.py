@@ -125,6 +125,8 @@ _DATETIMEOFFSET_EPOCH = 621355968000000000  # .NET ticks at the Unix epoch
 _SESSION_FILTER = "com.microsoft:session-filter"
 _RECEIVE_MODE_FIRST = 0  # receiver-settle-mode first = receive-and-delete
 _CREDIT_WINDOW = 1000
+#: Deliveries written to the socket at a time when a link's credit asks for more (see ``_Server.deliver``).
+_DELIVERY_CHUNK = 50
 _POLL = 0.05
 #: The service's quota of concurrent AMQP connections per namespace (Basic / Standard tier).
 DEFAULT_MAX_CONNECTIONS = 5000
@@ -1737,10 +1739,18 @@ class _Server:
         if st.closed or st.kind != "receive" or st.addr is None:
             return
         credit = link.credit
-        if credit > 0:
+        while credit > 0:
+            # Streamed a chunk at a time, each written to the socket before the next is taken, as the service
+            # streams: the client decodes the first messages of a large credit while the rest are still sent
+            # (taken all at once, a 500-message receive was the namespace's work then the client's, one after
+            # the other).
             try:
                 items = self.broker.receive(
-                    st.addr, credit, peek_lock=st.peek_lock, session_id=st.session_id, owner=st
+                    st.addr,
+                    min(credit, _DELIVERY_CHUNK),
+                    peek_lock=st.peek_lock,
+                    session_id=st.session_id,
+                    owner=st,
                 )
             except BrokerError as exc:
                 if exc.condition in (SESSION_LOCK_LOST, NOT_FOUND):
@@ -1750,9 +1760,13 @@ class _Server:
                     st.conn.collect_output()
                     return
                 items = []
-            if items:
-                st.conn.send_deliveries(st, items)
-                credit = link.credit
+            if not items:
+                break
+            st.conn.send_deliveries(st, items)
+            credit = link.credit
+            if credit > 0:
+                st.conn.collect_output()
+                st.conn.flush()
         if credit > 0:
             if link.drain_mode:
                 link.drained()
