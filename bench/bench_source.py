@@ -22,7 +22,8 @@ source->noop; source->Delta at no latency. Printed: each run, the medians, and t
 (Spark runs a new query's first batch even without data); printed: batches and Delta commits after it, receives
 (flow frames granting credit) per ``receiveWaitTime``, messages delivered.
 
-``--smoke`` (CI): 300 messages, one round, 600 for Delta, a 6 s idle; the figures mean nothing there.
+``--smoke`` (CI): 300 messages, one round, 600 for Delta, a 6 s idle, no warm-up, the JVM compiling with C1 only;
+the figures mean nothing there.
 """
 
 from __future__ import annotations
@@ -251,12 +252,14 @@ def main() -> None:
 
     trust_local_ca()
     from spark_sb import register
-    from spark_sb.spark.session import build_spark_session
+    from spark_sb.spark.session import LOCAL_DEFAULTS, build_spark_session
 
     work = tempfile.mkdtemp(prefix="bench-source-")
-    spark = build_spark_session(
-        "bench-source", "local[2]", {"spark.sql.warehouse.dir": os.path.join(work, "wh")}
-    )
+    conf = {"spark.sql.warehouse.dir": os.path.join(work, "wh")}
+    if args.smoke:  # the driver's JVM compiles with C1 only, as the other Spark smokes (a run of seconds)
+        java = f"{LOCAL_DEFAULTS['spark.driver.extraJavaOptions']} -XX:TieredStopAtLevel=1"
+        conf["spark.driver.extraJavaOptions"] = java
+    spark = build_spark_session("bench-source", "local[2]", conf)
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     rates: dict[tuple[str, float], list[float]] = {}
@@ -270,7 +273,8 @@ def main() -> None:
         # warm-up (not counted): Spark's first run, in two partitions of 5,000 so that both Python workers of
         # local[2] are started (with one, the first measured run started the second: 2,641-2,681 msgs/s where the
         # next two ran 3,089-3,314)
-        timed(queues, min(args.count, 10_000), kinds["source->noop"])
+        if not args.smoke:  # (the smoke's figures mean nothing: no warm-up)
+            timed(queues, min(args.count, 10_000), kinds["source->noop"])
         for latency in (0.0, args.latency):
             ns.set_latency(latency)
             for r in range(args.repeats):
