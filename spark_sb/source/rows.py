@@ -103,18 +103,25 @@ def row_of(
             body = [None, f"invalid UTF-8 at byte {exc.start}: {exc.reason}"]
     else:
         body = [data]
+    # The AMQP properties section read once, field by field: the SDK's getters (``message.message_id``...) test
+    # the section's truth first, which lists its attributes each time (9 getters: ~50 us of a row's ~120 us).
+    # ``_text`` of a field is ``_text`` of its getter: bytes decoded as UTF-8, anything else as its text.
+    props = raw.properties
     row: list[Any] = [
         *body,
         body_type,
-        _text(message.message_id),
-        _text(message.correlation_id),
-        _text(message.session_id),
-        _text(message.reply_to_session_id),
+        *(
+            (_text(props.message_id), _text(props.correlation_id), _text(props.group_id))
+            if props is not None
+            else (None, None, None)
+        ),
+        _text(props.reply_to_group_id) if props is not None else None,
         _text(message.partition_key),
-        _text(message.subject),
-        _text(message.content_type),
-        _text(message.to),
-        _text(message.reply_to),
+        *(
+            (_text(props.subject), _text(props.content_type), _text(props.to), _text(props.reply_to))
+            if props is not None
+            else (None, None, None, None)
+        ),
         ttl_ms,
         _utc(message.scheduled_enqueue_time_utc),
         _properties(message.application_properties),

@@ -122,6 +122,60 @@ def test_a_data_message_becomes_its_row() -> None:
     assert row["dead_letter_reason"] is None
 
 
+def _encoded(m: Message) -> ServiceBusReceivedMessage:
+    out = bytearray()
+    encode_payload(out, m)
+    return ServiceBusReceivedMessage.from_bytes(bytes(out))
+
+
+#: The row's columns read from the AMQP properties section, and the SDK getter each one's text must equal.
+PROPERTY_COLUMNS = {
+    "message_id": "message_id",
+    "correlation_id": "correlation_id",
+    "session_id": "session_id",
+    "reply_to_session_id": "reply_to_session_id",
+    "subject": "subject",
+    "content_type": "content_type",
+    "to": "to",
+    "reply_to": "reply_to",
+}
+
+
+def test_the_properties_section_gives_the_sdk_getters_text_for_any_value_and_none_without_it() -> None:
+    """``row_of`` reads the properties section once, field by field (the SDK's getters list the section's
+    attributes at each call): a missing section, UUID and integer ids, invalid UTF-8 and unset fields give the
+    getters' values as text, as before."""
+    no_section = _encoded(Message(properties=None, data=[b"x"]))
+    assert no_section.raw_amqp_message.properties is None
+    odd = _encoded(
+        Message(
+            properties=Properties(
+                message_id=uuid.UUID(int=9),
+                correlation_id=b"\xff\xfeno",
+                group_id=b"s",
+                to=None,
+            ),
+            data=[b"x"],
+        )
+    )
+    numbered = _encoded(Message(properties=Properties(message_id=12345, subject=b"s"), data=[b"x"]))
+    for msg in (no_section, odd, numbered, _message()):
+        row = _row(msg)
+        for column, getter in PROPERTY_COLUMNS.items():
+            value = getattr(msg, getter)
+            want = (
+                None
+                if value is None
+                else value.decode("utf-8", "replace")
+                if isinstance(value, bytes)
+                else str(value)
+            )
+            assert row[column] == want, (column, value)
+    assert _row(odd)["message_id"] == "00000000-0000-0000-0000-000000000009"
+    assert _row(odd)["correlation_id"] == "\ufffd\ufffdno" and _row(numbered)["message_id"] == "12345"
+    assert all(_row(no_section)[c] is None for c in PROPERTY_COLUMNS)
+
+
 def test_typed_property_values_are_rendered_as_text() -> None:
     assert _row(_message())["properties"] == {
         "n": "1",
