@@ -129,7 +129,7 @@ def row_of(
         message.enqueued_sequence_number,
         enqueued,
         _expires(enqueued, ttl_ms),
-        message.delivery_count,
+        header.delivery_count if header is not None else None,  # the SDK getter's value, without its test
         _text(message.dead_letter_reason),
         _text(message.dead_letter_error_description),
         _text(message.dead_letter_source),

@@ -74,21 +74,32 @@ class Handle:
 
 def size_of(message: Any) -> int:
     """A received message's size in bytes, estimated without encoding it again: its body, its application
-    properties' text and a fixed 64 bytes for the headers and annotations. Cheap (driver, per message)."""
+    properties' text and a fixed 64 bytes for the headers and annotations. Cheap (driver, per message: the body
+    and its type read once)."""
     raw = message.raw_amqp_message
+    body_type = raw.body_type
     body = raw.body
     if isinstance(body, (bytes, str)):
         n = len(body)
-    elif body is None:
+    elif body is None or getattr(body_type, "value", None) != "data":
         n = 0
     else:
         try:
-            n = sum(len(part) for part in raw.body) if getattr(raw.body_type, "value", "") == "data" else 0
+            n = sum(len(part) for part in body)
         except TypeError:
             n = 0
-    for k, v in (message.application_properties or {}).items():
-        n += len(k) + (len(v) if isinstance(v, (bytes, str)) else 8)
+    props = raw.application_properties
+    if props:
+        for k, v in props.items():
+            n += len(k) + (len(v) if isinstance(v, (bytes, str)) else 8)
     return n + 64
+
+
+def delivery_count_of(message: Any) -> int:
+    """The message's delivery count (0 without a header): the header read as the SDK's ``delivery_count`` does,
+    without its test of the header's truth (which lists the header's attributes)."""
+    header = message.raw_amqp_message.header
+    return int(header.delivery_count or 0) if header is not None else 0
 
 
 @dataclass(frozen=True)
@@ -153,7 +164,7 @@ class SdkEntityLink:
             Received(
                 seq=int(m.sequence_number or 0),
                 size=size_of(m),
-                delivery_count=int(m.delivery_count or 0),
+                delivery_count=delivery_count_of(m),
                 handle=Handle(m, generation),
                 locked_until=started + lock,
             )

@@ -223,3 +223,22 @@ def test_no_ttl_means_no_expiry_and_an_endless_ttl_does_not_overflow() -> None:
     assert row["time_to_live"] == 2**32 - 1 and row["expires_at"] == ENQUEUED + timedelta(
         milliseconds=2**32 - 1
     )
+
+
+def test_the_planners_size_and_delivery_count_of_a_received_message() -> None:
+    """``size_of`` (the driver's ``maxBytesPerTrigger`` count): the data body's bytes over its sections, each
+    application property's key and text (8 for other values) and 64; a value body counts its properties only.
+    ``delivery_count_of``: the header's count, 0 without a header."""
+    from spark_sb.source.sdk import delivery_count_of, size_of
+
+    props = {b"k": b"vv", b"n": 1}
+    data = _encoded(
+        Message(header=Header(delivery_count=3), application_properties=props, data=[b"ab", b"cde"])
+    )
+    assert size_of(data) == 5 + (1 + 2) + (1 + 8) + 64
+    assert delivery_count_of(data) == 3 == data.delivery_count
+    value = _encoded(Message(application_properties=props, value={b"a": 1}))
+    assert size_of(value) == (1 + 2) + (1 + 8) + 64
+    bare = _encoded(Message(data=[b"x" * 1000]))
+    assert size_of(bare) == 1064
+    assert bare.raw_amqp_message.header is None and delivery_count_of(bare) == 0
