@@ -322,7 +322,7 @@ def main() -> None:
         f"\n1 KB messages, {args.count:,} per run ({args.delta_count:,} for Delta), source->noop in batches of "
         f"{args.batch:,} at most, medians of {args.repeats}:"
     )
-    print(f"| {'run':<22} | {'0 ms':>12} | {f'{lat * 1000:.0f} ms':>12} |")
+    print(f"| {'run':<22} | {'0 ms':>12} | {f'{lat * 1000:.0f} ms' if lat > 0 else '-':>12} |")
     print(f"|{'-' * 24}|{'-' * 14}|{'-' * 14}|")
     for kind in ("raw-PL", "raw-RD", "source->noop"):
         at_lat = f"{med[(kind, lat)]:>5,.0f} msgs/s" if lat > 0 else f"{'-':>12}"
@@ -344,7 +344,7 @@ def main() -> None:
     missed = []
     for key, (label, ratio) in ratios.items():
         if ratio is None:
-            print(f"ratio {label}: not measured (--latency 0)")
+            print("ratio source->noop / raw-PL at a latency: not measured (--latency 0)")
             continue
         ok = ratio >= GOALS[key]
         print(f"ratio {label}: {ratio:.2f} (goal >= {GOALS[key]}){'' if ok else ' MISSED'}")
