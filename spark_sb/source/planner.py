@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +112,7 @@ class SourcePlanner:
         keeper_thread: bool = False,
         defer_later: bool = False,
         defer_thread: bool = False,
+        read_ahead: bool = False,
     ) -> None:
         self.entity = entity
         self.channel = channel_of(entity)
@@ -149,10 +151,20 @@ class SourcePlanner:
         # the planned batch whose defer has not run yet (defer_later): one batch at most
         self._to_defer: _Pending | None = None
         self._defer_later = defer_later or defer_thread
+        # read-ahead (:meth:`read_ahead`): the last receive stopped at the batch's limit (a backlog: the next batch
+        # is there to receive); the last defer deferred every message; the last trigger's row limit (admission)
+        self._read_ahead = read_ahead
+        self._full = False
+        self._defer_clean = False
+        self._max_rows: int | None = None
+        # set while a Spark call waits for the mutex: a read-ahead stops before its next receive
+        self._spark_waits = threading.Event()
         self._keeper: KeeperThread | None = None
         if keeper_thread:
             self._keeper = KeeperThread(self.keep_locks, clock, f"sb-lock-keeper-{entity}")
-        self._deferrer = WakeThread(self.run_defer, f"sb-defer-{entity}") if defer_thread else None
+        self._deferrer = (
+            WakeThread(self._defer_then_read_ahead, f"sb-defer-{entity}") if defer_thread else None
+        )
 
     # -- the link ----------------------------------------------------------------------------------------------
     def link(self) -> EntityLink:
@@ -203,6 +215,14 @@ class SourcePlanner:
             "this source reads non-session queues and subscriptions only"
         )
 
+    @contextmanager
+    def _spark_call(self) -> Iterator[None]:
+        """The mutex, for one of Spark's calls: a read-ahead holding it stops before its next receive."""
+        self._spark_waits.set()
+        with self._mutex:
+            self._spark_waits.clear()
+            yield
+
     # -- Spark's calls -----------------------------------------------------------------------------------------
     def initial_offset(self) -> dict[str, Any]:
         """Batch 0 (no data). With ``recover_deferred``: one sweep finds the deferred messages no manifest names,
@@ -212,7 +232,7 @@ class SourcePlanner:
         then only the orphans are left to peek, where a sweep now would peek the whole backlog (twice: Spark 4.2
         asks a new checkpoint's initial offset twice); here only the highest number present is pinned (a
         galloping peek of about 2*log2(n) single messages)."""
-        with self._mutex:
+        with self._spark_call():
             self._check_entity()
             epoch = self._read_epoch()
             start = Manifest(b=0, epoch={self.channel: epoch} if epoch else {})
@@ -229,7 +249,7 @@ class SourcePlanner:
     def latest_offset(self, start: dict[str, Any] | None, max_rows: int | None = None) -> dict[str, Any]:
         """Settle ``start`` (the last committed end), receive up to the limits, return the new manifest - or
         ``start`` unchanged if nothing is held. ``start=None`` (4.0/4.1): the last offset seen."""
-        with self._mutex:
+        with self._spark_call():
             self.run_defer()
             self._check_entity()
             if start is None and self._known is None:
@@ -261,11 +281,15 @@ class SourcePlanner:
                 self._sweep()
                 self._named(s)
             self._orphans.count(self._peek, owed)
-            if self._drained:
+            if self._drained and not self._held:
                 return s.to_dict()
-            t0 = self.clock.monotonic()
-            owed = self._receive(owed, max_rows, stats)
-            stats.receive_seconds = self.clock.monotonic() - t0
+            self._max_rows = max_rows
+            if (
+                not self._drained
+            ):  # drained with messages held (a read-ahead, the range cut): named, not received
+                t0 = self.clock.monotonic()
+                owed = self._receive(owed, max_rows, stats)
+                stats.receive_seconds = self.clock.monotonic() - t0
             self._owed_now = (s.to_json(), owed)
             waiting = (
                 self.limits.min_messages
@@ -282,7 +306,7 @@ class SourcePlanner:
         ``defer_later`` in :meth:`run_defer` - the defer thread's, while the executors read (a peek reads a locked
         message as it reads a deferred one), and at the latest before the next settle. Pure in (start, end): a
         second call defers nothing. ``partitions(o, o)`` (4.0/4.1 ``setLatestSeenOffset``) only learns ``o``."""
-        with self._mutex:
+        with self._spark_call():
             e = Manifest.from_dict(end)
             self._known = e
             self._named(e)
@@ -297,6 +321,47 @@ class SourcePlanner:
                     self._deferrer.wake()
             return split(e, self.limits.min_partitions, self.limits.max_per_partition)
 
+    def _defer_then_read_ahead(self) -> None:
+        """The defer thread's work (driver): the planned batch's defer, then the next batch's receive."""
+        self.run_defer()
+        self.read_ahead()
+
+    def read_ahead(self) -> int:
+        """Receive the next batch's messages while the executors read this one (driver: the defer thread, after
+        the defer; with ``read_ahead``). They are held as a receive in ``latest_offset`` holds them - locked, renewed
+        by the keeper, in no manifest until the next ``latest_offset`` names them -, so a crash meanwhile is a crash
+        mid-receive: their locks lapse and the service delivers them again. It stops before its next receive when
+        one of Spark's calls waits for the planner. Returns how many it received.
+
+        It runs only where such a receive cannot hold a number the offset log names: the batch just planned was
+        deferred whole (a message whose defer failed is active, and would be received into the next batch while
+        this one reads it: a duplicate), nothing is owed and the last settle was complete (an owed number may be
+        active again: only ``latest_offset`` completes it). And only while there is a backlog (the last receive
+        stopped at the batch's limit: on an idle entity a receive would wait ``receiveWaitTime`` for nothing), not
+        once an AvailableNow run is drained (what a read-ahead received up to the watermark, the next trigger names)
+        nor while recoverDeferred's sweep is to do."""
+        with self._mutex:
+            if not (
+                self._read_ahead
+                and self._full
+                and self._defer_clean
+                and self._pending is None
+                and self._to_defer is None
+                and self._settle_complete
+                and self._owed_now is not None
+                and not self._owed_now[1]
+                and not self._drained
+                and not self._adopt
+                and not self._sweep_pending
+                and not self._spark_waits.is_set()
+            ):
+                return 0
+            before = len(self._held)
+            self._receive((), self._max_rows, BatchStats(b=-1), stop=self._spark_waits.is_set)
+            got = len(self._held) - before
+            log.debug("source %s: read ahead %d messages", self.entity, got)
+            return got
+
     def run_defer(self) -> None:
         """Defer the planned batch's held messages if that is still to do (driver: the defer thread, and every call
         that settles or stops first). Until then the lock keeper renews their locks."""
@@ -308,7 +373,7 @@ class SourcePlanner:
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark committed the batch ending at ``end``: settle it (the same step ``latest_offset(end)`` skips)."""
-        with self._mutex:
+        with self._spark_call():
             self.run_defer()
             e = Manifest.from_dict(end)
             if self._known is None or e.b >= self._known.b:
@@ -319,7 +384,7 @@ class SourcePlanner:
     def report_latest(self) -> dict[str, Any]:
         """``reportLatestOffset``: the entity's backlog from its admin counts (``deferredOnEntity``: what this query
         deferred and has not deleted yet); ``None`` where a call failed."""
-        with self._mutex:
+        with self._spark_call():
             owed = count(self._owed_now[1]) if self._owed_now else 0
             out: dict[str, Any] = {"activeMessages": None, "deferredOnEntity": None, "owed": owed}
             out["oldestAgeSeconds"] = None
@@ -343,7 +408,7 @@ class SourcePlanner:
     def prepare_available_now(self) -> int:
         """Pin the watermark W (the highest number present, by galloping peek; -1 if none): batches stop when a
         receive is empty, yields only numbers above W, or yields W itself."""
-        with self._mutex:
+        with self._spark_call():
             self._check_entity()
             try:
                 self._watermark = highest(self._peek)
@@ -357,11 +422,12 @@ class SourcePlanner:
     def stop(self) -> None:
         """Stop the keeper and the defer thread, run a defer still to do, and close the link (held locks lapse on
         the service)."""
+        self._spark_waits.set()  # a read-ahead stops before its next receive
         if self._keeper is not None:
             self._keeper.stop(self.limits.call_timeout)
         if self._deferrer is not None:
             self._deferrer.stop(self.limits.call_timeout)
-        with self._mutex:
+        with self._spark_call():
             self.run_defer()
             if self._link is not None:
                 link, self._link = self._link, None
@@ -465,17 +531,30 @@ class SourcePlanner:
         self._owed_now = (key, owed)
         return owed
 
-    def _receive(self, owed: Ranges, max_rows: int | None, stats: BatchStats) -> Ranges:
-        """Receive into ``self._held`` until a limit; complete owed numbers at once. Returns the owed left."""
+    def _receive(
+        self,
+        owed: Ranges,
+        max_rows: int | None,
+        stats: BatchStats,
+        stop: Callable[[], bool] | None = None,
+    ) -> Ranges:
+        """Receive into ``self._held`` until a limit (or ``stop()``, before a receive); complete owed numbers at
+        once. Returns the owed left; ``self._full`` says whether it stopped at the count or size limit."""
         lim = self.limits
-        limit = min(lim.max_messages, max_rows) if max_rows is not None else lim.max_messages
+        limit = self._limit(max_rows)
         size = sum(h.received.size for h in self._held.values())
         spans = len(ranges_of(self._held))  # kept up to date as numbers are held (not recounted per receive)
         t0 = self.clock.monotonic()
-        while len(self._held) < limit and (lim.max_bytes is None or size < lim.max_bytes):
+        self._full = False
+        while True:
+            if len(self._held) >= limit or (lim.max_bytes is not None and size >= lim.max_bytes):
+                self._full = True
+                break
             if self.clock.monotonic() - t0 >= lim.max_receive_time:
                 break
             if spans >= lim.max_offset_ranges:
+                break
+            if stop is not None and stop():
                 break
             self.keep_locks()
             want = min(lim.receive_batch, limit - len(self._held))
@@ -519,6 +598,10 @@ class SourcePlanner:
             )
         return owed
 
+    def _limit(self, max_rows: int | None) -> int:
+        lim = self.limits.max_messages
+        return min(lim, max_rows) if max_rows is not None else lim
+
     def _complete_owed(self, owed: Ranges, got: list[Received], stats: BatchStats) -> Ranges:
         try:
             done = self.link().complete(got, self.limits.call_timeout)
@@ -530,6 +613,8 @@ class SourcePlanner:
 
     def _emit(self, s: Manifest, owed: Ranges, stats: BatchStats) -> Manifest:
         kept, _rest = cut(self._held, self.limits.max_offset_ranges)  # the rest is carried to the next batch
+        # a read-ahead under a higher row limit may hold more than this trigger admits: the lowest numbers go
+        kept = kept[: self._limit(self._max_rows)]
         held = {seq: self._held.pop(seq) for seq in kept}
         ranges = union(ranges_of(kept), self._adopt)
         self._adopt = ()
@@ -564,6 +649,9 @@ class SourcePlanner:
         stats.defer_seconds = self.clock.monotonic() - t0
         stats.deferred = len(done)
         stats.defer_failed = stats.received - len(done)
+        # every message the manifest received was deferred (the keeper drops a planned message whose lock was lost
+        # from ``held``: counted by ``received``, not by the handles; found by the simulation)
+        self._defer_clean = stats.defer_failed == 0
         self._last_batch_at = self.clock.monotonic()
         # the INFO line is the adapter's on_batch (spark_sb.spark.reader.BatchRecorder)
         log.debug("source %s: %s", self.entity, stats)

@@ -141,7 +141,8 @@ class BatchRecorder:
 
 def new_planner(opts: SourceReadOptions) -> SourcePlanner:
     """The planner of a stream (planner process): the SDK link on the primary, the system clock, the lock keeper
-    thread, the defer thread (a batch's defer runs while its tasks read) and the batch recorder."""
+    thread, the defer thread (a batch's defer, then the next batch's receive - read-ahead -, while its tasks read) and
+    the batch recorder."""
     path = stream_path(opts)
     clock = SystemClock()
 
@@ -156,6 +157,7 @@ def new_planner(opts: SourceReadOptions) -> SourcePlanner:
         on_batch=BatchRecorder(opts),
         keeper_thread=True,
         defer_thread=True,
+        read_ahead=True,
     )
 
 

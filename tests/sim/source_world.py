@@ -83,6 +83,9 @@ class Params:
     defer_later: (
         bool  # partitions() leaves the defer to run_defer (production's defer thread): run at any point
     )
+    read_ahead: (
+        bool  # the next batch is received while this one is read (production's defer thread after the defer)
+    )
 
 
 def draw(rng: random.Random) -> Params:
@@ -114,6 +117,7 @@ def draw(rng: random.Random) -> Params:
         lose_checkpoint=lose,
         factory=rng.random() < 0.5,
         defer_later=rng.random() < 0.5,
+        read_ahead=rng.random() < 0.5,
     )
 
 
@@ -222,7 +226,13 @@ class SourceWorld:
         tag = self.incarnation
         link: Any = (lambda: self.entity.link(tag=tag)) if self.p.factory else self.entity.link(tag=tag)
         self.planner = p = SourcePlanner(
-            ENTITY, link, self.clock, self.p.limits, max_delivery_count=10, defer_later=self.p.defer_later
+            ENTITY,
+            link,
+            self.clock,
+            self.p.limits,
+            max_delivery_count=10,
+            defer_later=self.p.defer_later,
+            read_ahead=self.p.read_ahead,
         )
         if self.offsets:
             last = max(self.offsets)
@@ -243,7 +253,9 @@ class SourceWorld:
             self.produce(3 if self.faulty else 0)
             last = max(self.offsets) if self.offsets else -1
             start = self.offsets[last] if last >= 0 else self.start_of(0)
-            end = p.latest_offset(None if self.p.spark40 else start, self.p.max_rows)
+            # Spark's admission limit for this trigger (a composite ReadLimit's can change from one to the next)
+            max_rows = self.rng.randint(1, self.p.max_rows) if self.p.max_rows else None
+            end = p.latest_offset(None if self.p.spark40 else start, max_rows)
             self.kill("after latestOffset, before the WAL")
             if end == start and self.p.available_now:
                 self.note(f"AvailableNow run ended after {self.triggers - run_start} triggers")
@@ -273,6 +285,13 @@ class SourceWorld:
             idle = 0
             batch = last + 1
             self.note(f"latest b={end['b']} m={end['m']} owed={end['owed']}")
+            limit = min(self.p.limits.max_messages, max_rows or self.p.limits.max_messages)
+            if (
+                not self.p.lose_checkpoint and end["n"] > limit
+            ):  # recoverDeferred's adopted numbers come on top
+                self.violations.append(
+                    Violation("admission", f"batch {batch} holds {end['n']} messages, over {limit}")
+                )
             slow = self.rng.choice([0.0, 0.1, 0.7, 2.5]) * self.p.lock
             self.elapse(slow, starve=self.rng.random() < self.p.chaos)  # the WAL write
             self.offsets[batch] = end
@@ -280,6 +299,8 @@ class SourceWorld:
             self.kill("after the WAL, before the defer")
             if batch > 0:
                 p.commit(self.offsets[batch - 1])
+                if self.rng.random() < 0.2:
+                    self.read_ahead()  # the defer thread, late: after the commit
             self.run_batch(batch)
 
     def run_batch(self, batch: int) -> None:
@@ -292,25 +313,44 @@ class SourceWorld:
                 self.violations.append(Violation("pure", f"partitions of batch {batch} changed: {again}"))
         # defer_later: the defer thread runs before a task, after them all, after a long batch, or never (the next
         # commit or latestOffset runs it)
+        # read-ahead: the defer thread receives after the defer, at any point of the batch (before its defer it
+        # does nothing), or not before the next call
         defer_at = self.rng.randint(0, len(specs) + 2)
+        ahead_at = self.rng.randint(0, len(specs) + 2)
         rows: list[str] = []
         for i, spec in enumerate(specs):
             if i == defer_at:
                 self.planner.run_defer()
+            if i == ahead_at:
+                self.read_ahead()
             rows += self.task(spec)
         if defer_at == len(specs):
             self.planner.run_defer()
+        if ahead_at == len(specs):
+            self.read_ahead()
         self.elapse(
             self.rng.choice([0.0, 1.0, 3.0 * self.p.lock])
         )  # a long batch: deferred messages hold no lock (nor, till their defer, renewed ones)
         if defer_at == len(specs) + 1:
             self.planner.run_defer()
+        if ahead_at == len(specs) + 1:
+            self.read_ahead()
         if batch not in self.sink:  # Delta's idempotence by batch id
             self.sink[batch] = rows
         self.note(f"sink {batch}: {len(rows)} rows")
         self.kill("after the sink commit, before the commit log")
         self.commits.add(batch)
         self.kill("after the commit log, before settle")
+
+    def read_ahead(self) -> None:
+        assert self.planner is not None
+        if self.faulty:
+            self.produce(2)  # sent while the batch runs
+        got = self.planner.read_ahead()
+        if got:
+            self.note(f"read ahead {got}")
+        if got and not self.p.read_ahead:
+            self.violations.append(Violation("read-ahead", f"a planner without read_ahead received {got}"))
 
     def task(self, spec: PartitionSpec) -> list[str]:
         for attempt in range(TASK_ATTEMPTS):

@@ -4,7 +4,7 @@ tests/sim/source_world.py).
 ``SOURCE_SIM_SCHEDULES`` schedules (default 1,000, in chunks for the tier's workers), each from its seed; after each
 the checkers (every message in the sink exactly once - at least once for those on the entity when a checkpoint was
 lost -, the entity empty after the drain, deliveries within the fault windows, partitions pure, AvailableNow runs
-ending). A failing schedule prints its seed, what it violated and the last steps; ``SIM_SEED=<n>``
+ending, no batch over its trigger's row limit). A failing schedule prints its seed, what it violated and the last steps; ``SIM_SEED=<n>``
 replays that one schedule exactly.
 
 What it found on the code as first written (fixed; each has a unit test): a settle cut short by a fault left
@@ -24,6 +24,17 @@ how many of the first 1,000 schedules violate):
 | no lock keeper                                                           | delivery           | 1         | 898      |
 | AvailableNow ignores its watermark                                       | available-now      | 6         | 160      |
 | recoverDeferred adopts a replayed batch 0's numbers                      | loss               | 37        | 16       |
+
+Read-ahead (the next batch received while this one is read; seeds as of its commit): as first written it counted the
+defer clean by the handles deferred, and the keeper drops a planned message whose lock was lost from them - a
+duplicate at seed 39. Put back alone:
+
+| break put back                                                           | property           | schedules | of 1,000 |
+| the defer counted clean by its handles (as first written)                | duplicate          | 474       | 6        |
+| read-ahead after a defer that failed for some                            | duplicate          | 50        | 24       |
+| read-ahead with numbers owed                                             | duplicate          | 12        | 29       |
+| read-ahead before the planned batch's partitions()                       | duplicate          | 170       | 9        |
+| a trigger names all it holds, over its row limit (no count cut)          | admission          | 4         | 65       |
 
 Not found in 300 schedules (equivalent here: one process never settles two manifests of one batch number): the
 settle step remembering manifests by batch number only.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -476,3 +477,108 @@ def test_a_session_entity_is_refused_by_the_receive_when_its_properties_cannot_b
     link.receive = refused  # type: ignore[method-assign]
     with pytest.raises(ConfigError, match="orders is session-enabled"):
         p.latest_offset(p.initial_offset(), None)
+
+
+def ahead_world(n: int, **limits: Any) -> tuple[FakeClock, FakeEntity, SourcePlanner]:
+    clock = FakeClock()
+    e = FakeEntity(clock, lock_duration=30.0)
+    for _ in range(n):
+        e.send()
+    return clock, e, SourcePlanner("orders", e.link(), clock, PlannerLimits(**limits), read_ahead=True)
+
+
+def test_read_ahead_receives_the_next_batch_while_this_one_is_read_and_the_next_trigger_names_it() -> None:
+    clock, e, p = ahead_world(10, max_messages=4, receive_batch=2)
+    start = p.initial_offset()
+    end = p.latest_offset(start, None)
+    assert p.read_ahead() == 0  # planned, not deferred yet: nothing read ahead
+    p.partitions(start, end)
+    receives = e.calls["receive"]
+    assert p.read_ahead() == 4 and e.calls["receive"] == receives + 2  # up to the batch's limit, locked
+    assert [s for s, m in e.messages.items() if m.state == LOCKED] == [5, 6, 7, 8]
+    assert [x.seq for x in read_partition(PartitionSpec(CH, ((1, 4),)), e.peeker())] == [1, 2, 3, 4]
+    p.commit(end)
+    assert sorted(e.messages) == [5, 6, 7, 8, 9, 10]
+    nxt = p.latest_offset(end, None)  # named at once: no receive (the batch is full)
+    assert seqs(nxt) == [5, 6, 7, 8] and e.calls["receive"] == receives + 2
+    p.partitions(end, nxt)
+    assert p.read_ahead() == 2  # the backlog's last two, then an empty receive
+    p.commit(nxt)
+    last = p.latest_offset(nxt, None)
+    assert seqs(last) == [9, 10] and max(m.delivery_count for m in e.messages.values()) == 1
+    p.partitions(nxt, last)
+    assert p.read_ahead() == 0  # the last receive found the entity drained: no backlog, no read-ahead
+
+
+def test_read_ahead_holds_no_number_the_offset_log_names_nor_more_than_the_next_trigger_admits_nor_past_available_now() -> (
+    None
+):
+    # a message of the planned batch whose defer failed is active again: reading ahead would take it into the
+    # next batch while this one reads it
+    clock, e, p = ahead_world(6, max_messages=3)
+    start = p.initial_offset()
+    end = p.latest_offset(start, None)
+    clock.advance(31)  # no keeper: the batch's locks lapse before its defer
+    p.partitions(start, end)
+    assert e.states()["active"] == 6 and p.read_ahead() == 0 and e.calls["receive"] == 1
+    p.commit(end)  # settled: all three owed, active
+    nxt = p.latest_offset(end, None)  # completes them when they come back
+    assert seqs(nxt) == [4, 5, 6] and Manifest.from_dict(nxt).owed == {}
+    for _ in range(5):
+        e.send()
+    p.partitions(end, nxt)
+    assert p.read_ahead() == 3
+    p.commit(nxt)
+    after = p.latest_offset(nxt, 2)  # the next trigger admits two: the third stays held for the one after
+    assert seqs(after) == [7, 8]
+    p.partitions(nxt, after)
+    p.commit(after)
+    assert seqs(p.latest_offset(after, None)) == [9, 10, 11]
+    # AvailableNow: a read-ahead that receives the watermark ends the receiving; the next triggers name what it
+    # holds, then the run ends
+    clock, e, p = ahead_world(6, max_messages=2)
+    start = p.initial_offset()
+    assert p.prepare_available_now() == 6
+    got: list[int] = []
+    while True:
+        end = p.latest_offset(start, None)
+        if end == start:
+            break
+        got += seqs(end)
+        p.partitions(start, end)
+        p.read_ahead()
+        p.commit(end)
+        start = end
+    assert got == [1, 2, 3, 4, 5, 6] and e.messages == {}
+    assert e.calls["receive"] == 3  # 1-2, then read ahead 3-4 and 5-6 (the watermark: no more receives)
+    # nor without read_ahead
+    clock, e, _ = ahead_world(6, max_messages=2)
+    q = SourcePlanner("orders", e.link(), clock, PlannerLimits(max_messages=2))
+    start = q.initial_offset()
+    end = q.latest_offset(start, None)
+    q.partitions(start, end)
+    assert q.read_ahead() == 0
+
+
+def test_a_read_ahead_stops_at_its_next_receive_when_a_spark_call_waits() -> None:
+    clock, e, p = ahead_world(12, max_messages=6, receive_batch=2)
+    start = p.initial_offset()
+    end = p.latest_offset(start, None)
+    p.partitions(start, end)
+    committed = threading.Event()
+
+    def commit() -> None:
+        p.commit(end)
+        committed.set()
+
+    def hook(op: str, phase: str, _link: object) -> None:
+        if op == "receive" and phase == "after" and not committed.is_set() and e.calls["receive"] == 4:
+            threading.Thread(target=commit, daemon=True).start()
+            deadline = time.monotonic() + 10
+            while not p._spark_waits.is_set() and time.monotonic() < deadline:  # noqa: SLF001
+                time.sleep(0.001)  # the commit's thread, awaited at the mutex
+
+    e.hook = hook
+    assert p.read_ahead() == 2  # its first receive; the commit waited, so it stopped there
+    assert committed.wait(10) and e.calls["receive"] == 4
+    assert seqs(p.latest_offset(end, None)) == [7, 8, 9, 10, 11, 12]
