@@ -65,6 +65,8 @@ class SourceReadOptions:
     receive_wait_time: float = 1.0
     fail_on_data_loss: bool = True
     recover_deferred: bool = False
+    #: The defer thread receives the next batch while the executors read this one (the planner's read-ahead).
+    read_ahead: bool = True
     min_partitions: int | None = None
     max_messages_per_partition: int = 5_000
     body_format: str = "binary"
@@ -195,6 +197,7 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "receiveWaitTime": ("receive_wait_time", _duration(positive=True)),
     "failOnDataLoss": ("fail_on_data_loss", _bool),
     "recoverDeferred": ("recover_deferred", _bool),
+    "readAhead": ("read_ahead", _bool),
     "minPartitions": ("min_partitions", _int(1)),
     "maxMessagesPerPartition": ("max_messages_per_partition", _int(1)),
     "bodyFormat": ("body_format", _choice(BODY_FORMATS)),

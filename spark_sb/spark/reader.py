@@ -157,7 +157,7 @@ def new_planner(opts: SourceReadOptions) -> SourcePlanner:
         on_batch=BatchRecorder(opts),
         keeper_thread=True,
         defer_thread=True,
-        read_ahead=True,
+        read_ahead=opts.read_ahead,
     )
 
 

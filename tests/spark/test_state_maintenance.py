@@ -150,6 +150,61 @@ def test_maintain_keeps_the_tables_small_and_what_sinks_need(spark: Any, tmp_pat
     assert maintain_if_due(spark, load_config(str(config)), now=NOW + timedelta(hours=23)) is None
 
 
+def test_maintain_runs_each_statement_on_small_tables(spark: Any, tmp_path: Path) -> None:
+    """Every statement of :func:`maintain` on a few rows (the oldest Spark pair runs this one in place of the grown
+    tables above: the same DELETE, OPTIMIZE, VACUUM and ALTER TABLE on its Delta): the events and rejects past the
+    retention go but the commits replay skipping reads, files are compacted, properties set."""
+    from spark_sb.state.maintenance import maintain
+    from spark_sb.state.records import SENT
+
+    location = str(tmp_path / "small")
+    for table, ddl in (("events", "EVENTS_DDL"), ("entities", "ENTITIES_DDL"), ("rejects", "REJECTS_DDL")):
+        import spark_sb.state.records as state_records
+
+        spark.sql(
+            f"CREATE TABLE delta.`{location}/{table}` ({getattr(state_records, ddl)}) USING DELTA"
+        ).collect()
+    store = DeltaStateStore(spark, StateTables(location=location))
+    old, recent = NOW - timedelta(days=40), NOW - timedelta(days=1)
+    store.append_events(
+        [
+            *(Event(old, "s", b, kind, count=1) for b in (1, 2) for kind in (SENT, BATCH_COMMITTED)),
+            Event(old, "quiet", 7, BATCH_COMMITTED),
+        ]
+    )
+    store.write_batch(
+        "s",
+        3,
+        BatchWrites(
+            (Event(recent, "s", 3, SENT, count=1), Event(recent, "s", 3, BATCH_COMMITTED, count=1)),
+            (),
+            tuple(RejectRecord(t, "s", 3, "orders", "body", "too large", "{}") for t in (old, recent)),
+        ),
+    )
+    report = maintain(spark, StateTables(location=location), retention=30 * 86400.0, now=NOW)
+    tables = {t.table: t for t in report.tables}
+    # the sent events of batches 1 and 2; their commits are among the sink's newest 100 (replay skipping reads them)
+    assert tables["events"].deleted_rows == 2
+    assert tables["rejects"].deleted_rows == 1 and tables["entities"].deleted_rows == 0
+    assert tables["events"].files_after < tables["events"].files_before == 2
+    after = DeltaStateStore(spark, StateTables(location=location))
+    kept = sorted(
+        (e.sink_id, e.batch_id, e.event) for e in after.read_events() if e.sink_id != "spark-sb/maintain"
+    )
+    assert kept == [
+        ("quiet", 7, BATCH_COMMITTED),
+        *(("s", b, BATCH_COMMITTED) for b in (1, 2, 3)),
+        ("s", 3, SENT),
+    ]
+    assert [r.time for r in after.read_rejects()] == [recent]
+    for table in ("events", "entities", "rejects"):
+        props = {
+            r["key"]: r["value"]
+            for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{location}/{table}`").collect()
+        }
+        assert {k: props.get(k) for k in TABLE_PROPERTIES} == TABLE_PROPERTIES
+
+
 def test_new_tables_are_created_with_the_properties(spark: Any, tmp_path: Path) -> None:
     DeltaStateStore(spark, StateTables(location=str(tmp_path / "s"))).ensure()
     props = {

@@ -33,11 +33,12 @@ def test_the_defaults_are_those_of_the_design() -> None:
         None,
     )
     assert (o.max_trigger_delay, o.max_receive_time, o.receive_wait_time) == (900.0, 10.0, 1.0)
-    assert (o.fail_on_data_loss, o.recover_deferred, o.body_format, o.payloads) == (
+    assert (o.fail_on_data_loss, o.recover_deferred, o.body_format, o.payloads, o.read_ahead) == (
         True,
         False,
         "binary",
         "peek",
+        True,
     )
     assert (o.min_partitions, o.max_messages_per_partition, o.max_offset_ranges, o.prefetch_count) == (
         None,
@@ -63,6 +64,7 @@ def test_keys_are_case_insensitive_and_values_typed() -> None:
             "receiveWaitTime": "250ms",
             "failOnDataLoss": "FALSE",
             "recoverDeferred": "true",
+            "readAhead": "False",
             "minPartitions": "4",
             "maxMessagesPerPartition": "100",
             "bodyFormat": "String",
@@ -80,7 +82,12 @@ def test_keys_are_case_insensitive_and_values_typed() -> None:
         10,
     )
     assert (o.max_trigger_delay, o.max_receive_time, o.receive_wait_time) == (900.0, 2.5, 0.25)
-    assert (o.fail_on_data_loss, o.recover_deferred, o.body_format) == (False, True, "string")
+    assert (o.fail_on_data_loss, o.recover_deferred, o.body_format, o.read_ahead) == (
+        False,
+        True,
+        "string",
+        False,
+    )
     assert (o.min_partitions, o.max_messages_per_partition, o.max_offset_ranges, o.prefetch_count) == (
         4,
         100,
