@@ -3,7 +3,8 @@
 * :mod:`~spark_sb.source.transport` - what the protocol needs from a namespace (driver link, executor peeks);
 * :mod:`~spark_sb.source.manifest` - the offset: a manifest of exact sequence numbers and the owed set (pure data);
 * :mod:`~spark_sb.source.settle` - the settle step: delete a committed manifest's deferred messages (driver);
-* :mod:`~spark_sb.source.planner` - the driver's receive, lock keeper and defer (``latestOffset``, ``partitions``);
+* :mod:`~spark_sb.source.planner` - the driver's receive, lock keeper, defer and read-ahead (``latestOffset``,
+  ``partitions``); :mod:`~spark_sb.source.batch` - its limits and per-batch numbers;
 * :mod:`~spark_sb.source.locks` - the driver's held peek-locks, the keeper thread that renews them, the defer thread;
 * :mod:`~spark_sb.source.orphans` - a new checkpoint's orphan deferred messages: their count's WARN (driver);
 * :mod:`~spark_sb.source.reader` - the executors' peek read of one partition;

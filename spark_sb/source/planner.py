@@ -15,16 +15,14 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from spark_sb.core.clock import Clock
 from spark_sb.core.errors import ConfigError
+from spark_sb.source.batch import BatchStats, Pending, PlannerLimits
 from spark_sb.source.faults import fault
 from spark_sb.source.locks import Held, KeeperThread, WakeThread, renew_due
 from spark_sb.source.manifest import (
-    MAX_OFFSET_RANGES,
-    MAX_PER_PARTITION,
     Manifest,
     PartitionSpec,
     Ranges,
@@ -43,58 +41,6 @@ from spark_sb.source.settle import Settler
 from spark_sb.source.transport import EntityLink, Peeked, Received
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PlannerLimits:
-    """The planner's limits, in plain numbers (seconds, counts, bytes); defaults as SOURCE.md §10. Picklable."""
-
-    max_messages: int = 50_000  # maxMessagesPerTrigger
-    max_bytes: int | None = None  # maxBytesPerTrigger (no cap on the peek route unless set)
-    min_messages: int = 0  # minMessagesPerTrigger
-    max_trigger_delay: float = 900.0  # maxTriggerDelay (15m)
-    max_receive_time: float = 10.0  # maxReceiveTime
-    receive_wait: float = 1.0  # receiveWaitTime
-    # messages asked per receive call: 500 receives 5,000 messages in 0.65-1.06 s on the local namespace, 100 in
-    # 1.4-2.4 s (the SDK's per-call cost; prefetch 0, so this is the link credit)
-    receive_batch: int = 500
-    min_partitions: int | None = None  # minPartitions
-    max_per_partition: int = MAX_PER_PARTITION  # maxMessagesPerPartition
-    max_offset_ranges: int = MAX_OFFSET_RANGES  # maxOffsetRanges
-    fail_on_data_loss: bool = True  # failOnDataLoss
-    recover_deferred: bool = False  # recoverDeferred
-    call_timeout: float = 10.0  # every link call's deadline
-    settle_timeout: float = 60.0  # one settle step's deadline
-
-
-@dataclass
-class BatchStats:
-    """One batch's numbers, given to ``on_batch`` once its messages are deferred (driver; picklable)."""
-
-    b: int
-    received: int = 0
-    bytes: int = 0
-    owed_completed: int = 0
-    settled: int = 0
-    owed: int = 0
-    dropped: int = 0
-    deferred: int = 0
-    defer_failed: int = 0
-    max_delivery_count: int = 0
-    near_dead_letter: int = 0
-    receive_seconds: float = 0.0
-    defer_seconds: float = 0.0
-    settle_seconds: float = 0.0
-
-
-@dataclass
-class _Pending:
-    """The manifest returned by ``latest_offset`` and not yet planned: its start, and the messages to defer."""
-
-    start: Manifest
-    end: Manifest
-    held: dict[int, Held]  # bounded by the batch (maxMessagesPerTrigger)
-    stats: BatchStats
 
 
 class SourcePlanner:
@@ -133,7 +79,7 @@ class SourcePlanner:
         self._mutex = threading.RLock()
         # received, in no manifest yet: bounded by max_messages + receive_batch
         self._held: dict[int, Held] = {}
-        self._pending: _Pending | None = None
+        self._pending: Pending | None = None
         self._known: Manifest | None = None  # the last offset Spark showed or planned (4.0/4.1: no start)
         # owed after settling one start, less what was completed since; and whether that settle tried everything
         self._owed_now: tuple[str, Ranges] | None = None
@@ -149,16 +95,13 @@ class SourcePlanner:
         self._checked = False  # the entity's properties were read (sessions refused)
         self._next_due: float | None = None  # no held lock is due before it (keep_locks)
         # the planned batch whose defer has not run yet (defer_later): one batch at most
-        self._to_defer: _Pending | None = None
+        self._to_defer: Pending | None = None
         self._defer_later = defer_later or defer_thread
         # read-ahead (:meth:`read_ahead`): the last receive stopped at the batch's limit (a backlog: the next batch
         # is there to receive); the last defer deferred every message; the last trigger's row limit (admission)
-        self._read_ahead = read_ahead
-        self._full = False
-        self._defer_clean = False
+        self._read_ahead, self._full, self._defer_clean = read_ahead, False, False
         self._max_rows: int | None = None
-        # set while a Spark call waits for the mutex: a read-ahead stops before its next receive
-        self._spark_waits = threading.Event()
+        self._spark_waits = threading.Event()  # a Spark call waits for the mutex: a read-ahead stops
         self._keeper: KeeperThread | None = None
         if keeper_thread:
             self._keeper = KeeperThread(self.keep_locks, clock, f"sb-lock-keeper-{entity}")
@@ -328,18 +271,12 @@ class SourcePlanner:
 
     def read_ahead(self) -> int:
         """Receive the next batch's messages while the executors read this one (driver: the defer thread, after
-        the defer; with ``read_ahead``). They are held as a receive in ``latest_offset`` holds them - locked, renewed
-        by the keeper, in no manifest until the next ``latest_offset`` names them -, so a crash meanwhile is a crash
-        mid-receive: their locks lapse and the service delivers them again. It stops before its next receive when
-        one of Spark's calls waits for the planner. Returns how many it received.
-
-        It runs only where such a receive cannot hold a number the offset log names: the batch just planned was
-        deferred whole (a message whose defer failed is active, and would be received into the next batch while
-        this one reads it: a duplicate), nothing is owed and the last settle was complete (an owed number may be
-        active again: only ``latest_offset`` completes it). And only while there is a backlog (the last receive
-        stopped at the batch's limit: on an idle entity a receive would wait ``receiveWaitTime`` for nothing), not
-        once an AvailableNow run is drained (what a read-ahead received up to the watermark, the next trigger names)
-        nor while recoverDeferred's sweep is to do."""
+        the defer). Held as ``latest_offset`` holds them (locked, renewed, in no manifest until the next trigger
+        names them): a crash meanwhile is a crash mid-receive. Stops before a receive when a Spark call waits.
+        Runs only where it cannot hold a number the offset log names - the planned batch deferred whole (a failed
+        defer leaves a message active: a duplicate), nothing owed, the last settle complete - and only on a
+        backlog (the last receive stopped at the batch's limit), not once an AvailableNow run is drained nor while
+        recoverDeferred's sweep is to do. Returns how many it received."""
         with self._mutex:
             if not (
                 self._read_ahead
@@ -630,13 +567,13 @@ class SourcePlanner:
             sweep=self._sweep_pending,
         )
         stats.received, stats.bytes, stats.owed = len(held), size, count(owed)
-        self._pending = _Pending(start=s, end=end, held=held, stats=stats)
+        self._pending = Pending(start=s, end=end, held=held, stats=stats)
         if self._watermark is not None and self._watermark < 0:
             self._drained = True  # AvailableNow without a watermark (none found, or empty): one batch
         fault("offset")  # a test hook (faults.py), off by default
         return end
 
-    def _defer(self, pending: _Pending) -> None:
+    def _defer(self, pending: Pending) -> None:
         stats = pending.stats
         handles = [h.received for h in pending.held.values()]
         t0 = self.clock.monotonic()

@@ -29,9 +29,10 @@ from typing import Any
 from spark_sb.core.clock import SystemClock
 from spark_sb.core.errors import ConfigError
 from spark_sb.core.lazy import lazy_module_getattr
+from spark_sb.source.batch import BatchStats, PlannerLimits
 from spark_sb.source.manifest import PartitionSpec, channel_of
 from spark_sb.source.options import SourceReadOptions, option_error
-from spark_sb.source.planner import BatchStats, PlannerLimits, SourcePlanner
+from spark_sb.source.planner import SourcePlanner
 from spark_sb.source.reader import highest, read_partition
 from spark_sb.source.rows import row_of, schema, schema_ddl
 from spark_sb.source.sdk import PeekerFactory, SdkEntityLink

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from servicebus_local.clock import FakeClock
+from spark_sb.source.batch import PlannerLimits
 from spark_sb.source.manifest import PartitionSpec
-from spark_sb.source.planner import PlannerLimits, SourcePlanner
+from spark_sb.source.planner import SourcePlanner
 from spark_sb.source.reader import DataLossError, read_partition
 from tests.unit.source.fakes import FakeEntity, FakeLink
 

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from servicebus_local.server import LocalNamespace
-from spark_sb.source.planner import PlannerLimits
+from spark_sb.source.batch import PlannerLimits
 
 from .source_child import Run, delta_numbers, drain, entity_left, make_entity, run_child, send
 

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from servicebus_local.clock import FakeClock
+from spark_sb.source.batch import BatchStats, PlannerLimits
 from spark_sb.source.manifest import Manifest, PartitionSpec, numbers
-from spark_sb.source.planner import BatchStats, PlannerLimits, SourcePlanner
+from spark_sb.source.planner import SourcePlanner
 from spark_sb.source.reader import DataLossError, read_partition
 from spark_sb.source.transport import DEFERRED
 from tests.unit.source.fakes import LOCKED, FakeEntity
