@@ -101,6 +101,7 @@ def test_make_test_runs_the_whole_suite_and_ci_runs_all_of_it_tier_by_tier() -> 
         )
         if variable == "SPARK_TIER":  # a file's tests that share a child process run it once (test_connect),
             workers += "--dist loadfile --no-loadscope-reorder "  # the files in tests/conftest.py's order
+            workers += r"\$\(addprefix --deselect ,\$\(SPARK_DESELECT\)\) "  # the oldest pair's stand-ins
         assert re.search(rf"^\t\$\(PYTEST\) {workers}\$\({variable}\)$", steps[target], re.M), target
         if variable != "BENCH_TIER":
             assert re.search(rf"^{variable.removesuffix('_TIER')}_WORKERS \?= \d+$", MAKEFILE, re.M), variable
@@ -128,6 +129,10 @@ def test_the_oldest_pairs_files_exist_and_hold_the_version_sensitive_tests() -> 
         assert path.is_file(), f"OLDEST_TIER lists {name}, which does not exist"
         assert path.name.startswith("test_") and path.suffix == ".py", name
         assert path.parent.relative_to(ROOT).as_posix() in make_variable("SPARK_TIER"), name
+    for node in make_variable("SPARK_DESELECT"):  # the pinned pair's: tests the oldest pair runs
+        name, test = node.split("::")
+        assert name in files and re.search(rf"^def {test}\(", (ROOT / name).read_text(), re.M), node
+        assert node not in make_variable("OLDEST_DESELECT"), f"{node}: run on neither pair"
     for node in make_variable("OLDEST_DESELECT"):  # each a test of a listed file, by its pytest node id
         name, *parts = node.split("::")
         assert name in files and parts, node
