@@ -40,6 +40,9 @@ class BatchStats:
 
     b: int
     received: int = 0
+    read_ahead: int = (
+        0  # of ``received``, held before the trigger asked (read ahead, or carried by the range cut)
+    )
     bytes: int = 0
     owed_completed: int = 0
     settled: int = 0

@@ -226,10 +226,9 @@ class SourcePlanner:
             self._orphans.count(self._peek, owed)
             if self._drained and not self._held:
                 return s.to_dict()
-            self._max_rows = max_rows
-            if (
-                not self._drained
-            ):  # drained with messages held (a read-ahead, the range cut): named, not received
+            self._max_rows, stats.read_ahead = max_rows, len(self._held)
+            # drained with messages held (a read-ahead, the range cut): they are named, nothing more received
+            if not self._drained:
                 t0 = self.clock.monotonic()
                 owed = self._receive(owed, max_rows, stats)
                 stats.receive_seconds = self.clock.monotonic() - t0
@@ -567,6 +566,7 @@ class SourcePlanner:
             sweep=self._sweep_pending,
         )
         stats.received, stats.bytes, stats.owed = len(held), size, count(owed)
+        stats.read_ahead = min(stats.read_ahead, len(held))
         self._pending = Pending(start=s, end=end, held=held, stats=stats)
         if self._watermark is not None and self._watermark < 0:
             self._drained = True  # AvailableNow without a watermark (none found, or empty): one batch

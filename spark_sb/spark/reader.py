@@ -93,12 +93,13 @@ class BatchRecorder:
 
     def __call__(self, stats: BatchStats) -> None:
         log.info(
-            "source %s batch %d: %d received (%d bytes), %d deferred, %d settled, %d owed, max delivery count %d, "
-            "receive %.2f s, defer %.2f s, settle %.2f s",
+            "source %s batch %d: %d received (%d bytes, %d read ahead), %d deferred, %d settled, %d owed, max "
+            "delivery count %d, receive %.2f s, defer %.2f s, settle %.2f s",
             self.path,
             stats.b,
             stats.received,
             stats.bytes,
+            stats.read_ahead,
             stats.deferred,
             stats.settled,
             stats.owed,

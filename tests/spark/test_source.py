@@ -378,6 +378,8 @@ def test_a3_batches_sleeping_twice_the_lock_lose_nothing_and_lose_no_lock(
     details = [json.loads(e["detail"]) for e in _source_batches(spark, state)]
     assert len(details) == A3_BATCHES
     assert all(d["defer_failed"] == 0 and d["max_delivery_count"] == ONCE for d in details)  # no lock lost
+    # each batch after the first was received while the one before slept (read-ahead): its locks kept meanwhile
+    assert [d["read_ahead"] for d in details] == [0] + [10] * (A3_BATCHES - 1)
     counts = _runtime(ns, "long")
     assert (counts.total_message_count, counts.dead_letter_message_count) == (0, 0)
 

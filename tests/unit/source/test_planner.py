@@ -490,6 +490,8 @@ def ahead_world(n: int, **limits: Any) -> tuple[FakeClock, FakeEntity, SourcePla
 
 def test_read_ahead_receives_the_next_batch_while_this_one_is_read_and_the_next_trigger_names_it() -> None:
     clock, e, p = ahead_world(10, max_messages=4, receive_batch=2)
+    stats: list[BatchStats] = []
+    p.on_batch = stats.append
     start = p.initial_offset()
     end = p.latest_offset(start, None)
     assert p.read_ahead() == 0  # planned, not deferred yet: nothing read ahead
@@ -509,6 +511,7 @@ def test_read_ahead_receives_the_next_batch_while_this_one_is_read_and_the_next_
     assert seqs(last) == [9, 10] and max(m.delivery_count for m in e.messages.values()) == 1
     p.partitions(nxt, last)
     assert p.read_ahead() == 0  # the last receive found the entity drained: no backlog, no read-ahead
+    assert [(x.received, x.read_ahead) for x in stats] == [(4, 0), (4, 4), (2, 2)]
 
 
 def test_read_ahead_holds_no_number_the_offset_log_names_nor_more_than_the_next_trigger_admits_nor_past_available_now() -> (
