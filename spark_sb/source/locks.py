@@ -1,6 +1,6 @@
-"""The driver's peek-locks (SOURCE.md §5, R16): the messages received and not yet deferred, renewed at half their
-lock, the keeper thread that renews them in production, and the thread that ends them (the planner's defer, run
-while the executors read: :class:`WakeThread`).
+"""The driver's peek-locks (SOURCE.md §5, R16): the messages received and not yet deferred or completed, renewed at
+half their lock, the keeper thread that renews them in production, and the thread the planner reads ahead in
+while the executors read (:class:`WakeThread`).
 
 Runs on the driver (the planner process); nothing here is picklable. The planner owns the books (bounded by one
 batch plus one receive) and calls :func:`renew_due` under its lock; :class:`KeeperThread` calls the planner's
@@ -88,9 +88,10 @@ class KeeperThread:
 
 
 class WakeThread:
-    """A daemon thread calling ``run`` each time it is woken (:meth:`wake`), until stopped; ``run`` never kills it."""
+    """A daemon thread calling ``run`` (its result ignored) each time it is woken (:meth:`wake`), until stopped;
+    ``run`` never kills it."""
 
-    def __init__(self, run: Callable[[], None], name: str) -> None:
+    def __init__(self, run: Callable[[], object], name: str) -> None:
         self.run = run
         self._wake = threading.Event()
         self._stopped = False

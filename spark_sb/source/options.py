@@ -67,6 +67,9 @@ class SourceReadOptions:
     recover_deferred: bool = False
     #: The defer thread receives the next batch while the executors read this one (the planner's read-ahead).
     read_ahead: bool = True
+    #: Seconds a planned batch's messages stay locked (renewed) before they are deferred; committed sooner, they
+    #: are completed with their locks. 0: deferred at once.
+    defer_after: float = 10.0
     min_partitions: int | None = None
     max_messages_per_partition: int = 5_000
     body_format: str = "binary"
@@ -198,6 +201,7 @@ _OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "failOnDataLoss": ("fail_on_data_loss", _bool),
     "recoverDeferred": ("recover_deferred", _bool),
     "readAhead": ("read_ahead", _bool),
+    "deferAfter": ("defer_after", _duration(positive=False)),
     "minPartitions": ("min_partitions", _int(1)),
     "maxMessagesPerPartition": ("max_messages_per_partition", _int(1)),
     "bodyFormat": ("body_format", _choice(BODY_FORMATS)),

@@ -1,10 +1,9 @@
-"""The driver's side of the source (SOURCE.md §3-§6, R13-R16, R18, R23, R24): settle, receive, keep locks, defer.
-
-:class:`SourcePlanner` runs in the planner process (one per query run, serial calls; not picklable). It speaks
-:class:`~spark_sb.source.transport.EntityLink` only, on an injected clock; the Spark adapter maps the reader's
-options onto :class:`PlannerLimits` and calls it from ``initialOffset``, ``latestOffset``, ``partitions``,
-``commit``, ``reportLatestOffset`` and ``prepareForTriggerAvailableNow``. The lock keeper is :meth:`keep_locks`:
-a daemon thread calls it in production (``keeper_thread=True``); tests and the simulation call it on their clock.
+"""The driver's side of the source (SOURCE.md §3-§6, R13-R16, R18, R23, R24): settle, receive, keep locks, defer,
+read ahead. :class:`SourcePlanner` runs in the planner process (one per query run; not picklable), speaks
+:class:`~spark_sb.source.transport.EntityLink` only, on an injected clock; the Spark adapter calls it from
+``initialOffset``, ``latestOffset``, ``partitions``, ``commit``, ``reportLatestOffset`` and
+``prepareForTriggerAvailableNow``. The lock keeper is :meth:`keep_locks`: a daemon thread calls it in production
+(``keeper_thread=True``), tests and the simulation on their clock.
 No call raises on a namespace fault (a fault means "no new data this trigger"); a re-created entity raises
 :class:`~spark_sb.source.reader.DataLossError` with ``fail_on_data_loss``.
 """
@@ -19,7 +18,7 @@ from typing import Any
 
 from spark_sb.core.clock import Clock
 from spark_sb.core.errors import ConfigError
-from spark_sb.source.batch import BatchStats, Pending, PlannerLimits
+from spark_sb.source.batch import BatchStats, Pending, PlannerLimits, backlog_report
 from spark_sb.source.faults import fault
 from spark_sb.source.locks import Held, KeeperThread, WakeThread, renew_due
 from spark_sb.source.manifest import (
@@ -96,18 +95,16 @@ class SourcePlanner:
         self._next_due: float | None = None  # no held lock is due before it (keep_locks)
         # the planned batch whose defer has not run yet (defer_later): one batch at most
         self._to_defer: Pending | None = None
+        self._defer_due: float | None = None  # the planned batch is deferred then, unless committed first
         self._defer_later = defer_later or defer_thread
-        # read-ahead (:meth:`read_ahead`): the last receive stopped at the batch's limit (a backlog: the next batch
-        # is there to receive); the last defer deferred every message; the last trigger's row limit (admission)
+        # read-ahead: the last receive filled its batch (a backlog); the last defer took every message; row limit
         self._read_ahead, self._full, self._defer_clean = read_ahead, False, False
         self._max_rows: int | None = None
         self._spark_waits = threading.Event()  # a Spark call waits for the mutex: a read-ahead stops
         self._keeper: KeeperThread | None = None
         if keeper_thread:
             self._keeper = KeeperThread(self.keep_locks, clock, f"sb-lock-keeper-{entity}")
-        self._deferrer = (
-            WakeThread(self._defer_then_read_ahead, f"sb-defer-{entity}") if defer_thread else None
-        )
+        self._deferrer = WakeThread(self.read_ahead, f"sb-read-ahead-{entity}") if defer_thread else None
 
     # -- the link ----------------------------------------------------------------------------------------------
     def link(self) -> EntityLink:
@@ -168,13 +165,10 @@ class SourcePlanner:
 
     # -- Spark's calls -----------------------------------------------------------------------------------------
     def initial_offset(self) -> dict[str, Any]:
-        """Batch 0 (no data). With ``recover_deferred``: one sweep finds the deferred messages no manifest names,
-        WARNs their count and adopts them all (up to :data:`ADOPT_MAX`) into the first batch (at-least-once for
-        those): all at once, since ``initialOffset`` is not called again once the first offset is in the WAL.
-        Without it, the WARN's count waits until the backlog present now was received (:class:`OrphanCount`):
-        then only the orphans are left to peek, where a sweep now would peek the whole backlog (twice: Spark 4.2
-        asks a new checkpoint's initial offset twice); here only the highest number present is pinned (a
-        galloping peek of about 2*log2(n) single messages)."""
+        """Batch 0 (no data). With ``recover_deferred``: a sweep adopts the deferred messages no manifest names (up
+        to :data:`ADOPT_MAX`, WARNing their count) into the first batch, at once (``initialOffset`` is not called
+        again). Without it, the WARN waits until the backlog present now was received (:class:`OrphanCount`: then
+        only orphans are left to peek); here only the highest number present is pinned (a galloping peek)."""
         with self._spark_call():
             self._check_entity()
             epoch = self._read_epoch()
@@ -193,7 +187,6 @@ class SourcePlanner:
         """Settle ``start`` (the last committed end), receive up to the limits, return the new manifest - or
         ``start`` unchanged if nothing is held. ``start=None`` (4.0/4.1): the last offset seen."""
         with self._spark_call():
-            self.run_defer()
             self._check_entity()
             if start is None and self._known is None:
                 log.warning(
@@ -224,8 +217,11 @@ class SourcePlanner:
                 self._sweep()
                 self._named(s)
             self._orphans.count(self._peek, owed)
-            if self._drained and not self._held:
-                return s.to_dict()
+            w = self._watermark
+            if self._drained and (w is None or w < 0 or not any(seq <= w for seq in self._held)):
+                return (
+                    s.to_dict()
+                )  # what is still held up to the watermark (a read-ahead's) belongs to the run
             self._max_rows, stats.read_ahead = max_rows, len(self._held)
             # drained with messages held (a read-ahead, the range cut): they are named, nothing more received
             if not self._drained:
@@ -244,10 +240,9 @@ class SourcePlanner:
             return self._emit(s, owed, stats).to_dict()
 
     def partitions(self, start: dict[str, Any] | None, end: dict[str, Any]) -> list[PartitionSpec]:
-        """The batch's partitions; defers ``end``'s held messages on their link (once): at once, or with
-        ``defer_later`` in :meth:`run_defer` - the defer thread's, while the executors read (a peek reads a locked
-        message as it reads a deferred one), and at the latest before the next settle. Pure in (start, end): a
-        second call defers nothing. ``partitions(o, o)`` (4.0/4.1 ``setLatestSeenOffset``) only learns ``o``."""
+        """The batch's partitions. Its held messages are deferred at once, or with ``defer_later`` left locked: the
+        keeper defers them after ``defer_after``, a commit before that completes them (a peek reads a locked message
+        as a deferred one). Pure in (start, end). ``partitions(o, o)`` (4.0/4.1 setLatestSeenOffset) learns ``o``."""
         with self._spark_call():
             e = Manifest.from_dict(end)
             self._known = e
@@ -257,32 +252,30 @@ class SourcePlanner:
             pending = self._pending
             if pending is not None and pending.end == e:
                 self._pending, self._to_defer = None, pending
-                if not self._defer_later:
+                fault(
+                    "defer"
+                )  # a test hook (faults.py), off by default: in the WAL, neither deferred nor settled
+                if not self._defer_later or self.limits.defer_after <= 0:
                     self.run_defer()
-                elif self._deferrer is not None:
+                else:  # the keeper defers it once due; a commit before that completes it
+                    self._defer_due = self.clock.monotonic() + self.limits.defer_after
+                if self._deferrer is not None:
                     self._deferrer.wake()
             return split(e, self.limits.min_partitions, self.limits.max_per_partition)
 
-    def _defer_then_read_ahead(self) -> None:
-        """The defer thread's work (driver): the planned batch's defer, then the next batch's receive."""
-        self.run_defer()
-        self.read_ahead()
-
     def read_ahead(self) -> int:
-        """Receive the next batch's messages while the executors read this one (driver: the defer thread, after
-        the defer). Held as ``latest_offset`` holds them (locked, renewed, in no manifest until the next trigger
-        names them): a crash meanwhile is a crash mid-receive. Stops before a receive when a Spark call waits.
-        Runs only where it cannot hold a number the offset log names - the planned batch deferred whole (a failed
-        defer leaves a message active: a duplicate), nothing owed, the last settle complete - and only on a
-        backlog (the last receive stopped at the batch's limit), not once an AvailableNow run is drained nor while
-        recoverDeferred's sweep is to do. Returns how many it received."""
+        """Receive the next batch while the executors read this one (driver: the read-ahead thread). Held as
+        ``latest_offset`` holds them (locked, in no manifest yet): a crash meanwhile is a crash mid-receive. Stops
+        before a receive when a Spark call waits. Runs only where no number the offset log names can be held for
+        the next batch - the planned batch still held (a lapsed one received again goes back to it) or deferred
+        whole, nothing owed, the last settle complete -, on a backlog (the last receive filled its batch), not
+        once AvailableNow is drained nor before recoverDeferred's sweep. Returns how many it received."""
         with self._mutex:
             if not (
                 self._read_ahead
                 and self._full
-                and self._defer_clean
+                and (self._to_defer is not None or self._defer_clean)
                 and self._pending is None
-                and self._to_defer is None
                 and self._settle_complete
                 and self._owed_now is not None
                 and not self._owed_now[1]
@@ -299,18 +292,16 @@ class SourcePlanner:
             return got
 
     def run_defer(self) -> None:
-        """Defer the planned batch's held messages if that is still to do (driver: the defer thread, and every call
-        that settles or stops first). Until then the lock keeper renews their locks."""
+        """Defer the planned batch's held messages if still to do (driver: the keeper once due, a settle of another
+        batch, stop). Until then the keeper renews their locks."""
         with self._mutex:
-            job, self._to_defer = self._to_defer, None
+            job, self._to_defer, self._defer_due = self._to_defer, None, None
             if job is not None:
-                fault("defer")  # a test hook (faults.py), off by default
                 self._defer(job)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark committed the batch ending at ``end``: settle it (the same step ``latest_offset(end)`` skips)."""
         with self._spark_call():
-            self.run_defer()
             e = Manifest.from_dict(end)
             if self._known is None or e.b >= self._known.b:
                 self._known = e
@@ -321,25 +312,9 @@ class SourcePlanner:
         """``reportLatestOffset``: the entity's backlog from its admin counts (``deferredOnEntity``: what this query
         deferred and has not deleted yet); ``None`` where a call failed."""
         with self._spark_call():
-            owed = count(self._owed_now[1]) if self._owed_now else 0
-            out: dict[str, Any] = {"activeMessages": None, "deferredOnEntity": None, "owed": owed}
-            out["oldestAgeSeconds"] = None
-            try:
-                counts = self.link().counts(self.limits.call_timeout)
-                # the service counts a deferred message as active: the planned batch's numbers (deferred, not
-                # yet deleted) are told apart by what this query knows, not by a count
-                known, unsettled = self._known, 0
-                if known is not None and (self._owed_now is None or self._owed_now[0] != known.to_json()):
-                    unsettled = count(known.ranges(self.channel))
-                out["activeMessages"] = max(0, counts.active - unsettled)
-                out["deferredOnEntity"] = unsettled
-                first = self.link().peek(0, 1, self.limits.call_timeout)
-                enqueued = getattr(first[0].message, "enqueued_time_utc", None) if first else None
-                if enqueued is not None:
-                    out["oldestAgeSeconds"] = max(0.0, (self.clock.now() - enqueued).total_seconds())
-            except Exception as exc:  # noqa: BLE001
-                log.info("source %s: no backlog report (%s)", self.entity, exc)
-            return out
+            return backlog_report(
+                self.link, self._known, self._owed_now, self.channel, self.clock, self.limits.call_timeout
+            )
 
     def prepare_available_now(self) -> int:
         """Pin the watermark W (the highest number present, by galloping peek; -1 if none): batches stop when a
@@ -356,8 +331,7 @@ class SourcePlanner:
             return self._watermark
 
     def stop(self) -> None:
-        """Stop the keeper and the defer thread, run a defer still to do, and close the link (held locks lapse on
-        the service)."""
+        """Stop the keeper and the read-ahead thread, defer a planned batch, close the link (held locks lapse)."""
         self._spark_waits.set()  # a read-ahead stops before its next receive
         if self._keeper is not None:
             self._keeper.stop(self.limits.call_timeout)
@@ -374,21 +348,23 @@ class SourcePlanner:
 
     # -- the lock keeper ---------------------------------------------------------------------------------------
     def keep_locks(self) -> float | None:
-        """The lock keeper's tick: renew the held locks past half their lock, forget the lost ones (a lost lock of
-        a planned message is left to the defer: owed). Returns the next due time on the clock (None: none held)."""
+        """The lock keeper's tick: the planned batch's defer once due; renew the held locks past half their lock,
+        forget the lost ones (left to the settle: owed). Returns the next due time on the clock (None: nothing)."""
         with self._mutex:
             now = self.clock.monotonic()
-            if self._next_due is not None and now < self._next_due:
-                # nothing is due before it: a message held later is due later (one lock duration for all), a
+            if self._defer_due is not None and now >= self._defer_due:
+                self.run_defer()  # the planned batch outlived deferAfter: deferred, its locks end
+            if self._next_due is None or now >= self._next_due:
+                # else nothing is due before it: a message held later is due later (one lock duration for all), a
                 # renewed or forgotten one only later or never - so the books are not walked before each receive
-                return self._next_due
-            books = (
-                self._held,
-                self._pending.held if self._pending else {},
-                self._to_defer.held if self._to_defer else {},
-            )
-            self._next_due = renew_due(self.link, books, now, self.limits.call_timeout)
-            return self._next_due
+                books = (
+                    self._held,
+                    self._pending.held if self._pending else {},
+                    self._to_defer.held if self._to_defer else {},
+                )
+                self._next_due = renew_due(self.link, books, now, self.limits.call_timeout)
+            due, defer = self._next_due, self._defer_due  # the defer's due is not cached: not a lock's
+            return defer if due is None else due if defer is None else min(due, defer)
 
     # -- steps ---------------------------------------------------------------------------------------------------
     def _read_epoch(self) -> str | None:
@@ -445,6 +421,14 @@ class SourcePlanner:
         what was not tried is owed, and an idle query (``start`` unchanged) would otherwise never delete it."""
         key = s.to_json()
         target = s
+        job = self._to_defer
+        if job is not None and job.end == s:  # committed before its defer: completed with the locks held
+            self._to_defer = self._defer_due = None
+            done = self._complete_planned(job, stats)
+            self._defer_clean = True  # what was not completed is settled below: gone, or owed
+            target = Manifest(b=s.b, m={self.channel: minus(s.ranges(self.channel), done)}, owed=s.owed)
+        elif job is not None:
+            self.run_defer()
         if self._owed_now is not None and self._owed_now[0] == key:
             if self._settle_complete:
                 return self._owed_now[1]
@@ -462,7 +446,7 @@ class SourcePlanner:
             else:
                 result = self._settler.settle(link, target)
                 owed, self._settle_complete = result.owed, result.complete
-                stats.settled, stats.dropped = result.settled, result.dropped
+                stats.settled, stats.dropped = stats.settled + result.settled, result.dropped
         stats.settle_seconds = self.clock.monotonic() - t0
         self._owed_now = (key, owed)
         return owed
@@ -493,6 +477,7 @@ class SourcePlanner:
             if stop is not None and stop():
                 break
             self.keep_locks()
+            inflight = self._to_defer  # planned, neither deferred nor completed (the keeper may defer it)
             want = min(lim.receive_batch, limit - len(self._held))
             try:
                 got = self.link().receive(want, lim.receive_wait, lim.receive_wait + lim.call_timeout)
@@ -507,7 +492,9 @@ class SourcePlanner:
                 stats.max_delivery_count = max(stats.max_delivery_count, r.delivery_count)
                 if self.max_delivery_count and r.delivery_count >= self.max_delivery_count - 1:
                     stats.near_dead_letter += 1
-                if not contains(owed, r.seq):
+                if inflight is not None and contains(inflight.end.ranges(self.channel), r.seq):
+                    inflight.held[r.seq] = Held(r, now)  # a planned message's lapsed lock: held again for it
+                elif not contains(owed, r.seq):
                     held = self._held
                     # held again (its lock was lost and it came back): the new lock is kept, counted once
                     if r.seq not in held:
@@ -539,13 +526,16 @@ class SourcePlanner:
         return min(lim, max_rows) if max_rows is not None else lim
 
     def _complete_owed(self, owed: Ranges, got: list[Received], stats: BatchStats) -> Ranges:
-        try:
-            done = self.link().complete(got, self.limits.call_timeout)
-        except Exception as exc:  # noqa: BLE001 - still owed; a lost reply is found gone at the next settle
-            log.info("source %s: completing %d owed messages failed (%s)", self.entity, len(got), exc)
-            return owed
+        done = self._complete(got, "owed messages")  # a lost reply: still owed, found gone at the next settle
         stats.owed_completed += len(done)
         return minus(owed, ranges_of(done))
+
+    def _complete(self, got: list[Received], what: str) -> set[int]:
+        try:
+            return self.link().complete(got, self.limits.call_timeout) if got else set()
+        except Exception as exc:  # noqa: BLE001
+            log.info("source %s: completing %d %s failed (%s)", self.entity, len(got), what, exc)
+            return set()
 
     def _emit(self, s: Manifest, owed: Ranges, stats: BatchStats) -> Manifest:
         kept, _rest = cut(self._held, self.limits.max_offset_ranges)  # the rest is carried to the next batch
@@ -573,6 +563,14 @@ class SourcePlanner:
         fault("offset")  # a test hook (faults.py), off by default
         return end
 
+    def _complete_planned(self, job: Pending, stats: BatchStats) -> Ranges:
+        """Complete a committed batch's messages with the locks still held (one range disposition); the numbers
+        done. One whose lock was lost is left to the settle step (gone, or owed: completed when received again)."""
+        done = self._complete([h.received for h in job.held.values()], f"of batch {job.end.b}")
+        job.stats.completed, stats.settled = len(done), stats.settled + len(done)
+        self._report(job.stats)
+        return ranges_of(done)
+
     def _defer(self, pending: Pending) -> None:
         stats = pending.stats
         handles = [h.received for h in pending.held.values()]
@@ -589,6 +587,9 @@ class SourcePlanner:
         # every message the manifest received was deferred (the keeper drops a planned message whose lock was lost
         # from ``held``: counted by ``received``, not by the handles; found by the simulation)
         self._defer_clean = stats.defer_failed == 0
+        self._report(stats)
+
+    def _report(self, stats: BatchStats) -> None:
         self._last_batch_at = self.clock.monotonic()
         # the INFO line is the adapter's on_batch (spark_sb.spark.reader.BatchRecorder)
         log.debug("source %s: %s", self.entity, stats)

@@ -58,6 +58,7 @@ def limits_of(opts: SourceReadOptions) -> PlannerLimits:
         max_offset_ranges=opts.max_offset_ranges,
         fail_on_data_loss=opts.fail_on_data_loss,
         recover_deferred=opts.recover_deferred,
+        defer_after=opts.defer_after,
     )
 
 

@@ -105,6 +105,9 @@ def draw(rng: random.Random) -> Params:
         call_timeout=2.0,
         settle_timeout=20.0,
         recover_deferred=lose,
+        defer_after=rng.choice(
+            [0.0, 1.0, 5.0, 60.0]
+        ),  # with defer_later: the keeper defers, or commit completes
     )
     return Params(
         messages=rng.randint(10, 40),
@@ -176,8 +179,8 @@ class SourceWorld:
             return
         if op == "receive" and phase == "after":
             self.kill("mid-receive")
-        if op == "delete":
-            self.kill(f"mid-settle ({phase})")
+        if op in ("delete", "complete"):
+            self.kill(f"mid-settle ({op} {phase})")
         if op == "defer" and phase == "before":
             self.kill("after the WAL, before the defer")
         if self.rng.random() < self.p.chaos:

@@ -168,9 +168,9 @@ def test_a7_a_lost_checkpoint_warns_the_orphans_exact_count_and_recover_deferred
 ) -> None:
     send(world.ns, "orders", world.sent, 2 * PER_BATCH)
     world.sent += 2 * PER_BATCH
-    killed = run_child(
-        world.spec(), world.work, "read:2", timeout=RUN_TIMEOUT
-    )  # the first batch deferred, its read under way
+    killed = run_child(  # the first batch deferred (at once: deferAfter 0), its read under way
+        world.spec(options={"deferAfter": "0"}), world.work, "read:2", timeout=RUN_TIMEOUT
+    )
     assert killed.killed, killed.stderr[-4000:]
     orphans = entity_left(world.ns, "orders")["deferred"]
     assert orphans == PER_BATCH

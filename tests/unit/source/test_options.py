@@ -33,12 +33,20 @@ def test_the_defaults_are_those_of_the_design() -> None:
         None,
     )
     assert (o.max_trigger_delay, o.max_receive_time, o.receive_wait_time) == (900.0, 10.0, 1.0)
-    assert (o.fail_on_data_loss, o.recover_deferred, o.body_format, o.payloads, o.read_ahead) == (
+    assert (
+        o.fail_on_data_loss,
+        o.recover_deferred,
+        o.body_format,
+        o.payloads,
+        o.read_ahead,
+        o.defer_after,
+    ) == (
         True,
         False,
         "binary",
         "peek",
         True,
+        10.0,
     )
     assert (o.min_partitions, o.max_messages_per_partition, o.max_offset_ranges, o.prefetch_count) == (
         None,
@@ -65,6 +73,7 @@ def test_keys_are_case_insensitive_and_values_typed() -> None:
             "failOnDataLoss": "FALSE",
             "recoverDeferred": "true",
             "readAhead": "False",
+            "deferAfter": "0",
             "minPartitions": "4",
             "maxMessagesPerPartition": "100",
             "bodyFormat": "String",

@@ -49,42 +49,92 @@ def test_a_batch_is_received_locked_deferred_in_partitions_and_deleted_at_commit
     assert e.calls["delete"] == 1
 
 
-def test_defer_later_leaves_the_defer_to_run_defer_and_the_next_settle_runs_it_first() -> None:
+def test_defer_later_completes_a_batch_committed_within_defer_after_with_its_locks_never_deferring_it() -> (
+    None
+):
     clock, e, _ = world(4)
-    p = SourcePlanner("orders", e.link(), clock, PlannerLimits(), defer_later=True)
+    stats: list[BatchStats] = []
+    p = SourcePlanner(
+        "orders", e.link(), clock, PlannerLimits(defer_after=10.0), defer_later=True, on_batch=stats.append
+    )
     start = p.initial_offset()
     end = p.latest_offset(start, None)
     specs = p.partitions(start, end)
-    assert e.calls["defer"] == 0 and all(m.state == LOCKED for m in e.messages.values())
-    clock.advance(20)
-    p.keep_locks()  # held till their defer: the keeper renews them
-    assert e.calls["renew"] == 1
+    assert all(m.state == LOCKED for m in e.messages.values())
     assert [x.seq for s in specs for x in read_partition(s, e.peeker())] == [1, 2, 3, 4]  # read while locked
-    p.run_defer()
-    p.run_defer()  # once
-    assert e.calls["defer"] == 1 and all(m.state == DEFERRED for m in e.messages.values())
-    end2 = p.latest_offset(end, None)
-    assert end2 == end and e.messages == {}
-    # never run by a thread: commit runs it before it settles
+    clock.advance(5)
+    p.keep_locks()  # not due yet: nothing deferred
+    assert e.calls["defer"] == 0
+    p.commit(end)  # one range disposition with the locks held: no defer, no delete by number
+    assert e.messages == {} and (e.calls["defer"], e.calls["complete"], e.calls["delete"]) == (0, 1, 0)
+    assert [(x.received, x.deferred, x.completed) for x in stats] == [(4, 0, 4)]
+    assert p.latest_offset(end, None) == end and e.calls["complete"] == 1  # settled once
+    # run_defer (production: the keeper once deferAfter passed; here at once) defers; commit then deletes
     e.send()
     start, end = end, p.latest_offset(end, None)
     p.partitions(start, end)
+    p.run_defer()
+    assert e.calls["defer"] == 1 and e.states()["deferred"] == 1
     p.commit(end)
-    assert e.calls["defer"] == 2 and e.messages == {}
+    assert e.messages == {} and e.calls["delete"] == 1
 
 
-def test_defer_thread_defers_while_the_batch_is_read() -> None:
-    clock, e, _ = world(3)
-    p = SourcePlanner("orders", e.link(), clock, PlannerLimits(), defer_thread=True)
+def test_the_keeper_defers_a_planned_batch_once_it_outlives_defer_after_and_a_lapsed_lock_is_taken_back() -> (
+    None
+):
+    clock, e, _ = world(6)
+    p = SourcePlanner(
+        "orders", e.link(), clock, PlannerLimits(defer_after=20.0, max_messages=3), defer_later=True
+    )
+    start = p.initial_offset()
+    end = p.latest_offset(start, None)
+    p.partitions(start, end)
+    assert p.keep_locks() == clock.monotonic() + 15.0  # the locks' half (30 s locks) before the defer's due
+    clock.advance(15)
+    p.keep_locks()
+    assert e.calls["renew"] == 1 and e.calls["defer"] == 0
+    clock.advance(5)
+    p.keep_locks()  # 20 s: due
+    assert e.calls["defer"] == 1 and [m.state for m in e.messages.values()][:3] == [DEFERRED] * 3
+    p.commit(end)
+    assert sorted(e.messages) == [4, 5, 6]
+    # a planned message whose lock lapsed (the keeper starved) and that a read-ahead receives again is held again
+    # for its own batch, not the next one
+    q = SourcePlanner(
+        "orders",
+        e.link(),
+        clock,
+        PlannerLimits(defer_after=60.0, max_messages=2),
+        defer_later=True,
+        read_ahead=True,
+    )
+    start = q.initial_offset()
+    end = q.latest_offset(start, None)
+    assert seqs(end) == [4, 5]
+    q.partitions(start, end)
+    clock.advance(31)  # no keeper: 4 and 5 are active again
+    assert q.read_ahead() == 1  # 6 for the next batch; 4 and 5 for their own, locked again
+    q.commit(end)
+    assert sorted(e.messages) == [6] and max(m.delivery_count for m in e.messages.values()) == 1
+    nxt = q.latest_offset(end, None)
+    assert seqs(nxt) == [6]
+
+
+def test_the_read_ahead_thread_receives_while_the_batch_is_read_and_stops_with_the_planner() -> None:
+    clock, e, _ = world(8)
+    p = SourcePlanner(
+        "orders", e.link(), clock, PlannerLimits(max_messages=4), defer_thread=True, read_ahead=True
+    )
     start = p.initial_offset()
     end = p.latest_offset(start, None)
     p.partitions(start, end)
     deadline = time.monotonic() + 10
-    while e.calls["defer"] == 0 and time.monotonic() < deadline:
+    while len([m for m in e.messages.values() if m.state == LOCKED]) < 8 and time.monotonic() < deadline:
         time.sleep(0.01)  # the thread's work, awaited (its end is not observable otherwise)
-    assert all(m.state == DEFERRED for m in e.messages.values())
+    assert all(m.state == LOCKED for m in e.messages.values())  # this batch and the next, locked
     p.stop()
     assert not p._deferrer.thread.is_alive()  # noqa: SLF001 - the thread ends with the planner
+    assert [m.state for m in e.messages.values()][:4] == [DEFERRED] * 4  # stopping defers the planned batch
 
 
 def test_a_restarted_driver_sweeps_for_orphans_when_the_dead_ones_sweep_never_succeeded() -> None:
