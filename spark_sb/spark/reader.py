@@ -144,8 +144,8 @@ class BatchRecorder:
 
 def new_planner(opts: SourceReadOptions) -> SourcePlanner:
     """The planner of a stream (planner process): the SDK link on the primary, the system clock, the lock keeper
-    thread, the defer thread (a batch's defer, then the next batch's receive - read-ahead -, while its tasks read) and
-    the batch recorder."""
+    thread (it also defers a batch that outlives ``deferAfter``), the read-ahead thread (the next batch received
+    while one is read) and the batch recorder."""
     path = stream_path(opts)
     clock = SystemClock()
 
