@@ -219,9 +219,8 @@ class SourcePlanner:
             self._orphans.count(self._peek, owed)
             w = self._watermark
             if self._drained and (w is None or w < 0 or not any(seq <= w for seq in self._held)):
-                return (
-                    s.to_dict()
-                )  # what is still held up to the watermark (a read-ahead's) belongs to the run
+                # (what is still held up to the watermark - a read-ahead's - belongs to the run)
+                return s.to_dict()
             self._max_rows, stats.read_ahead = max_rows, len(self._held)
             # drained with messages held (a read-ahead, the range cut): they are named, nothing more received
             if not self._drained:
@@ -252,9 +251,8 @@ class SourcePlanner:
             pending = self._pending
             if pending is not None and pending.end == e:
                 self._pending, self._to_defer = None, pending
-                fault(
-                    "defer"
-                )  # a test hook (faults.py), off by default: in the WAL, neither deferred nor settled
+                # a test hook (faults.py), off by default: in the WAL, neither deferred nor settled
+                fault("defer")
                 if not self._defer_later or self.limits.defer_after <= 0:
                     self.run_defer()
                 else:  # the keeper defers it once due; a commit before that completes it
@@ -478,6 +476,7 @@ class SourcePlanner:
                 break
             self.keep_locks()
             inflight = self._to_defer  # planned, neither deferred nor completed (the keeper may defer it)
+            planned = inflight.end.ranges(self.channel) if inflight is not None else ()
             want = min(lim.receive_batch, limit - len(self._held))
             try:
                 got = self.link().receive(want, lim.receive_wait, lim.receive_wait + lim.call_timeout)
@@ -489,10 +488,7 @@ class SourcePlanner:
             now = self.clock.monotonic()
             owed_got = [r for r in got if contains(owed, r.seq)]
             for r in got:
-                stats.max_delivery_count = max(stats.max_delivery_count, r.delivery_count)
-                if self.max_delivery_count and r.delivery_count >= self.max_delivery_count - 1:
-                    stats.near_dead_letter += 1
-                if inflight is not None and contains(inflight.end.ranges(self.channel), r.seq):
+                if inflight is not None and contains(planned, r.seq):
                     inflight.held[r.seq] = Held(r, now)  # a planned message's lapsed lock: held again for it
                 elif not contains(owed, r.seq):
                     held = self._held
@@ -512,13 +508,6 @@ class SourcePlanner:
                 break
             if not got:
                 break
-        if stats.near_dead_letter:
-            log.warning(
-                "source %s: %d messages near MaxDeliveryCount (%s)",
-                self.entity,
-                stats.near_dead_letter,
-                self.max_delivery_count,
-            )
         return owed
 
     def _limit(self, max_rows: int | None) -> int:
@@ -542,6 +531,17 @@ class SourcePlanner:
         # a read-ahead under a higher row limit may hold more than this trigger admits: the lowest numbers go
         kept = kept[: self._limit(self._max_rows)]
         held = {seq: self._held.pop(seq) for seq in kept}
+        counts = [h.received.delivery_count for h in held.values()]  # wherever received (a read-ahead too)
+        stats.max_delivery_count = max(counts, default=0)
+        if self.max_delivery_count:
+            stats.near_dead_letter = sum(c >= self.max_delivery_count - 1 for c in counts)
+        if stats.near_dead_letter:
+            log.warning(
+                "source %s: %d messages near MaxDeliveryCount (%s)",
+                self.entity,
+                stats.near_dead_letter,
+                self.max_delivery_count,
+            )
         ranges = union(ranges_of(kept), self._adopt)
         self._adopt = ()
         size = sum(h.received.size for h in held.values())

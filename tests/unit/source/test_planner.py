@@ -562,6 +562,8 @@ def test_read_ahead_receives_the_next_batch_while_this_one_is_read_and_the_next_
     p.partitions(nxt, last)
     assert p.read_ahead() == 0  # the last receive found the entity drained: no backlog, no read-ahead
     assert [(x.received, x.read_ahead) for x in stats] == [(4, 0), (4, 4), (2, 2)]
+    # read-ahead messages count in their own batch
+    assert [x.max_delivery_count for x in stats] == [1, 1, 1]
 
 
 def test_read_ahead_holds_no_number_the_offset_log_names_nor_more_than_the_next_trigger_admits_nor_past_available_now() -> (
