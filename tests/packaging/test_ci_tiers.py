@@ -112,10 +112,10 @@ def test_make_test_runs_the_whole_suite_and_ci_runs_all_of_it_tier_by_tier() -> 
 
 def test_ci_prints_each_tiers_time() -> None:
     """Every tier in .ci/run goes through the function that prints its time (``tier "<name>" make <target>``, run
-    in the foreground or by ``background <key>``)."""
+    in the foreground, by ``background <key>`` or in a function that runs in the background)."""
     assert re.search(r"^tier\(\) \{", CI, re.M)
     for target in [*TIER_TARGETS.values(), "test-spark-oldest"]:
-        assert re.search(rf'^(?:background \w+ )?tier "[^"]+" make {target}\b', CI, re.M), target
+        assert re.search(rf'^\s*(?:background \w+ )?tier "[^"]+" make {target}\b', CI, re.M), target
 
 
 def test_the_oldest_pairs_files_exist_and_hold_the_version_sensitive_tests() -> None:
