@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jvm_archive import CHILD_JVM_OPTIONS, archive_options
+from tests.jvm_archive import CHILD_JVM_OPTIONS, ENGINE_CONF, ENGINE_PROPERTIES, archive_options
 
 TESTS = Path(__file__).resolve().parent
 
@@ -39,13 +39,10 @@ TESTS = Path(__file__).resolve().parent
 #: Every JVM of the suite, the session's too, maps the class-data archive that ``make jvm-archive`` builds for this
 #: venv where there is one (tests/jvm_archive.py: a child's start and first Delta write 35 -> 24 CPU-seconds).
 _ARCHIVE_OPTIONS = archive_options()
-TEST_JVM_OPTIONS = f"{CHILD_JVM_OPTIONS} {_ARCHIVE_OPTIONS}".strip()
 #: The test session's own JVM keeps C2 but takes the serial collector too: on 2 cores G1's concurrent threads cost
 #: more than its pauses save there (tests/spark/test_state_delta.py alone: 185 -> 165 s, 320 -> 272 CPU-seconds,
 #: 2026-12-07).
 SESSION_JVM_OPTIONS = f"-XX:+UseSerialGC {_ARCHIVE_OPTIONS}".strip()
-_CHILD_JVM_OPTIONS_OURS = "SPARK_SUBMIT_OPTS" not in os.environ
-os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
 #: The test session's engine settings (not the product's, whose sessions keep Spark's defaults): the suite runs
 #: thousands of small, different queries (a state table's few rows, a micro-batch of tens) on 2 cores, where
 #: whole-stage code generation (a Janino compile per new plan) and adaptive execution (its re-planning) cost CPU
@@ -54,11 +51,15 @@ os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
 #: interpreted, the path Spark's own tests check against the generated one): the state store's ensure, writes and
 #: reads three times over on fresh tables, 86-95 -> 74-78 CPU-seconds alone (2026-12-07). Nothing of Delta's (its
 #: files, logs and statistics) changes.
-TEST_SESSION_CONF = {
-    "spark.sql.codegen.wholeStage": "false",
-    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-    "spark.sql.adaptive.enabled": "false",
-}
+TEST_SESSION_CONF = ENGINE_CONF
+#: The children's JVMs take the same engine settings as system properties (a ``SparkConf`` reads every ``spark.*``
+#: one; the children's own sessions, jobs and Connect servers otherwise keep what the product sets): a Connect
+#: server's three scenarios, tests/spark/test_connect.py alone, 96 -> 77 CPU-seconds (2026-12-07). The local
+#: cluster's executors take the JVM options without them (``cluster_harness``): Spark refuses ``spark.*`` there,
+#: and its tasks carry the driver's SQL settings anyway.
+TEST_JVM_OPTIONS = " ".join(filter(None, [CHILD_JVM_OPTIONS, _ARCHIVE_OPTIONS, ENGINE_PROPERTIES]))
+_CHILD_JVM_OPTIONS_OURS = "SPARK_SUBMIT_OPTS" not in os.environ
+os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
 TIERS = {
     "unit": "unit",
     "sim": "unit",

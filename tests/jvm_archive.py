@@ -27,6 +27,16 @@ from typing import Any
 
 #: The suite's child JVMs' options (tests/conftest.py says why): C1 only, the serial collector.
 CHILD_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: The engine settings of the suite's Spark sessions (tests/conftest.py says why): no whole-stage or expression code
+#: generation, no adaptive execution. The test session sets them as its conf, the children's JVMs (and the training
+#: child, so that the archive holds the classes they load) as system properties.
+ENGINE_CONF = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    "spark.sql.adaptive.enabled": "false",
+}
+#: ``ENGINE_CONF`` as a JVM's options (a ``SparkConf`` reads every ``spark.*`` system property).
+ENGINE_PROPERTIES = " ".join(f"-D{key}={value}" for key, value in ENGINE_CONF.items())
 #: Where ``make jvm-archive`` puts the archive: in the venv whose pyspark it was made from.
 ARCHIVE = Path(sys.prefix) / "spark-cds.jsa"
 
@@ -205,7 +215,10 @@ def build(path: Path) -> None:
     """Run the training child and move its archive to ``path`` once its JVM has ended."""
     partial = path.with_name(path.name + ".partial")
     partial.unlink(missing_ok=True)
-    env = dict(os.environ, SPARK_SUBMIT_OPTS=f"{CHILD_JVM_OPTIONS} -XX:ArchiveClassesAtExit={partial}")
+    env = dict(
+        os.environ,
+        SPARK_SUBMIT_OPTS=f"{CHILD_JVM_OPTIONS} {ENGINE_PROPERTIES} -XX:ArchiveClassesAtExit={partial}",
+    )
     child = subprocess.run(
         [sys.executable, "-m", "tests.jvm_archive", "--train"],
         env=env,

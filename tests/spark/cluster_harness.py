@@ -55,7 +55,11 @@ def cluster_session(app_name: str) -> Any:
         "spark.executorEnv.SPARK_LOCAL_IP": "127.0.0.1",
     }
     if os.environ.get("SPARK_SUBMIT_OPTS"):  # the executors' JVMs as the driver's (tests/conftest.py)
-        conf["spark.executor.extraJavaOptions"] = os.environ["SPARK_SUBMIT_OPTS"]
+        # without its Spark settings (-Dspark.*): Spark refuses them in an executor's options
+        options = [
+            option for option in os.environ["SPARK_SUBMIT_OPTS"].split() if not option.startswith("-Dspark.")
+        ]
+        conf["spark.executor.extraJavaOptions"] = " ".join(options)
     spark = build_spark_session(app_name, "local-cluster[2,1,1024]", conf)
     # Both executors registered before the first batch (on a busy machine the second may come late, and tasks
     # would all land on the first). Test code: the product itself never touches the SparkContext.
