@@ -43,15 +43,14 @@ _ARCHIVE_OPTIONS = archive_options()
 #: more than its pauses save there (tests/spark/test_state_delta.py alone: 185 -> 165 s, 320 -> 272 CPU-seconds,
 #: 2026-12-07).
 SESSION_JVM_OPTIONS = f"-XX:+UseSerialGC {_ARCHIVE_OPTIONS}".strip()
-#: The test session's engine settings (not the product's, whose sessions keep Spark's defaults): the suite runs
-#: thousands of small, different queries (a state table's few rows, a micro-batch of tens) on 2 cores, where
-#: whole-stage code generation (a Janino compile per new plan) and adaptive execution (its re-planning) cost CPU
-#: and buy nothing. tests/spark/test_state_delta.py alone: 291 -> 270 s beside other work (2026-12-06). The same
-#: holds for the expressions' own code generation (``spark.sql.codegen.factoryMode``: NO_CODEGEN evaluates them
+#: The test session's engine settings (``ENGINE_CONF``; not the product's, whose sessions keep Spark's defaults):
+#: the suite runs thousands of small, different queries (a state table's few rows, a micro-batch of tens) on 2
+#: cores, where whole-stage code generation (a Janino compile per new plan) and adaptive execution (its re-planning)
+#: cost CPU and buy nothing. tests/spark/test_state_delta.py alone: 291 -> 270 s beside other work (2026-12-06).
+#: The same holds for the expressions' own code generation (``spark.sql.codegen.factoryMode``: NO_CODEGEN evaluates them
 #: interpreted, the path Spark's own tests check against the generated one): the state store's ensure, writes and
 #: reads three times over on fresh tables, 86-95 -> 74-78 CPU-seconds alone (2026-12-07). Nothing of Delta's (its
 #: files, logs and statistics) changes.
-TEST_SESSION_CONF = ENGINE_CONF
 #: The children's JVMs take the same engine settings as system properties (a ``SparkConf`` reads every ``spark.*``
 #: one; the children's own sessions, jobs and Connect servers otherwise keep what the product sets): a Connect
 #: server's three scenarios, tests/spark/test_connect.py alone, 96 -> 77 CPU-seconds (2026-12-07). The local
@@ -152,7 +151,7 @@ def spark() -> Iterator[object]:
             {
                 "spark.sql.warehouse.dir": warehouse,
                 "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
-                **TEST_SESSION_CONF,
+                **ENGINE_CONF,
             },
         )
     finally:
