@@ -32,13 +32,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from spark_sb.config.namespace import NamespaceConfig
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.core.errors import condition_of
+from spark_sb.source import light
 from spark_sb.source.transport import ACTIVE, EntityCounts, NotFound, Peeked, Received
 from spark_sb.wire.lane import Lane
 from spark_sb.wire.receivers import SharedReceivers, dispose_on_link, receivers_lane
 from spark_sb.wire.timing import sdk_timeout
 
 if TYPE_CHECKING:  # pragma: no cover
-    from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiver
+    from azure.servicebus import ServiceBusReceiver
     from azure.servicebus.management import ServiceBusAdministrationClient
 
 __all__ = [
@@ -146,8 +147,9 @@ class SdkEntityLink:
         started = self._monotonic()
         deadline = time.monotonic() + timeout
 
-        def run(receiver: ServiceBusReceiver) -> list[ServiceBusReceivedMessage]:
+        def run(receiver: ServiceBusReceiver) -> list[Any]:
             left = sdk_timeout(deadline - time.monotonic())
+            light.install(receiver)  # LightMessage, not ServiceBusReceivedMessage (pyamqp; else the SDK's)
             try:
                 return receiver.receive_messages(
                     max_message_count=max_count, max_wait_time=max(0.01, min(wait, left))
@@ -162,6 +164,14 @@ class SdkEntityLink:
         lock = self._lock_seconds(messages[0], deadline)
         return [
             Received(
+                seq=m.sequence_number,
+                size=m.size,
+                delivery_count=m.delivery_count,
+                handle=Handle(m, generation),
+                locked_until=started + lock,
+            )
+            if isinstance(m, light.LightMessage)
+            else Received(
                 seq=int(m.sequence_number or 0),
                 size=size_of(m),
                 delivery_count=delivery_count_of(m),
@@ -292,7 +302,8 @@ class SdkEntityLink:
             for r in live:
                 try:
                     act = receiver.complete_message if outcome is None else receiver.defer_message
-                    act(r.handle.message)
+                    m = r.handle.message
+                    act(m.sdk() if isinstance(m, light.LightMessage) else m)
                 except Exception as exc:  # noqa: BLE001 - a lost lock: left out, never raised
                     log.debug("source: %s failed (%s)", what, type(exc).__name__)
                     failed.append(r)

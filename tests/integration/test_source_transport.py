@@ -13,7 +13,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusClient
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.amqp import AmqpAnnotatedMessage
 from azure.servicebus.exceptions import OperationTimeoutError
 
 from servicebus_local.clock import FakeClock
@@ -21,7 +22,8 @@ from servicebus_local.model import QueueSettings
 from servicebus_local.server import LocalNamespace
 from spark_sb.config.service_bus import ServiceBusConfig
 from spark_sb.message.outbound import OutboundMessage
-from spark_sb.source.sdk import PeekerFactory, SdkEntityLink, close_peekers
+from spark_sb.source.light import LightMessage
+from spark_sb.source.sdk import PeekerFactory, SdkEntityLink, close_peekers, size_of
 from spark_sb.source.transport import ACTIVE, DEFERRED, NotFound, Received
 from spark_sb.wire.lane import DeadlineExceeded
 
@@ -181,6 +183,63 @@ def test_complete_on_the_link_removes_the_messages(ns: LocalNamespace, link: Sdk
     held = _receive(link, 4)
     assert link.complete(held, T) == {h.seq for h in held}
     assert link.peek(1, 10, T) == []
+
+
+def test_the_planner_reads_each_message_as_the_sdks_message_says_without_building_it(
+    ns: LocalNamespace, clock: FakeClock
+) -> None:
+    """:mod:`spark_sb.source.light`: sequence number, size, delivery count, lock token and lock end of a received
+    message equal what the SDK's own message says (built here on demand), for each body kind and a redelivery."""
+    short = SdkEntityLink(_config(ns), SHORT, lock_duration=1.0)
+    try:
+        with (
+            ServiceBusClient.from_connection_string(ns.connection_string) as client,
+            client.get_queue_sender(SHORT) as sender,
+        ):
+            sender.send_messages(
+                [
+                    ServiceBusMessage(b"x" * 300, application_properties={"k": "vv", "n": 7, b"b": b"zz"}),
+                    AmqpAnnotatedMessage(value_body="a value body"),
+                    AmqpAnnotatedMessage(sequence_body=[[1, 2, 3]]),
+                    AmqpAnnotatedMessage(data_body=[b"one", b"three"]),
+                ]
+            )
+        first = _receive(short, 4)
+        clock.advance(1.2)  # the locks ran out: delivered again, counted
+        again = _receive(short, 4)
+        sizes = []
+        for h in first + again:
+            m = h.handle.message
+            assert isinstance(m, LightMessage)
+            sdk = m.sdk()
+            assert (h.seq, h.size, h.delivery_count) == (
+                sdk.sequence_number,
+                size_of(sdk),
+                sdk.delivery_count,
+            )
+            assert (m.lock_token, m.locked_until_utc) == (sdk.lock_token, sdk.locked_until_utc)
+            sizes.append(h.size)
+        assert [h.delivery_count for h in first + again] == [0] * 4 + [1] * 4
+        assert sizes[:4] == [300 + (1 + 2) + (1 + 8) + (1 + 2) + 64, 12 + 64, 64, 8 + 64]
+        assert short.complete(again, T) == {h.seq for h in again}
+        assert short.peek(1, 10, T) == []
+    finally:
+        short.close()
+
+
+def test_the_sdks_message_built_on_demand_settles_one_by_one() -> None:
+    """The settle fallback for an SDK whose link lacks range dispositions: the SDK's own ``complete_message`` (on
+    the system clock: the SDK checks the lock's end against it)."""
+    with LocalNamespace("wall", queues=[QUEUE]) as wall:
+        one = SdkEntityLink(_config(wall), QUEUE)
+        try:
+            _put(wall, QUEUE, 2)
+            held = _receive(one, 2)
+            m = held[0].handle.message
+            m._receiver.complete_message(m.sdk())
+            assert [p.seq for p in one.peek(1, 10, T)] == [held[1].seq]
+        finally:
+            one.close()
 
 
 def test_a_subscription_is_read_by_its_path(ns: LocalNamespace, link: SdkEntityLink) -> None:
