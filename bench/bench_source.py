@@ -282,9 +282,12 @@ def main() -> None:
         }
         # warm-up (not counted): Spark's first run, in two partitions of 5,000 so that both Python workers of
         # local[2] are started (with one, the first measured run started the second: 2,641-2,681 msgs/s where the
-        # next two ran 3,089-3,314)
+        # next two ran 3,089-3,314); then a first Delta write, whose one-time costs (Delta's classes, the first
+        # commit of a Delta log in this JVM) the first measured source->Delta run paid: 2,932-3,362 msgs/s where
+        # the next two ran 3,995-4,722 (five runs)
         if not args.smoke:  # (the smoke's figures mean nothing: no warm-up)
             timed(queues, min(args.count, 10_000), kinds["source->noop"])
+            timed(queues, 10_000, lambda q: source_run(spark, ns, q, "delta", work, args.batch))
         for latency in latencies:
             ns.set_latency(latency)
             for r in range(args.repeats):
