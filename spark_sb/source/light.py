@@ -17,18 +17,17 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
-__all__ = ["LightMessage", "install"]
+__all__ = ["LightMessage", "estimate_size", "install"]
 
 #: The message annotations the planner reads (the SDK's ``_X_OPT_SEQUENCE_NUMBER`` and ``_X_OPT_LOCKED_UNTIL``).
 _SEQUENCE_NUMBER = b"x-opt-sequence-number"
 _LOCKED_UNTIL = b"x-opt-locked-until"
-#: Bytes counted for the headers and annotations (as :func:`~spark_sb.source.sdk.size_of`).
+#: Bytes counted for the headers and annotations (:func:`estimate_size`).
 _HEADERS = 64
 
 
 class LightMessage:
-    """A peek-lock message as received: ``sequence_number``, ``size`` (estimated as
-    :func:`~spark_sb.source.sdk.size_of` does), ``delivery_count``, the lock token, and the frame fields the link's
+    """A peek-lock message as received: ``sequence_number``, ``size`` (:func:`estimate_size`), ``delivery_count``, the lock token, and the frame fields the link's
     range dispositions use (``_delivery_id``, ``_delivery_tag``, ``_settled``: the SDK message's own names)."""
 
     __slots__ = (
@@ -86,30 +85,36 @@ class LightMessage:
         return built
 
 
-def install(receiver: Any) -> bool:
+def install(receiver: Any) -> None:
     """Make ``receiver`` (a peek-lock ``ServiceBusReceiver``) build :class:`LightMessage` objects from now on. Once
-    per receiver (a rebuilt connection's receiver is a new one). False where its transport is not pyamqp (it keeps
+    per receiver (a rebuilt connection's receiver is a new one). Not where its transport is not pyamqp (it keeps
     the SDK's messages; the planner reads both)."""
     r: Any = receiver
-    if getattr(r, "_spark_sb_light", False):
-        return True
-    if getattr(getattr(r, "_amqp_transport", None), "KIND", None) != "pyamqp":
-        return False
+    if (
+        getattr(r, "_spark_sb_light", False)
+        or getattr(getattr(r, "_amqp_transport", None), "KIND", None) != "pyamqp"
+    ):
+        return
     r._build_received_message = lambda received: LightMessage(r, received)  # noqa: SLF001 - the SDK's hook
     r._spark_sb_light = True  # noqa: SLF001
-    return True
+
+
+def estimate_size(body: int, application_properties: Any) -> int:
+    """A message's size in bytes, estimated without encoding it again: ``body`` bytes, its application properties'
+    text (8 bytes for a value that is not text) and a fixed :data:`_HEADERS` for the headers and annotations."""
+    n = body
+    if application_properties:
+        for k, v in application_properties.items():
+            n += len(k) + (len(v) if isinstance(v, (bytes, str)) else 8)
+    return n + _HEADERS
 
 
 def _size(message: Any) -> int:
     data = message.data
     if data is not None:
-        n = sum(len(part) for part in data)
+        body = sum(len(part) for part in data)
     elif isinstance(message.value, (bytes, str)):
-        n = len(message.value)
+        body = len(message.value)
     else:
-        n = 0
-    props = message.application_properties
-    if props:
-        for k, v in props.items():
-            n += len(k) + (len(v) if isinstance(v, (bytes, str)) else 8)
-    return n + _HEADERS
+        body = 0
+    return estimate_size(body, message.application_properties)

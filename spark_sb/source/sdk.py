@@ -74,8 +74,8 @@ class Handle:
 
 
 def size_of(message: Any) -> int:
-    """A received message's size in bytes, estimated without encoding it again: its body, its application
-    properties' text and a fixed 64 bytes for the headers and annotations. Cheap (driver, per message: the body
+    """A received message's size in bytes (:func:`~spark_sb.source.light.estimate_size`: its body, its application
+    properties' text and a fixed allowance for the headers and annotations). Cheap (driver, per message: the body
     and its type read once)."""
     raw = message.raw_amqp_message
     body_type = raw.body_type
@@ -89,11 +89,7 @@ def size_of(message: Any) -> int:
             n = sum(len(part) for part in body)
         except TypeError:
             n = 0
-    props = raw.application_properties
-    if props:
-        for k, v in props.items():
-            n += len(k) + (len(v) if isinstance(v, (bytes, str)) else 8)
-    return n + 64
+    return light.estimate_size(n, raw.application_properties)
 
 
 def delivery_count_of(message: Any) -> int:
@@ -163,21 +159,7 @@ class SdkEntityLink:
         generation = self._lane.generation
         lock = self._lock_seconds(messages[0], deadline)
         return [
-            Received(
-                seq=m.sequence_number,
-                size=m.size,
-                delivery_count=m.delivery_count,
-                handle=Handle(m, generation),
-                locked_until=started + lock,
-            )
-            if isinstance(m, light.LightMessage)
-            else Received(
-                seq=int(m.sequence_number or 0),
-                size=size_of(m),
-                delivery_count=delivery_count_of(m),
-                handle=Handle(m, generation),
-                locked_until=started + lock,
-            )
+            Received(*_numbers_of(m), handle=Handle(m, generation), locked_until=started + lock)
             for m in messages
         ]
 
@@ -350,6 +332,13 @@ def _revoke_credit(receiver: ServiceBusReceiver) -> None:
         link.flow(link_credit=0)
     except Exception as exc:  # noqa: BLE001 - a broken link: the next call meets it
         log.debug("source: taking back the link credit failed (%s)", type(exc).__name__)
+
+
+def _numbers_of(m: Any) -> tuple[int, int, int]:
+    """(sequence number, size, delivery count) of a received message: a light one's, or read off the SDK's."""
+    if isinstance(m, light.LightMessage):
+        return m.sequence_number, m.size, m.delivery_count
+    return int(m.sequence_number or 0), size_of(m), delivery_count_of(m)
 
 
 def _message_of(r: Received) -> Any:
